@@ -1,0 +1,19 @@
+"""inline-attn: InLine attention (Han et al., NeurIPS 2024, arXiv 2412.06590) for PyTorch.
+
+Public API:
+    ops:    inline_attention, linear_attention, softmax_attention, attention_weights, local_residual
+    layers: InLineAttention, LinearAttention, SoftmaxAttention, build_attention, record_attention
+    models: create_model, list_models
+"""
+from .layers import (
+    InLineAttention,
+    LinearAttention,
+    SoftmaxAttention,
+    build_attention,
+    hook_attention,
+    record_attention,
+)
+from .models import create_model, get_model_config, list_models
+from .ops import attention, attention_weights, inline_attention, linear_attention, local_residual, softmax_attention
+
+__version__ = "0.1.0"

@@ -1,0 +1,23 @@
+"""nn.Modules built on :mod:`inline_attn.ops`."""
+from .attention import (
+    KERNEL_CHOICES,
+    InLineAttention,
+    LinearAttention,
+    SoftmaxAttention,
+    TokenAttention,
+    add_to_grid_tokens,
+    build_attention,
+    check_heads,
+    make_kernel,
+)
+from .common import DropPath, Mlp, drop_path, to_2tuple
+from .kernels import AffineReLUKernel
+from .local_residual import LocalResidual
+from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
+
+__all__ = [
+    "KERNEL_CHOICES", "AffineReLUKernel", "AttentionRecord", "DropPath", "InLineAttention",
+    "LinearAttention", "LocalResidual", "Mlp", "RecordableAttention", "SoftmaxAttention",
+    "TokenAttention", "add_to_grid_tokens", "attention_layers", "build_attention", "check_heads",
+    "drop_path", "hook_attention", "make_kernel", "record_attention", "to_2tuple",
+]

@@ -1,0 +1,159 @@
+"""Token attention layers: InLine, linear and softmax with one signature.
+
+``x: [B, N, C]`` with ``N = num_prefix_tokens + H*W`` and ``feat_size = (H, W)``. The three
+layers share projections and state-dict names (``qkv``, ``proj``, ``residual.0``, ``residual.2``)
+so an ablation is one argument: ``build_attention("softmax", dim, heads)``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from ..ops import ATTENTION_KINDS, KERNELS
+from ..ops._checks import check_feat_size
+from .kernels import AffineReLUKernel
+from .local_residual import LocalResidual
+from .record import RecordableAttention
+
+KERNEL_CHOICES = tuple(KERNELS) + ("affine_relu",)
+
+
+def check_heads(dim: int, num_heads: int) -> int:
+    """Validate ``dim % num_heads == 0`` and return the head dim."""
+    if num_heads <= 0 or dim <= 0 or dim % num_heads != 0:
+        raise ValueError(f"dim={dim} must be a positive multiple of num_heads={num_heads}")
+    return dim // num_heads
+
+
+def make_kernel(kernel: Optional[str], head_dim: int):
+    """A kernel name -> the value the ops take (a name, or a learnable module)."""
+    if kernel is None or kernel in KERNELS:
+        return kernel
+    if kernel == "affine_relu":
+        return AffineReLUKernel(head_dim)
+    raise ValueError(f"unknown kernel {kernel!r}: expected one of {KERNEL_CHOICES}")
+
+
+def add_to_grid_tokens(out: torch.Tensor, res: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """out: [B, P + HW, C] plus res: [B, HW, C] on the grid tokens; prefix tokens untouched."""
+    if num_prefix_tokens == 0:
+        return out + res
+    return torch.cat([out[:, :num_prefix_tokens], out[:, num_prefix_tokens:] + res], dim=1)
+
+
+class TokenAttention(RecordableAttention):
+    """Multi-head attention of one kind over ``[B, N, C]`` tokens (prefix tokens + an H x W grid).
+
+    Args:
+        dim: channels C.
+        num_heads: heads h (C % h == 0).
+        kind: "inline", "linear" or "softmax".
+        qkv_bias: bias of the fused qkv projection.
+        kernel: phi for inline (default identity) and linear (default relu) attention; one of
+            identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1).
+        local_residual: add the predicted 3x3 local residual on V (default: on for InLine only).
+        num_prefix_tokens: tokens before the grid (1 for a cls token); they get no residual but
+            count in N and in the residual's context mean (as in the reference).
+        attn_drop: dropout on softmax weights (InLine/linear never form weights; the
+            reference ignores it there too).
+        proj_drop: dropout after the output projection.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kind: str = "inline",
+        qkv_bias: bool = True,
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        num_prefix_tokens: int = 0,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ):
+        super().__init__()
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
+        head_dim = check_heads(dim, num_heads)
+        if num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+        if kind == "softmax" and kernel not in (None, "identity"):
+            raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
+        self.kind = kind
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
+        self.num_prefix_tokens = num_prefix_tokens
+        self.scale = head_dim ** -0.5
+        self.kernel = make_kernel(kernel, head_dim)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        use_residual = (kind == "inline") if local_residual is None else bool(local_residual)
+        self.residual = LocalResidual(dim, num_heads) if use_residual else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        feat_size: tuple[int, int],
+        *,
+        residual_context: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None,
+        mask: Optional[torch.Tensor] = None,
+        token_coords: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """x: [B, N, C], feat_size (H, W) -> [B, N, C].
+
+        residual_context: [B, C] context for the residual weights (default: mean of x over
+            all N tokens). bias / mask: softmax only ([heads or 1, N, N] broadcastable).
+        token_coords: passed to attention hooks (see :class:`AttentionRecord`).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be [B, N, {self.dim}], got shape {tuple(x.shape)}")
+        b, n, c = x.shape
+        p = self.num_prefix_tokens
+        h, w = check_feat_size(feat_size, n, p)
+        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, h, N, d] views
+        out = self.attend(
+            q, k, v, feat_size=(h, w), kernel=self.kernel, scale=self.scale, bias=bias, mask=mask,
+            num_prefix_tokens=p, token_coords=token_coords, attn_drop=self.attn_drop,
+        )
+        out = out.transpose(1, 2).reshape(b, n, c)
+        if self.residual is not None:
+            ctx = x.mean(dim=1) if residual_context is None else residual_context
+            v_img = qkv[:, p:, 2].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W], channels-last
+            res = self.residual(v_img, ctx).permute(0, 2, 3, 1).reshape(b, h * w, c)
+            out = add_to_grid_tokens(out, res, p)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, dim={self.dim}, num_heads={self.num_heads}, prefix={self.num_prefix_tokens}"
+
+
+class InLineAttention(TokenAttention):
+    """InLine attention layer (injective linear attention + local residual); see TokenAttention."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="inline", **kwargs)
+
+
+class LinearAttention(TokenAttention):
+    """Vanilla linear attention layer (ReLU kernel by default); see TokenAttention."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="linear", **kwargs)
+
+
+class SoftmaxAttention(TokenAttention):
+    """Softmax attention layer (SDPA); see TokenAttention."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="softmax", **kwargs)
+
+
+def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:
+    """Factory: ``build_attention("inline" | "linear" | "softmax", dim, num_heads, **kwargs)``."""
+    return TokenAttention(dim, num_heads, kind=kind, **kwargs)

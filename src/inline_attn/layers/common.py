@@ -1,0 +1,51 @@
+"""Small building blocks shared by every model family."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def to_2tuple(x) -> tuple[int, int]:
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"expected an int or a pair, got {x!r}")
+        return int(x[0]), int(x[1])
+    return int(x), int(x)
+
+
+def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: zero whole samples with probability p, rescale the rest by 1/(1-p)."""
+    if p == 0.0 or not training:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class DropPath(nn.Module):
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return drop_path(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Mlp(nn.Module):
+    """Linear -> GELU -> Dropout -> Linear -> Dropout (state-dict names fc1, fc2 as in timm)."""
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
+                 act_layer=nn.GELU, drop: float = 0.0):
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_features, out_features)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))

@@ -1,0 +1,39 @@
+"""The predicted 3x3 local residual of InLine attention (paper Sec. 4.2; SPEC section 2)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..ops import local_residual as _local_residual_fast
+from ..ops import naive_local_residual
+
+
+class LocalResidual(nn.Sequential):
+    """Predicts per-sample, per-channel 3x3 weights from a context vector and applies them to V.
+
+    ``r = Conv1d(C, C, 1, groups=h) -> GELU -> Conv1d(C, 9C, 1, groups=h)`` on the context
+    (the mean token of the attention input); channel c takes entries ``[9c, 9c + 9)`` as a
+    row-major 3x3 kernel. State-dict names ``0.*`` and ``2.*`` as in the reference
+    (``attn.residual.0.weight`` ...).
+    """
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__(
+            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
+            nn.GELU(),
+            nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads),
+        )
+        self.dim = dim
+
+    def predict(self, context: torch.Tensor) -> torch.Tensor:
+        """context: [B, C] -> weights [B, C, 3, 3]."""
+        if context.dim() != 2 or context.shape[1] != self.dim:
+            raise ValueError(f"context must be [B, {self.dim}], got {tuple(context.shape)}")
+        r = super().forward(context.unsqueeze(-1))  # [B, 9C, 1]
+        return r.view(context.shape[0], self.dim, 3, 3)
+
+    def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "fast") -> torch.Tensor:
+        """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""
+        weights = self.predict(context).to(v.dtype)
+        fn = naive_local_residual if impl == "naive" else _local_residual_fast
+        return fn(v, weights)

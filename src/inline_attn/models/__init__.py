@@ -1,0 +1,6 @@
+"""Model families and the registry. Importing this package registers every variant."""
+from .registry import ModelConfig, create_model, get_model_config, list_models, register_model
+
+# Family modules register their variants on import (one line per family).
+
+__all__ = ["ModelConfig", "create_model", "get_model_config", "list_models", "register_model"]

@@ -1,0 +1,88 @@
+"""One factory over a registry of model variants (timm's pattern).
+
+Each family module declares its variants with ``@register_model(ModelConfig(...))`` on a small
+function that states only that variant's arguments and builds the model.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch.nn as nn
+
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Per-variant facts: how to feed the model and what the paper reports for it."""
+
+    name: str
+    family: str
+    input_size: tuple[int, int, int] = (3, 224, 224)
+    crop_pct: float = 0.875
+    interpolation: str = "bicubic"
+    mean: tuple[float, ...] = IMAGENET_DEFAULT_MEAN
+    std: tuple[float, ...] = IMAGENET_DEFAULT_STD
+    num_classes: int = 1000
+    classifier: str = "head"
+    first_conv: str = "patch_embed.proj"
+    paper_top1: Optional[float] = None
+    num_params: Optional[int] = None
+    macs_g: Optional[float] = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_REGISTRY: dict[str, tuple[Callable[..., nn.Module], ModelConfig]] = {}
+
+
+def register_model(cfg: ModelConfig):
+    """Decorator: register ``fn(**overrides) -> nn.Module`` under ``cfg.name``."""
+
+    def wrap(fn: Callable[..., nn.Module]):
+        if cfg.name in _REGISTRY:
+            raise ValueError(f"model {cfg.name!r} is registered twice")
+        _REGISTRY[cfg.name] = (fn, cfg)
+        return fn
+
+    return wrap
+
+
+def _lookup(name: str):
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+        hint = f"; did you mean {close}?" if close else f"; known models: {sorted(_REGISTRY)}"
+        raise ValueError(f"unknown model {name!r}{hint}")
+    return _REGISTRY[name]
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Registered model names matching an fnmatch ``pattern``, sorted."""
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
+
+
+def get_model_config(name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a registered model."""
+    return _lookup(name)[1]
+
+
+def create_model(name: str, *, checkpoint_path: Optional[str] = None, **overrides) -> nn.Module:
+    """Build a registered model; ``overrides`` replace the variant's constructor arguments.
+
+    The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`). With ``checkpoint_path``,
+    weights are loaded strictly through :func:`inline_attn.load_checkpoint`.
+    """
+    fn, cfg = _lookup(name)
+    model = fn(**overrides)
+    model.pretrained_cfg = cfg
+    if checkpoint_path is not None:
+        from .checkpoint import load_checkpoint
+
+        load_checkpoint(model, checkpoint_path, strict=True)
+    return model

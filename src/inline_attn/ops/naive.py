@@ -1,0 +1,105 @@
+"""Naive reference implementations: explicit [N, N] weights, written to mirror the equations.
+
+These are the ground truth the fast paths are tested against (run them in float64) and the
+source of attention weights for the analyses. Cost is O(N^2) memory; never use them for speed.
+
+Equations (per head; shared/SPEC.md section 1; paper Eq. 2, 3 and 5):
+
+- softmax: ``w_ij = softmax_j(scale * q_i . k_j + bias_ij)``, ``scale = D**-0.5``
+- linear:  ``w_ij = phi(q_i) . phi(k_j) / (sum_s phi(q_i) . phi(k_s) + eps)``
+- InLine:  ``w_ij = (1 + scale * phi(q_i) . (phi(k_j) - mean_s phi(k_s))) / N``, ``scale = D**-0.5``
+  (the paper's ``phi(q_i).phi(k_j) - mean_s phi(q_i).phi(k_s) + 1/N`` with the reference's
+  factor ``scale / N`` folded into phi(q)); every row sums to exactly 1.
+- local residual: ``o_p += sum_{u in 3x3} r_u * v_{p+u}`` per channel, zero padding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_qkv
+from .kernels import Kernel, get_kernel
+
+ATTENTION_KINDS = ("inline", "linear", "softmax")
+
+
+def _softmax_logits(q, k, scale, bias, mask):
+    logits = (q @ k.transpose(-2, -1)) * scale
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        else:
+            logits = logits + mask
+    return logits
+
+
+def attention_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    kind: str = "inline",
+    kernel: Kernel = None,
+    scale: float | None = None,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The explicit attention weight matrix of one attention kind.
+
+    Args:
+        q: [B, H, Nq, D] queries (before the kernel).
+        k: [B, H, Nk, D] keys (before the kernel).
+        kind: "inline", "linear" or "softmax".
+        kernel: feature map phi for "inline" (default identity) and "linear" (default relu).
+        scale: InLine and softmax scale; default ``D**-0.5``.
+        bias, mask: softmax only; additive bias / boolean keep-mask (True = attend) or additive
+            float mask, broadcastable to [B, H, Nq, Nk].
+        eps: linear attention's denominator guard.
+
+    Returns:
+        [B, H, Nq, Nk] weights; softmax and InLine rows sum to 1.
+    """
+    check_qkv(q, k)
+    d = q.shape[-1]
+    if kind == "softmax":
+        s = d ** -0.5 if scale is None else scale
+        return torch.softmax(_softmax_logits(q, k, s, bias, mask), dim=-1)
+    if bias is not None or mask is not None:
+        raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
+    if kind == "linear":
+        phi = get_kernel("relu" if kernel is None else kernel)
+        sim = phi(q) @ phi(k).transpose(-2, -1)
+        return sim / (sim.sum(dim=-1, keepdim=True) + eps)
+    if kind == "inline":
+        phi = get_kernel(kernel)
+        s = d ** -0.5 if scale is None else scale
+        pk = phi(k)
+        n = pk.shape[2]
+        centred = pk - pk.mean(dim=2, keepdim=True)
+        return (1.0 + s * (phi(q) @ centred.transpose(-2, -1))) / n
+    raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
+
+
+def naive_attention(q, k, v, *, kind="inline", **kwargs) -> torch.Tensor:
+    """``attention_weights(q, k, kind=kind, ...) @ v``: [B, H, Nq, Dv]."""
+    check_qkv(q, k, v)
+    return attention_weights(q, k, kind=kind, **kwargs) @ v
+
+
+def naive_local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per-sample, per-channel 3x3 convolution of V laid out as an image (SPEC section 2).
+
+    Args:
+        v: [B, C, H, W] values as an image (channel order head-major, as in the output).
+        weights: [B, C, 3, 3] predicted residual weights (row-major 3x3 per channel).
+
+    Returns:
+        [B, C, H, W], zero padding 1.
+    """
+    b, c, h, w = v.shape
+    if weights.shape != (b, c, 3, 3):
+        raise ValueError(f"weights must have shape {(b, c, 3, 3)}, got {tuple(weights.shape)}")
+    out = F.conv2d(v.reshape(1, b * c, h, w), weights.reshape(b * c, 1, 3, 3), padding=1, groups=b * c)
+    return out.reshape(b, c, h, w)
