@@ -1,0 +1,72 @@
+"""Bad input raises a ValueError that names the value and what was expected."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inline_attn.layers import LocalResidual, build_attention
+from inline_attn.ops import attention, attention_weights, local_residual
+
+
+def test_wrong_rank():
+    q = torch.randn(2, 10, 8)
+    with pytest.raises(ValueError, match=r"rank 4.*\(2, 10, 8\)"):
+        attention(q, q, q)
+
+
+def test_mismatched_heads_or_dims():
+    q = torch.randn(1, 2, 10, 8)
+    with pytest.raises(ValueError, match="must agree"):
+        attention(q, torch.randn(1, 3, 10, 8), torch.randn(1, 3, 10, 8))
+    with pytest.raises(ValueError, match="must agree"):
+        attention(q, q, torch.randn(1, 2, 11, 8))
+
+
+def test_unknown_kernel_kind_and_impl():
+    q = torch.randn(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="unknown kernel 'gelu'"):
+        attention(q, q, q, kernel="gelu")
+    with pytest.raises(ValueError, match="unknown attention kind 'cosine'"):
+        attention_weights(q, q, kind="cosine")
+    with pytest.raises(ValueError, match="unknown impl"):
+        attention(q, q, q, impl="triton9")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        build_attention("inline", 8, 2, kernel="gelu")
+    with pytest.raises(ValueError, match="softmax attention only"):
+        attention(q, q, q, kind="inline", bias=torch.zeros(4, 4))
+
+
+def test_layer_token_count_must_match_grid():
+    layer = build_attention("inline", 16, 2, num_prefix_tokens=1)
+    with pytest.raises(ValueError, match=r"N=50 does not match .* 1 \+ 7\*7 = 50|N=49 does not match"):
+        layer(torch.randn(1, 49, 16), (7, 7))
+    with pytest.raises(ValueError, match=r"N=10 .* 1 \+ 3\*4 = 13"):
+        layer(torch.randn(1, 10, 16), (3, 4))
+
+
+@pytest.mark.parametrize("hw", [(0, 4), (4, -1)])
+def test_layer_nonpositive_grid(hw):
+    layer = build_attention("inline", 16, 2)
+    with pytest.raises(ValueError, match="feat_size must be positive"):
+        layer(torch.randn(1, 4, 16), hw)
+
+
+def test_layer_wrong_rank_and_channels():
+    layer = build_attention("softmax", 16, 2)
+    with pytest.raises(ValueError, match=r"x must be \[B, N, 16\]"):
+        layer(torch.randn(4, 16), (2, 2))
+    with pytest.raises(ValueError, match=r"x must be \[B, N, 16\]"):
+        layer(torch.randn(1, 4, 12), (2, 2))
+
+
+@pytest.mark.parametrize("kind", ["inline", "linear", "softmax"])
+def test_dim_not_divisible_by_heads(kind):
+    with pytest.raises(ValueError, match="dim=10 must be a positive multiple of num_heads=3"):
+        build_attention(kind, 10, 3)
+
+
+def test_residual_weight_shapes():
+    with pytest.raises(ValueError, match=r"weights must have shape \(1, 4, 3, 3\)"):
+        local_residual(torch.randn(1, 4, 5, 5), torch.randn(1, 4, 9))
+    with pytest.raises(ValueError, match=r"context must be \[B, 8\]"):
+        LocalResidual(8, 2).predict(torch.randn(2, 4))
