@@ -1,0 +1,572 @@
+"""InLine-CSwin: CSWin Transformer with InLine attention in its first stages (paper Sec. 5.1).
+
+Layout (SPEC section 3; state-dict names as the authors' ``models/inline_cswin.py``):
+
+- ``stage1_conv_embed``: 7x7 stride-4 conv, flatten to tokens, LayerNorm (indices 0, 1, 2).
+- four stages ``stage1..stage4`` of :class:`CSwinBlock`; between them ``merge1..merge3``
+  (3x3 stride-2 conv + LayerNorm, channels doubled).
+- ``norm`` then ``head`` on the token mean.
+
+A block projects ``qkv`` once, splits the channels into two halves and runs two branches
+(``attns.0``: vertical stripes of width ``split``, ``attns.1``: horizontal stripes of height
+``split``), then one ``proj``. A block has a single full-width branch over the whole map in the
+last stage or when its split covers the stage's map at ``img_size``; with the published InLine
+splits (56-28-14-7 at 224) every InLine block is global. Each branch adds LePE (a depthwise
+3x3 conv ``get_v`` on V, per stripe) to its attention output, whatever its attention kind;
+InLine branches also add the predicted local residual, whose context is the mean of the
+*block* input before ``norm1``, split in channel halves like the branches (reference quirk,
+SPEC section 2).
+
+Any input size: the block structure is fixed at construction (from ``img_size``), but the
+stripes are laid over the actual map. A global block stays global at every size. A stripe
+wider than the map is clamped to the map; when the split does not divide the map, the last
+stripe is narrower (the remainder), so no token is padded and every kind (softmax, linear,
+InLine) sees exactly the tokens of its stripe. Such a branch calls ``attend`` twice (full
+stripes, then the remainder stripe), so an attention recorder gets two records for it.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, make_kernel, to_2tuple
+from ..ops import local_residual as _apply_local_residual
+from .registry import ModelConfig, register_model
+
+__all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention", "parse_pattern"]
+
+_LETTER_KINDS = {"I": "inline", "S": "softmax", "L": "linear"}
+
+
+def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
+    """Paper pattern letters -> the attention kind of every block, per stage.
+
+    ``pattern``: one letter per stage (I = InLine, S = softmax, L = linear), optionally with
+    ``M`` stages and an integer suffix ``n``: in M stages the first n blocks are InLine and the
+    rest softmax (``"IIMS2"``).
+    """
+    num_stages = len(depths)
+    letters, suffix = pattern[:num_stages], pattern[num_stages:]
+    if len(letters) != num_stages or any(c not in "ISLM" for c in letters):
+        raise ValueError(
+            f"pattern {pattern!r} must start with {num_stages} letters from I, S, L, M (one per stage)"
+        )
+    if "M" in letters:
+        if not suffix.isdigit():
+            raise ValueError(f"pattern {pattern!r} has an M stage: expected an integer suffix like 'IIMS2'")
+        n_inline = int(suffix)
+    elif suffix:
+        raise ValueError(f"pattern {pattern!r}: a suffix is only allowed with an M stage")
+    kinds = []
+    for letter, depth in zip(letters, depths):
+        if letter == "M":
+            kinds.append(["inline" if i < n_inline else "softmax" for i in range(depth)])
+        else:
+            kinds.append([_LETTER_KINDS[letter]] * depth)
+    return kinds
+
+
+def _split_sizes(value: Union[str, int, Sequence[int]], name: str, num_stages: int) -> tuple[int, ...]:
+    """'56-28-14-7' (the reference's string form), an int, or a sequence -> one int per stage."""
+    if isinstance(value, str):
+        try:
+            value = [int(s) for s in value.split("-")]
+        except ValueError:
+            raise ValueError(f"{name}={value!r}: expected integers joined by '-', like '56-28-14-7'") from None
+    elif isinstance(value, int):
+        value = [value] * num_stages
+    value = tuple(int(v) for v in value)
+    if len(value) != num_stages or min(value) < 1:
+        raise ValueError(f"{name}={value!r}: expected {num_stages} positive sizes, one per stage")
+    return value
+
+
+def _stripe_regions(size: int, stripe: int) -> list[tuple[int, int, int]]:
+    """Cover ``[0, size)`` with stripes of width ``stripe``: [(start, end, stripe width)].
+
+    One region of full stripes and, when ``stripe`` does not divide ``size``, one narrower
+    remainder stripe. A stripe wider than ``size`` is clamped to ``size``.
+    """
+    stripe = min(stripe, size)
+    full = size - size % stripe
+    regions = [(0, full, stripe)]
+    if full < size:
+        regions.append((full, size, size - full))
+    return regions
+
+
+def _window_coords(r0: int, c0: int, h: int, w: int, sh: int, sw: int, device) -> torch.Tensor:
+    """(row, col) in the stage map of every token of the sh x sw windows tiling an h x w region
+    at (r0, c0): [G, sh*sw, 2] long, windows row-major, tokens row-major."""
+    rows = torch.arange(h, device=device).view(h // sh, 1, sh, 1).expand(h // sh, w // sw, sh, sw) + r0
+    cols = torch.arange(w, device=device).view(1, w // sw, 1, sw).expand(h // sh, w // sw, sh, sw) + c0
+    return torch.stack([rows, cols], dim=-1).reshape(-1, sh * sw, 2)
+
+
+class StripeAttention(RecordableAttention):
+    """One CSwin attention branch: attention within stripes (or the whole map) plus LePE.
+
+    Args:
+        dim: channels C of this branch (half the block's channels for stripe branches).
+        num_heads: heads h of this branch.
+        mode: "global" (the whole map), "vertical" (stripes of ``split_size`` columns, full
+            height; the reference's idx 0) or "horizontal" (``split_size`` rows, full width; idx 1).
+        split_size: stripe width in tokens (ignored for "global").
+        kind: "inline", "linear" or "softmax".
+        kernel: phi for inline / linear (default identity / relu).
+        local_residual: add InLine's predicted 3x3 residual on V (default: on for InLine only).
+        attn_drop: dropout on softmax weights.
+
+    State-dict names: ``get_v`` (LePE), ``residual.0`` / ``residual.2`` (as the reference).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        mode: str = "global",
+        split_size: int = 7,
+        kind: str = "inline",
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        attn_drop: float = 0.0,
+    ):
+        super().__init__()
+        if mode not in ("global", "vertical", "horizontal"):
+            raise ValueError(f"unknown stripe mode {mode!r}: expected global, vertical or horizontal")
+        if kind not in _LETTER_KINDS.values():
+            raise ValueError(f"unknown attention kind {kind!r}: expected inline, linear or softmax")
+        if kind == "softmax" and kernel not in (None, "identity"):
+            raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
+        self.head_dim = check_heads(dim, num_heads)
+        self.dim, self.num_heads, self.mode, self.split_size, self.kind = dim, num_heads, mode, split_size, kind
+        self.scale = self.head_dim ** -0.5
+        self.kernel = make_kernel(kernel, self.head_dim) if kind != "softmax" else None
+        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
+        self.attn_drop = nn.Dropout(attn_drop)
+        use_residual = (kind == "inline") if local_residual is None else bool(local_residual)
+        self.residual = LocalResidual(dim, num_heads) if use_residual else None
+
+    def _regions(self, h: int, w: int) -> list[tuple[int, int, int, int, int, int]]:
+        """Rectangles tiled by equal windows: [(r0, c0, rows, cols, window rows, window cols)]."""
+        if self.mode == "global":
+            return [(0, 0, h, w, h, w)]
+        if self.mode == "vertical":
+            return [(0, c0, h, c1 - c0, h, sw) for c0, c1, sw in _stripe_regions(w, self.split_size)]
+        return [(r0, 0, r1 - r0, w, sh, w) for r0, r1, sh in _stripe_regions(h, self.split_size)]
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        feat_size: tuple[int, int],
+        context: torch.Tensor,
+    ) -> torch.Tensor:
+        """q, k, v: [B, H*W, C] (row-major grid ``feat_size``); context: [B, C] -> [B, H*W, C]."""
+        b, n, c = q.shape
+        h, w = feat_size
+        if n != h * w or c != self.dim:
+            raise ValueError(f"expected q, k, v of shape [B, {h}*{w}, {self.dim}], got {tuple(q.shape)}")
+        q, k, v = (t.reshape(b, h, w, c) for t in (q, k, v))
+        res_weights = self.residual.predict(context).to(v.dtype) if self.residual is not None else None
+        regions = self._regions(h, w)
+        outs = []
+        for r0, c0, rh, rw, sh, sw in regions:
+            sl = (slice(None), slice(r0, r0 + rh), slice(c0, c0 + rw))
+            outs.append(self._attend_windows(q[sl], k[sl], v[sl], (r0, c0), (sh, sw), res_weights))
+        if len(outs) == 1:
+            out = outs[0]
+        else:  # vertical regions join along W, horizontal along H
+            out = torch.cat(outs, dim=2 if self.mode == "vertical" else 1)
+        return out.reshape(b, n, c)
+
+    def _attend_windows(self, q, k, v, origin, window, res_weights):
+        """q, k, v: [B, h, w, C] region tiled by windows (sh, sw) -> [B, h, w, C]."""
+        b, h, w, c = q.shape
+        sh, sw = window
+        gh, gw = h // sh, w // sw
+        g, nt = gh * gw, sh * sw
+
+        def to_windows(t):  # [B, h, w, C] -> [B*G, sh*sw, C], windows batch-major, row-major
+            return t.reshape(b, gh, sh, gw, sw, c).permute(0, 1, 3, 2, 4, 5).reshape(b * g, nt, c)
+
+        def to_heads(t):  # [B*G, N, C] -> [B*G, heads, N, d] (head-major channels)
+            return t.view(b * g, nt, self.num_heads, self.head_dim).transpose(1, 2)
+
+        qw, kw, vw = to_windows(q), to_windows(k), to_windows(v)
+        coords = None if self.mode == "global" else _window_coords(*origin, h, w, sh, sw, q.device)
+        out = self.attend(
+            to_heads(qw), to_heads(kw), to_heads(vw), feat_size=(sh, sw), kind=self.kind,
+            kernel=self.kernel, scale=self.scale, token_coords=coords, attn_drop=self.attn_drop,
+        )
+        out = out.transpose(1, 2).reshape(b * g, nt, c)
+        v_img = vw.transpose(1, 2).reshape(b * g, c, sh, sw)  # each window as its own image
+        if res_weights is not None:
+            # the residual's weights are per sample; each window is convolved with zero padding
+            res = _apply_local_residual(v_img, res_weights.repeat_interleave(g, dim=0))
+            out = out + res.flatten(2).transpose(1, 2)
+        out = out + self.get_v(v_img).flatten(2).transpose(1, 2)  # LePE, also per window
+        return out.view(b, gh, gw, sh, sw, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+
+    def extra_repr(self) -> str:
+        split = "" if self.mode == "global" else f", split_size={self.split_size}"
+        return f"kind={self.kind}, dim={self.dim}, num_heads={self.num_heads}, mode={self.mode}{split}"
+
+
+class CSwinBlock(nn.Module):
+    """Pre-norm block: fused qkv -> one or two stripe branches -> proj; then an MLP.
+
+    Args:
+        dim: channels C.
+        num_heads: heads of the block (each of two branches gets half of them, on C/2 channels).
+        kind: attention kind of the branches.
+        split_size: stripe width of the two branches.
+        global_attn: one full-width branch over the whole map instead of two stripe branches.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kind: str = "inline",
+        split_size: int = 7,
+        global_attn: bool = False,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ):
+        super().__init__()
+        self.dim, self.kind = dim, kind
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.norm1 = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(drop)
+        branch = dict(kind=kind, kernel=kernel, local_residual=local_residual, attn_drop=attn_drop)
+        if global_attn:
+            self.attns = nn.ModuleList([StripeAttention(dim, num_heads, mode="global", **branch)])
+        else:
+            if dim % 2 or num_heads < 2:
+                raise ValueError(
+                    f"a two-branch block needs an even dim and at least 2 heads, got dim={dim}, "
+                    f"num_heads={num_heads}"
+                )
+            self.attns = nn.ModuleList([
+                StripeAttention(dim // 2, num_heads // 2, mode=mode, split_size=split_size, **branch)
+                for mode in ("vertical", "horizontal")
+            ])
+        self.drop_path = DropPath(drop_path)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.norm2 = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
+        """x: [B, H*W, C] -> [B, H*W, C]."""
+        b, n, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, c).unbind(2)
+        context = x.mean(dim=1)  # the block input before norm1 (reference quirk)
+        if len(self.attns) == 1:
+            out = self.attns[0](q, k, v, feat_size, context)
+        else:
+            half = c // 2
+            out = torch.cat([
+                attn(q[..., sl], k[..., sl], v[..., sl], feat_size, context[:, sl])
+                for attn, sl in zip(self.attns, (slice(0, half), slice(half, c)))
+            ], dim=2)
+        x = x + self.drop_path(self.proj_drop(self.proj(out)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class MergeBlock(nn.Module):
+    """3x3 stride-2 conv + LayerNorm between stages: [B, H*W, C] -> [B, ceil(H/2)*ceil(W/2), C']."""
+
+    def __init__(self, dim: int, dim_out: int):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim_out, kernel_size=3, stride=2, padding=1)
+        self.norm = nn.LayerNorm(dim_out)
+
+    def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+        b, n, c = x.shape
+        x = self.conv(x.transpose(1, 2).reshape(b, c, *feat_size))
+        return self.norm(x.flatten(2).transpose(1, 2)), (x.shape[2], x.shape[3])
+
+
+class _ToTokens(nn.Module):
+    """[B, C, H, W] -> [B, H*W, C] (the stem's parameter-free middle step)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(2).transpose(1, 2)
+
+
+class InLineCSwin(nn.Module):
+    """CSwin Transformer with per-stage attention kinds (InLine / softmax / linear).
+
+    Args:
+        img_size: the design input size (int or (H, W)); it decides which blocks are global
+            (split >= the stage's map), as in the reference. Other input sizes still work.
+        in_chans, num_classes: input channels, classes (0 = no head).
+        embed_dim: stage-1 channels (doubled per stage).
+        depths, num_heads: blocks and heads per stage.
+        split_size: stripe width of softmax blocks per stage (reference ``split_size``).
+        inline_split_size: stripe width of InLine and linear blocks per stage (reference
+            ``la_split_size``; "56-28-14-7" or a sequence).
+        pattern: paper letters per stage (I, S, L, M + suffix); see :func:`parse_pattern`.
+        kernel: phi of InLine / linear blocks (None = identity / relu).
+        local_residual: InLine's local residual on or off (None = on for InLine blocks only).
+        mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
+        features_only: forward returns the list of NCHW stage outputs at ``out_indices``
+            (strides 4, 8, 16, 32); ``norm`` and ``head`` are dropped.
+        out_indices: stages returned when ``features_only``.
+    """
+
+    def __init__(
+        self,
+        img_size: Union[int, tuple[int, int]] = 224,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 64,
+        depths: Sequence[int] = (2, 4, 18, 1),
+        num_heads: Sequence[int] = (2, 4, 8, 16),
+        split_size: Union[str, int, Sequence[int]] = (1, 2, 7, 7),
+        inline_split_size: Union[str, int, Sequence[int]] = (56, 28, 14, 7),
+        pattern: str = "IISS",
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        features_only: bool = False,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+    ):
+        super().__init__()
+        num_stages = len(depths)
+        if num_stages != 4 or len(num_heads) != 4:
+            raise ValueError(f"CSwin has 4 stages: got depths={depths}, num_heads={num_heads}")
+        img_h, img_w = to_2tuple(img_size)
+        split_size = _split_sizes(split_size, "split_size", num_stages)
+        inline_split_size = _split_sizes(inline_split_size, "inline_split_size", num_stages)
+        kinds = parse_pattern(pattern, depths)
+        self.pattern, self.num_classes, self.features_only = pattern, num_classes, features_only
+        self.num_prefix_tokens = 0
+        self.grad_checkpointing = False
+        dims = [embed_dim * 2 ** i for i in range(num_stages)]
+        self.num_features = dims[-1]
+
+        self.stage1_conv_embed = nn.Sequential(
+            nn.Conv2d(in_chans, embed_dim, kernel_size=7, stride=4, padding=2),
+            _ToTokens(),
+            nn.LayerNorm(embed_dim),
+        )
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # cpu: meta builds
+        self.feature_info = []
+        for i in range(num_stages):
+            if i > 0:
+                self.add_module(f"merge{i}", MergeBlock(dims[i - 1], dims[i]))
+            reso = max(img_h, img_w) // (4 * 2 ** i)
+            blocks = []
+            for j, kind in enumerate(kinds[i]):
+                split = split_size[i] if kind == "softmax" else inline_split_size[i]
+                blocks.append(CSwinBlock(
+                    dims[i], num_heads[i], kind=kind, split_size=split,
+                    global_attn=(i == num_stages - 1 or split >= reso),
+                    mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual,
+                    drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[sum(depths[:i]) + j],
+                ))
+            self.add_module(f"stage{i + 1}", nn.ModuleList(blocks))
+            self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stage{i + 1}"))
+
+        self.out_indices = tuple(out_indices)
+        if features_only:
+            self.norm, self.head = nn.Identity(), nn.Identity()
+            self.num_classes = 0
+            self.feature_info = [self.feature_info[i] for i in self._check_indices(self.out_indices)]
+        else:
+            self.norm = nn.LayerNorm(self.num_features)
+            self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    # -- contract -----------------------------------------------------------------------------
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """CSwin has no position embeddings, cls token or relative position tables."""
+        return set()
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Replace the head with a fresh one for ``num_classes`` (0 = identity)."""
+        if self.features_only:
+            raise ValueError("a features_only model has no classifier to reset")
+        self.num_classes = num_classes
+        ref = self.norm.weight
+        self.head = (
+            nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
+            if num_classes > 0 else nn.Identity()
+        )
+        if num_classes > 0:
+            self._init_weights(self.head)
+
+    def _check_indices(self, indices) -> list[int]:
+        if indices is None:
+            return [0, 1, 2, 3]
+        if isinstance(indices, int):  # the last n stages, as in timm
+            if not 0 < indices <= 4:
+                raise ValueError(f"indices={indices}: expected 1..4 last stages")
+            return list(range(4 - indices, 4))
+        out = [i % 4 if -4 <= i < 4 else None for i in indices]
+        if None in out:
+            raise ValueError(f"indices={list(indices)}: stage indices must lie in [-4, 3]")
+        return sorted(set(out))
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def _stem(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        if x.dim() != 4:
+            raise ValueError(f"expected an image batch [B, C, H, W], got shape {tuple(x.shape)}")
+        x = self.stage1_conv_embed[0](x)
+        feat_size = (x.shape[2], x.shape[3])
+        return self.stage1_conv_embed[2](self.stage1_conv_embed[1](x)), feat_size
+
+    def _run_stage(self, i: int, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
+        for blk in getattr(self, f"stage{i + 1}"):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, feat_size, use_reentrant=False)
+            else:
+                x = blk(x, feat_size)
+        return x
+
+    def _stages(self, x: torch.Tensor, last: int = 3):
+        """Yield (stage index, tokens [B, H*W, C], (H, W)) after each stage up to ``last``."""
+        x, feat_size = self._stem(x)
+        for i in range(last + 1):
+            if i > 0:
+                x, feat_size = getattr(self, f"merge{i}")(x, feat_size)
+            x = self._run_stage(i, x, feat_size)
+            yield i, x, feat_size
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, C_in, H, W] -> final tokens after ``norm``: [B, H/32 * W/32, C]."""
+        for _, x, _ in self._stages(x):
+            pass
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """x: [B, N, C] tokens -> logits [B, num_classes] (or the pooled [B, C])."""
+        x = self.head_drop(x.mean(dim=1))
+        return x if pre_logits else self.head(x)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: Union[None, int, Sequence[int]] = None,
+        norm: bool = False,
+        intermediates_only: bool = False,
+    ):
+        """Stage outputs as NCHW maps (strides 4, 8, 16, 32).
+
+        Args:
+            indices: None (all four stages), n (the last n stages) or a list of stage indices.
+            norm: apply the final ``norm`` to the last stage's map when it is returned.
+            intermediates_only: return only the list of maps.
+        Returns:
+            ``[B, C_i, H_i, W_i]`` maps, or ``(final tokens [B, N, C] after norm, maps)``.
+        """
+        take = self._check_indices(indices)
+        last = 3 if not intermediates_only else take[-1]
+        maps = []
+        for i, x, (h, w) in self._stages(x, last):
+            if i in take:
+                y = self.norm(x) if (norm and i == 3) else x
+                maps.append(y.transpose(1, 2).reshape(y.shape[0], -1, h, w))
+        if intermediates_only:
+            return maps
+        return self.norm(x), maps
+
+    def forward(self, x: torch.Tensor):
+        if self.features_only:
+            return self.forward_intermediates(x, self.out_indices, intermediates_only=True)
+        return self.forward_head(self.forward_features(x))
+
+
+# -- registry -------------------------------------------------------------------------------------
+
+def _cfg(name: str, crop_pct: float = 0.9, **kwargs) -> ModelConfig:
+    return ModelConfig(
+        name=name, family="cswin", crop_pct=crop_pct, interpolation="bicubic",
+        classifier="head", first_conv="stage1_conv_embed.0", **kwargs,
+    )
+
+
+def _create(defaults: dict, overrides: dict) -> InLineCSwin:
+    return InLineCSwin(**{**defaults, **overrides})
+
+
+# Drop path: the InLine configs are not public in the copy we read; these are the rates of the
+# authors' sibling Agent-Attention CSwin configs (T 0.2, S 0.4, B 0.5, B-384 0.7), which share
+# the training recipe (SPEC section 5: "CSwin 0.2-0.5 with EMA").
+_T = dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16), split_size=(1, 2, 7, 7),
+          inline_split_size=(56, 28, 14, 7), pattern="IISS", drop_path_rate=0.2)
+_S = dict(_T, depths=(3, 6, 29, 2), drop_path_rate=0.4)
+_B = dict(_S, embed_dim=96, num_heads=(4, 8, 16, 32), drop_path_rate=0.5)
+_B384 = dict(_B, img_size=384, split_size=(1, 2, 12, 12), inline_split_size=(96, 48, 24, 12),
+             drop_path_rate=0.7)
+
+
+def _extra(d: dict) -> dict:
+    keys = ("pattern", "split_size", "inline_split_size", "drop_path_rate")
+    return {k: d[k] for k in keys}
+
+
+@register_model(_cfg("inline_cswin_tiny", paper_top1=83.2, num_params=20_604_520, macs_g=4.31, extra=_extra(_T)))
+def inline_cswin_tiny(**overrides) -> InLineCSwin:
+    """InLine-CSwin-T (224): embed 64, depths 2-4-18-1, heads 2-4-8-16, IISS."""
+    return _create(_T, overrides)
+
+
+@register_model(_cfg("inline_cswin_small", paper_top1=83.8, num_params=33_032_872, macs_g=6.77, extra=_extra(_S)))
+def inline_cswin_small(**overrides) -> InLineCSwin:
+    """InLine-CSwin-S (224): embed 64, depths 3-6-29-2, heads 2-4-8-16, IISS."""
+    return _create(_S, overrides)
+
+
+@register_model(_cfg("inline_cswin_base", paper_top1=84.5, num_params=73_413_640, macs_g=14.88, extra=_extra(_B)))
+def inline_cswin_base(**overrides) -> InLineCSwin:
+    """InLine-CSwin-B (224): embed 96, depths 3-6-29-2, heads 4-8-16-32, IISS."""
+    return _create(_B, overrides)
+
+
+@register_model(_cfg(
+    "inline_cswin_base_384", input_size=(3, 384, 384), crop_pct=1.0, paper_top1=85.7,
+    num_params=73_413_640, macs_g=46.3, extra=_extra(_B384),
+))
+def inline_cswin_base_384(**overrides) -> InLineCSwin:
+    """InLine-CSwin-B at 384: InLine splits 96-48-24-12, softmax stripes 1-2-12-12."""
+    return _create(_B384, overrides)
