@@ -2,5 +2,7 @@
 from .registry import ModelConfig, create_model, get_model_config, list_models, register_model
 
 # Family modules register their variants on import (one line per family).
+from . import deit  # noqa: F401  (inline_deit_*)
+from . import cswin  # noqa: F401  (inline_cswin_*)
 
 __all__ = ["ModelConfig", "create_model", "get_model_config", "list_models", "register_model"]
