@@ -1,0 +1,683 @@
+"""InLine-Swin: Swin Transformer with InLine attention in the early stages (paper Sec. 5, Table 5).
+
+The layout follows the authors' ``models/inline_swin.py`` (state-dict names ``patch_embed``,
+``layers.{i}.blocks.{j}.{norm1,attn,norm2,mlp}``, ``layers.{i}.downsample``, ``norm``, ``head``)
+so their checkpoints load unchanged. Per block, the attention is one of
+
+- InLine (``I``) or linear (``L``) attention inside windows of the configured size (56 at 224
+  input: the whole stage-1 map, so these blocks are global). They use no shift mask, as in the
+  reference: a shifted window simply wraps around.
+- Softmax (``S``) window attention as in Swin: window ``max(7, window_size // 8)``, relative
+  position bias, shifted windows with the usual mask on odd blocks.
+
+Beyond the reference, any input size works: blocks decide their windows from the actual map at
+forward time (a window that covers an axis becomes that axis and does not shift along it), pad
+the map to window multiples (as Swin does for detection: zeros after ``norm1``), build the shift
+mask for the padded size (cached), and patch merging pads odd maps. At the published sizes
+nothing is padded and the outputs equal the reference.
+
+Internally the feature maps are NHWC ``[B, H, W, C]``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+from ..layers import AffineReLUKernel, DropPath, Mlp, RecordableAttention, TokenAttention, check_heads, to_2tuple
+from .registry import ModelConfig, register_model
+
+__all__ = [
+    "InLineSwin", "SwinBlock", "SwinStage", "WindowAttention", "checkpoint_filter_fn", "parse_pattern",
+    "shift_window_mask", "window_partition", "window_reverse",
+]
+
+_SOFTMAX_MIN_WINDOW = 7
+_MASK_VALUE = -100.0  # the reference's additive shift-mask value (exp(-100) ~ 4e-44: exact enough)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
+    """Paper pattern letters -> one attention kind per block.
+
+    ``pattern``: one letter per stage (I = InLine, S = softmax, L = linear) where ``M`` marks a
+    mixed stage, followed by ``n`` when any stage is M: the first n blocks of an M stage are
+    InLine, the rest softmax ("IIMS2" for InLine-Swin-B).
+    """
+    letters = "ISLM"
+    m = re.fullmatch(rf"([{letters}]+?)(\d*)", pattern or "")
+    if m is None or len(m.group(1)) != len(depths):
+        raise ValueError(
+            f"pattern={pattern!r} must have one letter of {letters} per stage ({len(depths)} stages), "
+            f"then a block count if a stage is M (e.g. 'IIIS', 'IIMS2')"
+        )
+    stages, count = m.group(1), m.group(2)
+    if ("M" in stages) != bool(count):
+        raise ValueError(
+            f"pattern={pattern!r}: an M stage needs a trailing block count (e.g. 'IIMS2') and only an M "
+            f"stage takes one"
+        )
+    names = {"I": "inline", "S": "softmax", "L": "linear"}
+    kinds = []
+    for letter, depth in zip(stages, depths):
+        if letter == "M":
+            kinds.append(["inline" if j < int(count) else "softmax" for j in range(depth)])
+        else:
+            kinds.append([names[letter]] * depth)
+    return kinds
+
+
+def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+    """x: [B, H, W, C] (H, W multiples of the window) -> [B * nW, wh * ww, C], batch-major."""
+    b, h, w, c = x.shape
+    wh, ww = window
+    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: torch.Tensor, window: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """windows: [B * nW, wh * ww, C] -> [B, H, W, C] (inverse of :func:`window_partition`)."""
+    wh, ww = window
+    h, w = size
+    c = windows.shape[-1]
+    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, h, w, c)
+
+
+def _region_ids(length: int, window: int, shift: int) -> torch.Tensor:
+    # After a cyclic shift, the last window along an axis holds two regions that were not
+    # neighbours in the image: [L - window, L - shift) and [L - shift, L).
+    idx = torch.arange(length, device="cpu")
+    if shift == 0:
+        return torch.zeros_like(idx)
+    return (idx >= length - window).long() + (idx >= length - shift).long()
+
+
+def _make_shift_mask(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> torch.Tensor:
+    (hp, wp), (wh, ww), (sh, sw) = size, window, shift
+    labels = _region_ids(hp, wh, sh)[:, None] * 3 + _region_ids(wp, ww, sw)[None, :]  # [Hp, Wp]
+    labels = window_partition(labels[None, :, :, None], (wh, ww)).squeeze(-1)  # [nW, N]
+    differ = labels[:, None, :] != labels[:, :, None]
+    return torch.zeros(differ.shape, device="cpu").masked_fill_(differ, _MASK_VALUE)
+
+
+@functools.lru_cache(maxsize=64)
+def shift_window_mask(
+    size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> torch.Tensor:
+    """Additive mask for shifted-window attention on a (padded) map: [nW, N, N] float32.
+
+    ``size`` (Hp, Wp) must be multiples of ``window`` (wh, ww); ``shift`` (sh, sw) is the cyclic
+    shift. Pairs of tokens from different image regions get -100 (as the reference), others 0.
+    Cached per geometry and device (do not modify the result in place).
+    """
+    return _make_shift_mask(size, window, shift).to(device)
+
+
+def _make_relative_position_index(window: tuple[int, int], table_window: tuple[int, int]) -> torch.Tensor:
+    (wh, ww), (th, tw) = window, table_window
+    coords = torch.stack(torch.meshgrid(torch.arange(wh, device="cpu"), torch.arange(ww, device="cpu"),
+                                        indexing="ij")).flatten(1)  # [2, N]
+    rel = coords[:, :, None] - coords[:, None, :]  # [2, N, N]: offset of query i to key j
+    return (rel[0] + th - 1) * (2 * tw - 1) + rel[1] + tw - 1
+
+
+@functools.lru_cache(maxsize=64)
+def relative_position_index(window: tuple[int, int], table_window: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """[N, N] long index into a ``(2*th-1) * (2*tw-1)`` relative position table for a window.
+
+    A window smaller than the table's (a map smaller than the table's window) indexes the same
+    table, since its offsets are a subset. Cached per geometry and device.
+    """
+    return _make_relative_position_index(window, table_window).to(device)
+
+
+def _window_grid_coords(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                        device: torch.device) -> torch.Tensor:
+    """(row, col) in the padded map of every window token, after the cyclic shift: [nW, N, 2]."""
+    hp, wp = size
+    grid = torch.stack(torch.meshgrid(torch.arange(hp, device=device), torch.arange(wp, device=device),
+                                      indexing="ij"), dim=-1)  # [Hp, Wp, 2]
+    if any(shift):
+        grid = torch.roll(grid, shifts=(-shift[0], -shift[1]), dims=(0, 1))
+    return window_partition(grid[None], window)
+
+
+# --------------------------------------------------------------------------- modules
+
+
+class WindowAttention(RecordableAttention):
+    """Softmax window attention with a relative position bias (Swin's W-MSA / SW-MSA).
+
+    Args:
+        dim: channels C.
+        num_heads: heads h.
+        window_size: the window (and relative position table) size; a smaller window at forward
+            time (a map smaller than the window) reuses the table.
+        qkv_bias: bias of the fused qkv projection.
+        attn_drop, proj_drop: dropout on the weights / after the output projection.
+    """
+
+    kind = "softmax"
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, *, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = check_heads(dim, num_heads)
+        self.scale = self.head_dim ** -0.5
+        self.window_size = to_2tuple(window_size)
+        wh, ww = self.window_size
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
+        # persistent, as in the reference state dict; recomputable (see checkpoint_filter_fn)
+        index = _make_relative_position_index(self.window_size, self.window_size)
+        self.register_buffer("relative_position_index", index.to(torch.get_default_device()))
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def relative_position_bias(self, window: tuple[int, int]) -> torch.Tensor:
+        """The bias of a (wh, ww) window: [h, N, N]."""
+        if tuple(window) == self.window_size:
+            index = self.relative_position_index
+        else:
+            index = relative_position_index(tuple(window), self.window_size,
+                                            self.relative_position_bias_table.device)
+        n = window[0] * window[1]
+        return self.relative_position_bias_table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
+
+    def forward(self, x: torch.Tensor, feat_size: tuple[int, int], *, mask: Optional[torch.Tensor] = None,
+                token_coords: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: [B * nW, N, C] windows of size feat_size = (wh, ww) -> [B * nW, N, C].
+
+        mask: additive shift mask [nW, N, N] (windows batch-major, as from window_partition).
+        """
+        b_, n, c = x.shape
+        wh, ww = feat_size
+        if n != wh * ww or c != self.dim:
+            raise ValueError(f"x must be [B*nW, {wh}*{ww}, {self.dim}] for window {feat_size}, got {tuple(x.shape)}")
+        if wh > self.window_size[0] or ww > self.window_size[1]:
+            raise ValueError(f"window {feat_size} exceeds the relative position table's window {self.window_size}")
+        qkv = self.qkv(x).view(b_, n, 3, self.num_heads, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B*nW, h, N, d]
+        bias = self.relative_position_bias((wh, ww)).unsqueeze(0)  # [1, h, N, N]
+        if mask is not None:
+            nw = mask.shape[0]
+            if b_ % nw != 0:
+                raise ValueError(f"{b_} windows are not a multiple of the mask's {nw} windows")
+            mask = mask.to(x.dtype).unsqueeze(0).expand(b_ // nw, -1, -1, -1).reshape(b_, 1, n, n)
+        out = self.attend(
+            q, k, v, feat_size=(wh, ww), kind="softmax", scale=self.scale, bias=bias, mask=mask,
+            token_coords=token_coords, attn_drop=self.attn_drop,
+        )
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b_, n, c)))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}"
+
+
+class SwinBlock(nn.Module):
+    """norm1 -> (shifted) window attention -> residual; norm2 -> MLP -> residual.
+
+    Args:
+        dim, num_heads: channels and heads.
+        kind: "inline", "linear" or "softmax".
+        window_size: the target window; at forward time an axis of the map no longer than the
+            window gets a window equal to that axis and no shift along it.
+        shift_size: cyclic shift (half a window on odd blocks, 0 on even ones).
+        input_resolution: the map size at the constructed image size; decides (as in the
+            reference) the persistent ``attn_mask`` buffer of the state dict only.
+        kernel, local_residual: InLine / linear attention options (see TokenAttention).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, kind: str, window_size: int, shift_size: int,
+                 input_resolution: tuple[int, int], mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 kernel: Optional[str] = None, local_residual: Optional[bool] = None, drop: float = 0.0,
+                 attn_drop: float = 0.0, drop_path: float = 0.0):
+        super().__init__()
+        if not 0 <= shift_size < window_size:
+            raise ValueError(f"shift_size={shift_size} must lie in [0, window_size={window_size})")
+        self.kind = kind
+        self.window_size, self.shift_size = window_size, shift_size
+        self.norm1 = nn.LayerNorm(dim)
+        if kind == "softmax":
+            self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                        proj_drop=drop)
+        else:
+            self.attn = TokenAttention(dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel,
+                                       local_residual=local_residual, attn_drop=attn_drop, proj_drop=drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        # The reference keeps the constructed size's shift mask in the state dict (even for
+        # InLine blocks, which ignore it); forward builds masks for the actual size instead.
+        h, w = input_resolution
+        if min(h, w) > window_size and shift_size > 0:
+            hp, wp = (math.ceil(s / window_size) * window_size for s in (h, w))
+            mask = _make_shift_mask((hp, wp), (window_size,) * 2, (shift_size,) * 2)
+            self.register_buffer("attn_mask", mask.to(torch.get_default_device()))
+        else:
+            self.register_buffer("attn_mask", None)
+
+    def window_geometry(self, h: int, w: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Window (wh, ww) and shift (sh, sw) for an H x W map."""
+        ws, ss = self.window_size, self.shift_size
+        window = (min(ws, h), min(ws, w))
+        shift = (0 if h <= ws else ss, 0 if w <= ws else ss)
+        return window, shift
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, H, W, C] (after norm1) -> attention output [B, H, W, C]."""
+        b, h, w, c = x.shape
+        (wh, ww), (sh, sw) = self.window_geometry(h, w)
+        pad_b, pad_r = (-h) % wh, (-w) % ww
+        if pad_b or pad_r:
+            x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))  # zeros, as Swin's detection backbone
+        hp, wp = h + pad_b, w + pad_r
+        if sh or sw:
+            x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+        windows = window_partition(x, (wh, ww))  # [B*nW, wh*ww, C]
+
+        coords = None
+        if self.attn._attention_hook is not None and (hp, wp) != (wh, ww):
+            coords = _window_grid_coords((hp, wp), (wh, ww), (sh, sw), x.device)
+        if self.kind == "softmax":
+            mask = shift_window_mask((hp, wp), (wh, ww), (sh, sw), x.device) if (sh or sw) else None
+            windows = self.attn(windows, (wh, ww), mask=mask, token_coords=coords)
+        else:
+            # residual context and 3x3 residual are per window (the mean of the window's tokens)
+            windows = self.attn(windows, (wh, ww), token_coords=coords)
+
+        x = window_reverse(windows, (wh, ww), (hp, wp))
+        if sh or sw:
+            x = torch.roll(x, shifts=(sh, sw), dims=(1, 2))
+        if pad_b or pad_r:
+            x = x[:, :h, :w].contiguous()
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, H, W, C] -> [B, H, W, C]."""
+        x = x + self.drop_path(self._attention(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, window_size={self.window_size}, shift_size={self.shift_size}"
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patches: [B, C_in, H, W] -> [B, H/p, W/p, C] (conv + LayerNorm).
+
+    Inputs that the patch size does not divide are zero-padded at the bottom / right.
+    """
+
+    def __init__(self, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 96):
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
+            raise ValueError(f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}")
+        ph, pw = self.patch_size
+        pad_b, pad_r = (-x.shape[2]) % ph, (-x.shape[3]) % pw
+        if pad_b or pad_r:
+            x = F.pad(x, (0, pad_r, 0, pad_b))
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbourhood -> one token: [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C].
+
+    Concatenation order (0,0), (1,0), (0,1), (1,1) as the reference; odd maps are zero-padded.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+        self.norm = nn.LayerNorm(4 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[1:3]
+        if h % 2 or w % 2:
+            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+        return self.reduction(self.norm(x))
+
+
+class SwinStage(nn.Module):
+    """Blocks at one resolution, then (except in the last stage) patch merging."""
+
+    def __init__(self, dim: int, depth: int, num_heads: int, *, kinds: Sequence[str], window_size: int,
+                 input_resolution: tuple[int, int], drop_path: Sequence[float], downsample: bool, **block_kw):
+        super().__init__()
+        blocks = []
+        for j, kind in enumerate(kinds):
+            if kind == "softmax":
+                # Swin's window for the softmax blocks; as in the reference it shrinks to the
+                # constructed map when that is smaller (this sizes the relative position table)
+                win = max(_SOFTMAX_MIN_WINDOW, window_size // 8)
+                win = min(win, min(input_resolution))
+            else:
+                win = window_size
+            shift = win // 2 if j % 2 == 1 else 0
+            blocks.append(SwinBlock(dim, num_heads, kind=kind, window_size=win, shift_size=shift,
+                                    input_resolution=input_resolution, drop_path=drop_path[j], **block_kw))
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = PatchMerging(dim) if downsample else None
+        self.grad_checkpointing = False
+
+    def forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, H, W, C] -> [B, H, W, C] (the stage's feature map, before merging)."""
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_blocks(x)
+        return x if self.downsample is None else self.downsample(x)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+_RECOMPUTED = ("relative_position_index", "attn_mask")
+
+
+def _resize_bias_table(table: torch.Tensor, new_rows: int) -> torch.Tensor:
+    """[(2w-1)^2, h] -> [new_rows, h], bicubic over the (2w-1) x (2w-1) offset grid (square windows)."""
+    old, new = math.isqrt(table.shape[0]), math.isqrt(new_rows)
+    if old * old != table.shape[0] or new * new != new_rows:
+        raise ValueError(f"cannot resize a relative position table of {table.shape[0]} rows to {new_rows}")
+    grid = table.t().reshape(1, -1, old, old)
+    grid = F.interpolate(grid.float(), size=(new, new), mode="bicubic", align_corners=False).to(table.dtype)
+    return grid.reshape(-1, new_rows).t()
+
+
+def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
+    """Adapt an authors' (or our own) state dict to ``model``.
+
+    - unwraps ``{"model": state_dict}``;
+    - buffers the model recomputes (``relative_position_index``, ``attn_mask``) are taken from
+      the model, so a checkpoint loads into a model built for another image size;
+    - relative position tables of another window size are resized bicubically;
+    - a ``features_only`` model drops the file's final ``norm.*`` and ``head.*``.
+    Everything else passes through unchanged, for a strict load to check.
+    """
+    if "model" in state_dict and isinstance(state_dict["model"], dict):
+        state_dict = state_dict["model"]
+    own = model.state_dict()
+    out = {}
+    for key, value in state_dict.items():
+        if key.rsplit(".", 1)[-1] in _RECOMPUTED:
+            continue
+        if model.features_only and (key.startswith("norm.") or key.startswith("head.")) and key not in own:
+            continue
+        if key.endswith("relative_position_bias_table") and key in own and own[key].shape != value.shape:
+            value = _resize_bias_table(value, own[key].shape[0])
+        out[key] = value
+    for key, value in own.items():
+        if key.rsplit(".", 1)[-1] in _RECOMPUTED:
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------- model
+
+
+class InLineSwin(nn.Module):
+    """InLine-Swin (and, by ``pattern``, plain Swin or linear-attention Swin).
+
+    Args:
+        img_size: the constructed input size; only sizes the state dict's buffers (relative
+            position tables of softmax blocks, the stored shift masks). Any input size runs.
+        patch_size, in_chans, num_classes, embed_dim, depths, num_heads, mlp_ratio, qkv_bias: as Swin.
+        window_size: window of the InLine / linear blocks; softmax blocks use ``max(7, window_size // 8)``.
+        pattern: attention kind per stage (see :func:`parse_pattern`): "IIIS", "IIMS2", "SSSS", "LLLS".
+        kernel: phi of InLine / linear blocks (None = identity for InLine, relu for linear).
+        local_residual: the 3x3 local residual (None = on for InLine blocks only).
+        drop_rate: dropout after the patch embedding, in attention projections and MLPs (as the reference).
+        attn_drop_rate: dropout on softmax weights. drop_path_rate: stochastic depth, linear in depth.
+        features_only: build a backbone: ``forward`` returns the NCHW maps of ``out_indices``
+            (strides 4, 8, 16, 32) and the final norm and head are not built.
+    """
+
+    def __init__(
+        self,
+        img_size: Union[int, tuple[int, int]] = 224,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 96,
+        depths: Sequence[int] = (2, 2, 6, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int = 56,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        pattern: str = "IIIS",
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        features_only: bool = False,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+    ):
+        super().__init__()
+        if len(depths) != len(num_heads):
+            raise ValueError(f"depths={tuple(depths)} and num_heads={tuple(num_heads)} must have the same length")
+        if window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {window_size}")
+        kinds = parse_pattern(pattern, depths)
+        self.pattern, self.window_size = pattern, window_size
+        self.num_classes = num_classes
+        self.num_layers = len(depths)
+        self.num_prefix_tokens = 0
+        self.features_only = features_only
+        self.num_features = int(embed_dim * 2 ** (self.num_layers - 1))
+        self.grad_checkpointing = False
+        img_h, img_w = to_2tuple(img_size)
+        p = to_2tuple(patch_size)
+
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
+        res = (math.ceil(img_h / p[0]), math.ceil(img_w / p[1]))
+        self.layers = nn.ModuleList()
+        self.feature_info = []
+        for i, (depth, heads) in enumerate(zip(depths, num_heads)):
+            dim = int(embed_dim * 2 ** i)
+            start = sum(depths[:i])
+            self.layers.append(SwinStage(
+                dim, depth, heads, kinds=kinds[i], window_size=window_size, input_resolution=res,
+                drop_path=dpr[start:start + depth], downsample=i < self.num_layers - 1, mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual, drop=drop_rate,
+                attn_drop=attn_drop_rate,
+            ))
+            self.feature_info.append(dict(num_chs=dim, reduction=p[0] * 2 ** i, module=f"layers.{i}"))
+            res = (math.ceil(res[0] / 2), math.ceil(res[1] / 2))
+
+        self.out_indices = tuple(self._take_indices(out_indices))
+        if features_only:
+            self.norm, self.head = nn.Identity(), nn.Identity()
+        else:
+            self.norm = nn.LayerNorm(self.num_features)
+            self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        # as the reference: truncated normal for linear layers and position tables; the
+        # residual-predicting convs and the patch conv keep PyTorch's defaults
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, WindowAttention):
+            nn.init.trunc_normal_(m.relative_position_bias_table, std=0.02)
+        elif isinstance(m, AffineReLUKernel):  # children are visited first: restore its identity start
+            nn.init.eye_(m.affine.weight)
+            nn.init.zeros_(m.affine.bias)
+
+    # ---- timm-style contract
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names exempt from weight decay: the relative position bias tables."""
+        return {n for n, _ in self.named_parameters() if n.endswith("relative_position_bias_table")}
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        if self.features_only:
+            raise ValueError("a features_only model has no classifier")
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def _take_indices(self, indices: Union[None, int, Sequence[int]]) -> list[int]:
+        n = self.num_layers
+        if indices is None:
+            return list(range(n))
+        if isinstance(indices, int):
+            if not 0 < indices <= n:
+                raise ValueError(f"indices={indices}: expected a count in [1, {n}] of last stages")
+            return list(range(n - indices, n))
+        out = []
+        for i in indices:
+            if not -n <= i < n:
+                raise ValueError(f"stage index {i} out of range for {n} stages")
+            out.append(i % n)
+        return sorted(set(out))
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: Union[None, int, Sequence[int]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
+        """Per-stage feature maps.
+
+        Args:
+            x: images [B, C_in, H, W].
+            indices: stages to return (None = all; an int n = the last n; or a list).
+            norm: apply the final norm to the last stage's map (the only norm the model has).
+            stop_early: stop after the last requested stage.
+            output_fmt: "NCHW" or "NHWC".
+        Returns:
+            a list of maps [B, C_i, H / 2^(i+2), W / 2^(i+2)] (ceil), or
+            (final features [B, h, w, C] as forward_features gives, that list).
+        """
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take = self._take_indices(indices)
+        last = max(take) if stop_early or intermediates_only else self.num_layers - 1
+        x = self.pos_drop(self.patch_embed(x))
+        intermediates = []
+        for i, stage in enumerate(self.layers[:last + 1]):
+            x = stage.forward_blocks(x)
+            if i in take:
+                feat = self.norm(x) if norm and i == self.num_layers - 1 else x
+                intermediates.append(feat.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else feat)
+            if stage.downsample is not None and i < last:
+                x = stage.downsample(x)
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """images [B, C_in, H, W] -> normed final map [B, H/32, W/32, num_features] (NHWC)."""
+        x = self.pos_drop(self.patch_embed(x))
+        for stage in self.layers:
+            x = stage(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """[B, h, w, C] -> logits [B, num_classes] (token mean, then head)."""
+        x = x.mean(dim=(1, 2))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor):
+        if self.features_only:
+            return self.forward_intermediates(x, indices=self.out_indices, intermediates_only=True)
+        return self.forward_head(self.forward_features(x))
+
+    checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
+
+
+# --------------------------------------------------------------------------- registry
+
+_REFERENCE = "LeapLabTHU/InLine models/inline_swin.py:InLineSwin"
+
+
+def _swin_cfg(name: str, **kw) -> ModelConfig:
+    return ModelConfig(name=name, family="swin", classifier="head", first_conv="patch_embed.proj",
+                       interpolation="bicubic", **kw)
+
+
+def _build(defaults: dict, overrides: dict) -> InLineSwin:
+    return InLineSwin(**{**defaults, **overrides})
+
+
+@register_model(_swin_cfg(
+    "inline_swin_tiny", crop_pct=0.875, paper_top1=82.4, num_params=29_223_544, macs_g=4.46,
+    extra=dict(pattern="IIIS", window_size=56, drop_path_rate=0.2, reference=_REFERENCE),
+))
+def inline_swin_tiny(**overrides) -> InLineSwin:
+    """InLine-Swin-T: embed 96, depths 2-2-6-2, heads 3-6-12-24, IIIS, window 56, drop path 0.2."""
+    return _build(dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=56,
+                       pattern="IIIS", drop_path_rate=0.2), overrides)
+
+
+@register_model(_swin_cfg(
+    "inline_swin_small", crop_pct=0.875, paper_top1=83.6, num_params=49_793_296, macs_g=8.72,
+    extra=dict(pattern="IISS", window_size=56, drop_path_rate=0.3, reference=_REFERENCE),
+))
+def inline_swin_small(**overrides) -> InLineSwin:
+    """InLine-Swin-S: embed 96, depths 2-2-18-2, heads 3-6-12-24, IISS, window 56, drop path 0.3."""
+    return _build(dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), window_size=56,
+                       pattern="IISS", drop_path_rate=0.3), overrides)
+
+
+@register_model(_swin_cfg(
+    "inline_swin_base", crop_pct=0.875, paper_top1=84.1, num_params=88_350_120, macs_g=15.40,
+    extra=dict(pattern="IIMS2", window_size=56, drop_path_rate=0.5, reference=_REFERENCE),
+))
+def inline_swin_base(**overrides) -> InLineSwin:
+    """InLine-Swin-B: embed 128, depths 2-2-18-2, heads 4-8-16-32, IIMS2, window 56, drop path 0.5."""
+    return _build(dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=56,
+                       pattern="IIMS2", drop_path_rate=0.5), overrides)
+
+
+@register_model(_swin_cfg(
+    "inline_swin_base_384", input_size=(3, 384, 384), crop_pct=1.0, num_params=88_465_320,
+    extra=dict(pattern="IIMS2", window_size=96, drop_path_rate=0.5, reference=_REFERENCE),
+))
+def inline_swin_base_384(**overrides) -> InLineSwin:
+    """InLine-Swin-B at 384: as InLine-Swin-B with window 96 (softmax window 12)."""
+    return _build(dict(img_size=384, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
+                       window_size=96, pattern="IIMS2", drop_path_rate=0.5), overrides)
