@@ -34,39 +34,12 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, make_kernel, to_2tuple
 from ..ops import local_residual as _apply_local_residual
+from ._helpers import parse_pattern, take_indices, tokens_to_nchw
 from .registry import ModelConfig, register_model
 
-__all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention", "parse_pattern"]
+__all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
 
-_LETTER_KINDS = {"I": "inline", "S": "softmax", "L": "linear"}
-
-
-def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
-    """Paper pattern letters -> the attention kind of every block, per stage.
-
-    ``pattern``: one letter per stage (I = InLine, S = softmax, L = linear), optionally with
-    ``M`` stages and an integer suffix ``n``: in M stages the first n blocks are InLine and the
-    rest softmax (``"IIMS2"``).
-    """
-    num_stages = len(depths)
-    letters, suffix = pattern[:num_stages], pattern[num_stages:]
-    if len(letters) != num_stages or any(c not in "ISLM" for c in letters):
-        raise ValueError(
-            f"pattern {pattern!r} must start with {num_stages} letters from I, S, L, M (one per stage)"
-        )
-    if "M" in letters:
-        if not suffix.isdigit():
-            raise ValueError(f"pattern {pattern!r} has an M stage: expected an integer suffix like 'IIMS2'")
-        n_inline = int(suffix)
-    elif suffix:
-        raise ValueError(f"pattern {pattern!r}: a suffix is only allowed with an M stage")
-    kinds = []
-    for letter, depth in zip(letters, depths):
-        if letter == "M":
-            kinds.append(["inline" if i < n_inline else "softmax" for i in range(depth)])
-        else:
-            kinds.append([_LETTER_KINDS[letter]] * depth)
-    return kinds
+_KINDS = ("inline", "linear", "softmax")
 
 
 def _split_sizes(value: Union[str, int, Sequence[int]], name: str, num_stages: int) -> tuple[int, ...]:
@@ -138,7 +111,9 @@ class StripeAttention(RecordableAttention):
         super().__init__()
         if mode not in ("global", "vertical", "horizontal"):
             raise ValueError(f"unknown stripe mode {mode!r}: expected global, vertical or horizontal")
-        if kind not in _LETTER_KINDS.values():
+        if split_size < 1:
+            raise ValueError(f"split_size must be a positive stripe width, got {split_size}")
+        if kind not in _KINDS:
             raise ValueError(f"unknown attention kind {kind!r}: expected inline, linear or softmax")
         if kind == "softmax" and kernel not in (None, "identity"):
             raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
@@ -318,7 +293,7 @@ class InLineCSwin(nn.Module):
         split_size: stripe width of softmax blocks per stage (reference ``split_size``).
         inline_split_size: stripe width of InLine and linear blocks per stage (reference
             ``la_split_size``; "56-28-14-7" or a sequence).
-        pattern: paper letters per stage (I, S, L, M + suffix); see :func:`parse_pattern`.
+        pattern: paper letters per stage (I, S, L; M<n> mixed), see ``_helpers.parse_pattern``.
         kernel: phi of InLine / linear blocks (None = identity / relu).
         local_residual: InLine's local residual on or off (None = on for InLine blocks only).
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
@@ -389,7 +364,7 @@ class InLineCSwin(nn.Module):
         if features_only:
             self.norm, self.head = nn.Identity(), nn.Identity()
             self.num_classes = 0
-            self.feature_info = [self.feature_info[i] for i in self._check_indices(self.out_indices)]
+            self.feature_info = [self.feature_info[i] for i in take_indices(4, self.out_indices)]
         else:
             self.norm = nn.LayerNorm(self.num_features)
             self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
@@ -433,18 +408,6 @@ class InLineCSwin(nn.Module):
         )
         if num_classes > 0:
             self._init_weights(self.head)
-
-    def _check_indices(self, indices) -> list[int]:
-        if indices is None:
-            return [0, 1, 2, 3]
-        if isinstance(indices, int):  # the last n stages, as in timm
-            if not 0 < indices <= 4:
-                raise ValueError(f"indices={indices}: expected 1..4 last stages")
-            return list(range(4 - indices, 4))
-        out = [i % 4 if -4 <= i < 4 else None for i in indices]
-        if None in out:
-            raise ValueError(f"indices={list(indices)}: stage indices must lie in [-4, 3]")
-        return sorted(set(out))
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -499,13 +462,13 @@ class InLineCSwin(nn.Module):
         Returns:
             ``[B, C_i, H_i, W_i]`` maps, or ``(final tokens [B, N, C] after norm, maps)``.
         """
-        take = self._check_indices(indices)
+        take = take_indices(4, indices)
         last = 3 if not intermediates_only else take[-1]
         maps = []
         for i, x, (h, w) in self._stages(x, last):
             if i in take:
                 y = self.norm(x) if (norm and i == 3) else x
-                maps.append(y.transpose(1, 2).reshape(y.shape[0], -1, h, w))
+                maps.append(tokens_to_nchw(y, (h, w)))
         if intermediates_only:
             return maps
         return self.norm(x), maps
