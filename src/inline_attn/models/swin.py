@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from typing import Optional, Sequence, Union
 
 import torch
@@ -31,11 +30,12 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from ..layers import AffineReLUKernel, DropPath, Mlp, RecordableAttention, TokenAttention, check_heads, to_2tuple
+from ._helpers import PatchEmbed, parse_pattern, take_indices
 from .registry import ModelConfig, register_model
 
 __all__ = [
-    "InLineSwin", "SwinBlock", "SwinStage", "WindowAttention", "checkpoint_filter_fn", "parse_pattern",
-    "shift_window_mask", "window_partition", "window_reverse",
+    "InLineSwin", "PatchMerging", "SwinBlock", "SwinStage", "WindowAttention", "checkpoint_filter_fn",
+    "relative_position_index", "shift_window_mask", "window_partition", "window_reverse",
 ]
 
 _SOFTMAX_MIN_WINDOW = 7
@@ -43,36 +43,6 @@ _MASK_VALUE = -100.0  # the reference's additive shift-mask value (exp(-100) ~ 4
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
-    """Paper pattern letters -> one attention kind per block.
-
-    ``pattern``: one letter per stage (I = InLine, S = softmax, L = linear) where ``M`` marks a
-    mixed stage, followed by ``n`` when any stage is M: the first n blocks of an M stage are
-    InLine, the rest softmax ("IIMS2" for InLine-Swin-B).
-    """
-    letters = "ISLM"
-    m = re.fullmatch(rf"([{letters}]+?)(\d*)", pattern or "")
-    if m is None or len(m.group(1)) != len(depths):
-        raise ValueError(
-            f"pattern={pattern!r} must have one letter of {letters} per stage ({len(depths)} stages), "
-            f"then a block count if a stage is M (e.g. 'IIIS', 'IIMS2')"
-        )
-    stages, count = m.group(1), m.group(2)
-    if ("M" in stages) != bool(count):
-        raise ValueError(
-            f"pattern={pattern!r}: an M stage needs a trailing block count (e.g. 'IIMS2') and only an M "
-            f"stage takes one"
-        )
-    names = {"I": "inline", "S": "softmax", "L": "linear"}
-    kinds = []
-    for letter, depth in zip(stages, depths):
-        if letter == "M":
-            kinds.append(["inline" if j < int(count) else "softmax" for j in range(depth)])
-        else:
-            kinds.append([names[letter]] * depth)
-    return kinds
 
 
 def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
@@ -106,7 +76,7 @@ def _make_shift_mask(size: tuple[int, int], window: tuple[int, int], shift: tupl
     labels = _region_ids(hp, wh, sh)[:, None] * 3 + _region_ids(wp, ww, sw)[None, :]  # [Hp, Wp]
     labels = window_partition(labels[None, :, :, None], (wh, ww)).squeeze(-1)  # [nW, N]
     differ = labels[:, None, :] != labels[:, :, None]
-    return torch.zeros(differ.shape, device="cpu").masked_fill_(differ, _MASK_VALUE)
+    return torch.zeros(differ.shape, dtype=torch.float32, device="cpu").masked_fill_(differ, _MASK_VALUE)
 
 
 @functools.lru_cache(maxsize=64)
@@ -313,28 +283,6 @@ class SwinBlock(nn.Module):
         return f"kind={self.kind}, window_size={self.window_size}, shift_size={self.shift_size}"
 
 
-class PatchEmbed(nn.Module):
-    """Non-overlapping patches: [B, C_in, H, W] -> [B, H/p, W/p, C] (conv + LayerNorm).
-
-    Inputs that the patch size does not divide are zero-padded at the bottom / right.
-    """
-
-    def __init__(self, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 96):
-        super().__init__()
-        self.patch_size = to_2tuple(patch_size)
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
-        self.norm = nn.LayerNorm(embed_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}")
-        ph, pw = self.patch_size
-        pad_b, pad_r = (-x.shape[2]) % ph, (-x.shape[3]) % pw
-        if pad_b or pad_r:
-            x = F.pad(x, (0, pad_r, 0, pad_b))
-        return self.norm(self.proj(x).permute(0, 2, 3, 1))
-
-
 class PatchMerging(nn.Module):
     """2x2 neighbourhood -> one token: [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), 2C].
 
@@ -490,7 +438,8 @@ class InLineSwin(nn.Module):
         img_h, img_w = to_2tuple(img_size)
         p = to_2tuple(patch_size)
 
-        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        # the patch conv zero-pads inputs its stride does not divide
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, norm_layer=nn.LayerNorm)
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
         res = (math.ceil(img_h / p[0]), math.ceil(img_w / p[1]))
@@ -508,7 +457,7 @@ class InLineSwin(nn.Module):
             self.feature_info.append(dict(num_chs=dim, reduction=p[0] * 2 ** i, module=f"layers.{i}"))
             res = (math.ceil(res[0] / 2), math.ceil(res[1] / 2))
 
-        self.out_indices = tuple(self._take_indices(out_indices))
+        self.out_indices = tuple(take_indices(self.num_layers, out_indices))
         if features_only:
             self.norm, self.head = nn.Identity(), nn.Identity()
         else:
@@ -556,21 +505,6 @@ class InLineSwin(nn.Module):
         self.num_classes = num_classes
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
 
-    def _take_indices(self, indices: Union[None, int, Sequence[int]]) -> list[int]:
-        n = self.num_layers
-        if indices is None:
-            return list(range(n))
-        if isinstance(indices, int):
-            if not 0 < indices <= n:
-                raise ValueError(f"indices={indices}: expected a count in [1, {n}] of last stages")
-            return list(range(n - indices, n))
-        out = []
-        for i in indices:
-            if not -n <= i < n:
-                raise ValueError(f"stage index {i} out of range for {n} stages")
-            out.append(i % n)
-        return sorted(set(out))
-
     def forward_intermediates(
         self,
         x: torch.Tensor,
@@ -594,9 +528,9 @@ class InLineSwin(nn.Module):
         """
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        take = self._take_indices(indices)
+        take = take_indices(self.num_layers, indices)
         last = max(take) if stop_early or intermediates_only else self.num_layers - 1
-        x = self.pos_drop(self.patch_embed(x))
+        x = self._embed(x)
         intermediates = []
         for i, stage in enumerate(self.layers[:last + 1]):
             x = stage.forward_blocks(x)
@@ -609,9 +543,14 @@ class InLineSwin(nn.Module):
             return intermediates
         return self.norm(x), intermediates
 
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """images [B, C_in, H, W] -> [B, H/4, W/4, C] (ceil)."""
+        tokens, (h, w) = self.patch_embed(x)
+        return self.pos_drop(tokens.view(tokens.shape[0], h, w, -1))
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """images [B, C_in, H, W] -> normed final map [B, H/32, W/32, num_features] (NHWC)."""
-        x = self.pos_drop(self.patch_embed(x))
+        x = self._embed(x)
         for stage in self.layers:
             x = stage(x)
         return self.norm(x)
