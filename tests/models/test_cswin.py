@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from model_helpers import assert_close_rel, count_params, load_golden, meta_model, reference_layout, state_layout
 
-from inline_attn import create_model, get_model_config, record_attention
+from inline_attn import create_model, get_model_config, load_checkpoint, record_attention
 from inline_attn.models.cswin import InLineCSwin, StripeAttention
 
 CSWIN_NAMES = ["inline_cswin_tiny", "inline_cswin_small", "inline_cswin_base", "inline_cswin_base_384"]
@@ -35,6 +35,26 @@ def test_golden_output(float64):
         out = model(data["input"])
     assert out.dtype == torch.float64
     assert_close_rel(out, data["output"], rtol=1e-10)
+
+
+def test_authors_checkpoint_loads_into_backbone(float64):
+    """The golden weights wrapped as the authors' .pth ({"model": sd}) load strictly into the
+    classifier and into a features_only backbone (which drops norm and head); maps agree."""
+    meta, data = load_golden("cswin_tiny_cfg")
+    kw = meta["kwargs"]
+    args = dict(img_size=kw["img_size"], embed_dim=kw["embed_dim"], depths=kw["depth"],
+                num_heads=kw["num_heads"], split_size=kw["split_size"], inline_split_size=kw["la_split_size"],
+                pattern=kw["attn_type"])
+    full = InLineCSwin(num_classes=kw["num_classes"], **args).eval()
+    backbone = InLineCSwin(features_only=True, **args).eval()
+    assert load_checkpoint(full, {"model": data["model"]}).ok
+    assert load_checkpoint(backbone, {"model": data["model"]}).ok
+    x = data["input"][..., :160, :96]  # non-square, stage-3 map 10 x 6 (stripes 7: remainders)
+    with torch.no_grad():
+        ref = full.forward_intermediates(x, intermediates_only=True)
+        maps = backbone(x)
+    for m, r in zip(maps, ref):
+        torch.testing.assert_close(m, r, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", CSWIN_NAMES)

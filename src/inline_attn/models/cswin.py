@@ -37,7 +37,7 @@ from ..ops import local_residual as _apply_local_residual
 from ._helpers import parse_pattern, take_indices, tokens_to_nchw
 from .registry import ModelConfig, register_model
 
-__all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
+__all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention", "checkpoint_filter_fn"]
 
 _KINDS = ("inline", "linear", "softmax")
 
@@ -477,6 +477,20 @@ class InLineCSwin(nn.Module):
         if self.features_only:
             return self.forward_intermediates(x, self.out_indices, intermediates_only=True)
         return self.forward_head(self.forward_features(x))
+
+
+def checkpoint_filter_fn(state_dict: dict, model: InLineCSwin) -> dict:
+    """Map an authors' CSwin state dict onto ``model`` (used by ``load_checkpoint``).
+
+    The names agree already (this port keeps the reference's module names); a ``features_only``
+    model drops the file's ``norm`` and ``head`` entries, the parts it pruned.
+    """
+    if not model.features_only:
+        return dict(state_dict)
+    return {k: v for k, v in state_dict.items() if k.split(".", 1)[0] not in ("norm", "head")}
+
+
+InLineCSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
 
 
 # -- registry -------------------------------------------------------------------------------------
