@@ -3,7 +3,7 @@
 Public API:
     ops:    inline_attention, linear_attention, softmax_attention, attention_weights, local_residual
     layers: InLineAttention, LinearAttention, SoftmaxAttention, build_attention, record_attention
-    models: create_model, list_models
+    models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile
 """
 from .layers import (
     InLineAttention,
@@ -14,6 +14,8 @@ from .layers import (
     record_attention,
 )
 from .models import create_model, get_model_config, list_models
+from .models.checkpoint import load_checkpoint, save_checkpoint
+from .models.profile import profile
 from .ops import attention, attention_weights, inline_attention, linear_attention, local_residual, softmax_attention
 
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ import sys
 
 # module path -> provides register(subparsers); add a line when a subsystem gains commands.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "inline_attn.models.cli",
 )
 
 

@@ -238,17 +238,25 @@ class VisionTransformer(nn.Module):
             return self.forward_intermediates(x, self.out_indices, intermediates_only=True)
         return self.forward_head(self.forward_features(x))
 
-    # ---- checkpoints -----------------------------------------------------------------------
-    def checkpoint_filter_fn(self, state_dict: dict) -> dict:
-        """Authors' state dict -> ours (the names agree); resizes ``pos_embed`` when the file
-        was trained at another size than this model was built for. Read by load_checkpoint."""
-        return checkpoint_filter_fn(state_dict, self)
 
 
 def checkpoint_filter_fn(state_dict: dict, model: VisionTransformer) -> dict:
-    """Map a reference DeiT checkpoint onto ``model``: resize a position embedding of another
-    grid (cls entry kept, grid bilinearly interpolated); everything else passes through."""
+    """Map a reference DeiT state dict onto ``model`` (used by load_checkpoint).
+
+    The names agree already; a position embedding of another (square) grid is resized to the
+    model's (cls entry kept, grid bilinear), and a ``features_only`` model drops the file's
+    entries for the parts it pruned (final norm, head, later blocks).
+    """
     out = dict(state_dict)
+    if model.features_only:
+        own = model.state_dict()
+
+        def pruned(key: str) -> bool:
+            parts = key.split(".")
+            late_block = parts[0] == "blocks" and parts[1].isdigit() and int(parts[1]) >= len(model.blocks)
+            return late_block or parts[0] in ("norm", "head")
+
+        out = {k: v for k, v in out.items() if k in own or not pruned(k)}
     pos = out.get("pos_embed")
     if isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape != model.pos_embed.shape:
         n_old = pos.shape[1] - model.num_prefix_tokens
@@ -257,6 +265,9 @@ def checkpoint_filter_fn(state_dict: dict, model: VisionTransformer) -> dict:
             grid = resize_pos_embed(pos[:, model.num_prefix_tokens:], (side, side), model.patch_embed.grid_size)
             out["pos_embed"] = torch.cat([pos[:, : model.num_prefix_tokens], grid], dim=1)
     return out
+
+
+VisionTransformer.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
 
 
 # ---- registered variants (SPEC section 3) ------------------------------------------------------

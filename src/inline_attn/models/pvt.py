@@ -14,6 +14,7 @@ divide are zero-padded, and ``forward_features`` returns the last stage as an NC
 """
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Optional, Sequence, Union
 
@@ -26,7 +27,7 @@ from ..ops import ATTENTION_KINDS
 from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
 
-__all__ = ["PVTAttention", "SpatialReductionAttention", "PVTBlock", "PyramidVisionTransformer"]
+__all__ = ["PVTAttention", "PVTBlock", "PyramidVisionTransformer", "SpatialReductionAttention", "checkpoint_filter_fn"]
 
 
 class PVTAttention(RecordableAttention):
@@ -343,16 +344,24 @@ class PyramidVisionTransformer(nn.Module):
             return self.forward_intermediates(x, self.out_indices, intermediates_only=True)
         return self.forward_head(self.forward_features(x))
 
-    # ---- checkpoints -----------------------------------------------------------------------
-    def checkpoint_filter_fn(self, state_dict: dict) -> dict:
-        """Authors' state dict -> ours (the names agree); resizes each stage's ``pos_embed{i}``
-        when the file was trained at another size. Read by load_checkpoint."""
-        return checkpoint_filter_fn(state_dict, self)
 
 
 def checkpoint_filter_fn(state_dict: dict, model: PyramidVisionTransformer) -> dict:
-    """Resize square per-stage position embeddings of another grid to the model's; pass the rest."""
+    """Map a reference PVT state dict onto ``model`` (used by load_checkpoint).
+
+    The names agree already; per-stage position embeddings of another (square) grid are
+    resized to the model's, and a ``features_only`` model drops the file's entries for the
+    parts it pruned (head, later stages).
+    """
     out = dict(state_dict)
+    if model.features_only:
+        own = model.state_dict()
+
+        def pruned(key: str) -> bool:
+            m = re.match(r"(patch_embed|pos_embed|block)(\d+)", key)
+            return key.startswith("head.") or (m is not None and int(m.group(2)) > model.num_stages)
+
+        out = {k: v for k, v in out.items() if k in own or not pruned(k)}
     for i in range(model.num_stages):
         key = f"pos_embed{i + 1}"
         pos, mine = out.get(key), getattr(model, key)
@@ -361,6 +370,9 @@ def checkpoint_filter_fn(state_dict: dict, model: PyramidVisionTransformer) -> d
             if side * side == pos.shape[1]:
                 out[key] = resize_pos_embed(pos, (side, side), getattr(model, f"patch_embed{i + 1}").grid_size)
     return out
+
+
+PyramidVisionTransformer.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
 
 
 # ---- registered variants (SPEC section 3; heads and MLP ratios as the reference code builds) ----

@@ -1,0 +1,238 @@
+"""Loading the authors' checkpoints (and our own) into our models; saving ours as safetensors.
+
+``load_checkpoint(model, source)`` reads a path (the authors' ``.pth``, ``{"model": sd}`` or
+another wrapper, or a ``.safetensors`` file written by :func:`save_checkpoint`) or a mapping,
+unwraps it, passes it through the model family's filter (key mapping, position-embedding
+resizing; a family provides ``checkpoint_filter_fn(state_dict, model)`` as a static method
+of its model class, or registers one with :func:`register_checkpoint_filter`), and loads it.
+Every key of the file must be consumed and every parameter of the model given; only buffers the
+model recomputes (relative position indices, shift masks) may be absent or left over.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "LoadResult", "RECOMPUTED_BUFFERS", "load_checkpoint", "read_state_dict", "register_checkpoint_filter",
+    "save_checkpoint",
+]
+
+# buffer names (last key component) that models rebuild for the actual input size
+RECOMPUTED_BUFFERS = ("relative_position_index", "attn_mask")
+# wrapper keys of training checkpoints, tried in this order
+WRAPPER_KEYS = ("model", "state_dict", "model_ema", "module")
+
+FilterFn = Callable[[dict, nn.Module], dict]
+_FILTERS: dict[type, FilterFn] = {}
+
+
+def register_checkpoint_filter(model_cls: type) -> Callable[[FilterFn], FilterFn]:
+    """Decorator: use ``fn(state_dict, model) -> state_dict`` for models of ``model_cls``
+    (and subclasses) that do not define ``checkpoint_filter_fn`` themselves."""
+
+    def wrap(fn: FilterFn) -> FilterFn:
+        _FILTERS[model_cls] = fn
+        return fn
+
+    return wrap
+
+
+@dataclass
+class LoadResult:
+    """What a load did: keys of the model the file lacked, file keys the model has no place
+    for, keys whose shapes disagree (key, file shape, model shape), recomputed buffers skipped."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def describe(self, limit: int = 10) -> str:
+        def some(items):
+            shown = ", ".join(str(i) for i in items[:limit])
+            return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+        parts = []
+        if self.missing:
+            parts.append(f"missing keys ({len(self.missing)}): {some(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected keys ({len(self.unexpected)}): {some(self.unexpected)}")
+        if self.mismatched:
+            rows = [f"{k} (file {list(a)} vs model {list(b)})" for k, a, b in self.mismatched]
+            parts.append(f"wrongly-shaped keys ({len(rows)}): {some(rows)}")
+        return "; ".join(parts)
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def _unwrap(obj, where: str) -> dict:
+    """{"model": sd} / {"state_dict": sd} / {"model_ema": sd} / DDP "module." prefixes -> sd."""
+    for _ in range(3):  # wrappers nest at most a couple of levels ({"state_dict": {"model": ...}})
+        if _is_state_dict(obj):
+            break
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"checkpoint {where} holds a {type(obj).__name__}, expected a state dict mapping")
+        inner = next((obj[k] for k in WRAPPER_KEYS if isinstance(obj.get(k), Mapping)), None)
+        if inner is None:
+            raise ValueError(
+                f"checkpoint {where} is neither a state dict (name -> tensor) nor wrapped in one of "
+                f"{WRAPPER_KEYS}; top-level keys: {sorted(map(str, obj))[:10]}"
+            )
+        obj = inner
+    if not _is_state_dict(obj):
+        raise ValueError(f"checkpoint {where} holds no tensors")
+    sd = dict(obj)
+    if all(k.startswith("module.") for k in sd):  # saved from DistributedDataParallel
+        sd = {k[len("module."):]: v for k, v in sd.items()}
+    return sd
+
+
+def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: bool = True) -> dict:
+    """A path (``.safetensors`` or a torch pickle) or a mapping -> a bare state dict on CPU.
+
+    ``weights_only`` (torch files): refuse pickled objects other than tensors and containers,
+    as torch.load does; pass False only for files you trust (e.g. checkpoints that also store
+    a training config object). Unreadable files raise ValueError naming the file.
+    """
+    if isinstance(source, Mapping):
+        return _unwrap(source, "mapping")
+    path = pathlib.Path(source)
+    if not path.is_file():
+        raise ValueError(f"checkpoint file {str(path)!r} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    is_safetensors = path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{")
+    try:
+        if is_safetensors:
+            from safetensors.torch import load_file
+
+            obj = load_file(str(path), device="cpu")
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=weights_only)
+    except Exception as e:  # truncated / corrupted / foreign files: one clear error
+        hint = ""
+        if not is_safetensors and weights_only and "weights_only" in str(e):
+            hint = " (the file stores non-tensor objects; if you trust it, pass weights_only=False)"
+        raise ValueError(f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0]}{hint}") from e
+    return _unwrap(obj, repr(str(path)))
+
+
+def _filter_fn(model: nn.Module) -> Optional[FilterFn]:
+    fn = getattr(type(model), "checkpoint_filter_fn", None)
+    if fn is not None:
+        return getattr(model, "checkpoint_filter_fn")  # a staticmethod: fn(state_dict, model)
+    for cls in type(model).__mro__:
+        if cls in _FILTERS:
+            return _FILTERS[cls]
+    return None
+
+
+def _is_recomputed(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] in RECOMPUTED_BUFFERS
+
+
+def load_checkpoint(
+    model: nn.Module,
+    source: Union[str, os.PathLike, Mapping],
+    strict: bool = True,
+    *,
+    weights_only: bool = True,
+    filter_fn: Optional[FilterFn] = None,
+) -> LoadResult:
+    """Load ``source`` into ``model``; returns a :class:`LoadResult`.
+
+    Args:
+        model: the model (its parameters keep their device and dtype; values are copied in).
+        source: path to the authors' ``.pth`` (``{"model": sd}``, ``{"state_dict": sd}``,
+            ``{"model_ema": sd}``), a bare state dict, or our ``.safetensors`` file.
+        strict: raise ValueError listing missing, unexpected and wrongly-shaped keys when the
+            file and the model disagree; with False, load the keys that fit and report the rest.
+        weights_only: see :func:`read_state_dict`.
+        filter_fn: ``fn(state_dict, model)`` replacing the family's own filter.
+    """
+    state = read_state_dict(source, weights_only=weights_only)
+    fn = filter_fn or _filter_fn(model)
+    if fn is not None:
+        state = fn(state, model)
+    own = model.state_dict()
+    result = LoadResult()
+    loadable = {}
+    for key, value in state.items():
+        if key not in own:
+            (result.ignored if _is_recomputed(key) else result.unexpected).append(key)
+        elif tuple(value.shape) != tuple(own[key].shape):
+            if _is_recomputed(key):
+                result.ignored.append(key)
+            else:
+                result.mismatched.append((key, tuple(value.shape), tuple(own[key].shape)))
+        else:
+            loadable[key] = value
+    result.missing = [k for k in own if k not in state and not _is_recomputed(k)]
+    if strict and not result.ok:
+        raise ValueError(f"checkpoint does not fit {type(model).__name__}: {result.describe()}")
+    model.load_state_dict(loadable, strict=False)
+    return result
+
+
+def save_checkpoint(model: Union[nn.Module, Mapping], path: Union[str, os.PathLike],
+                    metadata: Optional[dict[str, str]] = None) -> pathlib.Path:
+    """Write the model's state dict to ``path`` as safetensors, atomically.
+
+    The file appears complete or not at all (temp file in the same folder, fsync, os.replace).
+    Tensors that share storage (tied weights) are stored once each as separate copies, which
+    safetensors requires; loading copies them back into the tied parameter.
+    """
+    path = pathlib.Path(path)
+    state = model.state_dict() if isinstance(model, nn.Module) else dict(model)
+    tensors, seen = {}, set()
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"state dict entry {key!r} is a {type(value).__name__}, not a tensor")
+        t = value.detach().cpu()
+        storage = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.numel() else None
+        if storage in seen or not t.is_contiguous():
+            t = t.contiguous().clone()
+        elif storage is not None:
+            seen.add(storage)
+        tensors[key] = t
+    meta = {"format": "pt", "writer": "inline_attn"}
+    cfg = getattr(model, "pretrained_cfg", None)
+    if cfg is not None and getattr(cfg, "name", None):
+        meta["model"] = str(cfg.name)
+    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
