@@ -1,0 +1,274 @@
+"""``inline-attn analyze <analysis>``: the paper's analyses from the command line.
+
+Each command writes its numbers (CSV and/or JSON) and PNG figures into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import pathlib
+from typing import Optional
+
+ANALYSES = ("injectivity", "confusion", "attention-maps", "locality", "masking")
+_DEFAULT_IMAGES = {"confusion": 500, "attention-maps": 4, "locality": 500, "masking": 0}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "analyze",
+        help="the paper's analyses: injectivity, confusion, attention maps, locality, masking",
+        description="Run one of the paper's analyses on registered models / checkpoints and write "
+                    "CSV/JSON numbers and PNG figures to --out.",
+    )
+    p.add_argument("analysis", choices=ANALYSES, help="which analysis to run")
+    p.add_argument("--model", nargs="+", default=None, metavar="NAME",
+                   help="registered model name(s); one per --checkpoint (optional when every "
+                        "checkpoint is a training run folder, whose config names the model)")
+    p.add_argument("--checkpoint", nargs="+", default=None, metavar="PATH",
+                   help="checkpoint file or training run folder per model ('none': random init)")
+    p.add_argument("--label", nargs="+", default=None, help="display name per model")
+    p.add_argument("--model-args", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="constructor overrides applied to every model (e.g. img_size=28 depth=2)")
+    p.add_argument("--data", default=None, help="'fmnist' (Fashion-MNIST test split) or an ImageNet-layout folder")
+    p.add_argument("--layers", nargs="+", default=None, metavar="LAYER",
+                   help="attention layers: indices (negative from the end) or name patterns "
+                        "(default all; attention-maps: the last)")
+    p.add_argument("--out", default=None, help="output folder (default analysis/<analysis>)")
+    p.add_argument("--num-images", type=int, default=None,
+                   help="first N images of the data (0: all; default confusion/locality 500, "
+                        "attention-maps 4, masking all)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--queries", nargs="+", default=["0.5,0.5"],
+                   help="attention-maps: query positions as row,col fractions of the image, or 'cls'")
+    p.add_argument("--ks", nargs="+", type=int, default=[3, 5, 7], help="masking: window sizes k")
+    p.add_argument("--rtol", type=float, default=None,
+                   help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=run)
+
+
+def _parse_layers(items: Optional[list]) -> Optional[list]:
+    if not items:
+        return None
+    out = []
+    for it in items:
+        try:
+            out.append(int(it))
+        except ValueError:
+            out.append(it)
+    return out
+
+
+def _load_models(args) -> list:
+    from .common import load_model, parse_model_args
+
+    names, ckpts = args.model, args.checkpoint
+    if not names and not ckpts:
+        raise ValueError(f"analyze {args.analysis} needs --model NAME (and/or --checkpoint PATH)")
+    n = max(len(names or []), len(ckpts or []))
+    if names and len(names) not in (1, n) or ckpts and len(ckpts) not in (1, n):
+        raise ValueError(f"got {len(names or [])} --model and {len(ckpts or [])} --checkpoint values: "
+                         "give one of each per model (or a single one shared by all)")
+    if args.label and len(args.label) != n:
+        raise ValueError(f"got {len(args.label)} --label values for {n} models")
+    kw = parse_model_args(args.model_args)
+    models = []
+    for i in range(n):
+        name = (names[i] if len(names) > 1 else names[0]) if names else None
+        ck = (ckpts[i] if len(ckpts) > 1 else ckpts[0]) if ckpts else None
+        ck = None if ck is not None and ck.lower() == "none" else ck
+        label = args.label[i] if args.label else None
+        lm = load_model(name, ck, model_args=kw, label=label)
+        if label is None and n > 1 and ck is not None:
+            lm.label = pathlib.Path(ck).name if pathlib.Path(ck).is_dir() else pathlib.Path(ck).stem
+        models.append(lm)
+    labels = [m.label for m in models]
+    if len(set(labels)) != len(labels):
+        for i, m in enumerate(models):
+            m.label = f"{m.label} [{i}]"
+    return models
+
+
+def _check_layers(models, layers) -> None:
+    from ..layers.record import _select, attention_layers
+
+    for lm in models:
+        try:
+            _select(attention_layers(lm.model), layers)
+        except ValueError as e:
+            raise ValueError(f"model {lm.label}: {e}") from None
+
+
+def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    keys = list(rows[0])
+    for r in rows[1:]:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _meta(args, models) -> dict:
+    return {
+        "analysis": args.analysis, "data": args.data, "layers": args.layers,
+        "models": [{"label": m.label, "name": m.name, "checkpoint": m.checkpoint, "kwargs": m.kwargs}
+                   for m in models],
+    }
+
+
+def run(args) -> int:
+    out = pathlib.Path(args.out or pathlib.Path("analysis") / args.analysis)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = not args.no_progress
+    if args.analysis == "injectivity":
+        return _injectivity(args, out)
+    models = _load_models(args)
+    layers = _parse_layers(args.layers)
+    if args.analysis == "attention-maps" and layers is not None and len(layers) != 1:
+        raise ValueError(f"attention-maps takes one layer, got --layers {args.layers}")
+    _check_layers(models, layers)
+    if args.data is None:
+        raise ValueError(f"analyze {args.analysis} needs --data (fmnist or an ImageNet-layout folder)")
+    from .common import load_images
+
+    n_img = _DEFAULT_IMAGES[args.analysis] if args.num_images is None else args.num_images
+    if n_img < 0:
+        raise ValueError(f"--num-images must be >= 0, got {n_img}")
+    first = models[0]
+    images = load_images(args.data, num_images=n_img, img_size=first.img_size[0],
+                         crop_pct=first.crop_pct, interpolation=first.interpolation)
+    fn = {"confusion": _confusion, "attention-maps": _attention_maps, "locality": _locality,
+          "masking": _masking}[args.analysis]
+    fn(args, out, models, images, layers, progress)
+    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
+    return 0
+
+
+def _injectivity(args, out: pathlib.Path) -> int:
+    from .confusion import DEFAULT_RTOL
+    from .injectivity import injectivity, plot_injectivity, to_json
+
+    res = injectivity(seed=args.seed, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
+    (out / "injectivity.json").write_text(json.dumps(to_json(res), indent=1))
+    plot_injectivity(res, out / "injectivity.png")
+    rows = [{"queries": fam, "attention": kind, "distinct_rows": r["distinct_rows"],
+             "queries_total": len(r["weights"]), "confused_pairs": r["confused_pairs"]}
+            for fam, d in res["results"].items() for kind, r in d.items()]
+    _write_csv(out / "injectivity.csv", rows)
+    print(f"wrote injectivity.csv, injectivity.json, injectivity.png to {out}")
+    return 0
+
+
+def _confusion(args, out, models, images, layers, progress) -> None:
+    from .common import Batches
+    from .confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
+
+    rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
+    rows, summary, totals = [], {}, {}
+    for lm in models:
+        res = confusion_counts(lm.model, Batches(images, lm, args.batch_size), layers=layers, rtol=rtol,
+                               progress=progress, desc=f"confusion {lm.label}")
+        counts = res["counts"]
+        for img in range(counts.shape[0]):
+            row = {"model": lm.label, "image": img}
+            row.update({f"layer{i}": int(counts[img, j]) for j, (i, _) in enumerate(res["layers"])})
+            row["total"] = int(counts[img].sum())
+            rows.append(row)
+        s = summarize(counts)
+        s["per_layer_mean"] = {name: float(counts[:, j].double().mean()) for j, (_, name) in enumerate(res["layers"])}
+        summary[lm.label] = s
+        totals[lm.label] = counts.sum(dim=1).numpy()
+    _write_csv(out / "confusion.csv", rows)
+    meta = _meta(args, models)
+    meta.update(definition="pairs of different queries (same image, layer, head, window) whose weight "
+                           "rows differ by at most rtol / N_keys in every entry", rtol=rtol,
+                images=int(len(images.labels)), summary=summary)
+    (out / "confusion.json").write_text(json.dumps(meta, indent=1))
+    plot_confusion_histogram(totals, out / "confusion.png")
+
+
+def _locality(args, out, models, images, layers, progress) -> None:
+    from .common import Batches
+    from .locality import locality, plot_locality
+
+    per_model, rows = {}, []
+    for lm in models:
+        res = locality(lm.model, Batches(images, lm, args.batch_size), layers=layers, progress=progress,
+                       desc=f"locality {lm.label}")
+        per_model[lm.label] = res
+        rows += [{"model": lm.label, **r} for r in res]
+    _write_csv(out / "locality.csv", rows)
+    meta = _meta(args, models)
+    meta.update(images=int(len(images.labels)), results=per_model)
+    (out / "locality.json").write_text(json.dumps(meta, indent=1))
+    plot_locality(per_model, out / "locality.png")
+
+
+def _masking(args, out, models, images, layers, progress) -> None:
+    from .common import Batches
+    from .masking import masked_accuracy, plot_masking
+
+    for k in args.ks:
+        if k < 1 or k % 2 == 0:
+            raise ValueError(f"--ks: window size {k} must be an odd positive integer")
+    per_model, rows = {}, []
+    for lm in models:
+        res = masked_accuracy(lm.model, Batches(images, lm, args.batch_size), ks=args.ks, layers=layers,
+                              seed=args.seed, progress=progress, desc=f"masking {lm.label}")
+        per_model[lm.label] = res
+        rows += [{"model": lm.label, **r} for r in res]
+    _write_csv(out / "masking.csv", rows)
+    meta = _meta(args, models)
+    meta.update(images=int(len(images.labels)), results=per_model)
+    (out / "masking.json").write_text(json.dumps(meta, indent=1))
+    (out / "masking.md").write_text(masking_table(per_model, args.ks))
+    plot_masking(per_model, args.ks, out / "masking.png")
+
+
+def masking_table(per_model: dict, ks) -> str:
+    """Markdown table: model | no mask | local kxk | random kxk ... (top-1 %)."""
+    head = ["model", "no mask"] + [f"{m} {k}x{k}" for k in ks for m in ("local", "random")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, rows in per_model.items():
+        by = {(r["mask"], r["k"]): r["top1"] for r in rows}
+        cells = [label, f"{by[('none', 0)]:.2f}"] + [f"{by[(m, k)]:.2f}" for k in ks for m in ("local", "random")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _attention_maps(args, out, models, images, layers, progress) -> None:
+    from .attention_maps import attention_maps, parse_query, plot_attention_maps
+    from .common import Batches, display_images
+
+    queries = [parse_query(q) for q in args.queries]
+    layer = layers[0] if layers else -1
+    per_model, meta_rows = {}, []
+    shown = display_images(images.images, models[0])
+    for lm in models:
+        if "cls" in queries and getattr(lm.model, "num_prefix_tokens", 0) == 0:
+            raise ValueError(f"model {lm.label} has no cls token: drop 'cls' from --queries")
+        res = attention_maps(lm.model, Batches(images, lm, args.batch_size), queries, layer=layer,
+                             progress=progress, desc=f"attention maps {lm.label}")
+        per_model[lm.label] = res
+        for i in range(res["maps"].shape[0]):
+            for qi, q in enumerate(queries):
+                meta_rows.append({"model": lm.label, "layer": res["layer"], "image": i,
+                                  "label": int(images.labels[i]), "query": q if q == "cls" else list(q),
+                                  "cls_weight": float(res["cls_weight"][i, qi]),
+                                  "map": res["maps"][i, qi].tolist()})
+    for qi, q in enumerate(queries):
+        plot_attention_maps(shown, {lab: r["maps"][:, qi] for lab, r in per_model.items()}, q,
+                            out / f"attention_maps_q{qi}.png")
+    meta = _meta(args, models)
+    meta.update(images=int(len(images.labels)), queries=[q if q == "cls" else list(q) for q in queries],
+                maps=meta_rows)
+    (out / "attention_maps.json").write_text(json.dumps(meta))
+
+
+__all__ = ["ANALYSES", "register", "run", "masking_table"]

@@ -1,0 +1,253 @@
+"""Models and images for the analyses: registry names, checkpoints or training runs, and data.
+
+A model is a registered name (``create_model``) with optional constructor overrides and an
+optional checkpoint. The checkpoint may be a file (a state dict, or a dict holding one under
+``model`` / ``state_dict``) or a training run folder (its resolved ``config.yaml`` gives the
+model's name, constructor arguments and input normalisation; the newest checkpoint in it gives
+the weights).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+PathLike = Union[str, os.PathLike]
+CHECKPOINT_SUFFIXES = (".pth", ".pt", ".ckpt", ".safetensors")
+_CKPT_PREFERENCE = ("best", "model_best", "checkpoint_best", "final", "last", "latest", "checkpoint")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for analysis and how to feed it."""
+
+    label: str
+    model: nn.Module
+    name: str
+    img_size: tuple[int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float
+    interpolation: str
+    in_chans: int
+    checkpoint: Optional[str] = None
+    kwargs: dict = field(default_factory=dict)
+
+
+def parse_model_args(items: Optional[Sequence[str]]) -> dict:
+    """``["key=value", ...]`` -> dict (values parsed as YAML: ``depth=2``, ``pattern=L``)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or ():
+        if "=" not in item:
+            raise ValueError(f"model argument {item!r}: expected key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
+
+
+def find_checkpoint(run_dir: pathlib.Path) -> pathlib.Path:
+    """The checkpoint file to analyse in a training run folder."""
+    files = [p for p in run_dir.rglob("*") if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES]
+    if not files:
+        raise ValueError(f"run folder {run_dir} holds no checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
+    for stem in _CKPT_PREFERENCE:
+        hits = [p for p in files if p.stem == stem]
+        if hits:
+            return sorted(hits)[0]
+    return max(files, key=lambda p: p.stat().st_mtime)
+
+
+def read_state_dict(path: PathLike) -> dict:
+    """A model state dict from a checkpoint file (plain or wrapped under model / state_dict)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    obj = torch.load(str(path), map_location="cpu", weights_only=False)
+    for key in ("model", "state_dict", "model_state"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict):
+        raise ValueError(f"checkpoint {path} holds no state dict (found {type(obj).__name__})")
+    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in obj.items()}
+
+
+def _run_config(run_dir: pathlib.Path) -> dict:
+    for name in ("config.yaml", "config.yml", "resolved_config.yaml", "args.yaml"):
+        if (run_dir / name).is_file():
+            from ..train.config import read_yaml
+
+            return read_yaml(run_dir / name)
+    return {}
+
+
+def _model_size(model: nn.Module, kwargs: dict, cfg) -> tuple[int, int]:
+    size = kwargs.get("img_size")
+    if size is None:
+        pe = getattr(model, "patch_embed", None)
+        size = getattr(pe, "img_size", None)
+    if size is None:
+        size = cfg.input_size[-2:]
+    return (int(size), int(size)) if isinstance(size, (int, float)) else (int(size[0]), int(size[1]))
+
+
+def _in_chans(model: nn.Module, cfg) -> int:
+    try:
+        return int(model.get_submodule(cfg.first_conv).in_channels)
+    except (AttributeError, TypeError):
+        return int(cfg.input_size[0])
+
+
+def load_model(
+    name: Optional[str],
+    checkpoint: Optional[PathLike] = None,
+    *,
+    model_args: Optional[dict] = None,
+    label: Optional[str] = None,
+) -> LoadedModel:
+    """Build ``name`` (or the run folder's model when ``name`` is None) and load its weights."""
+    from ..models import create_model, get_model_config
+
+    kwargs: dict = {}
+    data_cfg: dict = {}
+    ckpt_file = None
+    if checkpoint is not None:
+        path = pathlib.Path(checkpoint)
+        if path.is_dir():
+            run = _run_config(path)
+            mcfg = run.get("model", {}) if isinstance(run.get("model"), dict) else {}
+            if name is None:
+                name = mcfg.get("name")
+            elif mcfg.get("name") and mcfg["name"] != name:
+                raise ValueError(f"--model {name!r} but run folder {path} trained {mcfg['name']!r}")
+            kwargs.update(mcfg.get("kwargs") or {})
+            data_cfg = run.get("data", {}) or {}
+            ckpt_file = find_checkpoint(path)
+        elif path.is_file():
+            ckpt_file = path
+        else:
+            raise ValueError(f"checkpoint {path} does not exist (expected a file or a training run folder)")
+    if name is None:
+        raise ValueError("no model name: pass --model NAME (or a run folder whose config.yaml names it)")
+    kwargs.update(model_args or {})
+    cfg = get_model_config(name)
+    model = create_model(name, **kwargs)
+    if ckpt_file is not None:
+        state = read_state_dict(ckpt_file)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {ckpt_file} does not fit {name} {kwargs}: missing keys {missing[:8]}, "
+                f"unexpected keys {unexpected[:8]}"
+            )
+    model.eval()
+    img_size = data_cfg.get("img_size") or None
+    size = (int(img_size), int(img_size)) if img_size else _model_size(model, kwargs, cfg)
+    mean = tuple(data_cfg.get("mean") or cfg.mean)
+    std = tuple(data_cfg.get("std") or cfg.std)
+    if data_cfg.get("dataset") == "fmnist" and not data_cfg.get("mean"):
+        from ..data import FMNIST_MEAN, FMNIST_STD
+
+        mean, std = FMNIST_MEAN, FMNIST_STD
+    in_chans = _in_chans(model, cfg)
+    if in_chans == 1 and len(mean) > 1:  # an RGB recipe's statistics for a one-channel model
+        mean, std = (sum(mean) / len(mean),), (sum(std) / len(std),)
+    return LoadedModel(
+        label=label or name, model=model, name=name, img_size=size, mean=mean, std=std,
+        crop_pct=float(data_cfg.get("crop_pct") or cfg.crop_pct),
+        interpolation=str(data_cfg.get("interpolation") or cfg.interpolation),
+        in_chans=in_chans, checkpoint=str(ckpt_file) if ckpt_file else None, kwargs=kwargs,
+    )
+
+
+@dataclass
+class ImageSet:
+    """Evaluation images (uint8 [N, C, H, W]) and labels ([N]) as read, before normalisation."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    source: str
+
+
+def load_images(
+    data: PathLike, *, num_images: int = 0, img_size: int = 224, crop_pct: float = 0.875,
+    interpolation: str = "bicubic", split: str = "val",
+) -> ImageSet:
+    """``data`` = "fmnist" (Fashion-MNIST test split; "fmnist:DIR" for another folder of IDX
+    files) or an ImageNet-layout folder (its ``val/`` subfolder when present). ``num_images``:
+    the first N images (0: all); folder images are decoded with the eval crop at ``img_size``."""
+    spec = str(data)
+    if spec == "fmnist" or spec.startswith("fmnist:"):
+        from ..data import load_fashion_mnist
+
+        ds = load_fashion_mnist(spec[len("fmnist:"):] or None, split="test")
+        ds = ds.subset(num_images) if num_images > 0 else ds
+        return ImageSet(ds.images, ds.labels, "Fashion-MNIST test")
+    root = pathlib.Path(spec)
+    if not root.is_dir():
+        raise ValueError(f"--data {spec!r}: expected 'fmnist' or an ImageNet-layout folder")
+    if (root / split).is_dir():
+        root = root / split
+    from ..data import ImageFolder
+
+    folder = ImageFolder(root, img_size, train=False, crop_pct=crop_pct, interpolation=interpolation)
+    n = len(folder) if num_images <= 0 else min(num_images, len(folder))
+    # evenly spread over the (class-sorted) samples, so a small N still covers the classes
+    idx = torch.linspace(0, len(folder) - 1, n).round().long().unique() if n < len(folder) else torch.arange(n)
+    items = [folder[int(i)] for i in idx]
+    return ImageSet(torch.stack([im for im, _ in items]), torch.tensor([t for _, t in items]), str(root))
+
+
+def prepare(images: torch.Tensor, lm: LoadedModel) -> torch.Tensor:
+    """uint8 / [0, 1] images -> the model's normalised input (channels matched, eval resize)."""
+    from ..data import EvalTransform
+    from ..data.transforms import to_float
+
+    x = to_float(images)  # [0, 1]
+    c = x.shape[1]
+    if c != lm.in_chans:
+        if c == 1:
+            x = x.expand(-1, lm.in_chans, -1, -1)
+        elif lm.in_chans == 1:
+            x = x.mean(dim=1, keepdim=True)
+        else:
+            raise ValueError(f"images have {c} channels, model {lm.label} takes {lm.in_chans}")
+    h, w = lm.img_size
+    if h != w:
+        raise ValueError(f"model {lm.label}: non-square input {lm.img_size} is not supported by the eval crop")
+    return EvalTransform(h, lm.mean, lm.std, lm.crop_pct, lm.interpolation)(x)
+
+
+def display_images(images: torch.Tensor, lm: LoadedModel) -> torch.Tensor:
+    """The images as the model sees them (same crop), un-normalised to [0, 1] for plotting."""
+    x = prepare(images, lm)
+    mean = torch.tensor(lm.mean).view(1, -1, 1, 1)
+    std = torch.tensor(lm.std).view(1, -1, 1, 1)
+    return (x * std + mean).clamp(0, 1)
+
+
+class Batches:
+    """Iterable of (normalised x [b, C, H, W], labels [b]) over an :class:`ImageSet` for one model."""
+
+    def __init__(self, images: ImageSet, lm: LoadedModel, batch_size: int = 64):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.images, self.lm, self.batch_size = images, lm, batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.images.labels) // self.batch_size)
+
+    def __iter__(self):
+        for s in range(0, len(self.images.labels), self.batch_size):
+            sl = slice(s, s + self.batch_size)
+            yield prepare(self.images.images[sl], self.lm), self.images.labels[sl]

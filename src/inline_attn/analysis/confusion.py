@@ -1,0 +1,200 @@
+"""Semantic confusion (paper Fig. 1 and Fig. 3): different queries that get the same weights.
+
+Definition used throughout (docs/analysis.md): in one attention call, for one image and one
+head, two different queries i != j are *confused* when their attention weight rows are equal
+within a tolerance::
+
+    max_k |w_ik - w_jk| <= tol,      tol = rtol / N_k   (default rtol = 1e-3)
+
+i.e. no weight differs by more than 0.1 % of the uniform weight 1 / N_k. All real query tokens
+count (the cls token included, padding tokens of padded windows excluded). A layer's count for
+an image is the number of confused pairs summed over heads and windows; an image's count is the
+sum over the analysed layers. Linear attention confuses every pair of queries whose features
+phi(q) are collinear (paper Proposition 2); softmax and InLine attention are injective and
+confuse (almost) none.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from ..layers.record import AttentionRecord
+from .tokens import expand_groups, token_layout
+
+DEFAULT_RTOL = 1e-3
+_CHUNK_ELEMS = 1 << 24  # bounds the pairwise-distance buffer (elements) per chunk
+
+
+def row_tolerance(num_keys: int, rtol: float = DEFAULT_RTOL, atol: Optional[float] = None) -> float:
+    """The absolute tolerance on max |w_ik - w_jk|: ``atol`` if given, else ``rtol / num_keys``."""
+    if atol is not None:
+        if atol < 0:
+            raise ValueError(f"atol must be >= 0, got {atol}")
+        return float(atol)
+    if rtol < 0:
+        raise ValueError(f"rtol must be >= 0, got {rtol}")
+    return float(rtol) / num_keys
+
+
+def confused_pairs(
+    weights: torch.Tensor,
+    *,
+    rtol: float = DEFAULT_RTOL,
+    atol: Optional[float] = None,
+    valid: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Count pairs of different queries with equal weight rows (within the tolerance).
+
+    Args:
+        weights: [..., Nq, Nk] attention weights.
+        rtol, atol: tolerance, see :func:`row_tolerance`.
+        valid: [..., Nq] bool (broadcastable), queries that take part (default all).
+
+    Returns:
+        [...] long: number of pairs i < j, both valid, with ``max_k |w_ik - w_jk| <= tol``.
+    """
+    if weights.dim() < 2:
+        raise ValueError(f"weights must be [..., Nq, Nk], got shape {tuple(weights.shape)}")
+    lead, nq, nk = weights.shape[:-2], weights.shape[-2], weights.shape[-1]
+    tol = row_tolerance(nk, rtol, atol)
+    w = weights.reshape(-1, nq, nk)
+    if valid is None:
+        ok = torch.ones(w.shape[0], nq, dtype=torch.bool, device=w.device)
+    else:
+        ok = valid.to(w.device).expand(*lead, nq).reshape(-1, nq)
+    upper = torch.ones(nq, nq, dtype=torch.bool, device=w.device).triu(1)
+    counts = torch.empty(w.shape[0], dtype=torch.long, device=w.device)
+    step = max(1, _CHUNK_ELEMS // (nq * nq))
+    for s in range(0, w.shape[0], step):
+        # L-infinity distance between every pair of rows of one (image, head, window).
+        d = torch.cdist(w[s:s + step], w[s:s + step], p=float("inf"))
+        hit = (d <= tol) & upper & ok[s:s + step, :, None] & ok[s:s + step, None, :]
+        counts[s:s + step] = hit.sum(dim=(-2, -1))
+    return counts.reshape(lead)
+
+
+def distinct_rows(weights: torch.Tensor, *, rtol: float = DEFAULT_RTOL, atol: Optional[float] = None) -> int:
+    """Number of distinct rows of ``weights: [M, Nk]``: rows within the tolerance of an earlier
+    row count once (greedy, in order)."""
+    if weights.dim() != 2:
+        raise ValueError(f"weights must be [M, Nk], got shape {tuple(weights.shape)}")
+    tol = row_tolerance(weights.shape[-1], rtol, atol)
+    kept: list[torch.Tensor] = []
+    for row in weights:
+        if all((row - k).abs().max() > tol for k in kept):
+            kept.append(row)
+    return len(kept)
+
+
+class ConfusionCounter:
+    """Attention hook: per image and layer, the number of confused query pairs.
+
+    Call :meth:`start_batch` before each forward; after it, :attr:`batch_counts` maps a layer
+    index to a [B] long tensor (summed over heads, windows and over several calls of the layer).
+    Nothing larger than one call's [B*G, h, N, N] weights is ever held.
+    """
+
+    def __init__(self, *, rtol: float = DEFAULT_RTOL, atol: Optional[float] = None, map_sizes=None):
+        self.rtol, self.atol = rtol, atol
+        self.map_sizes = map_sizes or {}
+        self.batch_counts: dict[int, torch.Tensor] = {}
+        self.names: dict[int, str] = {}
+
+    def start_batch(self) -> None:
+        self.batch_counts = {}
+
+    def __call__(self, rec: AttentionRecord) -> None:
+        layout = token_layout(rec, self.map_sizes.get(rec.name))
+        w = rec.weights.detach()
+        bg, heads = w.shape[:2]
+        b = bg // layout.num_groups
+        p = layout.num_prefix_tokens
+        real = layout.grid.clone()
+        real[:, :p] = True  # prefix (cls) queries count; only padding is left out
+        valid = expand_groups(real, b).to(w.device)[:, None, :]  # [BG, 1, N]
+        counts = confused_pairs(w, rtol=self.rtol, atol=self.atol, valid=valid)  # [BG, h]
+        per_image = counts.reshape(b, -1).sum(dim=1).cpu()
+        self.names[rec.index] = rec.name
+        prev = self.batch_counts.get(rec.index)
+        self.batch_counts[rec.index] = per_image if prev is None else prev + per_image
+
+
+def confusion_counts(
+    model: torch.nn.Module,
+    batches: Iterable,
+    *,
+    layers=None,
+    rtol: float = DEFAULT_RTOL,
+    atol: Optional[float] = None,
+    progress: bool = True,
+    desc: str = "confusion",
+) -> dict:
+    """Confused-pair counts of ``model`` on ``batches`` (iterable of (x [B, C, H, W], y)).
+
+    Returns:
+        {"layers": [(index, name)], "counts": [num_images, num_layers] long tensor}.
+    """
+    from .runner import map_sizes_for, run_hooked
+
+    counter = ConfusionCounter(rtol=rtol, atol=atol)
+    rows: list[torch.Tensor] = []
+    chosen_idx: list[int] = []
+
+    def per_batch(x, y, chosen):
+        if not chosen_idx:
+            chosen_idx.extend(i for i, _, _ in chosen)
+            counter.map_sizes = map_sizes_for(model, x.shape[-2:])
+        counter.start_batch()
+        return counter
+
+    def after_batch(x, y, out):
+        rows.append(torch.stack([counter.batch_counts.get(i, torch.zeros(x.shape[0], dtype=torch.long))
+                                 for i in chosen_idx], dim=1))
+
+    run_hooked(model, batches, per_batch, after_batch, layers=layers, progress=progress, desc=desc)
+    names = [counter.names.get(i, "") for i in chosen_idx]
+    return {"layers": list(zip(chosen_idx, names)), "counts": torch.cat(rows) if rows else torch.zeros(0, 0)}
+
+
+def plot_confusion_histogram(per_model: dict, path, *, title: Optional[str] = None) -> None:
+    """Histogram over images of the per-image confusion count, one series per model.
+
+    per_model: {label: [num_images] counts (summed over layers)}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=100)
+    top = max([float(np.max(v)) for v in per_model.values() if len(v)] + [1.0])
+    bins = np.linspace(0, top, 31) if top > 30 else np.arange(0, top + 2) - 0.5
+    for label, vals in per_model.items():
+        vals = np.asarray(vals, dtype=float)
+        ax.hist(vals, bins=bins, alpha=0.55, label=f"{label} (mean {vals.mean():.1f})")
+    ax.set_xlabel("confused query pairs per image (summed over layers and heads)")
+    ax.set_ylabel("images")
+    ax.set_title(title or "Semantic confusion (cf. paper Fig. 3)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summarize(counts: torch.Tensor) -> dict:
+    """Mean / median / max of per-image totals, and the fraction of images with any confusion."""
+    tot = counts.sum(dim=1).double() if counts.numel() else torch.zeros(0, dtype=torch.double)
+    if tot.numel() == 0:
+        return {"images": 0}
+    return {
+        "images": int(tot.numel()), "mean": float(tot.mean()), "median": float(tot.median()),
+        "max": float(tot.max()), "frac_images_confused": float((tot > 0).double().mean()),
+    }
+
+
+__all__: Sequence[str] = (
+    "DEFAULT_RTOL", "ConfusionCounter", "confused_pairs", "confusion_counts", "distinct_rows",
+    "plot_confusion_histogram", "row_tolerance", "summarize",
+)
