@@ -80,10 +80,9 @@ def _load_models(args) -> list:
         ck = (ckpts[i] if len(ckpts) > 1 else ckpts[0]) if ckpts else None
         ck = None if ck is not None and ck.lower() == "none" else ck
         label = args.label[i] if args.label else None
-        lm = load_model(name, ck, model_args=kw, label=label)
-        if label is None and n > 1 and ck is not None:
-            lm.label = pathlib.Path(ck).name if pathlib.Path(ck).is_dir() else pathlib.Path(ck).stem
-        models.append(lm)
+        if label is None and ck is not None and (pathlib.Path(ck).is_dir() or n > 1):
+            label = pathlib.Path(ck).name if pathlib.Path(ck).is_dir() else pathlib.Path(ck).stem
+        models.append(load_model(name, ck, model_args=kw, label=label))
     labels = [m.label for m in models]
     if len(set(labels)) != len(labels):
         for i, m in enumerate(models):
@@ -145,8 +144,8 @@ def run(args) -> int:
                          crop_pct=first.crop_pct, interpolation=first.interpolation)
     fn = {"confusion": _confusion, "attention-maps": _attention_maps, "locality": _locality,
           "masking": _masking}[args.analysis]
-    fn(args, out, models, images, layers, progress)
-    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")
+    written = fn(args, out, models, images, layers, progress)
+    print(f"wrote {', '.join(written)} to {out}")
     return 0
 
 
@@ -191,6 +190,7 @@ def _confusion(args, out, models, images, layers, progress) -> None:
                 images=int(len(images.labels)), summary=summary)
     (out / "confusion.json").write_text(json.dumps(meta, indent=1))
     plot_confusion_histogram(totals, out / "confusion.png")
+    return ["confusion.csv", "confusion.json", "confusion.png"]
 
 
 def _locality(args, out, models, images, layers, progress) -> None:
@@ -208,6 +208,7 @@ def _locality(args, out, models, images, layers, progress) -> None:
     meta.update(images=int(len(images.labels)), results=per_model)
     (out / "locality.json").write_text(json.dumps(meta, indent=1))
     plot_locality(per_model, out / "locality.png")
+    return ["locality.csv", "locality.json", "locality.png"]
 
 
 def _masking(args, out, models, images, layers, progress) -> None:
@@ -229,6 +230,7 @@ def _masking(args, out, models, images, layers, progress) -> None:
     (out / "masking.json").write_text(json.dumps(meta, indent=1))
     (out / "masking.md").write_text(masking_table(per_model, args.ks))
     plot_masking(per_model, args.ks, out / "masking.png")
+    return ["masking.csv", "masking.json", "masking.md", "masking.png"]
 
 
 def masking_table(per_model: dict, ks) -> str:
@@ -269,6 +271,7 @@ def _attention_maps(args, out, models, images, layers, progress) -> None:
     meta.update(images=int(len(images.labels)), queries=[q if q == "cls" else list(q) for q in queries],
                 maps=meta_rows)
     (out / "attention_maps.json").write_text(json.dumps(meta))
+    return ["attention_maps.json"] + [f"attention_maps_q{qi}.png" for qi in range(len(queries))]
 
 
 __all__ = ["ANALYSES", "register", "run", "masking_table"]

@@ -63,23 +63,20 @@ def find_checkpoint(run_dir: pathlib.Path) -> pathlib.Path:
     return max(files, key=lambda p: p.stat().st_mtime)
 
 
-def read_state_dict(path: PathLike) -> dict:
-    """A model state dict from a checkpoint file (plain or wrapped under model / state_dict)."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise ValueError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+def load_weights(model: nn.Module, path: PathLike) -> None:
+    """Load a checkpoint file strictly (:func:`inline_attn.models.checkpoint.load_checkpoint`).
 
-        return load_file(str(path))
-    obj = torch.load(str(path), map_location="cpu", weights_only=False)
-    for key in ("model", "state_dict", "model_state"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    if not isinstance(obj, dict):
-        raise ValueError(f"checkpoint {path} holds no state dict (found {type(obj).__name__})")
-    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in obj.items()}
+    Training checkpoints also pickle RNG states and configs: when the safe loader refuses the
+    file, it is read again with ``weights_only=False`` (the user named this file).
+    """
+    from ..models.checkpoint import load_checkpoint
+
+    try:
+        load_checkpoint(model, path, strict=True)
+    except ValueError as e:
+        if "weights_only" not in str(e):
+            raise
+        load_checkpoint(model, path, strict=True, weights_only=False)
 
 
 def _run_config(run_dir: pathlib.Path) -> dict:
@@ -143,13 +140,7 @@ def load_model(
     cfg = get_model_config(name)
     model = create_model(name, **kwargs)
     if ckpt_file is not None:
-        state = read_state_dict(ckpt_file)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint {ckpt_file} does not fit {name} {kwargs}: missing keys {missing[:8]}, "
-                f"unexpected keys {unexpected[:8]}"
-            )
+        load_weights(model, ckpt_file)
     model.eval()
     img_size = data_cfg.get("img_size") or None
     size = (int(img_size), int(img_size)) if img_size else _model_size(model, kwargs, cfg)

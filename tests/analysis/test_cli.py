@@ -1,0 +1,168 @@
+"""``inline-attn analyze``: every analysis end to end on tiny random models, and bad arguments."""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from inline_attn import create_model
+from inline_attn.cli import main
+
+DEIT = ["img_size=28", "patch_size=7", "embed_dim=16", "depth=2", "num_heads=2", "in_chans=1", "num_classes=10"]
+SWIN = ["img_size=64", "embed_dim=8", "depths=[2,2,2,2]", "num_heads=[1,2,2,4]", "window_size=8", "num_classes=3"]
+CSWIN = ["img_size=64", "embed_dim=8", "depths=[1,1,1,1]", "num_heads=[2,2,2,2]", "split_size=[1,2,2,2]",
+         "inline_split_size=[16,8,4,2]", "num_classes=3"]
+
+
+def _write_idx(path, arr: np.ndarray) -> None:
+    header = struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}i", *arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.astype(np.uint8).tobytes())
+
+
+@pytest.fixture(scope="module")
+def fmnist_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fmnist")
+    rng = np.random.default_rng(0)
+    _write_idx(root / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (6, 28, 28)))
+    _write_idx(root / "t10k-labels-idx1-ubyte.gz", np.arange(6) % 10)
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs")
+    rng = np.random.default_rng(0)
+    for c in ("a", "b", "c"):
+        (root / "val" / c).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (70, 80, 3), dtype=np.uint8)).save(root / "val" / c / f"{i}.png")
+    return root
+
+
+def run(*argv) -> int:
+    return main(["analyze", *map(str, argv), "--no-progress"])
+
+
+def test_injectivity_command(tmp_path):
+    assert run("injectivity", "--out", tmp_path) == 0
+    rows = list(csv.DictReader(open(tmp_path / "injectivity.csv")))
+    got = {(r["queries"], r["attention"]): int(r["distinct_rows"]) for r in rows}
+    assert got[("collinear", "linear_relu")] == 1 and got[("collinear", "inline")] == 4
+    assert (tmp_path / "injectivity.png").stat().st_size > 0 and (tmp_path / "injectivity.json").exists()
+
+
+def _kwargs(args) -> dict:
+    import yaml
+
+    return {k: yaml.safe_load(v) for k, v in (a.split("=") for a in args)}
+
+
+def test_two_models_and_checkpoints(tmp_path, fmnist_dir, capsys):
+    lin = create_model("inline_deit_tiny", **_kwargs(DEIT), pattern="L")
+    ck = tmp_path / "linear.pth"
+    torch.save({"model": lin.state_dict()}, ck)
+    args = ["--model", "inline_deit_tiny", "inline_deit_tiny", "--label", "inline", "linear",
+            "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path, "--checkpoint", "none", ck, "--model-args", *DEIT]
+    # a linear model's weights do not fit InLine blocks (no local residual): a clear error
+    assert run("locality", *args) == 2
+    assert "missing keys" in capsys.readouterr().err
+    assert run("locality", *args, "pattern=L") == 0  # both built as linear: the checkpoint fits
+    rows = list(csv.DictReader(open(tmp_path / "locality.csv")))
+    assert [r["model"] for r in rows] == ["inline", "inline", "linear", "linear"]
+    assert {r["kind"] for r in rows} == {"linear"}
+
+
+def test_deit_commands_on_fmnist(tmp_path, fmnist_dir):
+    data = f"fmnist:{fmnist_dir}"
+    common = ["--model-args", *DEIT, "--data", data, "--batch-size", 4]
+
+    out = tmp_path / "conf"
+    assert run("confusion", "--model", "inline_deit_tiny", *common, "--out", out) == 0
+    rows = list(csv.DictReader(open(out / "confusion.csv")))
+    assert len(rows) == 6 and set(rows[0]) == {"model", "image", "layer0", "layer1", "total"}
+    meta = json.load(open(out / "confusion.json"))
+    assert meta["images"] == 6 and "rtol" in meta and (out / "confusion.png").exists()
+
+    out = tmp_path / "loc"
+    assert run("locality", "--model", "inline_deit_tiny", *common, "--layers", "-1", "--out", out) == 0
+    rows = list(csv.DictReader(open(out / "locality.csv")))
+    assert [r["name"] for r in rows] == ["blocks.1.attn"]
+    assert abs(float(rows[0]["nominal_uniform"]) - 9 / 17) < 1e-9 and (out / "locality.png").exists()
+
+    out = tmp_path / "mask"
+    assert run("masking", "--model", "inline_deit_tiny", *common, "--ks", 3, "--out", out) == 0
+    rows = list(csv.DictReader(open(out / "masking.csv")))
+    assert [(r["mask"], r["k"]) for r in rows] == [("none", "0"), ("local", "3"), ("random", "3")]
+    assert "local 3x3" in open(out / "masking.md").read() and (out / "masking.png").exists()
+
+    out = tmp_path / "maps"
+    assert run("attention-maps", "--model", "inline_deit_tiny", *common, "--queries", "0.5,0.5", "cls",
+               "--num-images", 2, "--out", out) == 0
+    meta = json.load(open(out / "attention_maps.json"))
+    assert len(meta["maps"]) == 2 * 2 and np.array(meta["maps"][0]["map"]).shape == (4, 4)
+    assert (out / "attention_maps_q0.png").exists() and (out / "attention_maps_q1.png").exists()
+
+
+def test_windowed_model(tmp_path, folder):
+    # Swin with 8 x 8 shifted windows on a 16 x 16 stage-1 map: neighbourhoods via token_coords
+    common = ["--model", "inline_swin_tiny", "--model-args", *SWIN, "--data", folder, "--num-images", 2]
+    assert run("locality", *common, "--out", tmp_path) == 0
+    rows = list(csv.DictReader(open(tmp_path / "locality.csv")))
+    assert len(rows) == 8 and all(0.0 <= float(r["locality"]) <= 1.0 + 1e-5 for r in rows)
+    assert run("masking", *common, "--ks", 3, "--layers", 1, "--out", tmp_path) == 0
+    assert run("attention-maps", *common, "--layers", 1, "--out", tmp_path) == 0
+    meta = json.load(open(tmp_path / "attention_maps.json"))
+    m = np.array(meta["maps"][0]["map"])
+    assert m.shape == (16, 16) and abs(m.sum() - 1.0) < 1e-4  # the whole row lies on the stage map
+    rows_, cols_ = np.nonzero(m)  # block 1 shifts by 4: the centre query's window is rows/cols 4..11
+    assert len(rows_) == 64 and set(rows_) == set(range(4, 12)) and set(cols_) == set(range(4, 12))
+
+
+def test_stripe_model(tmp_path, folder):
+    common = ["--model", "inline_cswin_tiny", "--model-args", *CSWIN, "--data", folder, "--num-images", 2]
+    assert run("confusion", *common, "--layers", "stage3.*", "--out", tmp_path) == 0
+    assert run("locality", *common, "--out", tmp_path) == 0
+    rows = list(csv.DictReader(open(tmp_path / "locality.csv")))
+    assert len(rows) == 5 and all(0.0 <= float(r["locality"]) <= 1.0 + 1e-5 for r in rows)
+
+
+def test_run_folder_gives_model_and_normalisation(tmp_path, fmnist_dir):
+    kw = _kwargs(DEIT)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    model = create_model("inline_deit_tiny", **kw, pattern="S")
+    torch.save({"model": model.state_dict(), "epoch": 3}, run_dir / "last.pth")
+    (run_dir / "config.yaml").write_text(json.dumps(
+        {"model": {"name": "inline_deit_tiny", "kwargs": {**kw, "pattern": "S"}}, "data": {"dataset": "fmnist"}}))
+    assert run("locality", "--checkpoint", run_dir, "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path) == 0
+    meta = json.load(open(tmp_path / "locality.json"))
+    assert meta["models"][0]["kwargs"]["pattern"] == "S"
+    assert [r["kind"] for r in meta["results"]["run"]] == ["softmax", "softmax"]  # label: the folder
+
+
+def test_bad_arguments(tmp_path, fmnist_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        run("entropy", "--model", "inline_deit_tiny")
+    assert e.value.code == 2 and "invalid choice: 'entropy'" in capsys.readouterr().err
+    common = ["--model", "inline_deit_tiny", "--model-args", *DEIT, "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path]
+    assert run("locality", *common, "--layers", 7) == 2
+    assert "layer index 7 out of range: the model has 2 attention layers" in capsys.readouterr().err
+    assert run("locality", *common, "--layers", "head*") == 2
+    assert "no attention layer matches 'head*'" in capsys.readouterr().err
+    assert run("attention-maps", *common, "--queries", "centre") == 2
+    assert "expected 'cls' or 'row,col'" in capsys.readouterr().err
+    assert run("masking", *common, "--ks", 4) == 2
+    assert "odd positive" in capsys.readouterr().err
+    assert run("locality", "--model", "inline_deit_tiny", "--model-args", *DEIT, "--out", tmp_path) == 2
+    assert "needs --data" in capsys.readouterr().err
+    assert run("locality", *common[:-4], "--data", tmp_path / "missing", "--out", tmp_path) == 2
+    assert "expected 'fmnist' or an ImageNet-layout folder" in capsys.readouterr().err
+    assert run("locality", "--model", "no_such_model", "--data", "fmnist", "--out", tmp_path) == 2
+    assert "unknown model 'no_such_model'" in capsys.readouterr().err
