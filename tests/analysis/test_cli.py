@@ -134,17 +134,28 @@ def test_stripe_model(tmp_path, folder):
 
 
 def test_run_folder_gives_model_and_normalisation(tmp_path, fmnist_dir):
+    # as the trainer writes it: config.yaml (model kwargs without the data-given in_chans /
+    # img_size / num_classes) and last.pth with the training state around the weights
     kw = _kwargs(DEIT)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     model = create_model("inline_deit_tiny", **kw, pattern="S")
-    torch.save({"model": model.state_dict(), "epoch": 3}, run_dir / "last.pth")
+    torch.save({"model": model.state_dict(), "epoch": 3, "rng": {"numpy": np.random.get_state()}}, run_dir / "last.pth")
+    shape_free = {k: v for k, v in kw.items() if k not in ("in_chans", "img_size", "num_classes")}
     (run_dir / "config.yaml").write_text(json.dumps(
-        {"model": {"name": "inline_deit_tiny", "kwargs": {**kw, "pattern": "S"}}, "data": {"dataset": "fmnist"}}))
+        {"model": {"name": "inline_deit_tiny", "kwargs": {**shape_free, "pattern": "S"}},
+         "data": {"dataset": "fmnist", "img_size": None, "mean": None}}))
     assert run("locality", "--checkpoint", run_dir, "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path) == 0
     meta = json.load(open(tmp_path / "locality.json"))
-    assert meta["models"][0]["kwargs"]["pattern"] == "S"
-    assert [r["kind"] for r in meta["results"]["run"]] == ["softmax", "softmax"]  # label: the folder
+    assert meta["models"][0]["kwargs"] == {**kw, "pattern": "S"}
+    assert [r["kind"] for r in meta["results"]["run"]] == ["softmax", "softmax"]  # label: the folder name
+
+    from inline_attn.analysis import load_model
+
+    lm = load_model(None, run_dir)
+    assert lm.mean == (0.2860,) and lm.img_size == (28, 28) and lm.in_chans == 1
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(lm.model(x), model.eval()(x))
 
 
 def test_bad_arguments(tmp_path, fmnist_dir, capsys):

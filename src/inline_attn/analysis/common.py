@@ -63,29 +63,46 @@ def find_checkpoint(run_dir: pathlib.Path) -> pathlib.Path:
     return max(files, key=lambda p: p.stat().st_mtime)
 
 
-def load_weights(model: nn.Module, path: PathLike) -> None:
-    """Load a checkpoint file strictly (:func:`inline_attn.models.checkpoint.load_checkpoint`).
+def read_weights(path: PathLike) -> dict:
+    """A checkpoint file's model state dict (:func:`inline_attn.models.checkpoint.read_state_dict`).
 
     Training checkpoints also pickle RNG states and configs: when the safe loader refuses the
     file, it is read again with ``weights_only=False`` (the user named this file).
     """
-    from ..models.checkpoint import load_checkpoint
+    from ..models.checkpoint import read_state_dict
 
     try:
-        load_checkpoint(model, path, strict=True)
+        return read_state_dict(path)
     except ValueError as e:
         if "weights_only" not in str(e):
             raise
-        load_checkpoint(model, path, strict=True, weights_only=False)
+        return read_state_dict(path, weights_only=False)
 
 
 def _run_config(run_dir: pathlib.Path) -> dict:
-    for name in ("config.yaml", "config.yml", "resolved_config.yaml", "args.yaml"):
+    for name in ("config.yaml", "config.yml"):
         if (run_dir / name).is_file():
             from ..train.config import read_yaml
 
             return read_yaml(run_dir / name)
     return {}
+
+
+def _data_info(data_cfg: dict, cfg) -> dict:
+    """Input size and normalisation a run trained with (the trainer's rule: the config's, else
+    the dataset's, else the model's)."""
+    fmnist = data_cfg.get("dataset") == "fmnist"
+    if fmnist:
+        from ..data import FMNIST_MEAN, FMNIST_STD
+    mean = tuple(data_cfg.get("mean") or (FMNIST_MEAN if fmnist else cfg.mean))
+    return {
+        "img_size": int(data_cfg.get("img_size") or (28 if fmnist else cfg.input_size[-1])),
+        "mean": mean,
+        "std": tuple(data_cfg.get("std") or (FMNIST_STD if fmnist else cfg.std)),
+        "crop_pct": float(data_cfg.get("crop_pct") or (1.0 if fmnist else cfg.crop_pct)),
+        "interpolation": str(data_cfg.get("interpolation") or cfg.interpolation),
+        "in_chans": len(mean),
+    }
 
 
 def _model_size(model: nn.Module, kwargs: dict, cfg) -> tuple[int, int]:
@@ -112,11 +129,18 @@ def load_model(
     model_args: Optional[dict] = None,
     label: Optional[str] = None,
 ) -> LoadedModel:
-    """Build ``name`` (or the run folder's model when ``name`` is None) and load its weights."""
+    """Build ``name`` (or the run folder's model when ``name`` is None) and load its weights.
+
+    With a run folder, the model is rebuilt as the trainer built it: ``model.kwargs`` of its
+    config, the input channels / size of its data, and the class count of the checkpoint's
+    classifier; ``model_args`` override all of these.
+    """
     from ..models import create_model, get_model_config
+    from ..models.checkpoint import load_checkpoint
 
     kwargs: dict = {}
-    data_cfg: dict = {}
+    info = None
+    state = None
     ckpt_file = None
     if checkpoint is not None:
         path = pathlib.Path(checkpoint)
@@ -127,11 +151,23 @@ def load_model(
                 name = mcfg.get("name")
             elif mcfg.get("name") and mcfg["name"] != name:
                 raise ValueError(f"--model {name!r} but run folder {path} trained {mcfg['name']!r}")
-            kwargs.update(mcfg.get("kwargs") or {})
-            data_cfg = run.get("data", {}) or {}
+            if name is None:
+                raise ValueError(f"run folder {path} has no config.yaml naming its model: pass --model NAME")
+            cfg = get_model_config(name)
+            info = _data_info(run.get("data") or {}, cfg)
+            if info["in_chans"] != 3:
+                kwargs["in_chans"] = info["in_chans"]
+            if info["img_size"] != cfg.input_size[-1]:
+                kwargs["img_size"] = info["img_size"]
             ckpt_file = find_checkpoint(path)
+            state = read_weights(ckpt_file)
+            head = state.get(f"{cfg.classifier}.weight")
+            if head is not None:
+                kwargs["num_classes"] = int(head.shape[0])
+            kwargs.update(mcfg.get("kwargs") or {})
         elif path.is_file():
             ckpt_file = path
+            state = read_weights(path)
         else:
             raise ValueError(f"checkpoint {path} does not exist (expected a file or a training run folder)")
     if name is None:
@@ -139,25 +175,21 @@ def load_model(
     kwargs.update(model_args or {})
     cfg = get_model_config(name)
     model = create_model(name, **kwargs)
-    if ckpt_file is not None:
-        load_weights(model, ckpt_file)
+    if state is not None:
+        load_checkpoint(model, state, strict=True)
     model.eval()
-    img_size = data_cfg.get("img_size") or None
-    size = (int(img_size), int(img_size)) if img_size else _model_size(model, kwargs, cfg)
-    mean = tuple(data_cfg.get("mean") or cfg.mean)
-    std = tuple(data_cfg.get("std") or cfg.std)
-    if data_cfg.get("dataset") == "fmnist" and not data_cfg.get("mean"):
-        from ..data import FMNIST_MEAN, FMNIST_STD
-
-        mean, std = FMNIST_MEAN, FMNIST_STD
     in_chans = _in_chans(model, cfg)
-    if in_chans == 1 and len(mean) > 1:  # an RGB recipe's statistics for a one-channel model
-        mean, std = (sum(mean) / len(mean),), (sum(std) / len(std),)
+    if info is None:
+        info = {"mean": tuple(cfg.mean), "std": tuple(cfg.std), "crop_pct": cfg.crop_pct,
+                "interpolation": cfg.interpolation}
+        if in_chans == 1 and len(info["mean"]) > 1:  # an RGB recipe's statistics for a one-channel model
+            info["mean"] = (sum(cfg.mean) / len(cfg.mean),)
+            info["std"] = (sum(cfg.std) / len(cfg.std),)
     return LoadedModel(
-        label=label or name, model=model, name=name, img_size=size, mean=mean, std=std,
-        crop_pct=float(data_cfg.get("crop_pct") or cfg.crop_pct),
-        interpolation=str(data_cfg.get("interpolation") or cfg.interpolation),
-        in_chans=in_chans, checkpoint=str(ckpt_file) if ckpt_file else None, kwargs=kwargs,
+        label=label or name, model=model, name=name, img_size=_model_size(model, kwargs, cfg),
+        mean=tuple(info["mean"]), std=tuple(info["std"]), crop_pct=float(info["crop_pct"]),
+        interpolation=str(info["interpolation"]), in_chans=in_chans,
+        checkpoint=str(ckpt_file) if ckpt_file else None, kwargs=kwargs,
     )
 
 
