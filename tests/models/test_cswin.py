@@ -234,6 +234,18 @@ def test_bad_arguments(kwargs, match):
         create_model("inline_cswin_tiny", **{**SMALL_224, **kwargs})
 
 
+def test_kernel_and_residual_ablations():
+    """kernel / local_residual reach the InLine blocks only; softmax blocks stay plain CSwin."""
+    model = create_model("inline_cswin_tiny", kernel="relu", local_residual=False, **SMALL_224).eval()
+    inline, softmax = model.stage1[0].attns[0], model.stage3[0].attns[0]
+    assert inline.kernel == "relu" and inline.residual is None
+    assert softmax.kernel is None and softmax.residual is None
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
+    with_res = meta_model("inline_cswin_tiny", pattern="LLSS", local_residual=True)
+    assert with_res.stage1[0].attns[0].residual is not None and with_res.stage3[0].attns[0].residual is None
+
+
 def test_mixed_pattern():
     model = meta_model("inline_cswin_small", pattern="IIMS3")
     kinds = [blk.kind for blk in model.stage3]

@@ -202,6 +202,8 @@ class CSwinBlock(nn.Module):
         kind: attention kind of the branches.
         split_size: stripe width of the two branches.
         global_attn: one full-width branch over the whole map instead of two stripe branches.
+        kernel, local_residual: InLine / linear options (softmax blocks ignore them, as the
+            base CSwin has neither).
     """
 
     def __init__(
@@ -226,6 +228,8 @@ class CSwinBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(drop)
+        if kind == "softmax":  # softmax blocks are the base CSwin: no kernel, no local residual
+            kernel, local_residual = None, False
         branch = dict(kind=kind, kernel=kernel, local_residual=local_residual, attn_drop=attn_drop)
         if global_attn:
             self.attns = nn.ModuleList([StripeAttention(dim, num_heads, mode="global", **branch)])
@@ -294,8 +298,9 @@ class InLineCSwin(nn.Module):
         inline_split_size: stripe width of InLine and linear blocks per stage (reference
             ``la_split_size``; "56-28-14-7" or a sequence).
         pattern: paper letters per stage (I, S, L; M<n> mixed), see ``_helpers.parse_pattern``.
-        kernel: phi of InLine / linear blocks (None = identity / relu).
-        local_residual: InLine's local residual on or off (None = on for InLine blocks only).
+        kernel: phi of InLine / linear blocks (None = identity / relu); softmax blocks ignore it.
+        local_residual: the local residual of InLine / linear blocks (None = on for InLine
+            blocks only); softmax blocks never have one.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
         features_only: forward returns the list of NCHW stage outputs at ``out_indices``
             (strides 4, 8, 16, 32); ``norm`` and ``head`` are dropped.
