@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inline_attn.analysis import (
-    MaskingHook, QueryMapHook, confused_pairs, distinct_rows, injectivity, record_locality,
+    ConfusionCounter, LocalityMeter, MaskingHook, QueryMapHook, confused_pairs, distinct_rows, injectivity, record_locality,
     renormalize_kept, token_layout, uniform_locality, window_mask,
 )
 from inline_attn.analysis.injectivity import constructed_problem
@@ -235,3 +235,34 @@ def test_query_map_global_with_cls():
     res = hook.result()
     assert torch.allclose(res["maps"][0, 0], torch.full((3, 3), 0.5 / 9))
     assert torch.allclose(res["cls_weight"], torch.tensor([[0.5]]))
+
+
+# ----------------------------------------------------------------------------- memory
+
+@pytest.mark.parametrize("make_hook", [
+    lambda: ConfusionCounter(),
+    lambda: LocalityMeter(),
+    lambda: MaskingHook("random", 3),
+    lambda: QueryMapHook([(0.5, 0.5)]),
+], ids=["confusion", "locality", "masking", "maps"])
+def test_hooks_keep_no_layer_weights(make_hook):
+    """Each layer's N x N weights are freed before the next layer runs (one alive at a time)."""
+    import gc
+    import weakref
+
+    from inline_attn import create_model
+    from inline_attn.layers import hook_attention
+
+    model = create_model("inline_deit_tiny", img_size=16, patch_size=4, embed_dim=8, depth=3, num_heads=2,
+                         num_classes=3).eval()
+    inner, seen, alive_at_call = make_hook(), [], []
+
+    def hook(rec):
+        gc.collect()
+        alive_at_call.append(sum(r() is not None for r in seen))
+        seen.append(weakref.ref(rec.weights))
+        return inner(rec)
+
+    with torch.no_grad(), hook_attention(model, hook):
+        model(torch.randn(2, 3, 16, 16))
+    assert alive_at_call == [0, 0, 0]

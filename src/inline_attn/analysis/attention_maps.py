@@ -153,9 +153,14 @@ def plot_attention_maps(
 
     b = images.shape[0]
     cols = 1 + len(per_model)
-    fig, axes = plt.subplots(b, cols, figsize=(1.7 * cols, 1.7 * b + 0.5), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(b, cols, figsize=(1.6 * cols + 0.2, 1.6 * b + 0.7), dpi=100, squeeze=False)
     hi, wi = images.shape[-2:]
     show = images.clamp(0, 1)
+    marker = None
+    if query != "cls" and per_model:
+        hm, wm = next(iter(per_model.values())).shape[-2:]
+        r, c = query_cell(query, (hm, wm))
+        marker = ((c + 0.5) * wi / wm - 0.5, (r + 0.5) * hi / hm - 0.5)  # the query token's centre
     for r in range(b):
         img = show[r].permute(1, 2, 0).numpy()
         gray = img.shape[-1] == 1
@@ -174,11 +179,11 @@ def plot_attention_maps(
                     ax.set_title(label, fontsize=8)
             elif r == 0:
                 ax.set_title("input", fontsize=8)
-            if query != "cls":
-                ax.plot([query[1] * (wi - 1)], [query[0] * (hi - 1)], marker="*", color="white",
-                        markeredgecolor="black", markersize=9)
-    qname = "cls token" if query == "cls" else f"query at ({query[0]:g}, {query[1]:g}) of the image"
-    fig.suptitle(title or f"Attention maps, {qname} (cf. paper Fig. 4)", fontsize=9)
+            if marker is not None:
+                ax.plot([marker[0]], [marker[1]], marker="*", color="white", markeredgecolor="black",
+                        markersize=9)
+    qname = "cls query" if query == "cls" else f"query at ({query[0]:g}, {query[1]:g})"
+    fig.suptitle(title or f"Attention maps, {qname}\n(cf. paper Fig. 4)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
