@@ -53,3 +53,13 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Model tests use tiny tensors: one intra-op thread is faster than two (and immune to
+    oversubscription when the machine is busy). Restored after each test."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -129,6 +129,17 @@ def test_features_only_and_intermediates():
     torch.testing.assert_close(feats[1], maps[2])
 
 
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_last_block_residual_reaches_the_logits_only_through_patch_tokens(pool):
+    # as in the reference: the residual acts on patch tokens only, so with the cls-token head the
+    # last block's residual predictor cannot influence the logits (zero gradient); with avg pool it can
+    model = small(global_pool=pool).train()
+    model(torch.randn(2, 3, 32, 32)).square().sum().backward()
+    grad = model.blocks[-1].attn.residual[2].weight.grad
+    assert (grad.abs().sum() > 0) == (pool == "avg")
+    assert model.blocks[0].attn.residual[2].weight.grad.abs().sum() > 0
+
+
 def test_reset_classifier_and_no_weight_decay():
     model = small()
     model.reset_classifier(3)
