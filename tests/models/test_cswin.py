@@ -39,20 +39,22 @@ def test_golden_output(float64):
 
 def test_authors_checkpoint_loads_into_backbone(float64):
     """The golden weights wrapped as the authors' .pth ({"model": sd}) load strictly into the
-    classifier and into a features_only backbone (which drops norm and head); maps agree."""
+    classifier and into a features_only backbone (which drops norm, head and stage 4); the
+    backbone's maps equal the classifier's intermediates."""
     meta, data = load_golden("cswin_tiny_cfg")
     kw = meta["kwargs"]
     args = dict(img_size=kw["img_size"], embed_dim=kw["embed_dim"], depths=kw["depth"],
                 num_heads=kw["num_heads"], split_size=kw["split_size"], inline_split_size=kw["la_split_size"],
                 pattern=kw["attn_type"])
     full = InLineCSwin(num_classes=kw["num_classes"], **args).eval()
-    backbone = InLineCSwin(features_only=True, **args).eval()
+    backbone = InLineCSwin(features_only=True, out_indices=(0, 1, 2), **args).eval()
     assert load_checkpoint(full, {"model": data["model"]}).ok
     assert load_checkpoint(backbone, {"model": data["model"]}).ok
     x = data["input"][..., :160, :96]  # non-square, stage-3 map 10 x 6 (stripes 7: remainders)
     with torch.no_grad():
         ref = full.forward_intermediates(x, intermediates_only=True)
         maps = backbone(x)
+    assert len(maps) == 3
     for m, r in zip(maps, ref):
         torch.testing.assert_close(m, r, rtol=0, atol=0)
 
@@ -188,6 +190,11 @@ def test_features_only_channels_and_strides():
                                                [(8, 4), (16, 8), (32, 16), (64, 32)]]
     last2 = create_model("inline_cswin_tiny", features_only=True, out_indices=(2, 3), **SMALL_224)
     assert [i["reduction"] for i in last2.feature_info] == [16, 32]
+    early = create_model("inline_cswin_tiny", features_only=True, out_indices=(0, 1), **SMALL_224).eval()
+    assert not hasattr(early, "stage3") and not hasattr(early, "merge3")
+    with torch.no_grad():
+        for m, r in zip(early(x), maps[:2]):
+            assert m.shape == r.shape
 
 
 def test_intermediates_match_forward():

@@ -304,7 +304,7 @@ class InLineCSwin(nn.Module):
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
         features_only: forward returns the list of NCHW stage outputs at ``out_indices``
             (strides 4, 8, 16, 32); ``norm`` and ``head`` are dropped.
-        out_indices: stages returned when ``features_only``.
+        out_indices: stages returned when ``features_only`` (later stages are not built).
     """
 
     def __init__(
@@ -366,10 +366,18 @@ class InLineCSwin(nn.Module):
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stage{i + 1}"))
 
         self.out_indices = tuple(out_indices)
+        self.num_stages = num_stages
         if features_only:
+            # a backbone keeps the stages it returns (timm's pruning): no norm, no head, no
+            # stages after the last returned one
+            take = take_indices(num_stages, self.out_indices)
             self.norm, self.head = nn.Identity(), nn.Identity()
             self.num_classes = 0
-            self.feature_info = [self.feature_info[i] for i in take_indices(4, self.out_indices)]
+            for i in range(take[-1] + 1, num_stages):
+                delattr(self, f"merge{i}")
+                delattr(self, f"stage{i + 1}")
+            self.num_stages = take[-1] + 1
+            self.feature_info = [self.feature_info[i] for i in take]
         else:
             self.norm = nn.LayerNorm(self.num_features)
             self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
@@ -401,8 +409,11 @@ class InLineCSwin(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Replace the head with a fresh one for ``num_classes`` (0 = identity)."""
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the head with a fresh one for ``num_classes`` (0 = identity). CSwin pools by
+        the token mean only (``global_pool`` None or "avg")."""
+        if global_pool not in (None, "avg"):
+            raise ValueError(f"CSwin pools by the token mean: global_pool must be 'avg', got {global_pool!r}")
         if self.features_only:
             raise ValueError("a features_only model has no classifier to reset")
         self.num_classes = num_classes
@@ -417,21 +428,22 @@ class InLineCSwin(nn.Module):
     # -- forward ------------------------------------------------------------------------------
 
     def _stem(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        if x.dim() != 4:
-            raise ValueError(f"expected an image batch [B, C, H, W], got shape {tuple(x.shape)}")
+        in_chans = self.stage1_conv_embed[0].in_channels
+        if x.dim() != 4 or x.shape[1] != in_chans:
+            raise ValueError(f"expected images [B, {in_chans}, H, W], got shape {tuple(x.shape)}")
         x = self.stage1_conv_embed[0](x)
         feat_size = (x.shape[2], x.shape[3])
         return self.stage1_conv_embed[2](self.stage1_conv_embed[1](x)), feat_size
 
     def _run_stage(self, i: int, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
         for blk in getattr(self, f"stage{i + 1}"):
-            if self.grad_checkpointing and not torch.jit.is_scripting():
+            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
                 x = checkpoint(blk, x, feat_size, use_reentrant=False)
             else:
                 x = blk(x, feat_size)
         return x
 
-    def _stages(self, x: torch.Tensor, last: int = 3):
+    def _stages(self, x: torch.Tensor, last: int):
         """Yield (stage index, tokens [B, H*W, C], (H, W)) after each stage up to ``last``."""
         x, feat_size = self._stem(x)
         for i in range(last + 1):
@@ -442,7 +454,7 @@ class InLineCSwin(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, C_in, H, W] -> final tokens after ``norm``: [B, H/32 * W/32, C]."""
-        for _, x, _ in self._stages(x):
+        for _, x, _ in self._stages(x, self.num_stages - 1):
             pass
         return self.norm(x)
 
@@ -468,11 +480,13 @@ class InLineCSwin(nn.Module):
             ``[B, C_i, H_i, W_i]`` maps, or ``(final tokens [B, N, C] after norm, maps)``.
         """
         take = take_indices(4, indices)
-        last = 3 if not intermediates_only else take[-1]
+        if take[-1] >= self.num_stages:
+            raise ValueError(f"indices={indices}: this backbone keeps stages 0..{self.num_stages - 1} only")
+        last = self.num_stages - 1 if not intermediates_only else take[-1]
         maps = []
         for i, x, (h, w) in self._stages(x, last):
             if i in take:
-                y = self.norm(x) if (norm and i == 3) else x
+                y = self.norm(x) if (norm and i == 3) else x  # the final norm belongs to stage 4
                 maps.append(tokens_to_nchw(y, (h, w)))
         if intermediates_only:
             return maps
@@ -488,11 +502,14 @@ def checkpoint_filter_fn(state_dict: dict, model: InLineCSwin) -> dict:
     """Map an authors' CSwin state dict onto ``model`` (used by ``load_checkpoint``).
 
     The names agree already (this port keeps the reference's module names); a ``features_only``
-    model drops the file's ``norm`` and ``head`` entries, the parts it pruned.
+    model drops the file's entries for the parts it pruned (``norm``, ``head``, later stages).
     """
     if not model.features_only:
         return dict(state_dict)
-    return {k: v for k, v in state_dict.items() if k.split(".", 1)[0] not in ("norm", "head")}
+    pruned = {"norm", "head"}
+    pruned.update(f"stage{i + 1}" for i in range(model.num_stages, 4))
+    pruned.update(f"merge{i}" for i in range(model.num_stages, 4))
+    return {k: v for k, v in state_dict.items() if k.split(".", 1)[0] not in pruned}
 
 
 InLineCSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
