@@ -13,6 +13,7 @@ import sys
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inline_attn.models.cli",
     "inline_attn.analysis.cli",
+    "inline_attn.bench.cli",
 )
 
 

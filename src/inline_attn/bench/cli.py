@@ -1,0 +1,146 @@
+"""``inline-attn bench attention`` and ``inline-attn bench model``."""
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import torch
+
+from .report import format_table, machine_info, plot_sweep, write_results
+
+
+def _setup(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def _finish(result: dict, args, columns, plot_kw: dict) -> int:
+    result["meta"]["machine"] = machine_info(args.device)
+    rows = result["rows"]
+    print(format_table(rows, columns))
+    for k in ("matmul_gflops",):
+        if k in result["meta"]:
+            print(f"float32 matmul rate (1024^3, same run): {result['meta'][k]:.1f} GFLOP/s")
+    paths = write_results(result, args.out, args.name)
+    if not args.no_plot:
+        paths["png"] = plot_sweep(rows, pathlib.Path(args.out) / f"{args.name}.png", **plot_kw)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _run_attention(args, name: str | None = None) -> int:
+    from .attention import LAYER_COLUMNS, bench_attention
+
+    _setup(args)
+    result = bench_attention(
+        sizes=args.sizes, kinds=args.kinds, dim=args.dim, heads=args.heads, batch=args.batch,
+        token_budget=args.tokens, modes=args.modes, dtype=args.dtype, device=args.device,
+        warmup=args.warmup, repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory,
+        compile=args.compile,
+    )
+    args.name = name or args.name
+    sides = sorted({r["side"] for r in result["rows"]})
+    title = (f"attention layers, C={args.dim}, {args.heads} heads, {result['meta']['dtype']}, "
+             f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}")
+    return _finish(result, args, LAYER_COLUMNS, dict(
+        x="side", series="series", xlabel="token grid side S (S x S tokens)", title=title, xticks=sides,
+        panels=(("median_ms", "latency per batch (ms)", True), ("speedup_vs_softmax", "speedup vs softmax", False),
+                ("peak_mib", "peak memory (MiB)", True)),
+    ))
+
+
+def _cmd_attention(args) -> int:
+    return _run_attention(args)
+
+
+def _cmd_model(args) -> int:
+    from .model import MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
+
+    if args.preset == "layer":
+        ns = argparse.Namespace(**vars(args))
+        ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), ("inline", "linear", "softmax"), 96, 3
+        ns.tokens, ns.modes, ns.compile = 8 * 56 * 56, ("fwd", "fwd+bwd"), False
+        return _run_attention(ns, name=args.name if args.name != "model" else "layer")
+    _setup(args)
+    if args.preset:
+        if args.models:
+            raise ValueError("give either --preset or --models, not both")
+        cases, xlabel = preset_cases(args.preset, args.values)
+        name = args.name if args.name != "model" else args.preset
+    else:
+        if not args.models:
+            raise ValueError("no models: give --models SPEC [SPEC ...] or --preset window|resolution")
+        cases = []
+        for spec in args.models:
+            label, model_name, overrides = parse_model_spec(spec)
+            cases += [ModelCase(label, model_name, r, r, overrides) for r in args.resolutions]
+        xlabel, name = "resolution", args.name
+    batch = 8 if args.batch is None else args.batch
+    result = bench_models(
+        cases, batch=batch, dtype=args.dtype, device=args.device, mode=args.mode, warmup=args.warmup,
+        repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory, macs=not args.no_macs,
+        sdpa=args.sdpa, baseline=args.baseline,
+    )
+    result["meta"]["preset"] = args.preset
+    args.name = name
+    xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
+    title = f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}"
+    return _finish(result, args, MODEL_COLUMNS, dict(
+        x="x", series="label", xlabel=xlabel, title=title, xticks=xs,
+        panels=(("throughput", "throughput (img/s)", True), ("speedup", f"speedup vs {result['meta']['baseline']}", False),
+                ("peak_mib", "peak memory (MiB)", True)),
+    ))
+
+
+def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget: float) -> None:
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls per case (default 1)")
+    p.add_argument("--repeats", type=int, default=repeats, help=f"timed interleaved rounds (default {repeats})")
+    p.add_argument("--budget", type=float, default=budget,
+                   help=f"stop repeating a sweep point after this many seconds per case, once 2 rounds ran (default {budget})")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--out", default="bench_results", help="output folder (default bench_results)")
+    p.add_argument("--name", default=default_name, help=f"file stem of the outputs (default {default_name})")
+
+
+def _attention_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", type=int, nargs="+", default=[14, 28, 56, 112], help="grid sides (default 14 28 56 112)")
+    p.add_argument("--kinds", nargs="+", default=["inline", "linear", "softmax"], choices=["inline", "linear", "softmax"])
+    p.add_argument("--dim", type=int, default=96)
+    p.add_argument("--heads", type=int, default=3)
+    p.add_argument("--batch", type=int, default=None, help="fixed batch (default: constant token budget)")
+    p.add_argument("--tokens", type=int, default=8 * 56 * 56,
+                   help="token budget per batch when --batch is not given: batch = tokens // S^2 (default 25088)")
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument("--compile", action="store_true", help="torch.compile each layer (compiled in the warm-up)")
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks: attention layers and whole models")
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    sub.required = True
+
+    pa = sub.add_parser("attention", help="InLine vs linear vs softmax layers over token grids (interleaved)")
+    _attention_args(pa)
+    _common(pa, "attention", repeats=7, budget=20.0)
+    pa.set_defaults(func=_cmd_attention)
+
+    pm = sub.add_parser("model", help="throughput, latency, peak memory and MACs of registered models")
+    pm.add_argument("--models", nargs="+", default=[], metavar="SPEC",
+                    help="[label=]name[:key=value,...], e.g. DeiT-T=inline_deit_tiny:pattern=S,num_heads=3")
+    pm.add_argument("--resolutions", type=int, nargs="+", default=[224])
+    pm.add_argument("--batch", type=int, default=None, help="images per step (default 8)")
+    pm.add_argument("--mode", default="infer", choices=["infer", "train"])
+    pm.add_argument("--preset", choices=["window", "resolution", "layer"], default=None,
+                    help="window: Swin-T vs InLine-Swin-T, windows 7/14/28/56 at 224; resolution: DeiT-T vs "
+                         "InLine-DeiT-T at 224/384/640/1024; layer: the attention layers (= bench attention)")
+    pm.add_argument("--values", type=int, nargs="+", default=None, help="override a preset's sweep values")
+    pm.add_argument("--sdpa", choices=["math"], default=None,
+                    help="math: explicit N x N softmax attention (as the reference code) instead of fused SDPA")
+    pm.add_argument("--baseline", default=None, help="label the speedups divide by (default: the first)")
+    pm.add_argument("--no-macs", action="store_true", help="skip counting MACs")
+    _common(pm, "model", repeats=5, budget=60.0)
+    pm.set_defaults(func=_cmd_model)

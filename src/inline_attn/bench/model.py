@@ -1,0 +1,241 @@
+"""``bench model``: throughput, latency, peak memory and MACs of registered models.
+
+Cases that share a sweep point (a resolution, a window size) are timed alternately in one
+interleaved run after a warm-up; medians of the repeats; the device is synchronised around every
+call. A case that runs out of memory (or cannot be built at that size) is recorded with ``nan``
+and its status instead of stopping the sweep. The presets reproduce the paper's Fig. 6 sweeps.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import gc
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import _dtype
+from .timing import _failure, peak_memory, time_interleaved
+
+__all__ = ["MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases"]
+
+MODEL_COLUMNS = (
+    ("x", "x", ""), ("label", "model", ""), ("resolution", "res", ""), ("batch", "B", ""),
+    ("mode", "mode", ""), ("throughput", "img/s", ".2f"), ("latency_ms", "latency ms", ".1f"),
+    ("speedup", "speedup", ".2f"), ("gmacs", "GMACs/img", ".2f"), ("peak_mib", "peak MiB", ".1f"),
+    ("status", "status", ""),
+)
+
+
+@dataclass
+class ModelCase:
+    """One model at one sweep point.
+
+    Attributes:
+        label: the series name in tables and plots ("InLine-DeiT-T").
+        name: registered model name, or a zero-argument factory (tests use tiny modules).
+        resolution: input side (square images).
+        x: the sweep value this case is plotted at (the resolution, or a window size).
+        overrides: constructor keyword arguments (``img_size`` is set to ``resolution``
+            unless given).
+    """
+
+    label: str
+    name: Union[str, Callable[[], nn.Module]]
+    resolution: int
+    x: Union[int, float, None] = None
+    overrides: dict = field(default_factory=dict)
+
+    def build(self) -> nn.Module:
+        if callable(self.name):
+            return self.name()
+        from ..models import create_model
+
+        kw = dict(self.overrides)
+        kw.setdefault("img_size", self.resolution)
+        return create_model(self.name, **kw)
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_model_spec(spec: str) -> tuple[str, str, dict]:
+    """``[label=]name[:key=value,key=value]`` -> (label, name, overrides).
+
+    Values are Python literals where they parse (``num_heads=3``, ``window_size=7``), else
+    strings (``pattern=S``). Without a label the spec itself labels the series.
+    """
+    head, _, tail = spec.partition(":")
+    label, eq, name = head.partition("=")
+    if not eq:
+        label, name = spec, head
+    overrides = {}
+    for item in filter(None, tail.split(",")):
+        key, eq, val = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"bad override {item!r} in model spec {spec!r}: expected key=value")
+        overrides[key.strip()] = _literal(val.strip())
+    if not name:
+        raise ValueError(f"model spec {spec!r} names no model: expected [label=]name[:key=value,...]")
+    return label, name, overrides
+
+
+PRESETS = ("window", "resolution", "layer")
+
+
+def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[list[ModelCase], str]:
+    """The paper's Fig. 6 sweeps as cases; returns (cases, x-axis label).
+
+    window: Swin-T vs InLine-Swin-T at 224 for windows 7/14/28/56. Swin-T is
+        ``inline_swin_tiny`` with pattern "SSSS"; its softmax blocks use window
+        ``max(7, window_size // 8)``, so ``window_size = 8 w`` gives softmax windows w.
+        InLine-Swin-T keeps its pattern "IIIS" with ``window_size = w`` for the InLine blocks.
+    resolution: DeiT-T (``inline_deit_tiny`` with pattern "S", 3 heads, as DeiT-T) vs
+        InLine-DeiT-T (6 heads, as published) at 224/384/640/1024.
+    """
+    if preset == "window":
+        cases = []
+        for w in values or (7, 14, 28, 56):
+            cases.append(ModelCase("Swin-T", "inline_swin_tiny", 224, w, dict(pattern="SSSS", window_size=8 * w)))
+            cases.append(ModelCase("InLine-Swin-T", "inline_swin_tiny", 224, w, dict(window_size=w)))
+        return cases, "window size"
+    if preset == "resolution":
+        cases = []
+        for r in values or (224, 384, 640, 1024):
+            cases.append(ModelCase("DeiT-T", "inline_deit_tiny", r, r, dict(pattern="S", num_heads=3)))
+            cases.append(ModelCase("InLine-DeiT-T", "inline_deit_tiny", r, r, {}))
+        return cases, "resolution"
+    raise ValueError(f"unknown model preset {preset!r}: expected window or resolution")
+
+
+def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str]):
+    def ctx():
+        if sdpa == "math":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            return sdpa_kernel(SDPBackend.MATH)
+        return contextlib.nullcontext()
+
+    if mode == "infer":
+        def step():
+            with torch.no_grad(), ctx():
+                return model(x)
+        return step
+    target = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with ctx():
+            out = model(x)
+        F.cross_entropy(out.float().flatten(1), target).backward()
+    return step
+
+
+def _macs(model: nn.Module, res: int, in_chans: int) -> float:
+    from ..models.profile import profile
+
+    return profile(model, (in_chans, res, res)).gmacs
+
+
+def bench_models(
+    cases: Sequence[ModelCase],
+    *,
+    batch: int = 8,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    mode: str = "infer",
+    warmup: int = 1,
+    repeats: int = 5,
+    budget_s: Optional[float] = 60.0,
+    memory: bool = True,
+    macs: bool = True,
+    in_chans: int = 3,
+    sdpa: Optional[str] = None,
+    baseline: Optional[str] = None,
+    seed: int = 0,
+) -> dict:
+    """Benchmark models; returns ``{"meta": ..., "rows": [...]}``, one row per case.
+
+    Args:
+        cases: :class:`ModelCase` list; cases with the same ``x`` are timed together, interleaved.
+        batch: images per step. dtype: float32 / bfloat16 / float16 (weights and input).
+        mode: "infer" (eval, no grad) or "train" (forward, cross-entropy, backward).
+        warmup, repeats, budget_s: see :func:`inline_attn.bench.timing.time_interleaved`.
+        memory: peak memory of one step (extra untimed call). macs: MACs per image
+            (:func:`inline_attn.models.profile.profile`, batch 1, eval).
+        sdpa: None (PyTorch's choice: fused kernels) or "math" (explicit N x N attention, as
+            the reference code computes it).
+        baseline: the label whose throughput the speedups divide by (default: first label).
+    """
+    if mode not in ("infer", "train"):
+        raise ValueError(f"unknown mode {mode!r}: expected infer or train")
+    if sdpa not in (None, "math"):
+        raise ValueError(f"unknown sdpa {sdpa!r}: expected None or 'math'")
+    if batch <= 0:
+        raise ValueError(f"batch must be positive, got {batch}")
+    dt = _dtype(dtype)
+    dev = torch.device(device)
+    labels = list(dict.fromkeys(c.label for c in cases))
+    base = baseline or (labels[0] if labels else None)
+    rows = []
+    points = list(dict.fromkeys((c.x if c.x is not None else c.resolution) for c in cases))
+    for pt in points:
+        group = [c for c in cases if (c.x if c.x is not None else c.resolution) == pt]
+        steps, status, gmacs = {}, {}, {}
+        models = []
+        for i, c in enumerate(group):
+            key = f"{i}:{c.label}"
+            try:
+                torch.manual_seed(seed)
+                model = c.build().to(dev, dt)
+                model.train(mode == "train")
+                x = torch.randn(batch, in_chans, c.resolution, c.resolution, device=dev, dtype=dt)
+                steps[key] = _step(model, x, mode, sdpa)
+                models.append(model)
+                if macs:
+                    try:
+                        gmacs[key] = _macs(model, c.resolution, in_chans)
+                    except Exception:  # noqa: BLE001 - MACs are extra information
+                        gmacs[key] = math.nan
+                    model.train(mode == "train")
+            except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
+                status[key] = _failure(err)
+        timings = time_interleaved(steps, warmup=warmup, repeats=repeats, budget_s=budget_s, device=dev)
+        for i, c in enumerate(group):
+            key = f"{i}:{c.label}"
+            t = timings.get(key)
+            st = status.get(key) or t.status
+            med = t.median if t is not None else math.nan
+            peak = math.nan
+            if memory and t is not None and t.ok:
+                peak, mst = peak_memory(steps[key], dev)
+                st = st if mst == "ok" else mst
+            rows.append({
+                "x": pt, "label": c.label, "model": c.name if isinstance(c.name, str) else getattr(c.name, "__name__", "factory"),
+                "overrides": dict(c.overrides), "resolution": c.resolution, "batch": batch,
+                "dtype": str(dt).replace("torch.", ""), "mode": mode,
+                "latency_ms": med * 1e3, "throughput": batch / med,
+                "min_latency_ms": (t.minimum if t is not None else math.nan) * 1e3,
+                "repeats": len(t.times) if t is not None else 0,
+                "gmacs": gmacs.get(key, math.nan), "peak_mib": peak / 2 ** 20, "status": st,
+            })
+        del models, steps
+        gc.collect()
+    for r in rows:
+        ref = next((q for q in rows if q["label"] == base and q["x"] == r["x"]), None)
+        r["speedup"] = r["throughput"] / ref["throughput"] if ref else math.nan
+        r["memory_ratio"] = r["peak_mib"] / ref["peak_mib"] if ref else math.nan
+    return {
+        "meta": {"bench": "model", "batch": batch, "dtype": str(dt).replace("torch.", ""), "mode": mode,
+                 "warmup": warmup, "repeats": repeats, "budget_s": budget_s, "sdpa": sdpa or "default",
+                 "baseline": base},
+        "rows": rows,
+    }

@@ -1,0 +1,128 @@
+"""Benchmark output: a terminal table, CSV and JSON files, and a PNG plot.
+
+A result is ``{"meta": {...}, "rows": [{...}, ...]}``: ``meta`` records the machine, torch
+version, dtype, the command line and measured rates; each row is one case. Missing numbers
+(a case that ran out of memory) are ``nan`` in the table and CSV and ``NaN`` in the JSON.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import pathlib
+import platform
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["format_table", "machine_info", "plot_sweep", "write_results"]
+
+
+def machine_info(device: torch.device | str = "cpu") -> dict:
+    """Machine, library versions and thread count, for the record."""
+    dev = torch.device(device)
+    cpu = platform.processor() or platform.machine()
+    try:  # the CPU model name, where Linux tells it
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {
+        "device": str(dev),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "command": " ".join(["inline-attn"] + sys.argv[1:]) if sys.argv and "inline-attn" in sys.argv[0] else None,
+    }
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+    return info
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else format(v, spec)
+    return str(v)
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """Rows as an aligned text table; ``columns``: (key, header, format spec)."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([_fmt(r.get(k), spec) for k, _, spec in columns])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_results(result: dict, out_dir: str | os.PathLike, stem: str) -> dict[str, pathlib.Path]:
+    """Write ``<stem>.json`` (meta + rows) and ``<stem>.csv`` (rows) under ``out_dir``."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "csv": out / f"{stem}.csv"}
+    with open(paths["json"], "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    rows = result["rows"]
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in keys})
+    return paths
+
+
+def plot_sweep(
+    rows: Sequence[dict],
+    path: str | os.PathLike,
+    *,
+    x: str,
+    series: str,
+    panels: Sequence[tuple[str, str, bool]],
+    xlabel: str,
+    title: str,
+    xticks: Optional[Sequence] = None,
+) -> pathlib.Path:
+    """One PNG with a panel per metric: ``panels`` = (row key, y label, log scale).
+
+    Each distinct ``row[series]`` is a line over ``row[x]``; nan points (OOM) are left out.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r[series] for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    for ax, (key, ylabel, log) in zip(axes[0], panels):
+        for name in names:
+            pts = [(r[x], r.get(key)) for r in rows if r[series] == name]
+            pts = [(a, b) for a, b in pts if isinstance(b, (int, float)) and not math.isnan(b)]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=str(name))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        if xticks is not None:
+            ax.set_xticks(list(xticks))
+            ax.set_xticklabels([str(t) for t in xticks])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,213 @@
+"""Interleaved timing and peak-memory measurement for benchmarks.
+
+Timing: the cases compared are run round-robin (A, B, C, A, B, C, ...) after a warm-up, so a
+burst of load from other processes hits every case alike; we report medians and ratios. The
+device is synchronised around every timed call.
+
+Memory: on CUDA, the allocator's peak (``torch.cuda.max_memory_allocated``) above the level
+before the call. On CPU, PyTorch's allocator keeps no statistics (and ``tracemalloc`` does not
+see it), so :class:`TensorMemoryTracker` counts it exactly at the tensor level: a
+``TorchDispatchMode`` adds the bytes of every new storage an aten op returns and subtracts them
+when the storage is freed; the peak of that running sum is the peak memory of tensors created
+during the call (activations, tensors saved for backward, gradients, temporaries that aten ops
+materialise). Parameters and the inputs, which exist before the call, are not counted; scratch
+buffers private to one fused kernel (e.g. the per-thread blocks of the CPU flash-attention
+kernel) are not seen either.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = [
+    "CaseTiming",
+    "TensorMemoryTracker",
+    "is_oom",
+    "measure_matmul_rate",
+    "peak_memory",
+    "synchronize",
+    "time_interleaved",
+]
+
+OOM_STATUS = "OOM"
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued work on ``device`` (a no-op on CPU)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def is_oom(err: BaseException) -> bool:
+    """True for an out-of-memory failure on any device (CUDA, or a failed CPU allocation)."""
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    msg = str(err).lower()
+    return isinstance(err, RuntimeError) and (
+        "out of memory" in msg or "can't allocate memory" in msg or "not enough memory" in msg
+    )
+
+
+def _release(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class CaseTiming:
+    """Timings of one case: seconds per call (``times``), or the reason it could not run.
+
+    ``status`` is "ok", "OOM" or "error: <message>"; ``median`` is nan unless ok.
+    """
+
+    times: list[float] = field(default_factory=list)
+    status: str = "ok"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.ok and self.times else math.nan
+
+    @property
+    def minimum(self) -> float:
+        return min(self.times) if self.ok and self.times else math.nan
+
+
+def _failure(err: BaseException) -> str:
+    if is_oom(err):
+        return OOM_STATUS
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"error: {type(err).__name__}: {first}"[:300]
+
+
+def time_interleaved(
+    cases: dict[str, Callable[[], Any]],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    min_repeats: int = 2,
+    budget_s: Optional[float] = None,
+    device: torch.device | str | None = None,
+) -> dict[str, CaseTiming]:
+    """Time every case round-robin; a case that fails (OOM or error) is recorded, not raised.
+
+    Args:
+        cases: label -> zero-argument callable (one step: forward, or forward + backward).
+        warmup: untimed calls per case before timing.
+        repeats: timed rounds (each round calls every live case once).
+        min_repeats: rounds always run; after them, a ``budget_s`` (seconds of timed work per
+            case) ends the measurement early, so huge sizes do not run for ever.
+        device: synchronised around each call.
+    Returns:
+        label -> :class:`CaseTiming`.
+    """
+    out = {k: CaseTiming() for k in cases}
+    for label, fn in cases.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            synchronize(device)
+        except Exception as err:  # noqa: BLE001 - every failure is recorded, the sweep goes on
+            out[label].status = _failure(err)
+            _release(device)
+    for rnd in range(repeats):
+        live = [k for k in cases if out[k].ok]
+        if not live:
+            break
+        for label in live:
+            try:
+                synchronize(device)
+                t0 = time.perf_counter()
+                cases[label]()
+                synchronize(device)
+                out[label].times.append(time.perf_counter() - t0)
+            except Exception as err:  # noqa: BLE001
+                out[label].status = _failure(err)
+                out[label].times.clear()
+                _release(device)
+        if budget_s is not None and rnd + 1 >= min_repeats:
+            if max(sum(out[k].times) for k in live) > budget_s:
+                break
+    return out
+
+
+class TensorMemoryTracker(TorchDispatchMode):
+    """Peak bytes of tensor storages created while the mode is active (see module docstring).
+
+    Use as a context manager; read ``peak`` (bytes) afterwards. Views share their base's
+    storage and are counted once.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._alive: dict[int, int] = {}
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        if self._alive.pop(key, None) is not None:
+            self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            st = t.untyped_storage()
+            nbytes = st.nbytes()
+            key = st.data_ptr()
+            if nbytes == 0 or key in self._alive:
+                continue
+            self._alive[key] = nbytes
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(st, self._freed, key, nbytes)
+        return out
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[float, str]:
+    """Peak bytes allocated by one call of ``fn`` above what existed before it.
+
+    Returns ``(bytes, status)``; ``bytes`` is nan when the call failed (status "OOM"/"error").
+    CUDA: allocator statistics. CPU: :class:`TensorMemoryTracker` (tensor-level, exact).
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    try:
+        if dev.type == "cuda":
+            synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+            fn()
+            synchronize(dev)
+            return float(torch.cuda.max_memory_allocated(dev) - base), "ok"
+        tracker = TensorMemoryTracker()
+        with tracker:
+            fn()
+        return float(tracker.peak), "ok"
+    except Exception as err:  # noqa: BLE001
+        _release(dev)
+        return math.nan, _failure(err)
+
+
+def measure_matmul_rate(
+    n: int = 1024, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+    repeats: int = 10,
+) -> float:
+    """Achieved FLOP/s of an ``n x n @ n x n`` matmul (median of ``repeats``): the machine's floor."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    a = torch.randn(n, n, dtype=dtype, device=dev)
+    b = torch.randn(n, n, dtype=dtype, device=dev)
+    res = time_interleaved({"mm": lambda: a @ b}, warmup=2, repeats=repeats, device=dev)["mm"]
+    return 2.0 * n ** 3 / res.median
