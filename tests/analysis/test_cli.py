@@ -169,6 +169,8 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
     assert "no attention layer matches 'head*'" in capsys.readouterr().err
     assert run("attention-maps", *common, "--queries", "centre") == 2
     assert "expected 'cls' or 'row,col'" in capsys.readouterr().err
+    assert run("attention-maps", *common, "--images", 0, 50) == 2
+    assert "image indices [50] out of range: the data has 6 images" in capsys.readouterr().err
     assert run("masking", *common, "--ks", 4) == 2
     assert "odd positive" in capsys.readouterr().err
     assert run("locality", "--model", "inline_deit_tiny", "--model-args", *DEIT, "--out", tmp_path) == 2

@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--num-images", type=int, default=None,
                    help="first N images of the data (0: all; default confusion/locality 500, "
                         "attention-maps 4, masking all)")
+    p.add_argument("--images", nargs="+", type=int, default=None, metavar="INDEX",
+                   help="analyse exactly these images (indices into the data) instead of the first N")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--queries", nargs="+", default=["0.5,0.5"],
                    help="attention-maps: query positions as row,col fractions of the image, or 'cls'")
@@ -140,7 +142,7 @@ def run(args) -> int:
     if n_img < 0:
         raise ValueError(f"--num-images must be >= 0, got {n_img}")
     first = models[0]
-    images = load_images(args.data, num_images=n_img, img_size=first.img_size[0],
+    images = load_images(args.data, num_images=n_img, img_size=first.img_size[0], indices=args.images,
                          crop_pct=first.crop_pct, interpolation=first.interpolation)
     fn = {"confusion": _confusion, "attention-maps": _attention_maps, "locality": _locality,
           "masking": _masking}[args.analysis]

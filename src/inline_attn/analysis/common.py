@@ -204,16 +204,20 @@ class ImageSet:
 
 def load_images(
     data: PathLike, *, num_images: int = 0, img_size: int = 224, crop_pct: float = 0.875,
-    interpolation: str = "bicubic", split: str = "val",
+    interpolation: str = "bicubic", split: str = "val", indices: Optional[Sequence[int]] = None,
 ) -> ImageSet:
     """``data`` = "fmnist" (Fashion-MNIST test split; "fmnist:DIR" for another folder of IDX
     files) or an ImageNet-layout folder (its ``val/`` subfolder when present). ``num_images``:
-    the first N images (0: all); folder images are decoded with the eval crop at ``img_size``."""
+    the first N images (0: all; folders: N spread over the classes); ``indices``: exactly these
+    images instead. Folder images are decoded with the eval crop at ``img_size``."""
     spec = str(data)
     if spec == "fmnist" or spec.startswith("fmnist:"):
         from ..data import load_fashion_mnist
 
         ds = load_fashion_mnist(spec[len("fmnist:"):] or None, split="test")
+        if indices is not None:
+            idx = _check_indices(indices, len(ds))
+            return ImageSet(ds.images[idx], ds.labels[idx], "Fashion-MNIST test")
         ds = ds.subset(num_images) if num_images > 0 else ds
         return ImageSet(ds.images, ds.labels, "Fashion-MNIST test")
     root = pathlib.Path(spec)
@@ -227,8 +231,17 @@ def load_images(
     n = len(folder) if num_images <= 0 else min(num_images, len(folder))
     # evenly spread over the (class-sorted) samples, so a small N still covers the classes
     idx = torch.linspace(0, len(folder) - 1, n).round().long().unique() if n < len(folder) else torch.arange(n)
+    if indices is not None:
+        idx = _check_indices(indices, len(folder))
     items = [folder[int(i)] for i in idx]
     return ImageSet(torch.stack([im for im, _ in items]), torch.tensor([t for _, t in items]), str(root))
+
+
+def _check_indices(indices: Sequence[int], n: int) -> torch.Tensor:
+    bad = [i for i in indices if not 0 <= int(i) < n]
+    if bad:
+        raise ValueError(f"image indices {bad} out of range: the data has {n} images")
+    return torch.tensor([int(i) for i in indices], dtype=torch.long)
 
 
 def prepare(images: torch.Tensor, lm: LoadedModel) -> torch.Tensor:
