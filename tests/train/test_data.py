@@ -1,0 +1,117 @@
+"""Data: IDX / Fashion-MNIST reader, ImageNet-layout folders, device transforms, mixup/cutmix."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from inline_attn.data import (
+    EvalTransform, ImageFolder, Mixup, TrainAugment, load_fashion_mnist, parse_rand_augment, read_idx,
+    smooth_one_hot,
+)
+from inline_attn.data.transforms import random_hflip, random_pad_crop
+
+from train_helpers import make_fmnist, make_folder, write_idx
+
+
+def test_idx_roundtrip_and_fmnist_reader(tmp_path):
+    arr = np.arange(2 * 3 * 5, dtype=np.uint8).reshape(2, 3, 5)
+    write_idx(tmp_path / "a.gz", arr)
+    np.testing.assert_array_equal(read_idx(tmp_path / "a.gz"), arr)
+    root = make_fmnist(tmp_path / "fm", n_train=12, n_test=6)
+    tr, te = load_fashion_mnist(root, "train"), load_fashion_mnist(root, "test")
+    assert tr.images.shape == (12, 1, 28, 28) and tr.images.dtype == torch.uint8
+    assert te.labels.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_idx_rejects_truncated_file(tmp_path):
+    arr = np.zeros((4, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "b.gz", arr)
+    import gzip
+    raw = gzip.open(tmp_path / "b.gz").read()
+    (tmp_path / "c").write_bytes(raw[:-10])
+    with pytest.raises(ValueError, match="header says"):
+        read_idx(tmp_path / "c")
+
+
+def test_fmnist_missing_says_how_to_install(tmp_path):
+    with pytest.raises(ValueError, match="apt-get install -y dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="apt-get install"):
+        load_fashion_mnist(tmp_path / "empty")
+
+
+def test_folder_reader_layouts_and_errors(tmp_path, caplog):
+    root = make_folder(tmp_path / "d", per_class=2)
+    ds = ImageFolder(root / "train", 16, train=False, crop_pct=0.875)
+    assert ds.classes == ["cat", "dog", "fox"] and len(ds) == 6
+    x, y = ds[0]
+    assert x.shape == (3, 16, 16) and x.dtype == torch.uint8 and y == 0
+    tr = ImageFolder(root / "train", 14, train=True, crop_pct=0.875)
+    assert tr[0][0].shape == (3, 16, 16)  # round(14 / 0.875): the device crop picks 14 later
+    # a corrupt image is logged and skipped (the next readable sample replaces it)
+    (root / "train" / "cat" / "0.png").write_bytes(b"not a png at all")
+    ds = ImageFolder(root / "train", 16, train=False)
+    with caplog.at_level(logging.WARNING, logger="inline_attn.data.folder"):
+        x, y = ds[0]
+    assert "0.png" in caplog.text and x.shape == (3, 16, 16) and y == 0  # cat/1.png
+    assert [ds[i][1] for i in range(len(ds))] == [0, 0, 1, 1, 2, 2]
+    # an empty class and a missing folder are clear errors
+    (root / "train" / "emu").mkdir()
+    with pytest.raises(ValueError, match="emu.*holds no images"):
+        ImageFolder(root / "train", 16, train=True)
+    with pytest.raises(ValueError, match="does not exist"):
+        ImageFolder(tmp_path / "missing", 16, train=True)
+
+
+@pytest.mark.parametrize("mode", ["mixup", "cutmix"])
+def test_mixup_cutmix_soft_targets_match_pixels(mode):
+    """Constant images whose value is the class index: every image's mean must equal the
+    expected class under its soft target (lam means the same thing in both modes)."""
+    K, B = 10, 16
+    y = torch.randperm(K)[:8].repeat(2)
+    x = y.float().view(B, 1, 1, 1).expand(B, 3, 12, 12).contiguous()
+    mix = Mixup(K, mixup_alpha=0.8 if mode == "mixup" else 0.0, cutmix_alpha=1.0 if mode == "cutmix" else 0.0,
+                label_smoothing=0.0)
+    for _ in range(5):
+        xm, t = mix(x, y)
+        assert torch.allclose(t.sum(1), torch.ones(B))
+        expected = (t * torch.arange(K).float()).sum(1)
+        torch.testing.assert_close(xm.mean(dim=(1, 2, 3)), expected, rtol=0, atol=1e-5)
+
+
+def test_label_smoothing_and_rand_augment_spec():
+    t = smooth_one_hot(torch.tensor([2]), 5, 0.1)
+    torch.testing.assert_close(t, torch.tensor([[0.02, 0.02, 0.92, 0.02, 0.02]]))
+    assert parse_rand_augment("rand-m9-mstd0.5-inc1") == (2, 9)
+    assert parse_rand_augment("rand-m7-n3") == (3, 7)
+    with pytest.raises(ValueError, match="RandAugment"):
+        parse_rand_augment("autoaug-v0")
+
+
+def test_pad_crop_flip_and_eval_transform():
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float32).view(2, 1, 6, 6)
+    y = random_pad_crop(x, 2)
+    assert y.shape == x.shape
+    # every output is a shifted window of the zero-padded image
+    xp = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for b in range(2):
+        assert any(torch.equal(y[b, 0], xp[b, 0, i:i + 6, j:j + 6]) for i in range(5) for j in range(5))
+    assert torch.equal(random_hflip(x, 1.0), x.flip(-1)) and torch.equal(random_hflip(x, 0.0), x)
+    ev = EvalTransform(8, (0.5,), (0.25,), crop_pct=0.8)  # shorter side -> floor(8 / 0.8) = 10, centre 8
+    out = ev(torch.full((2, 1, 20, 30), 255, dtype=torch.uint8))
+    torch.testing.assert_close(out, torch.full((2, 1, 8, 8), 2.0))  # (1 - 0.5) / 0.25
+    img = torch.arange(10 * 14, dtype=torch.float32).view(1, 1, 10, 14) / 255  # already 10 high: crop only
+    torch.testing.assert_close(ev(img), (img[..., 1:9, 3:11] - 0.5) / 0.25)
+
+
+def test_train_augment_shapes_on_gray_and_rgb():
+    aug = TrainAugment(16, (0.5,), (0.5,), crop="rrc", re_prob=0.5)
+    out = aug(torch.randint(0, 256, (6, 1, 20, 20), dtype=torch.uint8))
+    assert out.shape == (6, 1, 16, 16) and torch.isfinite(out).all()
+    aug = TrainAugment(16, (0.5,) * 3, (0.5,) * 3, crop="pad", auto_augment=None, color_jitter=0.4)
+    out = aug(torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8))
+    assert out.shape == (6, 3, 16, 16)
+    with pytest.raises(ValueError, match="aug.crop"):
+        TrainAugment(16, (0.5,), (0.5,), crop="square")
