@@ -137,3 +137,20 @@ def test_reset_classifier_and_no_weight_decay():
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         small(**kwargs)
+
+
+def test_attention_records_cover_both_block_kinds():
+    from inline_attn.layers import attention_layers, record_attention
+
+    model = small(pattern="ISIS")
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+        with record_attention(model) as records:
+            out = model(x)  # explicit weights @ V instead of the fast paths
+    assert len(records) == len(attention_layers(model)) == 4
+    # InLine: N x N over the stage grid; spatial reduction: N x (H/sr)(W/sr) keys
+    assert [tuple(r.weights.shape) for r in records] == [(2, 1, 256, 256), (2, 2, 64, 4), (2, 3, 16, 16), (2, 4, 4, 4)]
+    assert [r.kind for r in records] == ["inline", "softmax", "inline", "softmax"]
+    torch.testing.assert_close(records[0].weights.sum(-1), torch.ones(2, 1, 256))  # InLine rows sum to 1
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
