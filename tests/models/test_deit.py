@@ -89,8 +89,8 @@ def test_fashion_mnist_overrides():
 
 
 @pytest.mark.parametrize("pattern,kernel,residual,expect_residual", [
-    ("I", None, None, True), ("I", "relu", False, False), ("L", None, None, False), ("L", None, True, True),
-    ("S", None, None, False),
+    ("I", None, None, True), ("I", "relu", False, False), ("I", "exp", None, True), ("I", "affine_relu", None, True),
+    ("L", None, None, False), ("L", "leakyrelu", True, True), ("S", None, None, False),
 ])
 def test_ablations_build_and_run(pattern, kernel, residual, expect_residual):
     model = small(pattern=pattern, kernel=kernel, local_residual=residual)
