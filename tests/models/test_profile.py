@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from inline_attn import create_model, get_model_config, profile
 from inline_attn.cli import main
