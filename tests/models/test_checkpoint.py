@@ -78,6 +78,16 @@ def test_bare_mapping_and_create_model_checkpoint_path(tmp_path):
     torch.testing.assert_close(outputs(again, x), outputs(src, x), rtol=0, atol=0)
 
 
+def test_meta_model_takes_the_file_tensors():
+    src = tiny_deit()
+    with torch.device("meta"):
+        dst = tiny_deit()
+    load_checkpoint(dst, src.state_dict())
+    assert not any(p.is_meta for p in dst.parameters())
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(outputs(dst, x), outputs(src, x), rtol=0, atol=0)
+
+
 def test_mismatch_lists_missing_unexpected_and_wrong_shapes():
     sd = tiny_deit(num_classes=9).state_dict()  # head of another shape
     del sd["blocks.1.mlp.fc2.bias"]

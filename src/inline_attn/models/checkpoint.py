@@ -157,6 +157,7 @@ def load_checkpoint(
 
     Args:
         model: the model (its parameters keep their device and dtype; values are copied in).
+            A model built on the meta device takes the file's tensors instead.
         source: path to the authors' ``.pth`` (``{"model": sd}``, ``{"state_dict": sd}``,
             ``{"model_ema": sd}``), a bare state dict, or our ``.safetensors`` file.
         strict: raise ValueError listing missing, unexpected and wrongly-shaped keys when the
@@ -184,7 +185,9 @@ def load_checkpoint(
     result.missing = [k for k in own if k not in state and not _is_recomputed(k)]
     if strict and not result.ok:
         raise ValueError(f"checkpoint does not fit {type(model).__name__}: {result.describe()}")
-    model.load_state_dict(loadable, strict=False)
+    # a model built on the meta device (no memory) takes the file's tensors as its own
+    assign = any(t.is_meta for t in own.values())
+    model.load_state_dict(loadable, strict=False, assign=assign)
     return result
 
 
