@@ -279,7 +279,8 @@ def _cfg(name: str, size: int, top1: float, params: int, macs: float) -> ModelCo
         name=name, family="deit", input_size=(3, size, size), crop_pct=0.875, interpolation="bicubic",
         mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier="head",
         first_conv="patch_embed.proj", paper_top1=top1, num_params=params, macs_g=macs,
-        extra=dict(pattern="I", reference_class="models/inline_deit.py:VisionTransformer"),
+        extra=dict(pattern="I", drop_path_rate=0.1, reference_class="models/inline_deit.py:VisionTransformer",
+                   reference_cfg_crop_pct=0.9),
     )
 
 

@@ -378,12 +378,15 @@ PyramidVisionTransformer.checkpoint_filter_fn = staticmethod(checkpoint_filter_f
 # ---- registered variants (SPEC section 3; heads and MLP ratios as the reference code builds) ----
 
 def _cfg(name: str, top1: float, params: int, macs: float, drop_path: float) -> ModelConfig:
+    # evaluated with the Swin codebase's pipeline (crop 0.875, ImageNet mean/std); the reference's
+    # timm _cfg metadata (crop 0.9, mean/std 0.5) is kept in extra for the record
     return ModelConfig(
         name=name, family="pvt", input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic",
         mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier="head",
         first_conv="patch_embed1.proj", paper_top1=top1, num_params=params, macs_g=macs,
         extra=dict(pattern="IIII", drop_path_rate=drop_path,
-                   reference_class="models/inline_pvt.py:PyramidVisionTransformer"),
+                   reference_class="models/inline_pvt.py:PyramidVisionTransformer",
+                   reference_cfg_crop_pct=0.9, reference_cfg_mean_std=(0.5, 0.5)),
     )
 
 
