@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inline_attn.models.cli",
     "inline_attn.analysis.cli",
     "inline_attn.bench.cli",
+    "inline_attn.train.cli",
 )
 
 

@@ -1,0 +1,91 @@
+"""AdamW with the usual no-decay groups, and the cosine schedule with warm-up and cool-down."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decay, and no decay for 1-d params (norms, biases), names ending in
+    ``.bias`` and the model's ``no_weight_decay()`` names (position embeddings, cls token,
+    relative position tables; matched as exact names or by their last component)."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim <= 1 or name.endswith(".bias") or name in skip or name.split(".")[-1] in skip:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+
+
+def no_decay_names(model: nn.Module) -> list[str]:
+    """Names of the parameters :func:`param_groups` exempts from weight decay (for tests/logs)."""
+    ids = {id(p) for p in param_groups(model, 0.0)[0]["params"]}
+    return [n for n, p in model.named_parameters() if id(p) in ids]
+
+
+def build_optimizer(model: nn.Module, opt: str, lr: float, weight_decay: float, betas=(0.9, 0.999),
+                    eps: float = 1e-8) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay)
+    if opt == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    if opt == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
+    raise ValueError(f"optim.opt={opt!r}: expected 'adamw' or 'sgd'")
+
+
+class CosineSchedule:
+    """Per-step learning rate: linear warm-up from ``warmup_lr`` to ``lr`` over
+    ``warmup_epochs``, cosine from ``lr`` to ``min_lr`` until ``epochs``, then ``min_lr`` for the
+    ``cooldown_epochs`` that follow (the run lasts epochs + cooldown_epochs).
+
+    The lr is a function of the optimizer step only, so the state is just the step count.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, lr: float, steps_per_epoch: int, epochs: int,
+                 warmup_epochs: float = 0, cooldown_epochs: float = 0, warmup_lr: float = 1e-6, min_lr: float = 1e-5):
+        if epochs <= 0 or steps_per_epoch <= 0:
+            raise ValueError(f"epochs={epochs} and steps_per_epoch={steps_per_epoch} must be positive")
+        if warmup_epochs < 0 or warmup_epochs > epochs:
+            raise ValueError(f"warmup_epochs={warmup_epochs} must be in [0, epochs={epochs}]")
+        self.optimizer = optimizer
+        self.lr = lr
+        self.warmup_lr = warmup_lr
+        self.min_lr = min_lr
+        self.warmup_steps = round(warmup_epochs * steps_per_epoch)
+        self.cosine_steps = epochs * steps_per_epoch
+        self.total_steps = round((epochs + cooldown_epochs) * steps_per_epoch)
+        self.step_count = 0
+        self._apply()
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.warmup_lr + (self.lr - self.warmup_lr) * step / self.warmup_steps
+        if step >= self.cosine_steps:
+            return self.min_lr
+        t = (step - self.warmup_steps) / max(1, self.cosine_steps - self.warmup_steps)
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * t))
+
+    def _apply(self) -> None:
+        lr = self.lr_at(self.step_count)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def step(self) -> None:
+        self.step_count += 1
+        self._apply()
+
+    def get_last_lr(self) -> float:
+        return self.lr_at(self.step_count)
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step_count"])
+        self._apply()

@@ -1,0 +1,92 @@
+"""Run outputs written by rank 0: metrics.csv, TensorBoard (if installed), curves.png, summary.json."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+from typing import Optional
+
+METRIC_COLUMNS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema",
+                  "epoch_time_s", "train_img_s"]
+
+
+def _atomic_text(path: pathlib.Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_metrics(history: list[dict], path: pathlib.Path) -> None:
+    """The whole history (one row per finished epoch; rewritten so a resume never duplicates rows)."""
+    def w(f):
+        wr = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        wr.writeheader()
+        for row in history:
+            wr.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in METRIC_COLUMNS})
+    _atomic_text(path, w)
+
+
+def write_json(obj: dict, path: pathlib.Path) -> None:
+    _atomic_text(path, lambda f: json.dump(obj, f, indent=2, default=str))
+
+
+def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> None:
+    """Loss (train, val) and top-1 accuracy per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [r["epoch"] + 1 for r in history]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    a1.plot(ep, [r["train_loss"] for r in history], "o-", label="train (augmented, soft targets)")
+    if any(r.get("val_loss") is not None for r in history):
+        a1.plot(ep, [r.get("val_loss") for r in history], "s-", label="val")
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("cross-entropy")
+    a1.legend()
+    a1.grid(alpha=0.3)
+    a2.plot(ep, [r.get("val_top1") for r in history], "s-", label="val top-1")
+    if any(r.get("val_top1_ema") is not None for r in history):
+        a2.plot(ep, [r.get("val_top1_ema") for r in history], "^-", label="val top-1 (EMA)")
+    a2.set_xlabel("epoch")
+    a2.set_ylabel("accuracy (%)")
+    a2.legend()
+    a2.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+class TensorBoard:
+    """SummaryWriter when tensorboard is installed; otherwise a no-op."""
+
+    def __init__(self, logdir: Optional[pathlib.Path]):
+        self.writer = None
+        if logdir is None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # tensorboard not installed: metrics.csv is the record
+            return
+        self.writer = SummaryWriter(str(logdir))
+
+    def log(self, row: dict) -> None:
+        if self.writer is None:
+            return
+        for k in ("lr", "train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema", "train_img_s"):
+            if row.get(k) is not None:
+                self.writer.add_scalar(k, row[k], row["epoch"] + 1)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

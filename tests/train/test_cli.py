@@ -1,0 +1,129 @@
+"""Config files and overrides, the train/eval/reproduce commands, and clear errors for bad input."""
+import json
+
+import pytest
+import torch
+import yaml
+
+from inline_attn.cli import main
+from inline_attn.data import TensorImageDataset
+from inline_attn.train.config import load_config, parse_value, set_dotted
+from inline_attn.train.data import Batches
+from inline_attn.train.engine import accuracy_counts, evaluate
+from inline_attn.train.reproduce import BEGIN, END, render_table, write_section
+
+from train_helpers import TINY_DEIT, make_fmnist, make_folder
+
+QUICK = {"data": {"batch_size": 4, "workers": 0},
+         "aug": {"crop": "pad", "auto_augment": None, "re_prob": 0.0, "mixup": 0.0, "cutmix": 0.0},
+         "optim": {"lr": 1.0e-3}, "sched": {"epochs": 1, "warmup_epochs": 0, "cooldown_epochs": 0},
+         "train": {"progress": False, "tensorboard": False}}
+
+
+def _write_cfg(path, **sections):
+    cfg = {k: dict(v) for k, v in QUICK.items()}
+    for k, v in sections.items():
+        cfg.setdefault(k, {}).update(v)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_yaml_then_overrides_and_yaml11_floats(tmp_path):
+    p = tmp_path / "base.yaml"
+    p.write_text("optim:\n  lr: 1e-3\n  weight_decay: 0.01\nsched:\n  epochs: 7\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("_base_: base.yaml\nsched:\n  epochs: 9\n")
+    cfg = load_config(child, [("optim.weight_decay", 0.2), ("model.kwargs.depth", 2)])
+    assert cfg["sched"]["epochs"] == 9 and cfg["optim"]["weight_decay"] == 0.2
+    assert cfg["model"]["kwargs"] == {"depth": 2} and cfg["optim"]["clip_grad"] == 5.0  # default kept
+    assert parse_value("1e-3") == 0.001 and parse_value("[1, 2]") == [1, 2] and parse_value("null") is None
+
+
+def test_unknown_keys_are_clear_errors(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("optim:\n  lrr: 0.1\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'optim.lrr' \(did you mean lr"):
+        load_config(p)
+    with pytest.raises(ValueError, match="unknown config key 'trian.seed'"):
+        set_dotted(load_config(), "trian.seed", 1)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_cli_train_overrides_saved_config_then_eval(tmp_path, capsys):
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    cfg = _write_cfg(tmp_path / "c.yaml", model={"name": "inline_deit_tiny", "kwargs": {"depth": 3}},
+                     data={"dataset": "fmnist", "path": str(fm)})
+    out = tmp_path / "run"
+    rc = main(["train", "-c", str(cfg), "--output", str(out), "--optim.weight_decay", "1e-2",
+               "--model.kwargs", json.dumps({k: v for k, v in TINY_DEIT.items() if k != "depth"}),
+               "--set", "model.kwargs.depth=1", "--train.seed", "3"])
+    assert rc == 0 and "top-1" in capsys.readouterr().out
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["optim"]["weight_decay"] == 0.01 and saved["train"]["seed"] == 3
+    assert saved["model"]["kwargs"] == {**TINY_DEIT, "depth": 1} and saved["data"]["path"] == str(fm)
+    rc = main(["eval", "--checkpoint", str(out / "last.pth"), "--data", f"fmnist:{fm}", "--json", str(tmp_path / "e.json")])
+    assert rc == 0 and "top-1" in capsys.readouterr().out
+    res = json.loads((tmp_path / "e.json").read_text())
+    assert res["n"] == 6 and res["model"] == "inline_deit_tiny"
+
+
+def test_cli_bad_inputs(tmp_path, capsys):
+    cfg = _write_cfg(tmp_path / "c.yaml", model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
+                     data={"path": str(tmp_path / "no_such_folder"), "img_size": 16})
+    assert main(["train", "-c", str(cfg), "--output", str(tmp_path / "r")]) == 2
+    assert "no_such_folder does not exist" in capsys.readouterr().err
+    assert main(["train", "-c", str(cfg), "--model.name", "inline_deit_tiniest"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'inline_deit_tiniest'" in err and "inline_deit_tiny" in err
+    assert main(["train", "-c", str(cfg), "--set", "optim.momentumm=0.9"]) == 2
+    assert "unknown config key 'optim.momentumm'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["train", "-c", str(cfg), "--optim.lrr", "0.1"])
+    assert e.value.code == 2 and "unrecognized arguments: --optim.lrr" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path / "nope.pth"), "--data", "fmnist"]) == 2
+    assert "nope.pth does not exist" in capsys.readouterr().err
+    assert main(["train", "-c", str(cfg), "--data.dataset", "fmnist", "--data.path", str(tmp_path / "nofm")]) == 2
+    assert "apt-get install -y dataset-fashion-mnist" in capsys.readouterr().err
+
+
+class _Lookup(torch.nn.Module):
+    """Logits read from a table by the image's first pixel (the sample index)."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return self.table[x[:, 0, 0, 0].round().long()]
+
+
+def test_eval_top1_top5_known_case():
+    logits = torch.tensor([[9., 8, 7, 6, 5, 4], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [1, 2, 3, 4, 5, 9]])
+    labels = torch.tensor([0, 0, 4, 5])  # top-1: rows 0 and 3; top-5: row 2 too (rank 5), not row 1 (rank 6)
+    assert accuracy_counts(logits, labels) == [2, 3]
+    ds = TensorImageDataset(torch.arange(4, dtype=torch.uint8).view(4, 1, 1, 1).expand(4, 1, 2, 2).contiguous(), labels)
+    res = evaluate(_Lookup(logits), Batches(ds, 3, train=False), lambda x: x.float(), torch.device("cpu"))
+    assert res == pytest.approx({"top1": 50.0, "top5": 75.0, "n": 4,
+                                 "loss": torch.nn.functional.cross_entropy(logits, labels).item()})
+
+
+def test_reproduce_command_writes_table(tmp_path, capsys):
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    cdir = tmp_path / "configs"
+    (cdir / "fmnist").mkdir(parents=True)
+    for v, pat in (("softmax", "S"), ("inline", "I")):
+        _write_cfg(cdir / "fmnist" / f"{v}.yaml", model={"name": "inline_deit_tiny",
+                   "kwargs": {**TINY_DEIT, "pattern": pat}}, data={"dataset": "fmnist", "path": str(fm)})
+    doc = tmp_path / "repro.md"
+    doc.write_text("# Reproduction\n\nImageNet notes stay.\n")
+    rc = main(["reproduce", "fmnist", "--configs", str(cdir), "--output", str(tmp_path / "runs"),
+               "--doc", str(doc), "--variants", "softmax", "inline", "--epochs", "1"])
+    assert rc == 0
+    text = doc.read_text()
+    assert "ImageNet notes stay." in text and text.count(BEGIN) == 1
+    assert "| Softmax attention (pattern S) |" in text and "| InLine (with local residual) |" in text
+    assert (tmp_path / "runs" / "inline" / "last.pth").is_file()
+    write_section(doc, render_table([], 1.0, None))  # rewriting replaces the section, once
+    assert doc.read_text().count(BEGIN) == 1 and doc.read_text().count(END) == 1

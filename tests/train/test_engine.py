@@ -1,0 +1,177 @@
+"""The engine: short runs on generated data, exact resume, interruption, atomic checkpoints."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from inline_attn.models import create_model
+from inline_attn.train import checkpoint as ckpt_io
+from inline_attn.train.config import load_config
+from inline_attn.train.engine import train
+from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model
+
+from train_helpers import base_overrides, make_fmnist, make_folder
+
+AUG_ON = {"aug.crop": "rrc", "aug.hflip": 0.5, "aug.auto_augment": "rand-m9-mstd0.5-inc1", "aug.re_prob": 0.25,
+          "aug.mixup": 0.8, "aug.cutmix": 1.0, "aug.smoothing": 0.1, "model.drop_path": 0.1}
+
+
+def test_two_steps_on_folder_writes_every_output(tmp_path):
+    root = make_folder(tmp_path / "imgs", per_class=3)  # 9 train images, batch 4 -> 2 steps
+    out = tmp_path / "run"
+    cfg = load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16}, **AUG_ON))
+    s = train(cfg)
+    assert s["steps"] == 2 and s["epochs_done"] == 1 and s["interrupted"] is None
+    for f in ("last.pth", "config.yaml", "metrics.csv", "curves.png", "summary.json"):
+        assert (out / f).is_file(), f
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final"]["val_top1"] == s["final"]["val_top1"] and summary["macs"] > 0
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,step,lr,train_loss") and len(rows) == 2
+    # the resolved config was saved beside the outputs and reloads to the same dict
+    assert load_config(out / "config.yaml") == cfg
+    # eval of the checkpoint reproduces the trainer's own val metrics
+    res = evaluate_checkpoint(out / "last.pth", str(root), batch_size=5, workers=0)
+    assert res["n"] == 9 and abs(res["top1"] - s["final"]["val_top1"]) < 1e-9
+    assert abs(res["loss"] - s["final"]["val_loss"]) < 1e-5
+
+
+def test_two_steps_on_fmnist_format_files(tmp_path):
+    root = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    out = tmp_path / "run"
+    cfg = load_config(None, base_overrides(out, **{"data.dataset": "fmnist", "data.path": str(root),
+                                                   "aug.crop": "pad", "aug.hflip": 0.5, "aug.re_prob": 0.25}))
+    s = train(cfg)
+    assert s["steps"] == 2 and s["final"]["val_top5"] >= s["final"]["val_top1"]
+    model, ck = load_trained_model(out / "last.pth")
+    assert ck["model_kwargs"]["in_chans"] == 1 and model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    res = evaluate_checkpoint(out / "last.pth", f"fmnist:{root}")
+    assert res["n"] == 6 and abs(res["top1"] - s["final"]["val_top1"]) < 1e-9
+
+
+def _states_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
+    """Stop mid-epoch (step 3 of 2 epochs x 2 steps), resume with --resume auto: the final
+    weights, optimizer state and every metric equal the uninterrupted run's, bit for bit."""
+    root = make_folder(tmp_path / "imgs", per_class=3)
+    common = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2, "sched.warmup_epochs": 1,
+              "train.ema": True, "train.ema_decay": 0.9, "optim.accum_steps": 1, **AUG_ON}
+    full = train(load_config(None, base_overrides(tmp_path / "full", **common)))
+    part = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.max_steps": 3})))
+    assert part["interrupted"] == "max_steps" and part["steps"] == 3
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    resumed = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.resume": "auto"})))
+    assert resumed["steps"] == full["steps"] == 4
+    a, b = ckpt_io.load(tmp_path / "full" / "last.pth"), ckpt_io.load(tmp_path / "cut" / "last.pth")
+    _states_equal(a["model"], b["model"])
+    _states_equal(a["model_ema"], b["model_ema"])
+    strip = lambda h: [{k: v for k, v in r.items() if k not in ("epoch_time_s", "train_img_s")} for r in h]
+    assert strip(a["history"]) == strip(b["history"])
+    assert a["optimizer"]["state"][0]["exp_avg"].equal(b["optimizer"]["state"][0]["exp_avg"])
+
+
+def test_gradient_accumulation_matches_big_batch(tmp_path):
+    root = make_folder(tmp_path / "imgs", per_class=3)
+    common = {"data.path": str(root), "data.img_size": 16}
+    big = train(load_config(None, base_overrides(tmp_path / "big", **common, **{"data.batch_size": 8})))
+    acc = train(load_config(None, base_overrides(tmp_path / "acc", **common, **{"data.batch_size": 4,
+                                                                               "optim.accum_steps": 2})))
+    assert big["steps"] == acc["steps"] == 1
+    a, b = ckpt_io.load(tmp_path / "big" / "last.pth"), ckpt_io.load(tmp_path / "acc" / "last.pth")
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
+
+
+def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
+    """A SIGTERM during step 2 stops the run at the end of that step with a checkpoint."""
+    root = make_folder(tmp_path / "imgs", per_class=3)
+    from inline_attn.train import engine
+
+    calls = {"n": 0}
+    real = engine.soft_cross_entropy
+
+    def loss_then_signal(logits, target):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(logits, target)
+
+    monkeypatch.setattr(engine, "soft_cross_entropy", loss_then_signal)
+    ov = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
+    s = train(load_config(None, base_overrides(tmp_path / "run", **ov)))
+    assert s["interrupted"] == "signal" and s["steps"] == 2
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    state = ckpt_io.load(tmp_path / "run" / "last.pth")
+    assert (state["epoch"], state["step_in_epoch"], state["step"]) == (1, 0, 2)
+    s = train(load_config(None, base_overrides(tmp_path / "run", **ov, **{"train.resume": "auto"})))
+    assert s["steps"] == 4 and s["interrupted"] is None
+
+
+def test_atomic_write_killed_midway_keeps_previous_checkpoint(tmp_path):
+    """A process killed (SIGKILL) in the middle of atomic_save leaves the old file intact."""
+    path = tmp_path / "last.pth"
+    ckpt_io.atomic_save({"step": 1, "w": torch.arange(5.0)}, path)
+    child = textwrap.dedent(f"""
+        import os, time, torch
+        from inline_attn.train import checkpoint as c
+        def slow_fsync(fd):            # the new bytes are written; the rename has not happened
+            open({str(tmp_path / 'ready')!r}, 'w').close()
+            time.sleep(60)
+        c.os.fsync = slow_fsync
+        c.atomic_save({{"step": 2, "w": torch.zeros(1_000_000)}}, {str(path)!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child])
+    try:
+        t0 = time.time()
+        while not (tmp_path / "ready").exists():
+            assert proc.poll() is None and time.time() - t0 < 60, "child died before writing"
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert any(p.name.startswith(".last.pth.tmp") for p in tmp_path.iterdir())  # the torn temp file
+    state = ckpt_io.load(path)
+    assert state["step"] == 1 and torch.equal(state["w"], torch.arange(5.0))
+
+
+def test_param_groups_exempt_norms_biases_and_pos_embed():
+    from inline_attn.train.optim import no_decay_names, param_groups
+
+    m = create_model("inline_deit_tiny", img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
+    names = set(no_decay_names(m))
+    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "head.bias", "blocks.0.attn.qkv.bias"} <= names
+    assert "blocks.0.attn.qkv.weight" not in names and "head.weight" not in names
+    groups = param_groups(m, 0.05)
+    assert groups[0]["weight_decay"] == 0 and groups[1]["weight_decay"] == 0.05
+    assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in m.parameters())
+
+
+def test_cosine_schedule_warmup_and_cooldown():
+    from inline_attn.train.optim import CosineSchedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    s = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, cooldown_epochs=2,
+                       warmup_lr=0.0, min_lr=0.01)
+    assert s.lr_at(0) == 0.0 and s.lr_at(5) == pytest.approx(0.5) and s.lr_at(10) == pytest.approx(1.0)
+    assert s.lr_at(30) == pytest.approx(0.505)  # half-way through the cosine part
+    assert s.lr_at(50) == s.lr_at(69) == 0.01 and s.total_steps == 70
+    for _ in range(7):
+        s.step()
+    st = s.state_dict()
+    s2 = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, warmup_lr=0.0)
+    s2.load_state_dict(st)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.7)
