@@ -16,6 +16,8 @@ from inline_attn.cli import main
 
 DEIT = ["img_size=28", "patch_size=7", "embed_dim=16", "depth=2", "num_heads=2", "in_chans=1", "num_classes=10"]
 SWIN = ["img_size=64", "embed_dim=8", "depths=[2,2,2,2]", "num_heads=[1,2,2,4]", "window_size=8", "num_classes=3"]
+PVT = ["img_size=64", "embed_dims=[8,16,24,32]", "num_heads=[1,2,3,4]", "mlp_ratios=[2,2,2,2]",
+       "depths=[1,1,2,1]", "pattern=ISIS", "num_classes=3"]
 CSWIN = ["img_size=64", "embed_dim=8", "depths=[1,1,1,1]", "num_heads=[2,2,2,2]", "split_size=[1,2,2,2]",
          "inline_split_size=[16,8,4,2]", "num_classes=3"]
 
@@ -131,6 +133,19 @@ def test_stripe_model(tmp_path, folder):
     assert run("locality", *common, "--out", tmp_path) == 0
     rows = list(csv.DictReader(open(tmp_path / "locality.csv")))
     assert len(rows) == 5 and all(0.0 <= float(r["locality"]) <= 1.0 + 1e-5 for r in rows)
+
+
+def test_spatial_reduction_model(tmp_path, folder):
+    # PVT with softmax stages (pattern ISIS): keys pooled by the spatial reduction (sr 4, 1)
+    common = ["--model", "inline_pvt_tiny", "--model-args", *PVT, "--data", folder, "--num-images", 2]
+    assert run("locality", *common, "--out", tmp_path) == 0
+    rows = list(csv.DictReader(open(tmp_path / "locality.csv")))
+    assert [r["kind"] for r in rows] == ["inline", "softmax", "inline", "inline", "softmax"]
+    assert [int(r["num_keys"]) for r in rows] == [256, 4, 16, 16, 4]
+    assert run("masking", *common, "--ks", 3, "--layers", 1, "--out", tmp_path) == 0
+    assert run("attention-maps", *common, "--layers", 1, "--out", tmp_path) == 0
+    m = np.array(json.load(open(tmp_path / "attention_maps.json"))["maps"][0]["map"])
+    assert m.shape == (8, 8) and abs(m.sum() - 1.0) < 1e-4
 
 
 def test_run_folder_gives_model_and_normalisation(tmp_path, fmnist_dir):

@@ -111,6 +111,22 @@ def test_padding_tokens_are_left_out():
     assert window_mask(lay, 3)[0, 2].sum() == 0
 
 
+def test_reduced_keys_are_placed_on_the_pooled_grid():
+    # PVT's spatial reduction: 8 x 6 queries, keys pooled with stride 2 -> 4 x 3 keys
+    rec = make_record(torch.zeros(1, 1, 48, 12), (8, 6))
+    lay = token_layout(rec)
+    assert lay.key_cell == 2 and lay.key_coords[0, 4].tolist() == [2, 2]  # key (1, 1) covers rows/cols 2..3
+    near = window_mask(lay, 3)[0]
+    pos = grid_positions(8, 6)
+    kpos = grid_positions(4, 3)
+    for i, (r, c) in enumerate(pos):
+        got = {kpos[j] for j in near[i].nonzero().flatten().tolist()}
+        want = {(a, b) for a in range(4) for b in range(3)
+                if 2 * a <= r + 1 and 2 * a + 1 >= r - 1 and 2 * b <= c + 1 and 2 * b + 1 >= c - 1}
+        assert got == want, (r, c)
+    assert near[pos.index((3, 3))].sum() == 4 and near[pos.index((0, 0))].sum() == 1
+
+
 # ----------------------------------------------------------------------------- locality
 
 @pytest.mark.parametrize("prefix", [0, 1])

@@ -60,14 +60,17 @@ class QueryMapHook:
         layout = token_layout(rec, self.map_sizes.get(rec.name))
         w = rec.weights.detach()
         g, (hm, wm) = layout.num_groups, layout.map_size
-        b, h, n = w.shape[0] // g, w.shape[1], w.shape[-1]
-        w = w.view(b, g, h, n, n)
+        b, h, nq, nk = w.shape[0] // g, w.shape[1], w.shape[-2], w.shape[-1]
+        w = w.view(b, g, h, nq, nk)
         if self.maps is None:
             self.maps = w.new_zeros(b, len(self.queries), hm * wm)
             self.prefix_weight = w.new_zeros(b, len(self.queries))
             self.map_size, self.layer_name = (hm, wm), rec.name
         coords, grid = layout.coords.to(w.device), layout.grid.to(w.device)
-        p = layout.num_prefix_tokens
+        kcoords, kgrid = layout.key_coords.to(w.device), layout.key_grid.to(w.device)
+        p, s = layout.num_prefix_tokens, layout.key_cell
+        # every map cell a key covers (s x s cells for PVT's reduced keys), sharing its weight
+        off = torch.stack(torch.meshgrid(torch.arange(s), torch.arange(s), indexing="ij"), -1).view(-1, 2).to(w.device)
         for qi, q in enumerate(self.queries):
             if q == "cls":
                 if p == 0:
@@ -79,10 +82,13 @@ class QueryMapHook:
                 if len(hit) == 0:
                     continue  # this call (e.g. one stripe branch's group set) does not hold the query
                 gi, ti = int(hit[0, 0]), int(hit[0, 1])
-            row = w[:, gi, :, ti, :].sum(dim=1)  # [B, N] summed over heads
-            keys = grid[gi]
-            flat = coords[gi, keys, 0] * wm + coords[gi, keys, 1]
-            self.maps[:, qi].index_add_(1, flat, row[:, keys])
+            row = w[:, gi, :, ti, :].sum(dim=1)  # [B, Nk] summed over heads
+            keys = kgrid[gi]
+            cells = kcoords[gi, keys][:, None, :] + off[None]  # [K, s*s, 2]
+            inside = (cells[..., 0] < hm) & (cells[..., 1] < wm)
+            flat = (cells[..., 0] * wm + cells[..., 1]).clamp(max=hm * wm - 1)
+            vals = (row[:, keys][:, :, None] / (s * s)) * inside  # [B, K, s*s]
+            self.maps[:, qi].index_add_(1, flat.reshape(-1), vals.reshape(b, -1))
             self.prefix_weight[:, qi] += row[:, :p].sum(dim=1)
         self.heads += h
 

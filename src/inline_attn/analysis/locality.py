@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 import torch
 
 from ..layers.record import AttentionRecord
-from .tokens import TokenLayout, expand_groups, token_layout, window_mask
+from .tokens import TokenLayout, expand_groups, interior_queries, token_layout, window_mask
 
 
 def local_mass(weights: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
@@ -27,10 +27,8 @@ def local_mass(weights: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
 def uniform_locality(layout: TokenLayout, k: int = 3, *, interior_only: bool = False) -> float:
     """Locality of uniform attention (every key 1/N) over the layout's grid queries."""
     near = window_mask(layout, k)
-    count = near.sum(-1).double()  # [G, N] keys in each query's window
-    q = layout.grid
-    if interior_only:
-        q = q & (count == k * k)
+    count = near.sum(-1).double()  # [G, Nq] keys in each query's window
+    q = interior_queries(layout, k) if interior_only else layout.grid
     return float((count[q] / layout.num_tokens).mean()) if q.any() else float("nan")
 
 
@@ -45,9 +43,7 @@ def record_locality(
     layout = token_layout(rec, map_size)
     w = rec.weights.detach()
     near = window_mask(layout, k, device=w.device)  # [G, N, N]
-    q = layout.grid.clone()
-    if interior_only:
-        q &= near.sum(-1).cpu() == k * k
+    q = interior_queries(layout, k) if interior_only else layout.grid
     b = w.shape[0] // layout.num_groups
     mass = local_mass(w, near)  # [BG, h, N]
     qmask = expand_groups(q, b).to(w.device)[:, None, :].expand_as(mass)

@@ -72,7 +72,7 @@ class MaskingHook:
         if self.mode == "local":
             drop = near
         elif self.mode == "random":
-            drop = random_like_window(near, expand_groups(layout.grid, b), self.generator)
+            drop = random_like_window(near, expand_groups(layout.key_grid, b), self.generator)
         else:
             drop = torch.zeros_like(near)
         return drop.to(rec.weights.device)

@@ -24,61 +24,86 @@ from ..layers.record import AttentionRecord
 
 @dataclass
 class TokenLayout:
-    """Positions of one record's tokens, shared by all images of the batch.
+    """Positions of one record's queries and keys, shared by all images of the batch.
 
     Attributes:
-        coords: [G, N, 2] long (row, col) per token; prefix tokens get (-1, -1).
-        grid: [G, N] bool, True for real grid tokens (not prefix, not padding).
-        num_prefix_tokens: leading tokens without a position.
-        map_size: (H, W) of the stage's feature map the coordinates live in.
+        coords: [G, Nq, 2] long (row, col) of each query; prefix tokens get (-1, -1).
+        grid: [G, Nq] bool, True for real grid queries (not prefix, not padding).
+        key_coords: [G, Nk, 2] long, top-left (row, col) of each key's cell in query units.
+        key_grid: [G, Nk] bool, True for real grid keys.
+        key_cell: side of a key's cell in query tokens (1 for self-attention; the spatial
+            reduction ratio for PVT's reduced keys).
+        num_prefix_tokens: leading tokens without a position (queries and keys).
+        map_size: (H, W) of the stage's feature map the query coordinates live in.
         num_groups: G (windows / stripes per image; 1 for global attention).
     """
 
     coords: torch.Tensor
     grid: torch.Tensor
+    key_coords: torch.Tensor
+    key_grid: torch.Tensor
+    key_cell: int
     num_prefix_tokens: int
     map_size: tuple[int, int]
     num_groups: int
 
     @property
     def num_tokens(self) -> int:
-        return self.coords.shape[1]
+        """Nk, the number of keys each query attends over."""
+        return self.key_coords.shape[1]
+
+
+def _row_major(h: int, w: int, step: int = 1) -> torch.Tensor:
+    rows = torch.arange(h).repeat_interleave(w) * step
+    cols = torch.arange(w).repeat(h) * step
+    return torch.stack([rows, cols], dim=-1)[None]  # [1, HW, 2]
+
+
+def _reduced_grid(h: int, w: int, nk: int, name: str) -> tuple[int, int, int]:
+    """The stride s (and grid) of keys pooled from an H x W grid: (H // s) * (W // s) == nk."""
+    for s in range(2, max(h, w) + 1):
+        if (h // s) * (w // s) == nk:
+            return s, h // s, w // s
+    raise ValueError(f"layer {name!r}: cannot place {nk} keys on a grid reduced from {h}x{w}")
 
 
 def token_layout(record: AttentionRecord, map_size: Optional[tuple[int, int]] = None) -> TokenLayout:
-    """The :class:`TokenLayout` of ``record`` (weights ``[B*G, h, N, N]``).
+    """The :class:`TokenLayout` of ``record`` (weights ``[B*G, h, Nq, Nk]``).
 
     ``map_size``: the stage's (H, W) when known (it tells padding from real tokens in padded
     windows); used for windowed / stripe calls only (default: the coordinates' bounding box).
-    Global calls use ``feat_size``.
+    Global calls use ``feat_size``. Keys fewer than queries (PVT's spatial reduction) are
+    placed on the grid reduced by the stride that explains their number.
     """
-    n = record.weights.shape[-1]
+    nq, nk = record.weights.shape[-2], record.weights.shape[-1]
     p = int(record.num_prefix_tokens)
+    cell = 1
     if record.token_coords is None:
         h, w = record.feat_size
-        if p + h * w != n:
+        if p + h * w != nq:
             raise ValueError(
-                f"layer {record.name!r}: {n} keys but num_prefix_tokens + H*W = {p} + {h}*{w}"
+                f"layer {record.name!r}: {nq} queries but num_prefix_tokens + H*W = {p} + {h}*{w}"
             )
-        rows = torch.arange(h).repeat_interleave(w)
-        cols = torch.arange(w).repeat(h)
-        grid_coords = torch.stack([rows, cols], dim=-1)[None]  # [1, HW, 2]
+        grid_coords = _row_major(h, w)
+        key_grid_coords = grid_coords
+        if nk != nq:
+            cell, hk, wk = _reduced_grid(h, w, nk - p, record.name)
+            key_grid_coords = _row_major(hk, wk, cell)
         map_size = (h, w)  # a global call sees the whole map: feat_size is authoritative
     else:
+        if nk != nq:
+            raise ValueError(f"layer {record.name!r}: windowed attention with {nq} queries but {nk} keys")
         grid_coords = record.token_coords.detach().to("cpu", torch.long)
         if grid_coords.dim() != 3 or grid_coords.shape[-1] != 2:
             raise ValueError(
                 f"layer {record.name!r}: token_coords must be [G, N, 2], got {tuple(grid_coords.shape)}"
             )
-        if grid_coords.shape[1] == n - p:
-            pass
-        elif grid_coords.shape[1] == n and p == 0:
-            pass
-        else:
+        if grid_coords.shape[1] != nk - p:
             raise ValueError(
                 f"layer {record.name!r}: token_coords has {grid_coords.shape[1]} tokens per group, "
-                f"expected {n - p} (keys minus prefix tokens)"
+                f"expected {nk - p} (keys minus prefix tokens)"
             )
+        key_grid_coords = grid_coords
         if map_size is None:
             valid = (grid_coords >= 0).all(-1)
             top = grid_coords[valid].max(dim=0).values if valid.any() else torch.zeros(2, dtype=torch.long)
@@ -89,28 +114,46 @@ def token_layout(record: AttentionRecord, map_size: Optional[tuple[int, int]] = 
         raise ValueError(
             f"layer {record.name!r}: weights batch {bg} is not a multiple of {g} groups in token_coords"
         )
-    prefix = torch.full((g, p, 2), -1, dtype=torch.long)
-    coords = torch.cat([prefix, grid_coords], dim=1) if grid_coords.shape[1] < n else grid_coords
     hm, wm = map_size
-    grid = (coords[..., 0] >= 0) & (coords[..., 1] >= 0) & (coords[..., 0] < hm) & (coords[..., 1] < wm)
-    grid[:, :p] = False
-    return TokenLayout(coords=coords, grid=grid, num_prefix_tokens=p, map_size=(hm, wm), num_groups=g)
+
+    def with_prefix(c):
+        c = c.expand(g, -1, -1)
+        full = torch.cat([torch.full((g, p, 2), -1, dtype=torch.long), c], dim=1)
+        real = (full[..., 0] >= 0) & (full[..., 1] >= 0) & (full[..., 0] < hm) & (full[..., 1] < wm)
+        real[:, :p] = False
+        return full, real
+
+    coords, grid = with_prefix(grid_coords)
+    key_coords, key_grid = with_prefix(key_grid_coords)
+    return TokenLayout(coords=coords, grid=grid, key_coords=key_coords, key_grid=key_grid, key_cell=cell,
+                       num_prefix_tokens=p, map_size=(hm, wm), num_groups=g)
 
 
 def window_mask(layout: TokenLayout, k: int, device=None) -> torch.Tensor:
-    """[G, N, N] bool: key j lies in the k x k window (image coordinates) centred on query i.
+    """[G, Nq, Nk] bool: key j lies in the k x k window (image coordinates) centred on query i.
 
     Only grid tokens take part (prefix and padding rows and columns are all False); at the map's
-    edges and corners the window is clipped, so it holds fewer than k*k keys.
+    edges and corners the window is clipped, so it holds fewer than k*k keys. A reduced key
+    (cell of s x s tokens) is in the window when its cell overlaps it.
     """
     if k < 1 or k % 2 == 0:
         raise ValueError(f"window size k must be an odd positive integer, got {k}")
-    r = k // 2
-    c = layout.coords
-    d = (c[:, :, None, :] - c[:, None, :, :]).abs()  # [G, Nq, Nk, 2]
-    near = (d[..., 0] <= r) & (d[..., 1] <= r)
-    near &= layout.grid[:, :, None] & layout.grid[:, None, :]
+    r, s = k // 2, layout.key_cell
+    q = layout.coords[:, :, None, :]  # [G, Nq, 1, 2]
+    top = layout.key_coords[:, None, :, :]  # [G, 1, Nk, 2]
+    # cell [top, top + s - 1] overlaps [q - r, q + r] in both directions
+    near = ((top <= q + r) & (top + s - 1 >= q - r)).all(dim=-1)
+    near &= layout.grid[:, :, None] & layout.key_grid[:, None, :]
     return near.to(device) if device is not None else near
+
+
+def interior_queries(layout: TokenLayout, k: int) -> torch.Tensor:
+    """[G, Nq] bool: grid queries whose whole k x k window lies inside the map."""
+    r = k // 2
+    hm, wm = layout.map_size
+    c = layout.coords
+    inside = (c[..., 0] >= r) & (c[..., 0] < hm - r) & (c[..., 1] >= r) & (c[..., 1] < wm - r)
+    return inside & layout.grid
 
 
 def expand_groups(t: torch.Tensor, batch: int) -> torch.Tensor:
