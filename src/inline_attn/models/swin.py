@@ -72,6 +72,7 @@ def _region_ids(length: int, window: int, shift: int) -> torch.Tensor:
 
 
 def _make_shift_mask(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> torch.Tensor:
+    """Uncached :func:`shift_window_mask` on the CPU (also for the state dict's buffers)."""
     (hp, wp), (wh, ww), (sh, sw) = size, window, shift
     labels = _region_ids(hp, wh, sh)[:, None] * 3 + _region_ids(wp, ww, sw)[None, :]  # [Hp, Wp]
     labels = window_partition(labels[None, :, :, None], (wh, ww)).squeeze(-1)  # [nW, N]
@@ -101,7 +102,9 @@ def _make_relative_position_index(window: tuple[int, int], table_window: tuple[i
 
 
 @functools.lru_cache(maxsize=64)
-def relative_position_index(window: tuple[int, int], table_window: tuple[int, int], device: torch.device) -> torch.Tensor:
+def relative_position_index(
+    window: tuple[int, int], table_window: tuple[int, int], device: torch.device
+) -> torch.Tensor:
     """[N, N] long index into a ``(2*th-1) * (2*tw-1)`` relative position table for a window.
 
     A window smaller than the table's (a map smaller than the table's window) indexes the same
