@@ -16,8 +16,18 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 demo: $(STAMP)
-	$(BIN)/inline-attn demo
+	@# the data: Debian's dataset-fashion-mnist (MIT), installed when missing and apt-get exists
+	@if [ ! -f "$(FMNIST_DIR)/t10k-labels-idx1-ubyte.gz" ] && command -v apt-get >/dev/null; then \
+		echo "installing dataset-fashion-mnist"; \
+		$(SUDO) apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q dataset-fashion-mnist >/dev/null; } || \
+		echo "could not install dataset-fashion-mnist; the demo will say what to do"; \
+	fi
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

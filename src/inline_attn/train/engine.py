@@ -362,8 +362,7 @@ def _train(cfg: dict, info: DistInfo) -> dict:
                     msg += f"  val_top1 {row['val_top1']:.2f}  val_top5 {row['val_top5']:.2f}"
                 if row.get("val_top1_ema") is not None:
                     msg += f"  ema_top1 {row['val_top1_ema']:.2f}"
-                if t_cfg["progress"]:
-                    print(msg, file=sys.stderr, flush=True)
+                print(msg, file=sys.stderr, flush=True)
             if interrupted:
                 return _finish(cfg, info, out, history, interrupted, path, n_params, step, tb)
         return _finish(cfg, info, out, history, None, out / ckpt_io.LAST, n_params, step, tb,
