@@ -1,0 +1,105 @@
+"""The speed paths added for the benchmarks, against the naive reference (outputs and gradients).
+
+- ``ops.local_residual_conv`` (the layers' residual: one grouped conv) vs ``naive_local_residual``
+  and vs the shift-based ``ops.local_residual``;
+- the layers' matmul form of the residual-weight predictor vs ``LocalResidual.predict``;
+- the whole InLine layer vs a composition of naive ops (explicit N x N weights), float64, with a
+  cls token and H != W; bf16 autocast; ``torch.compile(fullgraph=True)`` tracing.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inline_attn.layers import build_attention
+from inline_attn.layers.attention import _predict_residual
+from inline_attn.layers.local_residual import LocalResidual
+from inline_attn.ops import local_residual, local_residual_conv, naive_attention, naive_local_residual
+
+SHAPES = [(1, 5, 3, 7), (2, 24, 7, 7), (3, 6, 1, 9), (2, 9, 8, 5)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_local_residual_conv_matches_naive_outputs_and_grads(shape):
+    b, c, h, w = shape
+    tokens = torch.randn(b, h * w, 3 * c, dtype=torch.float64, requires_grad=True)
+    v = tokens[:, :, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # channels-last view, as the layers
+    wts = torch.randn(b, c, 3, 3, dtype=torch.float64, requires_grad=True)
+    fast = local_residual_conv(v, wts)
+    ref = naive_local_residual(v.contiguous(), wts)
+    shift = local_residual(v, wts)
+    print(f"max |conv - naive| {(fast - ref).abs().max().item():.3g}")
+    torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(shift, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    gf = torch.autograd.grad(fast, (tokens, wts), g)
+    gr = torch.autograd.grad(naive_local_residual(v, wts), (tokens, wts), g)
+    for a, r in zip(gf, gr):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+
+
+def test_local_residual_conv_rejects_bad_weights():
+    with pytest.raises(ValueError, match="weights must have shape"):
+        local_residual_conv(torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3))
+
+
+@pytest.mark.parametrize("dim,heads", [(12, 3), (24, 6), (10, 1)])
+def test_predictor_matmul_form_matches_module(dim, heads):
+    res = LocalResidual(dim, heads).double()
+    ctx = torch.randn(5, dim, dtype=torch.float64, requires_grad=True)
+    fast, ref = _predict_residual(res, ctx), res.predict(ctx)
+    torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    params = (ctx, *res.parameters())
+    for a, r in zip(torch.autograd.grad(fast, params, g), torch.autograd.grad(ref, params, g)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+
+
+def _naive_inline_layer(layer, x, feat, p):
+    """The InLine layer written with naive ops only (explicit weights, grouped-conv residual)."""
+    b, n, c = x.shape
+    h, w = feat
+    qkv = layer.qkv(x).view(b, n, 3, layer.num_heads, layer.head_dim)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    out = naive_attention(q, k, v, kind="inline", scale=layer.scale).transpose(1, 2).reshape(b, n, c)
+    v_img = v[:, :, p:].transpose(1, 2).reshape(b, h, w, c).permute(0, 3, 1, 2)
+    res = naive_local_residual(v_img, layer.residual.predict(x.mean(1)))
+    res = torch.cat([out.new_zeros(b, p, c), res.flatten(2).transpose(1, 2)], dim=1)
+    return layer.proj(out + res)
+
+
+@pytest.mark.parametrize("b,feat,p,dim,heads", [(1, (7, 9), 1, 24, 3), (2, (4, 4), 0, 60, 2), (3, (3, 21), 0, 12, 3)],
+                         ids=["B1-7x9-cls", "B2-4x4-d30", "B3-3x21"])
+def test_inline_layer_matches_naive_composition(b, feat, p, dim, heads):
+    layer = build_attention("inline", dim, heads, num_prefix_tokens=p).double()
+    x = torch.randn(b, p + feat[0] * feat[1], dim, dtype=torch.float64, requires_grad=True)
+    out = layer(x, feat)
+    ref = _naive_inline_layer(layer, x, feat, p)
+    print(f"max |layer - naive| {(out - ref).abs().max().item():.3g}")
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    params = (x, *layer.parameters())
+    g = torch.randn_like(out)
+    for a, r in zip(torch.autograd.grad(out, params, g), torch.autograd.grad(ref, params, g)):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_inline_layer_autocast_close_to_float64(dtype):
+    layer = build_attention("inline", 48, 3, num_prefix_tokens=1)
+    x = 4 * torch.randn(2, 1 + 9 * 11, 48) + 1
+    with torch.autocast("cpu", dtype=dtype):
+        y = layer(x, (9, 11))
+    y.float().sum().backward()  # backward runs under the same casts
+    assert torch.isfinite(y).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    with torch.no_grad():
+        ref = layer.double()(x.double(), (9, 11))
+    rel = ((y.double() - ref).norm() / ref.norm()).item()
+    print(f"{dtype}: relative L2 error {rel:.3g}")
+    assert rel < 8 * torch.finfo(dtype).eps
+
+
+def test_inline_layer_compiles_without_graph_breaks():
+    layer = build_attention("inline", 24, 3, num_prefix_tokens=1)
+    x = torch.randn(2, 1 + 5 * 6, 24)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")  # dynamo tracing only: no codegen
+    torch.testing.assert_close(compiled(x, (5, 6)), layer(x, (5, 6)))
