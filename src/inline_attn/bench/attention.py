@@ -15,7 +15,7 @@ import torch
 
 from ..layers import build_attention
 from .flops import attention_layer_flops
-from .timing import measure_matmul_rate, peak_memory, time_interleaved
+from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
 __all__ = ["LAYER_COLUMNS", "bench_attention"]
 
@@ -93,6 +93,8 @@ def bench_attention(
     for s in sizes:
         if int(s) <= 0:
             raise ValueError(f"grid sizes must be positive, got {s}")
+    if dim <= 0 or heads <= 0 or dim % heads:
+        raise ValueError(f"dim={dim} must be a positive multiple of heads={heads}")
     dt = _dtype(dtype)
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -111,7 +113,7 @@ def bench_attention(
                 x = torch.randn(b, n, dim, device=dev, dtype=dt, requires_grad="fwd+bwd" in modes)
             except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
                 for mode in modes:
-                    meta[(kind, mode)] = f"error: {type(err).__name__}: {err}"
+                    meta[(kind, mode)] = _failure(err)
                 continue
             module.eval()  # no dropout in these layers: eval and train compute the same
             for mode in modes:

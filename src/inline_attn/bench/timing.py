@@ -58,7 +58,7 @@ def is_oom(err: BaseException) -> bool:
 
 
 def _release(device) -> None:
-    if torch.device(device).type == "cuda":
+    if device is not None and torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
 
 
