@@ -127,3 +127,14 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
     assert (tmp_path / "runs" / "inline" / "last.pth").is_file()
     write_section(doc, render_table([], 1.0, None))  # rewriting replaces the section, once
     assert doc.read_text().count(BEGIN) == 1 and doc.read_text().count(END) == 1
+
+
+def test_demo_command_trains_and_reports_paths(tmp_path, capsys):
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    cfg = _write_cfg(tmp_path / "demo.yaml", model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
+                     data={"dataset": "fmnist", "path": str(fm)})
+    out = tmp_path / "demo"
+    assert main(["demo", "--config", str(cfg), "--output", str(out), "--epochs", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "test top-1" in text and str(out / "curves.png") in text and str(out / "summary.json") in text
+    assert (out / "curves.png").is_file() and (out / "last.pth").is_file()

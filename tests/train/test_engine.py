@@ -175,3 +175,13 @@ def test_cosine_schedule_warmup_and_cooldown():
     s2 = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, warmup_lr=0.0)
     s2.load_state_dict(st)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.7)
+
+
+def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path):
+    root = make_folder(tmp_path / "imgs", per_class=3)
+    ov = {"data.path": str(root), "data.img_size": 16}
+    s = train(load_config(None, base_overrides(tmp_path / "bf16", **ov, **{"train.amp": "bf16"})))
+    assert s["steps"] == 2 and s["final"]["train_loss"] == s["final"]["train_loss"]  # finite, not NaN
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        train(load_config(None, base_overrides(tmp_path / "fp16", **ov, **{"train.amp": "fp16",
+                                                                             "train.device": "cpu"})))

@@ -149,9 +149,12 @@ def train(cfg: dict, *, rank: Optional[int] = None, world_size: Optional[int] = 
     if t_cfg["threads"]:
         torch.set_num_threads(int(t_cfg["threads"]))
     info = init_distributed(t_cfg["device"], rank=rank, world_size=world_size, init_method=init_method)
+    # deterministic mode is process-global: put it back afterwards (tests share one process)
+    det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
         return _train(cfg, info)
     finally:
+        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
         cleanup(info)
 
 
