@@ -63,7 +63,7 @@ def cmd_train(args) -> int:
         overrides.append(("train.output", args.output))
     cfg = load_config(args.config, overrides)
     summary = train(cfg)
-    if summary.get("interrupted") is None and summary.get("final"):
+    if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
         f = summary["final"]
         print(f"done: top-1 {f['val_top1']:.2f}%  top-5 {f['val_top5']:.2f}%  outputs in {summary['output']}")
     return 0

@@ -390,7 +390,7 @@ def _finish(cfg, info, out, history, interrupted, ckpt_path, n_params, step, tb,
             data=None) -> dict:
     summary = {
         "model": cfg["model"]["name"], "model_kwargs": cfg["model"]["kwargs"], "params": n_params,
-        "epochs_done": len(history), "steps": step, "world_size": info.world_size,
+        "epochs_done": len(history), "steps": step, "world_size": info.world_size, "rank": info.rank,
         "device": str(info.device), "interrupted": interrupted,
         "checkpoint": str(ckpt_path) if ckpt_path else None, "output": str(out),
     }

@@ -66,7 +66,8 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
         "",
         f"Command: `{cmd}` (configs in `configs/fmnist/`; same model, recipe and epoch budget for all four).",
         f"Measured on {platform.machine()} with {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-        f"total run time {total_s / 60:.1f} min (machine shared with other jobs: timings are indicative).",
+        f"this command ran {total_s / 60:.1f} min; the last column is each variant's training time (accumulated "
+        "across resumes, evaluation included). Timings depend on the machine's load: compare them within one table.",
         "Accuracy on the 10,000 test images after the last epoch. MACs: one 28 x 28 image "
         "(torch.utils.flop_counter, multiply-adds). Train img/s: median epoch throughput with augmentation; "
         "inference img/s: forward pass, batch 256.",
