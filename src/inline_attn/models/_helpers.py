@@ -39,6 +39,8 @@ def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
         )
     if "M" in letters and mixed is None:
         raise ValueError(f"pattern {pattern!r} marks a stage M but gives no M<n> block count")
+    if "M" not in letters and mixed is not None:
+        raise ValueError(f"pattern {pattern!r} gives a block count but marks no stage M")
     kinds = []
     for letter, depth in zip(letters, depths):
         if letter == "M":
