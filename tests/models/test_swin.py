@@ -112,7 +112,7 @@ def test_linear_pattern_and_options():
         assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
 
 
-@pytest.mark.parametrize("pattern", ["III", "IIIIS", "IIMS", "IXIS", ""])
+@pytest.mark.parametrize("pattern", ["III", "IIIIS", "IIMS", "IXIS", "", "IIIS2"])
 def test_bad_pattern_raises(pattern):
     with pytest.raises(ValueError, match="pattern"):
         small(pattern=pattern)
