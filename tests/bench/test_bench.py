@@ -150,3 +150,11 @@ def test_bench_model_cli_registered_models(tmp_path, capsys):
 def test_bench_model_cli_errors():
     assert main(["bench", "model"]) == 2
     assert main(["bench", "model", "--preset", "window", "--models", "x"]) == 2
+
+
+def test_bench_residual_compares_both_paths():
+    from inline_attn.bench.attention import bench_residual
+
+    res = bench_residual(shapes=((2, 4, 3, 5),), repeats=1)
+    assert [r["mode"] for r in res["rows"]] == ["fwd", "fwd+bwd"]
+    assert all(r["shift_ms"] > 0 and r["conv_ms"] > 0 and r["speedup"] > 0 for r in res["rows"])

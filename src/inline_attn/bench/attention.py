@@ -154,3 +154,44 @@ def bench_attention(
                  "repeats": repeats, "budget_s": budget_s, "compile": compile},
         "rows": rows,
     }
+
+
+RESIDUAL_COLUMNS = (
+    ("shape", "B x C x H x W", ""), ("mode", "mode", ""), ("shift_ms", "9 shifts ms", ".3f"),
+    ("conv_ms", "grouped conv ms", ".3f"), ("speedup", "conv speedup", ".2f"),
+)
+
+
+def bench_residual(
+    shapes: Sequence[tuple[int, int, int, int]] = ((128, 96, 14, 14), (512, 96, 7, 7), (8, 96, 56, 56), (2, 96, 112, 112)),
+    *,
+    warmup: int = 1,
+    repeats: int = 9,
+    budget_s: Optional[float] = 10.0,
+) -> dict:
+    """The local residual's two fast paths, interleaved: nine shifted multiply-adds
+    (``ops.local_residual``) vs one grouped convolution (``ops.local_residual_conv``), on V laid
+    out as the layers give it (a channels-last view into the qkv output) and with the result
+    consumed in token order; forward and forward + backward."""
+    from ..ops import local_residual, local_residual_conv
+
+    rows = []
+    for b, c, h, w in shapes:
+        qkv = torch.randn(b, h * w, 3 * c, requires_grad=True)
+        wts = torch.randn(b, c, 3, 3, requires_grad=True)
+
+        def step(fn, grad):
+            def run():
+                v = qkv[:, :, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)
+                out = fn(v, wts).flatten(2).transpose(1, 2)  # [B, HW, C], as the layer adds it
+                if grad:
+                    out.sum().backward()
+                    qkv.grad = wts.grad = None
+            return run
+        for mode in ("fwd", "fwd+bwd"):
+            g = mode != "fwd"
+            t = time_interleaved({"shift": step(local_residual, g), "conv": step(local_residual_conv, g)},
+                                 warmup=warmup, repeats=repeats, budget_s=budget_s)
+            rows.append({"shape": f"{b}x{c}x{h}x{w}", "mode": mode, "shift_ms": t["shift"].median * 1e3,
+                         "conv_ms": t["conv"].median * 1e3, "speedup": t["shift"].median / t["conv"].median})
+    return {"meta": {"bench": "residual", "repeats": repeats}, "rows": rows}

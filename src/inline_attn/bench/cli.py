@@ -53,6 +53,18 @@ def _cmd_attention(args) -> int:
     return _run_attention(args)
 
 
+def _cmd_residual(args) -> int:
+    from .attention import RESIDUAL_COLUMNS, bench_residual
+
+    _setup(args)
+    result = bench_residual(warmup=args.warmup, repeats=args.repeats, budget_s=args.budget)
+    result["meta"]["machine"] = machine_info("cpu")
+    print(format_table(result["rows"], RESIDUAL_COLUMNS))
+    paths = write_results(result, args.out, args.name)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def _cmd_model(args) -> int:
     from .model import MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
 
@@ -127,6 +139,10 @@ def register(subparsers) -> None:
     _attention_args(pa)
     _common(pa, "attention", repeats=7, budget=20.0)
     pa.set_defaults(func=_cmd_attention)
+
+    pr = sub.add_parser("residual", help="the local residual: nine shifted multiply-adds vs one grouped conv")
+    _common(pr, "residual", repeats=9, budget=10.0)
+    pr.set_defaults(func=_cmd_residual)
 
     pm = sub.add_parser("model", help="throughput, latency, peak memory and MACs of registered models")
     pm.add_argument("--models", nargs="+", default=[], metavar="SPEC",

@@ -52,11 +52,15 @@ def _fmt(v, spec: str) -> str:
     return str(v)
 
 
-def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
-    """Rows as an aligned text table; ``columns``: (key, header, format spec)."""
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]], *, markdown: bool = False) -> str:
+    """Rows as an aligned text table (or a Markdown table); ``columns``: (key, header, format spec)."""
     cells = [[h for _, h, _ in columns]]
     for r in rows:
         cells.append([_fmt(r.get(k), spec) for k, _, spec in columns])
+    if markdown:
+        lines = ["| " + " | ".join(row) + " |" for row in cells]
+        lines.insert(1, "|" + "|".join("---" for _ in columns) + "|")
+        return "\n".join(lines)
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
