@@ -47,6 +47,8 @@ def register(subparsers) -> None:
     p.add_argument("--rtol", type=float, default=None,
                    help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: leave as is; 1 is fastest on a machine shared with other jobs)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -127,6 +129,12 @@ def run(args) -> int:
     out = pathlib.Path(args.out or pathlib.Path("analysis") / args.analysis)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.analysis == "injectivity":
         return _injectivity(args, out)
     models = _load_models(args)

@@ -121,7 +121,7 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=100)
+    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=90)
     baselines_drawn = set()
     for label, rows in per_model.items():
         xs = [r["layer"] for r in rows]
@@ -131,8 +131,10 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
             baselines_drawn.add(base)
             ax.plot(xs, [r["uniform"] for r in rows], ls="--", color="gray", lw=1,
                     label="uniform attention" if len(baselines_drawn) == 1 else None)
+    layers = sorted({r["layer"] for rows in per_model.values() for r in rows})
+    ax.set_xticks(layers)
     ax.set_xlabel("attention layer")
-    ax.set_ylabel("mean attention mass on 3x3 neighbourhood")
+    ax.set_ylabel("attention mass on the 3x3 neighbourhood")
     ax.set_title(title or "Local attention (cf. paper Fig. 5)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
