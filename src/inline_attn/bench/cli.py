@@ -41,7 +41,7 @@ def _run_attention(args, name: str | None = None) -> int:
     args.name = name or args.name
     sides = sorted({r["side"] for r in result["rows"]})
     title = (f"attention layers, C={args.dim}, {args.heads} heads, {result['meta']['dtype']}, "
-             f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}")
+             f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}, {torch.get_num_threads()} threads")
     return _finish(result, args, LAYER_COLUMNS, dict(
         x="side", series="series", xlabel="token grid side S (S x S tokens)", title=title, xticks=sides,
         panels=(("median_ms", "latency per batch (ms)", True), ("speedup_vs_softmax", "speedup vs softmax", False),
@@ -96,7 +96,8 @@ def _cmd_model(args) -> int:
     result["meta"]["preset"] = args.preset
     args.name = name
     xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
-    title = f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}"
+    title = (f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}, "
+             f"{torch.get_num_threads()} threads, SDPA {result['meta']['sdpa']}")
     return _finish(result, args, MODEL_COLUMNS, dict(
         x="x", series="label", xlabel=xlabel, title=title, xticks=xs,
         panels=(("throughput", "throughput (img/s)", True), ("speedup", f"speedup vs {result['meta']['baseline']}", False),
