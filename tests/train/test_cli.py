@@ -12,7 +12,7 @@ from inline_attn.train.data import Batches
 from inline_attn.train.engine import accuracy_counts, evaluate
 from inline_attn.train.reproduce import BEGIN, END, render_table, write_section
 
-from train_helpers import TINY_DEIT, make_fmnist, make_folder
+from train_helpers import TINY_DEIT, make_fmnist
 
 QUICK = {"data": {"batch_size": 4, "workers": 0},
          "aug": {"crop": "pad", "auto_augment": None, "re_prob": 0.0, "mixup": 0.0, "cutmix": 0.0},
@@ -62,7 +62,8 @@ def test_cli_train_overrides_saved_config_then_eval(tmp_path, capsys):
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["optim"]["weight_decay"] == 0.01 and saved["train"]["seed"] == 3
     assert saved["model"]["kwargs"] == {**TINY_DEIT, "depth": 1} and saved["data"]["path"] == str(fm)
-    rc = main(["eval", "--checkpoint", str(out / "last.pth"), "--data", f"fmnist:{fm}", "--json", str(tmp_path / "e.json")])
+    rc = main(["eval", "--checkpoint", str(out / "last.pth"), "--data", f"fmnist:{fm}",
+               "--json", str(tmp_path / "e.json")])
     assert rc == 0 and "top-1" in capsys.readouterr().out
     res = json.loads((tmp_path / "e.json").read_text())
     assert res["n"] == 6 and res["model"] == "inline_deit_tiny"

@@ -1,7 +1,6 @@
 """The engine: short runs on generated data, exact resume, interruption, atomic checkpoints."""
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys

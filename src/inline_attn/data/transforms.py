@@ -52,7 +52,8 @@ class Normalize(nn.Module):
         return (x - self.mean) / self.std
 
 
-def random_erasing(x: torch.Tensor, p: float, scale=(0.02, 1 / 3), ratio=(0.3, 3.3), max_tries: int = 10) -> torch.Tensor:
+def random_erasing(x: torch.Tensor, p: float, scale=(0.02, 1 / 3), ratio=(0.3, 3.3),
+                   max_tries: int = 10) -> torch.Tensor:
     """timm's RandomErasing in 'pixel' mode (one box per image, filled with N(0, 1) noise).
 
     x: [B, C, H, W], normalised. Each image is erased with probability ``p``.

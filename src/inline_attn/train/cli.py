@@ -5,7 +5,6 @@ import argparse
 import json
 import os
 import pathlib
-import sys
 import time
 
 from .config import DEFAULTS, _FREEFORM, load_config, parse_value

@@ -135,7 +135,8 @@ def set_dotted(cfg: dict, key: str, value: Any) -> None:
             node[parts[-1]] = value
             return
         if p not in node or not isinstance(node[p], dict):
-            raise ValueError(f"unknown config key {key!r}{_suggest(p, [k for k, v in node.items() if isinstance(v, dict)])}")
+            sections = [k for k, v in node.items() if isinstance(v, dict)]
+            raise ValueError(f"unknown config key {key!r}{_suggest(p, sections)}")
         node = node[p]
     last = parts[-1]
     if last not in node:

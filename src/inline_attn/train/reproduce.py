@@ -21,7 +21,8 @@ LABELS = {
 BEGIN, END = "<!-- fmnist-table:begin -->", "<!-- fmnist-table:end -->"
 
 
-def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None, doc: Optional[str] = "docs/reproduction.md",
+def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
+                     doc: Optional[str] = "docs/reproduction.md",
                      variants: Sequence[str] = tuple(LABELS), config_dir: Optional[str] = None) -> list[dict]:
     from .cli import configs_dir
     from .engine import train
