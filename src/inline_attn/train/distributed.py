@@ -64,11 +64,25 @@ def _local_device(dev: torch.device, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if dev.type == "cuda" else dev
 
 
+def all_reduce(t: torch.Tensor, info: DistInfo, op=None) -> torch.Tensor:
+    """Reduce a (CPU) tensor over ranks in place (sum by default); identity on one process.
+
+    NCCL reduces only CUDA tensors: the values travel through the rank's device and back.
+    """
+    if info.enabled:
+        op = dist.ReduceOp.SUM if op is None else op
+        if info.device.type == "cuda":
+            d = t.to(info.device)
+            dist.all_reduce(d, op=op)
+            t.copy_(d.cpu())
+        else:
+            dist.all_reduce(t, op=op)
+    return t
+
+
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum over ranks (in place; identity on one process)."""
-    if info.enabled:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
+    return all_reduce(t, info)
 
 
 def barrier(info: DistInfo) -> None:

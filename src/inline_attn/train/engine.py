@@ -29,7 +29,7 @@ from ..models import create_model, get_model_config
 from . import checkpoint as ckpt_io
 from .config import save_config
 from .data import Batches, DataInfo, build_datasets, resolve_data_info
-from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
+from .distributed import DistInfo, all_reduce, all_reduce_sum, barrier, cleanup, init_distributed
 from .ema import ModelEma
 from ..models.profile import count_params, profile
 from .optim import CosineSchedule, build_optimizer
@@ -327,9 +327,8 @@ def _train(cfg: dict, info: DistInfo) -> dict:
                     pbar.set_postfix(loss=f"{step_loss[0].item() / step_loss[1].item():.4f}",
                                      lr=f"{optimizer.param_groups[0]['lr']:.2e}", img_s=f"{ips:.0f}", refresh=False)
                     pbar.update(1)
-                want = torch.tensor([1.0 if stop.signum is not None else 0.0])
-                if info.enabled:
-                    dist.all_reduce(want, op=dist.ReduceOp.MAX)
+                # every rank stops at the same step (torchrun signals each worker separately)
+                want = all_reduce(torch.tensor([1.0 if stop.signum is not None else 0.0]), info, dist.ReduceOp.MAX)
                 if want.item() > 0 or (max_steps and step >= max_steps):
                     interrupted = "signal" if want.item() > 0 else "max_steps"
                     if s + 1 < steps_per_epoch:
