@@ -139,3 +139,16 @@ def test_demo_command_trains_and_reports_paths(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "test top-1" in text and str(out / "curves.png") in text and str(out / "summary.json") in text
     assert (out / "curves.png").is_file() and (out / "last.pth").is_file()
+
+
+def test_eval_foreign_checkpoint_needs_model_and_must_fit(tmp_path, capsys):
+    from inline_attn.models import create_model
+
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    net = create_model("inline_deit_tiny", img_size=28, in_chans=1, num_classes=10, **TINY_DEIT)
+    torch.save({"model": net.state_dict()}, tmp_path / "w.pth")
+    assert main(["eval", "--checkpoint", str(tmp_path / "w.pth"), "--data", f"fmnist:{fm}"]) == 2
+    assert "pass --model NAME" in capsys.readouterr().err
+    assert main(["eval", "--model", "inline_deit_tiny", "--checkpoint", str(tmp_path / "w.pth"),
+                 "--data", f"fmnist:{fm}"]) == 2  # the published model's shapes: a clear mismatch
+    assert "missing keys" in capsys.readouterr().err

@@ -27,6 +27,14 @@ def load_trained_model(checkpoint: PathLike, *, model: Optional[str] = None, ema
     foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}`` or a bare state dict) needs
     ``model``. Loading is strict. Returns ``(model, checkpoint dict)``.
     """
+    from ..models.checkpoint import load_checkpoint
+
+    if str(checkpoint).endswith(".safetensors"):  # weights only (save_checkpoint's format)
+        if model is None:
+            raise ValueError(f"{checkpoint} holds weights only: pass --model NAME")
+        net = create_model(model, **overrides)
+        load_checkpoint(net, checkpoint, strict=True)
+        return net.eval(), {}
     ckpt = ckpt_io.load(checkpoint, map_location=map_location)
     name = model or ckpt.get("model_name")
     if name is None:
@@ -34,12 +42,8 @@ def load_trained_model(checkpoint: PathLike, *, model: Optional[str] = None, ema
     kwargs = dict(ckpt.get("model_kwargs") or {}) if name == ckpt.get("model_name") else {}
     kwargs.update(overrides)
     net = create_model(name, **kwargs)
-    sd = ckpt_io.model_state_dict(ckpt, ema=ema)
-    missing, unexpected = net.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {checkpoint} does not fit model {name!r} {kwargs}: missing keys "
-                         f"{missing[:10]}{'...' if len(missing) > 10 else ''}, unexpected keys "
-                         f"{unexpected[:10]}{'...' if len(unexpected) > 10 else ''}")
+    # the family's key filter maps the authors' checkpoints; a mismatch is a ValueError naming the keys
+    load_checkpoint(net, ckpt_io.model_state_dict(ckpt, ema=ema), strict=True)
     return net.eval(), ckpt
 
 
