@@ -158,3 +158,19 @@ def test_bench_residual_compares_both_paths():
     res = bench_residual(shapes=((2, 4, 3, 5),), repeats=1)
     assert [r["mode"] for r in res["rows"]] == ["fwd", "fwd+bwd"]
     assert all(r["shift_ms"] > 0 and r["conv_ms"] > 0 and r["speedup"] > 0 for r in res["rows"])
+
+
+def test_preset_layer_runs_the_attention_sweep(tmp_path, monkeypatch):
+    import inline_attn.bench.attention as att
+
+    seen = {}
+    real = att.bench_attention
+
+    def small(**kw):
+        seen.update(kw)
+        return real(**{**kw, "sizes": (3,), "dim": 12, "token_budget": 9, "repeats": 1})
+
+    monkeypatch.setattr(att, "bench_attention", small)
+    assert main(["bench", "model", "--preset", "layer", "--out", str(tmp_path), "--no-plot"]) == 0
+    assert seen["sizes"] == (14, 28, 56, 112) and seen["dim"] == 96 and seen["heads"] == 3
+    assert (tmp_path / "layer.json").exists()
