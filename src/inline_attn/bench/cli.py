@@ -1,4 +1,4 @@
-"""``inline-attn bench attention`` and ``inline-attn bench model``."""
+"""``inline-attn bench attention | residual | model``: tables to the terminal, CSV/JSON (and a PNG) to ``--out``."""
 from __future__ import annotations
 
 import argparse
@@ -18,9 +18,8 @@ def _finish(result: dict, args, columns, plot_kw: dict) -> int:
     result["meta"]["machine"] = machine_info(args.device)
     rows = result["rows"]
     print(format_table(rows, columns))
-    for k in ("matmul_gflops",):
-        if k in result["meta"]:
-            print(f"float32 matmul rate (1024^3, same run): {result['meta'][k]:.1f} GFLOP/s")
+    if "matmul_gflops" in result["meta"]:
+        print(f"float32 matmul rate (1024^3, same run): {result['meta']['matmul_gflops']:.1f} GFLOP/s")
     paths = write_results(result, args.out, args.name)
     if not args.no_plot:
         paths["png"] = plot_sweep(rows, pathlib.Path(args.out) / f"{args.name}.png", **plot_kw)
