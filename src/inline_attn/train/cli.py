@@ -9,7 +9,7 @@ import time
 
 from .config import DEFAULTS, _FREEFORM, load_config, parse_value
 
-DEMO_CONFIG = "fmnist/inline.yaml"
+DEMO_CONFIG = "fmnist/demo.yaml"
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
 
