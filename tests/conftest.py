@@ -11,6 +11,14 @@ REFERENCE_DIR = DATA_DIR / "reference"  # copied from shared/reference (golden f
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
+def _seed_and_one_thread():
+    """Seed every test; run it on one intra-op thread.
+
+    The tests use small tensors, for which one thread is faster than two, and a multi-threaded
+    kernel on a busy 2-core machine can stall tenfold waiting for a descheduled thread.
+    """
     torch.manual_seed(0)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(n)
