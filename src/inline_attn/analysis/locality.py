@@ -134,7 +134,7 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
     layers = sorted({r["layer"] for rows in per_model.values() for r in rows})
     ax.set_xticks(layers)
     ax.set_xlabel("attention layer")
-    ax.set_ylabel("attention mass on the 3x3 neighbourhood")
+    ax.set_ylabel("mass on the 3x3 neighbourhood")
     ax.set_title(title or "Local attention (cf. paper Fig. 5)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
