@@ -57,6 +57,10 @@ def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> Non
     a2.set_ylabel("accuracy (%)")
     a2.legend()
     a2.grid(alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    for a in (a1, a2):
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title)
     fig.tight_layout()
