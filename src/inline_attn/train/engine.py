@@ -144,7 +144,8 @@ def train(cfg: dict, *, rank: Optional[int] = None, world_size: Optional[int] = 
     ``rank``/``world_size``/``init_method`` join a process group explicitly (tests); under
     torchrun they come from the environment.
     """
-    t_cfg, o_cfg, s_cfg = cfg["train"], cfg["optim"], cfg["sched"]
+    t_cfg = cfg["train"]
+    threads = torch.get_num_threads()
     if t_cfg["threads"]:
         torch.set_num_threads(int(t_cfg["threads"]))
     info = init_distributed(t_cfg["device"], rank=rank, world_size=world_size, init_method=init_method)
@@ -154,6 +155,7 @@ def train(cfg: dict, *, rank: Optional[int] = None, world_size: Optional[int] = 
         return _train(cfg, info)
     finally:
         torch.use_deterministic_algorithms(det[0], warn_only=det[1])
+        torch.set_num_threads(threads)
         cleanup(info)
 
 

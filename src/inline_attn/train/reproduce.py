@@ -45,7 +45,12 @@ def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
         out = pathlib.Path(summary["output"])
         summary = json.loads((out / "summary.json").read_text())
         net, _ = load_trained_model(out / "last.pth")
-        ips = inference_throughput(net, (1, 28, 28), batch_size=256)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(int(cfg["train"]["threads"]) or threads)  # the threads it trained with
+        try:
+            ips = inference_throughput(net, (1, 28, 28), batch_size=256)
+        finally:
+            torch.set_num_threads(threads)
         rows.append({"variant": v, "label": LABELS[v], "top1": summary["final"]["val_top1"],
                      "top5": summary["final"]["val_top5"], "params": summary["params"], "macs": summary.get("macs"),
                      "train_img_s": summary["train_img_s"], "infer_img_s": round(ips, 1),
@@ -66,7 +71,7 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
         "## Fashion-MNIST: the four attention variants",
         "",
         f"Command: `{cmd}` (configs in `configs/fmnist/`; same model, recipe and epoch budget for all four).",
-        f"Measured on {platform.machine()} with {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+        f"Measured on {platform.machine()} with the configs' torch threads, torch {torch.__version__}; "
         f"this command ran {total_s / 60:.1f} min; the last column is each variant's training time (accumulated "
         "across resumes, evaluation included). Timings depend on the machine's load: compare them within one table.",
         "Accuracy on the 10,000 test images after the last epoch. MACs: one 28 x 28 image "
