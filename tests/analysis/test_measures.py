@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from inline_attn.analysis import (
-    ConfusionCounter, LocalityMeter, MaskingHook, QueryMapHook, confused_pairs, distinct_rows, injectivity, record_locality,
-    renormalize_kept, token_layout, uniform_locality, window_mask,
+    ConfusionCounter, LocalityMeter, MaskingHook, QueryMapHook, confused_pairs, distinct_rows, injectivity,
+    record_locality, renormalize_kept, token_layout, uniform_locality, window_mask,
 )
 from inline_attn.analysis.injectivity import constructed_problem
 from inline_attn.layers import AttentionRecord

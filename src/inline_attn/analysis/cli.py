@@ -4,7 +4,6 @@ Each command writes its numbers (CSV and/or JSON) and PNG figures into ``--out``
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import pathlib
@@ -45,7 +44,8 @@ def register(subparsers) -> None:
                    help="attention-maps: query positions as row,col fractions of the image, or 'cls'")
     p.add_argument("--ks", nargs="+", type=int, default=[3, 5, 7], help="masking: window sizes k")
     p.add_argument("--rtol", type=float, default=None,
-                   help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)")
+                   help="confusion / injectivity: rows are equal when no weight differs by more "
+                        "than rtol/N (default 1e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: leave as is; 1 is fastest on a machine shared with other jobs)")
