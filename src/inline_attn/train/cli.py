@@ -97,6 +97,10 @@ def cmd_demo(args) -> int:
     if summary.get("interrupted"):
         return 0
     out = pathlib.Path(summary["output"])
+    if cfg["train"]["threads"]:  # evaluate with the threads the model trained with
+        import torch
+
+        torch.set_num_threads(int(cfg["train"]["threads"]))
     res = evaluate_checkpoint(out / "last.pth", "fmnist:" + (cfg["data"]["path"] or "") if cfg["data"]["path"]
                               else "fmnist", batch_size=512)
     total = time.time() - t0
