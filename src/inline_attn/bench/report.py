@@ -7,6 +7,7 @@ version, dtype, the command line and measured rates; each row is one case. Missi
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
 import os
@@ -30,6 +31,7 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
     except OSError:
         pass
     info = {
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "device": str(dev),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
