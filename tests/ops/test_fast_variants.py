@@ -1,8 +1,9 @@
 """The speed paths added for the benchmarks, against the naive reference (outputs and gradients).
 
-- ``ops.local_residual_conv`` (the layers' residual: one grouped conv) vs ``naive_local_residual``
-  and vs the shift-based ``ops.local_residual``;
-- the layers' matmul form of the residual-weight predictor vs ``LocalResidual.predict``;
+- ``ops.local_residual`` (one grouped conv) vs ``naive_local_residual`` (nine taps) on V as the
+  layers give it: a channels-last view into the qkv output;
+- ``LocalResidual.predict`` (grouped 1x1 convs evaluated as batched matmuls) vs the module's
+  Conv1d pipeline, the reference's form;
 - the whole InLine layer vs a composition of naive ops (explicit N x N weights), float64, with a
   cls token and H != W; bf16 autocast; ``torch.compile(fullgraph=True)`` tracing.
 """
@@ -12,25 +13,22 @@ import pytest
 import torch
 
 from inline_attn.layers import build_attention
-from inline_attn.layers.attention import _predict_residual
 from inline_attn.layers.local_residual import LocalResidual
-from inline_attn.ops import local_residual, local_residual_conv, naive_attention, naive_local_residual
+from inline_attn.ops import local_residual, naive_attention, naive_local_residual
 
 SHAPES = [(1, 5, 3, 7), (2, 24, 7, 7), (3, 6, 1, 9), (2, 9, 8, 5)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_local_residual_conv_matches_naive_outputs_and_grads(shape):
+def test_local_residual_on_token_views_matches_naive_outputs_and_grads(shape):
     b, c, h, w = shape
     tokens = torch.randn(b, h * w, 3 * c, dtype=torch.float64, requires_grad=True)
     v = tokens[:, :, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # channels-last view, as the layers
     wts = torch.randn(b, c, 3, 3, dtype=torch.float64, requires_grad=True)
-    fast = local_residual_conv(v, wts)
+    fast = local_residual(v, wts)
     ref = naive_local_residual(v.contiguous(), wts)
-    shift = local_residual(v, wts)
     print(f"max |conv - naive| {(fast - ref).abs().max().item():.3g}")
     torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(shift, ref, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(ref)
     gf = torch.autograd.grad(fast, (tokens, wts), g)
     gr = torch.autograd.grad(naive_local_residual(v, wts), (tokens, wts), g)
@@ -38,16 +36,12 @@ def test_local_residual_conv_matches_naive_outputs_and_grads(shape):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
 
 
-def test_local_residual_conv_rejects_bad_weights():
-    with pytest.raises(ValueError, match="weights must have shape"):
-        local_residual_conv(torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3))
-
-
 @pytest.mark.parametrize("dim,heads", [(12, 3), (24, 6), (10, 1)])
-def test_predictor_matmul_form_matches_module(dim, heads):
+def test_predictor_matmul_form_matches_conv1d_pipeline(dim, heads):
     res = LocalResidual(dim, heads).double()
     ctx = torch.randn(5, dim, dtype=torch.float64, requires_grad=True)
-    fast, ref = _predict_residual(res, ctx), res.predict(ctx)
+    fast = res.predict(ctx)
+    ref = torch.nn.Sequential.forward(res, ctx.unsqueeze(-1)).view(5, dim, 3, 3)  # the reference's convs
     torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(ref)
     params = (ctx, *res.parameters())
@@ -63,7 +57,8 @@ def _naive_inline_layer(layer, x, feat, p):
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
     out = naive_attention(q, k, v, kind="inline", scale=layer.scale).transpose(1, 2).reshape(b, n, c)
     v_img = v[:, :, p:].transpose(1, 2).reshape(b, h, w, c).permute(0, 3, 1, 2)
-    res = naive_local_residual(v_img, layer.residual.predict(x.mean(1)))
+    weights = torch.nn.Sequential.forward(layer.residual, x.mean(1).unsqueeze(-1)).view(b, c, 3, 3)
+    res = naive_local_residual(v_img, weights)
     res = torch.cat([out.new_zeros(b, p, c), res.flatten(2).transpose(1, 2)], dim=1)
     return layer.proj(out + res)
 

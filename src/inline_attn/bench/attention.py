@@ -169,11 +169,12 @@ def bench_residual(
     repeats: int = 9,
     budget_s: Optional[float] = 10.0,
 ) -> dict:
-    """The local residual's two fast paths, interleaved: nine shifted multiply-adds
-    (``ops.local_residual``) vs one grouped convolution (``ops.local_residual_conv``), on V laid
-    out as the layers give it (a channels-last view into the qkv output) and with the result
-    consumed in token order; forward and forward + backward."""
-    from ..ops import local_residual, local_residual_conv
+    """The local residual two ways, interleaved: nine shifted multiply-adds
+    (``ops.naive_local_residual``, the equation's form) vs one grouped convolution
+    (``ops.local_residual``, the fast path), on V laid out as the layers give it (a
+    channels-last view into the qkv output) and with the result consumed in token order;
+    forward and forward + backward."""
+    from ..ops import local_residual, naive_local_residual
 
     rows = []
     for b, c, h, w in shapes:
@@ -190,7 +191,7 @@ def bench_residual(
             return run
         for mode in ("fwd", "fwd+bwd"):
             g = mode != "fwd"
-            t = time_interleaved({"shift": step(local_residual, g), "conv": step(local_residual_conv, g)},
+            t = time_interleaved({"shift": step(naive_local_residual, g), "conv": step(local_residual, g)},
                                  warmup=warmup, repeats=repeats, budget_s=budget_s)
             rows.append({"shape": f"{b}x{c}x{h}x{w}", "mode": mode, "shift_ms": t["shift"].median * 1e3,
                          "conv_ms": t["conv"].median * 1e3, "speedup": t["shift"].median / t["conv"].median})

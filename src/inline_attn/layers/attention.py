@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..ops import ATTENTION_KINDS, KERNELS, local_residual_conv
+from ..ops import ATTENTION_KINDS, KERNELS
 from ..ops._checks import check_feat_size
 from .kernels import AffineReLUKernel
 from .local_residual import LocalResidual
@@ -41,24 +41,6 @@ def add_to_grid_tokens(out: torch.Tensor, res: torch.Tensor, num_prefix_tokens: 
     if num_prefix_tokens == 0:
         return out + res
     return torch.cat([out[:, :num_prefix_tokens], out[:, num_prefix_tokens:] + res], dim=1)
-
-
-def _predict_residual(residual: LocalResidual, ctx: torch.Tensor) -> torch.Tensor:
-    """``residual.predict(ctx)`` with its grouped 1x1 convs as batched matmuls: [B, C] -> [B, C, 3, 3].
-
-    Same parameters and result; oneDNN's convolution on length-1 signals costs several times
-    the arithmetic here (many windows = many samples in windowed models).
-    """
-    conv1, act, conv2 = residual[0], residual[1], residual[2]
-    if ctx.dim() != 2 or ctx.shape[1] != residual.dim:
-        raise ValueError(f"context must be [B, {residual.dim}], got {tuple(ctx.shape)}")
-    b, c = ctx.shape
-    g = conv1.groups
-    cg, og = c // g, conv2.out_channels // g
-    y = ctx.view(b, g, cg).transpose(0, 1)  # [g, B, C/g]
-    y = torch.baddbmm(conv1.bias.view(g, 1, cg), y, conv1.weight.view(g, cg, cg).transpose(1, 2))
-    y = torch.baddbmm(conv2.bias.view(g, 1, og), act(y), conv2.weight.view(g, og, cg).transpose(1, 2))
-    return y.transpose(0, 1).reshape(b, c, 3, 3)  # channel c takes outputs [9c, 9c + 9)
 
 
 class TokenAttention(RecordableAttention):
@@ -142,10 +124,8 @@ class TokenAttention(RecordableAttention):
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.residual is not None:
             ctx = x.mean(dim=1) if residual_context is None else residual_context
-            weights = _predict_residual(self.residual, ctx).to(qkv.dtype)  # [B, C, 3, 3]
             v_img = qkv[:, p:, 2].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W] view
-            # one grouped conv beats nine shifted multiply-adds here (ops.local_residual_conv)
-            res = local_residual_conv(v_img, weights).flatten(2).transpose(1, 2)  # [B, HW, C] view
+            res = self.residual(v_img, ctx).flatten(2).transpose(1, 2)  # [B, HW, C] view
             out = add_to_grid_tokens(out, res, p)
         return self.proj_drop(self.proj(out))
 

@@ -26,11 +26,22 @@ class LocalResidual(nn.Sequential):
         self.dim = dim
 
     def predict(self, context: torch.Tensor) -> torch.Tensor:
-        """context: [B, C] -> weights [B, C, 3, 3]."""
+        """context: [B, C] -> weights [B, C, 3, 3].
+
+        The grouped 1x1 convolutions are evaluated as batched matmuls over the groups (same
+        parameters, same result): oneDNN's convolution on length-1 signals costs several times
+        its arithmetic when there are many samples (windows).
+        """
         if context.dim() != 2 or context.shape[1] != self.dim:
             raise ValueError(f"context must be [B, {self.dim}], got {tuple(context.shape)}")
-        r = super().forward(context.unsqueeze(-1))  # [B, 9C, 1]
-        return r.view(context.shape[0], self.dim, 3, 3)
+        conv1, act, conv2 = self[0], self[1], self[2]
+        b, c = context.shape
+        g = conv1.groups
+        cg, og = c // g, conv2.out_channels // g
+        y = context.view(b, g, cg).transpose(0, 1)  # [g, B, C/g]
+        y = torch.baddbmm(conv1.bias.view(g, 1, cg), y, conv1.weight.view(g, cg, cg).transpose(1, 2))
+        y = torch.baddbmm(conv2.bias.view(g, 1, og), act(y), conv2.weight.view(g, og, cg).transpose(1, 2))
+        return y.transpose(0, 1).reshape(b, c, 3, 3)  # channel c takes outputs [9c, 9c + 9)
 
     def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "fast") -> torch.Tensor:
         """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""

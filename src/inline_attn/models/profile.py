@@ -3,19 +3,15 @@
 MACs come from :class:`torch.utils.flop_counter.FlopCounterMode` (which counts 2 FLOPs per
 multiply-add; we halve) over one forward pass in eval mode: every matmul, linear and
 convolution, attention products included. Scaled-dot-product attention is counted under the
-math backend, because the fused CPU kernels report 0. InLine's 3x3 local residual runs as nine
-elementwise multiply-adds (``inline_attn.ops.local_residual``), invisible to the counter, so it
-is counted here as the depthwise convolution it is: 9 MACs per output element (entry
-"local_residual"; the reference runs it as a grouped conv, which its FLOP count includes).
-Other elementwise ops (norms, activations, softmax, additions) are not counted, as in the
+math backend, because the fused CPU kernels report 0. InLine's 3x3 local residual
+(``inline_attn.ops.local_residual``) is a grouped convolution, counted as such (9 MACs per
+output element), as in the reference. Other elementwise ops (norms, activations, softmax, additions) are not counted, as in the
 paper's tables.
 """
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -46,38 +42,6 @@ class ProfileResult:
         return self.params / 1e6
 
 
-@contextlib.contextmanager
-def _count_local_residual() -> Iterator[list[int]]:
-    """Count the MACs of every ``ops.local_residual`` call made inside the block.
-
-    Callers bind the op under their own names at import (``from ..ops import local_residual``),
-    so every binding of it in the package's modules is swapped for a counting wrapper and
-    restored afterwards.
-    """
-    from ..ops import fast
-
-    original = fast.local_residual
-    tally = [0]
-
-    def counted(v, weights):
-        tally[0] += 9 * v.numel()  # depthwise 3x3: nine multiply-adds per output element
-        return original(v, weights)
-
-    patched = []
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not (name == "inline_attn" or name.startswith("inline_attn.")):
-            continue
-        for attr, val in list(vars(mod).items()):
-            if val is original:
-                setattr(mod, attr, counted)
-                patched.append((mod, attr))
-    try:
-        yield tally
-    finally:
-        for mod, attr in patched:
-            setattr(mod, attr, original)
-
-
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     """Parameters of ``model`` (shared parameters counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
@@ -105,13 +69,11 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
     model.eval()
     counter = FlopCounterMode(display=False)
     try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), _count_local_residual() as residual, counter:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
             model(x)
     finally:
         model.train(was_training)
     by_op = {str(op).split(".")[-1]: int(n) // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    if residual[0]:
-        by_op["local_residual"] = residual[0]
     return ProfileResult(
         params=count_params(model), macs=sum(by_op.values()), input_size=input_size,
         batch_size=batch_size, macs_by_op=by_op,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .fast import inline_attention, linear_attention, local_residual, local_residual_conv, softmax_attention
+from .fast import inline_attention, linear_attention, local_residual, softmax_attention
 from .kernels import KERNELS, get_kernel
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
 
@@ -63,7 +63,6 @@ __all__ = [
     "inline_attention",
     "linear_attention",
     "local_residual",
-    "local_residual_conv",
     "naive_attention",
     "naive_local_residual",
     "softmax_attention",

@@ -1,4 +1,4 @@
-"""Fast paths: linear-time InLine and linear attention, SDPA softmax, shift-based local residual.
+"""Fast paths: linear-time InLine and linear attention, SDPA softmax, grouped-conv local residual.
 
 Each function here has a naive twin in :mod:`inline_attn.ops.naive` and is tested against it
 (outputs and gradients, float64, awkward shapes).
@@ -135,40 +135,13 @@ def softmax_attention(
 
 
 def local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Per-sample depthwise 3x3 convolution as nine shifted multiply-adds (SPEC section 2).
-
-    Works in channels-last order, which is how the tokens already lie in memory
-    (``[B, H*W, C]``), so no layout copies are needed on either side; a grouped conv with
-    ``groups = B*C`` would need an NCHW copy of V and of its output.
-
-    Args:
-        v: [B, C, H, W] (any strides; channels-last strides are fastest).
-        weights: [B, C, 3, 3].
-    Returns:
-        [B, C, H, W] with channels-last strides.
-    """
-    b, c, h, w = v.shape
-    if weights.shape != (b, c, 3, 3):
-        raise ValueError(f"weights must have shape {(b, c, 3, 3)}, got {tuple(weights.shape)}")
-    x = F.pad(v.permute(0, 2, 3, 1), (0, 0, 1, 1, 1, 1))  # [B, H+2, W+2, C]
-    wt = weights.permute(0, 2, 3, 1)[:, :, :, None, None, :]  # [B, 3, 3, 1, 1, C]
-    out = x[:, 0:h, 0:w] * wt[:, 0, 0]
-    for dy in range(3):
-        for dx in range(3):
-            if dy or dx:
-                # in place is safe: addcmul's backward needs its operands, not `out`
-                out.addcmul_(x[:, dy:dy + h, dx:dx + w], wt[:, dy, dx])
-    return out.permute(0, 3, 1, 2)
-
-
-def local_residual_conv(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Per-sample depthwise 3x3 convolution as one grouped convolution (``groups = B*C``).
 
-    The layers' path: on these CPUs oneDNN's depthwise kernel beats the nine shifted
-    multiply-adds of :func:`local_residual` by 3-7x forward and backward (measured in
-    docs/benchmarks.md) even after the NCHW copy of V, because each shifted multiply-add is a
-    full pass over the tokens and its weight gradient is a separate reduction. Unlike
-    :func:`local_residual`, FlopCounterMode counts this op (as a convolution).
+    On these CPUs oneDNN's depthwise kernel beats nine shifted multiply-adds (the naive
+    reference's form) by 2-4x forward and 3.5-6x forward+backward, even after the NCHW copy of
+    V it needs (``inline-attn bench residual``, docs/benchmarks.md): each shifted multiply-add
+    is a full pass over the tokens and its weight gradient a separate reduction.
+    ``FlopCounterMode`` counts it as a convolution (9 MACs per output element).
 
     Args:
         v: [B, C, H, W] (any strides).

@@ -101,5 +101,9 @@ def naive_local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
     b, c, h, w = v.shape
     if weights.shape != (b, c, 3, 3):
         raise ValueError(f"weights must have shape {(b, c, 3, 3)}, got {tuple(weights.shape)}")
-    out = F.conv2d(v.reshape(1, b * c, h, w), weights.reshape(b * c, 1, 3, 3), padding=1, groups=b * c)
-    return out.reshape(b, c, h, w)
+    padded = F.pad(v, (1, 1, 1, 1))  # zero padding 1
+    out = torch.zeros_like(v)
+    for dy in range(3):  # row-major 3x3 taps: o_p += r_u * v_{p+u}, u = (dy-1, dx-1)
+        for dx in range(3):
+            out.addcmul_(weights[:, :, dy, dx, None, None], padded[:, :, dy:dy + h, dx:dx + w])
+    return out
