@@ -158,3 +158,14 @@ def test_hook_layer_selection_errors():
     with pytest.raises(ValueError, match="returned weights of shape"):
         with hook_attention(model, lambda r: r.weights[..., :1]):
             model(torch.randn(1, 5, 16), (2, 2))
+
+
+def test_init_weights_keeps_learnable_kernel_identity_start():
+    from inline_attn.layers import init_weights_
+
+    m = InLineAttention(24, 2, kernel="affine_relu")
+    torch.nn.init.normal_(m.kernel.affine.weight)
+    init_weights_(m)
+    torch.testing.assert_close(m.kernel.affine.weight, torch.eye(12))
+    # trunc-normal std 0.02 (bounds +-2 absolute, as timm); 1728 samples estimate the std to ~2 %
+    assert m.qkv.bias.abs().sum() == 0 and 0.017 < m.qkv.weight.std().item() < 0.023

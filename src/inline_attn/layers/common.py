@@ -49,3 +49,25 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+def init_weights_(module: nn.Module) -> None:
+    """The reference models' initialisation (timm's ViT init), in place.
+
+    Linear weights trunc-normal(std 0.02) with zero biases, LayerNorm weight 1 / bias 0, visited in
+    ``module.modules()`` order; convolutions (patch stems, the residual predictor) keep PyTorch's
+    default init; learnable kernels (:class:`AffineReLUKernel`) keep their identity start.
+    """
+    from .kernels import AffineReLUKernel  # here to keep common.py free of layer imports
+
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in module.modules():
+        if isinstance(m, AffineReLUKernel):
+            m.reset_parameters()

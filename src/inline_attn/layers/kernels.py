@@ -12,6 +12,9 @@ class AffineReLUKernel(nn.Module):
     def __init__(self, head_dim: int):
         super().__init__()
         self.affine = nn.Linear(head_dim, head_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
         nn.init.eye_(self.affine.weight)
         nn.init.zeros_(self.affine.bias)
 

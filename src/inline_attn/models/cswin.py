@@ -32,7 +32,9 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, make_kernel, to_2tuple
+from ..layers import (
+    DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel, to_2tuple,
+)
 from ..ops import local_residual as _apply_local_residual
 from ._helpers import parse_pattern, take_indices, tokens_to_nchw
 from .registry import ModelConfig, register_model
@@ -382,17 +384,7 @@ class InLineCSwin(nn.Module):
             self.norm = nn.LayerNorm(self.num_features)
             self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+        init_weights_(self)
 
     # -- contract -----------------------------------------------------------------------------
 
@@ -423,7 +415,7 @@ class InLineCSwin(nn.Module):
             if num_classes > 0 else nn.Identity()
         )
         if num_classes > 0:
-            self._init_weights(self.head)
+            init_weights_(self.head)
 
     # -- forward ------------------------------------------------------------------------------
 

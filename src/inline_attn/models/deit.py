@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, Mlp, TokenAttention
+from ..layers import DropPath, Mlp, TokenAttention, init_weights_
 from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
 
@@ -148,18 +148,11 @@ class VisionTransformer(nn.Module):
             self.num_classes = 0
 
     def _init_weights(self) -> None:
-        # as the reference (timm ViT, mode ''): trunc-normal 0.02 for linears, pos_embed and the cls
-        # token; LayerNorm 1/0; convs (patch stem, residual predictor) keep PyTorch's default init
+        # as the reference (timm ViT, mode ''): trunc-normal 0.02 for pos_embed and the cls token,
+        # then the shared linear / LayerNorm init
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_weights_(self)
 
     # ---- timm-style contract -------------------------------------------------------------
     @torch.jit.ignore

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, make_kernel
+from ..layers import DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel
 from ..ops import ATTENTION_KINDS
 from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
@@ -260,18 +260,11 @@ class PyramidVisionTransformer(nn.Module):
             self.num_stages = max(self.out_indices) + 1
 
     def _init_weights(self) -> None:
-        # as the reference: trunc-normal 0.02 for linears and position embeddings, LayerNorm 1/0,
-        # convs keep PyTorch's default init
+        # as the reference: trunc-normal 0.02 for the position embeddings, then the shared
+        # linear / LayerNorm init (convs keep PyTorch's default)
         for i in range(self.num_stages):
             nn.init.trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_weights_(self)
 
     # ---- timm-style contract -------------------------------------------------------------
     @torch.jit.ignore

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from ..layers import AffineReLUKernel, DropPath, Mlp, RecordableAttention, TokenAttention, check_heads, to_2tuple
+from ..layers import DropPath, Mlp, RecordableAttention, TokenAttention, check_heads, init_weights_, to_2tuple
 from ._helpers import PatchEmbed, parse_pattern, take_indices
 from .registry import ModelConfig, register_model
 
@@ -466,24 +466,10 @@ class InLineSwin(nn.Module):
         else:
             self.norm = nn.LayerNorm(self.num_features)
             self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        # as the reference: truncated normal for linear layers and position tables; the
-        # residual-predicting convs and the patch conv keep PyTorch's defaults
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, WindowAttention):
-            nn.init.trunc_normal_(m.relative_position_bias_table, std=0.02)
-        elif isinstance(m, AffineReLUKernel):  # children are visited first: restore its identity start
-            nn.init.eye_(m.affine.weight)
-            nn.init.zeros_(m.affine.bias)
+        init_weights_(self)
+        for m in self.modules():  # and the relative position tables, as the reference
+            if isinstance(m, WindowAttention):
+                nn.init.trunc_normal_(m.relative_position_bias_table, std=0.02)
 
     # ---- timm-style contract
 
