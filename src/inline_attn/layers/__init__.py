@@ -10,14 +10,14 @@ from .attention import (
     check_heads,
     make_kernel,
 )
-from .common import DropPath, Mlp, drop_path, init_weights_, to_2tuple
+from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
 from .kernels import AffineReLUKernel
 from .local_residual import LocalResidual
 from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
 
 __all__ = [
     "KERNEL_CHOICES", "AffineReLUKernel", "AttentionRecord", "DropPath", "InLineAttention",
-    "LinearAttention", "LocalResidual", "Mlp", "RecordableAttention", "SoftmaxAttention",
+    "LinearAttention", "LocalResidual", "Mlp", "PreNormBlock", "RecordableAttention", "SoftmaxAttention",
     "TokenAttention", "add_to_grid_tokens", "attention_layers", "build_attention", "check_heads",
     "drop_path", "hook_attention", "init_weights_", "make_kernel", "record_attention", "to_2tuple",
 ]

@@ -51,6 +51,25 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
+class PreNormBlock(nn.Module):
+    """Pre-norm transformer block: ``x + drop_path(attn(norm1(x), feat_size))``, then
+    ``x + drop_path(mlp(norm2(x)))``; x: [B, N, C]. Families pass the attention module they built
+    (state-dict names norm1, attn, norm2, mlp.fc1, mlp.fc2 as in the references)."""
+
+    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float = 4.0, drop: float = 0.0,
+                 drop_path: float = 0.0, norm_layer=nn.LayerNorm):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+
+    def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), feat_size))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
 def init_weights_(module: nn.Module) -> None:
     """The reference models' initialisation (timm's ViT init), in place.
 

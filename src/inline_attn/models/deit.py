@@ -15,17 +15,18 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, Mlp, TokenAttention, init_weights_
+from ..layers import PreNormBlock, TokenAttention, init_weights_
 from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
 
 __all__ = ["Block", "VisionTransformer", "checkpoint_filter_fn"]
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
+class Block(PreNormBlock):
+    """Pre-norm transformer block over ``[B, P + H*W, C]`` with P prefix tokens (the cls token).
 
-    x: [B, P + H*W, C] with P prefix tokens; ``feat_size = (H, W)``.
+    The residual context is the mean over all tokens (cls included) of norm1(x), TokenAttention's
+    default, as in the reference.
     """
 
     def __init__(
@@ -44,20 +45,11 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         norm_layer=nn.LayerNorm,
     ):
-        super().__init__()
-        self.norm1 = norm_layer(dim)
-        self.attn = TokenAttention(
+        attn = TokenAttention(
             dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual,
             num_prefix_tokens=num_prefix_tokens, attn_drop=attn_drop, proj_drop=drop,
         )
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
-        # residual context = mean over all tokens (cls included) of norm1(x): TokenAttention's default
-        x = x + self.drop_path(self.attn(self.norm1(x), feat_size))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
 
 
 class VisionTransformer(nn.Module):

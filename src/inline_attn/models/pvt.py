@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel
+from ..layers import LocalResidual, PreNormBlock, RecordableAttention, check_heads, init_weights_, make_kernel
 from ..ops import ATTENTION_KINDS
 from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
@@ -132,30 +132,23 @@ class SpatialReductionAttention(RecordableAttention):
         return f"dim={self.dim}, num_heads={self.num_heads}, sr_ratio={self.sr_ratio}"
 
 
-class PVTBlock(nn.Module):
-    """x + attn(norm1(x)), then x + mlp(norm2(x)); x: [B, H*W, C]."""
+class PVTBlock(PreNormBlock):
+    """Pre-norm block over ``[B, H*W, C]``: InLine / linear attention without spatial reduction,
+    or PVT's softmax attention with spatial reduction ``sr_ratio``."""
 
     def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, kernel: Optional[str] = None, local_residual: Optional[bool] = None,
                  sr_ratio: int = 1, drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
                  norm_layer=nn.LayerNorm):
-        super().__init__()
-        self.norm1 = norm_layer(dim)
         if kind == "softmax":
             if local_residual:
                 raise ValueError("PVT softmax blocks (spatial reduction) take no local residual")
-            self.attn = SpatialReductionAttention(dim, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias,
-                                                  attn_drop=attn_drop, proj_drop=drop)
+            attn = SpatialReductionAttention(dim, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias,
+                                             attn_drop=attn_drop, proj_drop=drop)
         else:
-            self.attn = PVTAttention(dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel,
-                                     local_residual=local_residual, attn_drop=attn_drop, proj_drop=drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-
-    def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), feat_size))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+            attn = PVTAttention(dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel,
+                                local_residual=local_residual, attn_drop=attn_drop, proj_drop=drop)
+        super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
 
 
 class PyramidVisionTransformer(nn.Module):
