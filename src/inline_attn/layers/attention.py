@@ -59,6 +59,8 @@ class TokenAttention(RecordableAttention):
         attn_drop: dropout on softmax weights (InLine/linear never form weights; the
             reference ignores it there too).
         proj_drop: dropout after the output projection.
+        split_qkv: separate ``q`` and ``kv`` projections (PVT's state-dict layout) instead of
+            the fused ``qkv``; the same computation.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class TokenAttention(RecordableAttention):
         num_prefix_tokens: int = 0,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        split_qkv: bool = False,
     ):
         super().__init__()
         if kind not in ATTENTION_KINDS:
@@ -87,7 +90,12 @@ class TokenAttention(RecordableAttention):
         self.num_prefix_tokens = num_prefix_tokens
         self.scale = head_dim ** -0.5
         self.kernel = make_kernel(kernel, head_dim)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.split_qkv = split_qkv
+        if split_qkv:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -115,19 +123,29 @@ class TokenAttention(RecordableAttention):
         b, n, c = x.shape
         p = self.num_prefix_tokens
         h, w = check_feat_size(feat_size, n, p)
-        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, h, N, d] views
+        q, k, v = self._project(x)  # [B, N, h, d] views
         out = self.attend(
-            q, k, v, feat_size=(h, w), kernel=self.kernel, scale=self.scale, bias=bias, mask=mask,
-            num_prefix_tokens=p, token_coords=token_coords, attn_drop=self.attn_drop,
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), feat_size=(h, w), kernel=self.kernel,
+            scale=self.scale, bias=bias, mask=mask, num_prefix_tokens=p, token_coords=token_coords,
+            attn_drop=self.attn_drop,
         )
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.residual is not None:
             ctx = x.mean(dim=1) if residual_context is None else residual_context
-            v_img = qkv[:, p:, 2].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W] view
+            v_img = v[:, p:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W] view, head-major C
             res = self.residual(v_img, ctx).flatten(2).transpose(1, 2)  # [B, HW, C] view
             out = add_to_grid_tokens(out, res, p)
         return self.proj_drop(self.proj(out))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [B, N, C] -> q, k, v: [B, N, h, d] views of the projection outputs."""
+        b, n, _ = x.shape
+        if self.split_qkv:
+            q = self.q(x).view(b, n, self.num_heads, self.head_dim)
+            k, v = self.kv(x).view(b, n, 2, self.num_heads, self.head_dim).unbind(2)
+            return q, k, v
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
+        return q, k, v
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, dim={self.dim}, num_heads={self.num_heads}, prefix={self.num_prefix_tokens}"

@@ -22,15 +22,14 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import LocalResidual, PreNormBlock, RecordableAttention, check_heads, init_weights_, make_kernel
-from ..ops import ATTENTION_KINDS
+from ..layers import PreNormBlock, RecordableAttention, TokenAttention, check_heads, init_weights_
 from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
 
 __all__ = ["PVTAttention", "PVTBlock", "PyramidVisionTransformer", "SpatialReductionAttention", "checkpoint_filter_fn"]
 
 
-class PVTAttention(RecordableAttention):
+class PVTAttention(TokenAttention):
     """InLine (or linear / full softmax) attention with PVT's separate ``q`` / ``kv`` projections.
 
     InLine output per head (SPEC section 1, the reference's scale):
@@ -40,45 +39,8 @@ class PVTAttention(RecordableAttention):
     x: [B, H*W, C], feat_size (H, W) -> [B, H*W, C].
     """
 
-    def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", qkv_bias: bool = True,
-                 kernel: Optional[str] = None, local_residual: Optional[bool] = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
-        super().__init__()
-        if kind not in ATTENTION_KINDS:
-            raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
-        if kind == "softmax" and kernel not in (None, "identity"):
-            raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
-        self.kind = kind
-        self.dim, self.num_heads = dim, num_heads
-        self.head_dim = check_heads(dim, num_heads)
-        self.scale = self.head_dim ** -0.5
-        self.kernel = make_kernel(kernel, self.head_dim)
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-        use_residual = (kind == "inline") if local_residual is None else bool(local_residual)
-        self.residual = LocalResidual(dim, num_heads) if use_residual else None
-
-    def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
-        b, n, c = x.shape
-        h, w = feat_size
-        if n != h * w:
-            raise ValueError(f"token count {n} does not match feat_size {h}x{w}")
-        q = self.q(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, N, d]
-        kv = self.kv(x).view(b, n, 2, self.num_heads, self.head_dim)  # k = channels [0, C), v = [C, 2C)
-        k, v = (t.transpose(1, 2) for t in kv.unbind(2))
-        out = self.attend(q, k, v, feat_size=(h, w), kernel=self.kernel, scale=self.scale,
-                          attn_drop=self.attn_drop)
-        out = out.transpose(1, 2).reshape(b, n, c)
-        if self.residual is not None:
-            v_img = kv[:, :, 1].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W], head-major C
-            out = out + self.residual(v_img, x.mean(dim=1)).flatten(2).transpose(1, 2)
-        return self.proj_drop(self.proj(out))
-
-    def extra_repr(self) -> str:
-        return f"kind={self.kind}, dim={self.dim}, num_heads={self.num_heads}"
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, split_qkv=True, **kwargs)
 
 
 class SpatialReductionAttention(RecordableAttention):
