@@ -117,12 +117,15 @@ def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def _meta(args, models) -> dict:
-    return {
+def _write_meta(path: pathlib.Path, args, models, **results) -> None:
+    """The run's JSON: what was analysed (command arguments, models) plus ``results``."""
+    meta = {
         "analysis": args.analysis, "data": args.data, "layers": args.layers,
         "models": [{"label": m.label, "name": m.name, "checkpoint": m.checkpoint, "kwargs": m.kwargs}
                    for m in models],
+        **results,
     }
+    path.write_text(json.dumps(meta, indent=1))
 
 
 def run(args) -> int:
@@ -194,11 +197,10 @@ def _confusion(args, out, models, images, layers, progress) -> None:
         summary[lm.label] = s
         totals[lm.label] = counts.sum(dim=1).numpy()
     _write_csv(out / "confusion.csv", rows)
-    meta = _meta(args, models)
-    meta.update(definition="pairs of different queries (same image, layer, head, window) whose weight "
+    _write_meta(out / "confusion.json", args, models,
+                definition="pairs of different queries (same image, layer, head, window) whose weight "
                            "rows differ by at most rtol / N_keys in every entry", rtol=rtol,
                 images=int(len(images.labels)), summary=summary)
-    (out / "confusion.json").write_text(json.dumps(meta, indent=1))
     plot_confusion_histogram(totals, out / "confusion.png")
     return ["confusion.csv", "confusion.json", "confusion.png"]
 
@@ -214,9 +216,7 @@ def _locality(args, out, models, images, layers, progress) -> None:
         per_model[lm.label] = res
         rows += [{"model": lm.label, **r} for r in res]
     _write_csv(out / "locality.csv", rows)
-    meta = _meta(args, models)
-    meta.update(images=int(len(images.labels)), results=per_model)
-    (out / "locality.json").write_text(json.dumps(meta, indent=1))
+    _write_meta(out / "locality.json", args, models, images=int(len(images.labels)), results=per_model)
     plot_locality(per_model, out / "locality.png")
     return ["locality.csv", "locality.json", "locality.png"]
 
@@ -235,9 +235,7 @@ def _masking(args, out, models, images, layers, progress) -> None:
         per_model[lm.label] = res
         rows += [{"model": lm.label, **r} for r in res]
     _write_csv(out / "masking.csv", rows)
-    meta = _meta(args, models)
-    meta.update(images=int(len(images.labels)), results=per_model)
-    (out / "masking.json").write_text(json.dumps(meta, indent=1))
+    _write_meta(out / "masking.json", args, models, images=int(len(images.labels)), results=per_model)
     (out / "masking.md").write_text(masking_table(per_model, args.ks))
     plot_masking(per_model, args.ks, out / "masking.png")
     return ["masking.csv", "masking.json", "masking.md", "masking.png"]
@@ -277,10 +275,8 @@ def _attention_maps(args, out, models, images, layers, progress) -> None:
     for qi, q in enumerate(queries):
         plot_attention_maps(shown, {lab: r["maps"][:, qi] for lab, r in per_model.items()}, q,
                             out / f"attention_maps_q{qi}.png")
-    meta = _meta(args, models)
-    meta.update(images=int(len(images.labels)), queries=[q if q == "cls" else list(q) for q in queries],
-                maps=meta_rows)
-    (out / "attention_maps.json").write_text(json.dumps(meta))
+    _write_meta(out / "attention_maps.json", args, models, images=int(len(images.labels)),
+                queries=[q if q == "cls" else list(q) for q in queries], maps=meta_rows)
     return ["attention_maps.json"] + [f"attention_maps_q{qi}.png" for qi in range(len(queries))]
 
 
