@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import ATTENTION_KINDS, KERNELS
+from ..ops.tokens import add_to_grid_tokens, grid_residual, inline_tokens
 from ..ops._checks import check_feat_size
 from .kernels import AffineReLUKernel
 from .local_residual import LocalResidual
@@ -34,13 +35,6 @@ def make_kernel(kernel: Optional[str], head_dim: int):
     if kernel == "affine_relu":
         return AffineReLUKernel(head_dim)
     raise ValueError(f"unknown kernel {kernel!r}: expected one of {KERNEL_CHOICES}")
-
-
-def add_to_grid_tokens(out: torch.Tensor, res: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """out: [B, P + HW, C] plus res: [B, HW, C] on the grid tokens; prefix tokens untouched."""
-    if num_prefix_tokens == 0:
-        return out + res
-    return torch.cat([out[:, :num_prefix_tokens], out[:, num_prefix_tokens:] + res], dim=1)
 
 
 class TokenAttention(RecordableAttention):
@@ -123,29 +117,36 @@ class TokenAttention(RecordableAttention):
         b, n, c = x.shape
         p = self.num_prefix_tokens
         h, w = check_feat_size(feat_size, n, p)
-        q, k, v = self._project(x)  # [B, N, h, d] views
-        out = self.attend(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), feat_size=(h, w), kernel=self.kernel,
-            scale=self.scale, bias=bias, mask=mask, num_prefix_tokens=p, token_coords=token_coords,
-            attn_drop=self.attn_drop,
-        )
-        out = out.transpose(1, 2).reshape(b, n, c)
+        q, k, v = self._project(x)  # [B, N, C] views of the projection outputs
+        weights = None
         if self.residual is not None:
             ctx = x.mean(dim=1) if residual_context is None else residual_context
-            v_img = v[:, p:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W] view, head-major C
-            res = self.residual(v_img, ctx).flatten(2).transpose(1, 2)  # [B, HW, C] view
-            out = add_to_grid_tokens(out, res, p)
+            weights = self.residual.predict(ctx)  # [B, C, 3, 3]
+        if self.kind == "inline" and self._attention_hook is None:
+            # attention and residual in one call: the fused CPU kernel where it applies
+            out = inline_tokens(
+                q, k, v, num_heads=self.num_heads, feat_size=(h, w), residual_weights=weights,
+                num_prefix_tokens=p, kernel=self.kernel, scale=self.scale,
+            )
+        else:
+            def heads(t):  # [B, N, C] -> [B, h, N, d] view
+                return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+            out = self.attend(
+                heads(q), heads(k), heads(v), feat_size=(h, w), kernel=self.kernel, scale=self.scale,
+                bias=bias, mask=mask, num_prefix_tokens=p, token_coords=token_coords, attn_drop=self.attn_drop,
+            )
+            out = out.transpose(1, 2).reshape(b, n, c)
+            if weights is not None:
+                out = add_to_grid_tokens(out, grid_residual(v, weights, (h, w), p), p)
         return self.proj_drop(self.proj(out))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [B, N, C] -> q, k, v: [B, N, h, d] views of the projection outputs."""
-        b, n, _ = x.shape
+        """x: [B, N, C] -> q, k, v: [B, N, C] views of the projection outputs."""
         if self.split_qkv:
-            q = self.q(x).view(b, n, self.num_heads, self.head_dim)
-            k, v = self.kv(x).view(b, n, 2, self.num_heads, self.head_dim).unbind(2)
-            return q, k, v
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
-        return q, k, v
+            k, v = self.kv(x).chunk(2, dim=-1)
+            return self.q(x), k, v
+        return self.qkv(x).chunk(3, dim=-1)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, dim={self.dim}, num_heads={self.num_heads}, prefix={self.num_prefix_tokens}"

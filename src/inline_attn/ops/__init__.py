@@ -10,6 +10,8 @@ import torch
 from .fast import inline_attention, linear_attention, local_residual, softmax_attention
 from .kernels import KERNELS, get_kernel
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
+from .tokens import TOKEN_IMPLS, grid_residual, inline_tokens
+from .cpu_kernel import cpu_kernel_available, use_cpu_kernel
 
 IMPLS = ("fast", "naive")
 
@@ -54,6 +56,11 @@ def attention(
 
 
 __all__ = [
+    "TOKEN_IMPLS",
+    "cpu_kernel_available",
+    "grid_residual",
+    "inline_tokens",
+    "use_cpu_kernel",
     "ATTENTION_KINDS",
     "IMPLS",
     "KERNELS",

@@ -1,0 +1,174 @@
+"""``ops.inline_tokens`` (the InLine layer core) and its fused CPU kernel against the naive reference.
+
+The kernel (``ops/csrc/inline_cpu.cpp``) is forward-only; its outputs are compared in float64 with
+the explicit-weights reference on awkward shapes (batch 1, odd N, H != W, prefix tokens, one head,
+a 1x1 grid, strided views from fused and split projections), with and without the residual and
+for both task layouts (per head and per sample). Gradients go through the eager path, which is
+compared with the reference as well.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inline_attn.layers import InLineAttention
+from inline_attn.ops import cpu_kernel, inline_tokens, use_cpu_kernel
+from inline_attn.ops import tokens as tokens_mod
+
+# (B, H, W, C, heads, prefix)
+SHAPES = [
+    (1, 5, 3, 24, 2, 1),
+    (3, 7, 7, 96, 3, 0),
+    (2, 4, 9, 30, 5, 2),
+    (1, 1, 1, 8, 1, 0),
+    (9, 3, 5, 12, 4, 1),
+    (1, 14, 14, 64, 4, 1),
+]
+
+
+def _ids(s):
+    return "B{}_{}x{}_C{}_h{}_p{}".format(*s)
+
+
+def _inputs(shape, layout, dtype=torch.float64, requires_grad=False):
+    b, h, w, c, heads, p = shape
+    n = p + h * w
+    if layout == "fused":  # views into one [B, N, 3C] qkv projection
+        qkv = torch.randn(b, n, 3 * c, dtype=dtype, requires_grad=requires_grad)
+        q, k, v = qkv.chunk(3, dim=-1)
+        leaves = [qkv]
+    else:  # PVT's separate q and kv projections
+        qt = torch.randn(b, n, c, dtype=dtype, requires_grad=requires_grad)
+        kv = torch.randn(b, n, 2 * c, dtype=dtype, requires_grad=requires_grad)
+        q, (k, v) = qt, kv.chunk(2, dim=-1)
+        leaves = [qt, kv]
+    weights = torch.randn(b, c, 3, 3, dtype=dtype, requires_grad=requires_grad)
+    return q, k, v, weights, leaves
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls that reach the fused kernel."""
+    calls = []
+    real = cpu_kernel.inline_forward_cpu
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tokens_mod.cpu_kernel, "inline_forward_cpu", spy)
+    return calls
+
+
+def test_cpu_kernel_builds_on_this_machine():
+    # g++ and ninja are on every machine of this project; a failed build would silently cost speed
+    assert cpu_kernel.cpu_kernel_available(), cpu_kernel._state["error"]
+
+
+@pytest.mark.parametrize("layout", ["fused", "split"])
+@pytest.mark.parametrize("residual", [True, False], ids=["res", "nores"])
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_fused_kernel_matches_naive_float64(shape, residual, layout, kernel_calls):
+    b, h, w, c, heads, p = shape
+    q, k, v, weights, _ = _inputs(shape, layout)
+    weights = weights if residual else None
+    kw = dict(num_heads=heads, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p)
+    with torch.no_grad():
+        fast = inline_tokens(q, k, v, **kw)
+        ref = inline_tokens(q, k, v, impl="naive", **kw)
+    assert kernel_calls, "the fused kernel was not used for a float64 inference call"
+    assert fast.shape == (b, p + h * w, c) and fast.is_contiguous()
+    torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_kernel_float32_close_to_float64_reference(threads, kernel_calls):
+    # both task layouts: 2 samples x 6 heads -> per-head tasks; 32 samples -> whole-sample tasks
+    torch.set_num_threads(threads)
+    for shape in [(2, 7, 7, 96, 6, 0), (32, 7, 7, 96, 3, 0), (4, 14, 14, 192, 3, 1)]:
+        q, k, v, weights, _ = _inputs(shape, "fused")
+        kw = dict(num_heads=shape[4], feat_size=shape[1:3], residual_weights=weights, num_prefix_tokens=shape[5])
+        with torch.inference_mode():
+            ref = inline_tokens(q, k, v, impl="naive", **kw)
+            fast = inline_tokens(q.float(), k.float(), v.float(), **{**kw, "residual_weights": weights.float()})
+            eager = inline_tokens(q.float(), k.float(), v.float(), impl="eager", **{**kw, "residual_weights": weights.float()})
+        err_fast = ((fast.double() - ref).abs().max() / ref.abs().max()).item()
+        err_eager = ((eager.double() - ref).abs().max() / ref.abs().max()).item()
+        print(f"{shape} threads={threads}: float32 rel err fused {err_fast:.2e}, eager {err_eager:.2e}")
+        # flash-attention's rule: the fast path's error within 2x that of the eager float32 path
+        assert err_fast <= 2 * err_eager and err_eager < 1e-6
+    assert len(kernel_calls) == 3
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=_ids)
+def test_gradients_use_eager_path_and_match_naive(shape, kernel_calls):
+    b, h, w, c, heads, p = shape
+    q, k, v, weights, leaves = _inputs(shape, "fused", requires_grad=True)
+    kw = dict(num_heads=heads, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p)
+    fast = inline_tokens(q, k, v, **kw)
+    ref = inline_tokens(q, k, v, impl="naive", **kw)
+    assert not kernel_calls, "the forward-only kernel must not run when gradients are needed"
+    torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    gf = torch.autograd.grad(fast, leaves + [weights], g)
+    gr = torch.autograd.grad(ref, leaves + [weights], g)
+    for a, r in zip(gf, gr):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
+def test_non_unit_channel_stride_and_kernels_fall_back_to_eager(kernel_calls):
+    b, h, w, c, heads, p = 2, 3, 4, 12, 3, 1
+    x = torch.randn(b, 3 * c, p + h * w, dtype=torch.float64)
+    q, k, v = x.transpose(1, 2).chunk(3, dim=-1)  # channel stride != 1
+    kw = dict(num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
+    with torch.no_grad():
+        torch.testing.assert_close(inline_tokens(q, k, v, **kw), inline_tokens(q, k, v, impl="naive", **kw))
+        for kernel in ("relu", "exp"):
+            out = inline_tokens(q, k, v, kernel=kernel, **kw)
+            torch.testing.assert_close(out, inline_tokens(q, k, v, kernel=kernel, impl="naive", **kw))
+        with use_cpu_kernel(False):
+            inline_tokens(q.contiguous(), k.contiguous(), v.contiguous(), **kw)
+    assert not kernel_calls
+
+
+def test_layer_same_output_with_and_without_kernel():
+    layer = InLineAttention(48, 3, num_prefix_tokens=1).eval()
+    x = torch.randn(4, 1 + 6 * 5, 48)
+    with torch.inference_mode():
+        with use_cpu_kernel(True):
+            fused = layer(x, (6, 5))
+        with use_cpu_kernel(False):
+            eager = layer(x, (6, 5))
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_under_bf16_autocast_uses_eager_and_stays_finite(kernel_calls):
+    layer = InLineAttention(32, 2).eval()
+    x = 30 * torch.randn(2, 64, 32)
+    with torch.inference_mode():
+        ref = layer(x, (8, 8))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = layer(x, (8, 8))
+    assert len(kernel_calls) == 1  # the float32 call only
+    assert torch.isfinite(low).all()
+    rel = ((low.float() - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 0.05, rel  # bf16 has 8 mantissa bits; the projections run in bf16
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(num_heads=5), "multiple of num_heads"),
+        (dict(feat_size=(3, 3)), "token count"),
+        (dict(residual_weights=torch.randn(2, 12, 3)), "residual_weights"),
+        (dict(impl="cuda"), "unknown impl"),
+    ],
+)
+def test_bad_input_raises_value_error(kwargs, match):
+    q, k, v = torch.randn(2, 13, 36).chunk(3, dim=-1)
+    args = dict(num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        inline_tokens(q, k, v, **args)
+    with pytest.raises(ValueError, match="like q"):
+        inline_tokens(q, k[:, :5], v, num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
