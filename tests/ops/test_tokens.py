@@ -172,3 +172,17 @@ def test_bad_input_raises_value_error(kwargs, match):
         inline_tokens(q, k, v, **args)
     with pytest.raises(ValueError, match="like q"):
         inline_tokens(q, k[:, :5], v, num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
+
+
+def test_flop_counter_counts_kernel_like_eager():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = InLineAttention(48, 3, num_prefix_tokens=1).eval()
+    x = torch.randn(2, 1 + 7 * 5, 48)
+    counts = []
+    for enabled in (True, False):
+        counter = FlopCounterMode(display=False)
+        with use_cpu_kernel(enabled), torch.no_grad(), counter:
+            layer(x, (7, 5))
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 __all__ = ["cpu_kernel_available", "cpu_kernel_enabled", "inline_forward_cpu", "use_cpu_kernel"]
 
@@ -58,9 +59,7 @@ def _load() -> bool:
             is_python_module=False,
             verbose=False,
         )
-        _state["loaded"] = hasattr(torch.ops.inline_attn, "inline_forward")
-        if _state["loaded"]:
-            _register_flop_formula()
+        _state["loaded"] = torch._C._dispatch_has_kernel_for_dispatch_key(_OP_NAME, "CPU")
     except Exception as exc:  # no compiler, no ninja, a read-only cache: fall back to eager
         _state["loaded"], _state["error"] = False, f"{type(exc).__name__}: {exc}"
         warnings.warn(
@@ -72,23 +71,31 @@ def _load() -> bool:
     return _state["loaded"]
 
 
-def _register_flop_formula() -> None:
-    """Let ``FlopCounterMode`` (and so ``inline_attn.profile``) count the kernel like the eager path:
-    the two D x D products of every head (2 N d^2 MACs) and the residual as a 3x3 depthwise
-    convolution (9 MACs per grid token and channel); means and sums are not counted, as in eager."""
-    from torch.utils.flop_counter import flop_registry, register_flop_formula
+# The op's schema lives here, not in the C++ file, so that FlopCounterMode (which copies the
+# registry when it is created) and torch.compile's fake tensors know it before the kernel is built.
+_OP_NAME = "inline_attn::inline_forward"
+_LIB = torch.library.Library("inline_attn", "DEF")
+_LIB.define(
+    "inline_forward(Tensor q, Tensor k, Tensor v, Tensor? w9, int num_heads, float scale, int H, int W, "
+    "int num_prefix_tokens) -> Tensor"
+)
 
-    op = torch.ops.inline_attn.inline_forward
-    if op in flop_registry:
-        return
 
-    @register_flop_formula(op)
-    def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, scale, h, w, p, *args, out_shape=None, **kwargs):
-        b, n, c = q_shape
-        macs = 2 * b * n * c * (c // num_heads)
-        if w9_shape is not None:
-            macs += 9 * b * h * w * c
-        return 2 * macs
+@torch.library.register_fake(_OP_NAME)
+def _fake(q, k, v, w9, num_heads, scale, h, w, p):
+    return q.new_empty(q.shape)
+
+
+@register_flop_formula(torch.ops.inline_attn.inline_forward)
+def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, scale, h, w, p, *args, out_shape=None, **kwargs):
+    """Counted like the eager path: the two d x d products of every head (2 N d^2 MACs per head)
+    and the residual as a 3x3 depthwise convolution (9 MACs per grid token and channel); means
+    and sums are not counted (as in eager)."""
+    b, n, c = q_shape
+    macs = 2 * b * n * c * (c // num_heads)
+    if w9_shape is not None:
+        macs += 9 * b * h * w * c
+    return 2 * macs
 
 
 def cpu_kernel_available() -> bool:

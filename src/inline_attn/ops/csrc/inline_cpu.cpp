@@ -165,9 +165,6 @@ at::Tensor inline_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at
 
 }  // namespace
 
-TORCH_LIBRARY(inline_attn, m) {
-  m.def("inline_forward(Tensor q, Tensor k, Tensor v, Tensor? w9, int num_heads, float scale, int H, int W, "
-        "int num_prefix_tokens) -> Tensor");
-}
-
+// The schema is defined in Python (inline_attn/ops/cpu_kernel.py) so that its FLOP formula and fake
+// tensor rule exist before the kernel is built; this file provides the CPU implementation.
 TORCH_LIBRARY_IMPL(inline_attn, CPU, m) { m.impl("inline_forward", &inline_forward_cpu); }
