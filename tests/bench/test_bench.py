@@ -73,7 +73,8 @@ def test_bench_attention_cli_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "vs softmax" in out and "GFLOP/s" in out and "matmul rate" in out
     rows = list(csv.DictReader(open(tmp_path / "att.csv")))
-    assert len(rows) == 2 * 3 * 2  # sizes x kinds x modes
+    assert len(rows) == 2 * 4 * 2  # sizes x kinds (inline, inline-eager, linear, softmax) x modes
+    assert {r["kind"] for r in rows} == {"inline", "inline-eager", "linear", "softmax"}
     data = json.load(open(tmp_path / "att.json"))
     assert data["meta"]["matmul_gflops"] > 0 and data["meta"]["machine"]["torch"] == torch.__version__
     for r in data["rows"]:

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..layers import build_attention
+from ..ops import use_cpu_kernel
 from .flops import attention_layer_flops
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
@@ -41,10 +42,12 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
     return table[name]
 
 
-def _layer_step(module, x, feat, mode):
+def _layer_step(module, x, feat, mode, fused=True):
+    # fused=False: the InLine layer without the fused CPU kernel (the eager composition), to
+    # show what the kernel buys in the same run
     if mode == "fwd":
         def step():
-            with torch.no_grad():
+            with torch.no_grad(), use_cpu_kernel(fused):
                 return module(x, feat)
         return step
     g = torch.ones(x.shape, dtype=x.dtype, device=x.device)
@@ -52,13 +55,17 @@ def _layer_step(module, x, feat, mode):
     def step():
         x.grad = None
         module.zero_grad(set_to_none=True)
-        module(x, feat).backward(g)
+        with use_cpu_kernel(fused):
+            module(x, feat).backward(g)
     return step
+
+
+LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax")
 
 
 def bench_attention(
     sizes: Sequence[int] = (14, 28, 56, 112),
-    kinds: Sequence[str] = ("inline", "linear", "softmax"),
+    kinds: Sequence[str] = LAYER_KINDS,
     *,
     dim: int = 96,
     heads: int = 3,
@@ -78,7 +85,8 @@ def bench_attention(
 
     Args:
         sizes: grid sides S (S x S tokens).
-        kinds: layer kinds, built by :func:`inline_attn.layers.build_attention`.
+        kinds: layer kinds, built by :func:`inline_attn.layers.build_attention`; ``inline-eager``
+            is the InLine layer with the fused CPU kernel switched off.
         dim, heads: channels C and heads h.
         batch: fixed batch; None = ``max(1, token_budget // S^2)``.
         modes: "fwd" and/or "fwd+bwd".
@@ -107,7 +115,7 @@ def bench_attention(
         cases, meta = {}, {}
         for kind in kinds:
             try:
-                module = build_attention(kind, dim, heads).to(dev, dt)
+                module = build_attention(kind.removesuffix("-eager"), dim, heads).to(dev, dt)
                 if compile:
                     module = torch.compile(module)
                 x = torch.randn(b, n, dim, device=dev, dtype=dt, requires_grad="fwd+bwd" in modes)
@@ -117,7 +125,7 @@ def bench_attention(
                 continue
             module.eval()  # no dropout in these layers: eval and train compute the same
             for mode in modes:
-                cases[(kind, mode)] = _layer_step(module, x, feat, mode)
+                cases[(kind, mode)] = _layer_step(module, x, feat, mode, fused=not kind.endswith("-eager"))
         timings = time_interleaved(
             {f"{k}|{m}": fn for (k, m), fn in cases.items()}, warmup=warmup, repeats=repeats,
             budget_s=budget_s, device=dev,
@@ -126,7 +134,7 @@ def bench_attention(
             for mode in modes:
                 t = timings.get(f"{kind}|{mode}")
                 status = meta.get((kind, mode)) or (t.status if t else "error")
-                flops = attention_layer_flops(kind, b, n, dim, heads, backward=mode != "fwd")
+                flops = attention_layer_flops(kind.removesuffix("-eager"), b, n, dim, heads, backward=mode != "fwd")
                 med = t.median if t is not None else math.nan
                 peak = math.nan
                 if memory and t is not None and t.ok:

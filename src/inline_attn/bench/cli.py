@@ -6,6 +6,7 @@ import pathlib
 
 import torch
 
+from .attention import LAYER_KINDS
 from .report import format_table, machine_info, plot_sweep, write_results
 
 
@@ -69,7 +70,7 @@ def _cmd_model(args) -> int:
 
     if args.preset == "layer":
         ns = argparse.Namespace(**vars(args))
-        ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), ("inline", "linear", "softmax"), 96, 3
+        ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), LAYER_KINDS, 96, 3
         ns.tokens, ns.modes, ns.compile = 8 * 56 * 56, ("fwd", "fwd+bwd"), False
         return _run_attention(ns, name=args.name if args.name != "model" else "layer")
     _setup(args)
@@ -120,7 +121,8 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
 
 def _attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[14, 28, 56, 112], help="grid sides (default 14 28 56 112)")
-    p.add_argument("--kinds", nargs="+", default=["inline", "linear", "softmax"], choices=["inline", "linear", "softmax"])
+    p.add_argument("--kinds", nargs="+", default=list(LAYER_KINDS), choices=list(LAYER_KINDS),
+                   help="inline-eager: the InLine layer without the fused CPU kernel (default: all)")
     p.add_argument("--dim", type=int, default=96)
     p.add_argument("--heads", type=int, default=3)
     p.add_argument("--batch", type=int, default=None, help="fixed batch (default: constant token budget)")
