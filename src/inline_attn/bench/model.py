@@ -19,15 +19,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import _dtype
-from .timing import _failure, peak_memory, time_interleaved
+from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
 __all__ = ["MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases"]
 
 MODEL_COLUMNS = (
     ("x", "x", ""), ("label", "model", ""), ("resolution", "res", ""), ("batch", "B", ""),
     ("mode", "mode", ""), ("throughput", "img/s", ".2f"), ("latency_ms", "latency ms", ".1f"),
-    ("speedup", "speedup", ".2f"), ("gmacs", "GMACs/img", ".2f"), ("peak_mib", "peak MiB", ".1f"),
-    ("status", "status", ""),
+    ("speedup", "speedup", ".2f"), ("gmacs", "GMACs/img", ".2f"), ("gflops", "GFLOP/s", ".1f"),
+    ("pct_matmul", "% matmul", ".1f"), ("peak_mib", "peak MiB", ".1f"), ("status", "status", ""),
 )
 
 
@@ -185,6 +185,8 @@ def bench_models(
     dev = torch.device(device)
     labels = list(dict.fromkeys(c.label for c in cases))
     base = baseline or (labels[0] if labels else None)
+    # achieved GFLOP/s against a large matmul measured in the same run: how far from the floor
+    rate = measure_matmul_rate(dtype=dt, device=dev) if macs else math.nan
     rows = []
     points = list(dict.fromkeys((c.x if c.x is not None else c.resolution) for c in cases))
     for pt in points:
@@ -227,6 +229,9 @@ def bench_models(
                 "repeats": len(t.times) if t is not None else 0,
                 "gmacs": gmacs.get(key, math.nan), "peak_mib": peak / 2 ** 20, "status": st,
             })
+            # forward MACs x 2 FLOPs; a training step counts forward + backward as 3 forwards
+            rows[-1]["gflops"] = rows[-1]["gmacs"] * 2 * (3 if mode == "train" else 1) * rows[-1]["throughput"]
+            rows[-1]["pct_matmul"] = 100 * rows[-1]["gflops"] * 1e9 / rate
         del models, steps
         gc.collect()
     for r in rows:
@@ -236,6 +241,6 @@ def bench_models(
     return {
         "meta": {"bench": "model", "batch": batch, "dtype": str(dt).replace("torch.", ""), "mode": mode,
                  "warmup": warmup, "repeats": repeats, "budget_s": budget_s, "sdpa": sdpa or "default",
-                 "baseline": base},
+                 "baseline": base, "matmul_gflops": rate / 1e9},
         "rows": rows,
     }
