@@ -1,10 +1,10 @@
 """``ops.inline_tokens`` (the InLine layer core) and its fused CPU kernel against the naive reference.
 
-The kernel (``ops/csrc/inline_cpu.cpp``) is forward-only; its outputs are compared in float64 with
-the explicit-weights reference on awkward shapes (batch 1, odd N, H != W, prefix tokens, one head,
-a 1x1 grid, strided views from fused and split projections), with and without the residual and
-for both task layouts (per head and per sample). Gradients go through the eager path, which is
-compared with the reference as well.
+The kernels (``ops/csrc/inline_cpu.cpp``, forward and backward) are compared in float64 with the
+explicit-weights reference on awkward shapes (batch 1, odd N, H != W, prefix tokens, one head, a
+1x1 grid, strided views from fused and split projections), with and without the residual and for
+both task layouts (per head and per sample): outputs and gradients, plus gradcheck. The eager path
+is compared with the reference as well.
 """
 from __future__ import annotations
 
@@ -100,20 +100,34 @@ def test_fused_kernel_float32_close_to_float64_reference(threads, kernel_calls):
     assert len(kernel_calls) == 3
 
 
-@pytest.mark.parametrize("shape", SHAPES[:3], ids=_ids)
-def test_gradients_use_eager_path_and_match_naive(shape, kernel_calls):
+@pytest.mark.parametrize("impl", ["fast", "eager"])
+@pytest.mark.parametrize("layout", ["fused", "split"])
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_gradients_match_naive(shape, layout, impl, kernel_calls):
     b, h, w, c, heads, p = shape
-    q, k, v, weights, leaves = _inputs(shape, "fused", requires_grad=True)
+    q, k, v, weights, leaves = _inputs(shape, layout, requires_grad=True)
     kw = dict(num_heads=heads, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p)
-    fast = inline_tokens(q, k, v, **kw)
+    out = inline_tokens(q, k, v, impl=impl, **kw)
     ref = inline_tokens(q, k, v, impl="naive", **kw)
-    assert not kernel_calls, "the forward-only kernel must not run when gradients are needed"
-    torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    assert bool(kernel_calls) == (impl == "fast")
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(ref)
-    gf = torch.autograd.grad(fast, leaves + [weights], g)
-    gr = torch.autograd.grad(ref, leaves + [weights], g)
-    for a, r in zip(gf, gr):
-        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+    got = torch.autograd.grad(out, leaves + [weights], g)
+    want = torch.autograd.grad(ref, leaves + [weights], g)
+    for name, a, r in zip(["inputs"] * len(leaves) + ["weights"], got, want):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11, msg=lambda m: f"grad of {name}: {m}")
+
+
+def test_fused_backward_gradcheck_and_no_residual():
+    for residual in (True, False):
+        q, k, v, weights, leaves = _inputs((2, 3, 4, 12, 3, 1), "fused", requires_grad=True)
+        wts = weights if residual else None
+
+        def fn(qkv, wt):
+            q, k, v = qkv.chunk(3, dim=-1)
+            return inline_tokens(q, k, v, num_heads=3, feat_size=(3, 4), residual_weights=wt, num_prefix_tokens=1)
+
+        assert torch.autograd.gradcheck(fn, (leaves[0], wts))
 
 
 def test_non_unit_channel_stride_and_kernels_fall_back_to_eager(kernel_calls):

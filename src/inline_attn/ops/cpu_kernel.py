@@ -6,9 +6,10 @@ DeiT-T's 14x14 grid) those passes cost more than the arithmetic. The kernel does
 sample (or per head when samples are few) while its tokens are in cache and calls the BLAS bundled
 with PyTorch for the two D x D products (docs/benchmarks.md measures it against the eager path).
 
-The kernel is forward-only: :func:`inline_attn.ops.inline_tokens` uses it for inference (no
-gradient needed) on float32 / float64 CPU tensors outside autocast and ``torch.compile``, and the
-eager composition otherwise. It is compiled with ``torch.utils.cpp_extension`` (g++ and ninja,
+A forward and a backward kernel form one autograd node (first-order gradients; the backward
+recomputes the D x D product instead of saving it). :func:`inline_attn.ops.inline_tokens` uses them
+on float32 / float64 CPU tensors outside autocast and ``torch.compile``, and the eager composition
+otherwise. It is compiled with ``torch.utils.cpp_extension`` (g++ and ninja,
 ~15 s once; cached under ``~/.cache/torch_extensions``). If the build fails the eager path is used
 and a warning says why. ``INLINE_ATTN_CPU_KERNEL=0`` (or :func:`use_cpu_kernel`) turns it off,
 e.g. to compare the two paths.
@@ -79,11 +80,21 @@ _LIB.define(
     "inline_forward(Tensor q, Tensor k, Tensor v, Tensor? w9, int num_heads, float scale, int H, int W, "
     "int num_prefix_tokens) -> Tensor"
 )
+_LIB.define(
+    "inline_backward(Tensor q, Tensor k, Tensor v, Tensor? w9, Tensor grad, int num_heads, float scale, int H, "
+    "int W, int num_prefix_tokens) -> Tensor[]"
+)
 
 
 @torch.library.register_fake(_OP_NAME)
 def _fake(q, k, v, w9, num_heads, scale, h, w, p):
     return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("inline_attn::inline_backward")
+def _fake_backward(q, k, v, w9, grad, num_heads, scale, h, w, p):
+    dw = q.new_empty(w9.shape) if w9 is not None else q.new_empty(0)
+    return [q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), dw]
 
 
 @register_flop_formula(torch.ops.inline_attn.inline_forward)
@@ -95,6 +106,18 @@ def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, scale, h, w, p, *args
     macs = 2 * b * n * c * (c // num_heads)
     if w9_shape is not None:
         macs += 9 * b * h * w * c
+    return 2 * macs
+
+
+@register_flop_formula(torch.ops.inline_attn.inline_backward)
+def _flops_backward(q_shape, k_shape, v_shape, w9_shape, g_shape, num_heads, scale, h, w, p, *args,
+                    out_shape=None, **kwargs):
+    """The kernel's own work: five d x d products per head (M recomputed, dM, dQ, dK, dV) and the
+    residual's two transposed 3x3 passes (dV and dw)."""
+    b, n, c = q_shape
+    macs = 5 * b * n * c * (c // num_heads)
+    if w9_shape is not None:
+        macs += 18 * b * h * w * c
     return 2 * macs
 
 
@@ -119,6 +142,25 @@ def use_cpu_kernel(enabled: bool):
         _state["enabled"] = previous
 
 
+class _InLineCPU(torch.autograd.Function):
+    """The kernel's forward and backward as one autograd node (M is recomputed in the backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w9, num_heads, scale, h, w, p):
+        ctx.save_for_backward(q, k, v, w9)
+        ctx.args = (num_heads, scale, h, w, p)
+        return torch.ops.inline_attn.inline_forward(q, k, v, w9, num_heads, scale, h, w, p)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, w9 = ctx.saved_tensors
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        dq, dk, dv, dw = torch.ops.inline_attn.inline_backward(q, k, v, w9, grad, *ctx.args)
+        return dq, dk, dv, (dw if w9 is not None else None), None, None, None, None, None
+
+
 def inline_forward_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,6 +175,7 @@ def inline_forward_cpu(
     """Call the kernel (inputs already validated by :func:`inline_attn.ops.inline_tokens`).
 
     q, k, v: [B, N, C] with unit channel stride; weights: [B, C, 3, 3] or None -> [B, N, C].
+    Differentiable (first order) in q, k, v and weights.
     """
     if not _load():
         raise RuntimeError(f"the fused CPU kernel is not available: {_state['error']}")
@@ -141,4 +184,4 @@ def inline_forward_cpu(
         b, c = weights.shape[:2]
         w9 = weights.reshape(b, c, 9).transpose(1, 2).contiguous()  # [B, 9, C]: taps over channels
     h, w = feat_size
-    return torch.ops.inline_attn.inline_forward(q, k, v, w9, num_heads, float(scale), h, w, num_prefix_tokens)
+    return _InLineCPU.apply(q, k, v, w9, num_heads, float(scale), h, w, num_prefix_tokens)

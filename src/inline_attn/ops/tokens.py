@@ -6,9 +6,9 @@ Sec. 4.2) added on the H x W grid tokens (not on the prefix tokens). Three imple
 
 - ``naive``: explicit N x N weights (:func:`attention_weights`) and nine shifted multiply-adds.
 - ``eager``: :func:`inline_attention` per head and the grouped-convolution residual.
-- ``fast`` (default): the fused CPU kernel (:mod:`.cpu_kernel`) where it applies (inference on
-  float32 / float64 CPU tensors, identity kernel, no autocast, not under ``torch.compile``),
-  else ``eager``.
+- ``fast`` (default): the fused CPU kernels (:mod:`.cpu_kernel`, forward and backward) where they
+  apply (float32 / float64 CPU tensors, identity kernel, no autocast, not under
+  ``torch.compile``), else ``eager``.
 """
 from __future__ import annotations
 
@@ -58,7 +58,6 @@ def _use_cpu_kernel(q, k, v, weights, kernel) -> bool:
         and all(t.dtype == q.dtype and t.device == q.device for t in tensors)
         and all(t.stride(-1) == 1 for t in (q, k, v))
         and not torch.is_autocast_enabled("cpu")
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         and not torch.compiler.is_compiling()
         and cpu_kernel.cpu_kernel_available()
     )

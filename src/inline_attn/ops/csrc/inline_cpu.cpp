@@ -1,4 +1,4 @@
-// Fused InLine attention core for CPU inference (forward only).
+// Fused InLine attention core for the CPU: forward and backward.
 //
 // One task per (sample, head): the key/value means, the centred D x D key-value product, and
 // O = phi(Q) M + v_bar + local residual (paper Eq. 5 plus Sec. 4.2), all while that head's
@@ -40,6 +40,41 @@ inline void gemm(char ta, char tb, int m, int n, int k, double alpha, const doub
   dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
 }
 
+// A task is one sample and a block of g consecutive heads (g * d channels): whole samples when
+// there are many (windows), so the memory-bound loops run over long channel rows; single heads
+// when there are few samples, so every thread gets work.
+int64_t heads_per_task(int64_t B, int64_t heads) {
+  const int64_t threads = at::get_num_threads();
+  int64_t g = heads;
+  while (g > 1 && B * (heads / g) < 4 * threads) {
+    int64_t next = g - 1;
+    while (heads % next != 0) --next;
+    g = next;
+  }
+  return g;
+}
+
+// Column means of a [N, cg] block with row stride ld.
+template <typename T>
+void column_means(const T* x, int64_t ld, int64_t N, int64_t cg, T* mean) {
+  std::fill(mean, mean + cg, T(0));
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xn = x + n * ld;
+    for (int64_t a = 0; a < cg; ++a) mean[a] += xn[a];
+  }
+  for (int64_t a = 0; a < cg; ++a) mean[a] /= static_cast<T>(N);
+}
+
+// dst[n] = src[n] - mean for a [N, cg] block (dst contiguous, src row stride ld).
+template <typename T>
+void centre(const T* src, int64_t ld, int64_t N, int64_t cg, const T* mean, T* dst) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* sn = src + n * ld;
+    T* dn = dst + n * cg;
+    for (int64_t a = 0; a < cg; ++a) dn[a] = sn[a] - mean[a];
+  }
+}
+
 template <typename T>
 void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const T* w9, at::Tensor& out, int64_t heads, double scale, int64_t H,
@@ -53,17 +88,7 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t ksb = k.stride(0), ksn = k.stride(1);
   const int64_t vsb = v.stride(0), vsn = v.stride(1);
   const T alpha = static_cast<T>(scale / static_cast<double>(N));
-  // A task is one sample and a block of g consecutive heads (cg = g * d channels): whole samples
-  // when there are many (windows), so the memory-bound loops run over long channel rows; single
-  // heads when there are few samples, so every thread gets work.
-  const int64_t threads = at::get_num_threads();
-  int64_t g = heads;
-  while (g > 1 && B * (heads / g) < 4 * threads) {
-    int64_t next = g - 1;
-    while (heads % next != 0) --next;
-    g = next;
-  }
-  const int64_t blocks = heads / g, cg = g * d;
+  const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
 
   at::parallel_for(0, B * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> kc(N * cg), m(d * d), kbar(cg), vbar(cg);
@@ -74,27 +99,10 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       const T* vb = vp + b * vsb + c0;
       T* ob = op + b * N * C + c0;
 
-      // Means of K and V over the N tokens.
-      std::fill(kbar.begin(), kbar.end(), T(0));
-      std::fill(vbar.begin(), vbar.end(), T(0));
-      for (int64_t n = 0; n < N; ++n) {
-        const T* kn = kb + n * ksn;
-        const T* vn = vb + n * vsn;
-        for (int64_t a = 0; a < cg; ++a) {
-          kbar[a] += kn[a];
-          vbar[a] += vn[a];
-        }
-      }
-      for (int64_t a = 0; a < cg; ++a) {
-        kbar[a] /= static_cast<T>(N);
-        vbar[a] /= static_cast<T>(N);
-      }
+      column_means(kb, ksn, N, cg, kbar.data());
+      column_means(vb, vsn, N, cg, vbar.data());
       // Centred keys (row-major [N, cg]): the cancellation stays out of the product.
-      for (int64_t n = 0; n < N; ++n) {
-        const T* kn = kb + n * ksn;
-        T* cn = kc.data() + n * cg;
-        for (int64_t a = 0; a < cg; ++a) cn[a] = kn[a] - kbar[a];
-      }
+      centre(kb, ksn, N, cg, kbar.data(), kc.data());
       // O = v_bar, plus the 3x3 residual on grid tokens (zero padding at the map's border).
       for (int64_t n = 0; n < N; ++n) {
         T* on = ob + n * C;
@@ -121,6 +129,94 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
              m.data(), int(d));
         // O^T += M^T Q^T (column-major): A = M (lda = d), B = Q (ldb = qsn), C = O (ldc = C).
         gemm('N', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), qb + ci, int(qsn), T(1), ob + ci, int(C));
+      }
+    }
+  });
+}
+
+// Backward of inline_forward. Per head, with alpha = scale / N, Kc = K - k_bar, Vc = V - v_bar,
+// M = alpha Kc^T V and O = Q M + v_bar + R(V, w):
+//   dQ = G M^T;  dM = Q^T G;  dK = alpha Vc dM^T (centring's gradient: sum_n Kc_n = 0);
+//   dV = alpha Kc dM + mean_n G_n + R^T(G, w);  dw[t] = sum_n G_n * V_{n + t}.
+// M is recomputed (one d x d product) instead of saved.
+template <typename T>
+void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const T* w9,
+                     const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, T* dw9,
+                     int64_t heads, double scale, int64_t H, int64_t W, int64_t p) {
+  const int64_t B = q.size(0), N = q.size(1), C = q.size(2), d = C / heads;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* gp = grad.data_ptr<T>();
+  T* dqp = dq.data_ptr<T>();
+  T* dkp = dk.data_ptr<T>();
+  T* dvp = dv.data_ptr<T>();
+  const int64_t qsb = q.stride(0), qsn = q.stride(1);
+  const int64_t ksb = k.stride(0), ksn = k.stride(1);
+  const int64_t vsb = v.stride(0), vsn = v.stride(1);
+  const int64_t gsb = grad.stride(0), gsn = grad.stride(1);
+  const T alpha = static_cast<T>(scale / static_cast<double>(N));
+  const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
+
+  at::parallel_for(0, B * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> kc(N * cg), vc(N * cg), m(d * d), dm(d * d), kbar(cg), vbar(cg), gbar(cg);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / blocks, c0 = (task % blocks) * cg;
+      const T* qb = qp + b * qsb + c0;
+      const T* kb = kp + b * ksb + c0;
+      const T* vb = vp + b * vsb + c0;
+      const T* gb = gp + b * gsb + c0;
+      T* dqb = dqp + b * N * C + c0;
+      T* dkb = dkp + b * N * C + c0;
+      T* dvb = dvp + b * N * C + c0;
+
+      column_means(kb, ksn, N, cg, kbar.data());
+      column_means(vb, vsn, N, cg, vbar.data());
+      column_means(gb, gsn, N, cg, gbar.data());
+      centre(kb, ksn, N, cg, kbar.data(), kc.data());
+      centre(vb, vsn, N, cg, vbar.data(), vc.data());
+
+      // dV = mean(G) + R^T(G, w) (the residual's transpose: V at (y, x) fed the outputs at
+      // (y - dy, x - dx) with tap (dy, dx)); dw[t] = sum over outputs of G * shifted V.
+      for (int64_t n = 0; n < N; ++n) {
+        T* dn = dvb + n * C;
+        for (int64_t a = 0; a < cg; ++a) dn[a] = gbar[a];
+        if (w9 == nullptr || n < p) continue;
+        const int64_t y = (n - p) / W, x = (n - p) % W;
+        const T* gn = gb + n * gsn;
+        for (int64_t dy = -1; dy <= 1; ++dy) {
+          for (int64_t dx = -1; dx <= 1; ++dx) {
+            const int64_t t = 3 * (dy + 1) + (dx + 1);
+            const int64_t yo = y - dy, xo = x - dx;  // output fed by this V through tap t
+            if (yo >= 0 && yo < H && xo >= 0 && xo < W) {
+              const T* wt = w9 + (b * 9 + t) * C + c0;
+              const T* go = gb + (p + yo * W + xo) * gsn;
+              for (int64_t a = 0; a < cg; ++a) dn[a] += wt[a] * go[a];
+            }
+            const int64_t yi = y + dy, xi = x + dx;  // V read by this output through tap t
+            if (yi >= 0 && yi < H && xi >= 0 && xi < W) {
+              T* dwt = dw9 + (b * 9 + t) * C + c0;
+              const T* vi = vb + (p + yi * W + xi) * vsn;
+              for (int64_t a = 0; a < cg; ++a) dwt[a] += gn[a] * vi[a];
+            }
+          }
+        }
+      }
+      for (int64_t i = 0; i < g; ++i) {
+        const int64_t ci = i * d;
+        // M (row-major [d, d]) as in the forward; dM[a][e] = sum_n q[n][a] g[n][e], same pattern.
+        gemm('N', 'T', int(d), int(d), int(N), alpha, vb + ci, int(vsn), kc.data() + ci, int(cg), T(0),
+             m.data(), int(d));
+        gemm('N', 'T', int(d), int(d), int(N), T(1), gb + ci, int(gsn), qb + ci, int(qsn), T(0), dm.data(),
+             int(d));
+        // dQ[n][a] = sum_e g[n][e] M[a][e]: column-major dQ^T = M G^T (A = stored M^T, transposed).
+        gemm('T', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), gb + ci, int(gsn), T(0), dqb + ci, int(C));
+        // dK[n][a] = alpha sum_e vc[n][e] dM[a][e]: the same pattern with Vc and dM.
+        gemm('T', 'N', int(d), int(N), int(d), alpha, dm.data(), int(d), vc.data() + ci, int(cg), T(0), dkb + ci,
+             int(C));
+        // dV[n][e] += alpha sum_a kc[n][a] dM[a][e]: the forward's O += Q M pattern.
+        gemm('N', 'N', int(d), int(N), int(d), alpha, dm.data(), int(d), kc.data() + ci, int(cg), T(1), dvb + ci,
+             int(C));
       }
     }
   });
@@ -163,8 +259,45 @@ at::Tensor inline_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at
   return out;
 }
 
+std::vector<at::Tensor> inline_backward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const std::optional<at::Tensor>& w9, const at::Tensor& grad,
+                                            int64_t num_heads, double scale, int64_t H, int64_t W,
+                                            int64_t num_prefix_tokens) {
+  check_tokens(q, "q", q);
+  check_tokens(k, "k", q);
+  check_tokens(v, "v", q);
+  check_tokens(grad, "grad", q);
+  const int64_t B = q.size(0), N = q.size(1), C = q.size(2);
+  TORCH_CHECK(num_heads > 0 && C % num_heads == 0, "C=", C, " must be a multiple of num_heads=", num_heads);
+  TORCH_CHECK(num_prefix_tokens >= 0 && num_prefix_tokens + H * W == N, "N=", N, " must equal ",
+              num_prefix_tokens, " + ", H, "*", W);
+  at::Tensor w, dw;
+  if (w9.has_value()) {
+    w = w9->contiguous();
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == B && w.size(1) == 9 && w.size(2) == C,
+                "w9 must be [B, 9, C], got ", w.sizes());
+    dw = at::zeros({B, 9, C}, q.options());
+  }
+  at::Tensor dq = at::empty({B, N, C}, q.options());
+  at::Tensor dk = at::empty({B, N, C}, q.options());
+  at::Tensor dv = at::empty({B, N, C}, q.options());
+  if (q.scalar_type() == at::kFloat) {
+    inline_backward<float>(q, k, v, w.defined() ? w.data_ptr<float>() : nullptr, grad, dq, dk, dv,
+                           dw.defined() ? dw.data_ptr<float>() : nullptr, num_heads, scale, H, W, num_prefix_tokens);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kDouble, "float32 or float64 only");
+    inline_backward<double>(q, k, v, w.defined() ? w.data_ptr<double>() : nullptr, grad, dq, dk, dv,
+                            dw.defined() ? dw.data_ptr<double>() : nullptr, num_heads, scale, H, W, num_prefix_tokens);
+  }
+  if (!dw.defined()) dw = at::empty({0}, q.options());
+  return {dq, dk, dv, dw};
+}
+
 }  // namespace
 
 // The schema is defined in Python (inline_attn/ops/cpu_kernel.py) so that its FLOP formula and fake
 // tensor rule exist before the kernel is built; this file provides the CPU implementation.
-TORCH_LIBRARY_IMPL(inline_attn, CPU, m) { m.impl("inline_forward", &inline_forward_cpu); }
+TORCH_LIBRARY_IMPL(inline_attn, CPU, m) {
+  m.impl("inline_forward", &inline_forward_cpu);
+  m.impl("inline_backward", &inline_backward_cpu);
+}
