@@ -175,3 +175,38 @@ def test_preset_layer_runs_the_attention_sweep(tmp_path, monkeypatch):
     assert main(["bench", "model", "--preset", "layer", "--out", str(tmp_path), "--no-plot"]) == 0
     assert seen["sizes"] == (14, 28, 56, 112) and seen["dim"] == 96 and seen["heads"] == 3
     assert (tmp_path / "layer.json").exists()
+
+
+def test_bench_model_breakdown_reports_categories_and_bound(tmp_path, capsys):
+    from inline_attn.bench.breakdown import categorize
+
+    assert categorize("inline_attn::inline_forward") == "attention core"
+    assert categorize("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention core"
+    assert categorize("aten::addmm") == "linear" and categorize("aten::gelu") == "activation"
+    assert categorize("aten::native_layer_norm") == "normalization" and categorize("aten::foo") == "other"
+    spec = "inl=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3"
+    rc = main(["bench", "model", "--models", "soft=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,pattern=S", spec,
+               "--resolutions", "64", "--batch", "2", "--repeats", "2", "--breakdown", "--no-plot", "--out", str(tmp_path)])
+    assert rc == 0
+    assert "bound x" in capsys.readouterr().out
+    rows = {r["label"]: r for r in json.load(open(tmp_path / "model.json"))["rows"]}
+    for r in rows.values():
+        assert r["bd_attention_core"] > 0 and r["bd_linear"] > 0 and 0 < r["core_share"] < 100
+        # without its attention core a model is faster than with it: the bound exceeds its speedup
+        assert r["bound"] > r["speedup"]
+
+
+def test_model_spec_cpu_kernel_off_runs_the_eager_path(monkeypatch):
+    from inline_attn.ops import tokens
+
+    calls = []
+    real = tokens.cpu_kernel.inline_forward_cpu
+    monkeypatch.setattr(tokens.cpu_kernel, "inline_forward_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
+    label, name, overrides = parse_model_spec("eager=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,cpu_kernel=0")
+    assert overrides["cpu_kernel"] == 0
+    case = ModelCase(label, name, 32, 32, overrides)
+    res = bench_models([case], batch=2, repeats=1, macs=False, memory=False)
+    assert res["rows"][0]["status"] == "ok" and not calls
+    on = ModelCase("fused", name, 32, 32, {k: v for k, v in overrides.items() if k != "cpu_kernel"})
+    bench_models([on], batch=2, repeats=1, macs=False, memory=False)
+    assert calls

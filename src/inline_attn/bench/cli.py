@@ -66,7 +66,7 @@ def _cmd_residual(args) -> int:
 
 
 def _cmd_model(args) -> int:
-    from .model import MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
+    from .model import BREAKDOWN_COLUMNS, MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
 
     if args.preset == "layer":
         ns = argparse.Namespace(**vars(args))
@@ -91,13 +91,17 @@ def _cmd_model(args) -> int:
     result = bench_models(
         cases, batch=batch, dtype=args.dtype, device=args.device, mode=args.mode, warmup=args.warmup,
         repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory, macs=not args.no_macs,
-        sdpa=args.sdpa, baseline=args.baseline,
+        sdpa=args.sdpa, baseline=args.baseline, breakdown=args.breakdown,
     )
     result["meta"]["preset"] = args.preset
     args.name = name
     xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
     title = (f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}, "
              f"{torch.get_num_threads()} threads, SDPA {result['meta']['sdpa']}")
+    if args.breakdown:
+        print("time by operator category (torch.profiler, mean of 3 steps; bound = the speedup over "
+              f"{result['meta']['baseline']} with a free attention core):")
+        print(format_table(result["rows"], BREAKDOWN_COLUMNS))
     return _finish(result, args, MODEL_COLUMNS, dict(
         x="x", series="label", xlabel=xlabel, title=title, xticks=xs,
         panels=(("throughput", "throughput (img/s)", True), ("speedup", f"speedup vs {result['meta']['baseline']}", False),
@@ -160,5 +164,8 @@ def register(subparsers) -> None:
                     help="math: explicit N x N softmax attention (as the reference code) instead of fused SDPA")
     pm.add_argument("--baseline", default=None, help="label the speedups divide by (default: the first)")
     pm.add_argument("--no-macs", action="store_true", help="skip counting MACs")
+    pm.add_argument("--breakdown", action="store_true",
+                    help="profile three more steps per case: ms per operator category, the attention core's "
+                         "share and the speedup bound with a free attention core")
     _common(pm, "model", repeats=5, budget=60.0)
     pm.set_defaults(func=_cmd_model)

@@ -19,9 +19,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import _dtype
+from ..ops import use_cpu_kernel
+from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
-__all__ = ["MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases"]
+__all__ = ["BREAKDOWN_COLUMNS", "MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases"]
 
 MODEL_COLUMNS = (
     ("x", "x", ""), ("label", "model", ""), ("resolution", "res", ""), ("batch", "B", ""),
@@ -29,6 +31,10 @@ MODEL_COLUMNS = (
     ("speedup", "speedup", ".2f"), ("gmacs", "GMACs/img", ".2f"), ("gflops", "GFLOP/s", ".1f"),
     ("pct_matmul", "% matmul", ".1f"), ("peak_mib", "peak MiB", ".1f"), ("status", "status", ""),
 )
+# --breakdown: profiled ms per category of a step (mean of 3), and the Amdahl bound on the speedup
+BREAKDOWN_COLUMNS = (("x", "x", ""), ("label", "model", "")) + tuple(
+    (f"bd_{c.replace(' ', '_')}", f"{c} ms", ".1f") for c in BREAKDOWN_CATEGORIES
+) + (("core_share", "core %", ".1f"), ("bound", "bound x", ".2f"))
 
 
 @dataclass
@@ -41,7 +47,8 @@ class ModelCase:
         resolution: input side (square images).
         x: the sweep value this case is plotted at (the resolution, or a window size).
         overrides: constructor keyword arguments (``img_size`` is set to ``resolution``
-            unless given).
+            unless given); ``cpu_kernel=0`` is not one: it runs the case with InLine's fused
+            CPU kernel switched off (the eager path), to compare the two in one run.
     """
 
     label: str
@@ -55,9 +62,13 @@ class ModelCase:
             return self.name()
         from ..models import create_model
 
-        kw = dict(self.overrides)
+        kw = {k: v for k, v in self.overrides.items() if k != "cpu_kernel"}
         kw.setdefault("img_size", self.resolution)
         return create_model(self.name, **kw)
+
+    @property
+    def cpu_kernel(self) -> bool:
+        return bool(self.overrides.get("cpu_kernel", True))
 
 
 def _literal(text: str):
@@ -116,13 +127,15 @@ def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[l
     raise ValueError(f"unknown model preset {preset!r}: expected window or resolution")
 
 
-def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str]):
+def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str], cpu_kernel: bool = True):
     def ctx():
+        stack = contextlib.ExitStack()
+        stack.enter_context(use_cpu_kernel(cpu_kernel))
         if sdpa == "math":
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            return sdpa_kernel(SDPBackend.MATH)
-        return contextlib.nullcontext()
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        return stack
 
     if mode == "infer":
         def step():
@@ -157,6 +170,7 @@ def bench_models(
     budget_s: Optional[float] = 60.0,
     memory: bool = True,
     macs: bool = True,
+    breakdown: bool = False,
     in_chans: int = 3,
     sdpa: Optional[str] = None,
     baseline: Optional[str] = None,
@@ -171,6 +185,9 @@ def bench_models(
         warmup, repeats, budget_s: see :func:`inline_attn.bench.timing.time_interleaved`.
         memory: peak memory of one step (extra untimed call). macs: MACs per image
             (:func:`inline_attn.models.profile.profile`, batch 1, eval).
+        breakdown: profile three extra steps per case (:mod:`.breakdown`): ms per operator category,
+            the attention core's share, and ``bound``: the baseline's latency over this case's
+            latency without its attention core, the most any attention core could give.
         sdpa: None (PyTorch's choice: fused kernels) or "math" (explicit N x N attention, as
             the reference code computes it).
         baseline: the label whose throughput the speedups divide by (default: first label).
@@ -200,7 +217,7 @@ def bench_models(
                 model = c.build().to(dev, dt)
                 model.train(mode == "train")
                 x = torch.randn(batch, in_chans, c.resolution, c.resolution, device=dev, dtype=dt)
-                steps[key] = _step(model, x, mode, sdpa)
+                steps[key] = _step(model, x, mode, sdpa, cpu_kernel=c.cpu_kernel)
                 models.append(model)
                 if macs:
                     try:
@@ -232,12 +249,19 @@ def bench_models(
             # forward MACs x 2 FLOPs; a training step counts forward + backward as 3 forwards
             rows[-1]["gflops"] = rows[-1]["gmacs"] * 2 * (3 if mode == "train" else 1) * rows[-1]["throughput"]
             rows[-1]["pct_matmul"] = 100 * rows[-1]["gflops"] * 1e9 / rate
+            if breakdown and t is not None and t.ok:
+                bd = profile_breakdown(steps[key])
+                rows[-1].update({f"bd_{c.replace(' ', '_')}": ms for c, ms in bd.items()})
+                rows[-1]["core_share"] = 100 * bd["attention core"] / max(sum(bd.values()), 1e-9)
         del models, steps
         gc.collect()
     for r in rows:
         ref = next((q for q in rows if q["label"] == base and q["x"] == r["x"]), None)
         r["speedup"] = r["throughput"] / ref["throughput"] if ref else math.nan
         r["memory_ratio"] = r["peak_mib"] / ref["peak_mib"] if ref else math.nan
+        if "core_share" in r:
+            rest = r["latency_ms"] * (1 - r["core_share"] / 100)
+            r["bound"] = ref["latency_ms"] / rest if ref and rest > 0 else math.nan
     return {
         "meta": {"bench": "model", "batch": batch, "dtype": str(dt).replace("torch.", ""), "mode": mode,
                  "warmup": warmup, "repeats": repeats, "budget_s": budget_s, "sdpa": sdpa or "default",
