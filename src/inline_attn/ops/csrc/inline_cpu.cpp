@@ -1,8 +1,8 @@
 // Fused InLine attention core for the CPU: forward and backward.
 //
-// One task per (sample, head): the key/value means, the centred D x D key-value product, and
-// O = phi(Q) M + v_bar + local residual (paper Eq. 5 plus Sec. 4.2), all while that head's
-// tokens are in cache. The two products go to the BLAS bundled with PyTorch (MKL's sgemm_ /
+// One task per sample (or per sample and head when samples are few): the key/value means, the
+// centred D x D key-value products, and O = phi(Q) M + v_bar + local residual (paper Eq. 5 plus
+// Sec. 4.2; phi = identity), all while the task's tokens are in cache. The two products go to the BLAS bundled with PyTorch (MKL's sgemm_ /
 // dgemm_, exported by libtorch_cpu); everything else is plain loops over contiguous channels.
 // Eager PyTorch spends more time moving tokens between layouts than on arithmetic at small N
 // (docs/benchmarks.md); this kernel reads Q, K, V once in place and writes O once, token-major,
