@@ -4,8 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..ops import local_residual as _local_residual_fast
-from ..ops import naive_local_residual
+from ..ops.tokens import apply_local_residual
 
 
 class LocalResidual(nn.Sequential):
@@ -45,6 +44,4 @@ class LocalResidual(nn.Sequential):
 
     def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "fast") -> torch.Tensor:
         """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""
-        weights = self.predict(context).to(v.dtype)
-        fn = naive_local_residual if impl == "naive" else _local_residual_fast
-        return fn(v, weights)
+        return apply_local_residual(v, self.predict(context), impl)

@@ -30,6 +30,13 @@ def add_to_grid_tokens(out: torch.Tensor, res: torch.Tensor, num_prefix_tokens: 
     return torch.cat([out[:, :num_prefix_tokens], out[:, num_prefix_tokens:] + res], dim=1)
 
 
+def apply_local_residual(v_img: torch.Tensor, weights: torch.Tensor, impl: str = "fast") -> torch.Tensor:
+    """v_img [B, C, H, W], weights [B, C, 3, 3] -> [B, C, H, W]: the grouped convolution, or the
+    nine shifted multiply-adds for ``impl="naive"``; weights are cast to V's dtype."""
+    fn = naive_local_residual if impl == "naive" else local_residual
+    return fn(v_img, weights.to(v_img.dtype))
+
+
 def grid_residual(
     v: torch.Tensor,
     weights: torch.Tensor,
@@ -39,13 +46,13 @@ def grid_residual(
 ) -> torch.Tensor:
     """The 3x3 local residual of token-major values: v [B, P + H*W, C] -> [B, H*W, C] (a view).
 
-    weights: [B, C, 3, 3]. ``impl="naive"`` uses the nine shifted multiply-adds.
+    weights: [B, C, 3, 3]. ``impl="naive"`` uses the nine shifted multiply-adds, any other value
+    the grouped convolution.
     """
     b, _, c = v.shape
     h, w = feat_size
     v_img = v[:, num_prefix_tokens:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W] view
-    fn = naive_local_residual if impl == "naive" else local_residual
-    return fn(v_img, weights.to(v.dtype)).flatten(2).transpose(1, 2)
+    return apply_local_residual(v_img, weights, impl).flatten(2).transpose(1, 2)
 
 
 def _use_cpu_kernel(q, k, v, weights, kernel) -> bool:
@@ -117,5 +124,5 @@ def inline_tokens(
     out = out.transpose(1, 2).reshape(b, n, c)
     if residual_weights is None:
         return out
-    res = grid_residual(v, residual_weights, (h, w), num_prefix_tokens, impl="naive" if impl == "naive" else "fast")
+    res = grid_residual(v, residual_weights, (h, w), num_prefix_tokens, impl=impl)
     return add_to_grid_tokens(out, res, num_prefix_tokens)

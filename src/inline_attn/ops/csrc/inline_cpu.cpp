@@ -14,6 +14,7 @@
 // residual kernel. Tokens [0, p) are prefix tokens (no residual); token p + y * W + x is grid
 // cell (y, x). The result is [B, N, C] contiguous.
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -230,32 +231,45 @@ void check_tokens(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK(t.stride(2) == 1, name, " must have unit channel stride");
 }
 
-at::Tensor inline_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              const std::optional<at::Tensor>& w9, int64_t num_heads, double scale,
-                              int64_t H, int64_t W, int64_t num_prefix_tokens) {
+// Validates the op's arguments (shared by forward and backward); returns w9 made contiguous, or an
+// undefined tensor when there is no residual.
+at::Tensor check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const std::optional<at::Tensor>& w9, int64_t num_heads, int64_t H, int64_t W,
+                        int64_t num_prefix_tokens) {
   check_tokens(q, "q", q);
   check_tokens(k, "k", q);
   check_tokens(v, "v", q);
   const int64_t B = q.size(0), N = q.size(1), C = q.size(2);
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "float32 or float64 only");
   TORCH_CHECK(num_heads > 0 && C % num_heads == 0, "C=", C, " must be a multiple of num_heads=", num_heads);
   TORCH_CHECK(num_prefix_tokens >= 0 && num_prefix_tokens + H * W == N, "N=", N, " must equal ",
               num_prefix_tokens, " + ", H, "*", W);
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "float32 or float64 only");
-  at::Tensor w;
-  if (w9.has_value()) {
-    w = w9->contiguous();
-    TORCH_CHECK(w.dim() == 3 && w.size(0) == B && w.size(1) == 9 && w.size(2) == C,
-                "w9 must be [B, 9, C], got ", w.sizes());
-    TORCH_CHECK(w.scalar_type() == q.scalar_type(), "w9 must have q's dtype");
-  }
-  at::Tensor out = at::empty({B, N, C}, q.options());
-  if (q.scalar_type() == at::kFloat) {
-    inline_forward<float>(q, k, v, w.defined() ? w.data_ptr<float>() : nullptr, out, num_heads, scale, H, W,
-                          num_prefix_tokens);
-  } else {
-    inline_forward<double>(q, k, v, w.defined() ? w.data_ptr<double>() : nullptr, out, num_heads, scale, H,
-                           W, num_prefix_tokens);
-  }
+  if (!w9.has_value()) return at::Tensor();
+  at::Tensor w = w9->contiguous();
+  TORCH_CHECK(w.dim() == 3 && w.size(0) == B && w.size(1) == 9 && w.size(2) == C,
+              "w9 must be [B, 9, C], got ", w.sizes());
+  TORCH_CHECK(w.scalar_type() == q.scalar_type(), "w9 must have q's dtype");
+  return w;
+}
+
+template <typename T>
+const T* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+template <typename T>
+T* data_or_null(at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+at::Tensor inline_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& w9, int64_t num_heads, double scale,
+                              int64_t H, int64_t W, int64_t num_prefix_tokens) {
+  const at::Tensor w = check_inputs(q, k, v, w9, num_heads, H, W, num_prefix_tokens);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "inline_forward", [&] {
+    inline_forward<scalar_t>(q, k, v, data_or_null<scalar_t>(w), out, num_heads, scale, H, W, num_prefix_tokens);
+  });
   return out;
 }
 
@@ -263,34 +277,17 @@ std::vector<at::Tensor> inline_backward_cpu(const at::Tensor& q, const at::Tenso
                                             const std::optional<at::Tensor>& w9, const at::Tensor& grad,
                                             int64_t num_heads, double scale, int64_t H, int64_t W,
                                             int64_t num_prefix_tokens) {
-  check_tokens(q, "q", q);
-  check_tokens(k, "k", q);
-  check_tokens(v, "v", q);
+  const at::Tensor w = check_inputs(q, k, v, w9, num_heads, H, W, num_prefix_tokens);
   check_tokens(grad, "grad", q);
-  const int64_t B = q.size(0), N = q.size(1), C = q.size(2);
-  TORCH_CHECK(num_heads > 0 && C % num_heads == 0, "C=", C, " must be a multiple of num_heads=", num_heads);
-  TORCH_CHECK(num_prefix_tokens >= 0 && num_prefix_tokens + H * W == N, "N=", N, " must equal ",
-              num_prefix_tokens, " + ", H, "*", W);
-  at::Tensor w, dw;
-  if (w9.has_value()) {
-    w = w9->contiguous();
-    TORCH_CHECK(w.dim() == 3 && w.size(0) == B && w.size(1) == 9 && w.size(2) == C,
-                "w9 must be [B, 9, C], got ", w.sizes());
-    dw = at::zeros({B, 9, C}, q.options());
-  }
-  at::Tensor dq = at::empty({B, N, C}, q.options());
-  at::Tensor dk = at::empty({B, N, C}, q.options());
-  at::Tensor dv = at::empty({B, N, C}, q.options());
-  if (q.scalar_type() == at::kFloat) {
-    inline_backward<float>(q, k, v, w.defined() ? w.data_ptr<float>() : nullptr, grad, dq, dk, dv,
-                           dw.defined() ? dw.data_ptr<float>() : nullptr, num_heads, scale, H, W, num_prefix_tokens);
-  } else {
-    TORCH_CHECK(q.scalar_type() == at::kDouble, "float32 or float64 only");
-    inline_backward<double>(q, k, v, w.defined() ? w.data_ptr<double>() : nullptr, grad, dq, dk, dv,
-                            dw.defined() ? dw.data_ptr<double>() : nullptr, num_heads, scale, H, W, num_prefix_tokens);
-  }
-  if (!dw.defined()) dw = at::empty({0}, q.options());
-  return {dq, dk, dv, dw};
+  at::Tensor dw = w.defined() ? at::zeros(w.sizes(), q.options()) : at::Tensor();
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(q.sizes(), q.options());
+  at::Tensor dv = at::empty(q.sizes(), q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "inline_backward", [&] {
+    inline_backward<scalar_t>(q, k, v, data_or_null<scalar_t>(w), grad, dq, dk, dv, data_or_null<scalar_t>(dw),
+                              num_heads, scale, H, W, num_prefix_tokens);
+  });
+  return {dq, dk, dv, dw.defined() ? dw : at::empty({0}, q.options())};
 }
 
 }  // namespace
