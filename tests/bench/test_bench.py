@@ -73,8 +73,8 @@ def test_bench_attention_cli_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "vs softmax" in out and "GFLOP/s" in out and "matmul rate" in out
     rows = list(csv.DictReader(open(tmp_path / "att.csv")))
-    assert len(rows) == 2 * 4 * 2  # sizes x kinds (inline, inline-eager, linear, softmax) x modes
-    assert {r["kind"] for r in rows} == {"inline", "inline-eager", "linear", "softmax"}
+    assert len(rows) == 2 * 5 * 2  # sizes x kinds (inline, inline-eager, linear, softmax, softmax-math) x modes
+    assert {r["kind"] for r in rows} == {"inline", "inline-eager", "linear", "softmax", "softmax-math"}
     data = json.load(open(tmp_path / "att.json"))
     assert data["meta"]["matmul_gflops"] > 0 and data["meta"]["machine"]["torch"] == torch.__version__
     for r in data["rows"]:
@@ -196,17 +196,17 @@ def test_bench_model_breakdown_reports_categories_and_bound(tmp_path, capsys):
         assert r["bound"] > r["speedup"]
 
 
-def test_model_spec_cpu_kernel_off_runs_the_eager_path(monkeypatch):
+def test_model_spec_impl_eager_runs_without_the_fused_op(monkeypatch):
     from inline_attn.ops import tokens
 
     calls = []
-    real = tokens.cpu_kernel.inline_forward_cpu
-    monkeypatch.setattr(tokens.cpu_kernel, "inline_forward_cpu", lambda *a, **k: calls.append(1) or real(*a, **k))
-    label, name, overrides = parse_model_spec("eager=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,cpu_kernel=0")
-    assert overrides["cpu_kernel"] == 0
+    real = tokens.inline_forward
+    monkeypatch.setattr(tokens, "inline_forward", lambda *a: calls.append(a[-1]) or real(*a))
+    label, name, overrides = parse_model_spec("eager=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,impl=eager")
+    assert overrides["impl"] == "eager"
     case = ModelCase(label, name, 32, 32, overrides)
     res = bench_models([case], batch=2, repeats=1, macs=False, memory=False)
     assert res["rows"][0]["status"] == "ok" and not calls
-    on = ModelCase("fused", name, 32, 32, {k: v for k, v in overrides.items() if k != "cpu_kernel"})
+    on = ModelCase("fused", name, 32, 32, {k: v for k, v in overrides.items() if k != "impl"})
     bench_models([on], batch=2, repeats=1, macs=False, memory=False)
-    assert calls
+    assert calls and set(calls) == {"cpu"}

@@ -1,10 +1,11 @@
-"""``ops.inline_tokens`` (the InLine layer core) and its fused CPU kernel against the naive reference.
+"""``ops.inline_tokens`` (the InLine layer core) and its fused C++ CPU kernel against the naive reference.
 
-The kernels (``ops/csrc/inline_cpu.cpp``, forward and backward) are compared in float64 with the
+The kernels (``ops/csrc/inline_cpu.cpp``, forward and backward, through the custom op
+``inline_attn::inline_forward`` with ``backend="cpu"``) are compared in float64 with the
 explicit-weights reference on awkward shapes (batch 1, odd N, H != W, prefix tokens, one head, a
 1x1 grid, strided views from fused and split projections), with and without the residual and for
 both task layouts (per head and per sample): outputs and gradients, plus gradcheck. The eager path
-is compared with the reference as well.
+is compared with the reference as well. The Triton backend has its own file (test_triton.py).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from inline_attn.layers import InLineAttention
-from inline_attn.ops import cpu_kernel, inline_tokens, use_cpu_kernel
+from inline_attn.ops import cpu_kernel, inline_tokens, use_impl
 from inline_attn.ops import tokens as tokens_mod
 
 # (B, H, W, C, heads, prefix)
@@ -48,21 +49,21 @@ def _inputs(shape, layout, dtype=torch.float64, requires_grad=False):
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts the calls that reach the fused kernel."""
+    """Records the backend of every call that reaches the fused op."""
     calls = []
-    real = cpu_kernel.inline_forward_cpu
+    real = tokens_mod.inline_forward
 
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def spy(*args):
+        calls.append(args[-1])
+        return real(*args)
 
-    monkeypatch.setattr(tokens_mod.cpu_kernel, "inline_forward_cpu", spy)
+    monkeypatch.setattr(tokens_mod, "inline_forward", spy)
     return calls
 
 
 def test_cpu_kernel_builds_on_this_machine():
     # g++ and ninja are on every machine of this project; a failed build would silently cost speed
-    assert cpu_kernel.cpu_kernel_available(), cpu_kernel._state["error"]
+    assert cpu_kernel.cpu_kernel_available(), cpu_kernel.cpu_kernel_error()
 
 
 @pytest.mark.parametrize("layout", ["fused", "split"])
@@ -76,7 +77,7 @@ def test_fused_kernel_matches_naive_float64(shape, residual, layout, kernel_call
     with torch.no_grad():
         fast = inline_tokens(q, k, v, **kw)
         ref = inline_tokens(q, k, v, impl="naive", **kw)
-    assert kernel_calls, "the fused kernel was not used for a float64 inference call"
+    assert kernel_calls == ["cpu"], "the fused CPU kernel was not used for a float64 inference call"
     assert fast.shape == (b, p + h * w, c) and fast.is_contiguous()
     torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
 
@@ -100,7 +101,7 @@ def test_fused_kernel_float32_close_to_float64_reference(threads, kernel_calls):
     assert len(kernel_calls) == 3
 
 
-@pytest.mark.parametrize("impl", ["fast", "eager"])
+@pytest.mark.parametrize("impl", ["auto", "eager"])
 @pytest.mark.parametrize("layout", ["fused", "split"])
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
 def test_gradients_match_naive(shape, layout, impl, kernel_calls):
@@ -109,7 +110,7 @@ def test_gradients_match_naive(shape, layout, impl, kernel_calls):
     kw = dict(num_heads=heads, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p)
     out = inline_tokens(q, k, v, impl=impl, **kw)
     ref = inline_tokens(q, k, v, impl="naive", **kw)
-    assert bool(kernel_calls) == (impl == "fast")
+    assert kernel_calls == (["cpu"] if impl == "auto" else [])
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(ref)
     got = torch.autograd.grad(out, leaves + [weights], g)
@@ -130,41 +131,44 @@ def test_fused_backward_gradcheck_and_no_residual():
         assert torch.autograd.gradcheck(fn, (leaves[0], wts))
 
 
-def test_non_unit_channel_stride_and_kernels_fall_back_to_eager(kernel_calls):
+def test_non_unit_channel_stride_is_copied_and_kernels_fall_back_to_eager(kernel_calls):
     b, h, w, c, heads, p = 2, 3, 4, 12, 3, 1
     x = torch.randn(b, 3 * c, p + h * w, dtype=torch.float64)
-    q, k, v = x.transpose(1, 2).chunk(3, dim=-1)  # channel stride != 1
+    q, k, v = x.transpose(1, 2).chunk(3, dim=-1)  # channel stride != 1: the op copies it
     kw = dict(num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
     with torch.no_grad():
         torch.testing.assert_close(inline_tokens(q, k, v, **kw), inline_tokens(q, k, v, impl="naive", **kw))
+        assert kernel_calls == ["cpu"]
         for kernel in ("relu", "exp"):
             out = inline_tokens(q, k, v, kernel=kernel, **kw)
             torch.testing.assert_close(out, inline_tokens(q, k, v, kernel=kernel, impl="naive", **kw))
-        with use_cpu_kernel(False):
+        with use_impl("eager"):
             inline_tokens(q.contiguous(), k.contiguous(), v.contiguous(), **kw)
-    assert not kernel_calls
+    assert kernel_calls == ["cpu"]
 
 
 def test_layer_same_output_with_and_without_kernel():
     layer = InLineAttention(48, 3, num_prefix_tokens=1).eval()
     x = torch.randn(4, 1 + 6 * 5, 48)
     with torch.inference_mode():
-        with use_cpu_kernel(True):
+        with use_impl("cpu"):
             fused = layer(x, (6, 5))
-        with use_cpu_kernel(False):
+        with use_impl("eager"):
             eager = layer(x, (6, 5))
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
 
 
-def test_layer_under_bf16_autocast_uses_eager_and_stays_finite(kernel_calls):
+@pytest.mark.parametrize("impl", ["auto", "eager"])
+def test_layer_under_bf16_autocast_stays_finite_and_close(impl, kernel_calls):
+    # under CPU bf16 autocast the projections give bf16 q, k, v; the fused kernel sums in float32
     layer = InLineAttention(32, 2).eval()
     x = 30 * torch.randn(2, 64, 32)
-    with torch.inference_mode():
+    with torch.inference_mode(), use_impl(impl):
         ref = layer(x, (8, 8))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             low = layer(x, (8, 8))
-    assert len(kernel_calls) == 1  # the float32 call only
-    assert torch.isfinite(low).all()
+    assert kernel_calls == (["cpu", "cpu"] if impl == "auto" else [])
+    assert low.dtype == torch.bfloat16 and torch.isfinite(low).all()
     rel = ((low.float() - ref).abs().max() / ref.abs().max()).item()
     assert rel < 0.05, rel  # bf16 has 8 mantissa bits; the projections run in bf16
 
@@ -184,7 +188,7 @@ def test_bad_input_raises_value_error(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         inline_tokens(q, k, v, **args)
-    with pytest.raises(ValueError, match="like q"):
+    with pytest.raises(ValueError, match="q's shape"):
         inline_tokens(q, k[:, :5], v, num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
 
 
@@ -194,9 +198,9 @@ def test_flop_counter_counts_kernel_like_eager():
     layer = InLineAttention(48, 3, num_prefix_tokens=1).eval()
     x = torch.randn(2, 1 + 7 * 5, 48)
     counts = []
-    for enabled in (True, False):
+    for impl in ("cpu", "eager"):
         counter = FlopCounterMode(display=False)
-        with use_cpu_kernel(enabled), torch.no_grad(), counter:
+        with use_impl(impl), torch.no_grad(), counter:
             layer(x, (7, 5))
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] > 0

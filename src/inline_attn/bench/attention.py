@@ -2,23 +2,29 @@
 
 For each square grid (14x14 ... 112x112 tokens) every layer kind is timed in one interleaved
 run: forward (eval, no grad) and forward + backward (gradients of the input and parameters).
+Layer kinds (:data:`LAYER_KINDS`): ``inline`` (the fused kernels where they apply: C++ on the CPU,
+Triton on CUDA), ``inline-eager`` (the eager PyTorch composition: the authors' order of
+operations), ``linear``, ``softmax`` (fused SDPA: flash / memory-efficient on CUDA) and
+``softmax-math`` (explicit N x N softmax, as the authors' code computes it); a ``+compile``
+suffix times the layer under ``torch.compile``.
 Achieved GFLOP/s use the analytic counts of :mod:`.flops`; the machine's float32 matmul rate,
 measured in the same run, gives each case's arithmetic floor. Batches hold a constant token
 budget (``batch = tokens // (H*W)``) unless a batch is fixed, so every size does comparable work.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Sequence
 
 import torch
 
 from ..layers import build_attention
-from ..ops import use_cpu_kernel
+from ..ops import use_impl
 from .flops import attention_layer_flops
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
-__all__ = ["LAYER_COLUMNS", "bench_attention"]
+__all__ = ["LAYER_COLUMNS", "LAYER_KINDS", "bench_attention", "parse_layer_kind"]
 
 MODES = ("fwd", "fwd+bwd")
 
@@ -42,12 +48,44 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
     return table[name]
 
 
-def _layer_step(module, x, feat, mode, fused=True):
-    # fused=False: the InLine layer without the fused CPU kernel (the eager composition), to
-    # show what the kernel buys in the same run
+LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax", "softmax-math")
+
+
+def parse_layer_kind(spec: str) -> tuple[str, str, bool]:
+    """``kind[-eager|-math][+compile]`` -> (attention kind, variant, compiled)."""
+    base, plus, suffix = spec.partition("+")
+    if plus and suffix != "compile":
+        raise ValueError(f"unknown layer kind {spec!r}: the only suffix is '+compile'")
+    if base not in LAYER_KINDS:
+        raise ValueError(f"unknown layer kind {spec!r}: expected one of {LAYER_KINDS}, optionally with '+compile'")
+    kind, _, variant = base.partition("-")
+    return kind, variant, bool(plus)
+
+
+@contextlib.contextmanager
+def _variant(variant: str):
+    """eager: InLine without the fused kernels; math: SDPA's explicit N x N softmax."""
+    with contextlib.ExitStack() as stack:
+        if variant == "eager":
+            stack.enter_context(use_impl("eager"))
+        elif variant == "math":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        yield
+
+
+def _layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dtype] = None):
+    def ctx():
+        stack = contextlib.ExitStack()
+        stack.enter_context(_variant(variant))
+        if amp is not None:
+            stack.enter_context(torch.autocast(x.device.type, dtype=amp))
+        return stack
+
     if mode == "fwd":
         def step():
-            with torch.no_grad(), use_cpu_kernel(fused):
+            with torch.no_grad(), ctx():
                 return module(x, feat)
         return step
     g = torch.ones(x.shape, dtype=x.dtype, device=x.device)
@@ -55,12 +93,10 @@ def _layer_step(module, x, feat, mode, fused=True):
     def step():
         x.grad = None
         module.zero_grad(set_to_none=True)
-        with use_cpu_kernel(fused):
-            module(x, feat).backward(g)
+        with ctx():
+            out = module(x, feat)
+        out.backward(g.to(out.dtype))
     return step
-
-
-LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax")
 
 
 def bench_attention(
@@ -79,22 +115,29 @@ def bench_attention(
     budget_s: Optional[float] = 20.0,
     memory: bool = True,
     compile: bool = False,
+    amp: Optional[str] = None,
     seed: int = 0,
 ) -> dict:
     """Time the attention layers; returns ``{"meta": ..., "rows": [...]}`` (one row per case).
 
     Args:
         sizes: grid sides S (S x S tokens).
-        kinds: layer kinds, built by :func:`inline_attn.layers.build_attention`; ``inline-eager``
-            is the InLine layer with the fused CPU kernel switched off.
+        kinds: layer kinds (see the module docstring), built by
+            :func:`inline_attn.layers.build_attention`.
         dim, heads: channels C and heads h.
         batch: fixed batch; None = ``max(1, token_budget // S^2)``.
         modes: "fwd" and/or "fwd+bwd".
         dtype: parameters and inputs (float32, bfloat16, float16).
         warmup, repeats, budget_s: see :func:`inline_attn.bench.timing.time_interleaved`.
         memory: measure each case's peak memory (one extra untimed call).
-        compile: ``torch.compile`` each layer (timed after its compilation in the warm-up).
+        compile: ``torch.compile`` every layer (as a ``+compile`` suffix on each kind).
+        amp: "bf16" / "fp16": run the layers under autocast (float32 parameters and inputs).
     """
+    amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if amp not in amp_dtype:
+        raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
+    kinds = [k if not compile or k.endswith("+compile") else f"{k}+compile" for k in kinds]
+    parsed = {k: parse_layer_kind(k) for k in kinds}
     for m in modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}: expected one of {MODES}")
@@ -106,7 +149,7 @@ def bench_attention(
     dt = _dtype(dtype)
     dev = torch.device(device)
     torch.manual_seed(seed)
-    rate = measure_matmul_rate(dtype=torch.float32, device=dev)
+    rate = measure_matmul_rate(dtype=amp_dtype[amp] or dt, device=dev)
     rows = []
     for s in sizes:
         n = s * s
@@ -114,9 +157,10 @@ def bench_attention(
         feat = (s, s)
         cases, meta = {}, {}
         for kind in kinds:
+            base, variant, compiled = parsed[kind]
             try:
-                module = build_attention(kind.removesuffix("-eager"), dim, heads).to(dev, dt)
-                if compile:
+                module = build_attention(base, dim, heads).to(dev, dt)
+                if compiled:
                     module = torch.compile(module)
                 x = torch.randn(b, n, dim, device=dev, dtype=dt, requires_grad="fwd+bwd" in modes)
             except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
@@ -125,7 +169,7 @@ def bench_attention(
                 continue
             module.eval()  # no dropout in these layers: eval and train compute the same
             for mode in modes:
-                cases[(kind, mode)] = _layer_step(module, x, feat, mode, fused=not kind.endswith("-eager"))
+                cases[(kind, mode)] = _layer_step(module, x, feat, mode, variant, amp_dtype[amp])
         timings = time_interleaved(
             {f"{k}|{m}": fn for (k, m), fn in cases.items()}, warmup=warmup, repeats=repeats,
             budget_s=budget_s, device=dev,
@@ -134,7 +178,7 @@ def bench_attention(
             for mode in modes:
                 t = timings.get(f"{kind}|{mode}")
                 status = meta.get((kind, mode)) or (t.status if t else "error")
-                flops = attention_layer_flops(kind.removesuffix("-eager"), b, n, dim, heads, backward=mode != "fwd")
+                flops = attention_layer_flops(parsed[kind][0], b, n, dim, heads, backward=mode != "fwd")
                 med = t.median if t is not None else math.nan
                 peak = math.nan
                 if memory and t is not None and t.ok:
@@ -152,14 +196,17 @@ def bench_attention(
                 })
     # ratios within one run: softmax time / this layer's time, same grid and mode
     for r in rows:
-        ref = next((q for q in rows if q["kind"] == "softmax" and q["grid"] == r["grid"]
+        # the fused-SDPA softmax layer, compiled when this row's layer is compiled (if timed)
+        ref_kind = "softmax+compile" if r["kind"].endswith("+compile") and "softmax+compile" in kinds else "softmax"
+        ref = next((q for q in rows if q["kind"] == ref_kind and q["grid"] == r["grid"]
                     and q["mode"] == r["mode"]), None)
         r["speedup_vs_softmax"] = ref["median_ms"] / r["median_ms"] if ref else math.nan
     return {
         "meta": {"bench": "attention", "matmul_gflops": rate / 1e9, "dim": dim, "heads": heads,
                  "token_budget": None if batch is not None else token_budget,
                  "batch": batch, "dtype": str(dt).replace("torch.", ""), "warmup": warmup,
-                 "repeats": repeats, "budget_s": budget_s, "compile": compile},
+                 "repeats": repeats, "budget_s": budget_s, "compile": compile, "amp": amp or "none",
+                 "device": str(dev)},
         "rows": rows,
     }
 

@@ -36,7 +36,7 @@ def _run_attention(args, name: str | None = None) -> int:
         sizes=args.sizes, kinds=args.kinds, dim=args.dim, heads=args.heads, batch=args.batch,
         token_budget=args.tokens, modes=args.modes, dtype=args.dtype, device=args.device,
         warmup=args.warmup, repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory,
-        compile=args.compile,
+        compile=args.compile, amp=args.amp,
     )
     args.name = name or args.name
     sides = sorted({r["side"] for r in result["rows"]})
@@ -71,7 +71,7 @@ def _cmd_model(args) -> int:
     if args.preset == "layer":
         ns = argparse.Namespace(**vars(args))
         ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), LAYER_KINDS, 96, 3
-        ns.tokens, ns.modes, ns.compile = 8 * 56 * 56, ("fwd", "fwd+bwd"), False
+        ns.tokens, ns.modes, ns.compile = 8 * 56 * 56, ("fwd", "fwd+bwd"), args.compile
         return _run_attention(ns, name=args.name if args.name != "model" else "layer")
     _setup(args)
     if args.preset:
@@ -79,19 +79,25 @@ def _cmd_model(args) -> int:
             raise ValueError("give either --preset or --models, not both")
         cases, xlabel = preset_cases(args.preset, args.values)
         name = args.name if args.name != "model" else args.preset
+        if args.compile:
+            for c in cases:
+                c.overrides["compile"] = 1
     else:
         if not args.models:
             raise ValueError("no models: give --models SPEC [SPEC ...] or --preset window|resolution")
         cases = []
         for spec in args.models:
             label, model_name, overrides = parse_model_spec(spec)
+            if args.compile:
+                overrides.setdefault("compile", 1)
             cases += [ModelCase(label, model_name, r, r, overrides) for r in args.resolutions]
         xlabel, name = "resolution", args.name
     batch = 8 if args.batch is None else args.batch
     result = bench_models(
         cases, batch=batch, dtype=args.dtype, device=args.device, mode=args.mode, warmup=args.warmup,
         repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory, macs=not args.no_macs,
-        sdpa=args.sdpa, baseline=args.baseline, breakdown=args.breakdown,
+        sdpa=args.sdpa, baseline=args.baseline, breakdown=args.breakdown, amp=args.amp,
+        channels_last=args.channels_last,
     )
     result["meta"]["preset"] = args.preset
     args.name = name
@@ -111,6 +117,8 @@ def _cmd_model(args) -> int:
 
 def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget: float) -> None:
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"],
+                   help="autocast around each step, as in mixed-precision training (default none)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per case (default 1)")
     p.add_argument("--repeats", type=int, default=repeats, help=f"timed interleaved rounds (default {repeats})")
@@ -125,15 +133,17 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
 
 def _attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[14, 28, 56, 112], help="grid sides (default 14 28 56 112)")
-    p.add_argument("--kinds", nargs="+", default=list(LAYER_KINDS), choices=list(LAYER_KINDS),
-                   help="inline-eager: the InLine layer without the fused CPU kernel (default: all)")
+    p.add_argument("--kinds", nargs="+", default=list(LAYER_KINDS), metavar="KIND",
+                   help=f"{' '.join(LAYER_KINDS)}, each optionally with '+compile'; inline-eager: without the "
+                        "fused kernels (the authors' order of operations); softmax-math: explicit N x N softmax "
+                        "(default: all, uncompiled)")
     p.add_argument("--dim", type=int, default=96)
     p.add_argument("--heads", type=int, default=3)
     p.add_argument("--batch", type=int, default=None, help="fixed batch (default: constant token budget)")
     p.add_argument("--tokens", type=int, default=8 * 56 * 56,
                    help="token budget per batch when --batch is not given: batch = tokens // S^2 (default 25088)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
-    p.add_argument("--compile", action="store_true", help="torch.compile each layer (compiled in the warm-up)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every layer (compiled in the warm-up)")
 
 
 def register(subparsers) -> None:
@@ -164,6 +174,9 @@ def register(subparsers) -> None:
                     help="math: explicit N x N softmax attention (as the reference code) instead of fused SDPA")
     pm.add_argument("--baseline", default=None, help="label the speedups divide by (default: the first)")
     pm.add_argument("--no-macs", action="store_true", help="skip counting MACs")
+    pm.add_argument("--channels-last", action="store_true", help="channels-last input images and convolutions")
+    pm.add_argument("--compile", action="store_true",
+                    help="torch.compile every model (same as compile=1 in each spec)")
     pm.add_argument("--breakdown", action="store_true",
                     help="profile three more steps per case: ms per operator category, the attention core's "
                          "share and the speedup bound with a free attention core")

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import _dtype
-from ..ops import use_cpu_kernel
+from ..ops import use_impl
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
@@ -47,8 +47,9 @@ class ModelCase:
         resolution: input side (square images).
         x: the sweep value this case is plotted at (the resolution, or a window size).
         overrides: constructor keyword arguments (``img_size`` is set to ``resolution``
-            unless given); ``cpu_kernel=0`` is not one: it runs the case with InLine's fused
-            CPU kernel switched off (the eager path), to compare the two in one run.
+            unless given); two keys are not: ``impl`` runs the case with that InLine
+            implementation (``impl=eager``: without the fused kernels, to compare both in one run)
+            and ``compile=1`` times the model under ``torch.compile``.
     """
 
     label: str
@@ -62,13 +63,20 @@ class ModelCase:
             return self.name()
         from ..models import create_model
 
-        kw = {k: v for k, v in self.overrides.items() if k != "cpu_kernel"}
+        kw = {k: v for k, v in self.overrides.items() if k not in _RUN_KEYS}
         kw.setdefault("img_size", self.resolution)
         return create_model(self.name, **kw)
 
     @property
-    def cpu_kernel(self) -> bool:
-        return bool(self.overrides.get("cpu_kernel", True))
+    def impl(self) -> Optional[str]:
+        return self.overrides.get("impl")
+
+    @property
+    def compile(self) -> bool:
+        return bool(self.overrides.get("compile", False))
+
+
+_RUN_KEYS = ("impl", "compile")  # case options that are not constructor arguments
 
 
 def _literal(text: str):
@@ -127,14 +135,18 @@ def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[l
     raise ValueError(f"unknown model preset {preset!r}: expected window or resolution")
 
 
-def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str], cpu_kernel: bool = True):
+def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str], impl: Optional[str] = None,
+          amp: Optional[torch.dtype] = None):
     def ctx():
         stack = contextlib.ExitStack()
-        stack.enter_context(use_cpu_kernel(cpu_kernel))
+        if impl is not None:
+            stack.enter_context(use_impl(impl))
         if sdpa == "math":
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        if amp is not None:
+            stack.enter_context(torch.autocast(x.device.type, dtype=amp))
         return stack
 
     if mode == "infer":
@@ -174,6 +186,8 @@ def bench_models(
     in_chans: int = 3,
     sdpa: Optional[str] = None,
     baseline: Optional[str] = None,
+    amp: Optional[str] = None,
+    channels_last: bool = False,
     seed: int = 0,
 ) -> dict:
     """Benchmark models; returns ``{"meta": ..., "rows": [...]}``, one row per case.
@@ -191,7 +205,12 @@ def bench_models(
         sdpa: None (PyTorch's choice: fused kernels) or "math" (explicit N x N attention, as
             the reference code computes it).
         baseline: the label whose throughput the speedups divide by (default: first label).
+        amp: "bf16" / "fp16": autocast around each step (weights and input stay in ``dtype``).
+        channels_last: the input images (and the models' convolutions) in channels-last layout.
     """
+    amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if amp not in amp_dtype:
+        raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
     if mode not in ("infer", "train"):
         raise ValueError(f"unknown mode {mode!r}: expected infer or train")
     if sdpa not in (None, "math"):
@@ -217,7 +236,11 @@ def bench_models(
                 model = c.build().to(dev, dt)
                 model.train(mode == "train")
                 x = torch.randn(batch, in_chans, c.resolution, c.resolution, device=dev, dtype=dt)
-                steps[key] = _step(model, x, mode, sdpa, cpu_kernel=c.cpu_kernel)
+                if channels_last:
+                    model = model.to(memory_format=torch.channels_last)
+                    x = x.contiguous(memory_format=torch.channels_last)
+                runner = torch.compile(model) if c.compile else model
+                steps[key] = _step(runner, x, mode, sdpa, impl=c.impl, amp=amp_dtype[amp])
                 models.append(model)
                 if macs:
                     try:
@@ -265,6 +288,7 @@ def bench_models(
     return {
         "meta": {"bench": "model", "batch": batch, "dtype": str(dt).replace("torch.", ""), "mode": mode,
                  "warmup": warmup, "repeats": repeats, "budget_s": budget_s, "sdpa": sdpa or "default",
+                 "amp": amp or "none", "channels_last": channels_last, "device": str(dev),
                  "baseline": base, "matmul_gflops": rate / 1e9},
         "rows": rows,
     }

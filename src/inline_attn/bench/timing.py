@@ -1,8 +1,9 @@
 """Interleaved timing and peak-memory measurement for benchmarks.
 
 Timing: the cases compared are run round-robin (A, B, C, A, B, C, ...) after a warm-up, so a
-burst of load from other processes hits every case alike; we report medians and ratios. The
-device is synchronised around every timed call.
+burst of load from other processes hits every case alike; we report medians and ratios. On the
+CPU the device is synchronised around every timed call and timed by the wall clock; on CUDA each
+sample is timed by CUDA events over back-to-back calls.
 
 Memory: on CUDA, the allocator's peak (``torch.cuda.max_memory_allocated``) above the level
 before the call. On CPU, PyTorch's allocator keeps no statistics (and ``tracemalloc`` does not
@@ -92,6 +93,18 @@ def _failure(err: BaseException) -> str:
     return f"error: {type(err).__name__}: {first}"[:300]
 
 
+def _cuda_timer(fn: Callable[[], Any], inner: int, device) -> float:
+    """Seconds per call of ``fn`` over ``inner`` back-to-back calls, by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    synchronize(device)
+    start.record()
+    for _ in range(inner):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / inner
+
+
 def time_interleaved(
     cases: dict[str, Callable[[], Any]],
     *,
@@ -100,6 +113,7 @@ def time_interleaved(
     min_repeats: int = 2,
     budget_s: Optional[float] = None,
     device: torch.device | str | None = None,
+    min_sample_s: float = 2e-3,
 ) -> dict[str, CaseTiming]:
     """Time every case round-robin; a case that fails (OOM or error) is recorded, not raised.
 
@@ -109,16 +123,25 @@ def time_interleaved(
         repeats: timed rounds (each round calls every live case once).
         min_repeats: rounds always run; after them, a ``budget_s`` (seconds of timed work per
             case) ends the measurement early, so huge sizes do not run for ever.
-        device: synchronised around each call.
+        device: synchronised around each call. On CUDA each sample is timed with CUDA events
+            over enough back-to-back calls to last ``min_sample_s`` (measured in the warm-up),
+            so launch gaps of sub-millisecond steps do not dominate; on the CPU by the wall
+            clock, one call per sample.
     Returns:
-        label -> :class:`CaseTiming`.
+        label -> :class:`CaseTiming` (seconds per call).
     """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    cuda = dev.type == "cuda"
     out = {k: CaseTiming() for k in cases}
+    inner = {k: 1 for k in cases}
     for label, fn in cases.items():
         try:
             for _ in range(warmup):
                 fn()
             synchronize(device)
+            if cuda:
+                per_call = _cuda_timer(fn, 1, dev)
+                inner[label] = max(1, min(1000, math.ceil(min_sample_s / max(per_call, 1e-7))))
         except Exception as err:  # noqa: BLE001 - every failure is recorded, the sweep goes on
             out[label].status = _failure(err)
             _release(device)
@@ -128,6 +151,9 @@ def time_interleaved(
             break
         for label in live:
             try:
+                if cuda:
+                    out[label].times.append(_cuda_timer(cases[label], inner[label], dev))
+                    continue
                 synchronize(device)
                 t0 = time.perf_counter()
                 cases[label]()
@@ -138,7 +164,7 @@ def time_interleaved(
                 out[label].times.clear()
                 _release(device)
         if budget_s is not None and rnd + 1 >= min_repeats:
-            if max(sum(out[k].times) for k in live) > budget_s:
+            if max(sum(t * inner[k] for t in out[k].times) for k in live) > budget_s:
                 break
     return out
 

@@ -5,7 +5,6 @@ from .attention import (
     LinearAttention,
     SoftmaxAttention,
     TokenAttention,
-    add_to_grid_tokens,
     build_attention,
     check_heads,
     make_kernel,
@@ -18,6 +17,6 @@ from .record import AttentionRecord, RecordableAttention, attention_layers, hook
 __all__ = [
     "KERNEL_CHOICES", "AffineReLUKernel", "AttentionRecord", "DropPath", "InLineAttention",
     "LinearAttention", "LocalResidual", "Mlp", "PreNormBlock", "RecordableAttention", "SoftmaxAttention",
-    "TokenAttention", "add_to_grid_tokens", "attention_layers", "build_attention", "check_heads",
+    "TokenAttention", "attention_layers", "build_attention", "check_heads",
     "drop_path", "hook_attention", "init_weights_", "make_kernel", "record_attention", "to_2tuple",
 ]

@@ -12,7 +12,6 @@ import torch
 import torch.nn as nn
 
 from ..ops import ATTENTION_KINDS, KERNELS
-from ..ops.tokens import add_to_grid_tokens, grid_residual, inline_tokens
 from ..ops._checks import check_feat_size
 from .kernels import AffineReLUKernel
 from .local_residual import LocalResidual
@@ -104,41 +103,29 @@ class TokenAttention(RecordableAttention):
         residual_context: Optional[torch.Tensor] = None,
         bias: Optional[torch.Tensor] = None,
         mask: Optional[torch.Tensor] = None,
-        token_coords: Optional[torch.Tensor] = None,
+        token_coords=None,
     ) -> torch.Tensor:
         """x: [B, N, C], feat_size (H, W) -> [B, N, C].
 
         residual_context: [B, C] context for the residual weights (default: mean of x over
-            all N tokens). bias / mask: softmax only ([heads or 1, N, N] broadcastable).
-        token_coords: passed to attention hooks (see :class:`AttentionRecord`).
+            all N tokens). bias / mask: softmax only ([heads or 1, N, N] broadcastable; a
+            ``ValueError`` for InLine and linear attention).
+        token_coords: passed to attention hooks (a tensor, or a zero-argument callable evaluated
+            only while a hook is installed; see :class:`AttentionRecord`).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [B, N, {self.dim}], got shape {tuple(x.shape)}")
-        b, n, c = x.shape
         p = self.num_prefix_tokens
-        h, w = check_feat_size(feat_size, n, p)
+        h, w = check_feat_size(feat_size, x.shape[1], p)
         q, k, v = self._project(x)  # [B, N, C] views of the projection outputs
         weights = None
         if self.residual is not None:
             ctx = x.mean(dim=1) if residual_context is None else residual_context
             weights = self.residual.predict(ctx)  # [B, C, 3, 3]
-        if self.kind == "inline" and self._attention_hook is None:
-            # attention and residual in one call: the fused CPU kernel where it applies
-            out = inline_tokens(
-                q, k, v, num_heads=self.num_heads, feat_size=(h, w), residual_weights=weights,
-                num_prefix_tokens=p, kernel=self.kernel, scale=self.scale,
-            )
-        else:
-            def heads(t):  # [B, N, C] -> [B, h, N, d] view
-                return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-
-            out = self.attend(
-                heads(q), heads(k), heads(v), feat_size=(h, w), kernel=self.kernel, scale=self.scale,
-                bias=bias, mask=mask, num_prefix_tokens=p, token_coords=token_coords, attn_drop=self.attn_drop,
-            )
-            out = out.transpose(1, 2).reshape(b, n, c)
-            if weights is not None:
-                out = add_to_grid_tokens(out, grid_residual(v, weights, (h, w), p), p)
+        out = self.attend_tokens(
+            q, k, v, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p, kernel=self.kernel,
+            scale=self.scale, bias=bias, mask=mask, token_coords=token_coords, attn_drop=self.attn_drop,
+        )
         return self.proj_drop(self.proj(out))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

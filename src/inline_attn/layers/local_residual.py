@@ -42,6 +42,6 @@ class LocalResidual(nn.Sequential):
         y = torch.baddbmm(conv2.bias.view(g, 1, og), act(y), conv2.weight.view(g, og, cg).transpose(1, 2))
         return y.transpose(0, 1).reshape(b, c, 3, 3)  # channel c takes outputs [9c, 9c + 9)
 
-    def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "fast") -> torch.Tensor:
+    def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "eager") -> torch.Tensor:
         """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""
         return apply_local_residual(v, self.predict(context), impl)

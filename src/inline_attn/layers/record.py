@@ -1,11 +1,14 @@
 """Read (or edit) the attention weights of any layer without changing its forward code.
 
 Every attention module in this package derives from :class:`RecordableAttention` and computes
-attention through :meth:`RecordableAttention.attend`. Normally that runs the fast op. While a
-hook is installed (by :func:`record_attention` or :func:`hook_attention`), it instead builds the
-explicit weight matrix, hands an :class:`AttentionRecord` to the hook, and uses the weights the
-hook returns (or the originals when it returns None): the basis of the attention-map, confusion,
-locality and masking analyses. Only the layer running at that moment holds an N x N matrix.
+its attention core through :meth:`RecordableAttention.attend_tokens` (token-major tensors, every
+kind, the local residual) or :meth:`RecordableAttention.attend` (per-head tensors). Normally those
+run the fast ops (for InLine, :func:`inline_attn.ops.inline_tokens`, fused where it applies).
+While a hook is installed (by :func:`record_attention` or :func:`hook_attention`), they instead
+build the explicit weight matrix, hand an :class:`AttentionRecord` to the hook, and use the weights
+the hook returns (or the originals when it returns None): the basis of the attention-map,
+confusion, locality and masking analyses. Only the layer running at that moment holds an N x N
+matrix.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from ..ops import attention, attention_weights
+from ..ops import attention, attention_weights, inline_tokens
+from ..ops.tokens import add_to_grid_tokens, grid_residual
 
 
 @dataclass
@@ -48,18 +52,91 @@ class AttentionRecord:
 
 
 Hook = Callable[[AttentionRecord], Optional[torch.Tensor]]
+Coords = Union[None, torch.Tensor, Callable[[], Optional[torch.Tensor]]]
 
 
 class RecordableAttention(nn.Module):
-    """Base for attention modules: routes the attention core through one hookable method."""
+    """Base for attention modules: routes the attention core through one hookable method.
+
+    Attributes:
+        kind: "inline", "linear" or "softmax".
+        num_heads: heads of the module (set by subclasses).
+        impl: the InLine layer core's implementation for this module (see
+            :mod:`inline_attn.ops.dispatch`); None = the process default.
+    """
 
     kind: str = "inline"
+    num_heads: int = 1
+    impl: Optional[str] = None
 
     def __init__(self):
         super().__init__()
         self._attention_hook: Optional[Hook] = None
         self._record_name = ""
         self._record_index = -1
+
+    @property
+    def hooked(self) -> bool:
+        """True while an attention hook is installed on this module."""
+        return self._attention_hook is not None
+
+    def attend_tokens(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        feat_size: tuple[int, int],
+        residual_weights: Optional[torch.Tensor] = None,
+        num_prefix_tokens: int = 0,
+        kind: Optional[str] = None,
+        kernel=None,
+        scale: Optional[float] = None,
+        bias: Optional[torch.Tensor] = None,
+        mask: Optional[torch.Tensor] = None,
+        token_coords: Coords = None,
+        attn_drop: Optional[nn.Module] = None,
+    ) -> torch.Tensor:
+        """The attention core on token-major tensors: the one place a model's path is chosen.
+
+        Args:
+            q, k, v: [B, N, C] (views of the projections; head i owns channels
+                ``[i*C/h, (i+1)*C/h)`` with ``h = self.num_heads``), ``N = P + H*W``.
+            feat_size: (H, W) of the grid tokens; num_prefix_tokens: P.
+            residual_weights: [B, C, 3, 3] InLine's predicted 3x3 residual, added on the grid
+                tokens' values; None for none.
+            kind, kernel, scale: the attention function (kind defaults to ``self.kind``).
+            bias, mask: softmax only (a ``ValueError`` for the other kinds).
+            token_coords: for hooks (see :class:`AttentionRecord`); a tensor, or a zero-argument
+                callable evaluated only while a hook is installed.
+            attn_drop: dropout on softmax weights.
+
+        Returns:
+            [B, N, C]. InLine without a hook goes to :func:`inline_attn.ops.inline_tokens` (the
+            fused kernels where they apply); everything else splits heads and calls :meth:`attend`.
+        """
+        kind = kind or self.kind
+        if kind != "softmax" and (bias is not None or mask is not None):
+            raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
+        p = num_prefix_tokens
+        if kind == "inline" and not self.hooked:
+            return inline_tokens(
+                q, k, v, num_heads=self.num_heads, feat_size=feat_size, residual_weights=residual_weights,
+                num_prefix_tokens=p, kernel=kernel, scale=scale, impl=self.impl,
+            )
+        b, n, c = q.shape
+
+        def heads(t):  # [B, N, C] -> [B, h, N, d] view
+            return t.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
+
+        out = self.attend(
+            heads(q), heads(k), heads(v), feat_size=feat_size, kind=kind, kernel=kernel, scale=scale, bias=bias,
+            mask=mask, num_prefix_tokens=p, token_coords=token_coords, attn_drop=attn_drop,
+        )
+        out = out.transpose(1, 2).reshape(b, n, c)
+        if residual_weights is not None:
+            out = add_to_grid_tokens(out, grid_residual(v, residual_weights, feat_size, p).to(out.dtype), p)
+        return out
 
     def attend(
         self,
@@ -74,10 +151,13 @@ class RecordableAttention(nn.Module):
         bias: Optional[torch.Tensor] = None,
         mask: Optional[torch.Tensor] = None,
         num_prefix_tokens: int = 0,
-        token_coords: Optional[torch.Tensor] = None,
+        token_coords: Coords = None,
         attn_drop: Optional[nn.Module] = None,
     ) -> torch.Tensor:
-        """q: [B, h, N, d], k: [B, h, N, d], v: [B, h, N, dv] -> [B, h, N, dv]."""
+        """q: [B, h, N, d], k: [B, h, N, d], v: [B, h, N, dv] -> [B, h, N, dv].
+
+        ``token_coords`` (a tensor or a zero-argument callable) is only used while a hook is
+        installed."""
         kind = kind or self.kind
         hook = self._attention_hook
         if hook is None:
@@ -89,7 +169,7 @@ class RecordableAttention(nn.Module):
         record = AttentionRecord(
             name=self._record_name, index=self._record_index, kind=kind, weights=weights,
             feat_size=tuple(int(s) for s in feat_size), num_prefix_tokens=num_prefix_tokens,
-            token_coords=token_coords,
+            token_coords=token_coords() if callable(token_coords) else token_coords,
         )
         replaced = hook(record)
         if replaced is not None:

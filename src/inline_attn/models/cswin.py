@@ -35,7 +35,6 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import (
     DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel, to_2tuple,
 )
-from ..ops import grid_residual, inline_tokens
 from ._helpers import parse_pattern, take_indices, tokens_to_nchw
 from .registry import ModelConfig, register_model
 
@@ -172,27 +171,14 @@ class StripeAttention(RecordableAttention):
         def to_windows(t):  # [B, h, w, C] -> [B*G, sh*sw, C], windows batch-major, row-major
             return t.reshape(b, gh, sh, gw, sw, c).permute(0, 1, 3, 2, 4, 5).reshape(b * g, nt, c)
 
-        def to_heads(t):  # [B*G, N, C] -> [B*G, heads, N, d] (head-major channels)
-            return t.view(b * g, nt, self.num_heads, self.head_dim).transpose(1, 2)
-
         qw, kw, vw = to_windows(q), to_windows(k), to_windows(v)
         # the residual's weights are per sample; each window is convolved with zero padding
         win_weights = res_weights.repeat_interleave(g, dim=0) if res_weights is not None else None
-        if self.kind == "inline" and self._attention_hook is None:
-            # attention + residual in one call (the fused CPU kernel where it applies)
-            out = inline_tokens(
-                qw, kw, vw, num_heads=self.num_heads, feat_size=(sh, sw), residual_weights=win_weights,
-                kernel=self.kernel, scale=self.scale,
-            )
-        else:
-            coords = None if self.mode == "global" else _window_coords(*origin, h, w, sh, sw, q.device)
-            out = self.attend(
-                to_heads(qw), to_heads(kw), to_heads(vw), feat_size=(sh, sw), kind=self.kind,
-                kernel=self.kernel, scale=self.scale, token_coords=coords, attn_drop=self.attn_drop,
-            )
-            out = out.transpose(1, 2).reshape(b * g, nt, c)
-            if win_weights is not None:
-                out = out + grid_residual(vw, win_weights, (sh, sw))
+        coords = None if self.mode == "global" else (lambda: _window_coords(*origin, h, w, sh, sw, q.device))
+        out = self.attend_tokens(
+            qw, kw, vw, feat_size=(sh, sw), residual_weights=win_weights, kernel=self.kernel, scale=self.scale,
+            token_coords=coords, attn_drop=self.attn_drop,
+        )
         v_img = vw.transpose(1, 2).reshape(b * g, c, sh, sw)  # each window as its own image
         out = out + self.get_v(v_img).flatten(2).transpose(1, 2)  # LePE, also per window
         return out.view(b, gh, gw, sh, sw, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)

@@ -169,7 +169,7 @@ class WindowAttention(RecordableAttention):
         return self.relative_position_bias_table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
 
     def forward(self, x: torch.Tensor, feat_size: tuple[int, int], *, mask: Optional[torch.Tensor] = None,
-                token_coords: Optional[torch.Tensor] = None) -> torch.Tensor:
+                token_coords=None) -> torch.Tensor:
         """x: [B * nW, N, C] windows of size feat_size = (wh, ww) -> [B * nW, N, C].
 
         mask: additive shift mask [nW, N, N] (windows batch-major, as from window_partition).
@@ -260,9 +260,9 @@ class SwinBlock(nn.Module):
             x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
         windows = window_partition(x, (wh, ww))  # [B*nW, wh*ww, C]
 
-        coords = None
-        if self.attn._attention_hook is not None and (hp, wp) != (wh, ww):
-            coords = _window_grid_coords((hp, wp), (wh, ww), (sh, sw), x.device)
+        coords = None  # hooks get each window's tokens' positions in the map (computed on demand)
+        if (hp, wp) != (wh, ww):
+            coords = lambda: _window_grid_coords((hp, wp), (wh, ww), (sh, sw), x.device)  # noqa: E731
         if self.kind == "softmax":
             mask = shift_window_mask((hp, wp), (wh, ww), (sh, sw), x.device) if (sh or sw) else None
             windows = self.attn(windows, (wh, ww), mask=mask, token_coords=coords)

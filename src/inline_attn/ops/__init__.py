@@ -1,19 +1,25 @@
-"""Functional attention ops on ``[B, H, N, D]`` tensors.
+"""Functional attention ops.
 
-One dispatch point, :func:`attention`, chooses between the naive reference (explicit weights,
-:mod:`.naive`) and the fast paths (:mod:`.fast`).
+- :func:`inline_tokens`: the InLine layer core on token-major [B, N, C] tensors (all heads plus
+  the local residual), the op every model family calls; its implementation is chosen in one place,
+  :mod:`.dispatch` (``impl``: auto, naive, eager, cpu, triton; :func:`why_not_fused`).
+- :func:`attention`: one attention kind (inline, linear, softmax) on [B, H, N, D] tensors, by the
+  naive reference (explicit weights, :mod:`.naive`) or the eager fast path (:mod:`.fast`).
 """
 from __future__ import annotations
 
 import torch
 
+from . import _triton_env  # noqa: F401  (must run before anything imports triton)
+
 from .fast import inline_attention, linear_attention, local_residual, softmax_attention
 from .kernels import KERNELS, get_kernel
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
-from .tokens import TOKEN_IMPLS, grid_residual, inline_tokens
-from .cpu_kernel import cpu_kernel_available, use_cpu_kernel
+from .cpu_kernel import cpu_kernel_available, cpu_kernel_error
+from .dispatch import IMPLS, default_impl, use_impl, why_not_fused
+from .tokens import grid_residual, inline_tokens
 
-IMPLS = ("fast", "naive")
+ATTENTION_IMPLS = ("auto", "eager", "naive")
 
 
 def attention(
@@ -26,7 +32,7 @@ def attention(
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
-    impl: str = "fast",
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Attention of one kind, by one implementation: the single dispatch point.
 
@@ -36,12 +42,13 @@ def attention(
         kernel: phi for inline (default identity) / linear (default relu).
         scale: inline / softmax scale, default ``D**-0.5``.
         bias, mask: softmax only.
-        impl: "fast" (linear-time / SDPA) or "naive" (explicit weights).
+        impl: "auto" or "eager" (linear-time / SDPA) or "naive" (explicit weights). The fused
+            kernels compute the whole layer core: use :func:`inline_tokens` for them.
     Returns:
         [B, H, Nq, Dv].
     """
-    if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}: expected one of {IMPLS}")
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown impl {impl!r} for attention(): expected one of {ATTENTION_IMPLS}")
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
     if kind != "softmax" and (bias is not None or mask is not None):
@@ -56,11 +63,14 @@ def attention(
 
 
 __all__ = [
-    "TOKEN_IMPLS",
+    "ATTENTION_IMPLS",
     "cpu_kernel_available",
+    "cpu_kernel_error",
+    "default_impl",
     "grid_residual",
     "inline_tokens",
-    "use_cpu_kernel",
+    "use_impl",
+    "why_not_fused",
     "ATTENTION_KINDS",
     "IMPLS",
     "KERNELS",

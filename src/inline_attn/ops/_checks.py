@@ -39,3 +39,45 @@ def check_feat_size(feat_size, num_tokens: int, num_prefix_tokens: int = 0) -> t
             f"{num_prefix_tokens} + {h}*{w} = {num_prefix_tokens + h * w}"
         )
     return h, w
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must have a floating-point dtype, got {t.dtype}")
+
+
+def check_tokens(q, k, v, residual_weights=None) -> None:
+    """q, k, v: [B, N, C] tensors of one float dtype on one device; residual_weights: None or a
+    float [B, C, 3, 3] tensor on the same device (its dtype may differ: it is cast)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be [B, N, C], got shape {tuple(t.shape)}")
+        if t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"q, k and v must share one dtype, got q {q.dtype} and {name} {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q, k and v must be on one device, got q on {q.device} and {name} on {t.device}")
+    if residual_weights is not None:
+        _check_tensor("residual_weights", residual_weights)
+        b, _, c = q.shape
+        if residual_weights.shape != (b, c, 3, 3):
+            raise ValueError(
+                f"residual_weights must be [B, C, 3, 3] = {(b, c, 3, 3)}, got {tuple(residual_weights.shape)}"
+            )
+        if residual_weights.device != q.device:
+            raise ValueError(f"residual_weights must be on q's device {q.device}, got {residual_weights.device}")
+
+
+def check_num_heads(num_heads, channels: int) -> int:
+    """num_heads: a positive int dividing ``channels`` (> 0) -> the head dim."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
+        raise ValueError(f"num_heads must be an int, got {num_heads!r} ({type(num_heads).__name__})")
+    if channels <= 0:
+        raise ValueError(f"the channel count C must be positive, got C={channels}")
+    if num_heads <= 0 or channels % num_heads != 0:
+        raise ValueError(f"C={channels} must be a positive multiple of num_heads={num_heads}")
+    return channels // num_heads

@@ -1,35 +1,43 @@
-"""The fused CPU kernel of the InLine layer core (``csrc/inline_cpu.cpp``), built on first use.
+"""The C++ CPU backend of the InLine layer core (``csrc/inline_cpu.cpp``), built on first use.
 
-Eager PyTorch runs InLine attention as ~15 memory-bound passes (means, centring, layout copies for
-the batched products, the residual convolution and its layout copies); at small N (a 7x7 window,
-DeiT-T's 14x14 grid) those passes cost more than the arithmetic. The kernel does one task per
-sample (or per head when samples are few) while its tokens are in cache and calls the BLAS bundled
-with PyTorch for the two D x D products (docs/benchmarks.md measures it against the eager path).
+Eager PyTorch runs InLine attention as many memory-bound passes (means, centring, layout copies
+for the batched products, the residual convolution and its layout copies); at small N (a 7x7
+window, DeiT-T's 14x14 grid) those passes cost more than the arithmetic. The kernel does one task
+per sample (or per head when samples are few) while its tokens are in cache and calls the BLAS
+bundled with PyTorch for the two D x D products (docs/benchmarks.md measures it).
 
-A forward and a backward kernel form one autograd node (first-order gradients; the backward
-recomputes the D x D product instead of saving it). :func:`inline_attn.ops.inline_tokens` uses them
-on float32 / float64 CPU tensors outside autocast and ``torch.compile``, and the eager composition
-otherwise. It is compiled with ``torch.utils.cpp_extension`` (g++ and ninja,
-~15 s once; cached under ``~/.cache/torch_extensions``). If the build fails the eager path is used
-and a warning says why. ``INLINE_ATTN_CPU_KERNEL=0`` (or :func:`use_cpu_kernel`) turns it off,
-e.g. to compare the two paths.
+It registers two private ops, ``inline_attn::cpu_forward`` and ``inline_attn::cpu_backward``
+(float32 / float64, the layout described in the C++ file); :mod:`inline_attn.ops.fused` calls
+them through :func:`cpu_forward` / :func:`cpu_backward` as the ``"cpu"`` backend of the public
+op, after copying inputs whose layout BLAS cannot read and upcasting bf16 / fp16 to float32. It is
+compiled with ``torch.utils.cpp_extension`` (g++ and ninja, ~15 s once, cached). If the build
+fails the dispatch uses the eager path and :func:`cpu_kernel_error` says why.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import platform
 import warnings
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-__all__ = ["cpu_kernel_available", "cpu_kernel_enabled", "inline_forward_cpu", "use_cpu_kernel"]
+__all__ = ["cpu_backward", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "inline_cpu.cpp"
-_state: dict = {"loaded": None, "error": None, "enabled": os.environ.get("INLINE_ATTN_CPU_KERNEL", "1") != "0"}
+_OP_NAME = "inline_attn::cpu_forward"
+_state: dict = {"loaded": None, "error": None}
+
+# The private ops' schemas live here, not in the C++ file, so that they exist before the build.
+_LIB = torch.library.Library("inline_attn", "FRAGMENT")
+_LIB.define(
+    "cpu_forward(Tensor q, Tensor k, Tensor v, Tensor? w9, int num_heads, float scale, int H, int W, "
+    "int num_prefix_tokens) -> Tensor"
+)
+_LIB.define(
+    "cpu_backward(Tensor q, Tensor k, Tensor v, Tensor? w9, Tensor grad, int num_heads, float scale, int H, "
+    "int W, int num_prefix_tokens) -> Tensor[]"
+)
 
 
 def _cpu_tag() -> str:
@@ -72,116 +80,50 @@ def _load() -> bool:
     return _state["loaded"]
 
 
-# The op's schema lives here, not in the C++ file, so that FlopCounterMode (which copies the
-# registry when it is created) and torch.compile's fake tensors know it before the kernel is built.
-_OP_NAME = "inline_attn::inline_forward"
-_LIB = torch.library.Library("inline_attn", "DEF")
-_LIB.define(
-    "inline_forward(Tensor q, Tensor k, Tensor v, Tensor? w9, int num_heads, float scale, int H, int W, "
-    "int num_prefix_tokens) -> Tensor"
-)
-_LIB.define(
-    "inline_backward(Tensor q, Tensor k, Tensor v, Tensor? w9, Tensor grad, int num_heads, float scale, int H, "
-    "int W, int num_prefix_tokens) -> Tensor[]"
-)
-
-
-@torch.library.register_fake(_OP_NAME)
-def _fake(q, k, v, w9, num_heads, scale, h, w, p):
-    return q.new_empty(q.shape)
-
-
-@torch.library.register_fake("inline_attn::inline_backward")
-def _fake_backward(q, k, v, w9, grad, num_heads, scale, h, w, p):
-    dw = q.new_empty(w9.shape) if w9 is not None else q.new_empty(0)
-    return [q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), dw]
-
-
-@register_flop_formula(torch.ops.inline_attn.inline_forward)
-def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, scale, h, w, p, *args, out_shape=None, **kwargs):
-    """Counted like the eager path: the two d x d products of every head (2 N d^2 MACs per head)
-    and the residual as a 3x3 depthwise convolution (9 MACs per grid token and channel); means
-    and sums are not counted (as in eager)."""
-    b, n, c = q_shape
-    macs = 2 * b * n * c * (c // num_heads)
-    if w9_shape is not None:
-        macs += 9 * b * h * w * c
-    return 2 * macs
-
-
-@register_flop_formula(torch.ops.inline_attn.inline_backward)
-def _flops_backward(q_shape, k_shape, v_shape, w9_shape, g_shape, num_heads, scale, h, w, p, *args,
-                    out_shape=None, **kwargs):
-    """The kernel's own work: five d x d products per head (M recomputed, dM, dQ, dK, dV) and the
-    residual's two transposed 3x3 passes (dV and dw)."""
-    b, n, c = q_shape
-    macs = 5 * b * n * c * (c // num_heads)
-    if w9_shape is not None:
-        macs += 18 * b * h * w * c
-    return 2 * macs
-
-
+@torch.compiler.assume_constant_result
 def cpu_kernel_available() -> bool:
-    """True when the kernel is built (building it on the first call)."""
+    """True when the kernel is built (building it on the first call). Under ``torch.compile`` the
+    answer is taken once at trace time (the build runs outside the graph)."""
     return _load()
 
 
-def cpu_kernel_enabled() -> bool:
-    """True when the kernel is switched on (``INLINE_ATTN_CPU_KERNEL`` / :func:`use_cpu_kernel`)."""
-    return _state["enabled"]
+def cpu_kernel_error() -> str | None:
+    """Why the kernel could not be built, or None."""
+    return _state["error"]
 
 
-@contextlib.contextmanager
-def use_cpu_kernel(enabled: bool):
-    """Context manager switching the fused CPU kernel on or off (restores the previous state)."""
-    previous = _state["enabled"]
-    _state["enabled"] = bool(enabled)
-    try:
-        yield
-    finally:
-        _state["enabled"] = previous
+def _blas_layout(t: torch.Tensor) -> torch.Tensor:
+    """t [B, N, C] as the kernel reads it: unit channel stride and non-overlapping rows (a token
+    stride of at least C), else a contiguous copy (expanded or overlapping views)."""
+    b, n, c = t.shape
+    if (c <= 1 or t.stride(2) == 1) and (n <= 1 or t.stride(1) >= c):
+        return t
+    return t.contiguous()
 
 
-class _InLineCPU(torch.autograd.Function):
-    """The kernel's forward and backward as one autograd node (M is recomputed in the backward)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, w9, num_heads, scale, h, w, p):
-        ctx.save_for_backward(q, k, v, w9)
-        ctx.args = (num_heads, scale, h, w, p)
-        return torch.ops.inline_attn.inline_forward(q, k, v, w9, num_heads, scale, h, w, p)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        q, k, v, w9 = ctx.saved_tensors
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
-        dq, dk, dv, dw = torch.ops.inline_attn.inline_backward(q, k, v, w9, grad, *ctx.args)
-        return dq, dk, dv, (dw if w9 is not None else None), None, None, None, None, None
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def inline_forward_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    weights: torch.Tensor | None,
-    *,
-    num_heads: int,
-    scale: float,
-    feat_size: tuple[int, int],
-    num_prefix_tokens: int,
-) -> torch.Tensor:
-    """Call the kernel (inputs already validated by :func:`inline_attn.ops.inline_tokens`).
-
-    q, k, v: [B, N, C] with unit channel stride; weights: [B, C, 3, 3] or None -> [B, N, C].
-    Differentiable (first order) in q, k, v and weights.
-    """
+def cpu_forward(q, k, v, w9, num_heads: int, scale: float, h: int, w: int, p: int) -> torch.Tensor:
+    """The C++ forward on any float CPU tensors: [B, N, C] (+ w9 [B, 9, C]) -> [B, N, C] in q's
+    dtype; bf16 / fp16 inputs are computed in float32."""
     if not _load():
         raise RuntimeError(f"the fused CPU kernel is not available: {_state['error']}")
-    w9 = None
-    if weights is not None:
-        b, c = weights.shape[:2]
-        w9 = weights.reshape(b, c, 9).transpose(1, 2).contiguous()  # [B, 9, C]: taps over channels
-    h, w = feat_size
-    return _InLineCPU.apply(q, k, v, w9, num_heads, float(scale), h, w, num_prefix_tokens)
+    dtype = q.dtype
+    ct = _compute_dtype(dtype)
+    q, k, v = (_blas_layout(t.to(ct)) for t in (q, k, v))
+    w9 = w9.to(ct).contiguous() if w9 is not None else None
+    return torch.ops.inline_attn.cpu_forward(q, k, v, w9, num_heads, scale, h, w, p).to(dtype)
+
+
+def cpu_backward(q, k, v, w9, grad, num_heads: int, scale: float, h: int, w: int, p: int):
+    """The C++ backward: (dq, dk, dv, dw9) in the inputs' dtypes (dw9 empty without a residual)."""
+    if not _load():
+        raise RuntimeError(f"the fused CPU kernel is not available: {_state['error']}")
+    dtype = q.dtype
+    ct = _compute_dtype(dtype)
+    q, k, v, grad = (_blas_layout(t.to(ct)) for t in (q, k, v, grad))
+    w9c = w9.to(ct).contiguous() if w9 is not None else None
+    dq, dk, dv, dw = torch.ops.inline_attn.cpu_backward(q, k, v, w9c, grad, num_heads, scale, h, w, p)
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype), dw.to(w9.dtype if w9 is not None else dtype)

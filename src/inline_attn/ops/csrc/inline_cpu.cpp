@@ -2,22 +2,24 @@
 //
 // One task per sample (or per sample and head when samples are few): the key/value means, the
 // centred D x D key-value products, and O = phi(Q) M + v_bar + local residual (paper Eq. 5 plus
-// Sec. 4.2; phi = identity), all while the task's tokens are in cache. The two products go to the BLAS bundled with PyTorch (MKL's sgemm_ /
-// dgemm_, exported by libtorch_cpu); everything else is plain loops over contiguous channels.
-// Eager PyTorch spends more time moving tokens between layouts than on arithmetic at small N
-// (docs/benchmarks.md); this kernel reads Q, K, V once in place and writes O once, token-major,
-// ready for the output projection.
+// Sec. 4.2; phi = identity), all while the task's tokens are in cache. The two products go to the
+// BLAS bundled with PyTorch (MKL's sgemm_ / dgemm_, exported by libtorch_cpu); everything else is
+// plain loops over contiguous channels. Q, K, V are read once in place and O is written once,
+// token-major, ready for the output projection.
 //
-// Layout: q, k, v are [B, N, C] with unit channel stride and any token / batch strides (views
-// into a fused qkv projection); heads are contiguous channel blocks of size d = C / heads.
-// w9 (optional) is [B, 9, C] contiguous: tap t = 3 * (dy + 1) + (dx + 1) of channel c's 3x3
-// residual kernel. Tokens [0, p) are prefix tokens (no residual); token p + y * W + x is grid
-// cell (y, x). The result is [B, N, C] contiguous.
+// Layout: q, k, v are [B, N, C] with unit channel stride, any batch stride, and a token stride of
+// at least C (rows do not overlap; a BLAS leading dimension must be at least the row length; the
+// stride of a single-token dimension is ignored). Heads are contiguous channel blocks of size
+// d = C / heads. w9 (optional) is [B, 9, C] contiguous: tap t = 3 * (dy + 1) + (dx + 1) of channel
+// c's 3x3 residual kernel. Tokens [0, p) are prefix tokens (no residual); token p + y * W + x is
+// grid cell (y, x). The result is [B, N, C] contiguous. inline_attn/ops/cpu_kernel.py copies
+// inputs that break this layout before calling.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <climits>
 #include <vector>
 
 extern "C" {
@@ -40,6 +42,10 @@ inline void gemm(char ta, char tb, int m, int n, int k, double alpha, const doub
                  const double* b, int ldb, double beta, double* c, int ldc) {
   dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
 }
+
+// The token stride as a BLAS leading dimension: a single token's stride is meaningless (PyTorch
+// keeps any value for a size-1 dimension), so it reads as the row length.
+inline int64_t row_stride(const at::Tensor& t) { return t.size(1) > 1 ? t.stride(1) : t.size(2); }
 
 // A task is one sample and a block of g consecutive heads (g * d channels): whole samples when
 // there are many (windows), so the memory-bound loops run over long channel rows; single heads
@@ -85,9 +91,9 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  const int64_t qsb = q.stride(0), qsn = q.stride(1);
-  const int64_t ksb = k.stride(0), ksn = k.stride(1);
-  const int64_t vsb = v.stride(0), vsn = v.stride(1);
+  const int64_t qsb = q.stride(0), qsn = row_stride(q);
+  const int64_t ksb = k.stride(0), ksn = row_stride(k);
+  const int64_t vsb = v.stride(0), vsn = row_stride(v);
   const T alpha = static_cast<T>(scale / static_cast<double>(N));
   const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
 
@@ -152,10 +158,10 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   T* dqp = dq.data_ptr<T>();
   T* dkp = dk.data_ptr<T>();
   T* dvp = dv.data_ptr<T>();
-  const int64_t qsb = q.stride(0), qsn = q.stride(1);
-  const int64_t ksb = k.stride(0), ksn = k.stride(1);
-  const int64_t vsb = v.stride(0), vsn = v.stride(1);
-  const int64_t gsb = grad.stride(0), gsn = grad.stride(1);
+  const int64_t qsb = q.stride(0), qsn = row_stride(q);
+  const int64_t ksb = k.stride(0), ksn = row_stride(k);
+  const int64_t vsb = v.stride(0), vsn = row_stride(v);
+  const int64_t gsb = grad.stride(0), gsn = row_stride(grad);
   const T alpha = static_cast<T>(scale / static_cast<double>(N));
   const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
 
@@ -178,7 +184,8 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       centre(vb, vsn, N, cg, vbar.data(), vc.data());
 
       // dV = mean(G) + R^T(G, w) (the residual's transpose: V at (y, x) fed the outputs at
-      // (y - dy, x - dx) with tap (dy, dx)); dw[t] = sum over outputs of G * shifted V.
+      // (y - dy, x - dx) with tap (dy, dx)); dw[t] = sum over outputs of G * shifted V. Tasks of
+      // one sample share dw9's row but each owns channels [c0, c0 + cg): the += cannot race.
       for (int64_t n = 0; n < N; ++n) {
         T* dn = dvb + n * C;
         for (int64_t a = 0; a < cg; ++a) dn[a] = gbar[a];
@@ -228,7 +235,11 @@ void check_tokens(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK(t.sizes() == q.sizes(), name, " must have q's shape ", q.sizes(), ", got ", t.sizes());
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), name, " must have q's dtype");
-  TORCH_CHECK(t.stride(2) == 1, name, " must have unit channel stride");
+  TORCH_CHECK(t.size(2) <= 1 || t.stride(2) == 1, name, " must have unit channel stride, got strides ", t.strides());
+  TORCH_CHECK(row_stride(t) >= t.size(2), name, " must have a token stride of at least C=", t.size(2),
+              " (rows must not overlap), got strides ", t.strides());
+  TORCH_CHECK(t.size(1) < INT_MAX && t.size(2) < INT_MAX && row_stride(t) < INT_MAX, name,
+              " is too large for the BLAS calls (32-bit sizes), got ", t.sizes());
 }
 
 // Validates the op's arguments (shared by forward and backward); returns w9 made contiguous, or an
@@ -292,9 +303,9 @@ std::vector<at::Tensor> inline_backward_cpu(const at::Tensor& q, const at::Tenso
 
 }  // namespace
 
-// The schema is defined in Python (inline_attn/ops/cpu_kernel.py) so that its FLOP formula and fake
-// tensor rule exist before the kernel is built; this file provides the CPU implementation.
+// The schemas are defined in Python (inline_attn/ops/cpu_kernel.py); the public op
+// inline_attn::inline_forward (inline_attn/ops/fused.py) calls these as its CPU backend.
 TORCH_LIBRARY_IMPL(inline_attn, CPU, m) {
-  m.impl("inline_forward", &inline_forward_cpu);
-  m.impl("inline_backward", &inline_backward_cpu);
+  m.impl("cpu_forward", &inline_forward_cpu);
+  m.impl("cpu_backward", &inline_backward_cpu);
 }

@@ -1,0 +1,141 @@
+"""Which implementation computes the InLine layer core: one vocabulary, one decision, one reason.
+
+``impl`` takes one of :data:`IMPLS`:
+
+- ``"auto"``: the fused op where it applies (``"cpu"`` on CPU tensors, ``"triton"`` on CUDA
+  tensors), else ``"eager"``; :func:`why_not_fused` says why it was not taken;
+- ``"naive"``: explicit N x N weights, written to mirror the equations (the reference);
+- ``"eager"``: linear-time PyTorch ops (the authors' order of operations);
+- ``"cpu"``: the C++ kernel (CPU tensors; float32 / float64, bf16 / fp16 computed in float32);
+- ``"triton"``: the Triton kernels (CUDA tensors; CPU tensors under Triton's interpreter).
+
+An explicit ``"cpu"`` / ``"triton"`` is honoured on any tensors it can run, and raises
+``ValueError`` (naming what it needs) on tensors it cannot. The process default, used when a layer
+passes ``impl=None``, is ``"auto"``, or ``INLINE_ATTN_IMPL`` from the environment, or the value set
+by the :func:`use_impl` context manager.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+
+import torch
+
+from . import cpu_kernel
+
+IMPLS = ("auto", "naive", "eager", "cpu", "triton")
+FUSED_IMPLS = ("cpu", "triton")
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _env_impl() -> str:
+    value = os.environ.get("INLINE_ATTN_IMPL", "auto")
+    if value not in IMPLS:
+        raise ValueError(f"INLINE_ATTN_IMPL={value!r}: expected one of {IMPLS}")
+    return value
+
+
+_state = {"default": _env_impl(), "warned_triton": False}
+
+
+def check_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}: expected one of {IMPLS}")
+    return impl
+
+
+def default_impl() -> str:
+    """The implementation layers use when they are given none (see the module docstring)."""
+    return _state["default"]
+
+
+@contextlib.contextmanager
+def use_impl(impl: str):
+    """Context manager setting :func:`default_impl` (restored on exit), e.g. ``use_impl("eager")``
+    to time a model without the fused kernels."""
+    previous = _state["default"]
+    _state["default"] = check_impl(impl)
+    try:
+        yield
+    finally:
+        _state["default"] = previous
+
+
+@torch.compiler.assume_constant_result
+def _triton_importable() -> bool:
+    from .triton_core import triton_installed
+
+    return triton_installed()
+
+
+def _warn_no_triton() -> None:
+    if not _state["warned_triton"]:
+        _state["warned_triton"] = True
+        warnings.warn(
+            "inline-attn: CUDA tensors but triton is not installed, so the InLine layers run the "
+            "eager path (correct, slower); install the fused GPU kernels with: pip install 'inline-attn[gpu]'",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _feature_map_name(feature_map) -> str | None:
+    """None for the identity feature map (the only one the fused op computes), else its name."""
+    if feature_map is None or feature_map == "identity":
+        return None
+    return feature_map if isinstance(feature_map, str) else type(feature_map).__name__
+
+
+def unsupported(backend: str, q: torch.Tensor, feature_map=None) -> str | None:
+    """Why ``backend`` ("cpu" or "triton") cannot run these tensors, or None when it can."""
+    name = _feature_map_name(feature_map)
+    if name is not None:
+        return f"the feature map {name!r} is not fused (only the identity feature map is)"
+    if backend == "cpu":
+        if q.device.type != "cpu":
+            return f"impl='cpu' runs CPU tensors, got {q.device.type} tensors"
+        if not cpu_kernel.cpu_kernel_available():
+            return f"the C++ CPU kernel could not be built: {cpu_kernel.cpu_kernel_error()}"
+        return None
+    if q.device.type not in ("cuda", "cpu"):
+        return f"impl='triton' runs CUDA tensors (or CPU tensors under Triton's interpreter), got {q.device.type}"
+    if q.dtype not in _TRITON_DTYPES:
+        return f"impl='triton' takes float32, bfloat16 or float16 tensors, got {q.dtype}"
+    if not _triton_importable():
+        return "triton is not installed: pip install 'inline-attn[gpu]'"
+    return None
+
+
+def choose(q: torch.Tensor, feature_map=None, impl: str | None = None) -> tuple[str, str | None]:
+    """(implementation, reason) for the layer core on tensors like ``q``.
+
+    ``impl=None`` means :func:`default_impl`. For ``"auto"`` the reason says why the fused op was
+    not taken (None when it was); an explicit fused impl that cannot run raises ``ValueError``.
+    """
+    impl = check_impl(default_impl() if impl is None else impl)
+    if impl in ("naive", "eager"):
+        return impl, None
+    if impl in FUSED_IMPLS:
+        reason = unsupported(impl, q, feature_map)
+        if reason is not None:
+            raise ValueError(reason)
+        return impl, None
+    if q.device.type == "cpu":
+        reason = unsupported("cpu", q, feature_map)
+        return ("eager", reason) if reason else ("cpu", None)
+    if q.device.type == "cuda":
+        reason = unsupported("triton", q, feature_map)
+        if reason is not None and reason.startswith("triton is not installed"):
+            _warn_no_triton()
+        return ("eager", reason) if reason else ("triton", None)
+    return "eager", f"no fused kernel for {q.device.type} tensors"
+
+
+def why_not_fused(q: torch.Tensor, feature_map=None, impl: str | None = None) -> str | None:
+    """Why the layer core on tensors like ``q`` does not run a fused kernel, or None when it does
+    (in the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``)."""
+    chosen, reason = choose(q, feature_map, impl)
+    if chosen in FUSED_IMPLS:
+        return None
+    return reason or f"impl={chosen!r} was asked for"

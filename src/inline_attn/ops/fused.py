@@ -1,0 +1,110 @@
+"""The fused InLine layer core as custom ops: ``inline_attn::inline_forward`` and its backward.
+
+``O = concat_heads(Q_h M_h + v_bar_h) + R(V, w)`` on token-major [B, N, C] tensors (paper Eq. 5
+and Sec. 4.2, identity feature map; :func:`inline_attn.ops.inline_tokens` documents the
+arguments). One op serves two backends, named by its ``backend`` argument:
+
+- ``"cpu"``: the C++ kernel (:mod:`.cpu_kernel`; CPU tensors; bf16 / fp16 computed in float32);
+- ``"triton"``: the Triton kernels (:mod:`.triton_core`; CUDA tensors, or CPU tensors under
+  Triton's interpreter; fp32 accumulation whatever the input dtype).
+
+Registered with ``torch.library.custom_op``: a fake (meta) rule, so ``torch.compile`` keeps the op
+in the graph as one opaque node (``fullgraph=True`` works); autograd through
+``register_autograd`` (first order: the backward op has no derivative, so a double backward
+raises instead of silently dropping terms); FLOP formulas for ``FlopCounterMode``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from . import cpu_kernel
+
+BACKENDS = ("cpu", "triton")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
+
+
+@torch.library.custom_op("inline_attn::inline_forward", mutates_args=())
+def inline_forward(
+    q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], num_heads: int, scale: float, H: int, W: int,
+    num_prefix_tokens: int, backend: str,
+) -> Tensor:
+    """q, k, v: [B, N, C] (any strides); w9: [B, 9, C] residual taps or None -> O [B, N, C]."""
+    _check_backend(backend)
+    if backend == "cpu":
+        return cpu_kernel.cpu_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
+    from .triton_core import inline_forward_triton
+
+    return inline_forward_triton(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
+
+
+@torch.library.custom_op("inline_attn::inline_backward", mutates_args=())
+def inline_backward(
+    q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], grad: Tensor, num_heads: int, scale: float, H: int,
+    W: int, num_prefix_tokens: int, backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv, dw9) of :func:`inline_forward`; dw9 is empty without a residual."""
+    _check_backend(backend)
+    if backend == "cpu":
+        return cpu_kernel.cpu_backward(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
+    from .triton_core import inline_backward_triton
+
+    return inline_backward_triton(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
+
+
+@inline_forward.register_fake
+def _forward_fake(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend):
+    return q.new_empty(q.shape)  # contiguous, whatever q's strides
+
+
+@inline_backward.register_fake
+def _backward_fake(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens, backend):
+    dw = w9.new_empty(w9.shape) if w9 is not None else q.new_empty(0)
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), dw
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, w9, *args = inputs
+    ctx.save_for_backward(q, k, v, w9)
+    ctx.args = args
+
+
+def _backward(ctx, grad):
+    q, k, v, w9 = ctx.saved_tensors
+    dq, dk, dv, dw = inline_backward(q, k, v, w9, grad, *ctx.args)
+    return dq, dk, dv, (dw if w9 is not None else None), None, None, None, None, None, None
+
+
+inline_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.inline_attn.inline_forward)
+def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, *args, out_shape=None, **kwargs):
+    """Counted like the eager path: the two d x d products of every head (2 N d^2 MACs per head)
+    and the residual as a 3x3 depthwise convolution (9 MACs per grid token and channel); means
+    and sums are not counted (as in eager)."""
+    b, n, c = q_shape
+    h, w = args[1], args[2]
+    macs = 2 * b * n * c * (c // num_heads)
+    if w9_shape is not None:
+        macs += 9 * b * h * w * c
+    return 2 * macs
+
+
+@register_flop_formula(torch.ops.inline_attn.inline_backward)
+def _flops_backward(q_shape, k_shape, v_shape, w9_shape, g_shape, num_heads, *args, out_shape=None, **kwargs):
+    """The kernels' own work: five d x d products per head (M recomputed, dM, dQ, dK, dV) and the
+    residual's two transposed 3x3 passes (dV and dw)."""
+    b, n, c = q_shape
+    h, w = args[1], args[2]
+    macs = 5 * b * n * c * (c // num_heads)
+    if w9_shape is not None:
+        macs += 18 * b * h * w * c
+    return 2 * macs

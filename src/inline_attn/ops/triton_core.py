@@ -1,0 +1,232 @@
+"""Launchers for the Triton kernels of the InLine layer core (:mod:`.triton_kernels`).
+
+``triton`` is an optional dependency (``pip install inline-attn[gpu]``); nothing here imports it
+until a kernel is launched. On CUDA tensors the kernels are compiled for the GPU. On CPU tensors
+they run under Triton's interpreter (``TRITON_INTERPRET=1``, which must be set before the kernels
+are first defined: :func:`load_kernels` sets it when the first launch is on the CPU); one process
+cannot mix the two modes.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+_KERNELS_MODULE = "inline_attn.ops.triton_kernels"
+_state: dict = {"module": None, "interpret": None}
+
+# Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
+# for head dims over 32), the number of (sample, head) programs per multiprocessor below which the
+# reductions are split over token chunks, and the most row tiles one token-pass program takes.
+BLOCK_N = int(os.environ.get("INLINE_ATTN_TRITON_BLOCK_N", 64))
+NUM_WARPS = int(os.environ.get("INLINE_ATTN_TRITON_WARPS", 2))
+_PROGRAMS_PER_SM = int(os.environ.get("INLINE_ATTN_TRITON_PROGRAMS_PER_SM", 8))
+ROW_BLOCKS_MAX = 8
+
+
+def triton_installed() -> bool:
+    """True when the ``triton`` package can be imported."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run under the interpreter in this process (CPU tensors)."""
+    if _state["module"] is not None:
+        return bool(_state["interpret"])
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def load_kernels(device: torch.device):
+    """Import :mod:`.triton_kernels` (compiled for CUDA tensors, interpreted for CPU tensors).
+
+    Raises:
+        ValueError: triton is not installed, or this process's Triton mode (fixed when triton was
+            imported, by ``TRITON_INTERPRET``) does not match the tensors' device.
+    """
+    if not triton_installed():
+        raise ValueError("impl='triton' needs the triton package: pip install 'inline-attn[gpu]'")
+    want = device.type != "cuda"
+    if interpreting() != want:
+        if want:
+            raise ValueError(
+                f"impl='triton' on {device.type} tensors runs under Triton's interpreter, which must be "
+                "chosen before triton is imported: set TRITON_INTERPRET=1 in the environment (inline_attn "
+                "sets it itself when it is imported before triton on a machine without CUDA)"
+            )
+        raise ValueError(
+            "impl='triton' on CUDA tensors, but this process runs Triton's interpreter (TRITON_INTERPRET=1): "
+            "unset it to compile the kernels for the GPU"
+        )
+    if _state["module"] is None:
+        _state["interpret"] = want
+        _state["module"] = importlib.import_module(_KERNELS_MODULE)
+    return _state["module"]
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton_next_pow2(d))
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs get exact fp32 products (as cuBLAS / eager); bf16 / fp16 inputs are exact in
+    # tf32, whose only rounding is then on M's entries, below the output's own precision.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few splits, so tests reach the split path at small sizes
+
+
+def _split(device: torch.device, pairs: int, n: int, block_n: int) -> int:
+    """Token chunks per (sample, head): 1 (the fused launch) when the pairs fill the device."""
+    target = _PROGRAMS_PER_SM * _num_sms(device)
+    if pairs >= target:
+        return 1
+    blocks = -(-n // block_n)
+    return max(1, min(blocks, -(-target // pairs)))
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _out_dtype(q: torch.Tensor) -> torch.dtype:
+    # The interpreter's fp32 -> bf16/fp16 store truncates (triton#11584): write fp32, round in torch.
+    return torch.float32 if interpreting() and q.dtype != torch.float32 else q.dtype
+
+
+def _launch_shape(q: torch.Tensor, pairs: int, n: int, split: int | None) -> tuple[int, int]:
+    """(chunks, chunk length): the reduction's token chunks per (sample, head)."""
+    blocks = -(-n // BLOCK_N)
+    s = _split(q.device, pairs, n, BLOCK_N) if split is None else max(1, min(int(split), blocks))
+    chunk = -(-blocks // s) * BLOCK_N
+    return -(-n // chunk), chunk
+
+
+def _rows_per_program(q: torch.Tensor, pairs: int, n: int) -> int:
+    """Rows of one token-pass program in the split launch: enough programs to fill the device,
+    each loading the finalized d x d matrices once for several row blocks."""
+    target = 4 * _PROGRAMS_PER_SM * _num_sms(q.device)
+    blocks = -(-n // BLOCK_N)
+    per = max(1, min(ROW_BLOCKS_MAX, (pairs * blocks) // target))
+    return per * BLOCK_N
+
+
+def _meta(q: torch.Tensor, d: int, has_res: bool) -> dict:
+    bd = _block_d(d)
+    return dict(D=d, BD=bd, BLOCK_N=BLOCK_N, HAS_RES=has_res, PREC=_precision(q.dtype),
+                num_warps=NUM_WARPS if bd <= 32 else 2 * NUM_WARPS)
+
+
+def inline_forward_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w9: torch.Tensor | None,
+    num_heads: int,
+    scale: float,
+    h: int,
+    w: int,
+    p: int,
+    split: int | None = None,
+) -> torch.Tensor:
+    """O = InLine(q, k, v) + R(v, w9): q, k, v [B, N, C] (any strides), w9 [B, 9, C] or None.
+
+    ``split`` forces the number of token chunks of the reduction (1 = the fused launch); the
+    default chooses from the device size. Returns [B, N, C] contiguous in q's dtype.
+    """
+    mod = load_kernels(q.device)
+    b, n, c = q.shape
+    out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
+    if b == 0 or n == 0:
+        return out.to(q.dtype)
+    has_res = w9 is not None
+    w9_arg = w9.contiguous() if has_res else out  # a placeholder pointer when there is no residual
+    pairs = b * num_heads
+    meta = _meta(q, c // num_heads, has_res)
+    bd = meta["BD"]
+    chunks, chunk = _launch_shape(q, pairs, n, split)
+    if chunks == 1:
+        mod.inline_fwd_fused[(pairs,)](
+            q, k, v, w9_arg, out, *_strides(q), *_strides(k), *_strides(v),
+            n, c, h, w, p, num_heads, float(scale), **meta,
+        )
+        return out.to(q.dtype)
+    ws = torch.empty((pairs, chunks, bd * bd + 2 * bd), device=q.device, dtype=torch.float32)
+    fin = torch.empty((pairs, bd * bd + bd), device=q.device, dtype=torch.float32)
+    mod.inline_fwd_partial[(pairs, chunks)](
+        k, v, ws, *_strides(k), *_strides(v), n, num_heads, chunk,
+        D=meta["D"], BD=bd, BLOCK_N=BLOCK_N, PREC=meta["PREC"], num_warps=meta["num_warps"],
+    )
+    mod.inline_fwd_finalize[(pairs,)](ws, fin, n, chunk, chunks, float(scale), BD=bd, num_warps=meta["num_warps"])
+    rows = _rows_per_program(q, pairs, n)
+    mod.inline_fwd_rows[(pairs, -(-n // rows))](
+        q, v, w9_arg, out, fin, *_strides(q), *_strides(v), n, c, h, w, p, num_heads, rows, **meta,
+    )
+    return out.to(q.dtype)
+
+
+def inline_backward_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w9: torch.Tensor | None,
+    grad: torch.Tensor,
+    num_heads: int,
+    scale: float,
+    h: int,
+    w: int,
+    p: int,
+    split: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv, dw9) of :func:`inline_forward_triton` for the upstream ``grad``.
+
+    dq, dk, dv: [B, N, C] contiguous in q's dtype; dw9: [B, 9, C] in w9's dtype (an empty tensor
+    when there is no residual). M is recomputed, not saved.
+    """
+    mod = load_kernels(q.device)
+    b, n, c = q.shape
+    dt = _out_dtype(q)
+    dq, dk, dv = (torch.empty((b, n, c), device=q.device, dtype=dt) for _ in range(3))
+    has_res = w9 is not None
+    dw = torch.zeros((b, 9, c) if has_res else (0,), device=q.device,
+                     dtype=torch.float32 if interpreting() or not has_res else w9.dtype)
+    if b > 0 and n > 0:
+        w9_arg = w9.contiguous() if has_res else dq
+        dw_arg = dw if has_res else dq
+        pairs = b * num_heads
+        meta = _meta(q, c // num_heads, has_res)
+        bd = meta["BD"]
+        chunks, chunk = _launch_shape(q, pairs, n, split)
+        if chunks == 1:
+            mod.inline_bwd_fused[(pairs,)](
+                q, k, v, w9_arg, grad, dq, dk, dv, dw_arg,
+                *_strides(q), *_strides(k), *_strides(v), *_strides(grad),
+                n, c, h, w, p, num_heads, float(scale), **meta,
+            )
+        else:
+            ws = torch.empty((pairs, chunks, 2 * bd * bd + 19 * bd), device=q.device, dtype=torch.float32)
+            fin = torch.empty((pairs, 2 * bd * bd + 3 * bd), device=q.device, dtype=torch.float32)
+            mod.inline_bwd_partial[(pairs, chunks)](
+                q, k, v, grad, ws, *_strides(q), *_strides(k), *_strides(v), *_strides(grad),
+                n, h, w, p, num_heads, chunk, **meta,
+            )
+            mod.inline_bwd_finalize[(pairs,)](
+                ws, fin, dw_arg, n, c, num_heads, chunk, chunks, float(scale),
+                D=meta["D"], BD=bd, HAS_RES=has_res, num_warps=meta["num_warps"],
+            )
+            rows = _rows_per_program(q, pairs, n)
+            mod.inline_bwd_rows[(pairs, -(-n // rows))](
+                k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k), *_strides(v), *_strides(grad),
+                n, c, h, w, p, num_heads, float(scale), rows, **meta,
+            )
+    dw = dw.to(w9.dtype) if has_res else dw.to(q.dtype)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dw
