@@ -1,10 +1,18 @@
 """Shared test fixtures and helpers."""
 from __future__ import annotations
 
-import pathlib
+import os
 
-import pytest
 import torch
+
+# Triton's kernels run under its interpreter on machines without CUDA; the mode is fixed when
+# triton is imported (torch imports it early), so it is chosen here, before anything else.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
 
 DATA_DIR = pathlib.Path(__file__).parent / "data"
 REFERENCE_DIR = DATA_DIR / "reference"  # copied from shared/reference (golden files, state-dict layouts)

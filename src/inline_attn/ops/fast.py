@@ -53,7 +53,7 @@ def inline_attention(
 
     ``O_i = phi(q_i) M + v_bar`` with ``M = scale/N * sum_j (phi(k_j) - k_bar) v_j^T`` (D x Dv),
     which equals weights ``(1 + scale * phi(q_i).(phi(k_j) - k_bar)) / N`` applied to V.
-    Centring the keys before the product keeps the cancellation out of the sum.
+    Centring keys and values before the product keeps the cancellation out of the sum.
 
     Args:
         q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv] (any strides).
@@ -71,7 +71,9 @@ def inline_attention(
         qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
         k_bar = kf.mean(dim=2, keepdim=True)  # [B, H, 1, D]
         v_bar = vf.mean(dim=2, keepdim=True)  # [B, H, 1, Dv]
-        kv = (kf - k_bar).transpose(-2, -1) @ vf  # [B, H, D, Dv]
+        # both factors centred: sum_j (k_j - k_bar) v_j^T equals sum_j (k_j - k_bar)(v_j - v_bar)^T,
+        # and with V centred too its mean cannot amplify the rounding of the centred keys
+        kv = (kf - k_bar).transpose(-2, -1) @ (vf - v_bar)  # [B, H, D, Dv]
         out = torch.matmul(qf, kv.mul_(s / n)).add_(v_bar)
     return out.to(out_dtype)
 

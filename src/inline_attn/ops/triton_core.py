@@ -166,7 +166,10 @@ def inline_forward_triton(
         k, v, ws, *_strides(k), *_strides(v), n, num_heads, chunk,
         D=meta["D"], BD=bd, BLOCK_N=BLOCK_N, PREC=meta["PREC"], num_warps=meta["num_warps"],
     )
-    mod.inline_fwd_finalize[(pairs,)](ws, fin, n, chunk, chunks, float(scale), BD=bd, num_warps=meta["num_warps"])
+    mod.inline_fwd_finalize[(pairs,)](
+        v, ws, fin, v.stride(0), v.stride(2), n, chunk, chunks, num_heads, float(scale),
+        D=meta["D"], BD=bd, num_warps=meta["num_warps"],
+    )
     rows = _rows_per_program(q, pairs, n)
     mod.inline_fwd_rows[(pairs, -(-n // rows))](
         q, v, w9_arg, out, fin, *_strides(q), *_strides(v), n, c, h, w, p, num_heads, rows, **meta,
@@ -220,7 +223,8 @@ def inline_backward_triton(
                 n, h, w, p, num_heads, chunk, **meta,
             )
             mod.inline_bwd_finalize[(pairs,)](
-                ws, fin, dw_arg, n, c, num_heads, chunk, chunks, float(scale),
+                k, v, ws, fin, dw_arg, k.stride(0), k.stride(2), v.stride(0), v.stride(2),
+                n, c, num_heads, chunk, chunks, float(scale),
                 D=meta["D"], BD=bd, HAS_RES=has_res, num_warps=meta["num_warps"],
             )
             rows = _rows_per_program(q, pairs, n)

@@ -14,7 +14,9 @@ Each pass is a reduction over the tokens (the d x d products, the means, the res
 gradient) followed by a token-parallel pass. The centred product is accumulated in one pass,
 tile by tile, with the pairwise update of Chan, Golub and LeVeque (1979): each tile's product is
 centred on the tile's own means and merged with a rank-1 correction, so no sum carries the
-``N k_bar v_bar^T`` term whose cancellation would cost digits at large N.
+``N k_bar v_bar^T`` term whose cancellation would cost digits at large N. Keys and values are
+first shifted by their token-0 row, so the means the merge subtracts are of the spread's size
+even when the activations' mean is far from zero.
 
 Two launch shapes:
 
@@ -91,9 +93,9 @@ def _tile_stats(kt, vt, m2, n_valid):
 
 
 @triton.jit
-def _fwd_sums(kb, vb, k_sn, v_sn, k_col, v_col, cmask, n_lo, n_hi,
+def _fwd_sums(kb, vb, k_sn, v_sn, k_col, v_col, cmask, ck, cv, n_lo, n_hi,
               BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    """Centred statistics of tokens [n_lo, n_hi): means of K and V and S = sum K_c^T V_c."""
+    """Centred statistics of tokens [n_lo, n_hi): means of K - ck and V - cv, S = sum K_c^T V_c."""
     cnt = 0.0
     mk = tl.zeros([BD], dtype=tl.float32)
     mv = tl.zeros([BD], dtype=tl.float32)
@@ -102,7 +104,9 @@ def _fwd_sums(kb, vb, k_sn, v_sn, k_col, v_col, cmask, n_lo, n_hi,
         n = start + tl.arange(0, BLOCK_N)
         m2 = (n < n_hi)[:, None] & cmask[None, :]
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
-        tmk, tmv, kc, vc = _tile_stats(_tile(kb, n, k_sn, k_col, m2), _tile(vb, n, v_sn, v_col, m2), m2, n_valid)
+        kt = tl.where(m2, _tile(kb, n, k_sn, k_col, m2) - ck[None, :], 0.0)
+        vt = tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - cv[None, :], 0.0)
+        tmk, tmv, kc, vc = _tile_stats(kt, vt, m2, n_valid)
         cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
     return cnt, mk, mv, s
 
@@ -131,6 +135,12 @@ def _pair(pid, heads, D: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
+def _row0(ptr, cols, cmask):
+    """Token 0's row (the shift of the sums) as fp32."""
+    return tl.load(ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def inline_fwd_fused(Q, K, V, W9, O,
                      q_sb, q_sn, q_sc, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc,
                      N, C, H, W, P, heads, scale,
@@ -138,10 +148,12 @@ def inline_fwd_fused(Q, K, V, W9, O,
                      HAS_RES: tl.constexpr, PREC: tl.constexpr):
     """One program per (sample, head): the statistics, M, then every output row of that head."""
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    vb = V + b * v_sb
-    cnt, mk, mv, s = _fwd_sums(K + b * k_sb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, 0, N, BD, BLOCK_N, PREC)
+    kb, vb = K + b * k_sb, V + b * v_sb
+    cv = _row0(vb, ch * v_sc, cmask)
+    cnt, mk, mv, s = _fwd_sums(kb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, _row0(kb, ch * k_sc, cmask), cv,
+                               0, N, BD, BLOCK_N, PREC)
     _fwd_rows(Q + b * q_sb, vb, W9 + b * 9 * C, O + b * N * C, q_sn, v_sn, ch * q_sc, ch * v_sc, ch, C, cmask,
-              s * (scale / N), mv, 0, N, N, H, W, P, HAS_RES, BLOCK_N, PREC)
+              s * (scale / N), cv + mv, 0, N, N, H, W, P, HAS_RES, BLOCK_N, PREC)
 
 
 @triton.jit
@@ -151,8 +163,9 @@ def inline_fwd_partial(K, V, WS, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc, N, heads, c
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
-    cnt, mk, mv, s = _fwd_sums(K + b * k_sb, V + b * v_sb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask,
-                               n_lo, tl.minimum(n_lo + chunk, N), BD, BLOCK_N, PREC)
+    kb, vb = K + b * k_sb, V + b * v_sb
+    cnt, mk, mv, s = _fwd_sums(kb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, _row0(kb, ch * k_sc, cmask),
+                               _row0(vb, ch * v_sc, cmask), n_lo, tl.minimum(n_lo + chunk, N), BD, BLOCK_N, PREC)
     c = tl.arange(0, BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (BD * BD + 2 * BD)
     tl.store(ws + c[:, None] * BD + c[None, :], s)
@@ -161,9 +174,10 @@ def inline_fwd_partial(K, V, WS, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc, N, heads, c
 
 
 @triton.jit
-def inline_fwd_finalize(WS, FIN, N, chunk, SPLIT, scale, BD: tl.constexpr):
+def inline_fwd_finalize(V, WS, FIN, v_sb, v_sc, N, chunk, SPLIT, heads, scale, D: tl.constexpr, BD: tl.constexpr):
     """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, v_bar] (FIN)."""
     pid = tl.program_id(0)
+    b, ch, cmask = _pair(pid, heads, D, BD)
     c = tl.arange(0, BD)
     sq = c[:, None] * BD + c[None, :]
     row = BD * BD + 2 * BD
@@ -178,7 +192,7 @@ def inline_fwd_finalize(WS, FIN, N, chunk, SPLIT, scale, BD: tl.constexpr):
                                 tl.load(ws + sq))
     fin = FIN + pid * (BD * BD + BD)
     tl.store(fin + sq, s * (scale / N))
-    tl.store(fin + BD * BD + c, mv)
+    tl.store(fin + BD * BD + c, _row0(V + b * v_sb, ch * v_sc, cmask) + mv)
 
 
 @triton.jit
@@ -198,8 +212,8 @@ def inline_fwd_rows(Q, V, W9, O, FIN, q_sb, q_sn, q_sc, v_sb, v_sn, v_sc, N, C, 
 
 
 @triton.jit
-def _bwd_sums(qb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, q_col, k_col, v_col, g_col, cmask, n_lo, n_hi, N, H, W, P,
-              HAS_RES: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _bwd_sums(qb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, q_col, k_col, v_col, g_col, cmask, ck, cv, n_lo, n_hi,
+              N, H, W, P, HAS_RES: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     """Over tokens [n_lo, n_hi): the forward's statistics (M is recomputed), dM = Q^T G, sum G and
     the residual's weight gradient dw[t] = sum_n G_n * V_{n+t} ([16, BD], rows 0..8 used)."""
     cnt = 0.0
@@ -214,8 +228,9 @@ def _bwd_sums(qb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, q_col, k_col, v_col, g_col
         n = start + tl.arange(0, BLOCK_N)
         m2 = (n < n_hi)[:, None] & cmask[None, :]
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
-        vt = _tile(vb, n, v_sn, v_col, m2)
-        tmk, tmv, kc, vc = _tile_stats(_tile(kb, n, k_sn, k_col, m2), vt, m2, n_valid)
+        kt = tl.where(m2, _tile(kb, n, k_sn, k_col, m2) - ck[None, :], 0.0)
+        tmk, tmv, kc, vc = _tile_stats(kt, tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - cv[None, :], 0.0), m2,
+                                       n_valid)
         cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
         gt = _tile(gb, n, g_sn, g_col, m2)
         dm += tl.dot(tl.trans(_tile(qb, n, q_sn, q_col, m2)), gt, input_precision=PREC)
@@ -273,13 +288,14 @@ def inline_bwd_fused(Q, K, V, W9, G, DQ, DK, DV, DW,
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
     kb, vb, gb = K + b * k_sb, V + b * v_sb, G + b * g_sb
     k_col, v_col, g_col = ch * k_sc, ch * v_sc, ch * g_sc
+    ck, cv = _row0(kb, k_col, cmask), _row0(vb, v_col, cmask)
     cnt, mk, mv, s, dm, gs, dw = _bwd_sums(Q + b * q_sb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, ch * q_sc, k_col, v_col,
-                                           g_col, cmask, 0, N, N, H, W, P, HAS_RES, BD, BLOCK_N, PREC)
+                                           g_col, cmask, ck, cv, 0, N, N, H, W, P, HAS_RES, BD, BLOCK_N, PREC)
     alpha = scale / N
     if HAS_RES:
         _store_dw(DW + b * 9 * C, C, ch, cmask, dw)
     _bwd_rows(gb, kb, vb, W9 + b * 9 * C, DQ + b * N * C, DK + b * N * C, DV + b * N * C, g_sn, k_sn, v_sn,
-              g_col, k_col, v_col, ch, C, cmask, s * alpha, dm, mk, mv, gs / N, alpha,
+              g_col, k_col, v_col, ch, C, cmask, s * alpha, dm, ck + mk, cv + mv, gs / N, alpha,
               0, N, N, H, W, P, HAS_RES, BLOCK_N, PREC)
 
 
@@ -294,9 +310,11 @@ def inline_bwd_partial(Q, K, V, G, WS,
     b, ch, cmask = _pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
     n_hi = tl.minimum(n_lo + chunk, N)
-    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(Q + b * q_sb, K + b * k_sb, V + b * v_sb, G + b * g_sb,
+    kb, vb = K + b * k_sb, V + b * v_sb
+    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(Q + b * q_sb, kb, vb, G + b * g_sb,
                                            q_sn, k_sn, v_sn, g_sn, ch * q_sc, ch * k_sc, ch * v_sc, ch * g_sc,
-                                           cmask, n_lo, n_hi, N, H, W, P, HAS_RES, BD, BLOCK_N, PREC)
+                                           cmask, _row0(kb, ch * k_sc, cmask), _row0(vb, ch * v_sc, cmask),
+                                           n_lo, n_hi, N, H, W, P, HAS_RES, BD, BLOCK_N, PREC)
     c = tl.arange(0, BD)
     sq = c[:, None] * BD + c[None, :]
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (2 * BD * BD + 19 * BD)
@@ -311,7 +329,7 @@ def inline_bwd_partial(Q, K, V, G, WS,
 
 
 @triton.jit
-def inline_bwd_finalize(WS, FIN, DW, N, C, heads, chunk, SPLIT, scale,
+def inline_bwd_finalize(K, V, WS, FIN, DW, k_sb, k_sc, v_sb, v_sc, N, C, heads, chunk, SPLIT, scale,
                         D: tl.constexpr, BD: tl.constexpr, HAS_RES: tl.constexpr):
     """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, dM, k_bar, v_bar,
     g_bar] (FIN); writes the residual's weight gradient of its head."""
@@ -340,8 +358,8 @@ def inline_bwd_finalize(WS, FIN, DW, N, C, heads, chunk, SPLIT, scale,
     fin = FIN + pid * (2 * BD * BD + 3 * BD)
     tl.store(fin + sq, s * (scale / N))
     tl.store(fin + BD * BD + sq, dm)
-    tl.store(fin + 2 * BD * BD + c, mk)
-    tl.store(fin + 2 * BD * BD + BD + c, mv)
+    tl.store(fin + 2 * BD * BD + c, _row0(K + b * k_sb, ch * k_sc, cmask) + mk)
+    tl.store(fin + 2 * BD * BD + BD + c, _row0(V + b * v_sb, ch * v_sc, cmask) + mv)
     tl.store(fin + 2 * BD * BD + 2 * BD + c, gs / N)
     if HAS_RES:
         _store_dw(DW + b * 9 * C, C, ch, cmask, dw)

@@ -98,7 +98,7 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
 
   at::parallel_for(0, B * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> kc(N * cg), m(d * d), kbar(cg), vbar(cg);
+    std::vector<T> kc(N * cg), vc(N * cg), m(d * d), kbar(cg), vbar(cg);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / blocks, c0 = (task % blocks) * cg;
       const T* qb = qp + b * qsb + c0;
@@ -108,8 +108,10 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
       column_means(kb, ksn, N, cg, kbar.data());
       column_means(vb, vsn, N, cg, vbar.data());
-      // Centred keys (row-major [N, cg]): the cancellation stays out of the product.
+      // Centred keys and values (row-major [N, cg]): the cancellation stays out of the product,
+      // and a large value mean cannot amplify the centred keys' rounding.
       centre(kb, ksn, N, cg, kbar.data(), kc.data());
+      centre(vb, vsn, N, cg, vbar.data(), vc.data());
       // O = v_bar, plus the 3x3 residual on grid tokens (zero padding at the map's border).
       for (int64_t n = 0; n < N; ++n) {
         T* on = ob + n * C;
@@ -130,9 +132,9 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       }
       for (int64_t i = 0; i < g; ++i) {
         const int64_t ci = i * d;
-        // M[a][e] = scale / N * sum_n kc[n][a] v[n][e]  (row-major [d, d]).
-        // Column-major that is M^T = V^T Kc: A = V (col-major d x N, lda = vsn), B = Kc^T.
-        gemm('N', 'T', int(d), int(d), int(N), alpha, vb + ci, int(vsn), kc.data() + ci, int(cg), T(0),
+        // M[a][e] = scale / N * sum_n kc[n][a] vc[n][e]  (row-major [d, d]).
+        // Column-major that is M^T = Vc^T Kc: A = Vc (col-major d x N, lda = cg), B = Kc^T.
+        gemm('N', 'T', int(d), int(d), int(N), alpha, vc.data() + ci, int(cg), kc.data() + ci, int(cg), T(0),
              m.data(), int(d));
         // O^T += M^T Q^T (column-major): A = M (lda = d), B = Q (ldb = qsn), C = O (ldc = C).
         gemm('N', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), qb + ci, int(qsn), T(1), ob + ci, int(C));
@@ -142,7 +144,7 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 }
 
 // Backward of inline_forward. Per head, with alpha = scale / N, Kc = K - k_bar, Vc = V - v_bar,
-// M = alpha Kc^T V and O = Q M + v_bar + R(V, w):
+// M = alpha Kc^T Vc (= alpha Kc^T V) and O = Q M + v_bar + R(V, w):
 //   dQ = G M^T;  dM = Q^T G;  dK = alpha Vc dM^T (centring's gradient: sum_n Kc_n = 0);
 //   dV = alpha Kc dM + mean_n G_n + R^T(G, w);  dw[t] = sum_n G_n * V_{n + t}.
 // M is recomputed (one d x d product) instead of saved.
@@ -213,7 +215,7 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       for (int64_t i = 0; i < g; ++i) {
         const int64_t ci = i * d;
         // M (row-major [d, d]) as in the forward; dM[a][e] = sum_n q[n][a] g[n][e], same pattern.
-        gemm('N', 'T', int(d), int(d), int(N), alpha, vb + ci, int(vsn), kc.data() + ci, int(cg), T(0),
+        gemm('N', 'T', int(d), int(d), int(N), alpha, vc.data() + ci, int(cg), kc.data() + ci, int(cg), T(0),
              m.data(), int(d));
         gemm('N', 'T', int(d), int(d), int(N), T(1), gb + ci, int(gsn), qb + ci, int(qsn), T(0), dm.data(),
              int(d));
