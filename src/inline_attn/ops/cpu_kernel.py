@@ -111,6 +111,8 @@ def cpu_forward(q, k, v, w9, num_heads: int, scale: float, h: int, w: int, p: in
     if not _load():
         raise RuntimeError(f"the fused CPU kernel is not available: {_state['error']}")
     dtype = q.dtype
+    if q.numel() == 0:
+        return q.new_empty(q.shape)
     ct = _compute_dtype(dtype)
     q, k, v = (_blas_layout(t.to(ct)) for t in (q, k, v))
     w9 = w9.to(ct).contiguous() if w9 is not None else None
@@ -122,6 +124,9 @@ def cpu_backward(q, k, v, w9, grad, num_heads: int, scale: float, h: int, w: int
     if not _load():
         raise RuntimeError(f"the fused CPU kernel is not available: {_state['error']}")
     dtype = q.dtype
+    if q.numel() == 0:
+        dw = torch.zeros_like(w9) if w9 is not None else q.new_empty(0)
+        return q.new_zeros(q.shape), q.new_zeros(q.shape), q.new_zeros(q.shape), dw
     ct = _compute_dtype(dtype)
     q, k, v, grad = (_blas_layout(t.to(ct)) for t in (q, k, v, grad))
     w9c = w9.to(ct).contiguous() if w9 is not None else None

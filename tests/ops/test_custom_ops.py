@@ -1,0 +1,121 @@
+"""The fused layer core as custom ops: opcheck, torch.compile without graph breaks, autograd limits."""
+from __future__ import annotations
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+from inline_attn import create_model
+from inline_attn.ops import cpu_kernel_available, inline_tokens, use_impl
+from inline_attn.ops.tokens import residual_taps
+
+pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BACKENDS = ["cpu", "triton"] if DEVICE == "cpu" else ["triton"]
+
+
+def _args(backend, residual=True, requires_grad=True):
+    b, h, w, heads, c, p = 2, 3, 4, 2, 16, 1
+    qkv = torch.randn(b, p + h * w, 3 * c, device=DEVICE, requires_grad=requires_grad)
+    q, k, v = qkv.chunk(3, dim=-1)
+    taps = residual_taps(torch.randn(b, c, 3, 3, device=DEVICE), q.dtype).requires_grad_(requires_grad) if residual else None
+    return (q, k, v, taps, heads, (c // heads) ** -0.5, h, w, p, backend)
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["res", "nores"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck_forward(backend, residual):
+    assert cpu_kernel_available()
+    torch.library.opcheck(torch.ops.inline_attn.inline_forward.default, _args(backend, residual))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck_backward(backend):
+    q, k, v, taps, *rest = _args(backend, requires_grad=False)
+    grad = torch.randn(q.shape, device=DEVICE)
+    torch.library.opcheck(torch.ops.inline_attn.inline_backward.default, (q, k, v, taps, grad, *rest))
+
+
+def test_double_backward_raises_instead_of_dropping_terms():
+    q, k, v, taps, *rest = _args("cpu" if DEVICE == "cpu" else "triton")
+    out = torch.ops.inline_attn.inline_forward(q, k, v, taps, *rest)
+    (gq,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="inline_backward"):
+        gq.sum().backward()
+
+
+class _GraphRecorder:
+    """A torch.compile backend that keeps the forward and backward graphs' op targets."""
+
+    def __init__(self):
+        self.forward, self.backward = set(), set()
+
+    def _keep(self, into):
+        def compiler(gm, example_inputs):
+            into.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    def backend(self):
+        return aot_autograd(fw_compiler=self._keep(self.forward), bw_compiler=self._keep(self.backward))
+
+
+# each family's smallest configuration, with InLine blocks
+FAMILIES = {
+    "inline_deit_tiny": (dict(depth=2, embed_dim=48, num_heads=3), 32),
+    "inline_pvt_tiny": (dict(depths=(1, 1, 1, 1), embed_dims=(16, 32, 48, 64), num_heads=(1, 2, 3, 4)), 64),
+    "inline_swin_tiny": (dict(depths=(1, 1, 1, 1), embed_dim=24, num_heads=(1, 2, 3, 3), window_size=4), 64),
+    "inline_cswin_tiny": (dict(depths=(1, 1, 1, 1), embed_dim=16, num_heads=(1, 2, 2, 4)), 64),
+}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_compile_fullgraph_keeps_the_fused_op_and_matches_eager(name):
+    kw, res = FAMILIES[name]
+    model = create_model(name, img_size=res, num_classes=5, **kw).to(DEVICE).eval()  # no dropout draws
+    x = torch.randn(2, 3, res, res, device=DEVICE)
+    ref = model(x)
+    ref.square().sum().backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    rec = _GraphRecorder()
+    compiled = torch.compile(model, backend=rec.backend(), fullgraph=True)
+    out = compiled(x)
+    out.square().sum().backward()
+    assert "inline_attn.inline_forward.default" in rec.forward, sorted(rec.forward)
+    assert "inline_attn.inline_backward.default" in rec.backward, sorted(rec.backward)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for p, g in zip(model.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_inductor_matches_eager():
+    # the default backend generates code around the opaque op (one family: inductor's C++ build
+    # takes ~20 s per graph on these CPUs)
+    kw, res = FAMILIES["inline_deit_tiny"]
+    model = create_model("inline_deit_tiny", img_size=res, num_classes=5, **kw).to(DEVICE).eval()
+    x = torch.randn(2, 3, res, res, device=DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_compile_with_eager_impl_still_fullgraph():
+    q, k, v, *_ = _args("cpu", requires_grad=False)
+
+    def core(q, k, v):
+        return inline_tokens(q, k, v, num_heads=2, feat_size=(3, 4), num_prefix_tokens=1)
+
+    with use_impl("eager"):
+        out = torch.compile(core, fullgraph=True, backend="aot_eager")(q, k, v)
+    torch.testing.assert_close(out, core(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU autocast")
+def test_fused_cpu_backend_under_bf16_autocast_trains():
+    model = create_model("inline_deit_tiny", img_size=32, num_classes=5, depth=1, embed_dim=48, num_heads=3)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

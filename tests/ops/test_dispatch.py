@@ -1,0 +1,191 @@
+"""The one dispatch point of the InLine layer core: vocabulary, choice, reasons and bad input."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from inline_attn.layers import InLineAttention, LinearAttention, record_attention
+from inline_attn.ops import IMPLS, default_impl, dispatch, inline_tokens, use_impl, why_not_fused
+from inline_attn.ops import tokens as tokens_mod
+
+
+def _qkv(b=2, n=13, c=12, dtype=torch.float32, device="cpu"):
+    return torch.randn(b, n, 3 * c, dtype=dtype, device=device).chunk(3, dim=-1)
+
+
+KW = dict(num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    calls = []
+    real = tokens_mod.inline_forward
+    monkeypatch.setattr(tokens_mod, "inline_forward", lambda *a: calls.append(a[-1]) or real(*a))
+    return calls
+
+
+def test_vocabulary():
+    assert IMPLS == ("auto", "naive", "eager", "cpu", "triton")
+    assert default_impl() == "auto"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_every_impl_agrees_with_naive_on_cpu(impl, fused_calls):
+    q, k, v = _qkv()
+    taps = torch.randn(2, 12, 3, 3)
+    out = inline_tokens(q, k, v, residual_weights=taps, impl=impl, **KW)
+    ref = inline_tokens(q.double(), k.double(), v.double(), residual_weights=taps.double(), impl="naive", **KW)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert fused_calls == {"auto": ["cpu"], "cpu": ["cpu"], "triton": ["triton"]}.get(impl, [])
+
+
+def test_auto_reasons():
+    q, _, _ = _qkv()
+    assert why_not_fused(q) is None
+    assert "feature map 'relu'" in why_not_fused(q, "relu")
+    assert why_not_fused(q, impl="eager") == "impl='eager' was asked for"
+    with use_impl("naive"):
+        assert why_not_fused(q) == "impl='naive' was asked for"
+    assert why_not_fused(q.to("meta")) == "no fused kernel for meta tensors"
+
+
+def test_auto_falls_back_when_the_cpu_kernel_cannot_be_built(monkeypatch, fused_calls):
+    monkeypatch.setattr(dispatch.cpu_kernel, "cpu_kernel_available", lambda: False)
+    monkeypatch.setattr(dispatch.cpu_kernel, "cpu_kernel_error", lambda: "RuntimeError: no g++")
+    q, k, v = _qkv()
+    assert "could not be built: RuntimeError: no g++" in why_not_fused(q)
+    inline_tokens(q, k, v, **KW)
+    assert fused_calls == []
+    with pytest.raises(ValueError, match="could not be built"):
+        inline_tokens(q, k, v, impl="cpu", **KW)
+
+
+def test_use_impl_is_scoped_and_checked(fused_calls):
+    q, k, v = _qkv()
+    with use_impl("eager"):
+        assert default_impl() == "eager"
+        inline_tokens(q, k, v, **KW)
+        inline_tokens(q, k, v, impl="cpu", **KW)  # an explicit impl wins over the default
+    assert default_impl() == "auto" and fused_calls == ["cpu"]
+    with pytest.raises(ValueError, match="unknown impl 'fast'"):
+        with use_impl("fast"):
+            pass
+
+
+def test_env_var_sets_the_default(monkeypatch):
+    monkeypatch.setenv("INLINE_ATTN_IMPL", "eager")
+    assert dispatch._env_impl() == "eager"
+    monkeypatch.setenv("INLINE_ATTN_IMPL", "fused")
+    with pytest.raises(ValueError, match="INLINE_ATTN_IMPL='fused'"):
+        dispatch._env_impl()
+
+
+def test_layer_impl_attribute_and_hooks(fused_calls):
+    layer = InLineAttention(12, 3, num_prefix_tokens=1).eval()
+    x = torch.randn(2, 13, 12)
+    with torch.no_grad():
+        fused = layer(x, (3, 4))
+        layer.impl = "eager"
+        eager = layer(x, (3, 4))
+        layer.impl = None
+        with record_attention(layer) as records:  # a hook takes the explicit-weights path
+            hooked = layer(x, (3, 4))
+    assert fused_calls == ["cpu"] and len(records) == 1
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(hooked, eager, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [InLineAttention, LinearAttention])
+@pytest.mark.parametrize("arg", ["mask", "bias"])
+def test_non_softmax_layers_refuse_mask_and_bias(cls, arg):
+    layer = cls(12, 3)
+    x = torch.randn(2, 12, 12)
+    with pytest.raises(ValueError, match="bias and mask apply to softmax attention only"):
+        layer(x, (3, 4), **{arg: torch.zeros(1, 12, 12)})
+
+
+def test_cuda_without_triton_warns_once_and_runs_eager(monkeypatch):
+    # no CUDA on the test machine: check the decision on a stand-in tensor whose device is cuda
+    class FakeCuda:
+        device = torch.device("cuda")
+        dtype = torch.float32
+
+    monkeypatch.setattr(dispatch, "_triton_importable", lambda: False)
+    monkeypatch.setitem(dispatch._state, "warned_triton", False)
+    with pytest.warns(RuntimeWarning, match=r"pip install 'inline-attn\[gpu\]'"):
+        chosen, reason = dispatch.choose(FakeCuda())
+    assert chosen == "eager" and "triton is not installed" in reason
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        dispatch.choose(FakeCuda())
+    assert not later  # once per process
+    with pytest.raises(ValueError, match="triton is not installed"):
+        dispatch.choose(FakeCuda(), impl="triton")
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda q, k, v: (q.tolist(), k, v), "q must be a torch.Tensor"),
+        (lambda q, k, v: (q.long(), k.long(), v.long()), "floating-point dtype"),
+        (lambda q, k, v: (q, k.double(), v), "share one dtype"),
+        (lambda q, k, v: (q, k.to("meta"), v), "on one device"),
+        (lambda q, k, v: (q, k[:, :5], v), "q's shape"),
+        (lambda q, k, v: (q[0], k[0], v[0]), r"\[B, N, C\]"),
+    ],
+    ids=["list", "int64", "mixed-dtype", "meta-and-cpu", "shape", "rank"],
+)
+def test_bad_tensors_raise_value_error(make, match):
+    q, k, v = make(*_qkv())
+    with pytest.raises(ValueError, match=match):
+        inline_tokens(q, k, v, **KW)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(num_heads=3.0), "num_heads must be an int"),
+        (dict(num_heads=True), "num_heads must be an int"),
+        (dict(num_heads=0), "positive multiple"),
+        (dict(num_heads=5), "positive multiple"),
+        (dict(impl="fast"), "unknown impl 'fast'"),
+        (dict(feat_size=(3, 3)), "token count"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kw, match):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=match):
+        inline_tokens(q, k, v, **{**KW, **kw})
+
+
+def test_zero_channels_and_residual_checks():
+    q = torch.randn(2, 13, 0)
+    with pytest.raises(ValueError, match="C must be positive"):
+        inline_tokens(q, q, q, **KW)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="residual_weights must be"):
+        inline_tokens(q, k, v, residual_weights=torch.randn(2, 12, 9), **KW)
+    with pytest.raises(ValueError, match="residual_weights must be on"):
+        inline_tokens(q, k, v, residual_weights=torch.randn(2, 12, 3, 3, device="meta"), **KW)
+
+
+def test_explicit_impl_that_cannot_run_raises():
+    q, k, v = _qkv(dtype=torch.float64)
+    with pytest.raises(ValueError, match="impl='triton' takes float32, bfloat16 or float16"):
+        inline_tokens(q, k, v, impl="triton", **KW)
+    with pytest.raises(ValueError, match="feature map 'relu' is not fused"):
+        inline_tokens(q, k, v, impl="cpu", kernel="relu", **KW)
+    with pytest.raises(ValueError, match="impl='cpu' runs CPU tensors"):
+        dispatch.choose(q.to("meta"), impl="cpu")
+
+
+@pytest.mark.parametrize("impl", ["auto", "cpu", "triton", "eager"])
+def test_empty_batch_forward_and_backward(impl):
+    q = torch.randn(0, 13, 12, requires_grad=True)
+    taps = torch.randn(0, 12, 3, 3, requires_grad=True)
+    out = inline_tokens(q, q, q, residual_weights=taps, impl=impl, **KW)
+    assert out.shape == (0, 13, 12)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and taps.grad.shape == taps.shape
