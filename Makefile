@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,15 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/inline-attn bench attention
+
+# On a GPU machine (no network there): that machine's python3 with its CUDA PyTorch and triton,
+# the project from src/, no venv. Tests, a bf16 training smoke run and the GPU benchmarks.
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= gpu_check_results
+gpu-check:
+	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
+		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
+	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.bench.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

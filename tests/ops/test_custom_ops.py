@@ -26,7 +26,7 @@ def _args(backend, residual=True, requires_grad=True):
 @pytest.mark.parametrize("residual", [True, False], ids=["res", "nores"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_opcheck_forward(backend, residual):
-    assert cpu_kernel_available()
+    assert backend != "cpu" or cpu_kernel_available()
     torch.library.opcheck(torch.ops.inline_attn.inline_forward.default, _args(backend, residual))
 
 

@@ -76,6 +76,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "deterministic": False,
         "device": "auto",        # auto | cpu | cuda
         "amp": "none",           # none | bf16 | fp16 (CUDA only, with a GradScaler) | auto (fp16 on CUDA)
+        "compile": False,        # torch.compile the model (the fused InLine op compiles as one node)
+        "channels_last": False,  # channels-last images and convolutions
         "ema": False,
         "ema_decay": 0.9998,
         "resume": None,          # None | auto | path to a checkpoint

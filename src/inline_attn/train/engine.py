@@ -181,10 +181,11 @@ def _train(cfg: dict, info: DistInfo) -> dict:
     bs = int(cfg["data"]["batch_size"])
     total_batch = bs * info.world_size * accum
     lr = o_cfg["lr"] if o_cfg["lr"] is not None else o_cfg["base_lr"] * total_batch / 512
+    pin = device.type == "cuda"
     train_batches = Batches(train_set, bs, rank=info.rank, world_size=info.world_size, train=True,
-                            seed=int(t_cfg["seed"]), workers=int(cfg["data"]["workers"]))
+                            seed=int(t_cfg["seed"]), workers=int(cfg["data"]["workers"]), pin_memory=pin)
     val_batches = Batches(val_set, max(bs, 64), rank=info.rank, world_size=info.world_size, train=False,
-                          workers=int(cfg["data"]["workers"]))
+                          workers=int(cfg["data"]["workers"]), pin_memory=pin)
     micro_per_epoch = len(train_batches)
     steps_per_epoch = micro_per_epoch // accum
     if steps_per_epoch < 1:
@@ -240,10 +241,14 @@ def _train(cfg: dict, info: DistInfo) -> dict:
     elif resume_path is None:
         _seed_everything(int(t_cfg["seed"]) + 1000003 * info.rank)
 
+    if t_cfg["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
     ddp_model = model
     if info.enabled:
         ddp_model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
+    if t_cfg["compile"]:  # the fused InLine op stays one node of the graph (a custom op)
+        ddp_model = torch.compile(ddp_model)
 
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -296,6 +301,8 @@ def _train(cfg: dict, info: DistInfo) -> dict:
                 for m in range(accum):
                     x, y = next(it)
                     x = train_aug(x.to(device, non_blocking=True))
+                    if t_cfg["channels_last"]:
+                        x = x.contiguous(memory_format=torch.channels_last)
                     y = y.to(device, non_blocking=True)
                     x, target = mixup(x, y)
                     sync = m == accum - 1 or not info.enabled

@@ -1,0 +1,340 @@
+"""``make gpu-check``: validate and time the GPU path on one CUDA machine, in one command.
+
+Steps (each recorded, a failing step does not stop the rest):
+
+1. ``tests``: the CUDA tests (the Triton kernels natively, the custom ops, compile, whole models
+   under autocast), through pytest.
+2. ``train``: a 200-step bf16 training smoke run of the Fashion-MNIST demo model on the GPU
+   (``inline-attn train``: 4 epochs of 50 steps on a 3,200-image subset); passes when every epoch's
+   loss is finite and the last is below the first. Needs the Fashion-MNIST files
+   (``$INLINE_ATTN_FMNIST`` or the Debian path); without them the step says so and is skipped.
+3. ``core``: the Triton layer core alone, bf16, its achieved bandwidth (fewest bytes / time)
+   against the device's copy rate.
+4. ``layer``: the attention layers over 7..112 tokens per side, fwd and fwd+bwd, bf16 autocast:
+   InLine fused (Triton), InLine eager (the authors' order of operations), softmax through SDPA
+   (flash / memory-efficient), softmax explicit (as the authors compute it), linear.
+5. ``window`` / ``resolution``: the paper's Fig. 6 sweeps (Swin-T vs InLine-Swin-T over windows,
+   DeiT-T vs InLine-DeiT-T over resolutions) in inference and training, bf16 autocast, with the
+   InLine models fused and eager.
+6. ``compile``: training throughput of InLine-Swin-T (window 7) and InLine-DeiT-T, eager vs
+   ``torch.compile``.
+
+Writes JSON / CSV / PNG per benchmark, ``summary.md`` (device, driver, versions, every table and
+the performance goals met or missed) and ``gpu_check.json`` into ``--out``, and packs the folder
+as ``gpu_check.tar.gz``. On a machine without CUDA it exits at once (status 2) with a message.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # the repository (tests/, configs/)
+FMNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
+
+
+def _versions() -> dict:
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = "not installed"
+    props = torch.cuda.get_device_properties(0)
+    info.update(device=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        info["driver"] = smi.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["driver"] = "unknown"
+    return info
+
+
+def _copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (the memory-bound ceiling)."""
+    from .timing import time_interleaved
+
+    x = torch.empty(1 << 28, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    t = time_interleaved({"copy": lambda: y.copy_(x)}, warmup=3, repeats=10, device="cuda")["copy"].median
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * (1 << 28) * 2 / t
+
+
+def step_tests(out: pathlib.Path, quick: bool) -> dict:
+    files = ["tests/ops/test_triton.py", "tests/ops/test_custom_ops.py", "tests/gpu"]
+    junit = out / "tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
+    if quick:
+        cmd += ["-x"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    (out / "tests.log").write_text(proc.stdout + proc.stderr)
+    tail = [line for line in proc.stdout.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+    return {"ok": proc.returncode == 0, "summary": tail[0], "returncode": proc.returncode}
+
+
+def _fmnist_dir() -> pathlib.Path | None:
+    for cand in (os.environ.get("INLINE_ATTN_FMNIST"), FMNIST_DEFAULT, str(ROOT / "data" / "fashion-mnist")):
+        if cand and (pathlib.Path(cand) / "t10k-labels-idx1-ubyte.gz").is_file():
+            return pathlib.Path(cand)
+    return None
+
+
+def step_train(out: pathlib.Path, quick: bool) -> dict:
+    data = _fmnist_dir()
+    if data is None:
+        return {"ok": None, "summary": "skipped: no Fashion-MNIST files (set INLINE_ATTN_FMNIST to the folder of "
+                                       "the four .gz files)"}
+    run_dir = out / "train_smoke"
+    args = ["train", "-c", str(ROOT / "configs/fmnist/demo.yaml"), "--data.path", str(data),
+            "--data.subset", "3200", "--data.val_subset", "2000", "--data.batch_size", "64",
+            "--sched.epochs", "4", "--sched.warmup_epochs", "0.25", "--train.device", "cuda", "--train.amp", "bf16",
+            "--train.output", str(run_dir), "--train.progress", "false", "--train.threads", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "inline_attn.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, env=env)
+    (out / "train.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return {"ok": False, "summary": f"inline-attn train exited {proc.returncode} (train.log)"}
+    import csv
+
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    losses = [float(r["train_loss"]) for r in rows]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ok = len(losses) == 4 and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    return {"ok": ok, "losses": losses, "steps": summary.get("steps"), "val_top1": summary["final"].get("val_top1"),
+            "train_img_s": summary.get("train_img_s"), "wall_s": round(time.time() - t0, 1),
+            "summary": f"{summary.get('steps')} bf16 steps, train loss by epoch {', '.join(f'{v:.3f}' for v in losses)}, "
+                       f"val top-1 {summary['final'].get('val_top1'):.1f} % on 2,000 test images"}
+
+
+def _write(result: dict, out: pathlib.Path, name: str, columns, plot_kw: dict | None) -> str:
+    from .report import format_table, machine_info, plot_sweep, write_results
+
+    result["meta"]["machine"] = machine_info(result["meta"].get("device", "cuda"))
+    write_results(result, out, name)
+    if plot_kw:
+        try:
+            plot_sweep(result["rows"], out / f"{name}.png", **plot_kw)
+        except Exception as err:  # noqa: BLE001 - a plot is extra
+            print(f"plot {name} failed: {err}", file=sys.stderr)
+    return format_table(result["rows"], columns)
+
+
+def step_core(out: pathlib.Path, quick: bool) -> dict:
+    """The Triton layer core alone (the custom op's kernels), bf16: achieved bandwidth counted as
+    the fewest bytes a fwd+bwd must move (read Q, K, V; write O; read Q, K, V, dO; write dQ, dK,
+    dV: 11 B N C elements) over the measured time."""
+    from .report import format_table
+    from .timing import time_interleaved
+    from ..ops import triton_core as tc
+
+    rows = []
+    for b, heads, d, side in ((1024, 3, 32, 7), (256, 3, 32, 14), (64, 3, 32, 56), (16, 3, 32, 112)):
+        n, c = side * side, heads * d
+        q, k, v = torch.randn(b, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
+        w9 = torch.randn(b, 9, c, device="cuda", dtype=torch.bfloat16)
+        g = torch.randn(b, n, c, device="cuda", dtype=torch.bfloat16)
+        args = (heads, d ** -0.5, side, side, 0)
+        t = time_interleaved({
+            "fwd": lambda: tc.inline_forward_triton(q, k, v, w9, *args),
+            "bwd": lambda: tc.inline_backward_triton(q, k, v, w9, g, *args),
+        }, warmup=3, repeats=10, device="cuda")
+        fwd, bwd = t["fwd"].median, t["bwd"].median
+        nbytes = 11 * b * n * c * 2
+        chunks, _ = tc._launch_shape(q, b * heads, n, None)
+        rows.append({"grid": f"{side}x{side}", "batch": b, "launch": "fused" if chunks == 1 else f"split {chunks}",
+                     "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "GBps": nbytes / (fwd + bwd) / 1e9})
+        del q, k, v, w9, g
+    copy = _copy_bandwidth() / 1e9
+    for r in rows:
+        r["pct_of_copy"] = 100 * r["GBps"] / copy
+    cols = (("grid", "grid", ""), ("batch", "B", ""), ("launch", "launch", ""), ("fwd_ms", "fwd ms", ".3f"),
+            ("bwd_ms", "bwd ms", ".3f"), ("GBps", "GB/s (min bytes)", ".0f"), ("pct_of_copy", "% of copy", ".1f"))
+    (out / "core.json").write_text(json.dumps({"copy_GBps": copy, "rows": rows}, indent=1))
+    return {"ok": True, "rows": rows, "table": format_table(rows, cols) + f"\ndevice copy: {copy:.0f} GB/s",
+            "summary": ", ".join(f"{r['grid']} {r['GBps']:.0f} GB/s" for r in rows)}
+
+
+def step_layer(out: pathlib.Path, quick: bool) -> dict:
+    from .attention import LAYER_COLUMNS, bench_attention
+
+    sizes = (7, 14, 56) if quick else (7, 14, 28, 56, 112)
+    res = bench_attention(sizes=sizes, dim=96, heads=3, token_budget=64 * 56 * 56, device="cuda", amp="bf16",
+                          warmup=3, repeats=10, budget_s=5.0, memory=True)
+    table = _write(res, out, "layer", LAYER_COLUMNS, dict(
+        x="side", series="series", xlabel="token grid side S (S x S tokens)", xticks=list(sizes),
+        title="attention layers on CUDA, C=96, 3 heads, bf16 autocast, batch = 200704 tokens / S^2",
+        panels=(("median_ms", "latency per batch (ms)", True), ("speedup_vs_softmax", "speedup vs SDPA softmax", False),
+                ("peak_mib", "peak memory (MiB)", True))))
+    return {"ok": True, "rows": res["rows"], "table": table}
+
+
+def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick: bool) -> dict:
+    from .model import MODEL_COLUMNS, ModelCase, bench_models, preset_cases
+
+    cases, xlabel = preset_cases(preset, values)
+    fused_label = {"window": "InLine-Swin-T", "resolution": "InLine-DeiT-T"}[preset]
+    extra = [ModelCase(f"{fused_label} eager", c.name, c.resolution, c.x, {**c.overrides, "impl": "eager"})
+             for c in cases if c.label == fused_label]
+    tables, rows = [], []
+    for mode in ("infer", "train"):
+        res = bench_models(cases + extra, batch=batch, device="cuda", mode=mode, amp="bf16", warmup=2,
+                           repeats=3 if quick else 6, budget_s=5.0, memory=True, macs=False)
+        rows += res["rows"]
+        tables.append(f"{mode}:\n" + _write(res, out, f"{name}_{mode}", MODEL_COLUMNS, dict(
+            x="x", series="label", xlabel=xlabel, xticks=list(dict.fromkeys(r["x"] for r in res["rows"])),
+            title=f"{preset} sweep, {mode}, batch {batch}, bf16 autocast, CUDA",
+            panels=(("throughput", "throughput (img/s)", True), ("speedup", f"speedup vs {res['meta']['baseline']}", False),
+                    ("peak_mib", "peak memory (MiB)", True)))))
+    return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
+
+
+def step_window(out: pathlib.Path, quick: bool) -> dict:
+    return _models(out, "window", "window", (7, 56) if quick else (7, 14, 28, 56), 64, quick)
+
+
+def step_resolution(out: pathlib.Path, quick: bool) -> dict:
+    return _models(out, "resolution", "resolution", (224, 1024) if quick else (224, 384, 640, 1024), 32, quick)
+
+
+def step_compile(out: pathlib.Path, quick: bool) -> dict:
+    from .model import MODEL_COLUMNS, ModelCase, bench_models
+
+    cases = []
+    for label, name, ov in (("InLine-Swin-T w7", "inline_swin_tiny", {"window_size": 7}),
+                            ("InLine-DeiT-T", "inline_deit_tiny", {})):
+        cases.append(ModelCase(label, name, 224, label, dict(ov)))
+        cases.append(ModelCase(f"{label} compiled", name, 224, label, {**ov, "compile": 1}))
+    rows, tables = [], []
+    for case_pair in (cases[:2], cases[2:]):
+        res = bench_models(case_pair, batch=64, device="cuda", mode="train", amp="bf16", warmup=3,
+                           repeats=3 if quick else 6, budget_s=5.0, memory=True, macs=False)
+        rows += res["rows"]
+        tables.append(_write(res, out, f"compile_{len(tables)}", MODEL_COLUMNS, None))
+    return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
+
+
+STEPS = {"tests": step_tests, "train": step_train, "core": step_core, "layer": step_layer, "window": step_window,
+         "resolution": step_resolution, "compile": step_compile}
+
+
+def _ratio(rows, x, label, base, key="throughput", mode=None):
+    def pick(lbl):
+        return next((r for r in rows if r.get("x") == x and r.get("label") == lbl
+                     and (mode is None or r.get("mode") == mode)), None)
+    a, b = pick(label), pick(base)
+    return a[key] / b[key] if a and b and b[key] else math.nan
+
+
+def goals(results: dict, copy_bw: float) -> list[str]:
+    """The issue's performance goals, each with the measured value."""
+    lines = []
+    for r in results.get("core", {}).get("rows", []):
+        if r["grid"] in ("56x56", "112x112"):
+            lines.append(f"Triton core fwd+bwd at {r['grid']}: {r['GBps']:.0f} GB/s = {r['pct_of_copy']:.0f} % of the "
+                         f"device copy rate (goal >= 60 %) {'met' if r['pct_of_copy'] >= 60 else 'MISSED'}")
+    layer = results.get("layer", {}).get("rows", [])
+
+    def layer_row(side, kind, mode):
+        return next((r for r in layer if r["side"] == side and r["kind"] == kind and r["mode"] == mode), None)
+
+    for side, target in ((14, 1.0), (56, 4.0)):
+        r = layer_row(side, "inline", "fwd+bwd")
+        if r:
+            v = r["speedup_vs_softmax"]
+            lines.append(f"layer fwd+bwd vs SDPA at {side}x{side}: {v:.2f}x (goal >= {target}x) "
+                         f"{'met' if v >= target else 'MISSED'}")
+    win = results.get("window", {}).get("rows", [])
+    v = _ratio(win, 7, "InLine-Swin-T", "Swin-T", mode="train")
+    if not math.isnan(v):
+        lines.append(f"InLine-Swin-T training throughput vs Swin-T at window 7: {v:.2f}x (goal >= 1.0x) "
+                     f"{'met' if v >= 1.0 else 'MISSED'}")
+    res = results.get("resolution", {}).get("rows", [])
+    for mode in ("infer", "train"):
+        v = _ratio(res, 1024, "InLine-DeiT-T", "DeiT-T", mode=mode)
+        if not math.isnan(v):
+            lines.append(f"InLine-DeiT-T vs DeiT-T at 1024 px ({mode}): {v:.2f}x (goal >= 2.5x) "
+                         f"{'met' if v >= 2.5 else 'MISSED'}")
+    comp = results.get("compile", {}).get("rows", [])
+    for label in ("InLine-Swin-T w7", "InLine-DeiT-T"):
+        v = _ratio(comp, label, f"{label} compiled", label)
+        if not math.isnan(v):
+            lines.append(f"{label} training, compiled vs eager: {v:.2f}x (goal >= 1.5x) {'met' if v >= 1.5 else 'MISSED'}")
+    return lines
+
+
+def write_summary(out: pathlib.Path, env: dict, results: dict, goal_lines: list[str], argv: list[str]) -> str:
+    lines = ["# GPU check", "", f"`{' '.join(['make gpu-check'] + argv)}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             "| | |", "|---|---|"]
+    for k in ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps"):
+        lines.append(f"| {k} | {env.get(k)} |")
+    lines += ["", "## Steps", "", "| step | result | seconds | summary |", "|---|---|---|---|"]
+    for name, r in results.items():
+        mark = {True: "pass", False: "FAIL", None: "skipped"}[r.get("ok")]
+        lines.append(f"| {name} | {mark} | {r.get('seconds', 0):.0f} | {r.get('summary', '').replace('|', '/')} |")
+    lines += ["", "## Performance goals", ""] + [f"- {g}" for g in goal_lines]
+    for name in ("core", "layer", "window", "resolution", "compile"):
+        if results.get(name, {}).get("table"):
+            lines += ["", f"## {name}", "", "```", results[name]["table"], "```"]
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="gpu_check_results", help="output folder (default gpu_check_results)")
+    parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a smoke run of the check)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here. It runs on a machine with an NVIDIA GPU, a CUDA build of PyTorch "
+              "and triton (python3 there, with the project on PYTHONPATH=src).", file=sys.stderr)
+        return 2
+    os.environ.pop("TRITON_INTERPRET", None)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = _versions()
+    env["copy_GBps"] = round(_copy_bandwidth() / 1e9)
+    print(f"gpu-check on {env['device']} (driver {env['driver']}, torch {env['torch']}, triton {env['triton']})",
+          flush=True)
+    results: dict = {}
+    for name in args.steps:
+        t0 = time.time()
+        print(f"== {name}", flush=True)
+        try:
+            r = STEPS[name](out, args.quick)
+        except Exception as err:  # noqa: BLE001 - record and go on with the other steps
+            r = {"ok": False, "summary": f"{type(err).__name__}: {err}"[:400]}
+            (out / f"{name}.error.txt").write_text(traceback.format_exc())
+        r["seconds"] = time.time() - t0
+        results[name] = r
+        print(f"   {name}: {r.get('summary', 'done')} ({r['seconds']:.0f} s)", flush=True)
+    goal_lines = goals(results, env["copy_GBps"])
+    text = write_summary(out, env, results, goal_lines, argv or sys.argv[1:])
+    (out / "gpu_check.json").write_text(json.dumps({"env": env, "goals": goal_lines, "results": {
+        k: {kk: vv for kk, vv in v.items() if kk != "table"} for k, v in results.items()}}, indent=1, default=str))
+    with tarfile.open(out.with_suffix(".tar.gz") if out.suffix == "" else out / "gpu_check.tar.gz", "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    print(text)
+    return 0 if all(r.get("ok") is not False for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
