@@ -200,8 +200,8 @@ def test_model_spec_impl_eager_runs_without_the_fused_op(monkeypatch):
     from inline_attn.ops import tokens
 
     calls = []
-    real = tokens.inline_forward
-    monkeypatch.setattr(tokens, "inline_forward", lambda *a: calls.append(a[-1]) or real(*a))
+    real = tokens.inline_core
+    monkeypatch.setattr(tokens, "inline_core", lambda *a: calls.append(a[-1]) or real(*a))
     label, name, overrides = parse_model_spec("eager=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,impl=eager")
     assert overrides["impl"] == "eager"
     case = ModelCase(label, name, 32, 32, overrides)

@@ -64,7 +64,7 @@ def test_autocast_finite_and_close_to_float32(name, dtype):
     assert _rel(out, ref) < 0.05, _rel(out, ref)
 
 
-@pytest.mark.parametrize("name", ["inline_deit_tiny", "inline_swin_tiny"])
+@pytest.mark.parametrize("name", ["inline_swin_tiny"])
 def test_compile_inductor_bf16_training_step_matches_eager(name):
     model, x = _model(name)  # eval mode: no dropout draws, so compiled and eager see the same model
     compiled = torch.compile(model, fullgraph=True)

@@ -21,8 +21,8 @@ KW = dict(num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
 @pytest.fixture
 def fused_calls(monkeypatch):
     calls = []
-    real = tokens_mod.inline_forward
-    monkeypatch.setattr(tokens_mod, "inline_forward", lambda *a: calls.append(a[-1]) or real(*a))
+    real = tokens_mod.inline_core
+    monkeypatch.setattr(tokens_mod, "inline_core", lambda *a: calls.append(a[-1]) or real(*a))
     return calls
 
 

@@ -51,13 +51,13 @@ def _inputs(shape, layout, dtype=torch.float64, requires_grad=False):
 def kernel_calls(monkeypatch):
     """Records the backend of every call that reaches the fused op."""
     calls = []
-    real = tokens_mod.inline_forward
+    real = tokens_mod.inline_core
 
     def spy(*args):
         calls.append(args[-1])
         return real(*args)
 
-    monkeypatch.setattr(tokens_mod, "inline_forward", spy)
+    monkeypatch.setattr(tokens_mod, "inline_core", spy)
     return calls
 
 

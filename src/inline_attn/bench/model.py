@@ -47,9 +47,10 @@ class ModelCase:
         resolution: input side (square images).
         x: the sweep value this case is plotted at (the resolution, or a window size).
         overrides: constructor keyword arguments (``img_size`` is set to ``resolution``
-            unless given); two keys are not: ``impl`` runs the case with that InLine
-            implementation (``impl=eager``: without the fused kernels, to compare both in one run)
-            and ``compile=1`` times the model under ``torch.compile``.
+            unless given); three keys are not: ``impl`` runs the case with that InLine
+            implementation (``impl=eager``: without the fused kernels, to compare both in one run),
+            ``compile=1`` times the model under ``torch.compile`` and ``sdpa=math`` computes its
+            softmax attention explicitly (as the authors' code does).
     """
 
     label: str
@@ -76,7 +77,7 @@ class ModelCase:
         return bool(self.overrides.get("compile", False))
 
 
-_RUN_KEYS = ("impl", "compile")  # case options that are not constructor arguments
+_RUN_KEYS = ("impl", "compile", "sdpa")  # case options that are not constructor arguments
 
 
 def _literal(text: str):
@@ -240,7 +241,7 @@ def bench_models(
                     model = model.to(memory_format=torch.channels_last)
                     x = x.contiguous(memory_format=torch.channels_last)
                 runner = torch.compile(model) if c.compile else model
-                steps[key] = _step(runner, x, mode, sdpa, impl=c.impl, amp=amp_dtype[amp])
+                steps[key] = _step(runner, x, mode, c.overrides.get("sdpa", sdpa), impl=c.impl, amp=amp_dtype[amp])
                 models.append(model)
                 if macs:
                     try:

@@ -117,6 +117,17 @@ def random_hflip(x: torch.Tensor, p: float) -> torch.Tensor:
     return torch.where(flip, x.flip(-1), x)
 
 
+def _kornia(option: str):
+    """kornia.augmentation, imported only by the options that need it (the pad crop, flips and
+    erasing are written here), so light recipes run where kornia is not installed."""
+    try:
+        import kornia.augmentation as K
+        from kornia.augmentation import auto  # noqa: F401  (K.auto)
+    except ImportError as err:
+        raise ValueError(f"aug.{option} needs kornia (pip install kornia): {err}") from None
+    return K
+
+
 class TrainAugment(nn.Module):
     """The training augmentation, applied to a whole batch on its device.
 
@@ -136,14 +147,12 @@ class TrainAugment(nn.Module):
                  auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1", color_jitter: Optional[float] = 0.4,
                  re_prob: float = 0.25, interpolation: str = "bicubic"):
         super().__init__()
-        import kornia.augmentation as K
-        from kornia.augmentation import auto
-
         size = (img_size, img_size)
         self.img_size = img_size
         resample = "BICUBIC" if interpolation == "bicubic" else "BILINEAR"
         if crop == "rrc":
-            self.crop = K.RandomResizedCrop(size, scale=tuple(scale), ratio=tuple(ratio), resample=resample)
+            self.crop = _kornia("crop 'rrc'").RandomResizedCrop(size, scale=tuple(scale), ratio=tuple(ratio),
+                                                                 resample=resample)
         elif crop == "pad":
             self.crop = functools.partial(random_pad_crop, padding=int(padding))
         elif crop == "none":
@@ -155,10 +164,10 @@ class TrainAugment(nn.Module):
         self.jitter = None
         if auto_augment:
             n, m = parse_rand_augment(auto_augment)
-            self.rand_augment = auto.RandAugment(n=n, m=m)
+            self.rand_augment = _kornia("auto_augment").auto.RandAugment(n=n, m=m)
         elif color_jitter:
             cj = float(color_jitter)
-            self.jitter = K.ColorJitter(cj, cj, cj, 0.0, p=1.0)
+            self.jitter = _kornia("color_jitter").ColorJitter(cj, cj, cj, 0.0, p=1.0)
         self.normalize = Normalize(mean, std)
         self.re_prob = float(re_prob)
 

@@ -13,7 +13,7 @@ import torch
 from . import dispatch
 from ._checks import check_feat_size, check_num_heads, check_tokens
 from .fast import inline_attention, local_residual
-from .fused import inline_forward
+from .fused import inline_core
 from .kernels import Kernel
 from .naive import naive_attention, naive_local_residual
 
@@ -97,7 +97,7 @@ def inline_tokens(
 
     if chosen in dispatch.FUSED_IMPLS:
         w9 = residual_taps(residual_weights, q.dtype) if residual_weights is not None else None
-        return inline_forward(q, k, v, w9, num_heads, s, h, w, num_prefix_tokens, chosen)
+        return inline_core(q, k, v, w9, num_heads, s, h, w, num_prefix_tokens, chosen)
     qh, kh, vh = (t.reshape(b, n, num_heads, d).transpose(1, 2) for t in (q, k, v))  # [B, h, N, d]
     if chosen == "naive":
         out = naive_attention(qh, kh, vh, kind="inline", kernel=kernel, scale=s)
