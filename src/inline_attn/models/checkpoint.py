@@ -119,6 +119,12 @@ def unwrap_state_dict(obj, *, ema: bool = False, where: str = "mapping") -> dict
     return sd
 
 
+def _is_zip(path: pathlib.Path) -> bool:
+    """torch.save's format is a zip archive: such a file that fails to load is damaged."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
 def _read_failure(path: pathlib.Path, e: Exception, weights_only: bool) -> str:
     """Why ``path`` could not be read, in words a user can act on."""
     size = path.stat().st_size
@@ -129,7 +135,7 @@ def _read_failure(path: pathlib.Path, e: Exception, weights_only: bool) -> str:
         return f"cannot read checkpoint {str(path)!r}: the file is empty (0 bytes; a write was interrupted?)"
     if refused:
         why = "it stores Python objects besides tensors"
-    elif "PytorchStreamReader" in text or "zip archive" in text or isinstance(e, EOFError):
+    elif _is_zip(path) or "PytorchStreamReader" in text or isinstance(e, EOFError):
         why = "the file is truncated or corrupted"
     elif isinstance(e, pickle.UnpicklingError):
         why = "the file is not a PyTorch or safetensors checkpoint"
