@@ -123,3 +123,42 @@ def test_resume_differences_list_only_what_shapes_the_training():
     assert "data.batch_size: 4 -> 2" in diffs and any(d.startswith("model.kwargs:") for d in diffs)
     assert not any(d.startswith(("data.workers", "train.max_steps")) for d in diffs)
 
+
+def test_configs_are_found_from_any_folder(tmp_path, monkeypatch):
+    from inline_attn.train.config import DEMO_CONFIG, configs_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("INLINE_ATTN_CONFIGS", raising=False)
+    assert (configs_dir() / DEMO_CONFIG).is_file()  # the source tree's
+    mine = tmp_path / "mine"
+    (mine / "fmnist").mkdir(parents=True)
+    (mine / DEMO_CONFIG).write_text("sched: {epochs: 1, warmup_epochs: 0}\n")
+    monkeypatch.setenv("INLINE_ATTN_CONFIGS", str(mine))
+    assert configs_dir() == mine
+
+
+def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
+    """Build the wheel from a copy of the project, unpack it, and find the configs from elsewhere."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    src = tmp_path / "project"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(repo / name, src / name)
+    for name in ("src", "configs"):
+        shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    assert (site / "inline_attn" / "ops" / "csrc" / "inline_cpu.cpp").is_file()
+    code = "from inline_attn.train import configs_dir; print(configs_dir())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.stdout.strip() == str(site / "inline_attn" / "configs")
