@@ -1,5 +1,6 @@
 """Typed config sections: every bad value is refused before any work, naming its key."""
 import dataclasses
+import pathlib
 
 import pytest
 import yaml
@@ -8,6 +9,8 @@ from inline_attn.cli import main
 from inline_attn.train.config import SECTIONS, Config, fields_of, load_config, resume_differences
 
 from train_helpers import TINY_DEIT, make_fmnist
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -139,7 +142,6 @@ def test_configs_are_found_from_any_folder(tmp_path, monkeypatch):
 
 def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
     """Build the wheel from a copy of the project, unpack it, and find the configs from elsewhere."""
-    import pathlib
     import shutil
     import subprocess
     import sys
@@ -162,3 +164,17 @@ def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert out.stdout.strip() == str(site / "inline_attn" / "configs")
+
+
+RECIPES = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_shipped_recipe_is_valid(name):
+    """Each config file loads and its model builds (on the meta device) with its data settings."""
+    from inline_attn.models import get_model_config
+    from inline_attn.train.data import data_info
+    from inline_attn.train.engine import check_model_args
+
+    cfg = load_config(CONFIGS / name)
+    check_model_args(cfg, data_info(cfg.data, get_model_config(cfg.model.name)))

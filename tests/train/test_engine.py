@@ -1,11 +1,7 @@
-"""The engine: short runs on generated data, exact resume, interruption, atomic checkpoints."""
+"""The engine: short runs on generated data, exact resume, interruption, gradient accumulation."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 import torch

@@ -6,6 +6,7 @@ import json
 import pathlib
 import time
 
+from .._io import atomic_write_text
 from .config import _FREEFORM, DEMO_CONFIG, SECTIONS, configs_dir, fields_of, load_config, parse_value
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
@@ -82,7 +83,7 @@ def cmd_eval(args) -> int:
         raise ValueError(f"--data {args.data}: no readable image to evaluate ({res['n_unreadable']} unreadable)")
     print(_eval_line(res))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(res, indent=2))
+        atomic_write_text(args.json, json.dumps(res, indent=2))
     return 0
 
 

@@ -173,6 +173,21 @@ def _new_state(cfg: Config, model: nn.Module, total_batch: int, steps_per_epoch:
     return TrainState(model, optimizer, sched, scaler, ema)
 
 
+def _resume_or_seed(state: TrainState, cfg: Config, info: DistInfo, out: pathlib.Path, steps_per_epoch: int) -> None:
+    """Continue from ``train.resume`` (state, this rank's RNG and partial sums), else seed this rank."""
+    resumed = ckpt_io.load_resume(cfg.train.resume, out)
+    if resumed is None:
+        _seed_everything(cfg.train.seed + SEED_STRIDE * info.rank)
+        return
+    path, ckpt = resumed
+    rank_states = ckpt_io.restore(state, ckpt, path, cfg, world_size=info.world_size, steps_per_epoch=steps_per_epoch)
+    if rank_states is not None:
+        ckpt_io.set_rng_state(rank_states[info.rank]["rng"])
+        state.partial = rank_states[info.rank]["partial"].clone()
+    if info.is_main:
+        log.info("resumed from %s at epoch %d, step %d", path, state.epoch, state.step)
+
+
 def _train(cfg: Config, info: DistInfo) -> dict:
     device, out = info.device, pathlib.Path(cfg.train.output)
     _set_determinism(cfg, device)
@@ -194,20 +209,7 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     if steps_per_epoch < 1:
         raise ValueError(f"an epoch has {len(train_batches)} batches, fewer than optim.accum_steps={accum}")
     state = _new_state(cfg, model, bs * info.world_size * accum, steps_per_epoch, amp)
-    resumed = ckpt_io.load_resume(cfg.train.resume, out)
-    rank_states = None
-    if resumed is not None:
-        path, ckpt = resumed
-        rank_states = ckpt_io.restore(state, ckpt, path, cfg, world_size=info.world_size,
-                                      steps_per_epoch=steps_per_epoch)
-        if info.is_main:
-            log.info("resumed from %s at epoch %d, step %d", path, state.epoch, state.step)
-    if rank_states is not None:
-        ckpt_io.set_rng_state(rank_states[info.rank]["rng"])
-        state.partial = rank_states[info.rank]["partial"].clone()
-    elif resumed is None:
-        _seed_everything(cfg.train.seed + SEED_STRIDE * info.rank)
-
+    _resume_or_seed(state, cfg, info, out, steps_per_epoch)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     ddp_model = model

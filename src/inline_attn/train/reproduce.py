@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._io import atomic_write_text
 from .config import configs_dir, load_config
 
 LABELS = {
@@ -99,4 +100,4 @@ def write_section(path: pathlib.Path, table: str) -> None:
         text = text[:a] + block.rstrip("\n") + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    atomic_write_text(path, text)
