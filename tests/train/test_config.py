@@ -178,3 +178,9 @@ def test_every_shipped_recipe_is_valid(name):
 
     cfg = load_config(CONFIGS / name)
     check_model_args(cfg, data_info(cfg.data, get_model_config(cfg.model.name)))
+
+
+def test_execution_settings_may_change_on_resume():
+    saved = load_config(None).to_dict()
+    now = load_config(None, [("train.compile", True), ("train.channels_last", True)])
+    assert resume_differences(saved, now) == []
