@@ -12,6 +12,7 @@ import sys
 # module path -> provides register(subparsers); add a line when a subsystem gains commands.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inline_attn.models.cli",
+    "inline_attn.ops.cli",
     "inline_attn.analysis.cli",
     "inline_attn.bench.cli",
     "inline_attn.train.cli",

@@ -8,6 +8,7 @@ from model_helpers import assert_close_rel, count_params, load_golden, meta_mode
 
 from inline_attn import create_model, get_model_config, record_attention
 from inline_attn.layers import TokenAttention
+from inline_attn.models.checkpoint import unwrap_state_dict
 from inline_attn.models.swin import InLineSwin, SwinBlock, WindowAttention, checkpoint_filter_fn, shift_window_mask
 
 SWIN_MODELS = ["inline_swin_tiny", "inline_swin_small", "inline_swin_base", "inline_swin_base_384"]
@@ -227,7 +228,7 @@ def test_checkpoint_filter_recomputes_buffers_and_resizes_tables(float64):
                 pattern="IIMS2", num_classes=10)
     # built for 256: stored shift masks of another shape; recomputed ones replace them
     model = small(**{**args, "img_size": 256})
-    model.load_state_dict(checkpoint_filter_fn({"model": data["model"]}, model), strict=True)
+    model.load_state_dict(checkpoint_filter_fn(unwrap_state_dict({"model": data["model"]}), model), strict=True)
     with torch.no_grad():
         assert_close_rel(model(data["input"]), data["output"], rtol=1e-10)
     # softmax window 14 (table 27 x 27) from a 7-window checkpoint: tables resized

@@ -50,13 +50,16 @@ def test_folder_reader_layouts_and_errors(tmp_path, caplog):
     assert x.shape == (3, 16, 16) and x.dtype == torch.uint8 and y == 0
     tr = ImageFolder(root / "train", 14, train=True, crop_pct=0.875)
     assert tr[0][0].shape == (3, 16, 16)  # round(14 / 0.875): the device crop picks 14 later
-    # a corrupt image is logged and skipped (the next readable sample replaces it)
+    # a corrupt image is logged; training substitutes the next readable sample, evaluation
+    # returns None for it (to be skipped and counted, never scored twice)
     (root / "train" / "cat" / "0.png").write_bytes(b"not a png at all")
-    ds = ImageFolder(root / "train", 16, train=False)
+    ds = ImageFolder(root / "train", 16, train=True)
     with caplog.at_level(logging.WARNING, logger="inline_attn.data.folder"):
         x, y = ds[0]
-    assert "0.png" in caplog.text and x.shape == (3, 16, 16) and y == 0  # cat/1.png
+    assert "0.png" in caplog.text and x.shape == (3, 18, 18) and y == 0  # cat/1.png
     assert [ds[i][1] for i in range(len(ds))] == [0, 0, 1, 1, 2, 2]
+    ev = ImageFolder(root / "train", 16, train=False)
+    assert ev[0] == (None, 0) and ev[1][0].shape == (3, 16, 16)
     # an empty class and a missing folder are clear errors
     (root / "train" / "emu").mkdir()
     with pytest.raises(ValueError, match="emu.*holds no images"):

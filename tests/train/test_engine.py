@@ -1,11 +1,7 @@
-"""The engine: short runs on generated data, exact resume, interruption, atomic checkpoints."""
+"""The engine: short runs on generated data, exact resume, interruption, gradient accumulation."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 import torch
@@ -34,7 +30,7 @@ def test_two_steps_on_folder_writes_every_output(tmp_path):
     assert summary["final"]["val_top1"] == s["final"]["val_top1"] and summary["macs"] > 0
     rows = (out / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,step,lr,train_loss") and len(rows) == 2
-    # the resolved config was saved beside the outputs and reloads to the same dict
+    # the resolved config was saved beside the outputs and reloads to the same config
     assert load_config(out / "config.yaml") == cfg
     # eval of the checkpoint reproduces the trainer's own val metrics
     res = evaluate_checkpoint(out / "last.pth", str(root), batch_size=5, workers=0)
@@ -96,10 +92,10 @@ def test_gradient_accumulation_matches_big_batch(tmp_path):
 def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
     """A SIGTERM during step 2 stops the run at the end of that step with a checkpoint."""
     root = make_folder(tmp_path / "imgs", per_class=3)
-    from inline_attn.train import engine
+    from inline_attn.train import loop
 
     calls = {"n": 0}
-    real = engine.soft_cross_entropy
+    real = loop.soft_cross_entropy
 
     def loss_then_signal(logits, target):
         calls["n"] += 1
@@ -107,44 +103,15 @@ def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)
         return real(logits, target)
 
-    monkeypatch.setattr(engine, "soft_cross_entropy", loss_then_signal)
+    monkeypatch.setattr(loop, "soft_cross_entropy", loss_then_signal)
     ov = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
     s = train(load_config(None, base_overrides(tmp_path / "run", **ov)))
-    assert s["interrupted"] == "signal" and s["steps"] == 2
+    assert s["interrupted"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
     state = ckpt_io.load(tmp_path / "run" / "last.pth")
     assert (state["epoch"], state["step_in_epoch"], state["step"]) == (1, 0, 2)
     s = train(load_config(None, base_overrides(tmp_path / "run", **ov, **{"train.resume": "auto"})))
     assert s["steps"] == 4 and s["interrupted"] is None
-
-
-def test_atomic_write_killed_midway_keeps_previous_checkpoint(tmp_path):
-    """A process killed (SIGKILL) in the middle of atomic_save leaves the old file intact."""
-    path = tmp_path / "last.pth"
-    ckpt_io.atomic_save({"step": 1, "w": torch.arange(5.0)}, path)
-    child = textwrap.dedent(f"""
-        import os, time, torch
-        from inline_attn.train import checkpoint as c
-        def slow_fsync(fd):            # the new bytes are written; the rename has not happened
-            open({str(tmp_path / 'ready')!r}, 'w').close()
-            time.sleep(60)
-        c.os.fsync = slow_fsync
-        c.atomic_save({{"step": 2, "w": torch.zeros(1_000_000)}}, {str(path)!r})
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", child])
-    try:
-        t0 = time.time()
-        while not (tmp_path / "ready").exists():
-            assert proc.poll() is None and time.time() - t0 < 60, "child died before writing"
-            time.sleep(0.05)
-        proc.kill()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert any(p.name.startswith(".last.pth.tmp") for p in tmp_path.iterdir())  # the torn temp file
-    state = ckpt_io.load(path)
-    assert state["step"] == 1 and torch.equal(state["w"], torch.arange(5.0))
 
 
 def test_param_groups_exempt_norms_biases_and_pos_embed():

@@ -80,29 +80,31 @@ def read_weights(path: PathLike) -> dict:
 
 
 def _run_config(run_dir: pathlib.Path) -> dict:
-    for name in ("config.yaml", "config.yml"):
-        if (run_dir / name).is_file():
-            from ..train.config import read_yaml
+    """A training run's resolved ``config.yaml`` as a dict ({} when the folder has none)."""
+    import yaml
 
-            return read_yaml(run_dir / name)
+    for name in ("config.yaml", "config.yml"):
+        path = run_dir / name
+        if path.is_file():
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise ValueError(f"run config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+            if not isinstance(data, dict):
+                raise ValueError(f"run config {path} must hold a mapping, got {type(data).__name__}")
+            return data
     return {}
 
 
 def _data_info(data_cfg: dict, cfg) -> dict:
-    """Input size and normalisation a run trained with (the trainer's rule: the config's, else
-    the dataset's, else the model's)."""
-    fmnist = data_cfg.get("dataset") == "fmnist"
-    if fmnist:
-        from ..data import FMNIST_MEAN, FMNIST_STD
-    mean = tuple(data_cfg.get("mean") or (FMNIST_MEAN if fmnist else cfg.mean))
-    return {
-        "img_size": int(data_cfg.get("img_size") or (28 if fmnist else cfg.input_size[-1])),
-        "mean": mean,
-        "std": tuple(data_cfg.get("std") or (FMNIST_STD if fmnist else cfg.std)),
-        "crop_pct": float(data_cfg.get("crop_pct") or (1.0 if fmnist else cfg.crop_pct)),
-        "interpolation": str(data_cfg.get("interpolation") or cfg.interpolation),
-        "in_chans": len(mean),
-    }
+    """Input size and normalisation a run trained with (:func:`inline_attn.data.resolve_data_info`)."""
+    from ..data import resolve_data_info
+
+    info = resolve_data_info(cfg, fmnist=data_cfg.get("dataset") == "fmnist", img_size=data_cfg.get("img_size"),
+                             mean=data_cfg.get("mean"), std=data_cfg.get("std"), crop_pct=data_cfg.get("crop_pct"),
+                             interpolation=data_cfg.get("interpolation"))
+    return {"img_size": info.img_size, "mean": info.mean, "std": info.std, "crop_pct": info.crop_pct,
+            "interpolation": info.interpolation, "in_chans": info.in_chans}
 
 
 def _model_size(model: nn.Module, kwargs: dict, cfg) -> tuple[int, int]:
@@ -210,23 +212,19 @@ def load_images(
     files) or an ImageNet-layout folder (its ``val/`` subfolder when present). ``num_images``:
     the first N images (0: all; folders: N spread over the classes); ``indices``: exactly these
     images instead. Folder images are decoded with the eval crop at ``img_size``."""
-    spec = str(data)
-    if spec == "fmnist" or spec.startswith("fmnist:"):
-        from ..data import load_fashion_mnist
+    from ..data import ImageFolder, folder_split, load_fashion_mnist, parse_source
 
-        ds = load_fashion_mnist(spec[len("fmnist:"):] or None, split="test")
+    fmnist, root = parse_source(data)
+    if fmnist:
+        ds = load_fashion_mnist(root, split="test")
         if indices is not None:
             idx = _check_indices(indices, len(ds))
             return ImageSet(ds.images[idx], ds.labels[idx], "Fashion-MNIST test")
         ds = ds.subset(num_images) if num_images > 0 else ds
         return ImageSet(ds.images, ds.labels, "Fashion-MNIST test")
-    root = pathlib.Path(spec)
-    if not root.is_dir():
-        raise ValueError(f"--data {spec!r}: expected 'fmnist' or an ImageNet-layout folder")
-    if (root / split).is_dir():
-        root = root / split
-    from ..data import ImageFolder
-
+    if not pathlib.Path(root).is_dir():
+        raise ValueError(f"--data {root!r}: expected 'fmnist' or an ImageNet-layout folder")
+    root = folder_split(root, split, what="--data")
     folder = ImageFolder(root, img_size, train=False, crop_pct=crop_pct, interpolation=interpolation)
     n = len(folder) if num_images <= 0 else min(num_images, len(folder))
     # evenly spread over the (class-sorted) samples, so a small N still covers the classes
@@ -234,6 +232,9 @@ def load_images(
     if indices is not None:
         idx = _check_indices(indices, len(folder))
     items = [folder[int(i)] for i in idx]
+    items = [(im, t) for im, t in items if im is not None]  # unreadable images are left out (and logged)
+    if not items:
+        raise ValueError(f"--data {root}: none of the chosen images could be read")
     return ImageSet(torch.stack([im for im, _ in items]), torch.tensor([t for _, t in items]), str(root))
 
 

@@ -7,6 +7,7 @@ import pathlib
 import torch
 
 from .attention import LAYER_KINDS
+from .model import PRESETS
 from .report import format_table, machine_info, plot_sweep, write_results
 
 
@@ -166,7 +167,7 @@ def register(subparsers) -> None:
     pm.add_argument("--resolutions", type=int, nargs="+", default=[224])
     pm.add_argument("--batch", type=int, default=None, help="images per step (default 8)")
     pm.add_argument("--mode", default="infer", choices=["infer", "train"])
-    pm.add_argument("--preset", choices=["window", "resolution", "layer"], default=None,
+    pm.add_argument("--preset", choices=list(PRESETS), default=None,
                     help="window: Swin-T vs InLine-Swin-T, windows 7/14/28/56 at 224; resolution: DeiT-T vs "
                          "InLine-DeiT-T at 224/384/640/1024; layer: the attention layers (= bench attention)")
     pm.add_argument("--values", type=int, nargs="+", default=None, help="override a preset's sweep values")

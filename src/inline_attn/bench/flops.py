@@ -15,7 +15,7 @@ products of the same size.
 """
 from __future__ import annotations
 
-__all__ = ["attention_layer_flops", "floor_seconds"]
+__all__ = ["attention_layer_flops"]
 
 
 def attention_layer_flops(kind: str, batch: int, tokens: int, dim: int, heads: int, *,
@@ -44,8 +44,3 @@ def attention_layer_flops(kind: str, batch: int, tokens: int, dim: int, heads: i
     if (kind == "inline") if local_residual is None else local_residual:
         f += 18 * b * n * c + 2 * b * (c * c // h + 9 * c * c // h)
     return 3 * f if backward else f
-
-
-def floor_seconds(flops: float, rate: float) -> float:
-    """The arithmetic floor: time at the machine's measured matmul rate (FLOP/s)."""
-    return flops / rate

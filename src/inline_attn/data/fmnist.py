@@ -24,6 +24,9 @@ FMNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
+FMNIST_IMG_SIZE = 28
+FMNIST_CROP_PCT = 1.0  # the images are used whole
+FMNIST_NUM_CLASSES = len(FMNIST_CLASSES)
 _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),

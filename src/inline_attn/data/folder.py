@@ -9,8 +9,9 @@ stacked and augmented on the training device (:mod:`inline_attn.data.transforms`
 - evaluation: the shorter side is resized to ``floor(img_size / crop_pct)`` and the centre
   ``img_size`` square is cropped (timm's eval transform).
 
-An image that fails to decode is logged once and skipped (the next readable sample takes its
-place), so a corrupt file never stops an epoch.
+An image that fails to decode is logged once. Training substitutes the next readable sample, so
+a corrupt file never stops an epoch; evaluation returns ``(None, label)`` for it, so the caller
+skips it and counts it (a substitute would be scored twice).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import logging
 import math
 import os
 import pathlib
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -52,10 +53,12 @@ class ImageFolder(Dataset):
         train: training layout (centre square of side img_size / crop_pct) or eval layout.
         crop_pct: eval centre-crop fraction (timm convention).
         interpolation: Pillow resampling for the resize.
+        skip_unreadable: return ``(None, label)`` for an unreadable image instead of the next
+            readable one (default: True for evaluation, False for training).
     """
 
     def __init__(self, root: Union[str, os.PathLike], img_size: int, *, train: bool,
-                 crop_pct: float = 0.875, interpolation: str = "bicubic"):
+                 crop_pct: float = 0.875, interpolation: str = "bicubic", skip_unreadable: Optional[bool] = None):
         self.root = pathlib.Path(root)
         if not self.root.is_dir():
             raise ValueError(f"data folder {self.root} does not exist (expected an ImageNet-layout "
@@ -81,6 +84,7 @@ class ImageFolder(Dataset):
             self.resize = self.crop = round(self.img_size / crop_pct)
         else:
             self.resize, self.crop = math.floor(self.img_size / crop_pct), self.img_size
+        self.skip_unreadable = (not train) if skip_unreadable is None else bool(skip_unreadable)
         self.bad: set[int] = set()
 
     @property
@@ -97,14 +101,24 @@ class ImageFolder(Dataset):
             arr = np.asarray(img, dtype=np.uint8)
         return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
+    def _unreadable(self, j: int, e: Exception) -> None:
+        if j not in self.bad:
+            self.bad.add(j)
+            log.warning("unreadable image %s (%s: %s)", self.samples[j][0], type(e).__name__, e)
+
     def __getitem__(self, i: int):
+        if self.skip_unreadable:
+            try:
+                return self.load(i), self.samples[i][1]
+            except Exception as e:  # corrupt/truncated/unreadable: the caller skips and counts it
+                self._unreadable(i, e)
+                return None, self.samples[i][1]
         for k in range(len(self.samples)):
             j = (i + k) % len(self.samples)
             if j in self.bad:
                 continue
             try:
                 return self.load(j), self.samples[j][1]
-            except Exception as e:  # corrupt/truncated/unreadable: skip, never stop the epoch
-                self.bad.add(j)
-                log.warning("skipping unreadable image %s (%s: %s)", self.samples[j][0], type(e).__name__, e)
+            except Exception as e:  # corrupt/truncated/unreadable: substitute, never stop the epoch
+                self._unreadable(j, e)
         raise ValueError(f"no readable image in {self.root}")

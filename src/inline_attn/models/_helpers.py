@@ -9,6 +9,7 @@ rest softmax ("IIMS2", also written "IIMSM2").
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Optional, Sequence, Union
 
 import torch
@@ -80,18 +81,37 @@ def resize_pos_embed(pos: torch.Tensor, old_size: tuple[int, int], new_size: tup
     return grid.flatten(2).transpose(1, 2)
 
 
+_WARNED_SMALL: set[str] = set()
+
+
+def pad_small_input(x: torch.Tensor, min_size: tuple[int, int], owner: str) -> torch.Tensor:
+    """Zero-pad images ``[B, C, H, W]`` smaller than the stem's ``min_size`` at the bottom/right,
+    warning once per ``owner`` (a model name): such an image becomes mostly padding."""
+    pad_h, pad_w = max(0, min_size[0] - x.shape[-2]), max(0, min_size[1] - x.shape[-1])
+    if not (pad_h or pad_w):
+        return x
+    if owner not in _WARNED_SMALL:
+        _WARNED_SMALL.add(owner)
+        warnings.warn(f"{owner}: input {tuple(x.shape[-2:])} is smaller than the stem's {tuple(min_size)}; "
+                      "it is zero-padded (warned once)", UserWarning, stacklevel=3)
+    return F.pad(x, (0, pad_w, 0, pad_h))
+
+
 class PatchEmbed(nn.Module):
     """Non-overlapping patches: Conv2d(k = s = patch) [+ norm] on images of any size.
 
     Inputs whose sides the patch size does not divide are zero-padded at the bottom/right
-    (the reference requires divisible sizes; at those sizes nothing changes).
+    (the reference requires divisible sizes; at those sizes nothing changes); an image smaller
+    than one patch (``is_stem``: the model's first layer) is padded too, with a warning (once
+    per process).
 
     x: [B, C_in, H, W] -> tokens [B, Hp*Wp, C], (Hp, Wp).
     """
 
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768,
-                 norm_layer: Optional[type] = None):
+                 norm_layer: Optional[type] = None, is_stem: bool = True):
         super().__init__()
+        self.is_stem = is_stem  # a model's first layer: an input smaller than a patch is worth a warning
         self.img_size = to_2tuple(img_size)
         self.patch_size = to_2tuple(patch_size)
         if min(self.patch_size) <= 0:
@@ -109,6 +129,8 @@ class PatchEmbed(nn.Module):
                 f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}"
             )
         ph, pw = self.patch_size
+        if self.is_stem:
+            x = pad_small_input(x, self.patch_size, type(self).__name__)
         pad_h, pad_w = (-x.shape[2]) % ph, (-x.shape[3]) % pw
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))

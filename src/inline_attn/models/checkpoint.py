@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
@@ -20,15 +20,19 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn as nn
 
+from .._io import atomic_path
+
 __all__ = [
-    "LoadResult", "RECOMPUTED_BUFFERS", "load_checkpoint", "read_state_dict", "register_checkpoint_filter",
-    "save_checkpoint",
+    "LoadResult", "RECOMPUTED_BUFFERS", "load_checkpoint", "read_checkpoint", "read_state_dict",
+    "register_checkpoint_filter", "save_checkpoint", "unwrap_state_dict",
 ]
 
 # buffer names (last key component) that models rebuild for the actual input size
 RECOMPUTED_BUFFERS = ("relative_position_index", "attn_mask")
 # wrapper keys of training checkpoints, tried in this order
 WRAPPER_KEYS = ("model", "state_dict", "model_ema", "module")
+# keys holding the EMA weights of a training checkpoint (ours, timm's)
+EMA_KEYS = ("model_ema", "state_dict_ema")
 
 FilterFn = Callable[[dict, nn.Module], dict]
 _FILTERS: dict[type, FilterFn] = {}
@@ -79,8 +83,22 @@ def _is_state_dict(obj) -> bool:
     return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
-def _unwrap(obj, where: str) -> dict:
-    """{"model": sd} / {"state_dict": sd} / {"model_ema": sd} / DDP "module." prefixes -> sd."""
+def unwrap_state_dict(obj, *, ema: bool = False, where: str = "mapping") -> dict:
+    """The model weights inside a loaded checkpoint object.
+
+    Accepts a bare state dict, one wrapped in ``model`` / ``state_dict`` / ``model_ema`` /
+    ``module`` (nested up to three levels, as the authors' and timm's checkpoints are) and strips
+    a DDP ``module.`` prefix. ``ema=True`` takes the EMA weights (``model_ema`` or
+    ``state_dict_ema``) and raises ValueError when there are none. ``where`` names the source in
+    error messages.
+    """
+    if ema:
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"checkpoint {where} holds a {type(obj).__name__}, expected a mapping")
+        inner = next((obj[k] for k in EMA_KEYS if isinstance(obj.get(k), Mapping)), None)
+        if inner is None:
+            raise ValueError(f"checkpoint {where} holds no EMA weights ({' or '.join(EMA_KEYS)})")
+        obj = inner
     for _ in range(3):  # wrappers nest at most a couple of levels ({"state_dict": {"model": ...}})
         if _is_state_dict(obj):
             break
@@ -101,15 +119,39 @@ def _unwrap(obj, where: str) -> dict:
     return sd
 
 
-def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: bool = True) -> dict:
-    """A path (``.safetensors`` or a torch pickle) or a mapping -> a bare state dict on CPU.
+def _is_zip(path: pathlib.Path) -> bool:
+    """torch.save's format is a zip archive: such a file that fails to load is damaged."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
 
-    ``weights_only`` (torch files): refuse pickled objects other than tensors and containers,
-    as torch.load does; pass False only for files you trust (e.g. checkpoints that also store
-    a training config object). Unreadable files raise ValueError naming the file.
+
+def _read_failure(path: pathlib.Path, e: Exception, weights_only: bool) -> str:
+    """Why ``path`` could not be read, in words a user can act on."""
+    size = path.stat().st_size
+    text = str(e)
+    first = text.splitlines()[0] if text else ""
+    refused = "weights_only" in text or "weights only" in text.lower()
+    if size == 0:
+        return f"cannot read checkpoint {str(path)!r}: the file is empty (0 bytes; a write was interrupted?)"
+    if refused:
+        why = "it stores Python objects besides tensors"
+    elif _is_zip(path) or "PytorchStreamReader" in text or isinstance(e, EOFError):
+        why = "the file is truncated or corrupted"
+    elif isinstance(e, pickle.UnpicklingError):
+        why = "the file is not a PyTorch or safetensors checkpoint"
+    else:
+        why = "unreadable"
+    hint = " (if you trust the file, pass weights_only=False)" if weights_only and refused else ""
+    return f"cannot read checkpoint {str(path)!r} ({size} bytes): {why} ({type(e).__name__}: {first}){hint}"
+
+
+def read_checkpoint(source: Union[str, os.PathLike], *, weights_only: bool = True):
+    """The object a checkpoint file holds (a ``.safetensors`` file or a torch pickle), on CPU.
+
+    ``weights_only`` (torch files): refuse pickled objects other than tensors and containers, as
+    torch.load does; pass False only for files you trust (training checkpoints also store RNG
+    states and configs). A missing, empty, truncated or foreign file raises ValueError naming it.
     """
-    if isinstance(source, Mapping):
-        return _unwrap(source, "mapping")
     path = pathlib.Path(source)
     if not path.is_file():
         raise ValueError(f"checkpoint file {str(path)!r} does not exist")
@@ -120,15 +162,22 @@ def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: b
         if is_safetensors:
             from safetensors.torch import load_file
 
-            obj = load_file(str(path), device="cpu")
-        else:
-            obj = torch.load(path, map_location="cpu", weights_only=weights_only)
+            return load_file(str(path), device="cpu")
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as e:  # truncated / corrupted / foreign files: one clear error
-        hint = ""
-        if not is_safetensors and weights_only and "weights_only" in str(e):
-            hint = " (the file stores non-tensor objects; if you trust it, pass weights_only=False)"
-        raise ValueError(f"cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0]}{hint}") from e
-    return _unwrap(obj, repr(str(path)))
+        raise ValueError(_read_failure(path, e, weights_only)) from e
+
+
+def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: bool = True,
+                    ema: bool = False) -> dict:
+    """A path (``.safetensors`` or a torch pickle) or a mapping -> a bare state dict on CPU.
+
+    See :func:`read_checkpoint` (``weights_only``, errors) and :func:`unwrap_state_dict` (``ema``).
+    """
+    if isinstance(source, Mapping):
+        return unwrap_state_dict(source, ema=ema, where="mapping")
+    return unwrap_state_dict(read_checkpoint(source, weights_only=weights_only), ema=ema,
+                             where=repr(str(source)))
 
 
 def _filter_fn(model: nn.Module) -> Optional[FilterFn]:
@@ -195,7 +244,7 @@ def save_checkpoint(model: Union[nn.Module, Mapping], path: Union[str, os.PathLi
                     metadata: Optional[dict[str, str]] = None) -> pathlib.Path:
     """Write the model's state dict to ``path`` as safetensors, atomically.
 
-    The file appears complete or not at all (temp file in the same folder, fsync, os.replace).
+    The file appears complete or not at all (:func:`inline_attn._io.atomic_path`).
     Tensors that share storage (tied weights) are stored once each as separate copies, which
     safetensors requires; loading copies them back into the tied parameter.
     """
@@ -220,22 +269,6 @@ def save_checkpoint(model: Union[nn.Module, Mapping], path: Union[str, os.PathLi
 
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return path

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import (
     DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel, to_2tuple,
 )
-from ._helpers import parse_pattern, take_indices, tokens_to_nchw
+from ._helpers import pad_small_input, parse_pattern, take_indices, tokens_to_nchw
 from .registry import ModelConfig, register_model
 
 __all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention", "checkpoint_filter_fn"]
@@ -416,7 +416,9 @@ class InLineCSwin(nn.Module):
         in_chans = self.stage1_conv_embed[0].in_channels
         if x.dim() != 4 or x.shape[1] != in_chans:
             raise ValueError(f"expected images [B, {in_chans}, H, W], got shape {tuple(x.shape)}")
-        x = self.stage1_conv_embed[0](x)
+        stem = self.stage1_conv_embed[0]
+        x = pad_small_input(x, stem.stride, type(self).__name__)
+        x = stem(x)
         feat_size = (x.shape[2], x.shape[3])
         return self.stage1_conv_embed[2](self.stage1_conv_embed[1](x)), feat_size
 

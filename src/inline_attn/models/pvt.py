@@ -185,7 +185,7 @@ class PyramidVisionTransformer(nn.Module):
             p = patch_size if i == 0 else 2
             size = img_size if i == 0 else prev_grid
             embed = PatchEmbed(size, p, in_chans if i == 0 else embed_dims[i - 1], embed_dims[i],
-                               norm_layer=nn.LayerNorm)  # default eps here, as the reference
+                               norm_layer=nn.LayerNorm, is_stem=i == 0)  # default eps here, as the reference
             prev_grid = embed.grid_size
             stride *= p
             setattr(self, f"patch_embed{i + 1}", embed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -72,14 +73,53 @@ def get_model_config(name: str) -> ModelConfig:
     return _lookup(name)[1]
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_overrides(name: str, overrides: dict) -> None:
+    """Clear errors for the common constructor arguments (the constructors check the rest)."""
+    def fail(key, expected):
+        raise ValueError(f"create_model({name!r}, {key}={overrides[key]!r}): expected {expected}")
+
+    for key, low in (("num_classes", 0), ("in_chans", 1)):
+        if key in overrides and not (_is_int(overrides[key]) and overrides[key] >= low):
+            fail(key, f"an integer >= {low}" + (" (0: no classifier head)" if key == "num_classes" else ""))
+    for key in ("depth", "depths"):  # blocks: one count, or one per stage
+        if key in overrides:
+            d = overrides[key]
+            per_stage = d if isinstance(d, (list, tuple)) else (d,)
+            if not (per_stage and all(_is_int(v) and v >= 1 for v in per_stage)):
+                fail(key, "an integer >= 1, or a sequence of them (one per stage)")
+    if "img_size" in overrides:
+        size = overrides["img_size"]
+        sides = size if isinstance(size, (list, tuple)) else (size,)
+        if not (1 <= len(sides) <= 2 and all(_is_int(v) and v >= 1 for v in sides)):
+            fail("img_size", "a positive integer or a (height, width) pair")
+    for key in ("drop_rate", "drop_path_rate"):
+        if key in overrides:
+            v = overrides[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                fail(key, "a number in [0, 1)")
+
+
 def create_model(name: str, *, checkpoint_path: Optional[str] = None, **overrides) -> nn.Module:
     """Build a registered model; ``overrides`` replace the variant's constructor arguments.
 
     The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`). With ``checkpoint_path``,
-    weights are loaded strictly through :func:`inline_attn.load_checkpoint`.
+    weights are loaded strictly through :func:`inline_attn.load_checkpoint`. A bad value of a
+    common argument (``num_classes``, ``in_chans``, ``depth``/``depths``, ``img_size``, the drop
+    rates) or an argument the family does not take is a ValueError naming it.
     """
     fn, cfg = _lookup(name)
-    model = fn(**overrides)
+    _check_overrides(name, overrides)
+    try:
+        model = fn(**overrides)
+    except TypeError as e:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if unknown is None:
+            raise
+        raise ValueError(f"model {name!r} takes no argument {unknown.group(1)!r}") from e
     model.pretrained_cfg = cfg
     if checkpoint_path is not None:
         from .checkpoint import load_checkpoint

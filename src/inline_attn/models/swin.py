@@ -31,6 +31,7 @@ import torch.utils.checkpoint
 
 from ..layers import DropPath, Mlp, RecordableAttention, TokenAttention, check_heads, init_weights_, to_2tuple
 from ._helpers import PatchEmbed, parse_pattern, take_indices
+from .checkpoint import RECOMPUTED_BUFFERS
 from .registry import ModelConfig, register_model
 
 __all__ = [
@@ -343,9 +344,6 @@ class SwinStage(nn.Module):
 
 # --------------------------------------------------------------------------- checkpoints
 
-_RECOMPUTED = ("relative_position_index", "attn_mask")
-
-
 def _resize_bias_table(table: torch.Tensor, new_rows: int) -> torch.Tensor:
     """[(2w-1)^2, h] -> [new_rows, h], bicubic over the (2w-1) x (2w-1) offset grid (square windows)."""
     old, new = math.isqrt(table.shape[0]), math.isqrt(new_rows)
@@ -359,19 +357,16 @@ def _resize_bias_table(table: torch.Tensor, new_rows: int) -> torch.Tensor:
 def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
     """Adapt an authors' (or our own) state dict to ``model``.
 
-    - unwraps ``{"model": state_dict}``;
     - buffers the model recomputes (``relative_position_index``, ``attn_mask``) are taken from
       the model, so a checkpoint loads into a model built for another image size;
     - relative position tables of another window size are resized bicubically;
     - a ``features_only`` model drops the file's final ``norm.*`` and ``head.*``.
     Everything else passes through unchanged, for a strict load to check.
     """
-    if "model" in state_dict and isinstance(state_dict["model"], dict):
-        state_dict = state_dict["model"]
     own = model.state_dict()
     out = {}
     for key, value in state_dict.items():
-        if key.rsplit(".", 1)[-1] in _RECOMPUTED:
+        if key.rsplit(".", 1)[-1] in RECOMPUTED_BUFFERS:
             continue
         if model.features_only and (key.startswith("norm.") or key.startswith("head.")) and key not in own:
             continue
@@ -379,7 +374,7 @@ def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
             value = _resize_bias_table(value, own[key].shape[0])
         out[key] = value
     for key, value in own.items():
-        if key.rsplit(".", 1)[-1] in _RECOMPUTED:
+        if key.rsplit(".", 1)[-1] in RECOMPUTED_BUFFERS:
             out[key] = value
     return out
 

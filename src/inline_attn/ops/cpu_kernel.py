@@ -10,17 +10,17 @@ It registers two private ops, ``inline_attn::cpu_forward`` and ``inline_attn::cp
 (float32 / float64, the layout described in the C++ file); :mod:`inline_attn.ops.fused` calls
 them through :func:`cpu_forward` / :func:`cpu_backward` as the ``"cpu"`` backend of the public
 op, after copying inputs whose layout BLAS cannot read and upcasting bf16 / fp16 to float32. It is
-compiled with ``torch.utils.cpp_extension`` (g++ and ninja, ~15 s once, cached). If the build
-fails the dispatch uses the eager path and :func:`cpu_kernel_error` says why.
+compiled with g++ on first use (~15 s once per install, cached; see :mod:`.cpu_build`, and
+``inline-attn build-kernel`` to build it ahead). If the build fails the dispatch uses the eager
+path and :func:`cpu_kernel_error` says why.
 """
 from __future__ import annotations
 
-import hashlib
-import platform
-import warnings
 from pathlib import Path
 
 import torch
+
+from . import cpu_build
 
 __all__ = ["cpu_backward", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error"]
 
@@ -40,43 +40,10 @@ _LIB.define(
 )
 
 
-def _cpu_tag() -> str:
-    # -march=native code must not be reused on a CPU with other instruction sets: the build's
-    # name carries a hash of the CPU's feature flags.
-    flags = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags += line
-                break
-    except OSError:
-        pass
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
-
-
 def _load() -> bool:
-    if _state["loaded"] is not None:
-        return _state["loaded"]
-    try:
-        from torch.utils.cpp_extension import load
-
-        load(
-            name=f"inline_attn_cpu_{_cpu_tag()}",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
-        _state["loaded"] = torch._C._dispatch_has_kernel_for_dispatch_key(_OP_NAME, "CPU")
-    except Exception as exc:  # no compiler, no ninja, a read-only cache: fall back to eager
-        _state["loaded"], _state["error"] = False, f"{type(exc).__name__}: {exc}"
-        warnings.warn(
-            f"inline-attn: the fused CPU kernel could not be built ({_state['error'][:300]}); "
-            "using the eager path (correct, slower at small N)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    if _state["loaded"] is None:
+        _state["loaded"] = cpu_build.load_cpu_kernel(_SOURCE, op_name=_OP_NAME)
+        _state["error"] = cpu_build.cpu_kernel_error()
     return _state["loaded"]
 
 

@@ -3,35 +3,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import time
 
-from .config import DEFAULTS, _FREEFORM, load_config, parse_value
+from .._io import atomic_write_text
+from .config import _FREEFORM, DEMO_CONFIG, SECTIONS, configs_dir, fields_of, load_config, parse_value
 
-DEMO_CONFIG = "fmnist/demo.yaml"
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
-
-
-def configs_dir() -> pathlib.Path:
-    """The project's ``configs/``: $INLINE_ATTN_CONFIGS, ./configs, or the one beside the source tree."""
-    cands = [os.environ.get("INLINE_ATTN_CONFIGS"), "configs", pathlib.Path(__file__).resolve().parents[3] / "configs"]
-    for c in cands:
-        if c and (pathlib.Path(c) / DEMO_CONFIG).is_file():
-            return pathlib.Path(c)
-    raise ValueError("cannot find the configs/ folder (run from the repository root or set INLINE_ATTN_CONFIGS)")
 
 
 def _add_override_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
-    for section, keys in DEFAULTS.items():
-        for key in keys:
-            dest = f"{section}.{key}"
-            if (section, key) in _FREEFORM:
-                g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="MAPPING",
-                               help="model constructor overrides as a YAML mapping, e.g. '{depth: 4}'")
+    for section, cls in SECTIONS.items():
+        for f, _ in fields_of(cls):
+            dest = f"{section}.{f.name}"
+            doc = f.metadata.get("doc", "")
+            if (section, f.name) in _FREEFORM:
+                g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="MAPPING", help=doc)
             else:
-                g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="V", help=f"default: {keys[key]!r}")
+                default = cls().__getattribute__(f.name)
+                g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="V",
+                               help=f"{doc} (default: {default!r})".replace("%", "%%"))
     g.add_argument("--set", dest="ov_set", action="append", default=[], metavar="KEY=VALUE",
                    help="any dotted key, e.g. --set model.kwargs.embed_dim=64 (repeatable)")
 
@@ -42,7 +34,7 @@ def collect_overrides(args: argparse.Namespace) -> list:
         if k.startswith("ov:") and v is not None:
             val = parse_value(v)
             if k == "ov:model.kwargs" and not isinstance(val, dict):
-                raise ValueError(f"--model.kwargs expects a YAML mapping, got {v!r}")
+                raise ValueError(f"--model.kwargs expects a YAML mapping such as '{{depth: 4}}', got {v!r}")
             out.append((k[3:], val))
     for item in args.ov_set:
         if "=" not in item:
@@ -50,6 +42,13 @@ def collect_overrides(args: argparse.Namespace) -> list:
         k, v = item.split("=", 1)
         out.append((k, parse_value(v)))
     return out
+
+
+def _exit_code(summary: dict) -> int:
+    """0 for a finished run or a planned stop (max_steps); 128 + N for a run stopped by signal N."""
+    if summary.get("interrupted") == "signal":
+        return 128 + int(summary.get("signal") or 15)
+    return 0
 
 
 def cmd_train(args) -> int:
@@ -65,7 +64,13 @@ def cmd_train(args) -> int:
     if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
         f = summary["final"]
         print(f"done: top-1 {f['val_top1']:.2f}%  top-5 {f['val_top5']:.2f}%  outputs in {summary['output']}")
-    return 0
+    return _exit_code(summary)
+
+
+def _eval_line(res: dict) -> str:
+    skipped = f", {res['n_unreadable']} unreadable skipped" if res.get("n_unreadable") else ""
+    return (f"{res['model']}: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  loss {res['loss']:.4f}  "
+            f"({res['n']} images scored{skipped}, {res['img_s']:.0f} img/s)")
 
 
 def cmd_eval(args) -> int:
@@ -74,10 +79,11 @@ def cmd_eval(args) -> int:
     res = evaluate_checkpoint(args.checkpoint, args.data, model=args.model, ema=args.ema, batch_size=args.batch_size,
                               split=args.split, img_size=args.img_size, crop_pct=args.crop_pct, device=args.device,
                               amp=args.amp, workers=args.workers)
-    print(f"{res['model']}: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  loss {res['loss']:.4f}  "
-          f"({res['n']} images, {res['img_s']:.0f} img/s)")
+    if res["n"] == 0:
+        raise ValueError(f"--data {args.data}: no readable image to evaluate ({res['n_unreadable']} unreadable)")
+    print(_eval_line(res))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(res, indent=2))
+        atomic_write_text(args.json, json.dumps(res, indent=2))
     return 0
 
 
@@ -89,20 +95,22 @@ def cmd_demo(args) -> int:
     overrides = [("train.output", args.output)]
     if args.epochs:
         overrides.append(("sched.epochs", args.epochs))
+    if args.resume:
+        overrides.append(("train.resume", args.resume))
     cfg = load_config(cfg_path, overrides)
     t0 = time.time()
-    print(f"demo: training {cfg['model']['name']} {cfg['model']['kwargs']} on Fashion-MNIST "
-          f"({cfg['sched']['epochs'] + cfg['sched']['cooldown_epochs']} epochs, config {cfg_path})", flush=True)
+    print(f"demo: training {cfg.model.name} {cfg.model.kwargs} on Fashion-MNIST "
+          f"({cfg.sched.epochs + cfg.sched.cooldown_epochs} epochs, config {cfg_path})", flush=True)
     summary = train(cfg)
     if summary.get("interrupted"):
-        return 0
+        return _exit_code(summary)
     out = pathlib.Path(summary["output"])
-    if cfg["train"]["threads"]:  # evaluate with the threads the model trained with
+    if cfg.train.threads:  # evaluate with the threads the model trained with
         import torch
 
-        torch.set_num_threads(int(cfg["train"]["threads"]))
-    res = evaluate_checkpoint(out / "last.pth", "fmnist:" + (cfg["data"]["path"] or "") if cfg["data"]["path"]
-                              else "fmnist", batch_size=512)
+        torch.set_num_threads(cfg.train.threads)
+    res = evaluate_checkpoint(out / "last.pth", f"fmnist:{cfg.data.path}" if cfg.data.path else "fmnist",
+                              batch_size=512)
     total = time.time() - t0
     print(f"\ndemo finished in {total / 60:.1f} min: test top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}% "
           f"({res['n']} Fashion-MNIST test images)")
@@ -117,50 +125,83 @@ def cmd_demo(args) -> int:
 def cmd_reproduce(args) -> int:
     from .reproduce import reproduce_fmnist
 
-    if args.target != "fmnist":
-        raise ValueError(f"unknown reproduction target {args.target!r}: expected 'fmnist'")
-    reproduce_fmnist(output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants,
-                     config_dir=args.configs)
-    return 0
+    _, stopped = reproduce_fmnist(output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants,
+                                  config_dir=args.configs)
+    return 0 if stopped is None else _exit_code(stopped)
+
+
+def _positive(kind, flag: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: expected a positive {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be > 0")
+        return value
+
+    return parse
+
+
+def _crop_pct(text: str) -> float:
+    value = _positive(float, "--crop-pct")(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"--crop-pct {text!r}: must be in (0, 1]")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers {text!r}: expected an integer >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--workers {text!r}: must be >= 0")
+    return value
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", allow_abbrev=False, help="train a model from a YAML config",
                               description="Train with a YAML config; --section.key VALUE overrides any key. "
-                                          "Under torchrun the same command trains on every process.")
+                                          "Under torchrun the same command trains on every process. "
+                                          "A run stopped by a signal saves a checkpoint and exits with 128 + "
+                                          "the signal's number; --resume auto continues it.")
     p.add_argument("-c", "--config", help="YAML config (configs/...); defaults for every key not set")
-    p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
+    p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth, else previous.pth) or a checkpoint")
     p.add_argument("--output", help="output folder (= --train.output)")
     _add_override_options(p)
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser("eval", allow_abbrev=False, help="top-1/top-5 of a checkpoint",
                               description="Evaluate a checkpoint on an ImageNet-layout folder (its val/ split "
-                                          "if present) or on Fashion-MNIST ('fmnist' or 'fmnist:DIR').")
+                                          "if present) or on Fashion-MNIST ('fmnist' or 'fmnist:DIR'). "
+                                          "Unreadable images are skipped and counted.")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--model", help="model name (default: the one recorded in the checkpoint)")
     p.add_argument("--data", required=True, help="DIR (ImageNet layout) | fmnist | fmnist:DIR")
     p.add_argument("--split", help="subfolder of DIR (default val) or the Fashion-MNIST split (default test)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--img-size", type=int)
-    p.add_argument("--crop-pct", type=float)
+    p.add_argument("--batch-size", type=_positive(int, "--batch-size"), default=256)
+    p.add_argument("--img-size", type=_positive(int, "--img-size"))
+    p.add_argument("--crop-pct", type=_crop_pct)
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=_non_negative_int, default=2)
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(func=cmd_eval)
 
     p = subparsers.add_parser("demo", help="train the default InLine model on Fashion-MNIST and evaluate it")
     p.add_argument("--output", default="runs/demo")
-    p.add_argument("--epochs", type=int, help="override the config's epochs")
+    p.add_argument("--epochs", type=_positive(int, "--epochs"), help="override the config's epochs")
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
+    p.add_argument("--resume", help="'auto' to continue an interrupted demo")
     p.set_defaults(func=cmd_demo)
 
     p = subparsers.add_parser("reproduce", help="train the four Fashion-MNIST variants and tabulate them")
     p.add_argument("target", choices=["fmnist"])
     p.add_argument("--output", default="runs/fmnist", help="one subfolder per variant")
-    p.add_argument("--epochs", type=int, help="the same epoch budget for every variant (default: the configs')")
+    p.add_argument("--epochs", type=_positive(int, "--epochs"),
+                   help="the same epoch budget for every variant (default: the configs')")
     p.add_argument("--doc", default="docs/reproduction.md", help="markdown file to write the table into")
     p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
     p.add_argument("--configs", help="configs folder (default: found automatically)")

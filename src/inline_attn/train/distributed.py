@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -26,13 +27,14 @@ class DistInfo:
         return self.world_size > 1
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, *, what: str = "train.device") -> torch.device:
+    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``; ``what`` names the setting in errors."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(name)):
+        raise ValueError(f"{what}={name!r}: expected auto, cpu, cuda or cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name!r} but CUDA is not available")
-    if name not in ("cpu",) and not name.startswith("cuda"):
-        raise ValueError(f"train.device={name!r}: expected auto, cpu or cuda[:N]")
+        raise ValueError(f"{what}={name!r} but CUDA is not available")
     return torch.device(name)
 
 

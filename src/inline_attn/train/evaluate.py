@@ -8,64 +8,75 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from ..data import FMNIST_MEAN, FMNIST_STD, EvalTransform
+from ..data import EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
-from . import checkpoint as ckpt_io
-from .data import Batches, open_eval_source
+from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
+from .data import Batches
 from .distributed import DistInfo, resolve_device
-from .engine import evaluate
+from .loop import evaluate
 
 PathLike = Union[str, os.PathLike]
 
 
 def load_trained_model(checkpoint: PathLike, *, model: Optional[str] = None, ema: bool = False,
-                       map_location="cpu", **overrides) -> tuple[nn.Module, dict]:
+                       **overrides) -> tuple[nn.Module, dict]:
     """Rebuild the model a checkpoint was trained with and load its weights (eval mode).
 
     Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides, e.g.
     a 28 x 28 one-channel DeiT for Fashion-MNIST); ``model`` / ``overrides`` replace them. A
     foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}`` or a bare state dict) needs
-    ``model``. Loading is strict. Returns ``(model, checkpoint dict)``.
+    ``model``. Loading is strict. Returns ``(model, checkpoint dict)``; errors name the file.
     """
-    from ..models.checkpoint import load_checkpoint
-
+    where = repr(str(checkpoint))
     if str(checkpoint).endswith(".safetensors"):  # weights only (save_checkpoint's format)
         if model is None:
             raise ValueError(f"{checkpoint} holds weights only: pass --model NAME")
         net = create_model(model, **overrides)
-        load_checkpoint(net, checkpoint, strict=True)
+        _load_into(net, checkpoint, where)
         return net.eval(), {}
-    ckpt = ckpt_io.load(checkpoint, map_location=map_location)
-    name = model or ckpt.get("model_name")
+    ckpt = read_checkpoint(checkpoint, weights_only=False)  # a file the user names; ours hold configs
+    recorded = ckpt.get("model_name") if isinstance(ckpt, dict) else None
+    name = model or recorded
     if name is None:
         raise ValueError(f"checkpoint {checkpoint} does not record its model: pass --model NAME")
-    kwargs = dict(ckpt.get("model_kwargs") or {}) if name == ckpt.get("model_name") else {}
+    kwargs = dict(ckpt.get("model_kwargs") or {}) if name == recorded else {}
     kwargs.update(overrides)
     net = create_model(name, **kwargs)
     # the family's key filter maps the authors' checkpoints; a mismatch is a ValueError naming the keys
-    load_checkpoint(net, ckpt_io.model_state_dict(ckpt, ema=ema), strict=True)
-    return net.eval(), ckpt
+    _load_into(net, unwrap_state_dict(ckpt, ema=ema, where=where), where)
+    return net.eval(), (ckpt if isinstance(ckpt, dict) else {})
+
+
+def _load_into(net: nn.Module, source, where: str) -> None:
+    try:
+        load_checkpoint(net, source, strict=True)
+    except ValueError as e:
+        raise ValueError(f"checkpoint {where}: {e}") from None
 
 
 def evaluate_checkpoint(checkpoint: PathLike, data: str, *, model: Optional[str] = None, ema: bool = False,
                         batch_size: int = 256, split: Optional[str] = None, img_size: Optional[int] = None,
                         crop_pct: Optional[float] = None, device: str = "auto", amp: str = "none",
                         workers: int = 2) -> dict:
-    """Top-1/top-5 of a checkpoint on ``data`` ("fmnist" or an ImageNet-layout folder)."""
-    dev = resolve_device(device)
+    """Top-1/top-5 of a checkpoint on ``data`` ("fmnist", "fmnist:DIR" or an ImageNet-layout folder).
+
+    Input size and normalisation follow the checkpoint's training config, else the dataset's,
+    else the model's (``img_size`` / ``crop_pct`` override them). Unreadable images are skipped:
+    ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
+    """
+    dev = resolve_device(device, what="--device")
     net, ckpt = load_trained_model(checkpoint, model=model, ema=ema)
     net.to(dev)
     name = model or ckpt.get("model_name")
     mcfg = get_model_config(name)
     kw = ckpt.get("model_kwargs") or {}
-    fmnist = data == "fmnist" or data.startswith("fmnist:")
-    size = img_size or kw.get("img_size") or (28 if fmnist else mcfg.input_size[-1])
-    cp = crop_pct or (1.0 if fmnist else mcfg.crop_pct)
-    dataset, fmnist = open_eval_source(data, size, cp, mcfg.interpolation, split)
-    mean, std = (FMNIST_MEAN, FMNIST_STD) if fmnist else (mcfg.mean, mcfg.std)
-    cfg_data = (ckpt.get("config") or {}).get("data", {})
-    mean, std = tuple(cfg_data.get("mean") or mean), tuple(cfg_data.get("std") or std)
-    tf = EvalTransform(size, mean, std, cp, mcfg.interpolation).to(dev)
+    saved = (ckpt.get("config") or {}).get("data") or {}
+    fmnist, _ = parse_source(data)
+    info = resolve_data_info(mcfg, fmnist=fmnist, img_size=img_size or kw.get("img_size") or saved.get("img_size"),
+                             mean=saved.get("mean"), std=saved.get("std"), crop_pct=crop_pct or saved.get("crop_pct"),
+                             interpolation=saved.get("interpolation"))
+    dataset, _ = open_eval_source(data, info, split, what="--data")
+    tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation).to(dev)
     batches = Batches(dataset, batch_size, train=False, workers=workers)
     t = time.time()
     res = evaluate(net, batches, tf, dev, DistInfo(device=dev), amp)

@@ -3,21 +3,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import pathlib
 from typing import Optional
 
+from .._io import atomic_path, atomic_write_text
+
 METRIC_COLUMNS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema",
                   "epoch_time_s", "train_img_s"]
-
-
-def _atomic_text(path: pathlib.Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_metrics(history: list[dict], path: pathlib.Path) -> None:
@@ -27,11 +19,11 @@ def write_metrics(history: list[dict], path: pathlib.Path) -> None:
         wr.writeheader()
         for row in history:
             wr.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in METRIC_COLUMNS})
-    _atomic_text(path, w)
+    atomic_write_text(path, w)
 
 
 def write_json(obj: dict, path: pathlib.Path) -> None:
-    _atomic_text(path, lambda f: json.dump(obj, f, indent=2, default=str))
+    atomic_write_text(path, lambda f: json.dump(obj, f, indent=2, default=str))
 
 
 def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> None:
@@ -64,10 +56,11 @@ def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> Non
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
+    finally:
+        plt.close(fig)
 
 
 class TensorBoard:

@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from .config import load_config
+from .._io import atomic_write_text
+from .config import configs_dir, load_config
 
 LABELS = {
     "softmax": "Softmax attention (pattern S)",
@@ -22,9 +23,10 @@ BEGIN, END = "<!-- fmnist-table:begin -->", "<!-- fmnist-table:end -->"
 
 
 def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
-                     doc: Optional[str] = "docs/reproduction.md",
-                     variants: Sequence[str] = tuple(LABELS), config_dir: Optional[str] = None) -> list[dict]:
-    from .cli import configs_dir
+                     doc: Optional[str] = "docs/reproduction.md", variants: Sequence[str] = tuple(LABELS),
+                     config_dir: Optional[str] = None) -> tuple[list[dict], Optional[dict]]:
+    """Train (or resume) each variant, then tabulate; returns (table rows, the summary of the run
+    a signal stopped, else None). Running it again continues where it stopped."""
     from .engine import train
     from .evaluate import inference_throughput, load_trained_model
 
@@ -40,13 +42,12 @@ def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
         print(f"reproduce fmnist: {v} ({cfg_path})", flush=True)
         summary = train(cfg)
         if summary.get("interrupted"):
-            print("interrupted; run the same command again to continue", flush=True)
-            return rows
+            return rows, summary
         out = pathlib.Path(summary["output"])
         summary = json.loads((out / "summary.json").read_text())
         net, _ = load_trained_model(out / "last.pth")
         threads = torch.get_num_threads()
-        torch.set_num_threads(int(cfg["train"]["threads"]) or threads)  # the threads it trained with
+        torch.set_num_threads(cfg.train.threads or threads)  # the threads it trained with
         try:
             ips = inference_throughput(net, (1, 28, 28), batch_size=256)
         finally:
@@ -62,7 +63,7 @@ def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
     if doc:
         write_section(pathlib.Path(doc), table)
         print(f"table written to {doc}")
-    return rows
+    return rows, None
 
 
 def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str:
@@ -99,4 +100,4 @@ def write_section(path: pathlib.Path, table: str) -> None:
         text = text[:a] + block.rstrip("\n") + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    atomic_write_text(path, text)

@@ -1,0 +1,98 @@
+"""Atomic file writes: the one writer behind every checkpoint, config, metrics file and plot.
+
+A file is written to a temporary sibling (``.<name>.tmp<pid>``), flushed to disk, renamed over
+the target (``os.replace`` is atomic on POSIX) and the folder is synced, so a reader, or a run
+resumed after a crash, sees the previous complete file or the new complete file, never a torn
+one. Temporary files left by killed writers are removed by the next write of the same target.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+from typing import Callable, Iterator, Union
+
+PathLike = Union[str, os.PathLike]
+
+__all__ = ["atomic_path", "atomic_write_text", "remove_stale_temps"]
+
+
+def _temp_name(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(path: PathLike) -> list[pathlib.Path]:
+    """Delete ``.<name>.tmp<pid>`` siblings of ``path`` whose writer process is gone; returns them."""
+    path = pathlib.Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.tmp(\d+)$")
+    removed = []
+    if not path.parent.is_dir():
+        return removed
+    for p in path.parent.iterdir():
+        m = pattern.match(p.name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def _fsync_dir(folder: pathlib.Path) -> None:
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[pathlib.Path]:
+    """Yield a temporary path to write; on a clean exit it replaces ``path`` atomically.
+
+    ``with atomic_path("run/last.pth") as tmp: torch.save(state, tmp)``. On an exception the
+    temporary file is removed and ``path`` is untouched. Writers that pick a format from the
+    file name (matplotlib) must be told the format explicitly.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    tmp = _temp_name(path)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: PathLike, write: Union[str, Callable]) -> pathlib.Path:
+    """Write text atomically: ``write`` is the text, or ``write(f)`` writes to the open file."""
+    path = pathlib.Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="") as f:
+            if callable(write):
+                write(f)
+            else:
+                f.write(write)
+    return path

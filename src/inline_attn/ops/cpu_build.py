@@ -1,0 +1,374 @@
+"""Building and loading the fused CPU kernel: one cached shared library per install.
+
+The library is compiled with the system C++ compiler (``$CXX``, else ``g++``) against the running
+torch, without ninja or ``torch.utils.cpp_extension``. Its file name carries a cache key that
+hashes everything the binary depends on: the source, torch's version and build, the compiler and
+its flags, and the CPU's instruction sets (``-march=native`` code must not run on another CPU).
+Two virtual environments with different torch builds therefore keep two libraries side by side.
+
+Safety against interrupted and concurrent builds:
+
+- a build compiles into a private temporary folder and moves the finished library into the cache
+  with one atomic rename, so a reader finds a complete library or none; a build killed midway
+  leaves only its temporary folder, which the next build removes;
+- builders of one key take an advisory ``flock`` on ``<name>.lock``; the operating system
+  releases it when its holder dies, so a killed build never blocks a later one. A process that
+  waits longer than the lock timeout gives up with an error naming the lock, and the caller
+  falls back to the eager path;
+- a library already in the cache is loaded as it is: nothing is written and no lock is taken, so
+  the cache may be read-only (build it ahead with ``inline-attn build-kernel``).
+
+Cache folder: ``$INLINE_ATTN_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/inline_attn/kernels``, else
+``~/.cache/inline_attn/kernels``. Lock timeout: ``$INLINE_ATTN_KERNEL_LOCK_TIMEOUT`` seconds
+(default :data:`DEFAULT_LOCK_TIMEOUT`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds run without a lock (the atomic rename still holds)
+    fcntl = None
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT", "KERNEL_SOURCE", "KernelBuildError", "KernelSpec", "build_cpu_kernel", "cache_dir",
+    "cpu_kernel_error", "kernel_spec", "load_cpu_kernel",
+]
+
+log = logging.getLogger(__name__)
+
+KERNEL_SOURCE = Path(__file__).with_name("csrc") / "inline_cpu.cpp"
+# a build takes 15-40 s on a 2-core machine; waiting several times that for another builder is
+# still better than the eager path for the rest of a long process
+DEFAULT_LOCK_TIMEOUT = 180.0
+DEFAULT_CFLAGS = ("-O3", "-march=native", "-fopenmp")
+DEFAULT_LDFLAGS = ("-fopenmp",)
+COMPILE_TIMEOUT = 900.0
+_WAIT_NOTICE_S = 5.0  # say what we wait for once the wait is noticeable
+_POLL_S = 0.1
+PathLike = Union[str, os.PathLike]
+
+_loaded: dict[str, bool] = {}
+_errors: dict[str, Optional[str]] = {"last": None}
+
+
+class KernelBuildError(RuntimeError):
+    """The kernel could not be built or loaded; the message says which file or lock and why."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One build: what is compiled, how, and the cache key derived from all of it."""
+
+    source: Path
+    cxx: str
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    link_torch: bool
+    key: str
+
+    @property
+    def name(self) -> str:
+        """File stem of the library: ``<source stem>-<torch version>-<key>``."""
+        version = torch.__version__.replace("+", "_")
+        return f"{self.source.stem}-{version}-{self.key}"
+
+    def library(self, folder: Optional[PathLike] = None) -> Path:
+        return Path(folder or cache_dir()) / f"{self.name}.so"
+
+    def lock(self, folder: Optional[PathLike] = None) -> Path:
+        return Path(folder or cache_dir()) / f"{self.name}.lock"
+
+    def command(self, output: PathLike) -> list[str]:
+        """The compiler command line writing the library to ``output``."""
+        cmd = [self.cxx, "-shared", "-fPIC", "-std=c++20", *self.cflags]
+        if self.link_torch:
+            from torch.utils.cpp_extension import include_paths
+
+            torch_lib = Path(torch.__file__).parent / "lib"
+            cmd += [f"-DTORCH_EXTENSION_NAME={self.source.stem}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+            for inc in include_paths("cpu"):
+                cmd += ["-isystem", inc]
+            cmd += [str(self.source), "-o", str(output), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch"]
+        else:
+            cmd += [str(self.source), "-o", str(output)]
+        return cmd + list(self.ldflags)
+
+
+def cache_dir() -> Path:
+    """The folder holding built kernels (see the module docstring for the search order)."""
+    env = os.environ.get("INLINE_ATTN_KERNEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "inline_attn" / "kernels"
+
+
+def _cpu_flags() -> str:
+    flags = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return flags + line
+    except OSError:
+        pass
+    return flags + platform.processor()
+
+
+def kernel_spec(
+    source: PathLike = KERNEL_SOURCE,
+    *,
+    cxx: Optional[str] = None,
+    cflags: Sequence[str] = DEFAULT_CFLAGS,
+    ldflags: Sequence[str] = DEFAULT_LDFLAGS,
+    link_torch: bool = True,
+) -> KernelSpec:
+    """The build of ``source`` for this install and CPU, and its cache key.
+
+    ``link_torch=False`` compiles a plain C++ library (no torch headers or libraries).
+    """
+    source = Path(source).resolve()
+    if not source.is_file():
+        raise KernelBuildError(f"kernel source {source} does not exist")
+    cxx = cxx or os.environ.get("CXX") or "g++"
+    facts = {
+        "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", ""),
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "cxx": shutil.which(cxx) or cxx,
+        "cflags": list(cflags),
+        "ldflags": list(ldflags),
+        "link_torch": link_torch,
+        "cpu": hashlib.sha256(_cpu_flags().encode()).hexdigest(),
+    }
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    return KernelSpec(source, cxx, tuple(cflags), tuple(ldflags), link_torch, key)
+
+
+def _lock_timeout(value: Optional[float]) -> float:
+    if value is not None:
+        return float(value)
+    env = os.environ.get("INLINE_ATTN_KERNEL_LOCK_TIMEOUT")
+    if env is None:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        return float(env)
+    except ValueError:
+        raise KernelBuildError(f"INLINE_ATTN_KERNEL_LOCK_TIMEOUT={env!r}: expected a number of seconds") from None
+
+
+class _BuildLock:
+    """``flock`` on a file with a bounded wait; released on exit (and by the OS if we die)."""
+
+    def __init__(self, path: Path, timeout: float):
+        self.path, self.timeout = path, timeout
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "_BuildLock":
+        if fcntl is None:
+            return self
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        t0 = time.monotonic()
+        noticed = False
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                pass
+            except OSError as e:  # a filesystem without flock: the atomic rename alone keeps builds safe
+                log.debug("no flock on %s (%s): building without the lock", self.path, e)
+                return self
+            waited = time.monotonic() - t0
+            if waited >= self.timeout:
+                os.close(self.fd)
+                self.fd = None
+                raise KernelBuildError(
+                    f"gave up after {waited:.0f} s waiting for the kernel build lock {self.path}: another process "
+                    "holds it (building the kernel, or stuck); the lock is released when that process exits. "
+                    "INLINE_ATTN_KERNEL_LOCK_TIMEOUT=SECONDS waits longer, INLINE_ATTN_CPU_KERNEL=0 skips the kernel"
+                )
+            if not noticed and waited >= min(_WAIT_NOTICE_S, self.timeout / 2):
+                log.warning("inline-attn: waiting for the CPU kernel build lock %s (another process is building "
+                            "it; up to %.0f s, then the eager path)", self.path, self.timeout)
+                noticed = True
+            time.sleep(_POLL_S)
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_builds(folder: Path, name: str) -> None:
+    """Remove temporary build folders left by killed builds of ``name`` (called under the lock)."""
+    for tmp in folder.glob(f".{name}.build-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 2)[-2])
+        except (ValueError, IndexError):
+            pid = -1
+        if pid == os.getpid() or (pid > 0 and _pid_alive(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compile(spec: KernelSpec, folder: Path, verbose: bool) -> Path:
+    """Compile into a private folder, then move the library into ``folder`` atomically."""
+    final = spec.library(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.build-{os.getpid()}-", dir=folder))
+    try:
+        out = tmp / final.name
+        cmd = spec.command(out)
+        if verbose:
+            print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
+        except FileNotFoundError:
+            raise KernelBuildError(f"C++ compiler {spec.cxx!r} not found (install g++ or set CXX)") from None
+        except subprocess.TimeoutExpired:
+            raise KernelBuildError(f"compiling {spec.source} took over {COMPILE_TIMEOUT:.0f} s; gave up") from None
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
+            raise KernelBuildError(f"compiling {spec.source} failed (exit {proc.returncode}):\n{tail}")
+        manifest = {"source": str(spec.source), "key": spec.key, "torch": torch.__version__,
+                    "command": cmd, "build_s": round(time.monotonic() - t0, 1)}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        os.replace(tmp / "manifest.json", folder / f"{spec.name}.json")
+        with open(out, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(out, final)  # atomic: readers see no library or the whole one
+        log.info("built %s in %.1f s", final, manifest["build_s"])
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_cpu_kernel(
+    source: PathLike = KERNEL_SOURCE,
+    *,
+    cache: Optional[PathLike] = None,
+    force: bool = False,
+    verbose: bool = False,
+    lock_timeout: Optional[float] = None,
+    spec: Optional[KernelSpec] = None,
+) -> Path:
+    """Build the kernel library for this install (unless it is in the cache) and return its path.
+
+    Args:
+        source: the C++ file (the fused InLine kernel by default).
+        cache: the cache folder (default :func:`cache_dir`).
+        force: rebuild even when the library exists (replacing it atomically).
+        verbose: print the compiler command.
+        lock_timeout: seconds to wait for another process building the same key.
+        spec: a :func:`kernel_spec` to build instead of the default one for ``source``.
+
+    Raises:
+        KernelBuildError: no compiler, a compile error, a read-only cache without the library,
+            or the lock wait timed out (the message names the file or lock).
+    """
+    spec = spec or kernel_spec(source)
+    folder = Path(cache) if cache is not None else cache_dir()
+    final = spec.library(folder)
+    if final.is_file() and not force:
+        return final
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KernelBuildError(f"cannot create the kernel cache {folder} ({e}); set INLINE_ATTN_KERNEL_CACHE "
+                               "to a writable folder") from None
+    if not os.access(folder, os.W_OK):
+        raise KernelBuildError(f"the kernel cache {folder} is read-only and holds no {final.name}; build it with "
+                               "`inline-attn build-kernel` where it is writable, or set INLINE_ATTN_KERNEL_CACHE")
+    timeout = _lock_timeout(lock_timeout)
+    if verbose:
+        print(f"building {final} (lock {spec.lock(folder)})", flush=True)
+    else:
+        log.info("building the fused CPU kernel into %s (once per install)", final)
+    with _BuildLock(spec.lock(folder), timeout):
+        if final.is_file() and not force:  # another process built it while we waited
+            return final
+        _remove_stale_builds(folder, spec.name)
+        return _compile(spec, folder, verbose)
+
+
+def load_cpu_kernel(
+    source: PathLike = KERNEL_SOURCE,
+    *,
+    op_name: Optional[str] = None,
+    cache: Optional[PathLike] = None,
+    lock_timeout: Optional[float] = None,
+    spec: Optional[KernelSpec] = None,
+    warn: bool = True,
+) -> bool:
+    """Load the kernel library into this process, building it first when the cache lacks it.
+
+    Returns True when the library is loaded (and, given ``op_name`` such as
+    ``"inline_attn::inline_forward"``, registers a CPU implementation of it). On failure returns
+    False, keeps the reason for :func:`cpu_kernel_error` and, with ``warn``, emits a
+    RuntimeWarning saying that the eager path is used. The result is remembered per library.
+    """
+    try:
+        spec = spec or kernel_spec(source)
+    except KernelBuildError as e:
+        return _fail(str(source), str(e), warn)
+    folder = Path(cache) if cache is not None else cache_dir()
+    path = spec.library(folder)
+    memo = str(path)
+    if memo in _loaded:
+        return _loaded[memo]
+    try:
+        path = build_cpu_kernel(spec=spec, cache=folder, lock_timeout=lock_timeout)
+        try:
+            torch.ops.load_library(str(path))
+        except OSError as e:
+            raise KernelBuildError(f"cannot load {path} ({e}); rebuild it with `inline-attn build-kernel --force`")
+        if op_name is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(op_name, "CPU"):
+            raise KernelBuildError(f"{path} loaded but registers no CPU kernel for {op_name}")
+    except Exception as e:  # no compiler, a compile error, a read-only cache, a lock timeout
+        msg = str(e) if isinstance(e, KernelBuildError) else f"{type(e).__name__}: {e}"
+        return _fail(memo, msg, warn)
+    _loaded[memo] = True
+    _errors["last"] = None
+    return True
+
+
+def _fail(memo: str, msg: str, warn: bool) -> bool:
+    _loaded[memo] = False
+    _errors["last"] = msg
+    if warn:
+        warnings.warn(f"inline-attn: the fused CPU kernel is not available ({msg[:600]}); using the eager path "
+                      "(correct, slower at small N)", RuntimeWarning, stacklevel=3)
+    return False
+
+
+def cpu_kernel_error() -> Optional[str]:
+    """Why the last :func:`load_cpu_kernel` failed (None after a success or before any call)."""
+    return _errors["last"]

@@ -1,0 +1,77 @@
+"""Evaluation: unreadable images skipped and counted, eval's own flags in its errors, split folders."""
+import json
+
+import pytest
+
+from inline_attn.cli import main
+from inline_attn.train.config import load_config
+from inline_attn.train.engine import train
+from inline_attn.train.evaluate import evaluate_checkpoint
+
+from train_helpers import base_overrides, make_folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eval")
+    root = make_folder(tmp / "imgs", per_class=4)  # 12 val images
+    out = tmp / "run"
+    train(load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16})))
+    return root, out / "last.pth"
+
+
+def test_unreadable_images_are_skipped_and_counted(trained, tmp_path, capsys):
+    root, ckpt = trained
+    import shutil
+
+    data = shutil.copytree(root, tmp_path / "imgs")
+    for bad in ("cat/0.png", "dog/3.png"):
+        (data / "val" / bad).write_bytes(b"not an image")
+    res = evaluate_checkpoint(ckpt, str(data), batch_size=5, workers=0)
+    assert res["n"] == 10 and res["n_unreadable"] == 2  # no substitute is scored twice
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(data), "--batch-size", "5", "--workers", "0",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    assert "10 images scored, 2 unreadable skipped" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["n_unreadable"] == 2
+
+
+def test_all_images_unreadable_is_an_error(trained, tmp_path, capsys):
+    root, ckpt = trained
+    for cls in ("cat", "dog"):
+        d = tmp_path / "val" / cls
+        d.mkdir(parents=True)
+        (d / "x.png").write_bytes(b"broken")
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(tmp_path), "--workers", "0"]) == 2
+    assert "no readable image to evaluate (2 unreadable)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--img-size", "0"], "argument --img-size: --img-size '0': must be > 0"),
+    (["--batch-size", "-1"], "argument --batch-size: --batch-size '-1': must be > 0"),
+    (["--crop-pct", "2"], "argument --crop-pct: --crop-pct '2': must be in (0, 1]"),
+    (["--workers", "x"], "argument --workers: --workers 'x': expected an integer >= 0"),
+])
+def test_eval_flag_errors_name_the_flag(trained, args, message, capsys):
+    root, ckpt = trained
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--checkpoint", str(ckpt), "--data", str(root), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_eval_runtime_errors_name_eval_flags(trained, tmp_path, capsys):
+    root, ckpt = trained
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(root), "--device", "gpu"]) == 2
+    assert "--device='gpu': expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(tmp_path / "none")]) == 2
+    assert "(--data)" in capsys.readouterr().err
+
+
+def test_missing_val_split_is_said_clearly(tmp_path, capsys):
+    root = make_folder(tmp_path / "imgs", per_class=2)
+    import shutil
+
+    shutil.rmtree(root / "val")
+    assert main(["train", "--output", str(tmp_path / "run"), "--data.path", str(root), "--data.img_size", "16",
+                 "--model.kwargs", "{patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}"]) == 2
+    err = capsys.readouterr().err
+    assert f"data folder {root} has no val/ split (it has train/)" in err
