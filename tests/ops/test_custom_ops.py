@@ -119,3 +119,17 @@ def test_fused_cpu_backend_under_bf16_autocast_trains():
         out = model(x)
     out.float().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_double_backward_through_inline_tokens_raises(backend):
+    # eager calls go through an autograd.Function over the same kernels: a second-order gradient
+    # (even with an upstream gradient that does not require grad) must raise, not drop terms
+    q, k, v, taps, *_ = _args(backend)
+    out = inline_tokens(q, k, v, num_heads=2, feat_size=(3, 4), num_prefix_tokens=1,
+                        residual_weights=taps.detach().transpose(1, 2).reshape(2, 16, 3, 3), impl=backend)
+    with pytest.raises(RuntimeError, match="no derivative"):
+        torch.autograd.grad(out, q, torch.ones_like(out), create_graph=True)
+    # first-order gradients of the same call work
+    (g,) = torch.autograd.grad(out.sum(), q)
+    assert torch.isfinite(g).all()

@@ -8,6 +8,7 @@ cannot mix the two modes.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -24,6 +25,7 @@ BLOCK_N = int(os.environ.get("INLINE_ATTN_TRITON_BLOCK_N", 64))
 NUM_WARPS = int(os.environ.get("INLINE_ATTN_TRITON_WARPS", 2))
 _PROGRAMS_PER_SM = int(os.environ.get("INLINE_ATTN_TRITON_PROGRAMS_PER_SM", 8))
 ROW_BLOCKS_MAX = 8
+_SPLIT_MIN_BLOCKS = 8  # split the reductions only from 8 row tiles (512 tokens) up
 
 
 def triton_installed() -> bool:
@@ -79,6 +81,7 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -88,8 +91,8 @@ def _num_sms(device: torch.device) -> int:
 def _split(device: torch.device, pairs: int, n: int, block_n: int) -> int:
     """Token chunks per (sample, head): 1 (the fused launch) when the pairs fill the device."""
     target = _PROGRAMS_PER_SM * _num_sms(device)
-    if pairs >= target:
-        return 1
+    if pairs >= target or n < _SPLIT_MIN_BLOCKS * block_n:
+        return 1  # enough programs, or too few tokens for the extra launches to pay (14 x 14: 2x slower split)
     blocks = -(-n // block_n)
     return max(1, min(blocks, -(-target // pairs)))
 
