@@ -43,10 +43,10 @@ class MosaicSpec:
     size: int = 112
     objects: tuple[int, int] = (2, 4)
     scale: tuple[float, float] = (1.0, 2.0)
-    threshold: int = 40
-    background: tuple[float, float] = (0.0, 0.5)
-    tint: tuple[float, float] = (0.35, 1.0)
-    noise: float = 0.06
+    threshold: int = 50
+    background: tuple[float, float] = (0.0, 0.4)
+    tint: tuple[float, float] = (0.45, 1.0)
+    noise: float = 0.05
     min_area: int = 16
 
     def __post_init__(self):
