@@ -109,6 +109,39 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    import shlex
+    import sys
+
+    from .compare import run
+
+    cfg_path = args.config or str(_configs_dir() / DEMO_CONFIG)
+    command = "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["seg"] else \
+        f"inline-attn seg compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
+    print(run(cfg_path, patterns=args.patterns, seeds=args.seeds, output=args.output, doc=args.doc,
+              command=command, overrides=_overrides(args)))
+    return 0
+
+
+def cmd_mosaics(args) -> int:
+    from .mosaic import FashionMosaics, MosaicSpec
+
+    spec = MosaicSpec(size=args.size, objects=tuple(args.objects), scale=tuple(args.scale))
+    ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
+    if args.coco:
+        from .coco import write_coco
+
+        path = write_coco(ds, args.coco)
+        print(f"COCO instances: {path} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
+    if args.png:
+        from .viz import save_mosaic_samples
+
+        print(f"samples: {save_mosaic_samples(ds, args.png, n=min(args.rows, args.num))}")
+    if not args.coco and not args.png:
+        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    return 0
+
+
 def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False) -> dict:
     """Parameter counts (backbone / neck / decode head / auxiliary head / total) of a config's
     segmentor, and its MACs at the crop size when ``macs``."""
@@ -148,7 +181,7 @@ def cmd_info(args) -> int:
 
 
 def register(subparsers) -> None:
-    seg = subparsers.add_parser("seg", help="semantic segmentation: train | eval | demo | info",
+    seg = subparsers.add_parser("seg", help="semantic segmentation: train | eval | demo | compare | mosaics | info",
                                 description="Semantic segmentation with InLine backbones (Semantic FPN, UperNet).")
     sub = seg.add_subparsers(dest="seg_command", metavar="SEG_COMMAND")
     sub.required = True
@@ -182,6 +215,33 @@ def register(subparsers) -> None:
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
     _add_overrides(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("compare", allow_abbrev=False, help="InLine vs softmax backbone, several seeds, mean +- std",
+                       description="Train the demo recipe (or --config) with each backbone attention pattern and "
+                                   "seed; write mIoU / mAcc / aAcc mean +- std into --doc (finished runs are reused, "
+                                   "unfinished ones resumed).")
+    p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
+    p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--output", default="runs/seg_compare")
+    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("mosaics", allow_abbrev=False, help="export Fashion-MNIST mosaics (COCO JSON, sample PNG)",
+                       description="Build deterministic Fashion-MNIST mosaics and write them as a COCO-format "
+                                   "folder (images, semantic label PNGs, instances JSON) and/or a PNG of samples.")
+    p.add_argument("--split", default="val", choices=["train", "val"], help="val: garments of the test split only")
+    p.add_argument("--num", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--objects", type=int, nargs=2, default=[2, 4])
+    p.add_argument("--scale", type=float, nargs=2, default=[1.0, 2.0])
+    p.add_argument("--fmnist", help="Fashion-MNIST folder (default: $INLINE_ATTN_FMNIST or Debian's)")
+    p.add_argument("--coco", metavar="DIR", help="write DIR/images, DIR/labels, DIR/annotations/instances_<split>.json")
+    p.add_argument("--png", metavar="FILE", help="write a PNG of the first --rows mosaics")
+    p.add_argument("--rows", type=int, default=4)
+    p.set_defaults(func=cmd_mosaics)
 
     p = sub.add_parser("info", allow_abbrev=False, help="parameter counts (and MACs) of a config's segmentor")
     p.add_argument("-c", "--config", required=True)

@@ -55,7 +55,7 @@ SEG_DEFAULTS: dict[str, dict[str, Any]] = {
         "val_subset": 0,              # evaluate on the first N validation images (0: all)
         "mosaic": {
             "size": 112, "train": 2000, "val": 300, "seed": 0, "pool": 0,
-            "objects": [2, 4], "scale": [1.0, 2.0], "noise": 0.06,
+            "objects": [2, 4], "scale": [1.0, 2.0], "noise": 0.05, "max_overlap": 1.0,
         },
     },
     "optim": {

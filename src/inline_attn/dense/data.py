@@ -226,7 +226,7 @@ def build_seg_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
     if d["dataset"] == "mosaic":
         m = d["mosaic"]
         spec = MosaicSpec(size=int(m["size"]), objects=tuple(m["objects"]), scale=tuple(m["scale"]),
-                          noise=float(m["noise"]))
+                          noise=float(m["noise"]), max_overlap=float(m["max_overlap"]))
         kw = dict(spec=spec, seed=int(m["seed"]), root=d["path"], pool=int(m["pool"]))
         tr = MosaicSeg(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress) \
             if train else None

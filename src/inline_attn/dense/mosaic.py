@@ -5,7 +5,9 @@ Each mosaic is a function of (seed, split, index) only, so any subset can be reb
 
 1. a canvas of one random colour (each channel uniform in ``background``) ;
 2. 2-4 garments (``objects``), each a real Fashion-MNIST image scaled (bilinear) to a side of
-   28 x uniform(``scale``) pixels, placed uniformly inside the canvas, tinted by a random colour
+   28 x uniform(``scale``) pixels, placed uniformly inside the canvas (re-drawn up to 10 times
+   while its square covers more than ``max_overlap`` of itself with earlier garments' squares;
+   the last draw is kept), tinted by a random colour
    (each channel uniform in ``tint``) and alpha-blended with its own intensity as alpha; later
    garments cover earlier ones;
 3. Gaussian pixel noise (std ``noise``) over everything.
@@ -48,6 +50,7 @@ class MosaicSpec:
     tint: tuple[float, float] = (0.45, 1.0)
     noise: float = 0.05
     min_area: int = 16
+    max_overlap: float = 1.0
 
     def __post_init__(self):
         lo, hi = self.objects
@@ -80,11 +83,16 @@ def make_mosaic(garments: np.ndarray, classes: np.ndarray, rng: np.random.Genera
     owner = np.full((s, s), -1, np.int64)
     n = int(rng.integers(spec.objects[0], spec.objects[1] + 1))
     picks = rng.integers(0, len(garments), size=n)
+    placed = np.zeros((s, s), bool)
     for k, idx in enumerate(picks):
         side = int(round(28 * rng.uniform(*spec.scale)))
         g = torch.from_numpy(garments[idx].astype(np.float32))[None, None]
         g = F.interpolate(g, size=(side, side), mode="bilinear", align_corners=False)[0, 0].numpy()
-        y, x = (int(v) for v in rng.integers(0, s - side + 1, size=2))
+        for _ in range(10 if spec.max_overlap < 1.0 else 1):
+            y, x = (int(v) for v in rng.integers(0, s - side + 1, size=2))
+            if placed[y:y + side, x:x + side].mean() <= spec.max_overlap:
+                break
+        placed[y:y + side, x:x + side] = True
         tint = rng.uniform(*spec.tint, size=(3, 1, 1)).astype(np.float32)
         alpha = np.clip(g / 255.0, 0.0, 1.0)[None]
         region = canvas[:, y:y + side, x:x + side]
