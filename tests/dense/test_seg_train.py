@@ -144,3 +144,26 @@ def test_compare_table_mean_and_std(tmp_path):
     write_table(doc, table)
     text = doc.read_text()
     assert "old" not in text and text.startswith("# title") and text.rstrip().endswith("tail")
+
+
+def test_mosaic_training_learns(tmp_path):
+    """~60 s on real Fashion-MNIST mosaics (the Debian package; `make test` installs it): the
+    demo's model and recipe, shortened. Predicting background everywhere scores
+    100 * (background share) / 11 mIoU; the run must beat that and background-only aAcc."""
+    from inline_attn.dense.data import build_seg_datasets
+    from inline_attn.dense.metrics import SegMetric
+
+    cfg = load_seg_config("configs/mosaic/demo.yaml", [
+        ("sched.iters", 300), ("sched.warmup_iters", 20), ("sched.power", 0.0), ("data.batch_size", 8),
+        ("data.mosaic.train", 1500), ("data.mosaic.val", 100), ("train.output", str(tmp_path)),
+        ("train.progress", False), ("train.predictions_png", False), ("train.checkpoint_interval", 1000)])
+    s = train_seg(cfg)
+    _, val = build_seg_datasets(cfg, train=False)
+    bg_only = SegMetric(11)
+    for i in range(len(val)):
+        bg_only.update(torch.zeros_like(val[i][1]), val[i][1])
+    base = bg_only.compute()
+    print(f"mIoU {s['mIoU']:.2f} (background everywhere: {base['mIoU']:.2f}), aAcc {s['aAcc']:.2f} "
+          f"(background everywhere: {base['aAcc']:.2f}), {s['train_time_s']:.0f} s")
+    assert s["aAcc"] > base["aAcc"]
+    assert s["mIoU"] > base["mIoU"] + 1.5  # measured: 9.37 vs 7.28 (seed 0, deterministic on CPU)

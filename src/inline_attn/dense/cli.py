@@ -126,7 +126,8 @@ def cmd_compare(args) -> int:
 def cmd_mosaics(args) -> int:
     from .mosaic import FashionMosaics, MosaicSpec
 
-    spec = MosaicSpec(size=args.size, objects=tuple(args.objects), scale=tuple(args.scale))
+    spec = MosaicSpec(size=args.size, objects=tuple(args.objects), scale=tuple(args.scale),
+                      max_overlap=args.max_overlap)
     ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
     if args.coco:
         from .coco import write_coco
@@ -234,9 +235,10 @@ def register(subparsers) -> None:
     p.add_argument("--split", default="val", choices=["train", "val"], help="val: garments of the test split only")
     p.add_argument("--num", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--size", type=int, default=112)
-    p.add_argument("--objects", type=int, nargs=2, default=[2, 4])
-    p.add_argument("--scale", type=float, nargs=2, default=[1.0, 2.0])
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--objects", type=int, nargs=2, default=[2, 3])
+    p.add_argument("--scale", type=float, nargs=2, default=[1.0, 1.0])
+    p.add_argument("--max-overlap", type=float, default=0.15)
     p.add_argument("--fmnist", help="Fashion-MNIST folder (default: $INLINE_ATTN_FMNIST or Debian's)")
     p.add_argument("--coco", metavar="DIR", help="write DIR/images, DIR/labels, DIR/annotations/instances_<split>.json")
     p.add_argument("--png", metavar="FILE", help="write a PNG of the first --rows mosaics")

@@ -44,9 +44,9 @@ def compare(config, *, patterns: Sequence[str] = ("IIII", "SSSS"), seeds: Sequen
             if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
                 s = json.loads(done.read_text())
             else:
-                cfg = load_seg_config(config, list(overrides) + [
+                cfg = load_seg_config(config, [("train.progress", progress)] + list(overrides) + [
                     ("model.backbone_kwargs.pattern", pattern), ("train.seed", int(seed)),
-                    ("train.output", str(out)), ("train.resume", "auto"), ("train.progress", progress)])
+                    ("train.output", str(out)), ("train.resume", "auto")])
                 print(f"seg compare: pattern {pattern}, seed {seed} -> {out}", flush=True)
                 s = train_seg(cfg)
             rows.append(dict(s, pattern=pattern, seed=int(seed)))

@@ -54,8 +54,8 @@ SEG_DEFAULTS: dict[str, dict[str, Any]] = {
         "workers": 2,
         "val_subset": 0,              # evaluate on the first N validation images (0: all)
         "mosaic": {
-            "size": 112, "train": 2000, "val": 300, "seed": 0, "pool": 0,
-            "objects": [2, 4], "scale": [1.0, 2.0], "noise": 0.05, "max_overlap": 1.0,
+            "size": 64, "train": 4000, "val": 300, "seed": 0, "pool": 0,
+            "objects": [2, 3], "scale": [1.0, 1.0], "noise": 0.05, "max_overlap": 0.15,
         },
     },
     "optim": {

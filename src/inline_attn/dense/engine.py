@@ -289,6 +289,8 @@ def _train(cfg: dict, info: DistInfo) -> dict:
         torch.manual_seed(seed + 1000003 * info.rank)  # dropout / drop path differ per rank
 
     ddp = model
+    if info.enabled and device.type == "cuda":  # the heads' BatchNorm over all GPUs (mmseg's SyncBN)
+        model = ddp = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if info.enabled:
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if info.is_main:

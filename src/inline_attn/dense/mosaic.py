@@ -4,7 +4,7 @@ Each mosaic is a function of (seed, split, index) only, so any subset can be reb
 (a torchrun rank, a test, the detection code) without storing it:
 
 1. a canvas of one random colour (each channel uniform in ``background``) ;
-2. 2-4 garments (``objects``), each a real Fashion-MNIST image scaled (bilinear) to a side of
+2. 2-3 garments (``objects``), each a real Fashion-MNIST image scaled (bilinear) to a side of
    28 x uniform(``scale``) pixels, placed uniformly inside the canvas (re-drawn up to 10 times
    while its square covers more than ``max_overlap`` of itself with earlier garments' squares;
    the last draw is kept), tinted by a random colour
@@ -42,15 +42,15 @@ _SPLITS = {"train": ("train", 0), "val": ("test", 1)}
 class MosaicSpec:
     """How mosaics look. Sizes in pixels; colours and noise in [0, 1] units."""
 
-    size: int = 112
-    objects: tuple[int, int] = (2, 4)
-    scale: tuple[float, float] = (1.0, 2.0)
+    size: int = 64
+    objects: tuple[int, int] = (2, 3)
+    scale: tuple[float, float] = (1.0, 1.0)
     threshold: int = 50
     background: tuple[float, float] = (0.0, 0.4)
     tint: tuple[float, float] = (0.45, 1.0)
     noise: float = 0.05
     min_area: int = 16
-    max_overlap: float = 1.0
+    max_overlap: float = 0.15
 
     def __post_init__(self):
         lo, hi = self.objects
