@@ -129,3 +129,18 @@ def test_classification_checkpoint_initialises_backbone(tmp_path, family):
     save_checkpoint(bad, tmp_path / "other.safetensors")
     with pytest.raises(ValueError, match="does not fit"):
         DenseBackbone(name, pretrained=str(tmp_path / "other.safetensors"), **kw)
+
+
+def test_training_checkpoint_of_ours_initialises_backbone(tmp_path):
+    import numpy as np
+
+    name, kw = TINY["pvt"]
+    cls = create_model(name, num_classes=10, **kw)
+    path = tmp_path / "last.pth"  # as `inline-attn train` writes it: weights beside config and RNG states
+    torch.save({"model": cls.state_dict(), "config": {"model": {"name": name}},
+                "rank_states": [{"rng": {"numpy": np.random.get_state()}}]}, path)
+    with pytest.raises(ValueError, match="weights_only=False"):
+        DenseBackbone(name, pretrained=str(path), **kw)
+    bb = DenseBackbone(name, pretrained=str(path), weights_only=False, **kw)
+    assert torch.equal(bb.body.pos_embed1, cls.pos_embed1) and torch.equal(bb.body.block4[0].mlp.fc1.weight,
+                                                                           cls.block4[0].mlp.fc1.weight)

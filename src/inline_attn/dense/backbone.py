@@ -97,6 +97,9 @@ class DenseBackbone(nn.Module):
         drop_path_rate: stochastic depth of the backbone (None: the variant's default).
         pretrained: a checkpoint of the classification model (ours or the authors'); loaded
             strictly apart from what ``features_only`` prunes (head, final norm).
+        weights_only: refuse pickled non-tensor objects in ``pretrained`` (torch.load's rule);
+            False for files you trust, e.g. ``last.pth`` of ``inline-attn train`` (it stores a
+            config and RNG states beside the weights).
         out_norms: a LayerNorm on each returned map (None: on for Swin and CSwin, as their
             dense-prediction code; the DeiT pyramid has its own input norm).
         **model_kwargs: passed to :func:`inline_attn.create_model` (pattern, embed_dims, img_size, ...).
@@ -108,7 +111,7 @@ class DenseBackbone(nn.Module):
 
     def __init__(self, name: str, *, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  norm_eval: bool = False, drop_path_rate: Optional[float] = None, pretrained: Optional[str] = None,
-                 out_norms: Optional[bool] = None, **model_kwargs):
+                 weights_only: bool = True, out_norms: Optional[bool] = None, **model_kwargs):
         super().__init__()
         cfg = get_model_config(name)
         self.name, self.family = name, cfg.family
@@ -137,7 +140,7 @@ class DenseBackbone(nn.Module):
         if pretrained:
             from ..models.checkpoint import load_checkpoint
 
-            load_checkpoint(body, pretrained, strict=True)
+            load_checkpoint(body, pretrained, strict=True, weights_only=weights_only)
         if out_norms is None:
             out_norms = cfg.family in ("swin", "cswin")
         self.norms = nn.ModuleList(

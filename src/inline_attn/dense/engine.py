@@ -84,7 +84,9 @@ def build_from_config(cfg: dict, num_classes: int) -> EncoderDecoder:
     if m["num_classes"] is not None and int(m["num_classes"]) != num_classes:
         raise ValueError(f"model.num_classes={m['num_classes']} but the dataset has {num_classes} classes")
     bkw = dict(m["backbone_kwargs"] or {})
-    bkw.update(frozen_stages=int(m["frozen_stages"]), norm_eval=bool(m["norm_eval"]), pretrained=m["pretrained"])
+    # a checkpoint named in a config is trusted, as the classification engine's model.checkpoint
+    bkw.update(frozen_stages=int(m["frozen_stages"]), norm_eval=bool(m["norm_eval"]), pretrained=m["pretrained"],
+               weights_only=False)
     if m["drop_path"] is not None:
         bkw["drop_path_rate"] = float(m["drop_path"])
     try:
