@@ -132,7 +132,7 @@ def cmd_mosaics(args) -> int:
     if args.coco:
         from .coco import write_coco
 
-        path = write_coco(ds, args.coco)
+        path = write_coco(ds, args.coco, progress=True)
         print(f"COCO instances: {path} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
     if args.png:
         from .viz import save_mosaic_samples

@@ -42,11 +42,14 @@ def rle_to_mask(rle: dict) -> np.ndarray:
 
 
 def mosaics_to_coco(dataset: FashionMosaics, *, file_pattern: str = "{split}_{index:06d}.png",
-                    indices: Optional[range] = None) -> dict:
+                    indices: Optional[range] = None, progress: bool = False) -> dict:
     """The COCO instances dict of ``dataset`` (image ids = mosaic index + 1; annotation ids from 1)."""
+    from tqdm import tqdm
+
     images, anns = [], []
     size = dataset.spec.size
-    for i in (indices if indices is not None else range(len(dataset))):
+    for i in tqdm(indices if indices is not None else range(len(dataset)), desc="COCO export", disable=not progress,
+                  leave=False):
         s = dataset[i]
         images.append({"id": i + 1, "file_name": file_pattern.format(split=dataset.split, index=i),
                        "height": size, "width": size})
@@ -64,14 +67,14 @@ def mosaics_to_coco(dataset: FashionMosaics, *, file_pattern: str = "{split}_{in
     }
 
 
-def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True) -> pathlib.Path:
+def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, progress: bool = False) -> pathlib.Path:
     """Write ``out_dir/annotations/instances_<split>.json`` and (with ``write_images``) the
     mosaics as ``out_dir/images/<split>_<index>.png`` with their semantic label maps as
     ``out_dir/labels/<split>_<index>.png``. Returns the JSON path."""
     from PIL import Image
 
     out = pathlib.Path(out_dir)
-    coco = mosaics_to_coco(dataset)
+    coco = mosaics_to_coco(dataset, progress=progress)
     if write_images:
         (out / "images").mkdir(parents=True, exist_ok=True)
         (out / "labels").mkdir(parents=True, exist_ok=True)
