@@ -42,7 +42,7 @@ def compare(config, *, patterns: Sequence[str] = ("IIII", "SSSS"), seeds: Sequen
             out = pathlib.Path(output) / f"{pattern}_s{seed}"
             done = out / "summary.json"
             if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
-                s = json.loads(done.read_text())
+                s = dict(json.loads(done.read_text()), reused=True)
             else:
                 cfg = load_seg_config(config, [("train.progress", progress)] + list(overrides) + [
                     ("model.backbone_kwargs.pattern", pattern), ("train.seed", int(seed)),
@@ -62,7 +62,9 @@ def format_table(rows: list[dict], *, command: str, config: str, elapsed_min: Op
              f"Command: `{command}` (config `{config}`; every run the same data, recipe and iterations; only the "
              f"backbone's attention and the seed change).",
              f"Measured on {platform.machine()}, torch {torch.__version__}"
-             + (f"; the command ran {elapsed_min:.1f} min" if elapsed_min is not None else "") + ". "
+             + (f"; the command ran {elapsed_min:.1f} min" if elapsed_min is not None else "")
+             + (f" ({sum(bool(r.get('reused')) for r in rows)} of {len(rows)} runs reused from an earlier invocation "
+                f"with the same output folder)" if any(r.get("reused") for r in rows) else "") + ". "
              "mIoU / mAcc / aAcc on the validation mosaics (garments of the Fashion-MNIST test split), "
              "mean +- sample std over seeds; train time per run (depends on the machine's load).", "",
              "| backbone attention | seeds | mIoU | mAcc | aAcc | per-seed mIoU | params | train time (min) |",
