@@ -12,7 +12,7 @@ DEMO_CONFIG = "mosaic/demo.yaml"
 
 
 def _configs_dir() -> pathlib.Path:
-    from ..train.cli import configs_dir
+    from ..train.config import configs_dir
 
     return configs_dir()
 

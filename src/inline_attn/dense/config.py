@@ -12,7 +12,10 @@ import difflib
 import os
 from typing import Any, Iterable, Optional, Union
 
-from ..train.config import parse_value, read_yaml, save_config
+import yaml
+
+from .._io import atomic_write_text
+from ..train.config import parse_value, read_yaml
 
 __all__ = ["SEG_DEFAULTS", "load_seg_config", "parse_value", "save_config", "set_key"]
 
@@ -165,3 +168,8 @@ def flat_keys(tree: dict = SEG_DEFAULTS, prefix: str = "") -> list[tuple[str, An
         else:
             out.append((key, v))
     return out
+
+
+def save_config(cfg: dict, path) -> None:
+    """Write the resolved config as YAML, atomically."""
+    atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import logging
 import math
-import os
 import pathlib
 import sys
 import time
@@ -22,8 +22,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .._io import atomic_write_text
+from ..models.checkpoint import read_checkpoint, unwrap_state_dict
 from ..models.profile import count_params
-from ..train import checkpoint as ckpt_io
+from ..train.checkpoint import LAST, find_resume, save_rotating
 from ..train.distributed import DistInfo, all_reduce, barrier, cleanup, init_distributed
 from ..train.engine import autocast
 from ..train.optim import param_groups
@@ -105,7 +107,7 @@ def build_from_config(cfg: dict, num_classes: int) -> EncoderDecoder:
 def load_weights(model: EncoderDecoder, path) -> None:
     """Load whole-segmentor weights (a ``last.pth`` of ours or a bare state dict), strictly:
     a checkpoint of another backbone or class count raises ValueError saying which."""
-    sd = ckpt_io.model_state_dict(ckpt_io.load(path))
+    sd = unwrap_state_dict(read_checkpoint(path, weights_only=False), where=repr(str(path)))
     own = model.state_dict()
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
@@ -196,27 +198,52 @@ def save_predictions_png(model: EncoderDecoder, dataset, cfg: dict, device: torc
                             ignore_index=int(cfg["model"]["ignore_index"]))
 
 
+SEG_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "config", "num_classes")
+
+
+def load_seg_checkpoint(path) -> dict:
+    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one)."""
+    state = read_checkpoint(path, weights_only=False)  # ours: configs and RNG states beside the weights
+    missing = [k for k in SEG_CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path} is not a segmentation checkpoint of inline-attn (no {', '.join(missing)}); "
+                         f"to start from its weights use --model.checkpoint or --model.pretrained")
+    return state
+
+
 def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, dict]:
     """(model, config) from a ``last.pth`` written by :func:`train_seg`."""
-    state = ckpt_io.load(path)
-    cfg = state.get("config")
-    if not isinstance(cfg, dict) or "num_classes" not in state:
-        raise ValueError(f"{path} is not a segmentation checkpoint of inline-attn (no config / num_classes)")
+    state = load_seg_checkpoint(path)
+    cfg = state["config"]
     cfg = dict(cfg, model=dict(cfg["model"], checkpoint=None, pretrained=None))
     model = build_from_config(cfg, int(state["num_classes"]))
     load_weights(model, path)
     return model.to(device), cfg
 
 
+def _resume_from(resume, out: pathlib.Path):
+    """(path, checkpoint) to continue from: ``"auto"`` takes the output folder's newest readable
+    checkpoint (``last.pth``, else ``previous.pth``; none: a new run), a path that file."""
+    if not resume:
+        return None, None
+    if resume != "auto":
+        return pathlib.Path(resume), load_seg_checkpoint(resume)
+    for path in find_resume(out):
+        try:
+            return path, load_seg_checkpoint(path)
+        except ValueError as e:
+            log.warning("%s; trying the previous checkpoint", e)
+    return None, None
+
+
 def _write_csv(history: list[dict], path: pathlib.Path) -> None:
     cols = ["step", "lr", "loss", "loss_decode", "loss_aux", "mIoU", "mAcc", "aAcc", "img_s", "elapsed_s"]
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        for row in history:
-            w.writerow({k: ("" if row.get(k) is None else row[k]) for k in cols})
-    os.replace(tmp, path)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for row in history:
+        w.writerow({k: ("" if row.get(k) is None else row[k]) for k in cols})
+    atomic_write_text(path, buf.getvalue())
 
 
 def train_seg(cfg: dict, *, rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -272,10 +299,8 @@ def _train(cfg: dict, info: DistInfo) -> dict:
     norm = _Normalize(cfg["data"]["mean"], cfg["data"]["std"]).to(device)
 
     step, history, elapsed = 0, [], 0.0
-    resume = t_cfg["resume"]
-    resume_path = ckpt_io.find_resume(out) if resume == "auto" else (pathlib.Path(resume) if resume else None)
-    if resume_path is not None:
-        state = ckpt_io.load(resume_path)
+    resume_path, state = _resume_from(t_cfg["resume"], out)
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -322,7 +347,7 @@ def _train(cfg: dict, info: DistInfo) -> dict:
                  "scaler": scaler.state_dict() if scaler is not None else None, "step": step, "history": history,
                  "config": cfg, "num_classes": train_set.num_classes, "classes": list(train_set.classes),
                  "rng": rng, "elapsed_s": elapsed + time.time() - t_start, "world_size": info.world_size}
-        return ckpt_io.atomic_save(state, out / ckpt_io.LAST)
+        return save_rotating(state, out)
 
     def evaluate_now() -> dict:
         res = evaluate_seg(model, val_set, cfg, device, info, amp=amp, progress=show)
@@ -393,7 +418,7 @@ def _train(cfg: dict, info: DistInfo) -> dict:
     total_time = elapsed + time.time() - t_start
     summary = {"backbone": cfg["model"]["backbone"], "decode": cfg["model"]["decode"], "params": n_params,
                "iterations": step, "world_size": info.world_size, "device": str(device), "stopped": stopped,
-               "train_time_s": round(total_time, 1), "checkpoint": str(out / ckpt_io.LAST), "output": str(out),
+               "train_time_s": round(total_time, 1), "checkpoint": str(out / LAST), "output": str(out),
                "classes": list(train_set.classes)}
     if last_eval is not None:
         summary.update({k: last_eval[k] for k in ("mIoU", "mAcc", "aAcc")},
