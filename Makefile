@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench gpu-check clean
+.PHONY: venv demo demo-seg test bench gpu-check clean fmnist-data
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,18 +19,25 @@ venv: $(STAMP)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-demo: $(STAMP)
-	@# the data: Debian's dataset-fashion-mnist (MIT), installed when missing and apt-get exists
+# the data: Debian's dataset-fashion-mnist (MIT), installed when missing and apt-get exists
+fmnist-data:
 	@if [ ! -f "$(FMNIST_DIR)/t10k-labels-idx1-ubyte.gz" ] && command -v apt-get >/dev/null; then \
 		echo "installing dataset-fashion-mnist"; \
 		$(SUDO) apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
 		{ $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q dataset-fashion-mnist >/dev/null; } || \
 		echo "could not install dataset-fashion-mnist; the demo will say what to do"; \
 	fi
+
+demo: $(STAMP) fmnist-data
 	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+# segmentation demo: InLine-PVT + Semantic FPN on Fashion-MNIST mosaics (docs/dense.md)
+demo-seg: $(STAMP) fmnist-data
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn seg demo
+
+# the dense tests train on real Fashion-MNIST mosaics: the data is installed first
+test: $(STAMP) fmnist-data
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)
 	$(BIN)/inline-attn bench attention

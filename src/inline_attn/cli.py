@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "inline_attn.analysis.cli",
     "inline_attn.bench.cli",
     "inline_attn.train.cli",
+    "inline_attn.dense.cli",
 )
 
 

@@ -25,6 +25,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if args.name.endswith((".yaml", ".yml")):  # a segmentation config: its segmentor's parameters
+        from ..dense.cli import print_info, segmentor_info
+
+        info = segmentor_info(args.name, macs=not args.no_macs)
+        print(json.dumps(info, indent=1)) if args.json else print_info(info)
+        return 0
     from . import create_model, get_model_config
     from .profile import profile
 
@@ -70,7 +76,8 @@ def register(subparsers) -> None:
         "info", help="a model's parameters, MACs and config",
         description="Build a registered model and report its parameters, counted MACs and config.",
     )
-    p.add_argument("name", help="registered model name (see `inline-attn list`)")
+    p.add_argument("name", help="registered model name (see `inline-attn list`), or a segmentation config "
+                                "(configs/ade20k/*.yaml): its segmentor's parameters by part")
     p.add_argument("--img-size", type=int, nargs=2, metavar=("H", "W"), help="profile at this input size")
     p.add_argument("--no-macs", action="store_true", help="skip the MAC count (faster)")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -1,0 +1,4 @@
+# InLine-Swin-Small + UperNet, ADE20K 512 x 512, 160k iterations. A classification checkpoint
+# initialises the backbone: backbone=dict(init_cfg=dict(type="Pretrained", checkpoint=PATH)).
+_base_ = ["./_upernet.py"]
+model = dict(backbone=dict(name="inline_swin_small"))

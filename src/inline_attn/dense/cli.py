@@ -1,0 +1,256 @@
+"""``inline-attn seg train | eval | demo | info`` (registered into the main CLI)."""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+from .config import SEG_DEFAULTS, flat_keys, load_seg_config, parse_value
+
+DEMO_CONFIG = "mosaic/demo.yaml"
+
+
+def _configs_dir() -> pathlib.Path:
+    from ..train.config import configs_dir
+
+    return configs_dir()
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
+    for key, default in flat_keys():
+        g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="V", help=f"default: {default!r}")
+    g.add_argument("--set", dest="ov_set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any dotted key, e.g. --set model.backbone_kwargs.pattern=SSSS (repeatable)")
+
+
+def _overrides(args: argparse.Namespace) -> list:
+    out = []
+    for k, v in vars(args).items():
+        if k.startswith("ov:") and v is not None:
+            out.append((k[3:], parse_value(v)))
+    for item in getattr(args, "ov_set", []):
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        out.append((k, parse_value(v)))
+    return out
+
+
+def _fmt(res: dict) -> str:
+    return f"mIoU {res['mIoU']:.2f}  mAcc {res['mAcc']:.2f}  aAcc {res['aAcc']:.2f}"
+
+
+def cmd_train(args) -> int:
+    from .engine import train_seg
+
+    ov = _overrides(args)
+    if args.resume:
+        ov.append(("train.resume", args.resume))
+    if args.output:
+        ov.append(("train.output", args.output))
+    summary = train_seg(load_seg_config(args.config, ov))
+    if summary.get("stopped") is None and "mIoU" in summary:
+        print(f"done: {_fmt(summary)}  ({summary['iterations']} iterations, {summary['train_time_s'] / 60:.1f} min); "
+              f"outputs in {summary['output']}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from ..train.distributed import cleanup, init_distributed
+    from .data import build_seg_datasets
+    from .engine import evaluate_seg, load_segmentor, save_predictions_png
+    from .config import set_key
+
+    info = init_distributed(args.device)
+    try:
+        model, cfg = load_segmentor(args.checkpoint, info.device)
+        for k, v in _overrides(args):
+            set_key(cfg, k, v)
+        _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
+        t0 = time.time()
+        res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
+        if info.is_main:
+            print(f"{cfg['model']['backbone']} + {cfg['model']['decode']}: {_fmt(res)}  ({len(val)} images, "
+                  f"{cfg['eval']['mode']} inference, {time.time() - t0:.1f} s)")
+            if args.per_class:
+                for name, iou, acc in zip(res["classes"], res["IoU"], res["Acc"]):
+                    print(f"  {name:24s} IoU {iou:6.2f}  Acc {acc:6.2f}")
+            if args.json:
+                pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
+            if args.png:
+                print(f"predictions: {save_predictions_png(model, val, cfg, info.device, args.png)}")
+    finally:
+        cleanup(info)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .engine import train_seg
+
+    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / DEMO_CONFIG
+    ov = [("train.output", args.output)] + _overrides(args)
+    cfg = load_seg_config(cfg_path, ov)
+    m = cfg["model"]
+    print(f"seg demo: {m['backbone']} {m['backbone_kwargs']} + {m['decode']} on Fashion-MNIST mosaics "
+          f"({cfg['sched']['iters']} iterations, config {cfg_path})", flush=True)
+    t0 = time.time()
+    s = train_seg(cfg)
+    if s.get("stopped"):
+        return 0
+    print(f"\nseg demo finished in {(time.time() - t0) / 60:.1f} min: {_fmt(s)} on {cfg['data']['mosaic']['val']} "
+          f"validation mosaics (garments from the Fashion-MNIST test split)")
+    for name, iou in s["per_class_IoU"].items():
+        print(f"  {name:12s} IoU {iou:6.2f}")
+    print(f"  predictions: {s.get('predictions_png')}")
+    print(f"  checkpoint:  {s['checkpoint']}")
+    print(f"  evaluate again: inline-attn seg eval --checkpoint {s['checkpoint']}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import shlex
+    import sys
+
+    from .compare import run
+
+    cfg_path = args.config or str(_configs_dir() / DEMO_CONFIG)
+    command = "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["seg"] else \
+        f"inline-attn seg compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
+    print(run(cfg_path, patterns=args.patterns, seeds=args.seeds, output=args.output, doc=args.doc,
+              command=command, overrides=_overrides(args)))
+    return 0
+
+
+def cmd_mosaics(args) -> int:
+    from .mosaic import FashionMosaics, MosaicSpec
+
+    spec = MosaicSpec(size=args.size, objects=tuple(args.objects), scale=tuple(args.scale),
+                      max_overlap=args.max_overlap)
+    ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
+    if args.coco:
+        from .coco import write_coco
+
+        path = write_coco(ds, args.coco, progress=True)
+        print(f"COCO instances: {path} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
+    if args.png:
+        from .viz import save_mosaic_samples
+
+        print(f"samples: {save_mosaic_samples(ds, args.png, n=min(args.rows, args.num))}")
+    if not args.coco and not args.png:
+        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    return 0
+
+
+def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False) -> dict:
+    """Parameter counts (backbone / neck / decode head / auxiliary head / total) of a config's
+    segmentor, and its MACs at the crop size when ``macs``."""
+    from ..models.profile import count_params, profile
+    from .engine import build_from_config
+
+    cfg = load_seg_config(config, overrides)
+    n = num_classes or cfg["model"]["num_classes"] or (11 if cfg["data"]["dataset"] == "mosaic" else 150)
+    model = build_from_config(dict(cfg, model=dict(cfg["model"], pretrained=None, checkpoint=None)), int(n))
+    parts = {name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
+             for name in ("backbone", "neck", "decode_head", "aux_head")}
+    out = {"config": str(config), "backbone_name": cfg["model"]["backbone"], "decode": cfg["model"]["decode"],
+           "num_classes": int(n), **parts, "params": count_params(model)}
+    if macs:
+        size = cfg["data"]["mosaic"]["size"] if cfg["data"]["dataset"] == "mosaic" else cfg["data"]["crop_size"]
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        out["macs"] = profile(model, (3, *size)).macs
+        out["macs_input"] = list(size)
+    return out
+
+
+def print_info(info: dict) -> None:
+    print(f"{info['decode']} on {info['backbone_name']} ({info['num_classes']} classes; {info['config']})")
+    for k in ("backbone", "neck", "decode_head", "aux_head", "params"):
+        print(f"  {k:12s} {info[k]:>12,}")
+    if "macs" in info:
+        print(f"  MACs         {info['macs'] / 1e9:.3f} G at {info['macs_input'][0]}x{info['macs_input'][1]}")
+
+
+def cmd_info(args) -> int:
+    info = segmentor_info(args.config, _overrides(args), macs=args.macs)
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print_info(info)
+    return 0
+
+
+def register(subparsers) -> None:
+    seg = subparsers.add_parser("seg", help="semantic segmentation: train | eval | demo | compare | mosaics | info",
+                                description="Semantic segmentation with InLine backbones (Semantic FPN, UperNet).")
+    sub = seg.add_subparsers(dest="seg_command", metavar="SEG_COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("train", allow_abbrev=False, help="train a segmentor from a YAML config",
+                       description="Train with a YAML config (configs/ade20k/*.yaml, configs/mosaic/*.yaml); "
+                                   "--section.key VALUE overrides any key. Under torchrun the same command "
+                                   "trains on every process.")
+    p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
+    p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
+    p.add_argument("--output", help="output folder (= --train.output)")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", allow_abbrev=False, help="mIoU / mAcc / aAcc of a checkpoint",
+                       description="Evaluate a checkpoint written by `seg train` on its config's validation "
+                                   "split (override e.g. --data.path DIR, --eval.mode slide).")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
+    p.add_argument("--per-class", action="store_true", help="print each class's IoU and accuracy")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--png", help="write a PNG of a few predictions beside the ground truth")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("demo", allow_abbrev=False, help="train InLine-PVT + Semantic FPN on Fashion-MNIST mosaics",
+                       description="Train a small InLine-PVT + Semantic FPN on Fashion-MNIST mosaics, print "
+                                   "mIoU, write a PNG of predictions beside the ground truth.")
+    p.add_argument("--output", default="runs/seg_demo")
+    p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("compare", allow_abbrev=False, help="InLine vs softmax backbone, several seeds, mean +- std",
+                       description="Train the demo recipe (or --config) with each backbone attention pattern and "
+                                   "seed; write mIoU / mAcc / aAcc mean +- std into --doc (finished runs are reused, "
+                                   "unfinished ones resumed).")
+    p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
+    p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--output", default="runs/seg_compare")
+    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("mosaics", allow_abbrev=False, help="export Fashion-MNIST mosaics (COCO JSON, sample PNG)",
+                       description="Build deterministic Fashion-MNIST mosaics and write them as a COCO-format "
+                                   "folder (images, semantic label PNGs, instances JSON) and/or a PNG of samples.")
+    p.add_argument("--split", default="val", choices=["train", "val"], help="val: garments of the test split only")
+    p.add_argument("--num", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--objects", type=int, nargs=2, default=[2, 3])
+    p.add_argument("--scale", type=float, nargs=2, default=[1.0, 1.0])
+    p.add_argument("--max-overlap", type=float, default=0.15)
+    p.add_argument("--fmnist", help="Fashion-MNIST folder (default: $INLINE_ATTN_FMNIST or Debian's)")
+    p.add_argument("--coco", metavar="DIR", help="write DIR/images, DIR/labels, DIR/annotations/instances_<split>.json")
+    p.add_argument("--png", metavar="FILE", help="write a PNG of the first --rows mosaics")
+    p.add_argument("--rows", type=int, default=4)
+    p.set_defaults(func=cmd_mosaics)
+
+    p = sub.add_parser("info", allow_abbrev=False, help="parameter counts (and MACs) of a config's segmentor")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--macs", action="store_true", help="also count MACs at the crop size (slow for big models)")
+    p.add_argument("--json", action="store_true")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_info)
+
+
+__all__ = ["SEG_DEFAULTS", "register", "segmentor_info"]

@@ -1,0 +1,84 @@
+"""OpenMMLab plugin: the InLine backbones in mmsegmentation's (and mmdetection's) registries.
+
+Importing this module registers ``InLineBackbone`` in ``mmseg.registry.MODELS`` and, when
+mmdetection is installed, in ``mmdet.registry.MODELS``. In an mmseg / mmdet config::
+
+    custom_imports = dict(imports=["inline_attn.dense.mm"], allow_failed_imports=False)
+    model = dict(backbone=dict(type="InLineBackbone", name="inline_pvt_tiny", drop_path_rate=0.1,
+                               init_cfg=dict(type="Pretrained", checkpoint="inline_pvt_tiny.pth")))
+
+Needs the optional extra ``pip install "inline-attn[mm]"`` (mmengine 0.10.7, mmsegmentation
+1.2.2, ftfy, regex) and mmcv 2.1.0 built from source with its ops (docs/dense.md gives the
+recipe). The configs of the paper's recipes are in ``configs/ade20k/mm/``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+try:
+    from mmengine.model import BaseModule
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "inline_attn.dense.mm needs mmengine and mmsegmentation: pip install 'inline-attn[mm]' and mmcv 2.1.0 "
+        "built from source (see docs/dense.md)"
+    ) from e
+
+from .backbone import DenseBackbone
+
+__all__ = ["InLineBackbone", "REGISTERED"]
+
+
+class InLineBackbone(BaseModule):
+    """:class:`~inline_attn.dense.DenseBackbone` as an OpenMMLab backbone.
+
+    Args:
+        name: registered model (``inline-attn list``).
+        out_indices, frozen_stages, norm_eval, drop_path_rate, out_norms: as DenseBackbone.
+        init_cfg: ``dict(type="Pretrained", checkpoint=PATH)`` loads a classification checkpoint
+            (ours or the authors') into the backbone through :func:`inline_attn.load_checkpoint`.
+        **model_kwargs: passed to :func:`inline_attn.create_model`.
+
+    forward: images [B, 3, H, W] -> tuple of NCHW maps at strides 4, 8, 16, 32.
+    """
+
+    def __init__(self, name: str, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
+                 norm_eval: bool = False, drop_path_rate: Optional[float] = None, out_norms: Optional[bool] = None,
+                 init_cfg: Optional[dict] = None, **model_kwargs):
+        pretrained = None
+        if init_cfg is not None:
+            if not isinstance(init_cfg, dict) or init_cfg.get("type") != "Pretrained" or "checkpoint" not in init_cfg:
+                raise ValueError(f"InLineBackbone init_cfg must be dict(type='Pretrained', checkpoint=PATH), "
+                                 f"got {init_cfg!r}")
+            pretrained = init_cfg["checkpoint"]
+        super().__init__(init_cfg=None)  # the weights load here, not through mmengine's initialisers
+        self.inner = DenseBackbone(name, out_indices=out_indices, frozen_stages=frozen_stages, norm_eval=norm_eval,
+                                   drop_path_rate=drop_path_rate, pretrained=pretrained, out_norms=out_norms,
+                                   **model_kwargs)
+        self.out_channels = self.inner.out_channels
+
+    def init_weights(self) -> None:
+        """The backbone keeps its own initialisation (or the pretrained weights)."""
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.inner.train(mode)  # frozen stages and norm_eval
+        return self
+
+    def forward(self, x):
+        return tuple(self.inner(x))
+
+
+REGISTERED: list[str] = []
+
+
+def _register() -> None:
+    for pkg in ("mmseg", "mmdet"):
+        try:
+            registry = __import__(f"{pkg}.registry", fromlist=["MODELS"]).MODELS
+        except ImportError:
+            continue
+        registry.register_module(name="InLineBackbone", module=InLineBackbone, force=True)
+        REGISTERED.append(pkg)
+
+
+_register()

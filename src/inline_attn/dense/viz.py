@@ -1,0 +1,115 @@
+"""Pictures of segmentation data and predictions (matplotlib, Agg)."""
+from __future__ import annotations
+
+import pathlib
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["colorize", "palette", "save_mosaic_samples", "save_predictions"]
+
+
+def palette(num_classes: int) -> np.ndarray:
+    """[K, 3] uint8 colours: black for class 0, then well-separated hues (tab20's)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    cols = [(0, 0, 0)] + [tuple(int(255 * c) for c in cmap(i % 20)[:3]) for i in range(num_classes - 1)]
+    return np.array(cols, dtype=np.uint8)
+
+
+def colorize(label: torch.Tensor, num_classes: int, ignore_index: int = 255) -> np.ndarray:
+    """label map [H, W] -> RGB [H, W, 3] uint8 (ignored pixels white)."""
+    lab = label.cpu().numpy().astype(np.int64)
+    out = np.full(lab.shape + (3,), 255, np.uint8)
+    ok = (lab >= 0) & (lab < num_classes)
+    out[ok] = palette(num_classes)[lab[ok]]
+    return out
+
+
+def _img(image: torch.Tensor) -> np.ndarray:
+    """uint8 or [0, 1] float image [3, H, W] -> [H, W, 3] uint8."""
+    x = image.detach().cpu()
+    if x.dtype != torch.uint8:
+        x = (x.clamp(0, 1) * 255).round().to(torch.uint8)
+    return x.permute(1, 2, 0).numpy()
+
+
+def _legend(fig, class_names: Sequence[str]) -> None:
+    from matplotlib.patches import Patch
+
+    pal = palette(len(class_names))
+    handles = [Patch(color=pal[i] / 255, label=n) for i, n in enumerate(class_names)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
+
+
+def save_predictions(images: torch.Tensor, labels: torch.Tensor, preds: torch.Tensor, path,
+                     class_names: Sequence[str], title: Optional[str] = None, ignore_index: int = 255) -> pathlib.Path:
+    """One row per image: the image, its ground truth, the prediction.
+
+    images: [N, 3, H, W] uint8 (or float in [0, 1]); labels, preds: [N, H, W] class indices
+    (or lists of per-image tensors of different sizes).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n, k = len(images), len(class_names)
+    fig, axes = plt.subplots(n, 3, figsize=(6.3, 2.1 * n + 0.6), squeeze=False)
+    for i in range(n):
+        for ax, pic, name in zip(axes[i], (_img(images[i]), colorize(labels[i], k, ignore_index),
+                                           colorize(preds[i], k, ignore_index)), ("image", "ground truth", "prediction")):
+            ax.imshow(pic, interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(name, fontsize=9)
+    _legend(fig, class_names)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def save_mosaic_samples(dataset, path, n: int = 4, title: Optional[str] = None) -> pathlib.Path:
+    """One row per mosaic of ``dataset`` (a :class:`FashionMosaics`): image, semantic labels,
+    instance masks with their boxes and class names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    names = dataset.classes
+    k = len(names)
+    fig, axes = plt.subplots(n, 3, figsize=(6.3, 2.1 * n + 0.6), squeeze=False)
+    for i in range(n):
+        s = dataset[i]
+        inst = np.zeros(s["label"].shape + (3,), np.uint8)
+        pal = palette(max(len(s["masks"]) + 1, 2))
+        for j, m in enumerate(s["masks"]):
+            inst[m.numpy()] = pal[j + 1]
+        for ax, pic, name in zip(axes[i], (_img(s["image"]), colorize(s["label"], k), inst),
+                                 ("mosaic", "semantic labels", "instances")):
+            ax.imshow(pic, interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(name, fontsize=9)
+        for box, c in zip(s["boxes"].tolist(), s["classes"].tolist()):
+            x1, y1, x2, y2 = box
+            axes[i][2].add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color="w", lw=0.8))
+            axes[i][2].text(x1, y1 - 1, names[c], color="w", fontsize=5, va="bottom")
+    _legend(fig, names)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
