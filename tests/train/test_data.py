@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from inline_attn.data import (
-    EvalTransform, ImageFolder, Mixup, TrainAugment, load_fashion_mnist, parse_rand_augment, read_idx,
-    smooth_one_hot,
+    RRC, EvalTransform, ImageFolder, Mixup, RandAugmentSpec, TrainAugment, load_fashion_mnist, parse_rand_augment,
+    read_idx, smooth_one_hot,
 )
 from inline_attn.data.transforms import random_hflip, random_pad_crop
 
@@ -49,7 +49,9 @@ def test_folder_reader_layouts_and_errors(tmp_path, caplog):
     x, y = ds[0]
     assert x.shape == (3, 16, 16) and x.dtype == torch.uint8 and y == 0
     tr = ImageFolder(root / "train", 14, train=True, crop_pct=0.875)
-    assert tr[0][0].shape == (3, 16, 16)  # round(14 / 0.875): the device crop picks 14 later
+    assert tr[0][0].shape == (3, 16, 16)  # round(14 / 0.875): the device crops or resizes later
+    rrc = ImageFolder(root / "train", 14, train=True, rrc=RRC())
+    assert rrc[0][0].shape == (3, 14, 14)  # cropped from the whole image by the loader
     # a corrupt image is logged; training substitutes the next readable sample, evaluation
     # returns None for it (to be skipped and counted, never scored twice)
     (root / "train" / "cat" / "0.png").write_bytes(b"not a png at all")
@@ -87,10 +89,13 @@ def test_mixup_cutmix_soft_targets_match_pixels(mode):
 def test_label_smoothing_and_rand_augment_spec():
     t = smooth_one_hot(torch.tensor([2]), 5, 0.1)
     torch.testing.assert_close(t, torch.tensor([[0.02, 0.02, 0.92, 0.02, 0.02]]))
-    assert parse_rand_augment("rand-m9-mstd0.5-inc1") == (2, 9)
-    assert parse_rand_augment("rand-m7-n3") == (3, 7)
-    with pytest.raises(ValueError, match="RandAugment"):
-        parse_rand_augment("autoaug-v0")
+    assert parse_rand_augment("rand-m9-mstd0.5-inc1") == RandAugmentSpec(2, 9.0, 0.5, True, None)
+    assert parse_rand_augment("rand-m7-n3") == RandAugmentSpec(3, 7.0, 0.0, False, None)
+    assert parse_rand_augment("rand") == RandAugmentSpec(2, 10.0, 0.0, False, None)  # timm's defaults
+    for bad, msg in (("autoaug-v0", "RandAugment"), ("rand-m9-x3", "unknown field 'x3'"),
+                     ("rand-m9-mstd", "cannot parse field 'mstd'"), ("rand-w1", "only weight set w0")):
+        with pytest.raises(ValueError, match=msg):
+            parse_rand_augment(bad)
 
 
 def test_pad_crop_flip_and_eval_transform():
@@ -118,3 +123,89 @@ def test_train_augment_shapes_on_gray_and_rgb():
     assert out.shape == (6, 3, 16, 16)
     with pytest.raises(ValueError, match="aug.crop"):
         TrainAugment(16, (0.5,), (0.5,), crop="square")
+
+
+def _box_checks(boxes, width, height, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= height).all() and (left + w <= width).all()
+    area = h * w / (width * height)
+    # sides are rounded to whole pixels: area and aspect may leave their ranges by that rounding
+    assert area.min() >= scale[0] * 0.97 and area.max() <= scale[1]
+    aspect = w / h
+    assert aspect.min() >= ratio[0] * 0.97 and aspect.max() <= ratio[1] * 1.03
+
+
+def test_random_resized_crop_boxes_follow_timms_rule():
+    from inline_attn.data import rrc_box, rrc_boxes
+
+    rng = np.random.default_rng(0)
+    boxes = np.array([rrc_box(rng, 500, 375, (0.08, 1.0), (3 / 4, 4 / 3)) for _ in range(2000)], dtype=float)
+    _box_checks(boxes, 500, 375)
+    assert boxes[:, 2].std() > 50  # sizes spread over the scale range
+    _box_checks(rrc_boxes(2000, 375, 500, (0.08, 1.0), (3 / 4, 4 / 3)).double().numpy(), 500, 375)
+    # no try fits a 1000 x 10 strip at 90 % of its area: timm's fallback, the centre at ratio 4/3
+    assert rrc_box(rng, 1000, 10, (0.9, 1.0), (3 / 4, 4 / 3)) == ((10 - 10) // 2, (1000 - 13) // 2, 10, 13)
+    assert rrc_boxes(3, 10, 1000, (0.9, 1.0), (3 / 4, 4 / 3)).tolist() == [[0, 493, 10, 13]] * 3
+
+
+def test_loader_crop_depends_only_on_seed_epoch_and_sample(tmp_path):
+    """The training crop of an image folder is the whole image's random resized crop, drawn from
+    (seed, epoch, sample): the same wherever (worker, resumed run) it is computed."""
+    from PIL import Image
+
+    from inline_attn.data import random_resized_crop_pil
+
+    root = make_folder(tmp_path / "d", per_class=2, size=(40, 64))
+    ds = ImageFolder(root / "train", 24, train=True, rrc=RRC(), seed=5)
+    ds.set_epoch(3)
+    a = ds[4][0]
+    again = ImageFolder(root / "train", 24, train=True, rrc=RRC(), seed=5)
+    again.set_epoch(3)
+    assert torch.equal(a, again[4][0])
+    with Image.open(ds.samples[4][0]) as img:
+        ref = random_resized_crop_pil(img.convert("RGB"), 24, np.random.default_rng((5, 3, 4)), (0.08, 1.0),
+                                      (3 / 4, 4 / 3))
+    assert torch.equal(a, torch.from_numpy(np.array(ref)).permute(2, 0, 1))
+    ds.set_epoch(4)
+    assert not torch.equal(a, ds[4][0])
+
+
+@pytest.mark.parametrize("mode, size, crop_pct, resized", [
+    ("shorter", 224, 0.875, (256, 384)),  # 200 x 300: shorter side 256, longer int(256 * 300 / 200)
+    ("squash", 224, 0.875, (256, 256)),  # the authors': int(256 / 224 * 224) square
+    ("squash", 384, 1.0, (384, 384)),  # Swin-B-384: squashed to 384, nothing cropped
+    ("squash", 384, 0.875, (438, 438)),  # CSwin-B-384: int(256 / 224 * 384)
+])
+def test_eval_resize_size_and_crop_on_a_non_square_image(mode, size, crop_pct, resized):
+    from PIL import Image
+
+    from inline_attn.data import eval_resize_pil
+
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 256, (200, 300, 3)).astype(np.uint8)  # 200 high, 300 wide
+    img = Image.fromarray(arr)
+    out = eval_resize_pil(img, size, crop_pct, mode)
+    assert out.size == (size, size)
+    full = img.resize(resized[::-1], Image.BICUBIC)
+    top, left = int(round((resized[0] - size) / 2)), int(round((resized[1] - size) / 2))
+    assert np.array_equal(np.asarray(out), np.asarray(full)[top:top + size, left:left + size])
+    # the device transform: the same resize (torch's antialiased bicubic) and the same crop
+    ev = EvalTransform(size, (0.0,) * 3, (1.0,) * 3, crop_pct=crop_pct, resize=mode)
+    x = torch.from_numpy(arr).permute(2, 0, 1)[None]
+    y = ev(x)
+    assert y.shape == (1, 3, size, size)
+    want = torch.nn.functional.interpolate(x.float() / 255, size=resized, mode="bicubic", antialias=True).clamp(0, 1)
+    torch.testing.assert_close(y, want[..., top:top + size, left:left + size])
+
+
+def test_folder_eval_layout_squashes(tmp_path):
+    from PIL import Image
+
+    root = make_folder(tmp_path / "d", per_class=1, size=(20, 24))
+    ds = ImageFolder(root / "val", 16, train=False, crop_pct=0.875, eval_resize="squash")
+    x, _ = ds[0]
+    with Image.open(ds.samples[0][0]) as img:  # floor(16 / 0.875) = 18 square, centre 16 at offset 1
+        ref = np.asarray(img.convert("RGB").resize((18, 18), Image.BICUBIC))[1:17, 1:17]
+    assert torch.equal(x, torch.from_numpy(ref.copy()).permute(2, 0, 1))
+    with pytest.raises(ValueError, match="eval_resize='crop'"):
+        ImageFolder(root / "val", 16, train=False, eval_resize="crop")

@@ -3,11 +3,14 @@
 Every sample comes out as a uint8 tensor ``[3, S, S]`` of one fixed size so that batches can be
 stacked and augmented on the training device (:mod:`inline_attn.data.transforms`):
 
-- training: the shorter side is resized to ``S = round(img_size / crop_pct)`` and the centre
-  square kept; the random resized crop to ``img_size`` happens later, batched, on the device
-  (a crop of this square rather than of the whole photo: the price of batched augmentation);
-- evaluation: the shorter side is resized to ``floor(img_size / crop_pct)`` and the centre
-  ``img_size`` square is cropped (timm's eval transform).
+- training with ``rrc``: timm's random resized crop of the whole decoded image, resized to
+  ``img_size`` with Pillow (:func:`~inline_attn.data.crop.random_resized_crop_pil`); the box is
+  drawn from a generator seeded by (seed, epoch, sample), so a sample's crop does not depend on
+  the loader's workers or on where a resumed run restarts (:meth:`ImageFolder.set_epoch`);
+- training without ``rrc``: the shorter side is resized to ``S = round(img_size / crop_pct)`` and
+  the centre square kept (the device crops or resizes later);
+- evaluation: :func:`~inline_attn.data.crop.eval_resize_pil` (``eval_resize`` "shorter" or
+  "squash") and the centre ``img_size`` square.
 
 An image that fails to decode is logged once. Training substitutes the next readable sample, so
 a corrupt file never stops an epoch; evaluation returns ``(None, label)`` for it, so the caller
@@ -16,9 +19,9 @@ skips it and counts it (a substitute would be scored twice).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pathlib
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import numpy as np
@@ -26,22 +29,19 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from .crop import EVAL_RESIZE, RESAMPLE, eval_resize_pil, random_resized_crop_pil
+
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-_RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
 
 
-def resize_center_crop(img: Image.Image, resize: int, crop: int, interpolation: str = "bicubic") -> Image.Image:
-    """Resize the shorter side to ``resize`` (aspect kept), then crop the centre ``crop`` square."""
-    if interpolation not in _RESAMPLE:
-        raise ValueError(f"unknown interpolation {interpolation!r}: expected one of {sorted(_RESAMPLE)}")
-    w, h = img.size
-    scale = resize / min(w, h)
-    nw, nh = max(crop, round(w * scale)), max(crop, round(h * scale))
-    img = img.resize((nw, nh), _RESAMPLE[interpolation])
-    left, top = (nw - crop) // 2, (nh - crop) // 2
-    return img.crop((left, top, left + crop, top + crop))
+@dataclass(frozen=True)
+class RRC:
+    """Random resized crop settings: area fraction and aspect ratio ranges."""
+
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
 
 class ImageFolder(Dataset):
@@ -50,21 +50,29 @@ class ImageFolder(Dataset):
     Args:
         root: folder holding one subfolder per class.
         img_size: network input size.
-        train: training layout (centre square of side img_size / crop_pct) or eval layout.
+        train: training layout (see the module doc) or eval layout.
         crop_pct: eval centre-crop fraction (timm convention).
-        interpolation: Pillow resampling for the resize.
+        interpolation: Pillow resampling for the resizes.
+        eval_resize: "shorter" or "squash" (eval layout).
+        rrc: training with a random resized crop of the whole image (its settings), or None.
+        seed: with ``rrc``, seeds the per-sample crop generators.
         skip_unreadable: return ``(None, label)`` for an unreadable image instead of the next
             readable one (default: True for evaluation, False for training).
     """
 
     def __init__(self, root: Union[str, os.PathLike], img_size: int, *, train: bool,
-                 crop_pct: float = 0.875, interpolation: str = "bicubic", skip_unreadable: Optional[bool] = None):
+                 crop_pct: float = 0.875, interpolation: str = "bicubic", eval_resize: str = "shorter",
+                 rrc: Optional[RRC] = None, seed: int = 0, skip_unreadable: Optional[bool] = None):
         self.root = pathlib.Path(root)
         if not self.root.is_dir():
             raise ValueError(f"data folder {self.root} does not exist (expected an ImageNet-layout "
                              "folder: one subfolder of images per class)")
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]")
+        if interpolation not in RESAMPLE:
+            raise ValueError(f"unknown interpolation {interpolation!r}: expected one of {sorted(RESAMPLE)}")
+        if eval_resize not in EVAL_RESIZE:
+            raise ValueError(f"eval_resize={eval_resize!r}: expected one of {EVAL_RESIZE}")
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not self.classes:
             raise ValueError(f"data folder {self.root} has no class subfolders")
@@ -80,12 +88,23 @@ class ImageFolder(Dataset):
         self.train = train
         self.crop_pct = crop_pct
         self.interpolation = interpolation
-        if train:
-            self.resize = self.crop = round(self.img_size / crop_pct)
-        else:
-            self.resize, self.crop = math.floor(self.img_size / crop_pct), self.img_size
+        self.eval_resize = eval_resize
+        self.rrc = rrc if train else None
+        self.seed = int(seed)
+        self.epoch = 0
         self.skip_unreadable = (not train) if skip_unreadable is None else bool(skip_unreadable)
         self.bad: set[int] = set()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next samples belong to (their random crops depend on it)."""
+        self.epoch = int(epoch)
+
+    @property
+    def out_size(self) -> int:
+        """The side of the samples this dataset returns."""
+        if self.train and self.rrc is None:
+            return round(self.img_size / self.crop_pct)
+        return self.img_size
 
     @property
     def labels(self) -> torch.Tensor:
@@ -97,7 +116,15 @@ class ImageFolder(Dataset):
     def load(self, i: int) -> torch.Tensor:
         """Decode sample ``i`` to uint8 ``[3, S, S]`` (raises on a corrupt file)."""
         with Image.open(self.samples[i][0]) as img:
-            img = resize_center_crop(img.convert("RGB"), self.resize, self.crop, self.interpolation)
+            img = img.convert("RGB")
+            if self.rrc is not None:
+                rng = np.random.default_rng((self.seed, self.epoch, i))
+                img = random_resized_crop_pil(img, self.img_size, rng, self.rrc.scale, self.rrc.ratio,
+                                              self.interpolation)
+            elif self.train:
+                img = eval_resize_pil(img, self.out_size, 1.0, "shorter", self.interpolation)
+            else:
+                img = eval_resize_pil(img, self.img_size, self.crop_pct, self.eval_resize, self.interpolation)
             arr = np.asarray(img, dtype=np.uint8)
         return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 

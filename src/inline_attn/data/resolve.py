@@ -26,7 +26,7 @@ __all__ = ["DataInfo", "SPLIT_NAMES", "folder_split", "open_eval_source", "parse
 
 @dataclass(frozen=True)
 class DataInfo:
-    """How a model is fed: class count, channels, input size, normalisation, eval crop."""
+    """How a model is fed: class count, channels, input size, normalisation, eval resize and crop."""
 
     num_classes: Optional[int]
     in_chans: int
@@ -35,6 +35,7 @@ class DataInfo:
     std: tuple[float, ...]
     crop_pct: float
     interpolation: str
+    eval_resize: str = "shorter"
 
     def with_classes(self, num_classes: int) -> "DataInfo":
         return dataclasses.replace(self, num_classes=int(num_classes))
@@ -43,8 +44,9 @@ class DataInfo:
 def resolve_data_info(model_cfg, *, fmnist: bool, num_classes: Optional[int] = None,
                       img_size: Optional[int] = None, mean: Optional[Sequence[float]] = None,
                       std: Optional[Sequence[float]] = None, crop_pct: Optional[float] = None,
-                      interpolation: Optional[str] = None) -> DataInfo:
-    """The given values, else Fashion-MNIST's (``fmnist``), else the model's (a ``ModelConfig``).
+                      interpolation: Optional[str] = None, eval_resize: Optional[str] = None) -> DataInfo:
+    """The given values, else Fashion-MNIST's (``fmnist``), else the model's (a ``ModelConfig``);
+    ``eval_resize`` defaults to "shorter" (timm's).
 
     ``num_classes`` defaults to Fashion-MNIST's 10 for ``fmnist`` and stays None for folders
     (known once the folder is read: :meth:`DataInfo.with_classes`).
@@ -61,6 +63,7 @@ def resolve_data_info(model_cfg, *, fmnist: bool, num_classes: Optional[int] = N
         std=std,
         crop_pct=float(crop_pct or (FMNIST_CROP_PCT if fmnist else model_cfg.crop_pct)),
         interpolation=str(interpolation or model_cfg.interpolation),
+        eval_resize=str(eval_resize or "shorter"),
     )
 
 
@@ -99,4 +102,4 @@ def open_eval_source(spec: PathLike, info: DataInfo, split: Optional[str] = None
         return load_fashion_mnist(root, split or "test"), True
     folder = folder_split(root, split or "val", what=what)
     return ImageFolder(folder, info.img_size, train=False, crop_pct=info.crop_pct,
-                       interpolation=info.interpolation), False
+                       interpolation=info.interpolation, eval_resize=info.eval_resize), False

@@ -1,40 +1,24 @@
-"""Batched augmentation on the training device (kornia) and the eval transform.
+"""Batched augmentation on the training device, and the eval transform.
 
 Input batches are uint8 (or float in [0, 1]) ``[B, C, H, W]``; outputs are normalised float
 ``[B, C, img_size, img_size]``. The training recipe follows the paper's (timm's) ImageNet
-pipeline: random resized crop, horizontal flip, RandAugment, colour jitter (only without an
-auto-augment policy, as timm does), normalisation, random erasing (per-pixel normal noise).
-kornia's RandAugment ops are its own, not timm's ``rand-m9-mstd0.5`` ops: the policy string only
-picks n (default 2) and m.
+pipeline, each random choice drawn per image: random resized crop (done by the data loader for
+image folders, here for in-memory datasets), horizontal flip, RandAugment (timm's operations,
+:mod:`inline_attn.data.rand_augment`) or colour jitter (only without RandAugment, as timm),
+normalisation, random erasing (per-pixel normal noise).
 """
 from __future__ import annotations
 
 import functools
 import math
-import re
 from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def parse_rand_augment(spec: str) -> tuple[int, int]:
-    """``"rand-m9-mstd0.5-inc1"`` -> (n=2, m=9). Unknown fields (mstd, inc) are accepted and ignored."""
-    parts = spec.split("-")
-    if parts[0] != "rand":
-        raise ValueError(f"auto_augment {spec!r}: only RandAugment policies 'rand-m<M>[-n<N>]...' are supported")
-    n, m = 2, 9
-    for p in parts[1:]:
-        key = re.match(r"[a-z]+", p)
-        if key is None:
-            raise ValueError(f"auto_augment {spec!r}: cannot parse field {p!r}")
-        val = p[key.end():]
-        if key.group() == "m":
-            m = int(float(val))
-        elif key.group() == "n":
-            n = int(val)
-    return n, m
+from .crop import EVAL_RESIZE, eval_resize, resized_crop, rrc_boxes
+from .rand_augment import RandAugment, parse_rand_augment
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:
@@ -118,28 +102,42 @@ def random_hflip(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def _kornia(option: str):
-    """kornia.augmentation, imported only by the options that need it (the pad crop, flips and
-    erasing are written here), so light recipes run where kornia is not installed."""
+    """kornia.augmentation, imported only by colour jitter (everything else is written here), so
+    the recipes run where kornia is not installed."""
     try:
         import kornia.augmentation as K
-        from kornia.augmentation import auto  # noqa: F401  (K.auto)
     except ImportError as err:
         raise ValueError(f"aug.{option} needs kornia (pip install kornia): {err}") from None
     return K
 
 
+class RandomResizedCrop(nn.Module):
+    """timm's random resized crop for a batch of in-memory images, a box per image
+    (:func:`~inline_attn.data.crop.rrc_boxes`), each resized with antialiasing."""
+
+    def __init__(self, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), interpolation: str = "bicubic"):
+        super().__init__()
+        self.size, self.scale, self.ratio, self.interpolation = size, tuple(scale), tuple(ratio), interpolation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        boxes = rrc_boxes(x.shape[0], x.shape[-2], x.shape[-1], self.scale, self.ratio)
+        return resized_crop(x, boxes, self.size, self.interpolation).clamp_(0, 1)
+
+
 class TrainAugment(nn.Module):
-    """The training augmentation, applied to a whole batch on its device.
+    """The training augmentation, applied to a whole batch on its device, every image drawing its own.
 
     Args:
         img_size: output side.
         mean, std: normalisation (one value per channel).
-        crop: "rrc" (RandomResizedCrop with ``scale``/``ratio``), "pad" (random crop after
-            zero padding by ``padding``, for small images) or "none" (resize only).
+        crop: "rrc" (random resized crop with ``scale``/``ratio``; for image folders the loader
+            crops already and this is "none"), "pad" (random crop after zero padding by
+            ``padding``, for small images) or "none" (resize only, when the size differs).
         hflip: flip probability.
-        auto_augment: RandAugment policy string or None.
+        auto_augment: RandAugment policy string (``"rand-m9-mstd0.5-inc1"``) or None.
         color_jitter: brightness/contrast/saturation strength, used only without auto_augment.
         re_prob: random erasing probability.
+        interpolation: resampling of the crop and of RandAugment's geometric operations.
     """
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], *, crop: str = "rrc",
@@ -147,12 +145,9 @@ class TrainAugment(nn.Module):
                  auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1", color_jitter: Optional[float] = 0.4,
                  re_prob: float = 0.25, interpolation: str = "bicubic"):
         super().__init__()
-        size = (img_size, img_size)
         self.img_size = img_size
-        resample = "BICUBIC" if interpolation == "bicubic" else "BILINEAR"
         if crop == "rrc":
-            self.crop = _kornia("crop 'rrc'").RandomResizedCrop(size, scale=tuple(scale), ratio=tuple(ratio),
-                                                                 resample=resample)
+            self.crop = RandomResizedCrop(img_size, scale, ratio, interpolation)
         elif crop == "pad":
             self.crop = functools.partial(random_pad_crop, padding=int(padding))
         elif crop == "none":
@@ -163,8 +158,9 @@ class TrainAugment(nn.Module):
         self.rand_augment = None
         self.jitter = None
         if auto_augment:
-            n, m = parse_rand_augment(auto_augment)
-            self.rand_augment = _kornia("auto_augment").auto.RandAugment(n=n, m=m)
+            # RandAugment's geometric operations take bicubic or bilinear (timm: the data's interpolation)
+            ra_interp = interpolation if interpolation in ("bicubic", "bilinear") else "bilinear"
+            self.rand_augment = RandAugment(parse_rand_augment(auto_augment), mean, ra_interp)
         elif color_jitter:
             cj = float(color_jitter)
             self.jitter = _kornia("color_jitter").ColorJitter(cj, cj, cj, 0.0, p=1.0)
@@ -179,44 +175,42 @@ class TrainAugment(nn.Module):
         elif x.shape[-2:] != (self.img_size, self.img_size):
             x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bilinear", align_corners=False)
         x = random_hflip(x, self.hflip)
-        gray = x.shape[1] == 1
-        if gray and (self.rand_augment is not None or self.jitter is not None):
-            x = x.expand(-1, 3, -1, -1)  # kornia's colour ops fail on 1 channel in some calls
-        if self.rand_augment is not None:
-            x = self.rand_augment(x)
+        if self.rand_augment is not None:  # timm's operations work on 8-bit levels
+            x = self.rand_augment(torch.round(x.clamp(0, 1) * 255)).div_(255)
         if self.jitter is not None:
+            gray = x.shape[1] == 1
+            if gray:
+                x = x.expand(-1, 3, -1, -1)  # kornia's colour ops fail on 1 channel in some calls
             x = self.jitter(x)
-        if gray and x.shape[1] == 3:
-            x = x.mean(1, keepdim=True)
+            if gray:
+                x = x.mean(1, keepdim=True)
         x = self.normalize(x.clamp_(0, 1) if x.is_contiguous() else x.clamp(0, 1))
         return random_erasing(x, self.re_prob)
 
 
 class EvalTransform(nn.Module):
-    """Resize the shorter side to ``floor(img_size / crop_pct)``, centre-crop ``img_size``, normalise.
+    """The evaluation resize (:func:`~inline_attn.data.crop.eval_resize`: ``resize="shorter"``, the
+    shorter side to ``floor(img_size / crop_pct)``, or ``"squash"``, the whole image to that square),
+    the centre ``img_size`` crop, normalisation.
 
-    Batches already at ``img_size`` (e.g. decoded by :class:`ImageFolder` in eval layout, or
+    Batches already at ``img_size`` (decoded by :class:`ImageFolder` in eval layout, or
     Fashion-MNIST at crop_pct 1) are only normalised.
     """
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
-                 interpolation: str = "bicubic"):
+                 interpolation: str = "bicubic", resize: str = "shorter"):
         super().__init__()
+        if resize not in EVAL_RESIZE:
+            raise ValueError(f"eval resize {resize!r}: expected one of {EVAL_RESIZE}")
         self.img_size = img_size
         self.crop_pct = crop_pct
-        self.mode = "bicubic" if interpolation == "bicubic" else "bilinear"
+        self.interpolation = interpolation
+        self.resize = resize
         self.normalize = Normalize(mean, std)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = to_float(x)
-        H, W = x.shape[-2:]
-        if (H, W) != (self.img_size, self.img_size):
-            s = math.floor(self.img_size / self.crop_pct)
-            scale = s / min(H, W)
-            nh, nw = max(self.img_size, round(H * scale)), max(self.img_size, round(W * scale))
-            if (nh, nw) != (H, W):
-                x = F.interpolate(x, size=(nh, nw), mode=self.mode, align_corners=False, antialias=True).clamp_(0, 1)
-            top, left = (nh - self.img_size) // 2, (nw - self.img_size) // 2
-            x = x[..., top:top + self.img_size, left:left + self.img_size]
+        if x.shape[-2:] != (self.img_size, self.img_size):
+            x = eval_resize(x, self.img_size, self.crop_pct, self.resize, self.interpolation)
         return self.normalize(x)
