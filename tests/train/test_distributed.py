@@ -42,4 +42,5 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     for ra, rb in zip(a["history"], b["history"]):
         assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-5)
         assert ra["val_top1"] == rb["val_top1"] and ra["val_loss"] == pytest.approx(rb["val_loss"], rel=1e-4)
-    assert sorted(p.name for p in (tmp_path / "two").glob("*.pth")) == ["last.pth", "previous.pth"]  # rank 0 alone
+    # rank 0 alone writes (best.pth: the epoch with the best top-1)
+    assert sorted(p.name for p in (tmp_path / "two").glob("*.pth")) == ["best.pth", "last.pth", "previous.pth"]

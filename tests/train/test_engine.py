@@ -18,16 +18,21 @@ AUG_ON = {"aug.crop": "rrc", "aug.hflip": 0.5, "aug.auto_augment": "rand-m9-mstd
           "aug.mixup": 0.8, "aug.cutmix": 1.0, "aug.smoothing": 0.1, "model.drop_path": 0.1}
 
 
-def test_two_steps_on_folder_writes_every_output(tmp_path):
+def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
     root = make_folder(tmp_path / "imgs", per_class=3)  # 9 train images, batch 4 -> 2 steps
     out = tmp_path / "run"
     cfg = load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16}, **AUG_ON))
     s = train(cfg)
     assert s["steps"] == 2 and s["epochs_done"] == 1 and s["interrupted"] is None
-    for f in ("last.pth", "config.yaml", "metrics.csv", "curves.png", "summary.json"):
+    for f in ("last.pth", "best.pth", "config.yaml", "metrics.csv", "curves.png", "summary.json"):
         assert (out / f).is_file(), f
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final"]["val_top1"] == s["final"]["val_top1"] and summary["macs"] > 0
+    assert summary["best_val_top1"] == s["final"]["val_top1"] and summary["best_epoch"] == 1
+    assert summary["best_checkpoint"] == str(out / "best.pth") and "best_val_top1_ema" not in summary
+    # the run states the batch and learning rates it uses
+    assert summary["recipe"]["total_batch"] == 4 and summary["recipe"]["lr"] == 1.0e-3
+    assert "recipe: total batch 4 = 4 per process x 1 process x 1 accumulation step; lr 0.001" in capsys.readouterr().err
     rows = (out / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,step,lr,train_loss") and len(rows) == 2
     # the resolved config was saved beside the outputs and reloads to the same config
@@ -83,10 +88,15 @@ def test_gradient_accumulation_matches_big_batch(tmp_path):
     big = train(load_config(None, base_overrides(tmp_path / "big", **common, **{"data.batch_size": 8})))
     acc = train(load_config(None, base_overrides(tmp_path / "acc", **common, **{"data.batch_size": 4,
                                                                                "optim.accum_steps": 2})))
-    assert big["steps"] == acc["steps"] == 1
-    a, b = ckpt_io.load(tmp_path / "big" / "last.pth"), ckpt_io.load(tmp_path / "acc" / "last.pth")
-    for k in a["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
+    # a pinned total batch: the accumulation follows from it
+    pinned = train(load_config(None, base_overrides(tmp_path / "pin", **common, **{"data.batch_size": 4,
+                                                                                  "optim.total_batch": 8})))
+    assert big["steps"] == acc["steps"] == pinned["steps"] == 1 and pinned["recipe"]["accum_steps"] == 2
+    a = ckpt_io.load(tmp_path / "big" / "last.pth")
+    for other in ("acc", "pin"):
+        b = ckpt_io.load(tmp_path / other / "last.pth")
+        for k in a["model"]:
+            torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
 
 
 def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
@@ -126,28 +136,48 @@ def test_param_groups_exempt_norms_biases_and_pos_embed():
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in m.parameters())
 
 
-def test_cosine_schedule_warmup_and_cooldown():
+def test_schedule_state_restores_the_step():
     from inline_attn.train.optim import CosineSchedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    s = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, cooldown_epochs=2,
-                       warmup_lr=0.0, min_lr=0.01)
-    assert s.lr_at(0) == 0.0 and s.lr_at(5) == pytest.approx(0.5) and s.lr_at(10) == pytest.approx(1.0)
-    assert s.lr_at(30) == pytest.approx(0.505)  # half-way through the cosine part
-    assert s.lr_at(50) == s.lr_at(69) == 0.01 and s.total_steps == 70
+    s = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, warmup_lr=0.0)
     for _ in range(7):
         s.step()
-    st = s.state_dict()
     s2 = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, warmup_lr=0.0)
-    s2.load_state_dict(st)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.7)
+    s2.load_state_dict(s.state_dict())
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.6)  # step 7 trains with timm's value after update 6
 
 
-def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path):
+def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
     root = make_folder(tmp_path / "imgs", per_class=3)
     ov = {"data.path": str(root), "data.img_size": 16}
-    s = train(load_config(None, base_overrides(tmp_path / "bf16", **ov, **{"train.amp": "bf16"})))
+    from inline_attn.train import engine
+
+    precisions = []
+    real = engine.evaluate
+    monkeypatch.setattr(engine, "evaluate", lambda *a, **k: precisions.append(a[5]) or real(*a, **k))
+    s = train(load_config(None, base_overrides(tmp_path / "bf16", **ov, **{"train.amp": "bf16", "train.ema": True})))
     assert s["steps"] == 2 and s["final"]["train_loss"] == s["final"]["train_loss"]  # finite, not NaN
+    assert precisions == ["none", "none"]  # the model and its EMA are evaluated in fp32
     with pytest.raises(ValueError, match="fp16 needs CUDA"):
         train(load_config(None, base_overrides(tmp_path / "fp16", **ov, **{"train.amp": "fp16",
                                                                              "train.device": "cpu"})))
+
+
+def test_best_checkpoints_follow_the_best_top1_of_model_and_ema(tmp_path):
+    """best.pth / best_ema.pth: the checkpoint of the epoch with the best top-1 so far, a tie going
+    to the later epoch (the authors' max_acc.pth, max_ema_acc.pth)."""
+    import types
+
+    from inline_attn.train.engine import _best, _Run
+
+    run = types.SimpleNamespace(out=tmp_path)
+    history = []
+    for epoch, (top1, ema) in enumerate([(50.0, 40.0), (60.0, 35.0), (60.0, 45.0), (55.0, 44.0)]):
+        (tmp_path / "last.pth").write_text(f"epoch {epoch}")
+        history.append({"epoch": epoch, "val_top1": top1, "val_top1_ema": ema})
+        _Run.keep_best(run, history, tmp_path / "last.pth")
+        if epoch == 1:
+            assert (tmp_path / "best_ema.pth").read_text() == "epoch 0"
+    assert (tmp_path / "best.pth").read_text() == "epoch 2" and (tmp_path / "best_ema.pth").read_text() == "epoch 2"
+    assert _best(history, "val_top1") == {"value": 60.0, "epoch": 3} and _best(history, "missing") is None

@@ -13,6 +13,7 @@ import logging
 import os
 import pathlib
 import random
+import shutil
 import time
 from typing import Any, Optional, Union
 
@@ -27,6 +28,8 @@ from .state import TrainState
 PathLike = Union[str, os.PathLike]
 LAST = "last.pth"
 PREVIOUS = "previous.pth"
+BEST = "best.pth"  # the epoch with the best top-1 so far (the authors' max_acc.pth)
+BEST_EMA = "best_ema.pth"  # the epoch with the best EMA top-1 (max_ema_acc.pth)
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "step_in_epoch", "step")
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,14 @@ def save_rotating(obj: Any, folder: PathLike) -> pathlib.Path:
         if last.exists():  # a crash between the two renames leaves previous.pth to resume from
             os.replace(last, folder / PREVIOUS)
     return last
+
+
+def copy_atomic(src: PathLike, dst: PathLike) -> pathlib.Path:
+    """Copy the file ``src`` to ``dst`` atomically (a reader sees the old or the new file whole)."""
+    dst = pathlib.Path(dst)
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+    return dst
 
 
 def load(path: PathLike) -> dict:

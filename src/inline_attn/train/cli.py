@@ -63,7 +63,13 @@ def cmd_train(args) -> int:
     summary = train(cfg)
     if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
         f = summary["final"]
-        print(f"done: top-1 {f['val_top1']:.2f}%  top-5 {f['val_top5']:.2f}%  outputs in {summary['output']}")
+        best = ""
+        if summary.get("best_val_top1") is not None:
+            best = f"  (best {summary['best_val_top1']:.2f}% at epoch {summary['best_epoch']}"
+            if summary.get("best_val_top1_ema") is not None:
+                best += f"; EMA best {summary['best_val_top1_ema']:.2f}% at epoch {summary['best_ema_epoch']}"
+            best += ")"
+        print(f"done: top-1 {f['val_top1']:.2f}%  top-5 {f['val_top5']:.2f}%{best}  outputs in {summary['output']}")
     return _exit_code(summary)
 
 
@@ -77,8 +83,8 @@ def cmd_eval(args) -> int:
     from .evaluate import evaluate_checkpoint
 
     res = evaluate_checkpoint(args.checkpoint, args.data, model=args.model, ema=args.ema, batch_size=args.batch_size,
-                              split=args.split, img_size=args.img_size, crop_pct=args.crop_pct, device=args.device,
-                              amp=args.amp, workers=args.workers)
+                              split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
+                              eval_resize=args.eval_resize, device=args.device, amp=args.amp, workers=args.workers)
     if res["n"] == 0:
         raise ValueError(f"--data {args.data}: no readable image to evaluate ({res['n_unreadable']} unreadable)")
     print(_eval_line(res))
@@ -183,6 +189,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=_positive(int, "--batch-size"), default=256)
     p.add_argument("--img-size", type=_positive(int, "--img-size"))
     p.add_argument("--crop-pct", type=_crop_pct)
+    p.add_argument("--eval-resize", choices=["shorter", "squash"],
+                   help="shorter side to img_size / crop_pct (timm), or the whole image squashed to that square "
+                        "(the authors' evaluation; default: the checkpoint's config, else shorter)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])

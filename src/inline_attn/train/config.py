@@ -51,7 +51,10 @@ class ModelCfg:
     kwargs: dict = setting(factory=dict, doc="constructor overrides as a mapping, e.g. '{depth: 4}'")
     drop_path: float = setting(0.1, ge=0, lt=1, doc="stochastic depth rate")
     drop: float = setting(0.0, ge=0, lt=1, doc="dropout rate")
-    checkpoint: Optional[str] = setting(None, doc="initial weights (fine-tuning; a mismatched head is dropped)")
+    checkpoint: Optional[str] = setting(
+        None, doc="initial weights for fine-tuning, ours or the authors' (relative position tables and position "
+                  "embeddings of another size resized bicubically; a head of another shape starts at zero)")
+    checkpoint_ema: bool = setting(False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)")
 
     def check(self) -> None:
         from ..models import get_model_config
@@ -72,10 +75,13 @@ class DataCfg:
     val_split: str = setting("val", doc="validation subfolder of data.path")
     img_size: Optional[int] = setting(None, gt=0, doc="null: the dataset's, else the model's input size")
     crop_pct: Optional[float] = setting(None, gt=0, le=1, doc="eval centre-crop fraction (null: the model's)")
+    eval_resize: Literal["shorter", "squash"] = setting(
+        "shorter", doc="eval resize before the centre crop: shorter (the shorter side to img_size / crop_pct, timm) "
+                       "or squash (the whole image to that square, the authors' Swin code base)")
     interpolation: Optional[Literal["bicubic", "bilinear", "nearest"]] = setting(None, doc="null: the model's")
     mean: Optional[tuple[float, ...]] = setting(None, doc="per-channel mean (null: the dataset's or model's)")
     std: Optional[tuple[float, ...]] = setting(None, doc="per-channel std (null: the dataset's or model's)")
-    batch_size: int = setting(128, ge=1, doc="images per process and step")
+    batch_size: int = setting(128, ge=1, doc="images per process and micro-batch (the authors' per-GPU batch)")
     workers: int = setting(4, ge=0, doc="data loader processes")
     subset: int = setting(0, ge=0, doc="use only the first N training images (0: all)")
     val_subset: int = setting(0, ge=0, doc="use only the first N validation images (0: all)")
@@ -126,13 +132,20 @@ class AugCfg:
 @dataclass
 class OptimCfg:
     opt: Literal["adamw", "sgd"] = setting("adamw", doc="optimizer")
-    lr: Optional[float] = setting(None, gt=0, doc=f"absolute lr; null: base_lr * total_batch / {LR_REFERENCE_BATCH}")
+    lr: Optional[float] = setting(None, gt=0, doc="absolute lr (sched.warmup_lr and sched.min_lr are then absolute "
+                                                  f"too); null: base_lr * total_batch / {LR_REFERENCE_BATCH}")
     base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH}")
     weight_decay: float = setting(0.05, ge=0, doc="AdamW weight decay")
     betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
     eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
     clip_grad: Optional[float] = setting(5.0, ge=0, doc="max gradient norm (null or 0: off)")
-    accum_steps: int = setting(1, ge=1, doc="micro-batches per optimizer step")
+    accum_steps: int = setting(1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the number it implies)")
+    total_batch: Optional[int] = setting(
+        None, ge=1, doc="images per optimizer step over all processes; accum_steps = total_batch / (data.batch_size "
+                        "x processes) must be a whole number (null: data.batch_size x processes x accum_steps)")
+    no_weight_decay: Optional[tuple[str, ...]] = setting(
+        None, doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
+                  "biases (null: the model's no_weight_decay())")
 
     def check(self) -> None:
         if not all(0 <= b < 1 for b in self.betas):
@@ -144,8 +157,10 @@ class SchedCfg:
     epochs: int = setting(300, ge=1, doc="cosine epochs (warm-up included); cool-down epochs come after")
     warmup_epochs: float = setting(5.0, ge=0, doc="linear warm-up epochs (fractions allowed)")
     cooldown_epochs: int = setting(10, ge=0, doc="epochs at min_lr after the cosine")
-    warmup_lr: float = setting(1.0e-6, ge=0, doc="lr at the start of the warm-up")
-    min_lr: float = setting(1.0e-5, ge=0, doc="lr at the end of the cosine")
+    warmup_lr: float = setting(1.0e-6, ge=0, doc=f"lr at the start of the warm-up, at a total batch of "
+                                                  f"{LR_REFERENCE_BATCH} (scaled like base_lr)")
+    min_lr: float = setting(1.0e-5, ge=0, doc=f"lr at the end of the cosine and in the cool-down, at a total batch "
+                                              f"of {LR_REFERENCE_BATCH} (scaled like base_lr)")
 
     def check(self) -> None:
         if self.warmup_epochs > self.epochs:
@@ -163,7 +178,11 @@ class TrainCfg:
     compile: bool = setting(False, doc="torch.compile the model (the fused InLine op compiles as one node)")
     channels_last: bool = setting(False, doc="channels-last images and convolutions")
     ema: bool = setting(False, doc="keep an exponential moving average of the weights")
-    ema_decay: float = setting(0.9998, ge=0, lt=1, doc="EMA decay per step")
+    ema_decay: float = setting(0.9996, ge=0, lt=1, doc="EMA decay per optimizer step at a total batch of "
+                                                       "train.ema_batch")
+    ema_batch: Optional[int] = setting(
+        4096, ge=1, doc="total batch at which ema_decay holds: the run uses ema_decay ** (total_batch / ema_batch), "
+                        "the same averaging horizon in images (null: ema_decay as is)")
     resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
     eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)")
     max_steps: int = setting(0, ge=0, doc="stop with a checkpoint after N optimizer steps (0: no limit)")

@@ -6,25 +6,38 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ..data import DataInfo, ImageFolder, TensorImageDataset, folder_split, load_fashion_mnist, resolve_data_info
-from .config import DataCfg
+from typing import Optional
+
+from ..data import RRC, DataInfo, ImageFolder, TensorImageDataset, folder_split, load_fashion_mnist, resolve_data_info
+from .config import AugCfg, DataCfg
 
 
 def data_info(data: DataCfg, model_cfg) -> DataInfo:
     """The config's input settings, else the dataset's, else the model's (class count not yet known)."""
     return resolve_data_info(model_cfg, fmnist=data.dataset == "fmnist", img_size=data.img_size, mean=data.mean,
-                             std=data.std, crop_pct=data.crop_pct, interpolation=data.interpolation)
+                             std=data.std, crop_pct=data.crop_pct, interpolation=data.interpolation,
+                             eval_resize=data.eval_resize)
 
 
-def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True):
-    """``(train_set or None, val_set, info with the class count)``."""
+def loader_crops(data: DataCfg, aug: Optional[AugCfg]) -> bool:
+    """Whether the data loader does the random resized crop (image folders: on the whole decoded
+    image, with Pillow), leaving the device augmentation none to do."""
+    return aug is not None and aug.crop == "rrc" and data.dataset == "folder"
+
+
+def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Optional[AugCfg] = None,
+                   seed: int = 0):
+    """``(train_set or None, val_set, info with the class count)``; ``aug`` and ``seed`` set an
+    image folder's training crop (:func:`loader_crops`)."""
     if data.dataset == "fmnist":
         tr = load_fashion_mnist(data.path, "train").subset(data.subset) if train else None
         va = load_fashion_mnist(data.path, "test").subset(data.val_subset)
         return tr, va, info.with_classes(len(va.classes))
     kw = dict(img_size=info.img_size, crop_pct=info.crop_pct, interpolation=info.interpolation)
-    tr = ImageFolder(folder_split(data.path, data.train_split), train=True, **kw) if train else None
-    va = ImageFolder(folder_split(data.path, data.val_split, what="data.path / data.val_split"), train=False, **kw)
+    rrc = RRC(tuple(aug.scale), tuple(aug.ratio)) if loader_crops(data, aug) else None
+    tr = ImageFolder(folder_split(data.path, data.train_split), train=True, rrc=rrc, seed=seed, **kw) if train else None
+    va = ImageFolder(folder_split(data.path, data.val_split, what="data.path / data.val_split"), train=False,
+                     eval_resize=info.eval_resize, **kw)
     if tr is not None and tr.classes != va.classes:
         raise ValueError(f"train classes ({len(tr.classes)}) and val classes ({len(va.classes)}) differ")
     for ds, n in ((tr, data.subset), (va, data.val_subset)):
@@ -90,6 +103,8 @@ class Batches:
 
     def iterate(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.unreadable = 0
+        if self.train and hasattr(self.dataset, "set_epoch"):  # per-sample random crops follow the epoch
+            self.dataset.set_epoch(epoch)
         batches = self.index_batches(epoch, skip)
         if isinstance(self.dataset, TensorImageDataset):
             for b in batches:

@@ -1,9 +1,11 @@
 """The training entry point: one process or many (DDP), resumable, interruptible.
 
-``train(cfg)`` runs the paper's recipe (AdamW, cosine with warm-up/cool-down, lr scaled by total
-batch / 512, clipping, drop path, EMA, accumulation, mixed precision, mixup/cutmix with label
-smoothing, kornia augmentation on the training device) and writes, from rank 0 only:
-``config.yaml``, ``last.pth`` (and ``previous.pth``), ``metrics.csv``, ``curves.png``,
+``train(cfg)`` runs the paper's recipe as the authors' code runs it (AdamW, timm's cosine with
+warm-up/cool-down, lr, warmup_lr and min_lr scaled by total batch / 512, accumulation to a pinned
+total batch, clipping, drop path, EMA with its decay scaled by the total batch, mixed precision,
+mixup/cutmix with label smoothing, per-image augmentation on the training device, evaluation in
+fp32) and writes, from rank 0 only: ``config.yaml``, ``last.pth`` (and ``previous.pth``),
+``best.pth`` / ``best_ema.pth`` (the epochs with the best top-1), ``metrics.csv``, ``curves.png``,
 ``summary.json`` (and TensorBoard events when tensorboard is installed) into ``train.output``.
 The steps of an epoch are :class:`~inline_attn.train.loop.EpochRunner`'s; checkpoints are
 :mod:`~inline_attn.train.checkpoint`'s.
@@ -26,15 +28,16 @@ import torch.nn as nn
 
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
-from ..models.checkpoint import read_state_dict
 from ..models.profile import count_params, profile
 from . import checkpoint as ckpt_io
-from .config import LR_REFERENCE_BATCH, Config, save_config
-from .data import Batches, build_datasets, data_info
+from .config import Config, save_config
+from .data import Batches, build_datasets, data_info, loader_crops
 from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from .ema import ModelEma
+from .finetune import load_initial_weights
 from .loop import EpochRunner, autocast, evaluate
 from .optim import CosineSchedule, build_optimizer
+from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_json, write_metrics
 from .state import TrainState
 
@@ -70,19 +73,16 @@ def check_model_args(cfg: Config, data: DataInfo) -> None:
 
 
 def build_model(cfg: Config, data: DataInfo) -> nn.Module:
-    """create_model with the config's overrides; ``model.checkpoint`` initialises it (a head of
-    another shape is left out)."""
+    """create_model with the config's overrides; ``model.checkpoint`` initialises it for
+    fine-tuning (:func:`~inline_attn.train.finetune.load_initial_weights`)."""
     kwargs = {"drop_path_rate": cfg.model.drop_path, "drop_rate": cfg.model.drop, **model_kwargs(cfg, data)}
     try:
         model = create_model(cfg.model.name, **kwargs)
     except TypeError as e:  # an override the constructor does not take
         raise ValueError(f"model {cfg.model.name!r} rejected its arguments {kwargs}: {e}") from e
     if cfg.model.checkpoint:
-        sd = read_state_dict(cfg.model.checkpoint, weights_only=False)
-        own = model.state_dict()
-        sd = {k: v for k, v in sd.items() if k in own and own[k].shape == v.shape}  # drop a mismatched head
-        missing, _ = model.load_state_dict(sd, strict=False)
-        log.info("initialised from %s (%d tensors not loaded: %s)", cfg.model.checkpoint, len(missing), missing[:5])
+        load_initial_weights(model, cfg.model.checkpoint, ema=cfg.model.checkpoint_ema,
+                             classifier=get_model_config(cfg.model.name).classifier)
     return model
 
 
@@ -161,15 +161,14 @@ def _resolve_amp(amp: str, device: torch.device) -> str:
     return amp
 
 
-def _new_state(cfg: Config, model: nn.Module, total_batch: int, steps_per_epoch: int, amp: str) -> TrainState:
+def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: int, amp: str) -> TrainState:
     o, s = cfg.optim, cfg.sched
-    lr = o.lr if o.lr is not None else o.base_lr * total_batch / LR_REFERENCE_BATCH
-    optimizer = build_optimizer(model, o.opt, lr, o.weight_decay, o.betas, o.eps)
-    sched = CosineSchedule(optimizer, lr=lr, steps_per_epoch=steps_per_epoch, epochs=s.epochs,
+    optimizer = build_optimizer(model, o.opt, recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
+    sched = CosineSchedule(optimizer, lr=recipe.lr, steps_per_epoch=steps_per_epoch, epochs=s.epochs,
                            warmup_epochs=s.warmup_epochs, cooldown_epochs=s.cooldown_epochs,
-                           warmup_lr=s.warmup_lr, min_lr=s.min_lr)
+                           warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr)
     scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
-    ema = ModelEma(model, cfg.train.ema_decay) if cfg.train.ema else None
+    ema = ModelEma(model, recipe.ema_decay) if recipe.ema_decay is not None else None
     return TrainState(model, optimizer, sched, scaler, ema)
 
 
@@ -190,16 +189,17 @@ def _resume_or_seed(state: TrainState, cfg: Config, info: DistInfo, out: pathlib
 
 def _train(cfg: Config, info: DistInfo) -> dict:
     device, out = info.device, pathlib.Path(cfg.train.output)
+    recipe = resolve(cfg, info.world_size)  # a total batch these processes cannot reach fails here
     _set_determinism(cfg, device)
     # model init is identical on every rank (DDP also broadcasts); augmentation differs per rank
     _seed_everything(cfg.train.seed)
     model_cfg = get_model_config(cfg.model.name)
     data = data_info(cfg.data, model_cfg)
     check_model_args(cfg, data)
-    train_set, val_set, data = build_datasets(cfg.data, data)
+    train_set, val_set, data = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
     model = build_model(cfg, data).to(device)
     amp = _resolve_amp(cfg.train.amp, device)
-    bs, accum, workers = cfg.data.batch_size, cfg.optim.accum_steps, cfg.data.workers
+    bs, accum, workers = cfg.data.batch_size, recipe.accum_steps, cfg.data.workers
     pin = device.type == "cuda"
     train_batches = Batches(train_set, bs, rank=info.rank, world_size=info.world_size, train=True,
                             seed=cfg.train.seed, workers=workers, pin_memory=pin)
@@ -208,7 +208,9 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     steps_per_epoch = len(train_batches) // accum
     if steps_per_epoch < 1:
         raise ValueError(f"an epoch has {len(train_batches)} batches, fewer than optim.accum_steps={accum}")
-    state = _new_state(cfg, model, bs * info.world_size * accum, steps_per_epoch, amp)
+    state = _new_state(cfg, model, recipe, steps_per_epoch, amp)
+    if info.is_main:
+        print(f"recipe: {recipe.describe()}", file=sys.stderr, flush=True)
     _resume_or_seed(state, cfg, info, out, steps_per_epoch)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -227,25 +229,36 @@ def _train(cfg: Config, info: DistInfo) -> dict:
         clip_grad=cfg.optim.clip_grad, steps_per_epoch=steps_per_epoch, channels_last=cfg.train.channels_last,
         total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs, max_steps=cfg.train.max_steps,
         progress=cfg.train.progress,
-        train_aug=TrainAugment(data.img_size, data.mean, data.std, crop=a.crop, scale=a.scale, ratio=a.ratio,
+        train_aug=TrainAugment(data.img_size, data.mean, data.std, crop="none" if loader_crops(cfg.data, a) else a.crop,
+                               scale=a.scale, ratio=a.ratio,
                                padding=a.padding, hflip=a.hflip, auto_augment=a.auto_augment,
                                color_jitter=a.color_jitter, re_prob=a.re_prob,
                                interpolation=data.interpolation).to(device),
         mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
     )
     run = _Run(cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch,
-               model_kwargs(cfg, data), amp)
-    eval_tf = EvalTransform(data.img_size, data.mean, data.std, data.crop_pct, data.interpolation).to(device)
+               model_kwargs(cfg, data), recipe)
+    eval_tf = EvalTransform(data.img_size, data.mean, data.std, data.crop_pct, data.interpolation,
+                            data.eval_resize).to(device)
     return run.epochs(state, runner, val_batches, eval_tf)
+
+
+def _best(history: list[dict], key: str) -> Optional[dict]:
+    """``{"value", "epoch"}`` (epoch counted from 1) of the best ``key`` in ``history``; ties: the later."""
+    best = None
+    for r in history:
+        if r.get(key) is not None and (best is None or r[key] >= best["value"]):
+            best = {"value": r[key], "epoch": r["epoch"] + 1}
+    return best
 
 
 class _Run:
     """The epochs of one run: train, evaluate, record, checkpoint, and the closing summary."""
 
     def __init__(self, cfg: Config, info: DistInfo, out: pathlib.Path, data: DataInfo, model_cfg, n_params: int,
-                 steps_per_epoch: int, kwargs: dict, amp: str):
+                 steps_per_epoch: int, kwargs: dict, recipe: Recipe):
         self.cfg, self.info, self.out, self.data, self.model_cfg = cfg, info, out, data, model_cfg
-        self.n_params, self.steps_per_epoch, self.kwargs, self.amp = n_params, steps_per_epoch, kwargs, amp
+        self.n_params, self.steps_per_epoch, self.kwargs, self.recipe = n_params, steps_per_epoch, kwargs, recipe
         self.total_epochs = cfg.sched.epochs + cfg.sched.cooldown_epochs
         self.t_start = time.time()
 
@@ -262,6 +275,7 @@ class _Run:
                 row = self.end_of_epoch(state, seen, time.time() - t_epoch, val_batches, eval_tf)
                 path = self.save(state)
                 if self.info.is_main:
+                    self.keep_best(state.history, path)
                     self.record(state, row, tb)
                 if reason:
                     return self.finish(state, reason, path, stop.signum)
@@ -278,12 +292,13 @@ class _Run:
                "train_loss": sums[0].item() / max(sums[1].item(), 1), "epoch_time_s": round(epoch_time, 2),
                "train_img_s": round(seen * self.info.world_size / max(epoch_time, 1e-9), 1)}
         if (state.epoch + 1) % self.cfg.train.eval_every == 0 or state.epoch + 1 == self.total_epochs:
-            ev = evaluate(state.model, val_batches, eval_tf, self.info.device, self.info, self.amp)
+            # reported numbers in fp32 whatever the training precision (the authors' validate())
+            ev = evaluate(state.model, val_batches, eval_tf, self.info.device, self.info, "none")
             row.update(val_loss=ev["loss"], val_top1=ev["top1"], val_top5=ev["top5"])
             if ev["n_unreadable"] and self.info.is_main:
                 log.warning("validation: %d images scored, %d unreadable skipped", ev["n"], ev["n_unreadable"])
             if state.ema is not None:
-                ema = evaluate(state.ema.module, val_batches, eval_tf, self.info.device, self.info, self.amp)
+                ema = evaluate(state.ema.module, val_batches, eval_tf, self.info.device, self.info, "none")
                 row["val_top1_ema"] = ema["top1"]
         state.history.append(row)
         state.epoch, state.step_in_epoch = state.epoch + 1, 0
@@ -304,6 +319,16 @@ class _Run:
         sd = ckpt_io.state_dict(state, self.cfg, rank_states=gathered, world_size=self.info.world_size,
                                 steps_per_epoch=self.steps_per_epoch, extra=extra, t_start=self.t_start)
         return ckpt_io.save_rotating(sd, self.out)
+
+    def keep_best(self, history: list[dict], path: pathlib.Path) -> None:
+        """Copy the epoch's checkpoint to best.pth / best_ema.pth when its top-1 / EMA top-1 is the
+        best so far (a tie goes to the later epoch, as the authors' ``>=``)."""
+        row = history[-1]
+        for key, name in (("val_top1", ckpt_io.BEST), ("val_top1_ema", ckpt_io.BEST_EMA)):
+            value = row.get(key)
+            before = [r[key] for r in history[:-1] if r.get(key) is not None]
+            if value is not None and (not before or value >= max(before)):
+                ckpt_io.copy_atomic(path, self.out / name)
 
     def record(self, state: TrainState, row: dict, tb: TensorBoard) -> None:
         write_metrics(state.history, self.out / "metrics.csv")
@@ -326,13 +351,18 @@ class _Run:
             "device": str(info.device), "interrupted": interrupted, "signal": signum,
             "checkpoint": str(ckpt_path) if ckpt_path else None, "output": str(self.out),
         }
+        summary["recipe"] = self.recipe.to_dict()
         if history:
             last = history[-1]
-            evals = [r for r in history if r.get("val_top1") is not None]
             summary.update(final={k: last.get(k) for k in ("train_loss", "val_loss", "val_top1", "val_top5",
                                                            "val_top1_ema")},
-                           best_val_top1=max((r["val_top1"] for r in evals), default=None),
                            train_img_s=round(float(np.median([r["train_img_s"] for r in history])), 1))
+            for key, tag, name in (("val_top1", "", ckpt_io.BEST), ("val_top1_ema", "_ema", ckpt_io.BEST_EMA)):
+                best = _best(history, key)
+                if best is not None:
+                    summary[f"best_val_top1{tag}"] = best["value"]
+                    summary[f"best{tag}_epoch"] = best["epoch"]
+                    summary[f"best{tag}_checkpoint"] = str(self.out / name)
         if interrupted is None:
             summary["train_time_s"] = round(state.elapsed_s + time.time() - self.t_start, 1)
             if info.is_main:

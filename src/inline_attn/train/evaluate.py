@@ -56,13 +56,13 @@ def _load_into(net: nn.Module, source, where: str) -> None:
 
 def evaluate_checkpoint(checkpoint: PathLike, data: str, *, model: Optional[str] = None, ema: bool = False,
                         batch_size: int = 256, split: Optional[str] = None, img_size: Optional[int] = None,
-                        crop_pct: Optional[float] = None, device: str = "auto", amp: str = "none",
-                        workers: int = 2) -> dict:
+                        crop_pct: Optional[float] = None, eval_resize: Optional[str] = None, device: str = "auto",
+                        amp: str = "none", workers: int = 2) -> dict:
     """Top-1/top-5 of a checkpoint on ``data`` ("fmnist", "fmnist:DIR" or an ImageNet-layout folder).
 
-    Input size and normalisation follow the checkpoint's training config, else the dataset's,
-    else the model's (``img_size`` / ``crop_pct`` override them). Unreadable images are skipped:
-    ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
+    Input size, normalisation and the eval resize follow the checkpoint's training config, else
+    the dataset's, else the model's (``img_size`` / ``crop_pct`` / ``eval_resize`` override them).
+    Unreadable images are skipped: ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
     """
     dev = resolve_device(device, what="--device")
     net, ckpt = load_trained_model(checkpoint, model=model, ema=ema)
@@ -74,9 +74,11 @@ def evaluate_checkpoint(checkpoint: PathLike, data: str, *, model: Optional[str]
     fmnist, _ = parse_source(data)
     info = resolve_data_info(mcfg, fmnist=fmnist, img_size=img_size or kw.get("img_size") or saved.get("img_size"),
                              mean=saved.get("mean"), std=saved.get("std"), crop_pct=crop_pct or saved.get("crop_pct"),
-                             interpolation=saved.get("interpolation"))
+                             interpolation=saved.get("interpolation"),
+                             eval_resize=eval_resize or saved.get("eval_resize"))
     dataset, _ = open_eval_source(data, info, split, what="--data")
-    tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation).to(dev)
+    tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation,
+                       info.eval_resize).to(dev)
     batches = Batches(dataset, batch_size, train=False, workers=workers)
     t = time.time()
     res = evaluate(net, batches, tf, dev, DistInfo(device=dev), amp)

@@ -1,4 +1,4 @@
-"""AdamW with the usual no-decay groups, and the cosine schedule with warm-up and cool-down."""
+"""AdamW with the no-decay groups, and timm 0.4.12's cosine schedule with warm-up and cool-down."""
 from __future__ import annotations
 
 import math
@@ -7,11 +7,15 @@ import torch
 import torch.nn as nn
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decay, and no decay for 1-d params (norms, biases), names ending in
-    ``.bias`` and the model's ``no_weight_decay()`` names (position embeddings, cls token,
-    relative position tables; matched as exact names or by their last component)."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+def param_groups(model: nn.Module, weight_decay: float, no_weight_decay=None) -> list[dict]:
+    """Two groups: decay, and no decay for 1-d params (norms, biases), names ending in ``.bias``
+    and the exempt names, matched exactly or by their last component: ``no_weight_decay`` when
+    given (a recipe's ``optim.no_weight_decay``), else the model's ``no_weight_decay()`` (position
+    embeddings, cls token, relative position tables)."""
+    if no_weight_decay is not None:
+        skip = set(no_weight_decay)
+    else:
+        skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -23,15 +27,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
 
 
-def no_decay_names(model: nn.Module) -> list[str]:
+def no_decay_names(model: nn.Module, no_weight_decay=None) -> list[str]:
     """Names of the parameters :func:`param_groups` exempts from weight decay (for tests/logs)."""
-    ids = {id(p) for p in param_groups(model, 0.0)[0]["params"]}
+    ids = {id(p) for p in param_groups(model, 0.0, no_weight_decay)[0]["params"]}
     return [n for n, p in model.named_parameters() if id(p) in ids]
 
 
 def build_optimizer(model: nn.Module, opt: str, lr: float, weight_decay: float, betas=(0.9, 0.999),
-                    eps: float = 1e-8) -> torch.optim.Optimizer:
-    groups = param_groups(model, weight_decay)
+                    eps: float = 1e-8, no_weight_decay=None) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay, no_weight_decay)
     if opt == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     if opt == "sgd":
@@ -40,9 +44,16 @@ def build_optimizer(model: nn.Module, opt: str, lr: float, weight_decay: float, 
 
 
 class CosineSchedule:
-    """Per-step learning rate: linear warm-up from ``warmup_lr`` to ``lr`` over
-    ``warmup_epochs``, cosine from ``lr`` to ``min_lr`` until ``epochs``, then ``min_lr`` for the
-    ``cooldown_epochs`` that follow (the run lasts epochs + cooldown_epochs).
+    """Per-step learning rate as timm 0.4.12's ``CosineLRScheduler`` with ``t_in_epochs=False``,
+    ``cycle_limit=1`` and ``warmup_prefix=False`` (the authors' ``lr_scheduler.py``), stepped as
+    their ``main.py`` steps it.
+
+    With ``T = int(epochs * steps_per_epoch)`` and ``T_w = int(warmup_epochs * steps_per_epoch)``,
+    timm's value after update ``t`` is ``warmup_lr + t (lr - warmup_lr) / T_w`` for ``t < T_w``,
+    ``min_lr + (lr - min_lr) (1 + cos(pi t / T)) / 2`` for ``T_w <= t < T`` (the cosine runs on the
+    absolute step: the warm-up only overrides its start), and ``min_lr`` from ``T`` on (the
+    ``cooldown_epochs`` after ``epochs``). The authors call it after each optimizer step, so step
+    ``k`` (counting from 0) trains with timm's value for ``t = max(k - 1, 0)``: :meth:`lr_at`.
 
     The lr is a function of the optimizer step only, so the state is just the step count.
     """
@@ -57,19 +68,23 @@ class CosineSchedule:
         self.lr = lr
         self.warmup_lr = warmup_lr
         self.min_lr = min_lr
-        self.warmup_steps = round(warmup_epochs * steps_per_epoch)
-        self.cosine_steps = epochs * steps_per_epoch
-        self.total_steps = round((epochs + cooldown_epochs) * steps_per_epoch)
+        self.warmup_steps = int(warmup_epochs * steps_per_epoch)
+        self.cosine_steps = int(epochs * steps_per_epoch)
+        self.total_steps = int((epochs + cooldown_epochs) * steps_per_epoch)
         self.step_count = 0
         self._apply()
 
-    def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.warmup_lr + (self.lr - self.warmup_lr) * step / self.warmup_steps
-        if step >= self.cosine_steps:
+    def timm_value(self, t: int) -> float:
+        """timm's lr after update ``t``."""
+        if t < self.warmup_steps:
+            return self.warmup_lr + t * (self.lr - self.warmup_lr) / self.warmup_steps
+        if t >= self.cosine_steps:
             return self.min_lr
-        t = (step - self.warmup_steps) / max(1, self.cosine_steps - self.warmup_steps)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * t))
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * t / self.cosine_steps))
+
+    def lr_at(self, step: int) -> float:
+        """The lr optimizer step ``step`` (from 0) trains with."""
+        return self.timm_value(max(step - 1, 0))
 
     def _apply(self) -> None:
         lr = self.lr_at(self.step_count)
