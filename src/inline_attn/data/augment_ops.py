@@ -196,23 +196,28 @@ def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float], interpo
     u = m[:, 0, 0] * xs + m[:, 0, 1] * ys + m[:, 0, 2]  # [B, H, W] source x (continuous)
     v = m[:, 1, 0] * xs + m[:, 1, 1] * ys + m[:, 1, 2]
     inside = (u >= 0) & (u < W) & (v >= 0) & (v < H)
-    flat = x.reshape(B, C, H * W).double()
-
-    def tap(iy: torch.Tensor, ix: torch.Tensor) -> torch.Tensor:  # [B, H, W] pixel indices -> [B, C, H, W]
-        idx = (iy.clamp(0, H - 1) * W + ix.clamp(0, W - 1)).view(B, 1, H * W).expand(B, C, H * W)
-        return flat.gather(2, idx).view(B, C, H, W)
-
     u, v = u - 0.5, v - 0.5  # pixel-centre coordinates
     x0, y0 = torch.floor(u), torch.floor(v)
-    dx, dy = (u - x0).unsqueeze(1), (v - y0).unsqueeze(1)
-    x0, y0 = x0.long(), y0.long()
+    dx, dy = (u - x0).view(B, 1, H, W), (v - y0).view(B, 1, H, W)
+    # each row of the k x k neighbourhood (edge pixels repeated) gathered at once, interpolated
+    # along x, then the k row values along y: float64 temporaries of k x the image, not k x k
+    offsets = torch.arange(-1, 3, device=dev) if interpolation == "bicubic" else torch.arange(0, 2, device=dev)
+    k = offsets.numel()
+    cols = (x0.long().unsqueeze(1) + offsets.view(1, k, 1, 1)).clamp_(0, W - 1)  # [B, k, H, W]
+    rows = (y0.long().unsqueeze(1) + offsets.view(1, k, 1, 1)).clamp_(0, H - 1)
+    flat = x.reshape(B, C, H * W).double()
+    across = []
+    for r in range(k):
+        idx = (rows[:, r:r + 1] * W + cols).view(B, 1, k * H * W).expand(B, C, -1)
+        taps = flat.gather(2, idx).view(B, C, k, H, W)
+        if interpolation == "bilinear":  # Pillow's BILINEAR: along x, then y
+            across.append(taps[:, :, 0] + (taps[:, :, 1] - taps[:, :, 0]) * dx)
+        else:  # Pillow's BICUBIC: each row along x, then the four rows along y
+            across.append(_cubic(taps[:, :, 0], taps[:, :, 1], taps[:, :, 2], taps[:, :, 3], dx))
     if interpolation == "bilinear":
-        top = tap(y0, x0) + (tap(y0, x0 + 1) - tap(y0, x0)) * dx
-        bottom = tap(y0 + 1, x0) + (tap(y0 + 1, x0 + 1) - tap(y0 + 1, x0)) * dx
-        out = top + (bottom - top) * dy
+        out = across[0] + (across[1] - across[0]) * dy
     else:
-        rows = [_cubic(*(tap(y0 + r, x0 + c) for c in (-1, 0, 1, 2)), dx) for r in (-1, 0, 1, 2)]
-        out = _cubic(*rows, dy)
+        out = _cubic(*across, dy)
     out = torch.floor(out).clamp_(0, LEVELS - 1)  # Pillow truncates
     fill_t = torch.as_tensor(list(fill), dtype=out.dtype, device=dev).view(1, -1, 1, 1).expand(B, C, H, W)
     return torch.where(inside.unsqueeze(1), out, fill_t).to(x.dtype)

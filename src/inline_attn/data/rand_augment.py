@@ -29,6 +29,7 @@ from . import augment_ops as ops
 
 MAX_LEVEL = 10.0  # timm's _MAX_LEVEL: magnitudes live on 0..10
 OP_PROB = 0.5  # timm's rand_augment_ops(prob=0.5)
+AFFINE_CHUNK = 16  # images per affine resampling call: ~80 MB of float64 temporaries per 224 x 224 image set
 
 # timm 0.4.12 auto_augment.py _RAND_TRANSFORMS / _RAND_INCREASING_TRANSFORMS
 RAND_OPS = (
@@ -129,22 +130,28 @@ def op_argument(name: str, magnitude: torch.Tensor, negate: torch.Tensor) -> Opt
     return None if fn is None else fn(magnitude.to(torch.float64).cpu(), negate.cpu())
 
 
+GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+
+
+def geometric_matrix(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The affine matrices [B, 2, 3] of geometric operation ``name`` at arguments ``arg`` [B]."""
+    if name == "Rotate":
+        return ops.rotate_matrix(arg, height, width)
+    if name.startswith("Shear"):
+        return ops.shear_matrix(arg, name[-1].lower())
+    # timm's translate_*_rel: pixels = fraction x the image's width (x) or height (y)
+    axis = "x" if name == "TranslateXRel" else "y"
+    return ops.translate_matrix(arg * (width if axis == "x" else height), axis)
+
+
 def apply_op(name: str, x: torch.Tensor, magnitude: torch.Tensor, negate: torch.Tensor, *,
              fill: Sequence[float], interpolation: str = "bicubic") -> torch.Tensor:
     """Operation ``name`` on every image of ``x`` [B, C, H, W] (levels), each at its own
     ``magnitude`` [B] and sign ``negate`` [B]; returns levels."""
     arg = op_argument(name, magnitude, negate)
-    H, W = x.shape[-2:]
+    if name in GEOMETRIC:
+        return ops.affine(x, geometric_matrix(name, arg, *x.shape[-2:]), fill, interpolation)
     base = name.removesuffix("Increasing")
-    if base in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
-        if base == "Rotate":
-            m = ops.rotate_matrix(arg, H, W)
-        elif base.startswith("Shear"):
-            m = ops.shear_matrix(arg, base[-1].lower())
-        else:  # timm's translate_*_rel: pixels = fraction x the image's width (x) or height (y)
-            axis = "x" if base == "TranslateXRel" else "y"
-            m = ops.translate_matrix(arg * (W if axis == "x" else H), axis)
-        return ops.affine(x, m, fill, interpolation)
     simple = {"AutoContrast": ops.autocontrast, "Equalize": ops.equalize, "Invert": ops.invert}
     if base in simple:
         return simple[base](x)
@@ -213,13 +220,26 @@ class RandAugment(nn.Module):
         """x: [B, C, H, W] levels (0..255, float) -> the same, each image augmented."""
         draws = draws if draws is not None else self.sample(x.shape[0])
         x = x.clone()
+        H, W = x.shape[-2:]
         for layer in range(self.spec.num_ops):
             op, applied = draws.op[:, layer], draws.applied[:, layer]
+            mag, neg = draws.magnitude[:, layer], draws.negate[:, layer]
+            # the geometric operations are one affine resampling: all their images in one call
+            geo_rows, geo_mats = [], []
             for k in torch.unique(op[applied]).tolist():
                 rows = torch.nonzero(applied & (op == k)).flatten()
-                sub = apply_op(self.names[k], x[rows.to(x.device)], draws.magnitude[rows, layer],
-                               draws.negate[rows, layer], fill=self.fill, interpolation=self.interpolation)
-                x[rows.to(x.device)] = sub
+                name = self.names[k]
+                if name in GEOMETRIC:
+                    geo_rows.append(rows)
+                    geo_mats.append(geometric_matrix(name, op_argument(name, mag[rows], neg[rows]), H, W))
+                    continue
+                sel = rows.to(x.device)
+                x[sel] = apply_op(name, x[sel], mag[rows], neg[rows], fill=self.fill, interpolation=self.interpolation)
+            if geo_rows:
+                rows, mats = torch.cat(geo_rows).to(x.device), torch.cat(geo_mats)
+                for i in range(0, rows.numel(), AFFINE_CHUNK):  # bounds the float64 temporaries
+                    sel = rows[i:i + AFFINE_CHUNK]
+                    x[sel] = ops.affine(x[sel], mats[i:i + AFFINE_CHUNK], self.fill, self.interpolation)
         return x
 
     def extra_repr(self) -> str:
@@ -229,6 +249,6 @@ class RandAugment(nn.Module):
 
 
 __all__ = [
-    "CHOICE_WEIGHTS_0", "Draws", "LEVEL_TO_ARG", "MAX_LEVEL", "OP_PROB", "RAND_INCREASING_OPS", "RAND_OPS",
-    "RandAugment", "RandAugmentSpec", "apply_op", "op_argument", "parse_rand_augment", "rand_augment_fill",
+    "CHOICE_WEIGHTS_0", "Draws", "GEOMETRIC", "LEVEL_TO_ARG", "MAX_LEVEL", "OP_PROB", "RAND_INCREASING_OPS", "RAND_OPS",
+    "RandAugment", "RandAugmentSpec", "apply_op", "geometric_matrix", "op_argument", "parse_rand_augment", "rand_augment_fill",
 ]
