@@ -32,6 +32,10 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
     ("optim.opt", "adam", r"optim.opt='adam': expected one of 'adamw', 'sgd'"),
     ("model.name", "inline_deit_tiniest", r"model.name: unknown model 'inline_deit_tiniest'"),
     ("model.checkpoint", "/no/such.pth", r"model.checkpoint='/no/such.pth': no such file"),
+    ("optim.total_batch", "0", r"optim.total_batch=0: must be >= 1"),
+    ("optim.no_weight_decay", "5", r"optim.no_weight_decay=5: expected a list of strings or null"),
+    ("data.eval_resize", "crop", r"data.eval_resize='crop': expected one of 'shorter', 'squash'"),
+    ("train.ema_batch", "-1", r"train.ema_batch=-1: must be >= 1"),
 ])
 def test_bad_value_is_refused_naming_the_key(key, value, message, tmp_path, capsys):
     out = tmp_path / "run"

@@ -32,7 +32,8 @@ def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
     assert summary["best_checkpoint"] == str(out / "best.pth") and "best_val_top1_ema" not in summary
     # the run states the batch and learning rates it uses
     assert summary["recipe"]["total_batch"] == 4 and summary["recipe"]["lr"] == 1.0e-3
-    assert "recipe: total batch 4 = 4 per process x 1 process x 1 accumulation step; lr 0.001" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "recipe: total batch 4 = 4 per process x 1 process x 1 accumulation step; lr 0.001" in err
     rows = (out / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,step,lr,train_loss") and len(rows) == 2
     # the resolved config was saved beside the outputs and reloads to the same config

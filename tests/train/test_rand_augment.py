@@ -133,7 +133,8 @@ def test_every_operation_equals_pillow_at_magnitudes_0_5_9_10(name):
             arg = signed_arg(name, i, negate) if name in DOCUMENTED else None
             ref = as_levels(np.asarray(pillow_op(name, pil, arg)))
             diff = (ours - ref).abs()
-            print(f"{name} m={m} negate={negate}: max diff {diff.max().item():.0f}, {int((diff > 0).sum())} levels differ")
+            print(f"{name} m={m} negate={negate}: max diff {diff.max().item():.0f}, "
+                  f"{int((diff > 0).sum())} levels differ")
             assert torch.equal(ours, ref)
 
 
@@ -228,4 +229,5 @@ def test_against_timm_itself(monkeypatch):
                 if name.startswith("Posterize") and args and args[0] == 0:
                     continue  # current Pillow refuses 0 bits (test_every_operation_equals_pillow_... covers it)
                 ref = aa.NAME_TO_OP[name](pil, *args, fillcolor=FILL, resample=Image.BICUBIC)
-                assert torch.equal(apply_op(name, x, mag, neg, fill=FILL), as_levels(np.asarray(ref))), (name, m, negate)
+                ours = apply_op(name, x, mag, neg, fill=FILL)
+                assert torch.equal(ours, as_levels(np.asarray(ref))), (name, m, negate)

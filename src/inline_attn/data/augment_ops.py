@@ -178,7 +178,8 @@ def _cubic(v0, v1, v2, v3, d):
     return v1 + d * (p2 + d * (p3 + d * p4))
 
 
-def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float], interpolation: str = "bicubic") -> torch.Tensor:
+def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float],
+           interpolation: str = "bicubic") -> torch.Tensor:
     """Image.transform(size, AFFINE, matrix, resample, fillcolor=fill) for every image.
 
     x: [B, C, H, W] levels; matrix: [B, 2, 3] (Pillow's ``(a, b, c, d, e, f)``: the output pixel
@@ -186,7 +187,8 @@ def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float], interpo
     fill: one level per channel for sources outside the image. Returns [B, C, H, W] levels.
     """
     if interpolation not in ("bicubic", "bilinear"):
-        raise ValueError(f"interpolation {interpolation!r}: RandAugment's geometric operations take bicubic or bilinear")
+        raise ValueError(f"interpolation {interpolation!r}: RandAugment's geometric operations take bicubic "
+                         "or bilinear")
     B, C, H, W = x.shape
     dev = x.device
     # float64 as in Pillow: in float32 a sample landing on a whole level truncates one level lower

@@ -74,7 +74,8 @@ def parse_rand_augment(spec: str) -> RandAugmentSpec:
     for part in spec.split("-")[1:]:
         m = re.fullmatch(r"([a-z]+)(\d[\d.]*)", part)
         if m is None:
-            raise ValueError(f"auto_augment {spec!r}: cannot parse field {part!r} (expected e.g. m9, n2, mstd0.5, inc1)")
+            raise ValueError(f"auto_augment {spec!r}: cannot parse field {part!r} "
+                             "(expected e.g. m9, n2, mstd0.5, inc1)")
         key, val = m.groups()
         if key not in ("m", "n", "mstd", "inc", "w"):
             raise ValueError(f"auto_augment {spec!r}: unknown field {part!r} (known: m, n, mstd, inc, w)")
@@ -250,5 +251,6 @@ class RandAugment(nn.Module):
 
 __all__ = [
     "CHOICE_WEIGHTS_0", "Draws", "GEOMETRIC", "LEVEL_TO_ARG", "MAX_LEVEL", "OP_PROB", "RAND_INCREASING_OPS", "RAND_OPS",
-    "RandAugment", "RandAugmentSpec", "apply_op", "geometric_matrix", "op_argument", "parse_rand_augment", "rand_augment_fill",
+    "RandAugment", "RandAugmentSpec", "apply_op", "geometric_matrix", "op_argument", "parse_rand_augment",
+    "rand_augment_fill",
 ]

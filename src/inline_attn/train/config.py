@@ -54,7 +54,8 @@ class ModelCfg:
     checkpoint: Optional[str] = setting(
         None, doc="initial weights for fine-tuning, ours or the authors' (relative position tables and position "
                   "embeddings of another size resized bicubically; a head of another shape starts at zero)")
-    checkpoint_ema: bool = setting(False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)")
+    checkpoint_ema: bool = setting(False, doc="initialise from the checkpoint's EMA weights "
+                                              "(model_ema / state_dict_ema)")
 
     def check(self) -> None:
         from ..models import get_model_config
@@ -139,7 +140,8 @@ class OptimCfg:
     betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
     eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
     clip_grad: Optional[float] = setting(5.0, ge=0, doc="max gradient norm (null or 0: off)")
-    accum_steps: int = setting(1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the number it implies)")
+    accum_steps: int = setting(1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the "
+                                            "number it implies)")
     total_batch: Optional[int] = setting(
         None, ge=1, doc="images per optimizer step over all processes; accum_steps = total_batch / (data.batch_size "
                         "x processes) must be a whole number (null: data.batch_size x processes x accum_steps)")
