@@ -38,7 +38,7 @@ def test_fast_matches_naive_outputs_and_grads(shape, kind, kernel):
 
 
 def test_inline_matches_reference_formula_with_scale_convention():
-    """SPEC section 1: the reference multiplies phi(Q) by d^-0.5 / N before the formula."""
+    """The reference code's scale: it multiplies phi(Q) by d^-0.5 / N before paper Eq. 5."""
     q, k, v = (t.detach() for t in _qkv((2, 2, 50, 16)))
     n, d = 50, 16
     s = d ** -0.5

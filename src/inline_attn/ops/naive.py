@@ -3,7 +3,7 @@
 These are the ground truth the fast paths are tested against (run them in float64) and the
 source of attention weights for the analyses. Cost is O(N^2) memory; never use them for speed.
 
-Equations (per head; shared/SPEC.md section 1; paper Eq. 2, 3 and 5):
+Equations (per head; paper Eq. 2 softmax, Eq. 3 linear, Eq. 5 InLine, Sec. 4.2 local residual):
 
 - softmax: ``w_ij = softmax_j(scale * q_i . k_j + bias_ij)``, ``scale = D**-0.5``
 - linear:  ``w_ij = phi(q_i) . phi(k_j) / (sum_s phi(q_i) . phi(k_s) + eps)``
@@ -89,7 +89,7 @@ def naive_attention(q, k, v, *, kind="inline", **kwargs) -> torch.Tensor:
 
 
 def naive_local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Per-sample, per-channel 3x3 convolution of V laid out as an image (SPEC section 2).
+    """Per-sample, per-channel 3x3 convolution of V laid out as an image (paper Sec. 4.2).
 
     Args:
         v: [B, C, H, W] values as an image (channel order head-major, as in the output).
