@@ -10,18 +10,18 @@ import torch.nn.functional as F
 from model_helpers import assert_close_rel, load_golden
 
 from inline_attn import create_model, load_checkpoint, save_checkpoint
-from inline_attn.models.checkpoint import LoadResult, read_state_dict, register_checkpoint_filter
-from inline_attn.models.deit import VisionTransformer
-from inline_attn.models.pvt import PyramidVisionTransformer
+from inline_attn.models.checkpoint import LoadResult, read_state_dict
+from inline_attn.models.deit import InLineDeiT
+from inline_attn.models.pvt import InLinePVT
 
 
 class TrainingConfig:  # stands in for the config object some training checkpoints pickle
     lr = 5e-4
 
 
-def tiny_deit(**kw) -> VisionTransformer:
+def tiny_deit(**kw) -> InLineDeiT:
     args = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, num_classes=5)
-    return VisionTransformer(**{**args, **kw}).eval()
+    return InLineDeiT(**{**args, **kw}).eval()
 
 
 def outputs(model, x):
@@ -61,7 +61,7 @@ def test_golden_weights_as_authors_pth_reproduce_reference_output(tmp_path, floa
     kw = dict(meta["kwargs"])
     assert kw.pop("la_sr_ratios") == "1111"
     kw["pattern"] = kw.pop("attn_type")
-    model = PyramidVisionTransformer(**kw, norm_eps=1e-5).eval()
+    model = InLinePVT(**kw, norm_eps=1e-5).eval()
     load_checkpoint(model, tmp_path / "inline_pvt.pth")
     assert_close_rel(outputs(model, data["input"]), data["output"], rtol=1e-10)
 
@@ -128,18 +128,39 @@ def test_pos_embed_of_another_size_is_resized():
 
 def test_full_checkpoint_loads_into_features_only_backbone():
     src = tiny_deit(depth=3)
-    backbone = tiny_deit(depth=3, features_only=True, out_indices=(1,))
+    backbone = tiny_deit(depth=3).to_features_only(out_indices=(1,))
+    assert backbone.pruned_modules == ("blocks.2", "norm", "head")
     load_checkpoint(backbone, src.state_dict())  # strict: pruned norm/head/block 2 entries dropped
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         ref = src.forward_intermediates(x, indices=[1], intermediates_only=True)
     torch.testing.assert_close(outputs(backbone, x)[0], ref[0], rtol=0, atol=0)
+    # and the backbone's own (pruned) state dict loads back into a backbone
+    again = tiny_deit(depth=3).to_features_only(out_indices=(1,))
+    assert load_checkpoint(again, backbone.state_dict()).ok
+    torch.testing.assert_close(outputs(again, x)[0], ref[0], rtol=0, atol=0)
 
-    pvt = PyramidVisionTransformer(img_size=64, embed_dims=(8, 16, 24, 32), num_heads=(1, 2, 3, 4),
-                                   depths=(1, 1, 1, 1), num_classes=5)
-    two = PyramidVisionTransformer(img_size=64, embed_dims=(8, 16, 24, 32), num_heads=(1, 2, 3, 4),
-                                   depths=(1, 1, 1, 1), features_only=True, out_indices=(0, 1))
-    load_checkpoint(two, pvt.state_dict())
+    args = dict(img_size=64, embed_dims=(8, 16, 24, 32), num_heads=(1, 2, 3, 4), depths=(1, 1, 1, 1))
+    pvt = InLinePVT(**args, num_classes=5)
+    two = InLinePVT(**args).to_features_only(out_indices=(0, 1))
+    assert load_checkpoint(two, pvt.state_dict()).ok
+    # a pruned entry of another shape is dropped, not reported: it belongs to no kept module
+    sd = dict(pvt.state_dict(), **{"pos_embed3": torch.zeros(1, 4, 24)})
+    assert load_checkpoint(two, sd).ok
+
+
+def test_create_model_loads_the_full_model_then_prunes(tmp_path):
+    overrides = dict(img_size=32, patch_size=8, embed_dim=24, depth=3, num_heads=2, num_classes=5)
+    src = create_model("inline_deit_tiny", **overrides).eval()
+    path = save_checkpoint(src, tmp_path / "full.safetensors")
+    backbone = create_model("inline_deit_tiny", checkpoint_path=str(path), features_only=True, out_indices=(0, 1),
+                            **overrides).eval()
+    assert len(backbone.blocks) == 2 and backbone.out_indices == (0, 1)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = src.forward_intermediates(x, indices=(0, 1), intermediates_only=True)
+        for got, want in zip(backbone(x), ref):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 class Tied(nn.Module):
@@ -158,17 +179,17 @@ def test_tied_tensors_save_and_load(tmp_path):
     torch.testing.assert_close(dst.embed.weight, src.embed.weight, rtol=0, atol=0)
 
 
-def test_registered_filter_maps_foreign_keys():
+def test_class_filter_maps_foreign_keys():
     class Renamed(nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(2, 2)
 
-    @register_checkpoint_filter(Renamed)
-    def _filter(state_dict, model):
-        if "fc.weight" in state_dict:  # already ours
-            return state_dict
-        return {k.replace("dense.", "fc."): v for k, v in state_dict.items()}
+        @staticmethod
+        def checkpoint_filter_fn(state_dict, model):
+            if "fc.weight" in state_dict:  # already ours
+                return state_dict
+            return {k.replace("dense.", "fc."): v for k, v in state_dict.items()}
 
     model = Renamed()
     load_checkpoint(model, {"dense.weight": torch.ones(2, 2), "dense.bias": torch.zeros(2)})

@@ -12,7 +12,7 @@ from inline_attn import create_model, get_model_config, load_checkpoint, record_
 from inline_attn.models.cswin import InLineCSwin, StripeAttention
 
 CSWIN_NAMES = ["inline_cswin_tiny", "inline_cswin_small", "inline_cswin_base", "inline_cswin_base_384"]
-SPEC_PARAMS = {  # shared/SPEC.md section 3 (exact, reference code)
+PUBLISHED_PARAMS = {  # exact, as the reference code builds them
     "inline_cswin_tiny": 20_604_520,
     "inline_cswin_small": 33_032_872,
     "inline_cswin_base": 73_413_640,
@@ -47,7 +47,7 @@ def test_authors_checkpoint_loads_into_backbone(float64):
                 num_heads=kw["num_heads"], split_size=kw["split_size"], inline_split_size=kw["la_split_size"],
                 pattern=kw["attn_type"])
     full = InLineCSwin(num_classes=kw["num_classes"], **args).eval()
-    backbone = InLineCSwin(features_only=True, out_indices=(0, 1, 2), **args).eval()
+    backbone = InLineCSwin(**args).to_features_only(out_indices=(0, 1, 2)).eval()
     assert load_checkpoint(full, {"model": data["model"]}).ok
     assert load_checkpoint(backbone, {"model": data["model"]}).ok
     x = data["input"][..., :160, :96]  # non-square, stage-3 map 10 x 6 (stripes 7: remainders)
@@ -63,7 +63,7 @@ def test_authors_checkpoint_loads_into_backbone(float64):
 def test_reference_layout_and_params(name):
     model = meta_model(name)
     assert state_layout(model) == reference_layout(name)
-    assert count_params(model) == SPEC_PARAMS[name] == get_model_config(name).num_params
+    assert count_params(model) == PUBLISHED_PARAMS[name] == get_model_config(name).num_params
 
 
 def test_published_structure():
@@ -191,7 +191,8 @@ def test_features_only_channels_and_strides():
     last2 = create_model("inline_cswin_tiny", features_only=True, out_indices=(2, 3), **SMALL_224)
     assert [i["reduction"] for i in last2.feature_info] == [16, 32]
     early = create_model("inline_cswin_tiny", features_only=True, out_indices=(0, 1), **SMALL_224).eval()
-    assert not hasattr(early, "stage3") and not hasattr(early, "merge3")
+    assert early.stage3 is None and early.merge2 is None and early.stage4 is None and early.merge3 is None
+    assert not any(k.startswith(("stage3", "stage4", "merge2", "merge3", "norm", "head")) for k in early.state_dict())
     with torch.no_grad():
         for m, r in zip(early(x), maps[:2]):
             assert m.shape == r.shape

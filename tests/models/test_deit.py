@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 from model_helpers import assert_close_rel, count_params, load_golden, meta_model, reference_layout, state_layout
 
-from inline_attn import create_model, get_model_config
-from inline_attn.models.deit import VisionTransformer
+from inline_attn import create_model, get_model_config, load_checkpoint
+from inline_attn.models.deit import InLineDeiT
 
 DEIT_MODELS = ["inline_deit_tiny", "inline_deit_small", "inline_deit_base"]
-SPEC_PARAMS = {"inline_deit_tiny": 6_477_736, "inline_deit_small": 16_734_760, "inline_deit_base": 23_797_096}
+PUBLISHED_PARAMS = {"inline_deit_tiny": 6_477_736, "inline_deit_small": 16_734_760, "inline_deit_base": 23_797_096}
 
-# the reference VisionTransformer's arguments that exist here under the same name
+# the reference InLineDeiT's arguments that exist here under the same name
 _SAME_NAME = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
               "mlp_ratio", "qkv_bias", "drop_rate", "attn_drop_rate", "drop_path_rate"}
 
@@ -24,14 +24,14 @@ def deit_kwargs(ref_kwargs: dict) -> dict:
     return dict(ref_kwargs, pattern="I")
 
 
-def small(**kw) -> VisionTransformer:
+def small(**kw) -> InLineDeiT:
     args = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, num_classes=5)
-    return VisionTransformer(**{**args, **kw}).eval()
+    return InLineDeiT(**{**args, **kw}).eval()
 
 
 def test_golden_output_matches_reference(float64):
     meta, data = load_golden("deit_tiny_cfg")
-    model = VisionTransformer(**deit_kwargs(meta["kwargs"])).eval()
+    model = InLineDeiT(**deit_kwargs(meta["kwargs"])).eval()
     model.load_state_dict(data["model"], strict=True)
     with torch.no_grad():
         out = model(data["input"])
@@ -43,7 +43,7 @@ def test_golden_output_matches_reference(float64):
 def test_state_dict_layout_and_params_match_reference(name):
     model = meta_model(name)
     assert state_layout(model) == reference_layout(name)
-    assert count_params(model) == SPEC_PARAMS[name] == get_model_config(name).num_params
+    assert count_params(model) == PUBLISHED_PARAMS[name] == get_model_config(name).num_params
 
 
 def test_plain_deit_tiny_is_one_override_away():
@@ -120,8 +120,9 @@ def test_features_only_and_intermediates():
     torch.testing.assert_close(last2[1], maps[2])
     assert final.shape == (2, 1 + 24, 24)
 
-    backbone = small(depth=3, features_only=True, out_indices=(0, 2))
-    backbone.load_state_dict(model.state_dict(), strict=False)
+    backbone = small(depth=3).to_features_only(out_indices=(0, 2))
+    assert len(backbone.blocks) == 3 and backbone.pruned_modules == ("norm", "head")
+    load_checkpoint(backbone, model.state_dict())
     with torch.no_grad():
         feats = backbone(x)
     assert [f.shape[1] for f in feats] == [i["num_chs"] for i in backbone.feature_info] == [24, 24]

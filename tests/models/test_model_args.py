@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inline_attn import create_model
-from inline_attn.models import _helpers
+from inline_attn.layers import patch_embed
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -34,7 +34,7 @@ def test_zero_classes_is_a_headless_model():
     ("inline_cswin_tiny", dict(depths=(1, 1, 1, 1), embed_dim=16, num_heads=(1, 1, 2, 2), img_size=32), (2, 2)),
 ])
 def test_image_smaller_than_the_stem_is_padded_with_one_warning(name, kwargs, size, monkeypatch):
-    monkeypatch.setattr(_helpers, "_WARNED_SMALL", set())
+    monkeypatch.setattr(patch_embed, "_WARNED_SMALL", set())
     m = create_model(name, num_classes=3, **kwargs).eval()
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")

@@ -1,4 +1,4 @@
-"""profile(): MACs counted from the computation agree with analytic counts and the SPEC table."""
+"""profile(): MACs counted from the computation agree with analytic counts and the paper's table."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import pytest
 
 from inline_attn import create_model, get_model_config, profile
 from inline_attn.cli import main
-from inline_attn.models.deit import VisionTransformer
-from inline_attn.models.pvt import PyramidVisionTransformer
+from inline_attn.models.deit import InLineDeiT
+from inline_attn.models.pvt import InLinePVT
 
 
 def deit_macs(img, p, c_in, dim, depth, heads, mlp_ratio, classes, kind="inline"):
@@ -49,7 +49,7 @@ def pvt_macs(img, dims, heads, ratios, depths, srs, pattern, classes):
 @pytest.mark.parametrize("kind", ["inline", "softmax"])
 def test_deit_macs_match_analytic_count(kind):
     args = dict(img=32, p=4, c_in=3, dim=24, depth=2, heads=2, mlp_ratio=4.0, classes=10)
-    model = VisionTransformer(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=10,
+    model = InLineDeiT(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=10,
                               pattern="I" if kind == "inline" else "S")
     res = profile(model, (3, 32, 32))
     assert res.macs == deit_macs(**args, kind=kind)
@@ -59,14 +59,14 @@ def test_deit_macs_match_analytic_count(kind):
 def test_pvt_macs_match_analytic_count():
     cfg = dict(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), ratios=(2, 2, 2, 2), depths=(1, 2, 1, 1),
                srs=(8, 4, 2, 1), pattern="ISIS")
-    model = PyramidVisionTransformer(img_size=64, embed_dims=cfg["dims"], num_heads=cfg["heads"],
+    model = InLinePVT(img_size=64, embed_dims=cfg["dims"], num_heads=cfg["heads"],
                                      mlp_ratios=cfg["ratios"], depths=cfg["depths"], sr_ratios=cfg["srs"],
                                      pattern=cfg["pattern"], num_classes=10)
     assert profile(model, (3, 64, 64)).macs == pvt_macs(64, classes=10, **cfg)
 
 
 def test_batch_scales_macs_and_training_flag_is_restored():
-    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=2, num_classes=5).train()
+    model = InLineDeiT(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=2, num_classes=5).train()
     one, three = profile(model, (3, 32, 32)), profile(model, (3, 32, 32), batch_size=3)
     assert three.macs == 3 * one.macs and three.gmacs == one.gmacs
     assert model.training
@@ -78,11 +78,11 @@ def test_published_macs_within_one_percent_of_spec(name):
     cfg = get_model_config(name)
     res = profile(create_model(name), cfg.input_size)
     assert res.params == cfg.num_params
-    assert abs(res.gmacs / cfg.macs_g - 1) < 0.01, f"{name}: {res.gmacs:.4f} G vs SPEC {cfg.macs_g} G"
+    assert abs(res.gmacs / cfg.macs_g - 1) < 0.01, f"{name}: {res.gmacs:.4f} G vs the paper's {cfg.macs_g} G"
 
 
 def test_bad_input_size_raises():
-    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=2)
+    model = InLineDeiT(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=2)
     with pytest.raises(ValueError, match="input_size"):
         profile(model, (32, 32))
 

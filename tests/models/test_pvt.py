@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from model_helpers import assert_close_rel, count_params, load_golden, meta_model, reference_layout, state_layout
 
-from inline_attn import get_model_config
-from inline_attn.models.pvt import PVTAttention, PyramidVisionTransformer, SpatialReductionAttention
+from inline_attn import get_model_config, load_checkpoint
+from inline_attn.models.pvt import InLinePVT, PVTAttention, SpatialReductionAttention
 
 PVT_MODELS = ["inline_pvt_tiny", "inline_pvt_small", "inline_pvt_medium", "inline_pvt_large"]
-SPEC_PARAMS = {"inline_pvt_tiny": 12_032_232, "inline_pvt_small": 21_556_136,
+PUBLISHED_PARAMS = {"inline_pvt_tiny": 12_032_232, "inline_pvt_small": 21_556_136,
                "inline_pvt_medium": 37_618_856, "inline_pvt_large": 51_154_280}
 
 _SAME_NAME = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dims", "num_heads", "mlp_ratios",
@@ -18,7 +18,7 @@ _SAME_NAME = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dims",
 
 
 def pvt_kwargs(ref_kwargs: dict) -> dict:
-    """The reference PyramidVisionTransformer's arguments -> ours.
+    """The reference InLinePVT's arguments -> ours.
 
     attn_type -> pattern; la_sr_ratios must be all 1 (the reference's InLine attention cannot
     run with a reduction); no norm_layer given -> the class default LayerNorm eps 1e-5.
@@ -32,15 +32,15 @@ def pvt_kwargs(ref_kwargs: dict) -> dict:
     return kw
 
 
-def small(**kw) -> PyramidVisionTransformer:
+def small(**kw) -> InLinePVT:
     args = dict(img_size=64, embed_dims=(8, 16, 24, 32), num_heads=(1, 2, 3, 4), mlp_ratios=(2, 2, 2, 2),
                 depths=(1, 1, 1, 1), num_classes=5)
-    return PyramidVisionTransformer(**{**args, **kw}).eval()
+    return InLinePVT(**{**args, **kw}).eval()
 
 
 def test_golden_output_matches_reference(float64):
     meta, data = load_golden("pvt_tiny_cfg")
-    model = PyramidVisionTransformer(**pvt_kwargs(meta["kwargs"])).eval()
+    model = InLinePVT(**pvt_kwargs(meta["kwargs"])).eval()
     model.load_state_dict(data["model"], strict=True)
     # the golden case mixes both block kinds: InLine stages 1-2, spatial-reduction softmax 3-4
     assert isinstance(model.block1[0].attn, PVTAttention) and isinstance(model.block3[0].attn, SpatialReductionAttention)
@@ -54,7 +54,7 @@ def test_golden_output_matches_reference(float64):
 def test_state_dict_layout_and_params_match_reference(name):
     model = meta_model(name)
     assert state_layout(model) == reference_layout(name)
-    assert count_params(model) == SPEC_PARAMS[name] == get_model_config(name).num_params
+    assert count_params(model) == PUBLISHED_PARAMS[name] == get_model_config(name).num_params
 
 
 def test_non_square_input_resizes_each_stage_pos_embed():
@@ -109,8 +109,8 @@ def test_features_only_channels_strides_and_pruning():
     x = torch.randn(2, 3, 64, 96)
     with torch.no_grad():
         _, maps = model.forward_intermediates(x)
-    backbone = small(features_only=True)
-    backbone.load_state_dict(model.state_dict(), strict=False)
+    backbone = small().to_features_only()
+    load_checkpoint(backbone, model.state_dict())
     with torch.no_grad():
         feats = backbone(x)
     assert [f.shape[1] for f in feats] == [i["num_chs"] for i in backbone.feature_info] == [8, 16, 24, 32]
@@ -118,8 +118,9 @@ def test_features_only_channels_strides_and_pruning():
     for f, m in zip(feats, maps):
         torch.testing.assert_close(f, m, rtol=0, atol=0)
 
-    two = small(features_only=True, out_indices=(0, 1))
-    assert not hasattr(two, "block3") and not any(k.startswith(("block4", "head")) for k in two.state_dict())
+    two = small().to_features_only(out_indices=(0, 1))
+    assert two.block3 is None and two.pos_embed3 is None
+    assert not any(k.startswith(("block3", "block4", "pos_embed3", "patch_embed4", "head")) for k in two.state_dict())
     assert [f.shape[1] for f in two(x)] == [8, 16]
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from model_helpers import LAYOUT_DIR, count_params, meta_model, reference_layout, state_layout
 
-from inline_attn import create_model, get_model_config, list_models
+from inline_attn import create_model, get_model_config, list_models, load_checkpoint, save_checkpoint
 from inline_attn.cli import main
+from inline_attn.models import InLineModel
 
 
 def build(name: str, overrides: dict, **extra):
@@ -34,7 +35,7 @@ def test_published_build_params_and_layout(registry_name):
     cfg = get_model_config(registry_name)
     model = meta_model(registry_name)
     assert model.pretrained_cfg is cfg
-    assert count_params(model) == cfg.num_params, f"{registry_name}: params differ from the SPEC table"
+    assert count_params(model) == cfg.num_params, f"{registry_name}: params differ from the published count"
     if (LAYOUT_DIR / f"{registry_name}.json").exists():
         assert state_layout(model) == reference_layout(registry_name)
 
@@ -119,3 +120,122 @@ def test_cli_list(capsys):
     assert main(["list", "-v"]) == 0
     assert "6,477,736" in capsys.readouterr().out
     assert main(["list", "nothing_*"]) == 2
+
+
+# ---- the timm contract, held once for every family (models/_base.py)
+
+CONTRACT = ("forward_features", "forward_head", "forward_intermediates", "prune_intermediate_layers",
+            "to_features_only", "reset_classifier", "get_classifier", "set_grad_checkpointing", "no_weight_decay",
+            "checkpointed")
+
+
+def test_contract_is_written_once(registry_name):
+    model = meta_model(registry_name)
+    assert isinstance(model, InLineModel)
+    overridden = [m for m in CONTRACT if getattr(type(model), m) is not getattr(InLineModel, m)]
+    assert not overridden, f"{type(model).__name__} overrides the shared contract: {overridden}"
+    # forward is the family's own one-line frame (one torch.compile state per class) over _forward
+    assert type(model).forward.__code__.co_names == ("_forward",)
+    assert len(model.feature_info) == model.num_levels > 0 and model.features_only is False
+    assert model.get_classifier() is model.head
+
+
+def test_a_family_without_its_own_forward_is_refused():
+    with pytest.raises(TypeError, match="must define forward"):
+        type("NoForward", (InLineModel,), {})
+
+
+def test_intermediates_options(registry_name, small_overrides):
+    model, (h, w) = build(registry_name, small_overrides)
+    model.eval()
+    x = torch.randn(2, 3, h, w + model.feature_info[-1]["reduction"])  # non-square
+    n = model.num_levels
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x)
+        torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
+        assert len(maps) == n
+        for m, info in zip(maps, model.feature_info):
+            assert m.dim() == 4 and m.shape[1] == info["num_chs"] and m.is_contiguous()
+        last2 = model.forward_intermediates(x, indices=2, intermediates_only=True)
+        picked = model.forward_intermediates(x, indices=[0, -1], intermediates_only=True)
+        nhwc = model.forward_intermediates(x, indices=[-1], output_fmt="NHWC", intermediates_only=True)
+        early_final, early = model.forward_intermediates(x, indices=[0], stop_early=True)
+        normed = model.forward_intermediates(x, indices=[-1], norm=True, intermediates_only=True)
+    for a, b in zip(last2 + picked, maps[-2:] + [maps[0], maps[-1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(nhwc[0], maps[-1].permute(0, 2, 3, 1), rtol=0, atol=0)
+    torch.testing.assert_close(early[0], maps[0], rtol=0, atol=0)
+    assert early_final.shape[0] == 2
+    # norm=True normalises the last level wherever the family has a final norm (PVT has none)
+    assert torch.equal(normed[0], maps[-1]) == isinstance(model.norm, torch.nn.Identity)
+    with pytest.raises(ValueError, match="output_fmt='NLC'"):
+        model.forward_intermediates(x, output_fmt="NLC")
+    with pytest.raises(ValueError, match=f"indices={n + 1}"):
+        model.forward_intermediates(x, indices=n + 1)
+
+
+def test_prune_intermediate_layers(registry_name, small_overrides):
+    model, (h, w) = build(registry_name, small_overrides)
+    model.eval()
+    x = torch.randn(1, 3, h, w)
+    with torch.no_grad():
+        ref = model.forward_intermediates(x, intermediates_only=True)
+    full_keys = set(model.state_dict())
+    assert model.prune_intermediate_layers(indices=[0], prune_norm=True) == [0]
+    assert model.num_levels == 1 and len(model.feature_info) == 1 and model.num_classes == 0
+    kept = set(model.state_dict())
+    assert kept < full_keys and not any(k.startswith(("head.", "norm.")) for k in kept)
+    assert all(any(k == p or k.startswith(p + ".") for p in model.pruned_modules) for k in full_keys - kept)
+    names = {n for n, _ in model.named_parameters()}
+    assert model.no_weight_decay() <= names
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_intermediates(x, intermediates_only=True)[0], ref[0], rtol=0, atol=0)
+        assert model(x).shape[0] == 1  # pooled features of the kept level, no head
+    with pytest.raises(ValueError, match="indices"):
+        model.forward_intermediates(x, indices=[1])
+
+
+def test_features_only_default_is_every_level_and_loads_the_full_checkpoint(registry_name, small_overrides, tmp_path):
+    src, (h, w) = build(registry_name, small_overrides)
+    src.eval()
+    path = save_checkpoint(src, tmp_path / "full.safetensors")
+    backbone, _ = build(registry_name, small_overrides, features_only=True, checkpoint_path=str(path))
+    backbone.eval()
+    assert backbone.out_indices == tuple(range(src.num_levels)) and backbone.feature_info == src.feature_info
+    last, _ = build(registry_name, small_overrides, features_only=True, out_indices=1)
+    assert last.out_indices == (src.num_levels - 1,) and last.feature_info == src.feature_info[-1:]
+    assert load_checkpoint(last, src.state_dict()).ok  # a full checkpoint into a pruned backbone
+    x = torch.randn(2, 3, h, w)
+    with torch.no_grad():
+        ref = src.forward_intermediates(x, intermediates_only=True)
+        for got, want in zip(backbone(x) + last(x), ref + ref[-1:]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no classifier"):
+        backbone.reset_classifier(3)
+    with pytest.raises(ValueError, match="pass features_only=True"):
+        create_model(registry_name, **{**small_overrides, "out_indices": (0,)})
+
+
+def test_reset_classifier_keeps_device_and_dtype_and_validates(registry_name, small_overrides):
+    model, _ = build(registry_name, small_overrides)
+    model.double()
+    model.reset_classifier(4)
+    head = model.get_classifier()
+    assert head.weight.dtype == torch.float64 and head.weight.device.type == "cpu"
+    assert head.weight.shape == (4, model.num_features) and model.num_classes == 4
+    assert torch.count_nonzero(head.bias) == 0 and 0 < head.weight.std() < 0.05  # the model's own init
+    for bad in (-1, 2.0, True, "3"):
+        with pytest.raises(ValueError, match=f"num_classes={bad!r}"):
+            model.reset_classifier(bad)
+    with pytest.raises(ValueError, match="global_pool='max'"):
+        model.reset_classifier(3, global_pool="max")
+    model.reset_classifier(0, global_pool=model.global_pools[-1])
+    assert isinstance(model.get_classifier(), torch.nn.Identity) and model.global_pool == model.global_pools[-1]
+
+
+def test_old_class_names_are_aliases():
+    from inline_attn.models import cswin, deit, pvt
+
+    assert deit.VisionTransformer is deit.InLineDeiT and deit.Block is deit.DeiTBlock
+    assert pvt.PyramidVisionTransformer is pvt.InLinePVT
+    assert cswin.CSWinTransformer is cswin.InLineCSwin

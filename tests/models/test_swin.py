@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 from model_helpers import assert_close_rel, count_params, load_golden, meta_model, reference_layout, state_layout
 
-from inline_attn import create_model, get_model_config, record_attention
+from inline_attn import create_model, get_model_config, load_checkpoint, record_attention
 from inline_attn.layers import TokenAttention
 from inline_attn.models.checkpoint import unwrap_state_dict
 from inline_attn.models.swin import InLineSwin, SwinBlock, WindowAttention, checkpoint_filter_fn, shift_window_mask
 
 SWIN_MODELS = ["inline_swin_tiny", "inline_swin_small", "inline_swin_base", "inline_swin_base_384"]
-SPEC_PARAMS = {"inline_swin_tiny": 29_223_544, "inline_swin_small": 49_793_296,
+PUBLISHED_PARAMS = {"inline_swin_tiny": 29_223_544, "inline_swin_small": 49_793_296,
                "inline_swin_base": 88_350_120, "inline_swin_base_384": 88_465_320}
 
 # the reference InLineSwin's arguments: same name here, or renamed
@@ -61,7 +61,7 @@ def test_golden_buffers_equal_recomputed_ones():
 def test_state_dict_layout_and_params_match_reference(name):
     model = meta_model(name)
     assert state_layout(model) == reference_layout(name)
-    assert count_params(model) == SPEC_PARAMS[name] == get_model_config(name).num_params
+    assert count_params(model) == PUBLISHED_PARAMS[name] == get_model_config(name).num_params
 
 
 @pytest.mark.parametrize("name", SWIN_MODELS)
@@ -188,7 +188,7 @@ def test_any_input_size_runs(hw):
 
 
 def test_features_channels_and_strides():
-    model = small(features_only=True)
+    model = small().to_features_only()
     assert [f["reduction"] for f in model.feature_info] == [4, 8, 16, 32]
     assert [f["num_chs"] for f in model.feature_info] == [8, 16, 32, 64]
     x = torch.randn(2, 3, 64, 96)
@@ -208,8 +208,8 @@ def test_forward_intermediates_agree_with_forward():
         torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
         last2 = model.forward_intermediates(x, indices=2, intermediates_only=True)
         normed = model.forward_intermediates(x, indices=[-1], norm=True, intermediates_only=True)
-        backbone = small(features_only=True, out_indices=(1, 3))
-        backbone.load_state_dict(checkpoint_filter_fn(model.state_dict(), backbone))
+        backbone = small().to_features_only(out_indices=(1, 3))
+        load_checkpoint(backbone, model.state_dict())
         feats = backbone(x)
     assert [t.shape[1] for t in inter] == [8, 16, 32, 64]
     for a, b in zip(last2, inter[2:]):

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import _dtype
+from ..models.swin import SOFTMAX_WINDOW_DIVISOR
 from ..ops import use_impl
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
@@ -116,7 +117,8 @@ def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[l
 
     window: Swin-T vs InLine-Swin-T at 224 for windows 7/14/28/56. Swin-T is
         ``inline_swin_tiny`` with pattern "SSSS"; its softmax blocks use window
-        ``max(7, window_size // 8)``, so ``window_size = 8 w`` gives softmax windows w.
+        ``max(7, window_size // SOFTMAX_WINDOW_DIVISOR)`` (``models.swin.softmax_window``), so
+        ``window_size = SOFTMAX_WINDOW_DIVISOR * w`` gives softmax windows w (w >= 7).
         InLine-Swin-T keeps its pattern "IIIS" with ``window_size = w`` for the InLine blocks.
     resolution: DeiT-T (``inline_deit_tiny`` with pattern "S", 3 heads, as DeiT-T) vs
         InLine-DeiT-T (6 heads, as published) at 224/384/640/1024.
@@ -124,7 +126,7 @@ def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[l
     if preset == "window":
         cases = []
         for w in values or (7, 14, 28, 56):
-            cases.append(ModelCase("Swin-T", "inline_swin_tiny", 224, w, dict(pattern="SSSS", window_size=8 * w)))
+            cases.append(ModelCase("Swin-T", "inline_swin_tiny", 224, w, dict(pattern="SSSS", window_size=SOFTMAX_WINDOW_DIVISOR * w)))
             cases.append(ModelCase("InLine-Swin-T", "inline_swin_tiny", 224, w, dict(window_size=w)))
         return cases, "window size"
     if preset == "resolution":

@@ -12,11 +12,14 @@ from .attention import (
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
 from .kernels import AffineReLUKernel
 from .local_residual import LocalResidual
+from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw
+from .pos_embed import resize_pos_embed
 from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
 
 __all__ = [
     "KERNEL_CHOICES", "AffineReLUKernel", "AttentionRecord", "DropPath", "InLineAttention",
-    "LinearAttention", "LocalResidual", "Mlp", "PreNormBlock", "RecordableAttention", "SoftmaxAttention",
+    "LinearAttention", "LocalResidual", "Mlp", "PatchEmbed", "PreNormBlock", "RecordableAttention", "SoftmaxAttention",
     "TokenAttention", "attention_layers", "build_attention", "check_heads",
-    "drop_path", "hook_attention", "init_weights_", "make_kernel", "record_attention", "to_2tuple",
+    "drop_path", "hook_attention", "init_weights_", "make_kernel", "pad_small_input", "record_attention",
+    "resize_pos_embed", "to_2tuple", "tokens_to_nchw",
 ]

@@ -1,5 +1,4 @@
-"""Small helpers shared by the model families: attention patterns, feature indices, position
-embeddings, patch embedding with padding.
+"""Small helpers shared by the model families: attention patterns and feature indices.
 
 Pattern strings (the paper's notation, per stage): ``I`` = InLine, ``S`` = softmax as in the base
 architecture, ``L`` = linear attention (ReLU kernel) laid out like InLine, ``M`` = mixed: with an
@@ -8,15 +7,9 @@ rest softmax ("IIMS2", also written "IIMSM2").
 """
 from __future__ import annotations
 
+import operator
 import re
-import warnings
-from typing import Optional, Sequence, Union
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-from ..layers import to_2tuple
+from typing import Sequence, Union
 
 PATTERN_KINDS = {"I": "inline", "S": "softmax", "L": "linear"}
 # stage letters, then the optional mixed-stage block count: "IIMS2" or "IIMSM2"
@@ -54,92 +47,33 @@ def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
 
 def take_indices(num_features: int, indices: Union[None, int, Sequence[int]]) -> list[int]:
     """Resolve ``indices`` for ``forward_intermediates``: None = all, int n = the last n,
-    a sequence = those (negative counts from the end). Returns sorted non-negative indices."""
+    a sequence = those (negative counts from the end). Returns sorted non-negative indices.
+
+    Raises ValueError naming ``indices`` and the valid range when an index does not exist.
+    """
     if indices is None:
         return list(range(num_features))
-    if isinstance(indices, int):
+    if isinstance(indices, int) and not isinstance(indices, bool):
         if not 0 < indices <= num_features:
-            raise ValueError(f"indices={indices} must be in [1, {num_features}] (the last n)")
+            raise ValueError(f"indices={indices}: expected a count of last levels in [1, {num_features}]")
         return list(range(num_features - indices, num_features))
+    if not isinstance(indices, Sequence) or isinstance(indices, str) or not indices:
+        raise ValueError(f"indices={indices!r}: expected None, a count, or a non-empty sequence of level indices")
     out = []
     for i in indices:
-        if not -num_features <= int(i) < num_features:
-            raise ValueError(f"feature index {i} out of range for {num_features} features")
-        out.append(int(i) % num_features)
+        j = _as_int(i)
+        if j is None or not -num_features <= j < num_features:
+            raise ValueError(f"indices={indices!r}: level {i!r} does not exist; the model has {num_features} "
+                             f"level(s), indices {-num_features}..{num_features - 1}")
+        out.append(j % num_features)
     return sorted(set(out))
 
 
-def resize_pos_embed(pos: torch.Tensor, old_size: tuple[int, int], new_size: tuple[int, int]) -> torch.Tensor:
-    """pos: [1, Hold*Wold, C] grid embedding -> [1, Hnew*Wnew, C], bilinear (align_corners=False),
-    as the reference resizes its embeddings. Returned unchanged when the sizes agree."""
-    old_size, new_size = tuple(old_size), tuple(new_size)
-    if old_size == new_size:
-        return pos
-    c = pos.shape[-1]
-    grid = pos.reshape(1, old_size[0], old_size[1], c).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=new_size, mode="bilinear", align_corners=False)
-    return grid.flatten(2).transpose(1, 2)
-
-
-_WARNED_SMALL: set[str] = set()
-
-
-def pad_small_input(x: torch.Tensor, min_size: tuple[int, int], owner: str) -> torch.Tensor:
-    """Zero-pad images ``[B, C, H, W]`` smaller than the stem's ``min_size`` at the bottom/right,
-    warning once per ``owner`` (a model name): such an image becomes mostly padding."""
-    pad_h, pad_w = max(0, min_size[0] - x.shape[-2]), max(0, min_size[1] - x.shape[-1])
-    if not (pad_h or pad_w):
-        return x
-    if owner not in _WARNED_SMALL:
-        _WARNED_SMALL.add(owner)
-        warnings.warn(f"{owner}: input {tuple(x.shape[-2:])} is smaller than the stem's {tuple(min_size)}; "
-                      "it is zero-padded (warned once)", UserWarning, stacklevel=3)
-    return F.pad(x, (0, pad_w, 0, pad_h))
-
-
-class PatchEmbed(nn.Module):
-    """Non-overlapping patches: Conv2d(k = s = patch) [+ norm] on images of any size.
-
-    Inputs whose sides the patch size does not divide are zero-padded at the bottom/right
-    (the reference requires divisible sizes; at those sizes nothing changes); an image smaller
-    than one patch (``is_stem``: the model's first layer) is padded too, with a warning (once
-    per process).
-
-    x: [B, C_in, H, W] -> tokens [B, Hp*Wp, C], (Hp, Wp).
-    """
-
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768,
-                 norm_layer: Optional[type] = None, is_stem: bool = True):
-        super().__init__()
-        self.is_stem = is_stem  # a model's first layer: an input smaller than a patch is worth a warning
-        self.img_size = to_2tuple(img_size)
-        self.patch_size = to_2tuple(patch_size)
-        if min(self.patch_size) <= 0:
-            raise ValueError(f"patch_size must be positive, got {patch_size!r}")
-        if any(i < p for i, p in zip(self.img_size, self.patch_size)):
-            raise ValueError(f"img_size {self.img_size} is smaller than patch_size {self.patch_size}")
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
-        self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(
-                f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}"
-            )
-        ph, pw = self.patch_size
-        if self.is_stem:
-            x = pad_small_input(x, self.patch_size, type(self).__name__)
-        pad_h, pad_w = (-x.shape[2]) % ph, (-x.shape[3]) % pw
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        x = self.proj(x)  # [B, C, Hp, Wp]
-        feat_size = (x.shape[2], x.shape[3])
-        return self.norm(x.flatten(2).transpose(1, 2)), feat_size
-
-
-def tokens_to_nchw(x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
-    """x: [B, H*W, C] grid tokens -> [B, C, H, W] (contiguous)."""
-    b, _, c = x.shape
-    return x.transpose(1, 2).reshape(b, c, feat_size[0], feat_size[1]).contiguous()
+def _as_int(value) -> Union[int, None]:
+    """An integer index (Python or numpy int), or None for anything else (bools included)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None

@@ -3,10 +3,10 @@
 ``load_checkpoint(model, source)`` reads a path (the authors' ``.pth``, ``{"model": sd}`` or
 another wrapper, or a ``.safetensors`` file written by :func:`save_checkpoint`) or a mapping,
 unwraps it, passes it through the model family's filter (key mapping, position-embedding
-resizing; a family provides ``checkpoint_filter_fn(state_dict, model)`` as a static method
-of its model class, or registers one with :func:`register_checkpoint_filter`), and loads it.
-Every key of the file must be consumed and every parameter of the model given; only buffers the
-model recomputes (relative position indices, shift masks) may be absent or left over.
+resizing: ``checkpoint_filter_fn(state_dict, model)``, a static method of the model class), and
+loads it. Every key of the file must be consumed and every parameter of the model given; only
+buffers the model recomputes (relative position indices, shift masks) may be absent or left over,
+and a pruned model (``features_only``) drops the file's entries for the modules it pruned.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .._io import atomic_path
 
 __all__ = [
     "LoadResult", "RECOMPUTED_BUFFERS", "load_checkpoint", "read_checkpoint", "read_state_dict",
-    "register_checkpoint_filter", "save_checkpoint", "unwrap_state_dict",
+    "save_checkpoint", "unwrap_state_dict",
 ]
 
 # buffer names (last key component) that models rebuild for the actual input size
@@ -35,18 +35,6 @@ WRAPPER_KEYS = ("model", "state_dict", "model_ema", "module")
 EMA_KEYS = ("model_ema", "state_dict_ema")
 
 FilterFn = Callable[[dict, nn.Module], dict]
-_FILTERS: dict[type, FilterFn] = {}
-
-
-def register_checkpoint_filter(model_cls: type) -> Callable[[FilterFn], FilterFn]:
-    """Decorator: use ``fn(state_dict, model) -> state_dict`` for models of ``model_cls``
-    (and subclasses) that do not define ``checkpoint_filter_fn`` themselves."""
-
-    def wrap(fn: FilterFn) -> FilterFn:
-        _FILTERS[model_cls] = fn
-        return fn
-
-    return wrap
 
 
 @dataclass
@@ -181,13 +169,18 @@ def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: b
 
 
 def _filter_fn(model: nn.Module) -> Optional[FilterFn]:
-    fn = getattr(type(model), "checkpoint_filter_fn", None)
-    if fn is not None:
-        return getattr(model, "checkpoint_filter_fn")  # a staticmethod: fn(state_dict, model)
-    for cls in type(model).__mro__:
-        if cls in _FILTERS:
-            return _FILTERS[cls]
-    return None
+    if getattr(type(model), "checkpoint_filter_fn", None) is None:
+        return None
+    return getattr(model, "checkpoint_filter_fn")  # a staticmethod: fn(state_dict, model)
+
+
+def _drop_pruned(state: dict, model: nn.Module) -> dict:
+    """The file's entries minus those of modules the model pruned (``model.pruned_modules``)."""
+    pruned = tuple(getattr(model, "pruned_modules", ()))
+    if not pruned:
+        return state
+    prefixes = tuple(p + "." for p in pruned)
+    return {k: v for k, v in state.items() if k not in pruned and not k.startswith(prefixes)}
 
 
 def _is_recomputed(key: str) -> bool:
@@ -206,7 +199,9 @@ def load_checkpoint(
 
     Args:
         model: the model (its parameters keep their device and dtype; values are copied in).
-            A model built on the meta device takes the file's tensors instead.
+            A model built on the meta device takes the file's tensors instead. A
+            ``features_only`` model takes a checkpoint of the full model (the pruned parts'
+            entries are dropped) or of itself.
         source: path to the authors' ``.pth`` (``{"model": sd}``, ``{"state_dict": sd}``,
             ``{"model_ema": sd}``), a bare state dict, or our ``.safetensors`` file.
         strict: raise ValueError listing missing, unexpected and wrongly-shaped keys when the
@@ -218,6 +213,7 @@ def load_checkpoint(
     fn = filter_fn or _filter_fn(model)
     if fn is not None:
         state = fn(state, model)
+    state = _drop_pruned(state, model)
     own = model.state_dict()
     result = LoadResult()
     loadable = {}

@@ -1,6 +1,6 @@
 """InLine-CSwin: CSWin Transformer with InLine attention in its first stages (paper Sec. 5.1).
 
-Layout (SPEC section 3; state-dict names as the authors' ``models/inline_cswin.py``):
+Layout (state-dict names as the authors' ``models/inline_cswin.py``):
 
 - ``stage1_conv_embed``: 7x7 stride-4 conv, flatten to tokens, LayerNorm (indices 0, 1, 2).
 - four stages ``stage1..stage4`` of :class:`CSwinBlock`; between them ``merge1..merge3``
@@ -14,8 +14,8 @@ last stage or when its split covers the stage's map at ``img_size``; with the pu
 splits (56-28-14-7 at 224) every InLine block is global. Each branch adds LePE (a depthwise
 3x3 conv ``get_v`` on V, per stripe) to its attention output, whatever its attention kind;
 InLine branches also add the predicted local residual, whose context is the mean of the
-*block* input before ``norm1``, split in channel halves like the branches (reference quirk,
-SPEC section 2).
+*block* input before ``norm1``, split in channel halves like the branches (a quirk of the
+reference code; the other families take the mean of the attention input).
 
 Any input size: the block structure is fixed at construction (from ``img_size``), but the
 stripes are laid over the actual map. A global block stays global at every size. A stripe
@@ -30,16 +30,18 @@ from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 from ..layers import (
-    DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel, to_2tuple,
+    DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel, pad_small_input,
+    to_2tuple, tokens_to_nchw,
 )
-from ._helpers import pad_small_input, parse_pattern, take_indices, tokens_to_nchw
+from ._base import InLineModel
+from ._helpers import parse_pattern
 from .registry import ModelConfig, register_model
 
-__all__ = ["CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention", "checkpoint_filter_fn"]
+__all__ = ["NUM_STAGES", "CSWinTransformer", "CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
 
+NUM_STAGES = 4  # CSwin's fixed layout: four stages at strides 4, 8, 16, 32 (the last one global)
 _KINDS = ("inline", "linear", "softmax")
 
 
@@ -280,7 +282,7 @@ class _ToTokens(nn.Module):
         return x.flatten(2).transpose(1, 2)
 
 
-class InLineCSwin(nn.Module):
+class InLineCSwin(InLineModel):
     """CSwin Transformer with per-stage attention kinds (InLine / softmax / linear).
 
     Args:
@@ -288,7 +290,7 @@ class InLineCSwin(nn.Module):
             (split >= the stage's map), as in the reference. Other input sizes still work.
         in_chans, num_classes: input channels, classes (0 = no head).
         embed_dim: stage-1 channels (doubled per stage).
-        depths, num_heads: blocks and heads per stage.
+        depths, num_heads: blocks and heads per stage (:data:`NUM_STAGES` stages).
         split_size: stripe width of softmax blocks per stage (reference ``split_size``).
         inline_split_size: stripe width of InLine and linear blocks per stage (reference
             ``la_split_size``; "56-28-14-7" or a sequence).
@@ -297,9 +299,9 @@ class InLineCSwin(nn.Module):
         local_residual: the local residual of InLine / linear blocks (None = on for InLine
             blocks only); softmax blocks never have one.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
-        features_only: forward returns the list of NCHW stage outputs at ``out_indices``
-            (strides 4, 8, 16, 32); ``norm`` and ``head`` are dropped.
-        out_indices: stages returned when ``features_only`` (later stages are not built).
+        global_pool: "avg" only (the token mean).
+
+    The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32).
     """
 
     def __init__(
@@ -320,21 +322,18 @@ class InLineCSwin(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        features_only: bool = False,
-        out_indices: Sequence[int] = (0, 1, 2, 3),
+        global_pool: str = "avg",
     ):
         super().__init__()
-        num_stages = len(depths)
-        if num_stages != 4 or len(num_heads) != 4:
-            raise ValueError(f"CSwin has 4 stages: got depths={depths}, num_heads={num_heads}")
+        if len(depths) != NUM_STAGES or len(num_heads) != NUM_STAGES:
+            raise ValueError(f"CSwin has {NUM_STAGES} stages: got depths={depths}, num_heads={num_heads}")
         img_h, img_w = to_2tuple(img_size)
-        split_size = _split_sizes(split_size, "split_size", num_stages)
-        inline_split_size = _split_sizes(inline_split_size, "inline_split_size", num_stages)
+        split_size = _split_sizes(split_size, "split_size", NUM_STAGES)
+        inline_split_size = _split_sizes(inline_split_size, "inline_split_size", NUM_STAGES)
         kinds = parse_pattern(pattern, depths)
-        self.pattern, self.num_classes, self.features_only = pattern, num_classes, features_only
+        self.pattern, self.num_classes, self.global_pool = pattern, num_classes, global_pool
         self.num_prefix_tokens = 0
-        self.grad_checkpointing = False
-        dims = [embed_dim * 2 ** i for i in range(num_stages)]
+        dims = [embed_dim * 2 ** i for i in range(NUM_STAGES)]
         self.num_features = dims[-1]
 
         self.stage1_conv_embed = nn.Sequential(
@@ -343,8 +342,8 @@ class InLineCSwin(nn.Module):
             nn.LayerNorm(embed_dim),
         )
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # cpu: meta builds
-        self.feature_info = []
-        for i in range(num_stages):
+        feature_info = []
+        for i in range(NUM_STAGES):
             if i > 0:
                 self.add_module(f"merge{i}", MergeBlock(dims[i - 1], dims[i]))
             reso = max(img_h, img_w) // (4 * 2 ** i)
@@ -353,64 +352,23 @@ class InLineCSwin(nn.Module):
                 split = split_size[i] if kind == "softmax" else inline_split_size[i]
                 blocks.append(CSwinBlock(
                     dims[i], num_heads[i], kind=kind, split_size=split,
-                    global_attn=(i == num_stages - 1 or split >= reso),
+                    global_attn=(i == NUM_STAGES - 1 or split >= reso),
                     mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual,
                     drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[sum(depths[:i]) + j],
                 ))
             self.add_module(f"stage{i + 1}", nn.ModuleList(blocks))
-            self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stage{i + 1}"))
-
-        self.out_indices = tuple(out_indices)
-        self.num_stages = num_stages
-        if features_only:
-            # a backbone keeps the stages it returns (timm's pruning): no norm, no head, no
-            # stages after the last returned one
-            take = take_indices(num_stages, self.out_indices)
-            self.norm, self.head = nn.Identity(), nn.Identity()
-            self.num_classes = 0
-            for i in range(take[-1] + 1, num_stages):
-                delattr(self, f"merge{i}")
-                delattr(self, f"stage{i + 1}")
-            self.num_stages = take[-1] + 1
-            self.feature_info = [self.feature_info[i] for i in take]
-        else:
-            self.norm = nn.LayerNorm(self.num_features)
-            self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+            feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stage{i + 1}"))
+        self.norm = nn.LayerNorm(self.num_features)
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
+        self.init_contract(feature_info)
         init_weights_(self)
 
-    # -- contract -----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor):
+        """images [B, C_in, H, W] -> logits [B, num_classes] (a features_only model: its maps)."""
+        return self._forward(x)  # a frame of this class's own for torch.compile (see InLineModel)
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """CSwin has no position embeddings, cls token or relative position tables."""
-        return set()
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        """Replace the head with a fresh one for ``num_classes`` (0 = identity). CSwin pools by
-        the token mean only (``global_pool`` None or "avg")."""
-        if global_pool not in (None, "avg"):
-            raise ValueError(f"CSwin pools by the token mean: global_pool must be 'avg', got {global_pool!r}")
-        if self.features_only:
-            raise ValueError("a features_only model has no classifier to reset")
-        self.num_classes = num_classes
-        ref = self.norm.weight
-        self.head = (
-            nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
-            if num_classes > 0 else nn.Identity()
-        )
-        if num_classes > 0:
-            init_weights_(self.head)
-
-    # -- forward ------------------------------------------------------------------------------
+    # ---- the contract's hooks (state: tokens [B, H*W, C] and the grid (H, W))
 
     def _stem(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         in_chans = self.stage1_conv_embed[0].in_channels
@@ -422,92 +380,56 @@ class InLineCSwin(nn.Module):
         feat_size = (x.shape[2], x.shape[3])
         return self.stage1_conv_embed[2](self.stage1_conv_embed[1](x)), feat_size
 
-    def _run_stage(self, i: int, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
+    def _run_level(self, i: int, state):
+        x, feat_size = state
+        if i > 0:
+            x, feat_size = getattr(self, f"merge{i}")(x, feat_size)
         for blk in getattr(self, f"stage{i + 1}"):
-            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, feat_size, use_reentrant=False)
-            else:
-                x = blk(x, feat_size)
-        return x
+            x = self.checkpointed(blk, x, feat_size)
+        return x, feat_size
 
-    def _stages(self, x: torch.Tensor, last: int):
-        """Yield (stage index, tokens [B, H*W, C], (H, W)) after each stage up to ``last``."""
-        x, feat_size = self._stem(x)
-        for i in range(last + 1):
-            if i > 0:
-                x, feat_size = getattr(self, f"merge{i}")(x, feat_size)
-            x = self._run_stage(i, x, feat_size)
-            yield i, x, feat_size
+    def _level_map(self, i: int, state, norm: bool) -> torch.Tensor:
+        x, feat_size = state
+        if norm and i == self._built_levels - 1:  # the final norm belongs to the last stage
+            x = self.norm(x)
+        return tokens_to_nchw(x, feat_size)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, C_in, H, W] -> final tokens after ``norm``: [B, H/32 * W/32, C]."""
-        for _, x, _ in self._stages(x, self.num_stages - 1):
-            pass
-        return self.norm(x)
+    def _final(self, state, i: int) -> torch.Tensor:
+        """-> the final tokens after ``norm``: [B, H/32 * W/32, C]."""
+        return self.norm(state[0]) if i == self._built_levels - 1 else state[0]
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """x: [B, N, C] tokens -> logits [B, num_classes] (or the pooled [B, C])."""
-        x = self.head_drop(x.mean(dim=1))
-        return x if pre_logits else self.head(x)
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head_drop(x.mean(dim=1))
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Union[None, int, Sequence[int]] = None,
-        norm: bool = False,
-        intermediates_only: bool = False,
-    ):
-        """Stage outputs as NCHW maps (strides 4, 8, 16, 32).
-
-        Args:
-            indices: None (all four stages), n (the last n stages) or a list of stage indices.
-            norm: apply the final ``norm`` to the last stage's map when it is returned.
-            intermediates_only: return only the list of maps.
-        Returns:
-            ``[B, C_i, H_i, W_i]`` maps, or ``(final tokens [B, N, C] after norm, maps)``.
-        """
-        take = take_indices(4, indices)
-        if take[-1] >= self.num_stages:
-            raise ValueError(f"indices={indices}: this backbone keeps stages 0..{self.num_stages - 1} only")
-        last = self.num_stages - 1 if not intermediates_only else take[-1]
-        maps = []
-        for i, x, (h, w) in self._stages(x, last):
-            if i in take:
-                y = self.norm(x) if (norm and i == 3) else x  # the final norm belongs to stage 4
-                maps.append(tokens_to_nchw(y, (h, w)))
-        if intermediates_only:
-            return maps
-        return self.norm(x), maps
-
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x, self.out_indices, intermediates_only=True)
-        return self.forward_head(self.forward_features(x))
+    def _level_modules(self, i: int) -> list[str]:
+        return [f"stage{i + 1}"] + ([f"merge{i}"] if i > 0 else [])
 
 
-def checkpoint_filter_fn(state_dict: dict, model: InLineCSwin) -> dict:
-    """Map an authors' CSwin state dict onto ``model`` (used by ``load_checkpoint``).
-
-    The names agree already (this port keeps the reference's module names); a ``features_only``
-    model drops the file's entries for the parts it pruned (``norm``, ``head``, later stages).
-    """
-    if not model.features_only:
-        return dict(state_dict)
-    pruned = {"norm", "head"}
-    pruned.update(f"stage{i + 1}" for i in range(model.num_stages, 4))
-    pruned.update(f"merge{i}" for i in range(model.num_stages, 4))
-    return {k: v for k, v in state_dict.items() if k.split(".", 1)[0] not in pruned}
+# alias: the class name of the authors' code
+CSWinTransformer = InLineCSwin
 
 
-InLineCSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
+# ---- registered variants
+
+_REFERENCE = "LeapLabTHU/InLine models/inline_cswin.py:CSWinTransformer"
+# Drop path: the authors' InLine-CSwin code does not state it; these are the rates of their
+# Agent-Attention CSwin configs (T 0.2, S 0.4, B 0.5, B-384 0.7), which share the training recipe.
+_TINY = dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16), split_size=(1, 2, 7, 7),
+             inline_split_size=(56, 28, 14, 7), pattern="IISS", drop_path_rate=0.2)
+_SMALL = dict(_TINY, depths=(3, 6, 29, 2), drop_path_rate=0.4)
+_BASE = dict(_SMALL, embed_dim=96, num_heads=(4, 8, 16, 32), drop_path_rate=0.5)
+_BASE384 = dict(_BASE, img_size=384, split_size=(1, 2, 12, 12), inline_split_size=(96, 48, 24, 12),
+                drop_path_rate=0.7)
 
 
-# -- registry -------------------------------------------------------------------------------------
-
-def _cfg(name: str, crop_pct: float = 0.9, **kwargs) -> ModelConfig:
+def _cfg(name: str, defaults: dict, crop_pct: float = 0.9, **facts) -> ModelConfig:
+    size = defaults.get("img_size", 224)
     return ModelConfig(
-        name=name, family="cswin", crop_pct=crop_pct, interpolation="bicubic",
-        classifier="head", first_conv="stage1_conv_embed.0", **kwargs,
+        name=name, family="cswin", input_size=(3, size, size), crop_pct=crop_pct, interpolation="bicubic",
+        classifier="head", first_conv="stage1_conv_embed.0",
+        extra=dict(reference=_REFERENCE, **{k: defaults[k] for k in (
+            "pattern", "split_size", "inline_split_size", "drop_path_rate")}),
+        **facts,
     )
 
 
@@ -515,44 +437,26 @@ def _create(defaults: dict, overrides: dict) -> InLineCSwin:
     return InLineCSwin(**{**defaults, **overrides})
 
 
-# Drop path: the InLine configs are not public in the copy we read; these are the rates of the
-# authors' sibling Agent-Attention CSwin configs (T 0.2, S 0.4, B 0.5, B-384 0.7), which share
-# the training recipe (SPEC section 5: "CSwin 0.2-0.5 with EMA").
-_T = dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16), split_size=(1, 2, 7, 7),
-          inline_split_size=(56, 28, 14, 7), pattern="IISS", drop_path_rate=0.2)
-_S = dict(_T, depths=(3, 6, 29, 2), drop_path_rate=0.4)
-_B = dict(_S, embed_dim=96, num_heads=(4, 8, 16, 32), drop_path_rate=0.5)
-_B384 = dict(_B, img_size=384, split_size=(1, 2, 12, 12), inline_split_size=(96, 48, 24, 12),
-             drop_path_rate=0.7)
-
-
-def _extra(d: dict) -> dict:
-    keys = ("pattern", "split_size", "inline_split_size", "drop_path_rate")
-    return {k: d[k] for k in keys}
-
-
-@register_model(_cfg("inline_cswin_tiny", paper_top1=83.2, num_params=20_604_520, macs_g=4.31, extra=_extra(_T)))
+@register_model(_cfg("inline_cswin_tiny", _TINY, paper_top1=83.2, num_params=20_604_520, macs_g=4.31))
 def inline_cswin_tiny(**overrides) -> InLineCSwin:
     """InLine-CSwin-T (224): embed 64, depths 2-4-18-1, heads 2-4-8-16, IISS."""
-    return _create(_T, overrides)
+    return _create(_TINY, overrides)
 
 
-@register_model(_cfg("inline_cswin_small", paper_top1=83.8, num_params=33_032_872, macs_g=6.77, extra=_extra(_S)))
+@register_model(_cfg("inline_cswin_small", _SMALL, paper_top1=83.8, num_params=33_032_872, macs_g=6.77))
 def inline_cswin_small(**overrides) -> InLineCSwin:
     """InLine-CSwin-S (224): embed 64, depths 3-6-29-2, heads 2-4-8-16, IISS."""
-    return _create(_S, overrides)
+    return _create(_SMALL, overrides)
 
 
-@register_model(_cfg("inline_cswin_base", paper_top1=84.5, num_params=73_413_640, macs_g=14.88, extra=_extra(_B)))
+@register_model(_cfg("inline_cswin_base", _BASE, paper_top1=84.5, num_params=73_413_640, macs_g=14.88))
 def inline_cswin_base(**overrides) -> InLineCSwin:
     """InLine-CSwin-B (224): embed 96, depths 3-6-29-2, heads 4-8-16-32, IISS."""
-    return _create(_B, overrides)
+    return _create(_BASE, overrides)
 
 
-@register_model(_cfg(
-    "inline_cswin_base_384", input_size=(3, 384, 384), crop_pct=1.0, paper_top1=85.7,
-    num_params=73_413_640, macs_g=46.3, extra=_extra(_B384),
-))
+@register_model(_cfg("inline_cswin_base_384", _BASE384, crop_pct=1.0, paper_top1=85.7, num_params=73_413_640,
+                     macs_g=46.3))
 def inline_cswin_base_384(**overrides) -> InLineCSwin:
     """InLine-CSwin-B at 384: InLine splits 96-48-24-12, softmax stripes 1-2-12-12."""
-    return _create(_B384, overrides)
+    return _create(_BASE384, overrides)

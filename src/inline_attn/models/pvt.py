@@ -1,4 +1,4 @@
-"""InLine-PVT: the Pyramid Vision Transformer with InLine attention (paper Sec. 5.1, SPEC section 3).
+"""InLine-PVT: the Pyramid Vision Transformer with InLine attention (paper Sec. 5.1).
 
 Four stages at strides 4, 8, 16, 32: a patch embedding (Conv2d 4x4 then 2x2, each followed by
 a LayerNorm), one learned position embedding per stage, then blocks. InLine (and linear) blocks
@@ -14,27 +14,32 @@ divide are zero-padded, and ``forward_features`` returns the last stage as an NC
 """
 from __future__ import annotations
 
-import re
 from functools import partial
 from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
-from ..layers import PreNormBlock, RecordableAttention, TokenAttention, check_heads, init_weights_
-from ._helpers import PatchEmbed, parse_pattern, resize_pos_embed, take_indices, tokens_to_nchw
+from ..layers import (
+    PatchEmbed, PreNormBlock, RecordableAttention, TokenAttention, check_heads, init_weights_, resize_pos_embed,
+    tokens_to_nchw,
+)
+from ._base import InLineModel
+from ._helpers import parse_pattern
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
 
-__all__ = ["PVTAttention", "PVTBlock", "PyramidVisionTransformer", "SpatialReductionAttention", "checkpoint_filter_fn"]
+__all__ = [
+    "InLinePVT", "PVTAttention", "PVTBlock", "PyramidVisionTransformer", "SpatialReductionAttention",
+    "checkpoint_filter_fn",
+]
 
 
 class PVTAttention(TokenAttention):
     """InLine (or linear / full softmax) attention with PVT's separate ``q`` / ``kv`` projections.
 
-    InLine output per head (SPEC section 1, the reference's scale):
+    InLine output per head (paper Eq. 5, the reference's scale):
     ``O_i = sum_j w_ij V_j`` with ``w_ij = (1 + d^-0.5 phi(Q_i).(phi(K_j) - k_bar)) / N``, plus the
-    predicted 3x3 local residual on V (SPEC section 2; context = mean token of the input).
+    predicted 3x3 local residual on V (paper Sec. 4.2; context = mean token of the input).
 
     x: [B, H*W, C], feat_size (H, W) -> [B, H*W, C].
     """
@@ -113,7 +118,7 @@ class PVTBlock(PreNormBlock):
         super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
 
 
-class PyramidVisionTransformer(nn.Module):
+class InLinePVT(InLineModel):
     """PVT (v1) with InLine, softmax (spatial reduction) or linear attention per stage.
 
     Args:
@@ -130,8 +135,12 @@ class PyramidVisionTransformer(nn.Module):
             class's own default is PyTorch's 1e-5). Patch-embedding and spatial-reduction norms
             always use 1e-5, as in the reference.
         kernel, local_residual: InLine / linear options (None = the kind's default).
-        features_only: forward returns the NCHW maps of ``out_indices`` (default all 4 stages).
+        global_pool: "avg" only (PVT has no cls token).
+
+    The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32).
     """
+
+    no_weight_decay_patterns = ("pos_embed*",)
 
     def __init__(
         self,
@@ -153,8 +162,6 @@ class PyramidVisionTransformer(nn.Module):
         local_residual: Optional[bool] = None,
         global_pool: str = "avg",
         norm_eps: float = 1e-6,
-        features_only: bool = False,
-        out_indices: Optional[Sequence[int]] = None,
     ):
         super().__init__()
         num_stages = len(depths)
@@ -162,24 +169,20 @@ class PyramidVisionTransformer(nn.Module):
                          ("sr_ratios", sr_ratios)):
             if len(val) != num_stages:
                 raise ValueError(f"{arg}={tuple(val)} must have one entry per stage ({num_stages} stages)")
-        if global_pool != "avg":
-            raise ValueError(f"global_pool must be 'avg' (PVT has no cls token), got {global_pool!r}")
         kinds = parse_pattern(pattern, depths)
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
         self.num_classes = num_classes
         self.global_pool = global_pool
-        self.num_stages = num_stages
         self.depths = tuple(depths)
         self.embed_dims = tuple(embed_dims)
         self.num_features = embed_dims[-1]
         self.num_prefix_tokens = 0
         self.pattern = pattern
-        self.grad_checkpointing = False
 
         total = sum(depths)
         dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
         img_size = tuple(int(s) for s in (img_size if isinstance(img_size, (tuple, list)) else (img_size, img_size)))
-        self.feature_info = []
+        feature_info = []
         cur, stride = 0, 1
         for i in range(num_stages):
             p = patch_size if i == 0 else 2
@@ -199,118 +202,60 @@ class PyramidVisionTransformer(nn.Module):
                 for j in range(depths[i])
             ]))
             cur += depths[i]
-            self.feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"block{i + 1}"))
+            feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"block{i + 1}"))
+        self.norm = nn.Identity()  # PVT has no final norm (the reference pools the last stage directly)
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.init_contract(feature_info)
         self._init_weights()
-
-        self.features_only = features_only
-        if features_only:
-            self.out_indices = take_indices(num_stages, out_indices)
-            self.feature_info = [self.feature_info[i] for i in self.out_indices]
-            self.head = nn.Identity()
-            self.num_classes = 0
-            for i in range(max(self.out_indices) + 1, num_stages):  # unused later stages
-                for prefix in ("patch_embed", "pos_embed", "pos_drop", "block"):
-                    delattr(self, f"{prefix}{i + 1}")
-            self.num_stages = max(self.out_indices) + 1
 
     def _init_weights(self) -> None:
         # as the reference: trunc-normal 0.02 for the position embeddings, then the shared
         # linear / LayerNorm init (convs keep PyTorch's default)
-        for i in range(self.num_stages):
+        for i in range(self._num_levels):
             nn.init.trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
         init_weights_(self)
 
-    # ---- timm-style contract -------------------------------------------------------------
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        return {f"pos_embed{i + 1}" for i in range(self.num_stages)}
+    def forward(self, x: torch.Tensor):
+        """images [B, C_in, H, W] -> logits [B, num_classes] (a features_only model: its maps)."""
+        return self._forward(x)  # a frame of this class's own for torch.compile (see InLineModel)
 
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = bool(enable)
+    # ---- the contract's hooks (state: the stage input / output as an NCHW map)
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # stage 1's patch embedding is the stem
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        if global_pool not in (None, "avg"):
-            raise ValueError(f"global_pool must be 'avg', got {global_pool!r}")
-        self.num_classes = num_classes
-        dev = self.pos_embed1.device
-        self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
-
-    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def _run_level(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Stage i (0-based): x [B, C_prev, H, W] -> [B, C_i, H / s, W / s]."""
         embed: PatchEmbed = getattr(self, f"patch_embed{i + 1}")
         x, feat_size = embed(x)
         pos = resize_pos_embed(getattr(self, f"pos_embed{i + 1}"), embed.grid_size, feat_size)
         x = getattr(self, f"pos_drop{i + 1}")(x + pos)
         for blk in getattr(self, f"block{i + 1}"):
-            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, feat_size, use_reentrant=False)
-            else:
-                x = blk(x, feat_size)
+            x = self.checkpointed(blk, x, feat_size)
         return tokens_to_nchw(x, feat_size)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, C_in, H, W] -> last stage map [B, C_4, H/32, W/32]."""
-        for i in range(self.num_stages):
-            x = self._stage(i, x)
+    def _level_map(self, i: int, x: torch.Tensor, norm: bool) -> torch.Tensor:
+        return x  # no final norm to apply
+
+    def _final(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """-> the last stage's map [B, C_4, H/32, W/32]."""
         return x
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """x: [B, C, H, W] -> logits (mean over tokens, no final norm, as the reference)."""
-        x = x.mean(dim=(2, 3))
-        return x if pre_logits else self.head(x)
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))  # the token mean, no final norm, as the reference
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Union[None, int, Sequence[int]] = None,
-        norm: bool = False,
-        intermediates_only: bool = False,
-    ):
-        """Stage outputs as NCHW maps at strides 4, 8, 16, 32.
-
-        indices: None = all stages, int n = the last n, or a list of stage indices.
-        norm: accepted for the common signature; PVT has no final norm.
-        Returns the maps, or (last stage map, maps) unless intermediates_only.
-        """
-        take = take_indices(self.num_stages, indices)
-        maps = []
-        for i in range(self.num_stages):
-            x = self._stage(i, x)
-            if i in take:
-                maps.append(x)
-            if intermediates_only and i >= take[-1]:
-                return maps
-        return maps if intermediates_only else (x, maps)
-
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x, self.out_indices, intermediates_only=True)
-        return self.forward_head(self.forward_features(x))
+    def _level_modules(self, i: int) -> list[str]:
+        return [f"block{i + 1}", f"pos_drop{i + 1}", f"pos_embed{i + 1}", f"patch_embed{i + 1}"]
 
 
-
-def checkpoint_filter_fn(state_dict: dict, model: PyramidVisionTransformer) -> dict:
+def checkpoint_filter_fn(state_dict: dict, model: InLinePVT) -> dict:
     """Map a reference PVT state dict onto ``model`` (used by load_checkpoint).
 
     The names agree already; per-stage position embeddings of another (square) grid are
-    resized to the model's, and a ``features_only`` model drops the file's entries for the
-    parts it pruned (head, later stages).
+    resized to the model's.
     """
     out = dict(state_dict)
-    if model.features_only:
-        own = model.state_dict()
-
-        def pruned(key: str) -> bool:
-            m = re.match(r"(patch_embed|pos_embed|block)(\d+)", key)
-            return key.startswith("head.") or (m is not None and int(m.group(2)) > model.num_stages)
-
-        out = {k: v for k, v in out.items() if k in own or not pruned(k)}
-    for i in range(model.num_stages):
+    for i in range(model.num_levels):
         key = f"pos_embed{i + 1}"
         pos, mine = out.get(key), getattr(model, key)
         if isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape != mine.shape and pos.shape[2] == mine.shape[2]:
@@ -320,47 +265,57 @@ def checkpoint_filter_fn(state_dict: dict, model: PyramidVisionTransformer) -> d
     return out
 
 
-PyramidVisionTransformer.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
+InLinePVT.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
+
+# alias: the class name of the authors' code
+PyramidVisionTransformer = InLinePVT
 
 
-# ---- registered variants (SPEC section 3; heads and MLP ratios as the reference code builds) ----
+# ---- registered variants (heads and MLP ratios as the reference code builds them)
 
-def _cfg(name: str, top1: float, params: int, macs: float, drop_path: float) -> ModelConfig:
+_REFERENCE = "LeapLabTHU/InLine models/inline_pvt.py:PyramidVisionTransformer"
+_TINY = dict(img_size=224, patch_size=4, embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16),
+             mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), qkv_bias=True, depths=(2, 2, 2, 2), pattern="IIII",
+             drop_path_rate=0.1)
+_SMALL = dict(_TINY, depths=(3, 4, 6, 3))
+_MEDIUM = dict(_TINY, depths=(3, 4, 18, 3), drop_path_rate=0.3)
+_LARGE = dict(_TINY, depths=(3, 8, 27, 3), drop_path_rate=0.3)
+
+
+def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
     # evaluated with the Swin codebase's pipeline (crop 0.875, ImageNet mean/std); the reference's
-    # timm _cfg metadata (crop 0.9, mean/std 0.5) is kept in extra for the record
+    # timm _cfg metadata says crop 0.9 and mean/std 0.5, not what the authors ran
     return ModelConfig(
         name=name, family="pvt", input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic",
-        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier="head",
-        first_conv="patch_embed1.proj", paper_top1=top1, num_params=params, macs_g=macs,
-        extra=dict(pattern="IIII", drop_path_rate=drop_path,
-                   reference_class="models/inline_pvt.py:PyramidVisionTransformer",
-                   reference_cfg_crop_pct=0.9, reference_cfg_mean_std=(0.5, 0.5)),
+        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier="head", first_conv="patch_embed1.proj",
+        extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], drop_path_rate=defaults["drop_path_rate"]),
+        **facts,
     )
 
 
-_PVT = dict(img_size=224, patch_size=4, embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16),
-            mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), qkv_bias=True, pattern="IIII")
+def _create(defaults: dict, overrides: dict) -> InLinePVT:
+    return InLinePVT(**{**defaults, **overrides})
 
 
-def _create(depths, drop_path: float, overrides: dict) -> PyramidVisionTransformer:
-    return PyramidVisionTransformer(**{**_PVT, "depths": depths, "drop_path_rate": drop_path, **overrides})
+@register_model(_cfg("inline_pvt_tiny", _TINY, paper_top1=78.2, num_params=12_032_232, macs_g=1.98))
+def inline_pvt_tiny(**overrides) -> InLinePVT:
+    """InLine-PVT-T: depths 2-2-2-2."""
+    return _create(_TINY, overrides)
 
 
-@register_model(_cfg("inline_pvt_tiny", 78.2, 12_032_232, 1.98, 0.1))
-def inline_pvt_tiny(**overrides) -> PyramidVisionTransformer:
-    return _create((2, 2, 2, 2), 0.1, overrides)
+@register_model(_cfg("inline_pvt_small", _SMALL, paper_top1=82.0, num_params=21_556_136, macs_g=3.91))
+def inline_pvt_small(**overrides) -> InLinePVT:
+    """InLine-PVT-S: depths 3-4-6-3."""
+    return _create(_SMALL, overrides)
 
 
-@register_model(_cfg("inline_pvt_small", 82.0, 21_556_136, 3.91, 0.1))
-def inline_pvt_small(**overrides) -> PyramidVisionTransformer:
-    return _create((3, 4, 6, 3), 0.1, overrides)
+@register_model(_cfg("inline_pvt_medium", _MEDIUM, paper_top1=83.2, num_params=37_618_856, macs_g=6.86))
+def inline_pvt_medium(**overrides) -> InLinePVT:
+    """InLine-PVT-M: depths 3-4-18-3, drop path 0.3."""
+    return _create(_MEDIUM, overrides)
 
 
-@register_model(_cfg("inline_pvt_medium", 83.2, 37_618_856, 6.86, 0.3))
-def inline_pvt_medium(**overrides) -> PyramidVisionTransformer:
-    return _create((3, 4, 18, 3), 0.3, overrides)
-
-
-@register_model(_cfg("inline_pvt_large", 83.6, 51_154_280, 10.13, 0.3))
-def inline_pvt_large(**overrides) -> PyramidVisionTransformer:
-    return _create((3, 8, 27, 3), 0.3, overrides)
+@register_model(_cfg("inline_pvt_large", _LARGE, paper_top1=83.6, num_params=51_154_280, macs_g=10.13))
+def inline_pvt_large(**overrides) -> InLinePVT:
+    """InLine-PVT-L: depths 3-8-27-3, drop path 0.3."""
+    return _create(_LARGE, overrides)

@@ -103,16 +103,28 @@ def _check_overrides(name: str, overrides: dict) -> None:
                 fail(key, "a number in [0, 1)")
 
 
-def create_model(name: str, *, checkpoint_path: Optional[str] = None, **overrides) -> nn.Module:
+def create_model(name: str, *, checkpoint_path: Optional[str] = None, features_only: bool = False,
+                 out_indices=None, **overrides) -> nn.Module:
     """Build a registered model; ``overrides`` replace the variant's constructor arguments.
 
-    The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`). With ``checkpoint_path``,
-    weights are loaded strictly through :func:`inline_attn.load_checkpoint`. A bad value of a
-    common argument (``num_classes``, ``in_chans``, ``depth``/``depths``, ``img_size``, the drop
-    rates) or an argument the family does not take is a ValueError naming it.
+    The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`) and ``model.model_args`` (the
+    overrides, what :func:`inline_attn.save_pretrained` records). With ``checkpoint_path``,
+    weights are loaded strictly through :func:`inline_attn.load_checkpoint`. With
+    ``features_only`` the model becomes a feature backbone after the checkpoint is loaded into the
+    full model (as timm's builder does): ``forward`` returns the NCHW maps of ``out_indices``
+    (None = every level, an int n = the last n, or a sequence; levels are DeiT's blocks and the
+    other families' stages) and what those maps do not use is pruned
+    (:meth:`~inline_attn.models._base.InLineModel.to_features_only`).
+
+    A bad value of a common argument (``num_classes``, ``in_chans``, ``depth``/``depths``,
+    ``img_size``, the drop rates, ``out_indices`` without ``features_only``) or an argument the
+    family does not take is a ValueError naming it.
     """
     fn, cfg = _lookup(name)
     _check_overrides(name, overrides)
+    if out_indices is not None and not features_only:
+        raise ValueError(f"create_model({name!r}, out_indices={out_indices!r}): out_indices selects the maps "
+                         "of a features_only model; pass features_only=True too")
     try:
         model = fn(**overrides)
     except TypeError as e:
@@ -121,8 +133,11 @@ def create_model(name: str, *, checkpoint_path: Optional[str] = None, **override
             raise
         raise ValueError(f"model {name!r} takes no argument {unknown.group(1)!r}") from e
     model.pretrained_cfg = cfg
+    model.model_args = dict(overrides)
     if checkpoint_path is not None:
         from .checkpoint import load_checkpoint
 
         load_checkpoint(model, checkpoint_path, strict=True)
+    if features_only:
+        model.to_features_only(out_indices)
     return model

@@ -7,7 +7,8 @@ so their checkpoints load unchanged. Per block, the attention is one of
 - InLine (``I``) or linear (``L``) attention inside windows of the configured size (56 at 224
   input: the whole stage-1 map, so these blocks are global). They use no shift mask, as in the
   reference: a shifted window simply wraps around.
-- Softmax (``S``) window attention as in Swin: window ``max(7, window_size // 8)``, relative
+- Softmax (``S``) window attention as in Swin: window ``max(7, window_size // 8)``
+  (:func:`softmax_window`), relative
   position bias, shifted windows with the usual mask on odd blocks.
 
 Beyond the reference, any input size works: blocks decide their windows from the actual map at
@@ -27,23 +28,34 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
 
-from ..layers import DropPath, Mlp, RecordableAttention, TokenAttention, check_heads, init_weights_, to_2tuple
-from ._helpers import PatchEmbed, parse_pattern, take_indices
+from ..layers import (
+    DropPath, Mlp, PatchEmbed, RecordableAttention, TokenAttention, check_heads, init_weights_, to_2tuple,
+)
+from ._base import InLineModel
+from ._helpers import parse_pattern
 from .checkpoint import RECOMPUTED_BUFFERS
 from .registry import ModelConfig, register_model
 
 __all__ = [
-    "InLineSwin", "PatchMerging", "SwinBlock", "SwinStage", "WindowAttention", "checkpoint_filter_fn",
-    "relative_position_index", "shift_window_mask", "window_partition", "window_reverse",
+    "SOFTMAX_MIN_WINDOW", "SOFTMAX_WINDOW_DIVISOR", "InLineSwin", "PatchMerging", "SwinBlock", "SwinStage",
+    "WindowAttention", "checkpoint_filter_fn", "relative_position_index", "shift_window_mask", "softmax_window",
+    "window_partition", "window_reverse",
 ]
 
-_SOFTMAX_MIN_WINDOW = 7
+# Softmax blocks attend within windows of max(SOFTMAX_MIN_WINDOW, window_size // SOFTMAX_WINDOW_DIVISOR):
+# Swin's 7 at the published InLine window 56 (12 at 96); bench's window preset inverts this rule.
+SOFTMAX_MIN_WINDOW = 7
+SOFTMAX_WINDOW_DIVISOR = 8
 _MASK_VALUE = -100.0  # the reference's additive shift-mask value (exp(-100) ~ 4e-44: exact enough)
 
 
-# --------------------------------------------------------------------------- helpers
+def softmax_window(window_size: int) -> int:
+    """The window of the softmax blocks of a model whose InLine blocks use ``window_size``."""
+    return max(SOFTMAX_MIN_WINDOW, window_size // SOFTMAX_WINDOW_DIVISOR)
+
+
+# ---- helpers
 
 
 def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
@@ -125,7 +137,7 @@ def _window_grid_coords(size: tuple[int, int], window: tuple[int, int], shift: t
     return window_partition(grid[None], window)
 
 
-# --------------------------------------------------------------------------- modules
+# ---- modules
 
 
 class WindowAttention(RecordableAttention):
@@ -317,8 +329,7 @@ class SwinStage(nn.Module):
             if kind == "softmax":
                 # Swin's window for the softmax blocks; as in the reference it shrinks to the
                 # constructed map when that is smaller (this sizes the relative position table)
-                win = max(_SOFTMAX_MIN_WINDOW, window_size // 8)
-                win = min(win, min(input_resolution))
+                win = min(softmax_window(window_size), min(input_resolution))
             else:
                 win = window_size
             shift = win // 2 if j % 2 == 1 else 0
@@ -326,23 +337,15 @@ class SwinStage(nn.Module):
                                     input_resolution=input_resolution, drop_path=drop_path[j], **block_kw))
         self.blocks = nn.ModuleList(blocks)
         self.downsample = PatchMerging(dim) if downsample else None
-        self.grad_checkpointing = False
-
-    def forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, H, W, C] -> [B, H, W, C] (the stage's feature map, before merging)."""
-        for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
-        return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.forward_blocks(x)
+        """x: [B, H, W, C] -> the stage's map after patch merging (when the stage has one)."""
+        for blk in self.blocks:
+            x = blk(x)
         return x if self.downsample is None else self.downsample(x)
 
 
-# --------------------------------------------------------------------------- checkpoints
+# ---- checkpoints
 
 def _resize_bias_table(table: torch.Tensor, new_rows: int) -> torch.Tensor:
     """[(2w-1)^2, h] -> [new_rows, h], bicubic over the (2w-1) x (2w-1) offset grid (square windows)."""
@@ -359,16 +362,13 @@ def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
 
     - buffers the model recomputes (``relative_position_index``, ``attn_mask``) are taken from
       the model, so a checkpoint loads into a model built for another image size;
-    - relative position tables of another window size are resized bicubically;
-    - a ``features_only`` model drops the file's final ``norm.*`` and ``head.*``.
+    - relative position tables of another window size are resized bicubically.
     Everything else passes through unchanged, for a strict load to check.
     """
     own = model.state_dict()
     out = {}
     for key, value in state_dict.items():
         if key.rsplit(".", 1)[-1] in RECOMPUTED_BUFFERS:
-            continue
-        if model.features_only and (key.startswith("norm.") or key.startswith("head.")) and key not in own:
             continue
         if key.endswith("relative_position_bias_table") and key in own and own[key].shape != value.shape:
             value = _resize_bias_table(value, own[key].shape[0])
@@ -379,25 +379,30 @@ def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- model
+# ---- model
 
 
-class InLineSwin(nn.Module):
+class InLineSwin(InLineModel):
     """InLine-Swin (and, by ``pattern``, plain Swin or linear-attention Swin).
 
     Args:
         img_size: the constructed input size; only sizes the state dict's buffers (relative
             position tables of softmax blocks, the stored shift masks). Any input size runs.
         patch_size, in_chans, num_classes, embed_dim, depths, num_heads, mlp_ratio, qkv_bias: as Swin.
-        window_size: window of the InLine / linear blocks; softmax blocks use ``max(7, window_size // 8)``.
+        window_size: window of the InLine / linear blocks; softmax blocks use :func:`softmax_window`.
         pattern: attention kind per stage (see :func:`parse_pattern`): "IIIS", "IIMS2", "SSSS", "LLLS".
         kernel: phi of InLine / linear blocks (None = identity for InLine, relu for linear).
         local_residual: the 3x3 local residual (None = on for InLine blocks only).
         drop_rate: dropout after the patch embedding, in attention projections and MLPs (as the reference).
         attn_drop_rate: dropout on softmax weights. drop_path_rate: stochastic depth, linear in depth.
-        features_only: build a backbone: ``forward`` returns the NCHW maps of ``out_indices``
-            (strides 4, 8, 16, 32) and the final norm and head are not built.
+        global_pool: "avg" only (the token mean).
+
+    The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32); a stage's
+    map is taken before its patch merging.
     """
+
+    no_weight_decay_patterns = ("relative_position_bias_table",)
+    _map_fmt = "NHWC"
 
     def __init__(
         self,
@@ -417,8 +422,7 @@ class InLineSwin(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
-        features_only: bool = False,
-        out_indices: Sequence[int] = (0, 1, 2, 3),
+        global_pool: str = "avg",
     ):
         super().__init__()
         if len(depths) != len(num_heads):
@@ -426,13 +430,12 @@ class InLineSwin(nn.Module):
         if window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {window_size}")
         kinds = parse_pattern(pattern, depths)
+        num_stages = len(depths)
         self.pattern, self.window_size = pattern, window_size
         self.num_classes = num_classes
-        self.num_layers = len(depths)
+        self.global_pool = global_pool
         self.num_prefix_tokens = 0
-        self.features_only = features_only
-        self.num_features = int(embed_dim * 2 ** (self.num_layers - 1))
-        self.grad_checkpointing = False
+        self.num_features = int(embed_dim * 2 ** (num_stages - 1))
         img_h, img_w = to_2tuple(img_size)
         p = to_2tuple(patch_size)
 
@@ -442,165 +445,108 @@ class InLineSwin(nn.Module):
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
         res = (math.ceil(img_h / p[0]), math.ceil(img_w / p[1]))
         self.layers = nn.ModuleList()
-        self.feature_info = []
+        feature_info = []
         for i, (depth, heads) in enumerate(zip(depths, num_heads)):
             dim = int(embed_dim * 2 ** i)
             start = sum(depths[:i])
             self.layers.append(SwinStage(
                 dim, depth, heads, kinds=kinds[i], window_size=window_size, input_resolution=res,
-                drop_path=dpr[start:start + depth], downsample=i < self.num_layers - 1, mlp_ratio=mlp_ratio,
+                drop_path=dpr[start:start + depth], downsample=i < num_stages - 1, mlp_ratio=mlp_ratio,
                 qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual, drop=drop_rate,
                 attn_drop=attn_drop_rate,
             ))
-            self.feature_info.append(dict(num_chs=dim, reduction=p[0] * 2 ** i, module=f"layers.{i}"))
+            feature_info.append(dict(num_chs=dim, reduction=p[0] * 2 ** i, module=f"layers.{i}"))
             res = (math.ceil(res[0] / 2), math.ceil(res[1] / 2))
-
-        self.out_indices = tuple(take_indices(self.num_layers, out_indices))
-        if features_only:
-            self.norm, self.head = nn.Identity(), nn.Identity()
-        else:
-            self.norm = nn.LayerNorm(self.num_features)
-            self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.norm = nn.LayerNorm(self.num_features)
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_contract(feature_info)
         init_weights_(self)
         for m in self.modules():  # and the relative position tables, as the reference
             if isinstance(m, WindowAttention):
                 nn.init.trunc_normal_(m.relative_position_bias_table, std=0.02)
 
-    # ---- timm-style contract
+    def forward(self, x: torch.Tensor):
+        """images [B, C_in, H, W] -> logits [B, num_classes] (a features_only model: its maps)."""
+        return self._forward(x)  # a frame of this class's own for torch.compile (see InLineModel)
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names exempt from weight decay: the relative position bias tables."""
-        return {n for n, _ in self.named_parameters() if n.endswith("relative_position_bias_table")}
+    # ---- the contract's hooks (state: an NHWC map)
 
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-        for stage in self.layers:
-            stage.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int) -> None:
-        if self.features_only:
-            raise ValueError("a features_only model has no classifier")
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Union[None, int, Sequence[int]] = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ):
-        """Per-stage feature maps.
-
-        Args:
-            x: images [B, C_in, H, W].
-            indices: stages to return (None = all; an int n = the last n; or a list).
-            norm: apply the final norm to the last stage's map (the only norm the model has).
-            stop_early: stop after the last requested stage.
-            output_fmt: "NCHW" or "NHWC".
-        Returns:
-            a list of maps [B, C_i, H / 2^(i+2), W / 2^(i+2)] (ceil), or
-            (final features [B, h, w, C] as forward_features gives, that list).
-        """
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        take = take_indices(self.num_layers, indices)
-        last = max(take) if stop_early or intermediates_only else self.num_layers - 1
-        x = self._embed(x)
-        intermediates = []
-        for i, stage in enumerate(self.layers[:last + 1]):
-            x = stage.forward_blocks(x)
-            if i in take:
-                feat = self.norm(x) if norm and i == self.num_layers - 1 else x
-                intermediates.append(feat.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else feat)
-            if stage.downsample is not None and i < last:
-                x = stage.downsample(x)
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
-
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
         """images [B, C_in, H, W] -> [B, H/4, W/4, C] (ceil)."""
         tokens, (h, w) = self.patch_embed(x)
         return self.pos_drop(tokens.view(tokens.shape[0], h, w, -1))
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """images [B, C_in, H, W] -> normed final map [B, H/32, W/32, num_features] (NHWC)."""
-        x = self._embed(x)
-        for stage in self.layers:
-            x = stage(x)
-        return self.norm(x)
+    def _run_level(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """The previous stage's patch merging (stored with that stage, as the reference), then
+        stage i's blocks: [B, H, W, C] -> [B, H_i, W_i, C_i]."""
+        if i > 0:
+            x = self.layers[i - 1].downsample(x)
+        for blk in self.layers[i].blocks:
+            x = self.checkpointed(blk, x)
+        return x
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """[B, h, w, C] -> logits [B, num_classes] (token mean, then head)."""
-        x = x.mean(dim=(1, 2))
-        return x if pre_logits else self.head(x)
+    def _level_map(self, i: int, x: torch.Tensor, norm: bool) -> torch.Tensor:
+        return self.norm(x) if norm and i == self._built_levels - 1 else x  # the norm is the last stage's
 
-    def forward(self, x: torch.Tensor):
-        if self.features_only:
-            return self.forward_intermediates(x, indices=self.out_indices, intermediates_only=True)
-        return self.forward_head(self.forward_features(x))
+    def _final(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """-> the normed final map [B, H/32, W/32, num_features] (NHWC)."""
+        return self.norm(x) if i == self._built_levels - 1 else x
 
-    checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(1, 2))  # the token mean
+
+    def _level_modules(self, i: int) -> list[str]:
+        # stage i's input comes from the previous stage's patch merging
+        return [f"layers.{i}"] + ([f"layers.{i - 1}.downsample"] if i > 0 else [])
 
 
-# --------------------------------------------------------------------------- registry
+InLineSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
+
+
+# ---- registered variants
 
 _REFERENCE = "LeapLabTHU/InLine models/inline_swin.py:InLineSwin"
+_TINY = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=56, pattern="IIIS",
+             drop_path_rate=0.2)
+_SMALL = dict(_TINY, depths=(2, 2, 18, 2), pattern="IISS", drop_path_rate=0.3)
+_BASE = dict(_SMALL, embed_dim=128, num_heads=(4, 8, 16, 32), pattern="IIMS2", drop_path_rate=0.5)
+_BASE384 = dict(_BASE, img_size=384, window_size=96)
 
 
-def _swin_cfg(name: str, **kw) -> ModelConfig:
-    return ModelConfig(name=name, family="swin", classifier="head", first_conv="patch_embed.proj",
-                       interpolation="bicubic", **kw)
+def _cfg(name: str, defaults: dict, crop_pct: float = 0.875, **facts) -> ModelConfig:
+    size = defaults.get("img_size", 224)
+    return ModelConfig(
+        name=name, family="swin", input_size=(3, size, size), crop_pct=crop_pct, interpolation="bicubic",
+        classifier="head", first_conv="patch_embed.proj",
+        extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], window_size=defaults["window_size"],
+                   drop_path_rate=defaults["drop_path_rate"]),
+        **facts,
+    )
 
 
-def _build(defaults: dict, overrides: dict) -> InLineSwin:
+def _create(defaults: dict, overrides: dict) -> InLineSwin:
     return InLineSwin(**{**defaults, **overrides})
 
 
-@register_model(_swin_cfg(
-    "inline_swin_tiny", crop_pct=0.875, paper_top1=82.4, num_params=29_223_544, macs_g=4.46,
-    extra=dict(pattern="IIIS", window_size=56, drop_path_rate=0.2, reference=_REFERENCE),
-))
+@register_model(_cfg("inline_swin_tiny", _TINY, paper_top1=82.4, num_params=29_223_544, macs_g=4.46))
 def inline_swin_tiny(**overrides) -> InLineSwin:
     """InLine-Swin-T: embed 96, depths 2-2-6-2, heads 3-6-12-24, IIIS, window 56, drop path 0.2."""
-    return _build(dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=56,
-                       pattern="IIIS", drop_path_rate=0.2), overrides)
+    return _create(_TINY, overrides)
 
 
-@register_model(_swin_cfg(
-    "inline_swin_small", crop_pct=0.875, paper_top1=83.6, num_params=49_793_296, macs_g=8.72,
-    extra=dict(pattern="IISS", window_size=56, drop_path_rate=0.3, reference=_REFERENCE),
-))
+@register_model(_cfg("inline_swin_small", _SMALL, paper_top1=83.6, num_params=49_793_296, macs_g=8.72))
 def inline_swin_small(**overrides) -> InLineSwin:
     """InLine-Swin-S: embed 96, depths 2-2-18-2, heads 3-6-12-24, IISS, window 56, drop path 0.3."""
-    return _build(dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), window_size=56,
-                       pattern="IISS", drop_path_rate=0.3), overrides)
+    return _create(_SMALL, overrides)
 
 
-@register_model(_swin_cfg(
-    "inline_swin_base", crop_pct=0.875, paper_top1=84.1, num_params=88_350_120, macs_g=15.40,
-    extra=dict(pattern="IIMS2", window_size=56, drop_path_rate=0.5, reference=_REFERENCE),
-))
+@register_model(_cfg("inline_swin_base", _BASE, paper_top1=84.1, num_params=88_350_120, macs_g=15.40))
 def inline_swin_base(**overrides) -> InLineSwin:
     """InLine-Swin-B: embed 128, depths 2-2-18-2, heads 4-8-16-32, IIMS2, window 56, drop path 0.5."""
-    return _build(dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=56,
-                       pattern="IIMS2", drop_path_rate=0.5), overrides)
+    return _create(_BASE, overrides)
 
 
-@register_model(_swin_cfg(
-    "inline_swin_base_384", input_size=(3, 384, 384), crop_pct=1.0, num_params=88_465_320,
-    extra=dict(pattern="IIMS2", window_size=96, drop_path_rate=0.5, reference=_REFERENCE),
-))
+@register_model(_cfg("inline_swin_base_384", _BASE384, crop_pct=1.0, num_params=88_465_320))
 def inline_swin_base_384(**overrides) -> InLineSwin:
     """InLine-Swin-B at 384: as InLine-Swin-B with window 96 (softmax window 12)."""
-    return _build(dict(img_size=384, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
-                       window_size=96, pattern="IIMS2", drop_path_rate=0.5), overrides)
+    return _create(_BASE384, overrides)
