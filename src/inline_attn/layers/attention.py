@@ -100,16 +100,15 @@ class TokenAttention(RecordableAttention):
         x: torch.Tensor,
         feat_size: tuple[int, int],
         *,
-        residual_context: Optional[torch.Tensor] = None,
         bias: Optional[torch.Tensor] = None,
         mask: Optional[torch.Tensor] = None,
         token_coords=None,
     ) -> torch.Tensor:
         """x: [B, N, C], feat_size (H, W) -> [B, N, C].
 
-        residual_context: [B, C] context for the residual weights (default: mean of x over
-            all N tokens). bias / mask: softmax only ([heads or 1, N, N] broadcastable; a
-            ``ValueError`` for InLine and linear attention).
+        The residual weights are predicted from the mean of x over all N tokens (prefix tokens
+        included, as the reference). bias / mask: softmax only ([heads or 1, N, N] broadcastable;
+        a ``ValueError`` for InLine and linear attention).
         token_coords: passed to attention hooks (a tensor, or a zero-argument callable evaluated
             only while a hook is installed; see :class:`AttentionRecord`).
         """
@@ -120,8 +119,7 @@ class TokenAttention(RecordableAttention):
         q, k, v = self._project(x)  # [B, N, C] views of the projection outputs
         weights = None
         if self.residual is not None:
-            ctx = x.mean(dim=1) if residual_context is None else residual_context
-            weights = self.residual.predict(ctx)  # [B, C, 3, 3]
+            weights = self.residual.predict(x.mean(dim=1))  # [B, C, 3, 3]
         out = self.attend_tokens(
             q, k, v, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p, kernel=self.kernel,
             scale=self.scale, bias=bias, mask=mask, token_coords=token_coords, attn_drop=self.attn_drop,

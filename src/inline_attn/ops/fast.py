@@ -128,8 +128,7 @@ def softmax_attention(
     attn_mask = bias
     if mask is not None:
         if mask.dtype == torch.bool:
-            neg = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(torch.tensor(True), float("-inf"))
-            mask = torch.where(mask, torch.zeros((), dtype=q.dtype, device=q.device), neg)
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         attn_mask = mask if attn_mask is None else attn_mask + mask
     if attn_mask is not None and attn_mask.dtype != q.dtype and _autocast_dtype(q) is None:
         attn_mask = attn_mask.to(q.dtype)
@@ -139,10 +138,9 @@ def softmax_attention(
 def local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Per-sample depthwise 3x3 convolution as one grouped convolution (``groups = B*C``).
 
-    On these CPUs oneDNN's depthwise kernel beats nine shifted multiply-adds (the naive
-    reference's form) by 2-4x forward and 3.5-6x forward+backward, even after the NCHW copy of
-    V it needs (``inline-attn bench residual``, docs/benchmarks.md): each shifted multiply-add
-    is a full pass over the tokens and its weight gradient a separate reduction.
+    Faster than nine shifted multiply-adds (the naive reference's form), even after the NCHW
+    copy of V it needs: each shifted multiply-add is a full pass over the tokens and its weight
+    gradient a separate reduction (``inline-attn bench residual``; numbers in docs/benchmarks.md).
     ``FlopCounterMode`` counts it as a convolution (9 MACs per output element).
 
     Args:
