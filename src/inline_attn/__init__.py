@@ -19,3 +19,9 @@ from .models.profile import profile
 from .ops import attention, attention_weights, inline_attention, linear_attention, local_residual, softmax_attention
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "InLineAttention", "LinearAttention", "SoftmaxAttention", "attention", "attention_weights", "build_attention",
+    "create_model", "get_model_config", "hook_attention", "inline_attention", "linear_attention", "list_models",
+    "load_checkpoint", "local_residual", "profile", "record_attention", "save_checkpoint", "softmax_attention",
+]

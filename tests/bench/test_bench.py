@@ -186,7 +186,8 @@ def test_bench_model_breakdown_reports_categories_and_bound(tmp_path, capsys):
     assert categorize("aten::native_layer_norm") == "normalization" and categorize("aten::foo") == "other"
     spec = "inl=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3"
     rc = main(["bench", "model", "--models", "soft=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,pattern=S", spec,
-               "--resolutions", "64", "--batch", "2", "--repeats", "2", "--breakdown", "--no-plot", "--out", str(tmp_path)])
+               "--resolutions", "64", "--batch", "2", "--repeats", "2", "--breakdown", "--no-plot",
+               "--out", str(tmp_path)])
     assert rc == 0
     assert "bound x" in capsys.readouterr().out
     rows = {r["label"]: r for r in json.load(open(tmp_path / "model.json"))["rows"]}

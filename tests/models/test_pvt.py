@@ -43,7 +43,8 @@ def test_golden_output_matches_reference(float64):
     model = InLinePVT(**pvt_kwargs(meta["kwargs"])).eval()
     model.load_state_dict(data["model"], strict=True)
     # the golden case mixes both block kinds: InLine stages 1-2, spatial-reduction softmax 3-4
-    assert isinstance(model.block1[0].attn, PVTAttention) and isinstance(model.block3[0].attn, SpatialReductionAttention)
+    assert isinstance(model.block1[0].attn, PVTAttention)
+    assert isinstance(model.block3[0].attn, SpatialReductionAttention)
     with torch.no_grad():
         out = model(data["input"])
     assert out.shape == tuple(meta["output_shape"])
@@ -85,7 +86,8 @@ def test_stride_indivisible_input_pads_each_stage():
 
 
 @pytest.mark.parametrize("pattern,kinds", [
-    ("IIII", ["inline"] * 4), ("SSSS", ["softmax"] * 4), ("LLLL", ["linear"] * 4), ("ISLS", ["inline", "softmax", "linear", "softmax"]),
+    ("IIII", ["inline"] * 4), ("SSSS", ["softmax"] * 4), ("LLLL", ["linear"] * 4),
+    ("ISLS", ["inline", "softmax", "linear", "softmax"]),
 ])
 def test_patterns(pattern, kinds):
     model = small(pattern=pattern)
@@ -132,7 +134,8 @@ def test_reset_classifier_and_no_weight_decay():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(pattern="III"), "pattern"), (dict(num_heads=(1, 2, 3)), "num_heads"), (dict(num_heads=(3, 2, 3, 4)), "num_heads"),
+    (dict(pattern="III"), "pattern"), (dict(num_heads=(1, 2, 3)), "num_heads"),
+    (dict(num_heads=(3, 2, 3, 4)), "num_heads"),
     (dict(global_pool="token"), "global_pool"),
 ])
 def test_bad_arguments_raise(kwargs, match):

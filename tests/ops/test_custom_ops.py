@@ -19,7 +19,9 @@ def _args(backend, residual=True, requires_grad=True):
     b, h, w, heads, c, p = 2, 3, 4, 2, 16, 1
     qkv = torch.randn(b, p + h * w, 3 * c, device=DEVICE, requires_grad=requires_grad)
     q, k, v = qkv.chunk(3, dim=-1)
-    taps = residual_taps(torch.randn(b, c, 3, 3, device=DEVICE), q.dtype).requires_grad_(requires_grad) if residual else None
+    taps = None
+    if residual:
+        taps = residual_taps(torch.randn(b, c, 3, 3, device=DEVICE), q.dtype).requires_grad_(requires_grad)
     return (q, k, v, taps, heads, (c // heads) ** -0.5, h, w, p, backend)
 
 

@@ -78,7 +78,9 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
     a, b = ckpt_io.load(tmp_path / "full" / "last.pth"), ckpt_io.load(tmp_path / "cut" / "last.pth")
     _states_equal(a["model"], b["model"])
     _states_equal(a["model_ema"], b["model_ema"])
-    strip = lambda h: [{k: v for k, v in r.items() if k not in ("epoch_time_s", "train_img_s")} for r in h]
+    def strip(history):
+        return [{k: v for k, v in r.items() if k not in ("epoch_time_s", "train_img_s")} for r in history]
+
     assert strip(a["history"]) == strip(b["history"])
     assert a["optimizer"]["state"][0]["exp_avg"].equal(b["optimizer"]["state"][0]["exp_avg"])
 

@@ -218,7 +218,8 @@ RESIDUAL_COLUMNS = (
 
 
 def bench_residual(
-    shapes: Sequence[tuple[int, int, int, int]] = ((128, 96, 14, 14), (512, 96, 7, 7), (8, 96, 56, 56), (2, 96, 112, 112)),
+    shapes: Sequence[tuple[int, int, int, int]] = (
+        (128, 96, 14, 14), (512, 96, 7, 7), (8, 96, 56, 56), (2, 96, 112, 112)),
     *,
     warmup: int = 1,
     repeats: int = 9,

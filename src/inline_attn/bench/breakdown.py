@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 __all__ = ["BREAKDOWN_CATEGORIES", "categorize", "profile_breakdown"]

@@ -111,7 +111,8 @@ def _cmd_model(args) -> int:
         print(format_table(result["rows"], BREAKDOWN_COLUMNS))
     return _finish(result, args, MODEL_COLUMNS, dict(
         x="x", series="label", xlabel=xlabel, title=title, xticks=xs,
-        panels=(("throughput", "throughput (img/s)", True), ("speedup", f"speedup vs {result['meta']['baseline']}", False),
+        panels=(("throughput", "throughput (img/s)", True),
+                ("speedup", f"speedup vs {result['meta']['baseline']}", False),
                 ("peak_mib", "peak memory (MiB)", True)),
     ))
 
@@ -124,7 +125,8 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per case (default 1)")
     p.add_argument("--repeats", type=int, default=repeats, help=f"timed interleaved rounds (default {repeats})")
     p.add_argument("--budget", type=float, default=budget,
-                   help=f"stop repeating a sweep point after this many seconds per case, once 2 rounds ran (default {budget})")
+                   help="stop repeating a sweep point after this many seconds per case, once 2 rounds ran "
+                        f"(default {budget})")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")

@@ -69,7 +69,7 @@ def _copy_bandwidth() -> float:
     x = torch.empty(1 << 28, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     t = time_interleaved({"copy": lambda: y.copy_(x)}, warmup=3, repeats=10, device="cuda")["copy"].median
-    del x, y
+    x = y = None  # free the 1 GiB before emptying the cache
     torch.cuda.empty_cache()
     return 2 * (1 << 28) * 2 / t
 
@@ -128,7 +128,8 @@ def step_train(out: pathlib.Path, quick: bool) -> dict:
     ok = len(losses) == 4 and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     return {"ok": ok, "losses": losses, "steps": summary.get("steps"), "val_top1": summary["final"].get("val_top1"),
             "train_img_s": summary.get("train_img_s"), "wall_s": round(time.time() - t0, 1),
-            "summary": f"{summary.get('steps')} bf16 steps, train loss by epoch {', '.join(f'{v:.3f}' for v in losses)}, "
+            "summary": f"{summary.get('steps')} bf16 steps, "
+                       f"train loss by epoch {', '.join(f'{v:.3f}' for v in losses)}, "
                        f"val top-1 {summary['final'].get('val_top1'):.1f} % on 2,000 test images"}
 
 
@@ -169,7 +170,7 @@ def step_core(out: pathlib.Path, quick: bool) -> dict:
         chunks, _ = tc._launch_shape(q, b * heads, n, None)
         rows.append({"grid": f"{side}x{side}", "batch": b, "launch": "fused" if chunks == 1 else f"split {chunks}",
                      "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "GBps": nbytes / (fwd + bwd) / 1e9})
-        del q, k, v, w9, g
+        q = k = v = w9 = g = None  # free this size's tensors before the next size's
     copy = _copy_bandwidth() / 1e9
     for r in rows:
         r["pct_of_copy"] = 100 * r["GBps"] / copy
@@ -213,7 +214,8 @@ def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick
         tables.append(f"{mode}:\n" + _write(res, out, f"{name}_{mode}", MODEL_COLUMNS, dict(
             x="x", series="label", xlabel=xlabel, xticks=list(dict.fromkeys(r["x"] for r in res["rows"])),
             title=f"{preset} sweep, {mode}, batch {batch}, bf16 autocast, CUDA",
-            panels=(("throughput", "throughput (img/s)", True), ("speedup", f"speedup vs {res['meta']['baseline']}", False),
+            panels=(("throughput", "throughput (img/s)", True),
+                    ("speedup", f"speedup vs {res['meta']['baseline']}", False),
                     ("peak_mib", "peak memory (MiB)", True)))))
     return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
 
@@ -292,13 +294,14 @@ def goals(results: dict, copy_bw: float) -> list[str]:
     for label in ("InLine-Swin-T w7", "InLine-DeiT-T"):
         v = _ratio(comp, label, f"{label} compiled", label)
         if not math.isnan(v):
-            lines.append(f"{label} training, compiled vs eager: {v:.2f}x (goal >= 1.5x) {'met' if v >= 1.5 else 'MISSED'}")
+            verdict = "met" if v >= 1.5 else "MISSED"
+            lines.append(f"{label} training, compiled vs eager: {v:.2f}x (goal >= 1.5x) {verdict}")
     return lines
 
 
 def write_summary(out: pathlib.Path, env: dict, results: dict, goal_lines: list[str], argv: list[str]) -> str:
-    lines = ["# GPU check", "", f"`{' '.join(['make gpu-check'] + argv)}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
-             "| | |", "|---|---|"]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = ["# GPU check", "", f"`{' '.join(['make gpu-check'] + argv)}` on {when}", "", "| | |", "|---|---|"]
     for k in ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps"):
         lines.append(f"| {k} | {env.get(k)} |")
     lines += ["", "## Steps", "", "| step | result | seconds | summary |", "|---|---|---|---|"]

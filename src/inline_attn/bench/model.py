@@ -24,7 +24,9 @@ from ..ops import use_impl
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
-__all__ = ["BREAKDOWN_COLUMNS", "MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases"]
+__all__ = [
+    "BREAKDOWN_COLUMNS", "MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases",
+]
 
 MODEL_COLUMNS = (
     ("x", "x", ""), ("label", "model", ""), ("resolution", "res", ""), ("batch", "B", ""),
@@ -126,7 +128,8 @@ def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[l
     if preset == "window":
         cases = []
         for w in values or (7, 14, 28, 56):
-            cases.append(ModelCase("Swin-T", "inline_swin_tiny", 224, w, dict(pattern="SSSS", window_size=SOFTMAX_WINDOW_DIVISOR * w)))
+            softmax = dict(pattern="SSSS", window_size=SOFTMAX_WINDOW_DIVISOR * w)
+            cases.append(ModelCase("Swin-T", "inline_swin_tiny", 224, w, softmax))
             cases.append(ModelCase("InLine-Swin-T", "inline_swin_tiny", 224, w, dict(window_size=w)))
         return cases, "window size"
     if preset == "resolution":
@@ -264,7 +267,8 @@ def bench_models(
                 peak, mst = peak_memory(steps[key], dev)
                 st = st if mst == "ok" else mst
             rows.append({
-                "x": pt, "label": c.label, "model": c.name if isinstance(c.name, str) else getattr(c.name, "__name__", "factory"),
+                "x": pt, "label": c.label,
+                "model": c.name if isinstance(c.name, str) else getattr(c.name, "__name__", "factory"),
                 "overrides": dict(c.overrides), "resolution": c.resolution, "batch": batch,
                 "dtype": str(dt).replace("torch.", ""), "mode": mode,
                 "latency_ms": med * 1e3, "throughput": batch / med,

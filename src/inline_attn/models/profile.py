@@ -5,8 +5,8 @@ multiply-add; we halve) over one forward pass in eval mode: every matmul, linear
 convolution, attention products included. Scaled-dot-product attention is counted under the
 math backend, because the fused CPU kernels report 0. InLine's 3x3 local residual
 (``inline_attn.ops.local_residual``) is a grouped convolution, counted as such (9 MACs per
-output element), as in the reference. Other elementwise ops (norms, activations, softmax, additions) are not counted, as in the
-paper's tables.
+output element), as in the reference. Other elementwise ops (norms, activations, softmax,
+additions) are not counted, as in the paper's tables.
 """
 from __future__ import annotations
 

@@ -184,12 +184,12 @@ class InLinePVT(InLineModel):
         img_size = tuple(int(s) for s in (img_size if isinstance(img_size, (tuple, list)) else (img_size, img_size)))
         feature_info = []
         cur, stride = 0, 1
+        grid = img_size  # each stage embeds the previous stage's grid (stage 1: the image)
         for i in range(num_stages):
             p = patch_size if i == 0 else 2
-            size = img_size if i == 0 else prev_grid
-            embed = PatchEmbed(size, p, in_chans if i == 0 else embed_dims[i - 1], embed_dims[i],
+            embed = PatchEmbed(grid, p, in_chans if i == 0 else embed_dims[i - 1], embed_dims[i],
                                norm_layer=nn.LayerNorm, is_stem=i == 0)  # default eps here, as the reference
-            prev_grid = embed.grid_size
+            grid = embed.grid_size
             stride *= p
             setattr(self, f"patch_embed{i + 1}", embed)
             setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, embed.num_patches, embed_dims[i])))
@@ -258,7 +258,8 @@ def checkpoint_filter_fn(state_dict: dict, model: InLinePVT) -> dict:
     for i in range(model.num_levels):
         key = f"pos_embed{i + 1}"
         pos, mine = out.get(key), getattr(model, key)
-        if isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape != mine.shape and pos.shape[2] == mine.shape[2]:
+        resizable = isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape[2] == mine.shape[2]
+        if resizable and pos.shape != mine.shape:
             side = int(round(pos.shape[1] ** 0.5))
             if side * side == pos.shape[1]:
                 out[key] = resize_pos_embed(pos, (side, side), getattr(model, f"patch_embed{i + 1}").grid_size)

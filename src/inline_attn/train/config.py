@@ -294,8 +294,8 @@ def _describe(tp) -> str:
         if len(args) == 2 and args[1] is Ellipsis:
             return f"a list of {_PLURAL[args[0]]}"
         return f"a list of {len(args)} {_PLURAL[args[0]]}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a non-empty string", dict: "a mapping"}.get(
-        tp, getattr(tp, "__name__", str(tp)))
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a non-empty string", dict: "a mapping"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _convert(key: str, value: Any, tp, meta) -> Any:

@@ -162,5 +162,6 @@ class EpochRunner:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {state.epoch + 1}/{self.total_epochs}",
-                    dynamic_ncols=True, mininterval=1.0, file=sys.stderr, leave=False)
+        return tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch,
+                    desc=f"epoch {state.epoch + 1}/{self.total_epochs}", dynamic_ncols=True, mininterval=1.0,
+                    file=sys.stderr, leave=False)
