@@ -35,10 +35,11 @@ demo: $(STAMP) fmnist-data
 demo-seg: $(STAMP) fmnist-data
 	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn seg demo
 
-# lint (ruff's rules in pyproject.toml), then the tests; the dense tests train on real
+# lint and format check (ruff, configured in pyproject.toml), then the tests; the dense tests train on real
 # Fashion-MNIST mosaics, so the data is installed first
 test: $(STAMP) fmnist-data
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)

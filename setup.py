@@ -1,6 +1,7 @@
 """Ships the YAML recipes (``configs/``) inside the wheel as ``inline_attn/configs`` so that an
 installed package finds them (:func:`inline_attn.train.configs_dir`); everything else is in
 pyproject.toml."""
+
 import pathlib
 import shutil
 

@@ -1,4 +1,5 @@
 """Shared test fixtures and helpers."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Atomic writes: a writer killed midway leaves the previous file intact, and its temp file goes."""
+
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ def test_writer_killed_midway_keeps_previous_file_and_next_write_removes_its_tem
         import os, time, torch
         from inline_attn import _io
         def slow_fsync(fd):            # the new bytes are written; the rename has not happened
-            open({str(tmp_path / 'ready')!r}, 'w').close()
+            open({str(tmp_path / "ready")!r}, 'w').close()
             time.sleep(60)
         _io.os.fsync = slow_fsync
         with _io.atomic_path({str(path)!r}) as tmp:

@@ -5,6 +5,7 @@ Public API:
     layers: InLineAttention, LinearAttention, SoftmaxAttention, build_attention, record_attention
     models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile
 """
+
 from .layers import (
     InLineAttention,
     LinearAttention,
@@ -21,7 +22,22 @@ from .ops import attention, attention_weights, inline_attention, linear_attentio
 __version__ = "0.1.0"
 
 __all__ = [
-    "InLineAttention", "LinearAttention", "SoftmaxAttention", "attention", "attention_weights", "build_attention",
-    "create_model", "get_model_config", "hook_attention", "inline_attention", "linear_attention", "list_models",
-    "load_checkpoint", "local_residual", "profile", "record_attention", "save_checkpoint", "softmax_attention",
+    "InLineAttention",
+    "LinearAttention",
+    "SoftmaxAttention",
+    "attention",
+    "attention_weights",
+    "build_attention",
+    "create_model",
+    "get_model_config",
+    "hook_attention",
+    "inline_attention",
+    "linear_attention",
+    "list_models",
+    "load_checkpoint",
+    "local_residual",
+    "profile",
+    "record_attention",
+    "save_checkpoint",
+    "softmax_attention",
 ]

@@ -5,6 +5,7 @@ the target (``os.replace`` is atomic on POSIX) and the folder is synced, so a re
 resumed after a crash, sees the previous complete file or the new complete file, never a torn
 one. Temporary files left by killed writers are removed by the next write of the same target.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -3,6 +3,7 @@
 Each subsystem contributes its subcommands through a ``register(subparsers)`` function listed in
 :data:`SUBCOMMAND_MODULES`; the parser sets ``func`` to run with the parsed arguments.
 """
+
 from __future__ import annotations
 
 import argparse

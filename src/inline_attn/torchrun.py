@@ -7,6 +7,7 @@ torchrun then prints a traceback (its own SignalException, or a ChildFailedError
 workers' exit codes). This launcher prints one line instead and exits with the same code. Any
 other failure keeps torchrun's full report.
 """
+
 from __future__ import annotations
 
 import signal
@@ -33,15 +34,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torchrun_main(list(argv) if argv is not None else None)
     except SignalException as e:
         signum = int(e.sigval)
-        print(f"inline-attn torchrun: stopped by {signal.Signals(signum).name}; the workers saved their checkpoint "
-              "(continue with the same command and --resume auto)", file=sys.stderr)
+        print(
+            f"inline-attn torchrun: stopped by {signal.Signals(signum).name}; the workers saved their checkpoint "
+            "(continue with the same command and --resume auto)",
+            file=sys.stderr,
+        )
         return 128 + signum
     except ChildFailedError as e:
         signum = _stopped_by_signal([f.exitcode for f in e.failures.values()])
         if signum is None:
             raise
-        print(f"inline-attn torchrun: the workers stopped on {signal.Signals(signum).name} and saved their "
-              "checkpoint (continue with the same command and --resume auto)", file=sys.stderr)
+        print(
+            f"inline-attn torchrun: the workers stopped on {signal.Signals(signum).name} and saved their "
+            "checkpoint (continue with the same command and --resume auto)",
+            file=sys.stderr,
+        )
         return 128 + signum
     return 0
 

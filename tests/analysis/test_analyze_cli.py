@@ -1,4 +1,5 @@
 """``inline-attn analyze``: every analysis end to end on tiny random models, and bad arguments."""
+
 from __future__ import annotations
 
 import csv
@@ -16,10 +17,24 @@ from inline_attn.cli import main
 
 DEIT = ["img_size=28", "patch_size=7", "embed_dim=16", "depth=2", "num_heads=2", "in_chans=1", "num_classes=10"]
 SWIN = ["img_size=64", "embed_dim=8", "depths=[2,2,2,2]", "num_heads=[1,2,2,4]", "window_size=8", "num_classes=3"]
-PVT = ["img_size=64", "embed_dims=[8,16,24,32]", "num_heads=[1,2,3,4]", "mlp_ratios=[2,2,2,2]",
-       "depths=[1,1,2,1]", "pattern=ISIS", "num_classes=3"]
-CSWIN = ["img_size=64", "embed_dim=8", "depths=[1,1,1,1]", "num_heads=[2,2,2,2]", "split_size=[1,2,2,2]",
-         "inline_split_size=[16,8,4,2]", "num_classes=3"]
+PVT = [
+    "img_size=64",
+    "embed_dims=[8,16,24,32]",
+    "num_heads=[1,2,3,4]",
+    "mlp_ratios=[2,2,2,2]",
+    "depths=[1,1,2,1]",
+    "pattern=ISIS",
+    "num_classes=3",
+]
+CSWIN = [
+    "img_size=64",
+    "embed_dim=8",
+    "depths=[1,1,1,1]",
+    "num_heads=[2,2,2,2]",
+    "split_size=[1,2,2,2]",
+    "inline_split_size=[16,8,4,2]",
+    "num_classes=3",
+]
 
 
 def _write_idx(path, arr: np.ndarray) -> None:
@@ -70,8 +85,23 @@ def test_two_models_and_checkpoints(tmp_path, fmnist_dir, capsys):
     lin = create_model("inline_deit_tiny", **_kwargs(DEIT), pattern="L")
     ck = tmp_path / "linear.pth"
     torch.save({"model": lin.state_dict()}, ck)
-    args = ["--model", "inline_deit_tiny", "inline_deit_tiny", "--label", "inline", "linear",
-            "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path, "--checkpoint", "none", ck, "--model-args", *DEIT]
+    args = [
+        "--model",
+        "inline_deit_tiny",
+        "inline_deit_tiny",
+        "--label",
+        "inline",
+        "linear",
+        "--data",
+        f"fmnist:{fmnist_dir}",
+        "--out",
+        tmp_path,
+        "--checkpoint",
+        "none",
+        ck,
+        "--model-args",
+        *DEIT,
+    ]
     # a linear model's weights do not fit InLine blocks (no local residual): a clear error
     assert run("locality", *args) == 2
     assert "missing keys" in capsys.readouterr().err
@@ -105,8 +135,22 @@ def test_deit_commands_on_fmnist(tmp_path, fmnist_dir):
     assert "local 3x3" in open(out / "masking.md").read() and (out / "masking.png").exists()
 
     out = tmp_path / "maps"
-    assert run("attention-maps", "--model", "inline_deit_tiny", *common, "--queries", "0.5,0.5", "cls",
-               "--num-images", 2, "--out", out) == 0
+    assert (
+        run(
+            "attention-maps",
+            "--model",
+            "inline_deit_tiny",
+            *common,
+            "--queries",
+            "0.5,0.5",
+            "cls",
+            "--num-images",
+            2,
+            "--out",
+            out,
+        )
+        == 0
+    )
     meta = json.load(open(out / "attention_maps.json"))
     assert len(meta["maps"]) == 2 * 2 and np.array(meta["maps"][0]["map"]).shape == (4, 4)
     assert (out / "attention_maps_q0.png").exists() and (out / "attention_maps_q1.png").exists()
@@ -157,9 +201,14 @@ def test_run_folder_gives_model_and_normalisation(tmp_path, fmnist_dir):
     model = create_model("inline_deit_tiny", **kw, pattern="S")
     torch.save({"model": model.state_dict(), "epoch": 3, "rng": {"numpy": np.random.get_state()}}, run_dir / "last.pth")
     shape_free = {k: v for k, v in kw.items() if k not in ("in_chans", "img_size", "num_classes")}
-    (run_dir / "config.yaml").write_text(json.dumps(
-        {"model": {"name": "inline_deit_tiny", "kwargs": {**shape_free, "pattern": "S"}},
-         "data": {"dataset": "fmnist", "img_size": None, "mean": None}}))
+    (run_dir / "config.yaml").write_text(
+        json.dumps(
+            {
+                "model": {"name": "inline_deit_tiny", "kwargs": {**shape_free, "pattern": "S"}},
+                "data": {"dataset": "fmnist", "img_size": None, "mean": None},
+            }
+        )
+    )
     assert run("locality", "--checkpoint", run_dir, "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path) == 0
     meta = json.load(open(tmp_path / "locality.json"))
     assert meta["models"][0]["kwargs"] == {**kw, "pattern": "S"}

@@ -1,4 +1,5 @@
 """The analyses' measures on hand-built queries, keys and weights with known answers."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,18 @@ import pytest
 import torch
 
 from inline_attn.analysis import (
-    ConfusionCounter, LocalityMeter, MaskingHook, QueryMapHook, confused_pairs, distinct_rows, injectivity,
-    record_locality, renormalize_kept, token_layout, uniform_locality, window_mask,
+    ConfusionCounter,
+    LocalityMeter,
+    MaskingHook,
+    QueryMapHook,
+    confused_pairs,
+    distinct_rows,
+    injectivity,
+    record_locality,
+    renormalize_kept,
+    token_layout,
+    uniform_locality,
+    window_mask,
 )
 from inline_attn.analysis.injectivity import constructed_problem
 from inline_attn.layers import AttentionRecord
@@ -16,8 +27,15 @@ from inline_attn.ops import attention_weights
 
 
 def make_record(weights, feat_size, prefix=0, coords=None, kind="softmax"):
-    return AttentionRecord(name="blocks.0.attn", index=0, kind=kind, weights=weights,
-                           feat_size=feat_size, num_prefix_tokens=prefix, token_coords=coords)
+    return AttentionRecord(
+        name="blocks.0.attn",
+        index=0,
+        kind=kind,
+        weights=weights,
+        feat_size=feat_size,
+        num_prefix_tokens=prefix,
+        token_coords=coords,
+    )
 
 
 def grid_positions(h, w):
@@ -25,6 +43,7 @@ def grid_positions(h, w):
 
 
 # ----------------------------------------------------------------------------- confusion
+
 
 @pytest.mark.parametrize("m", [2, 5])
 def test_collinear_queries_linear_confuses_every_pair_inline_none(m):
@@ -72,6 +91,7 @@ def test_injectivity_figure_counts():
 
 
 # ----------------------------------------------------------------------------- neighbourhoods
+
 
 def test_window_mask_3x3_edges_corners_and_cls():
     h, w = 5, 4
@@ -121,13 +141,18 @@ def test_reduced_keys_are_placed_on_the_pooled_grid():
     kpos = grid_positions(4, 3)
     for i, (r, c) in enumerate(pos):
         got = {kpos[j] for j in near[i].nonzero().flatten().tolist()}
-        want = {(a, b) for a in range(4) for b in range(3)
-                if 2 * a <= r + 1 and 2 * a + 1 >= r - 1 and 2 * b <= c + 1 and 2 * b + 1 >= c - 1}
+        want = {
+            (a, b)
+            for a in range(4)
+            for b in range(3)
+            if 2 * a <= r + 1 and 2 * a + 1 >= r - 1 and 2 * b <= c + 1 and 2 * b + 1 >= c - 1
+        }
         assert got == want, (r, c)
     assert near[pos.index((3, 3))].sum() == 4 and near[pos.index((0, 0))].sum() == 1
 
 
 # ----------------------------------------------------------------------------- locality
+
 
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_locality_of_uniform_attention_is_9_over_n(prefix):
@@ -161,6 +186,7 @@ def test_locality_of_attention_on_the_3x3_neighbourhood_is_1(windowed):
 
 
 # ----------------------------------------------------------------------------- masking
+
 
 def _softmax_record(h=4, w=5, prefix=1, kind="softmax", seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -227,6 +253,7 @@ def test_masking_rejects_bad_k_and_mode():
 
 # ----------------------------------------------------------------------------- attention maps
 
+
 def test_query_map_scatters_rows_by_image_coordinates():
     # two 2 x 2 windows side by side on a 2 x 4 map; every query attends to itself only
     coords = torch.tensor([[[0, 0], [0, 1], [1, 0], [1, 1]], [[0, 2], [0, 3], [1, 2], [1, 3]]])
@@ -255,12 +282,17 @@ def test_query_map_global_with_cls():
 
 # ----------------------------------------------------------------------------- memory
 
-@pytest.mark.parametrize("make_hook", [
-    lambda: ConfusionCounter(),
-    lambda: LocalityMeter(),
-    lambda: MaskingHook("random", 3),
-    lambda: QueryMapHook([(0.5, 0.5)]),
-], ids=["confusion", "locality", "masking", "maps"])
+
+@pytest.mark.parametrize(
+    "make_hook",
+    [
+        lambda: ConfusionCounter(),
+        lambda: LocalityMeter(),
+        lambda: MaskingHook("random", 3),
+        lambda: QueryMapHook([(0.5, 0.5)]),
+    ],
+    ids=["confusion", "locality", "masking", "maps"],
+)
 def test_hooks_keep_no_layer_weights(make_hook):
     """Each layer's N x N weights are freed before the next layer runs (one alive at a time)."""
     import gc
@@ -269,8 +301,9 @@ def test_hooks_keep_no_layer_weights(make_hook):
     from inline_attn import create_model
     from inline_attn.layers import hook_attention
 
-    model = create_model("inline_deit_tiny", img_size=16, patch_size=4, embed_dim=8, depth=3, num_heads=2,
-                         num_classes=3).eval()
+    model = create_model(
+        "inline_deit_tiny", img_size=16, patch_size=4, embed_dim=8, depth=3, num_heads=2, num_classes=3
+    ).eval()
     inner, seen, alive_at_call = make_hook(), [], []
 
     def hook(rec):

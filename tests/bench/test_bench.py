@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end on tiny sizes, writes its files, and reports impossible
 cases instead of failing. No timed assertions: speed lives in docs/benchmarks.md."""
+
 from __future__ import annotations
 
 import csv
@@ -59,16 +60,38 @@ def test_time_interleaved_records_failures_and_keeps_going():
     def boom():
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB")
 
-    res = time_interleaved({"ok": lambda: torch.ones(3).sum(), "oom": boom,
-                            "bad": lambda: torch.ones(2) @ torch.ones(3)}, warmup=1, repeats=3)
+    res = time_interleaved(
+        {"ok": lambda: torch.ones(3).sum(), "oom": boom, "bad": lambda: torch.ones(2) @ torch.ones(3)},
+        warmup=1,
+        repeats=3,
+    )
     assert res["ok"].ok and len(res["ok"].times) == 3 and res["ok"].median > 0
     assert res["oom"].status == "OOM" and math.isnan(res["oom"].median)
     assert res["bad"].status.startswith("error:")
 
 
 def test_bench_attention_cli_end_to_end(tmp_path, capsys):
-    rc = main(["bench", "attention", "--sizes", "3", "4", "--dim", "12", "--heads", "3", "--tokens", "32",
-               "--repeats", "2", "--out", str(tmp_path), "--name", "att"])
+    rc = main(
+        [
+            "bench",
+            "attention",
+            "--sizes",
+            "3",
+            "4",
+            "--dim",
+            "12",
+            "--heads",
+            "3",
+            "--tokens",
+            "32",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "att",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "vs softmax" in out and "GFLOP/s" in out and "matmul rate" in out
@@ -85,7 +108,7 @@ def test_bench_attention_cli_end_to_end(tmp_path, capsys):
 
 def test_bench_attention_reports_an_impossible_case():
     # 10^12 sequences of 9 tokens: no memory for the input; recorded per case, the sweep finishes
-    res = bench_attention(sizes=[3, 2], kinds=["inline", "softmax"], dim=12, heads=3, batch=10 ** 12, repeats=1)
+    res = bench_attention(sizes=[3, 2], kinds=["inline", "softmax"], dim=12, heads=3, batch=10**12, repeats=1)
     assert len(res["rows"]) == 8
     assert all(r["status"] == "OOM" and math.isnan(r["median_ms"]) for r in res["rows"])
     with pytest.raises(ValueError, match="multiple of heads"):
@@ -94,7 +117,10 @@ def test_bench_attention_reports_an_impossible_case():
 
 def test_parse_model_spec():
     assert parse_model_spec("DeiT-T=inline_deit_tiny:pattern=S,num_heads=3") == (
-        "DeiT-T", "inline_deit_tiny", {"pattern": "S", "num_heads": 3})
+        "DeiT-T",
+        "inline_deit_tiny",
+        {"pattern": "S", "num_heads": 3},
+    )
     assert parse_model_spec("inline_deit_tiny") == ("inline_deit_tiny", "inline_deit_tiny", {})
     with pytest.raises(ValueError, match="key=value"):
         parse_model_spec("x=inline_deit_tiny:depth")
@@ -121,13 +147,16 @@ class _Tiny(nn.Module):
 
 
 def test_bench_models_end_to_end_with_oom_and_bad_size():
-    cases = [ModelCase("a", lambda: _Tiny(4), 16, 16), ModelCase("b", lambda: _Tiny(8), 16, 16),
-             ModelCase("a", lambda: _Tiny(4), 10 ** 6, 10 ** 6)]  # a 10^6 x 10^6 image: no memory for it
+    cases = [
+        ModelCase("a", lambda: _Tiny(4), 16, 16),
+        ModelCase("b", lambda: _Tiny(8), 16, 16),
+        ModelCase("a", lambda: _Tiny(4), 10**6, 10**6),
+    ]  # a 10^6 x 10^6 image: no memory for it
     res = bench_models(cases, batch=2, repeats=2, macs=False)
     ok = [r for r in res["rows"] if r["x"] == 16]
     assert all(r["status"] == "ok" and r["throughput"] > 0 and r["peak_mib"] > 0 for r in ok)
     assert ok[0]["speedup"] == 1.0
-    big = next(r for r in res["rows"] if r["x"] == 10 ** 6)
+    big = next(r for r in res["rows"] if r["x"] == 10**6)
     assert big["status"] == "OOM" and math.isnan(big["throughput"])
     train = bench_models(cases[:1], batch=2, repeats=1, mode="train", macs=False, memory=False)
     assert train["rows"][0]["status"] == "ok"
@@ -135,8 +164,24 @@ def test_bench_models_end_to_end_with_oom_and_bad_size():
 
 def test_bench_model_cli_registered_models(tmp_path, capsys):
     spec = "tiny=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3"
-    rc = main(["bench", "model", "--models", spec, "soft=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,pattern=S",
-               "--resolutions", "32", "8", "--batch", "2", "--repeats", "2", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            "model",
+            "--models",
+            spec,
+            "soft=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,pattern=S",
+            "--resolutions",
+            "32",
+            "8",
+            "--batch",
+            "2",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     data = json.load(open(tmp_path / "model.json"))
     rows = {(r["label"], r["x"]): r for r in data["rows"]}
@@ -185,9 +230,25 @@ def test_bench_model_breakdown_reports_categories_and_bound(tmp_path, capsys):
     assert categorize("aten::addmm") == "linear" and categorize("aten::gelu") == "activation"
     assert categorize("aten::native_layer_norm") == "normalization" and categorize("aten::foo") == "other"
     spec = "inl=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3"
-    rc = main(["bench", "model", "--models", "soft=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,pattern=S", spec,
-               "--resolutions", "64", "--batch", "2", "--repeats", "2", "--breakdown", "--no-plot",
-               "--out", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            "model",
+            "--models",
+            "soft=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,pattern=S",
+            spec,
+            "--resolutions",
+            "64",
+            "--batch",
+            "2",
+            "--repeats",
+            "2",
+            "--breakdown",
+            "--no-plot",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     assert "bound x" in capsys.readouterr().out
     rows = {r["label"]: r for r in json.load(open(tmp_path / "model.json"))["rows"]}

@@ -1,4 +1,5 @@
 """``make gpu-check`` on a machine without CUDA, and its report from recorded results."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,21 +20,37 @@ def test_exits_at_once_without_cuda(capsys, tmp_path):
 def test_make_target_without_cuda():
     if torch.cuda.is_available():
         return
-    proc = subprocess.run(["make", "-s", "gpu-check", "GPU_PYTHON=python3"], capture_output=True, text=True,
-                          cwd=gpu_check.ROOT)
+    proc = subprocess.run(
+        ["make", "-s", "gpu-check", "GPU_PYTHON=python3"], capture_output=True, text=True, cwd=gpu_check.ROOT
+    )
     assert proc.returncode != 0 and "no CUDA device here" in proc.stdout + proc.stderr
 
 
 def test_goals_and_summary_from_results(tmp_path):
     results = {
-        "core": {"ok": True, "seconds": 3, "summary": "s", "rows": [
-            {"grid": "56x56", "GBps": 900.0, "pct_of_copy": 30.0}]},
-        "layer": {"ok": True, "seconds": 5, "table": "TABLE", "rows": [
-            {"side": 14, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 1.3},
-            {"side": 56, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 3.0}]},
-        "window": {"ok": True, "seconds": 7, "rows": [
-            {"x": 7, "label": "Swin-T", "mode": "train", "throughput": 100.0},
-            {"x": 7, "label": "InLine-Swin-T", "mode": "train", "throughput": 95.0}]},
+        "core": {
+            "ok": True,
+            "seconds": 3,
+            "summary": "s",
+            "rows": [{"grid": "56x56", "GBps": 900.0, "pct_of_copy": 30.0}],
+        },
+        "layer": {
+            "ok": True,
+            "seconds": 5,
+            "table": "TABLE",
+            "rows": [
+                {"side": 14, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 1.3},
+                {"side": 56, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 3.0},
+            ],
+        },
+        "window": {
+            "ok": True,
+            "seconds": 7,
+            "rows": [
+                {"x": 7, "label": "Swin-T", "mode": "train", "throughput": 100.0},
+                {"x": 7, "label": "InLine-Swin-T", "mode": "train", "throughput": 95.0},
+            ],
+        },
         "train": {"ok": None, "seconds": 0, "summary": "skipped: no Fashion-MNIST files"},
     }
     lines = gpu_check.goals(results, 3e12)

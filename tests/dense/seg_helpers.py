@@ -1,4 +1,5 @@
 """Small fixtures for the dense tests: tiny backbones, synthetic ADE20K folders."""
+
 from __future__ import annotations
 
 import pathlib
@@ -8,18 +9,38 @@ from PIL import Image
 
 # per family: registered name and constructor overrides for a model small enough for CPU tests
 TINY = {
-    "pvt": ("inline_pvt_tiny", dict(embed_dims=(16, 16, 32, 32), num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2),
-                                   depths=(1, 1, 1, 1), img_size=64)),
-    "swin": ("inline_swin_tiny", dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2), window_size=8,
-                                     img_size=64)),
-    "cswin": ("inline_cswin_tiny", dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2), img_size=64,
-                                       inline_split_size=(16, 8, 4, 2), split_size=(1, 2, 2, 2))),
+    "pvt": (
+        "inline_pvt_tiny",
+        dict(
+            embed_dims=(16, 16, 32, 32),
+            num_heads=(1, 1, 2, 2),
+            mlp_ratios=(2, 2, 2, 2),
+            depths=(1, 1, 1, 1),
+            img_size=64,
+        ),
+    ),
+    "swin": (
+        "inline_swin_tiny",
+        dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2), window_size=8, img_size=64),
+    ),
+    "cswin": (
+        "inline_cswin_tiny",
+        dict(
+            embed_dim=16,
+            depths=(1, 1, 1, 1),
+            num_heads=(1, 1, 2, 2),
+            img_size=64,
+            inline_split_size=(16, 8, 4, 2),
+            split_size=(1, 2, 2, 2),
+        ),
+    ),
     "deit": ("inline_deit_tiny", dict(embed_dim=16, depth=4, num_heads=2, img_size=64)),
 }
 
 
-def make_ade(root: pathlib.Path, n_train: int = 3, n_val: int = 2, sizes=((40, 56), (48, 40), (36, 36)),
-             seed: int = 0) -> pathlib.Path:
+def make_ade(
+    root: pathlib.Path, n_train: int = 3, n_val: int = 2, sizes=((40, 56), (48, 40), (36, 36)), seed: int = 0
+) -> pathlib.Path:
     """An ADEChallengeData2016 folder of small JPEG images and PNG labels (values 0..150)."""
     rng = np.random.default_rng(seed)
     base = root / "ADEChallengeData2016"
@@ -31,7 +52,7 @@ def make_ade(root: pathlib.Path, n_train: int = 3, n_val: int = 2, sizes=((40, 5
             img = rng.integers(0, 255, (h, w, 3)).astype(np.uint8)
             lab = np.zeros((h, w), np.uint8)
             lab[: h // 2] = 1 + i  # a band of class i (raw, before reduce_zero_label), the rest "other" (0)
-            lab[h // 2:, : w // 2] = 150
+            lab[h // 2 :, : w // 2] = 150
             name = f"ADE_{split[:5]}_{i:08d}"
             Image.fromarray(img).save(base / "images" / split / f"{name}.jpg")
             Image.fromarray(lab).save(base / "annotations" / split / f"{name}.png")

@@ -1,5 +1,6 @@
 """DenseBackbone: four maps at strides 4-8-16-32 for every family, frozen stages, norm_eval,
 drop path, no-decay groups, classification checkpoints as initialisation."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,11 +51,19 @@ def test_frozen_stages(family):
     n_two = sum(p.requires_grad for p in two.parameters())
     assert n_free == len(list(free.parameters())) > n_stem > n_two > 0
     frozen = {n for n, p in two.named_parameters() if not p.requires_grad}
-    stem_names = {"pvt": "body.patch_embed1.proj.weight", "swin": "body.patch_embed.proj.weight",
-                  "cswin": "body.stage1_conv_embed.0.weight", "deit": "body.patch_embed.proj.weight"}[family]
+    stem_names = {
+        "pvt": "body.patch_embed1.proj.weight",
+        "swin": "body.patch_embed.proj.weight",
+        "cswin": "body.stage1_conv_embed.0.weight",
+        "deit": "body.patch_embed.proj.weight",
+    }[family]
     assert stem_names in frozen
-    last_stage = {"pvt": "body.block4.0.", "swin": "body.layers.3.", "cswin": "body.stage4.0.",
-                  "deit": "body.blocks.3."}[family]
+    last_stage = {
+        "pvt": "body.block4.0.",
+        "swin": "body.layers.3.",
+        "cswin": "body.stage4.0.",
+        "deit": "body.blocks.3.",
+    }[family]
     assert not any(n.startswith(last_stage) for n in frozen)
     # frozen parts stay in eval mode after .train() (dropout / drop path off there)
     two.train()
@@ -93,15 +102,19 @@ def test_drop_path_rate_reaches_the_blocks():
     bb = DenseBackbone(name, drop_path_rate=0.3, **kw)
     rates = [m.p for m in bb.modules() if type(m).__name__ == "DropPath"]
     assert rates and max(rates) == pytest.approx(0.3)
-    assert not [m for m in DenseBackbone(name, drop_path_rate=0.0, **kw).modules()
-                if type(m).__name__ == "DropPath" and m.p > 0]
+    assert not [
+        m for m in DenseBackbone(name, drop_path_rate=0.0, **kw).modules() if type(m).__name__ == "DropPath" and m.p > 0
+    ]
 
 
-@pytest.mark.parametrize("family,expected", [
-    ("pvt", {"body.pos_embed1", "body.pos_embed4"}),
-    ("deit", {"body.pos_embed", "body.cls_token"}),
-    ("swin", {"body.layers.0.blocks.0.attn.relative_position_bias_table"}),
-])
+@pytest.mark.parametrize(
+    "family,expected",
+    [
+        ("pvt", {"body.pos_embed1", "body.pos_embed4"}),
+        ("deit", {"body.pos_embed", "body.cls_token"}),
+        ("swin", {"body.layers.0.blocks.0.attn.relative_position_bias_table"}),
+    ],
+)
 def test_no_decay_groups(family, expected):
     name, kw = TINY[family]
     if family == "swin":
@@ -124,8 +137,9 @@ def test_classification_checkpoint_initialises_backbone(tmp_path, family):
     own = bb.body.state_dict()
     src = cls.state_dict()
     assert own and all(torch.equal(own[k], src[k]) for k in own)
-    bad = create_model("inline_pvt_tiny" if family != "pvt" else "inline_swin_tiny",
-                       **TINY["pvt" if family != "pvt" else "swin"][1])
+    bad = create_model(
+        "inline_pvt_tiny" if family != "pvt" else "inline_swin_tiny", **TINY["pvt" if family != "pvt" else "swin"][1]
+    )
     save_checkpoint(bad, tmp_path / "other.safetensors")
     with pytest.raises(ValueError, match="does not fit"):
         DenseBackbone(name, pretrained=str(tmp_path / "other.safetensors"), **kw)
@@ -137,10 +151,17 @@ def test_training_checkpoint_of_ours_initialises_backbone(tmp_path):
     name, kw = TINY["pvt"]
     cls = create_model(name, num_classes=10, **kw)
     path = tmp_path / "last.pth"  # as `inline-attn train` writes it: weights beside config and RNG states
-    torch.save({"model": cls.state_dict(), "config": {"model": {"name": name}},
-                "rank_states": [{"rng": {"numpy": np.random.get_state()}}]}, path)
+    torch.save(
+        {
+            "model": cls.state_dict(),
+            "config": {"model": {"name": name}},
+            "rank_states": [{"rng": {"numpy": np.random.get_state()}}],
+        },
+        path,
+    )
     with pytest.raises(ValueError, match="weights_only=False"):
         DenseBackbone(name, pretrained=str(path), **kw)
     bb = DenseBackbone(name, pretrained=str(path), weights_only=False, **kw)
-    assert torch.equal(bb.body.pos_embed1, cls.pos_embed1) and torch.equal(bb.body.block4[0].mlp.fc1.weight,
-                                                                           cls.block4[0].mlp.fc1.weight)
+    assert torch.equal(bb.body.pos_embed1, cls.pos_embed1) and torch.equal(
+        bb.body.block4[0].mlp.fc1.weight, cls.block4[0].mlp.fc1.weight
+    )

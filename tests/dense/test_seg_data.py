@@ -1,4 +1,5 @@
 """ADE20K reader and mmseg's training pipeline on a tiny synthetic folder with the exact layout."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,9 @@ def test_eval_items_resize_image_keep_labels(tmp_path):
 
 def test_training_items(tmp_path):
     make_ade(tmp_path)
-    cfg = load_seg_config(overrides=[("data.path", str(tmp_path)), ("data.scale", [128, 32]),
-                                     ("data.crop_size", [24, 24])])
+    cfg = load_seg_config(
+        overrides=[("data.path", str(tmp_path)), ("data.scale", [128, 32]), ("data.crop_size", [24, 24])]
+    )
     train, _ = build_seg_datasets(cfg)
     img, lab = train[(0, 123)]
     assert img.shape == (3, 24, 24) and lab.shape == (24, 24)
@@ -50,9 +52,15 @@ def test_training_items(tmp_path):
     assert torch.equal(img, img2) and torch.equal(lab, lab2)  # a function of the seed
     assert set(lab.unique().tolist()) <= {0, 149, 255}
     # an image smaller than the crop is padded: image with the mean colour, labels with 255
-    cfg = load_seg_config(overrides=[("data.path", str(tmp_path)), ("data.scale", [32, 16]),
-                                     ("data.ratio_range", [1.0, 1.0]), ("data.crop_size", [40, 40]),
-                                     ("data.photometric", False)])
+    cfg = load_seg_config(
+        overrides=[
+            ("data.path", str(tmp_path)),
+            ("data.scale", [32, 16]),
+            ("data.ratio_range", [1.0, 1.0]),
+            ("data.crop_size", [40, 40]),
+            ("data.photometric", False),
+        ]
+    )
     train, _ = build_seg_datasets(cfg)
     img, lab = train[(2, 5)]  # 36x36 -> 16x16, padded to 40x40
     assert img.shape == (3, 40, 40) and (lab[16:] == 255).all() and (lab[:, 16:] == 255).all()

@@ -1,5 +1,6 @@
 """Heads and the encoder-decoder: parameter counts against a hand count of mmseg's layouts (and
 mmseg's own numbers), shapes at awkward sizes, sliding-window inference, the loss."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,14 @@ def semantic_fpn_count(chs, k):
 
 def upernet_count(chs, k, aux=True):
     c = 512
-    head = (4 * cbr(chs[-1], c, 1) + cbr(chs[-1] + 4 * c, c, 3) + sum(cbr(x, c, 1) for x in chs[:-1])
-            + 3 * cbr(c, c, 3) + cbr(4 * c, c, 3) + conv(c, k, 1, True))
+    head = (
+        4 * cbr(chs[-1], c, 1)
+        + cbr(chs[-1] + 4 * c, c, 3)
+        + sum(cbr(x, c, 1) for x in chs[:-1])
+        + 3 * cbr(c, c, 3)
+        + cbr(4 * c, c, 3)
+        + conv(c, k, 1, True)
+    )
     return head + (cbr(chs[2], 256, 3) + conv(256, k, 1, True) if aux else 0)
 
 
@@ -72,8 +79,7 @@ def test_head_counts_on_awkward_channels():
 @pytest.mark.parametrize("size", [(64, 64), (70, 101)], ids=["64x64", "70x101"])
 def test_segmentor_shapes_any_size(family, decode, size):
     name, kw = TINY[family]
-    m = build_segmentor(decode, name, num_classes=5, channels=16, neck_channels=16, aux_channels=8,
-                        backbone_kwargs=kw)
+    m = build_segmentor(decode, name, num_classes=5, channels=16, neck_channels=16, aux_channels=8, backbone_kwargs=kw)
     x = torch.randn(2, 3, *size)
     m.eval()
     logits = m(x)
@@ -98,7 +104,11 @@ def test_loss_combines_aux_with_its_weight():
 
 
 def test_slide_windows_cover_the_image():
-    for h, w, crop, stride in [(100, 130, (64, 64), (40, 40)), (50, 50, (64, 64), (32, 32)), (64, 64, (64, 64), (32, 32))]:
+    for h, w, crop, stride in [
+        (100, 130, (64, 64), (40, 40)),
+        (50, 50, (64, 64), (32, 32)),
+        (64, 64, (64, 64), (32, 32)),
+    ]:
         wins = slide_windows(h, w, crop, stride)
         cover = torch.zeros(h, w)
         for y1, y2, x1, x2 in wins:

@@ -1,5 +1,6 @@
 """mIoU / mAcc / aAcc against a hand computation (mmseg's definitions), and their reduction
 across processes."""
+
 from __future__ import annotations
 
 import math
@@ -14,10 +15,8 @@ from inline_attn.dense import SegMetric, confusion_matrix, metrics_from_confusio
 
 def _hand_case():
     # 3 classes + ignore; one image 2 x 6
-    target = torch.tensor([[0, 0, 0, 1, 1, 255],
-                           [0, 2, 2, 1, 255, 255]])
-    pred = torch.tensor([[0, 0, 1, 1, 1, 2],
-                         [2, 2, 0, 1, 0, 0]])
+    target = torch.tensor([[0, 0, 0, 1, 1, 255], [0, 2, 2, 1, 255, 255]])
+    pred = torch.tensor([[0, 0, 1, 1, 1, 2], [2, 2, 0, 1, 0, 0]])
     return pred, target
 
 
@@ -25,9 +24,7 @@ def test_confusion_by_hand():
     pred, target = _hand_case()
     conf = confusion_matrix(pred, target, 3)
     # kept pixels (gt, pred): (0,0) (0,0) (0,1) (1,1) (1,1) | (0,2) (2,2) (2,0) (1,1)
-    assert conf.tolist() == [[2, 1, 1],
-                             [0, 3, 0],
-                             [1, 0, 1]]
+    assert conf.tolist() == [[2, 1, 1], [0, 3, 0], [1, 0, 1]]
 
 
 def test_metrics_by_hand():
@@ -96,7 +93,7 @@ def _rank(rank: int, world: int, port: int, q) -> None:
     try:
         pred, target = _hand_case()
         m = SegMetric(3)
-        m.update(pred[rank:rank + 1], target[rank:rank + 1])  # each rank sees one row
+        m.update(pred[rank : rank + 1], target[rank : rank + 1])  # each rank sees one row
         q.put((rank, m.compute(info)["mIoU"]))
     finally:
         cleanup(info)

@@ -1,5 +1,6 @@
 """The mmsegmentation plugin: runs only where mmseg (with mmcv's ops) imports; the outcome of a
 run with mmseg installed is recorded in docs/dense.md."""
+
 from __future__ import annotations
 
 import pathlib
@@ -12,8 +13,9 @@ pytest.importorskip("mmseg.models", reason="mmsegmentation / mmcv (the optional 
 from mmengine.config import Config  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).parents[2] / "configs" / "ade20k" / "mm"
-TINY_PVT = dict(embed_dims=(16, 16, 32, 32), num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2), depths=(1, 1, 1, 1),
-                img_size=64)
+TINY_PVT = dict(
+    embed_dims=(16, 16, 32, 32), num_heads=(1, 1, 2, 2), mlp_ratios=(2, 2, 2, 2), depths=(1, 1, 1, 1), img_size=64
+)
 
 
 def _model_cfg(name: str, num_classes: int = 150, tiny: bool = False):
@@ -37,10 +39,13 @@ def _model_cfg(name: str, num_classes: int = 150, tiny: bool = False):
     return m
 
 
-@pytest.mark.parametrize("config,params", [
-    ("semantic_fpn_inline_pvt_tiny.py", 15_785_878),
-    ("upernet_inline_swin_tiny.py", 60_877_052),
-])
+@pytest.mark.parametrize(
+    "config,params",
+    [
+        ("semantic_fpn_inline_pvt_tiny.py", 15_785_878),
+        ("upernet_inline_swin_tiny.py", 60_877_052),
+    ],
+)
 def test_mmseg_models_have_our_parameter_counts(config, params):
     from mmseg.registry import MODELS
 
@@ -70,8 +75,10 @@ def test_one_training_step_and_a_prediction(config):
         s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 64, 64), generator=g))
         return s
 
-    data = {"inputs": [torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=g) for _ in range(2)],
-            "data_samples": [sample(), sample()]}
+    data = {
+        "inputs": [torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=g) for _ in range(2)],
+        "data_samples": [sample(), sample()],
+    }
     optim = OptimWrapper(torch.optim.AdamW(model.parameters(), lr=1e-3))
     model.train()
     log = model.train_step(data, optim)

@@ -1,4 +1,5 @@
 """Fashion-MNIST mosaics: determinism, split hygiene, labels consistent with instances, COCO export."""
+
 from __future__ import annotations
 
 import json
@@ -103,16 +104,20 @@ def test_coco_export(tmp_path):
     path = write_coco(ds, tmp_path / "coco")
     coco = json.loads(path.read_text())
     assert [c["id"] for c in coco["categories"]] == list(range(1, 11))
-    assert len(coco["images"]) == 4 and all((tmp_path / "coco" / "images" / im["file_name"]).is_file()
-                                             for im in coco["images"])
+    assert len(coco["images"]) == 4 and all(
+        (tmp_path / "coco" / "images" / im["file_name"]).is_file() for im in coco["images"]
+    )
     n = sum(len(ds[i]["boxes"]) for i in range(4))
     assert len(coco["annotations"]) == n
     a = coco["annotations"][0]
     s = ds[a["image_id"] - 1]
     x, y, w, h = a["bbox"]
     assert [x, y, x + w, y + h] == s["boxes"][0].tolist()
-    assert np.array_equal(rle_to_mask(a["segmentation"]), s["masks"][0].numpy()) and a["area"] == int(s["masks"][0].sum())
+    assert np.array_equal(rle_to_mask(a["segmentation"]), s["masks"][0].numpy()) and a["area"] == int(
+        s["masks"][0].sum()
+    )
     assert mosaics_to_coco(ds)["annotations"] == coco["annotations"]
     pycocotools = pytest.importorskip("pycocotools.mask")  # optional: the detection extra
-    assert np.array_equal(pycocotools.decode(pycocotools.frPyObjects(a["segmentation"], 64, 64)).astype(bool),
-                          s["masks"][0].numpy())
+    assert np.array_equal(
+        pycocotools.decode(pycocotools.frPyObjects(a["segmentation"], 64, 64)).astype(bool), s["masks"][0].numpy()
+    )

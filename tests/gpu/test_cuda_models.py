@@ -4,6 +4,7 @@ Runs where CUDA is present (``make gpu-check`` runs it); on the CPU test machine
 is skipped: the Triton kernels themselves are tested there under the interpreter
 (tests/ops/test_triton.py).
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Attention layers: equal to a mirror of the authors' module, fast == explicit, hooks, ablations."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def mirror_of_reference(m: InLineAttention, x: torch.Tensor, hw) -> torch.Tensor
     p, nh = m.num_prefix_tokens, m.num_heads
     d = c // nh
     q, k, v = m.qkv(x).reshape(b, n, 3, nh, d).permute(2, 0, 3, 1, 4)
-    s = d ** -0.5
+    s = d**-0.5
     kv = (k.transpose(-2, -1) * (s / n) ** 0.5) @ (v * (s / n) ** 0.5)
     out = q @ kv + (1 - q @ k.mean(2, keepdim=True).transpose(-2, -1) * s) * v.mean(2, keepdim=True)
     out = out.transpose(1, 2).reshape(b, n, c)
@@ -48,9 +49,11 @@ def test_inline_layer_equals_reference_mirror(c, nh, p, h, w, batch):
 
 
 @pytest.mark.parametrize("c,nh,p,h,w", LAYOUTS, ids=IDS)
-@pytest.mark.parametrize("kind,kw", [("inline", {}), ("inline", {"kernel": "affine_relu"}),
-                                     ("linear", {"local_residual": True}), ("softmax", {})],
-                         ids=["inline", "inline-affine", "linear+res", "softmax"])
+@pytest.mark.parametrize(
+    "kind,kw",
+    [("inline", {}), ("inline", {"kernel": "affine_relu"}), ("linear", {"local_residual": True}), ("softmax", {})],
+    ids=["inline", "inline-affine", "linear+res", "softmax"],
+)
 def test_fast_equals_explicit_weights_outputs_and_grads(c, nh, p, h, w, kind, kw):
     """A no-op hook forces the explicit-weights path: outputs and every parameter's gradient agree."""
     torch.manual_seed(0)
@@ -85,8 +88,14 @@ def test_residual_naive_and_fast_agree_inside_layer():
 def test_state_dict_names_match_reference_layout():
     keys = set(InLineAttention(96, 3).state_dict())
     assert keys == {
-        "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
-        "residual.0.weight", "residual.0.bias", "residual.2.weight", "residual.2.bias",
+        "qkv.weight",
+        "qkv.bias",
+        "proj.weight",
+        "proj.bias",
+        "residual.0.weight",
+        "residual.0.bias",
+        "residual.2.weight",
+        "residual.2.bias",
     }
     sd = InLineAttention(96, 3).state_dict()
     assert sd["residual.0.weight"].shape == (96, 32, 1) and sd["residual.2.weight"].shape == (864, 32, 1)

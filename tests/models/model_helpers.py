@@ -1,4 +1,5 @@
 """Helpers for the model tests (imported as ``from model_helpers import ...``)."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ def load_golden(case: str):
 
     meta = json.loads((GOLDEN_DIR / f"{case}.json").read_text())
     tensors = load_file(str(GOLDEN_DIR / f"{case}.safetensors"))
-    state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     return meta, {"input": tensors["input"], "output": tensors["output"], "model": state}
 
 

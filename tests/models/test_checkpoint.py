@@ -1,4 +1,5 @@
 """load_checkpoint / save_checkpoint: formats, wrappers, filters, mismatches, corrupted files."""
+
 from __future__ import annotations
 
 import os
@@ -153,8 +154,9 @@ def test_create_model_loads_the_full_model_then_prunes(tmp_path):
     overrides = dict(img_size=32, patch_size=8, embed_dim=24, depth=3, num_heads=2, num_classes=5)
     src = create_model("inline_deit_tiny", **overrides).eval()
     path = save_checkpoint(src, tmp_path / "full.safetensors")
-    backbone = create_model("inline_deit_tiny", checkpoint_path=str(path), features_only=True, out_indices=(0, 1),
-                            **overrides).eval()
+    backbone = create_model(
+        "inline_deit_tiny", checkpoint_path=str(path), features_only=True, out_indices=(0, 1), **overrides
+    ).eval()
     assert len(backbone.blocks) == 2 and backbone.out_indices == (0, 1)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

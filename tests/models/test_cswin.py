@@ -1,4 +1,5 @@
 """InLine-CSwin: golden output, reference layouts, stripe semantics at any size, backbone API."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,13 @@ def test_golden_output(float64):
     meta, data = load_golden("cswin_tiny_cfg")
     kw = meta["kwargs"]
     model = InLineCSwin(
-        img_size=kw["img_size"], embed_dim=kw["embed_dim"], depths=kw["depth"], num_heads=kw["num_heads"],
-        split_size=kw["split_size"], inline_split_size=kw["la_split_size"], pattern=kw["attn_type"],
+        img_size=kw["img_size"],
+        embed_dim=kw["embed_dim"],
+        depths=kw["depth"],
+        num_heads=kw["num_heads"],
+        split_size=kw["split_size"],
+        inline_split_size=kw["la_split_size"],
+        pattern=kw["attn_type"],
         num_classes=kw["num_classes"],
     ).eval()
     model.load_state_dict(data["model"], strict=True)
@@ -43,9 +49,15 @@ def test_authors_checkpoint_loads_into_backbone(float64):
     backbone's maps equal the classifier's intermediates."""
     meta, data = load_golden("cswin_tiny_cfg")
     kw = meta["kwargs"]
-    args = dict(img_size=kw["img_size"], embed_dim=kw["embed_dim"], depths=kw["depth"],
-                num_heads=kw["num_heads"], split_size=kw["split_size"], inline_split_size=kw["la_split_size"],
-                pattern=kw["attn_type"])
+    args = dict(
+        img_size=kw["img_size"],
+        embed_dim=kw["embed_dim"],
+        depths=kw["depth"],
+        num_heads=kw["num_heads"],
+        split_size=kw["split_size"],
+        inline_split_size=kw["la_split_size"],
+        pattern=kw["attn_type"],
+    )
     full = InLineCSwin(num_classes=kw["num_classes"], **args).eval()
     backbone = InLineCSwin(**args).to_features_only(out_indices=(0, 1, 2)).eval()
     assert load_checkpoint(full, {"model": data["model"]}).ok
@@ -73,7 +85,9 @@ def test_published_structure():
     assert [a.mode for a in tiny.stage1[0].attns] == ["global"]
     assert tiny.stage1[0].attns[0].kind == "inline" and tiny.stage2[3].attns[0].kind == "inline"
     assert [(a.kind, a.mode, a.split_size) for a in tiny.stage3[0].attns] == [
-        ("softmax", "vertical", 7), ("softmax", "horizontal", 7)]
+        ("softmax", "vertical", 7),
+        ("softmax", "horizontal", 7),
+    ]
     assert [a.mode for a in tiny.stage4[0].attns] == ["global"]
     b384 = meta_model("inline_cswin_base_384")
     assert [a.mode for a in b384.stage1[0].attns] == ["global"]
@@ -83,6 +97,7 @@ def test_published_structure():
 
 # -- stripes against an independent dense-mask definition --------------------------------------
 
+
 def _dense_branch(attn: StripeAttention, q, k, v, feat_size, context):
     """The branch written with an N x N stripe mask: token i attends to token j iff they share a
     stripe (stripe = col // split for vertical, row // split for horizontal, one for global);
@@ -91,17 +106,20 @@ def _dense_branch(attn: StripeAttention, q, k, v, feat_size, context):
     h, w = feat_size
     hd = attn.head_dim
     rows, cols = torch.arange(h).repeat_interleave(w), torch.arange(w).repeat(h)
-    stripe = {"global": torch.zeros(n, dtype=torch.long), "vertical": cols // attn.split_size,
-              "horizontal": rows // attn.split_size}[attn.mode]
+    stripe = {
+        "global": torch.zeros(n, dtype=torch.long),
+        "vertical": cols // attn.split_size,
+        "horizontal": rows // attn.split_size,
+    }[attn.mode]
     same = stripe[:, None] == stripe[None, :]  # [N, N]
     qh, kh, vh = (t.view(b, n, attn.num_heads, hd).transpose(1, 2) for t in (q, k, v))
     if attn.kind == "softmax":
-        logits = (qh @ kh.transpose(-2, -1)) * hd ** -0.5
+        logits = (qh @ kh.transpose(-2, -1)) * hd**-0.5
         weights = logits.masked_fill(~same, float("-inf")).softmax(-1)
     else:  # InLine, identity kernel: (1 + s q.(k_j - mean_{S(i)} k)) / |S(i)| on i's stripe
         size = same.sum(-1, keepdim=True).to(q.dtype)  # [N, 1]
         k_bar = (same.to(q.dtype) @ kh) / size  # mean key of each token's stripe
-        raw = (qh @ kh.transpose(-2, -1) - (qh * k_bar).sum(-1, keepdim=True)) * hd ** -0.5
+        raw = (qh @ kh.transpose(-2, -1) - (qh * k_bar).sum(-1, keepdim=True)) * hd**-0.5
         weights = torch.where(same, (1 + raw) / size, torch.zeros((), dtype=q.dtype))
     out = (weights @ vh).transpose(1, 2).reshape(b, n, c)
     v_img = v.transpose(1, 2).reshape(b, c, h, w)
@@ -111,8 +129,9 @@ def _dense_branch(attn: StripeAttention, q, k, v, feat_size, context):
         v_s = v_img * inside
         extra = F.conv2d(v_s, attn.get_v.weight, attn.get_v.bias, padding=1, groups=c)
         if res_w is not None:
-            extra = extra + torch.cat([
-                F.conv2d(v_s[i:i + 1], res_w[i].unsqueeze(1), padding=1, groups=c) for i in range(b)])
+            extra = extra + torch.cat(
+                [F.conv2d(v_s[i : i + 1], res_w[i].unsqueeze(1), padding=1, groups=c) for i in range(b)]
+            )
         out = out + (extra * inside).flatten(2).transpose(1, 2)
     return out
 
@@ -150,6 +169,7 @@ def test_records_cover_the_map_once():
 
 # -- the whole model at other sizes ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("size", [(224, 320), (256, 256), (96, 64)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_any_input_size(size):
     """224x320: stage-3 stripes 7 over a 14 x 20 map (remainder 6); 256: 16 x 16 (remainder 2);
@@ -166,8 +186,15 @@ def test_any_input_size(size):
 
 def test_inline_and_linear_stripes_with_remainder():
     """Ablation layouts: InLine stripes (split 5 over a 16-wide map) and linear global blocks."""
-    model = InLineCSwin(img_size=64, embed_dim=8, depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 2),
-                        inline_split_size=(5, 8, 4, 2), pattern="ILSS", num_classes=3).eval()
+    model = InLineCSwin(
+        img_size=64,
+        embed_dim=8,
+        depths=(1, 1, 1, 1),
+        num_heads=(2, 2, 2, 2),
+        inline_split_size=(5, 8, 4, 2),
+        pattern="ILSS",
+        num_classes=3,
+    ).eval()
     assert [a.mode for a in model.stage1[0].attns] == ["vertical", "horizontal"]
     assert model.stage2[0].attns[0].kind == "linear" and model.stage2[0].attns[0].residual is None
     with torch.no_grad(), record_attention(model, layers="stage1.*") as recs:
@@ -175,10 +202,14 @@ def test_inline_and_linear_stripes_with_remainder():
     assert torch.isfinite(out).all()
     # 16 x 20 map, width-5 stripes: 4 full vertical stripes; 3 full horizontal + one of height 1
     assert [tuple(r.weights.shape[:1]) + tuple(r.weights.shape[2:]) for r in recs] == [
-        (4, 80, 80), (3, 100, 100), (1, 20, 20)]
+        (4, 80, 80),
+        (3, 100, 100),
+        (1, 20, 20),
+    ]
 
 
 # -- backbone contract ---------------------------------------------------------------------------
+
 
 def test_features_only_channels_and_strides():
     model = create_model("inline_cswin_tiny", features_only=True, **SMALL_224).eval()
@@ -186,8 +217,9 @@ def test_features_only_channels_and_strides():
     x = torch.randn(1, 3, 128, 96)
     with torch.no_grad():
         maps = model(x)
-    assert [tuple(m.shape) for m in maps] == [(1, c, 128 // r, 96 // r) for c, r in
-                                               [(8, 4), (16, 8), (32, 16), (64, 32)]]
+    assert [tuple(m.shape) for m in maps] == [
+        (1, c, 128 // r, 96 // r) for c, r in [(8, 4), (16, 8), (32, 16), (64, 32)]
+    ]
     last2 = create_model("inline_cswin_tiny", features_only=True, out_indices=(2, 3), **SMALL_224)
     assert [i["reduction"] for i in last2.feature_info] == [16, 32]
     early = create_model("inline_cswin_tiny", features_only=True, out_indices=(0, 1), **SMALL_224).eval()
@@ -230,13 +262,16 @@ def test_classifier_and_no_weight_decay():
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 64)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(pattern="IIS"), "pattern"),
-    (dict(pattern="IIXS"), "pattern"),
-    (dict(pattern="IIMS"), "M"),
-    (dict(inline_split_size="56-28-14"), "inline_split_size"),
-    (dict(num_heads=(1, 2, 2, 2), pattern="SSSS"), "two-branch"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(pattern="IIS"), "pattern"),
+        (dict(pattern="IIXS"), "pattern"),
+        (dict(pattern="IIMS"), "M"),
+        (dict(inline_split_size="56-28-14"), "inline_split_size"),
+        (dict(num_heads=(1, 2, 2, 2), pattern="SSSS"), "two-branch"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         create_model("inline_cswin_tiny", **{**SMALL_224, **kwargs})

@@ -1,4 +1,5 @@
 """InLine-DeiT: golden outputs of the authors' code, state-dict layouts, sizes, ablations."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,20 @@ DEIT_MODELS = ["inline_deit_tiny", "inline_deit_small", "inline_deit_base"]
 PUBLISHED_PARAMS = {"inline_deit_tiny": 6_477_736, "inline_deit_small": 16_734_760, "inline_deit_base": 23_797_096}
 
 # the reference InLineDeiT's arguments that exist here under the same name
-_SAME_NAME = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
-              "mlp_ratio", "qkv_bias", "drop_rate", "attn_drop_rate", "drop_path_rate"}
+_SAME_NAME = {
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+}
 
 
 def deit_kwargs(ref_kwargs: dict) -> dict:
@@ -81,17 +94,34 @@ def test_patch_indivisible_input_is_zero_padded():
 
 
 def test_fashion_mnist_overrides():
-    model = create_model("inline_deit_tiny", img_size=28, patch_size=4, in_chans=1, num_classes=10,
-                         embed_dim=32, depth=2, num_heads=2, drop_path_rate=0.0)
+    model = create_model(
+        "inline_deit_tiny",
+        img_size=28,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        drop_path_rate=0.0,
+    )
     out = model(torch.randn(3, 1, 28, 28))
     assert out.shape == (3, 10)
     assert model.pos_embed.shape == (1, 1 + 7 * 7, 32)
 
 
-@pytest.mark.parametrize("pattern,kernel,residual,expect_residual", [
-    ("I", None, None, True), ("I", "relu", False, False), ("I", "exp", None, True), ("I", "affine_relu", None, True),
-    ("L", None, None, False), ("L", "leakyrelu", True, True), ("S", None, None, False),
-])
+@pytest.mark.parametrize(
+    "pattern,kernel,residual,expect_residual",
+    [
+        ("I", None, None, True),
+        ("I", "relu", False, False),
+        ("I", "exp", None, True),
+        ("I", "affine_relu", None, True),
+        ("L", None, None, False),
+        ("L", "leakyrelu", True, True),
+        ("S", None, None, False),
+    ],
+)
 def test_ablations_build_and_run(pattern, kernel, residual, expect_residual):
     model = small(pattern=pattern, kernel=kernel, local_residual=residual)
     kinds = {blk.attn.kind for blk in model.blocks}
@@ -150,10 +180,16 @@ def test_reset_classifier_and_no_weight_decay():
     assert model.no_weight_decay() == {"pos_embed", "cls_token"}
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(pattern="X"), "pattern"), (dict(pattern="II"), "pattern"), (dict(global_pool="max"), "global_pool"),
-    (dict(num_heads=5), "num_heads"), (dict(img_size=4), "img_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(pattern="X"), "pattern"),
+        (dict(pattern="II"), "pattern"),
+        (dict(global_pool="max"), "global_pool"),
+        (dict(num_heads=5), "num_heads"),
+        (dict(img_size=4), "img_size"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         small(**kwargs)

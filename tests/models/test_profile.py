@@ -1,4 +1,5 @@
 """profile(): MACs counted from the computation agree with analytic counts and the paper's table."""
+
 from __future__ import annotations
 
 import json
@@ -49,19 +50,39 @@ def pvt_macs(img, dims, heads, ratios, depths, srs, pattern, classes):
 @pytest.mark.parametrize("kind", ["inline", "softmax"])
 def test_deit_macs_match_analytic_count(kind):
     args = dict(img=32, p=4, c_in=3, dim=24, depth=2, heads=2, mlp_ratio=4.0, classes=10)
-    model = InLineDeiT(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=10,
-                              pattern="I" if kind == "inline" else "S")
+    model = InLineDeiT(
+        img_size=32,
+        patch_size=4,
+        embed_dim=24,
+        depth=2,
+        num_heads=2,
+        num_classes=10,
+        pattern="I" if kind == "inline" else "S",
+    )
     res = profile(model, (3, 32, 32))
     assert res.macs == deit_macs(**args, kind=kind)
     assert res.params == sum(p.numel() for p in model.parameters())
 
 
 def test_pvt_macs_match_analytic_count():
-    cfg = dict(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), ratios=(2, 2, 2, 2), depths=(1, 2, 1, 1),
-               srs=(8, 4, 2, 1), pattern="ISIS")
-    model = InLinePVT(img_size=64, embed_dims=cfg["dims"], num_heads=cfg["heads"],
-                                     mlp_ratios=cfg["ratios"], depths=cfg["depths"], sr_ratios=cfg["srs"],
-                                     pattern=cfg["pattern"], num_classes=10)
+    cfg = dict(
+        dims=(8, 16, 24, 32),
+        heads=(1, 2, 3, 4),
+        ratios=(2, 2, 2, 2),
+        depths=(1, 2, 1, 1),
+        srs=(8, 4, 2, 1),
+        pattern="ISIS",
+    )
+    model = InLinePVT(
+        img_size=64,
+        embed_dims=cfg["dims"],
+        num_heads=cfg["heads"],
+        mlp_ratios=cfg["ratios"],
+        depths=cfg["depths"],
+        sr_ratios=cfg["srs"],
+        pattern=cfg["pattern"],
+        num_classes=10,
+    )
     assert profile(model, (3, 64, 64)).macs == pvt_macs(64, classes=10, **cfg)
 
 

@@ -1,4 +1,5 @@
 """InLine-PVT: golden outputs of the authors' code, state-dict layouts, sizes, ablations, features."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,11 +11,28 @@ from inline_attn import get_model_config, load_checkpoint
 from inline_attn.models.pvt import InLinePVT, PVTAttention, SpatialReductionAttention
 
 PVT_MODELS = ["inline_pvt_tiny", "inline_pvt_small", "inline_pvt_medium", "inline_pvt_large"]
-PUBLISHED_PARAMS = {"inline_pvt_tiny": 12_032_232, "inline_pvt_small": 21_556_136,
-               "inline_pvt_medium": 37_618_856, "inline_pvt_large": 51_154_280}
+PUBLISHED_PARAMS = {
+    "inline_pvt_tiny": 12_032_232,
+    "inline_pvt_small": 21_556_136,
+    "inline_pvt_medium": 37_618_856,
+    "inline_pvt_large": 51_154_280,
+}
 
-_SAME_NAME = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dims", "num_heads", "mlp_ratios",
-              "qkv_bias", "drop_rate", "attn_drop_rate", "drop_path_rate", "depths", "sr_ratios"}
+_SAME_NAME = {
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dims",
+    "num_heads",
+    "mlp_ratios",
+    "qkv_bias",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+    "depths",
+    "sr_ratios",
+}
 
 
 def pvt_kwargs(ref_kwargs: dict) -> dict:
@@ -33,8 +51,14 @@ def pvt_kwargs(ref_kwargs: dict) -> dict:
 
 
 def small(**kw) -> InLinePVT:
-    args = dict(img_size=64, embed_dims=(8, 16, 24, 32), num_heads=(1, 2, 3, 4), mlp_ratios=(2, 2, 2, 2),
-                depths=(1, 1, 1, 1), num_classes=5)
+    args = dict(
+        img_size=64,
+        embed_dims=(8, 16, 24, 32),
+        num_heads=(1, 2, 3, 4),
+        mlp_ratios=(2, 2, 2, 2),
+        depths=(1, 1, 1, 1),
+        num_classes=5,
+    )
     return InLinePVT(**{**args, **kw}).eval()
 
 
@@ -85,10 +109,15 @@ def test_stride_indivisible_input_pads_each_stage():
     assert all(torch.isfinite(m).all() for m in maps)
 
 
-@pytest.mark.parametrize("pattern,kinds", [
-    ("IIII", ["inline"] * 4), ("SSSS", ["softmax"] * 4), ("LLLL", ["linear"] * 4),
-    ("ISLS", ["inline", "softmax", "linear", "softmax"]),
-])
+@pytest.mark.parametrize(
+    "pattern,kinds",
+    [
+        ("IIII", ["inline"] * 4),
+        ("SSSS", ["softmax"] * 4),
+        ("LLLL", ["linear"] * 4),
+        ("ISLS", ["inline", "softmax", "linear", "softmax"]),
+    ],
+)
 def test_patterns(pattern, kinds):
     model = small(pattern=pattern)
     assert [getattr(model, f"block{i + 1}")[0].attn.kind for i in range(4)] == kinds
@@ -133,11 +162,15 @@ def test_reset_classifier_and_no_weight_decay():
     assert model.no_weight_decay() == {"pos_embed1", "pos_embed2", "pos_embed3", "pos_embed4"}
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(pattern="III"), "pattern"), (dict(num_heads=(1, 2, 3)), "num_heads"),
-    (dict(num_heads=(3, 2, 3, 4)), "num_heads"),
-    (dict(global_pool="token"), "global_pool"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(pattern="III"), "pattern"),
+        (dict(num_heads=(1, 2, 3)), "num_heads"),
+        (dict(num_heads=(3, 2, 3, 4)), "num_heads"),
+        (dict(global_pool="token"), "global_pool"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         small(**kwargs)

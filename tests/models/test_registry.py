@@ -3,6 +3,7 @@
 Published-size facts (every name builds, parameter counts, state-dict layouts) are checked on
 the meta device, so they cost no memory and no init time.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -124,9 +125,18 @@ def test_cli_list(capsys):
 
 # ---- the timm contract, held once for every family (models/_base.py)
 
-CONTRACT = ("forward_features", "forward_head", "forward_intermediates", "prune_intermediate_layers",
-            "to_features_only", "reset_classifier", "get_classifier", "set_grad_checkpointing", "no_weight_decay",
-            "checkpointed")
+CONTRACT = (
+    "forward_features",
+    "forward_head",
+    "forward_intermediates",
+    "prune_intermediate_layers",
+    "to_features_only",
+    "reset_classifier",
+    "get_classifier",
+    "set_grad_checkpointing",
+    "no_weight_decay",
+    "checkpointed",
+)
 
 
 def test_contract_is_written_once(registry_name):

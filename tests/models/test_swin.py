@@ -1,4 +1,5 @@
 """InLine-Swin: golden outputs of the authors' code, state-dict layouts, any input size, masks."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,12 +13,29 @@ from inline_attn.models.checkpoint import unwrap_state_dict
 from inline_attn.models.swin import InLineSwin, SwinBlock, WindowAttention, checkpoint_filter_fn, shift_window_mask
 
 SWIN_MODELS = ["inline_swin_tiny", "inline_swin_small", "inline_swin_base", "inline_swin_base_384"]
-PUBLISHED_PARAMS = {"inline_swin_tiny": 29_223_544, "inline_swin_small": 49_793_296,
-               "inline_swin_base": 88_350_120, "inline_swin_base_384": 88_465_320}
+PUBLISHED_PARAMS = {
+    "inline_swin_tiny": 29_223_544,
+    "inline_swin_small": 49_793_296,
+    "inline_swin_base": 88_350_120,
+    "inline_swin_base_384": 88_465_320,
+}
 
 # the reference InLineSwin's arguments: same name here, or renamed
-_SAME_NAME = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depths", "num_heads",
-              "window_size", "mlp_ratio", "qkv_bias", "drop_rate", "attn_drop_rate", "drop_path_rate"}
+_SAME_NAME = {
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dim",
+    "depths",
+    "num_heads",
+    "window_size",
+    "mlp_ratio",
+    "qkv_bias",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+}
 _RENAMED = {"attn_type": "pattern"}
 
 
@@ -28,8 +46,7 @@ def swin_kwargs(ref_kwargs: dict) -> dict:
 
 
 def small(**kw) -> InLineSwin:
-    args = dict(img_size=64, embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=8,
-                num_classes=5)
+    args = dict(img_size=64, embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=8, num_classes=5)
     return InLineSwin(**{**args, **kw}).eval()
 
 
@@ -72,7 +89,7 @@ def test_published_inline_blocks_are_global(name):
     size = get_model_config(name).input_size[1] // 4
     softmax_window = 12 if name.endswith("384") else 7
     for i, stage in enumerate(model.layers):
-        s = size // 2 ** i
+        s = size // 2**i
         for j, blk in enumerate(stage.blocks):
             window, shift = blk.window_geometry(s, s)
             if blk.kind == "inline":
@@ -224,8 +241,15 @@ def test_forward_intermediates_agree_with_forward():
 
 def test_checkpoint_filter_recomputes_buffers_and_resizes_tables(float64):
     _, data = load_golden("swin_tiny_cfg")
-    args = dict(img_size=224, window_size=56, embed_dim=8, depths=(2, 2, 4, 2), num_heads=(1, 2, 2, 4),
-                pattern="IIMS2", num_classes=10)
+    args = dict(
+        img_size=224,
+        window_size=56,
+        embed_dim=8,
+        depths=(2, 2, 4, 2),
+        num_heads=(1, 2, 2, 4),
+        pattern="IIMS2",
+        num_classes=10,
+    )
     # built for 256: stored shift masks of another shape; recomputed ones replace them
     model = small(**{**args, "img_size": 256})
     model.load_state_dict(checkpoint_filter_fn(unwrap_state_dict({"model": data["model"]}), model), strict=True)

@@ -4,6 +4,7 @@ A tiny plain C++ library stands in for the kernel (it compiles in a fraction of 
 compiler is a wrapper script that counts its runs and, when asked, stalls so a build can be
 killed midway. Each scenario that involves "a later process" runs real subprocesses.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,13 +43,15 @@ def probe(tmp_path):
     log = tmp_path / "compiles.log"
     cxx = tmp_path / "cxx.sh"
     # $STALL_MARKER set: say so, then stall (the test kills us here); else compile with g++
-    cxx.write_text(textwrap.dedent(f"""\
+    cxx.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         echo run >> {log}
         if [ -n "$STALL_MARKER" ]; then touch "$STALL_MARKER"; sleep 120; fi
         if [ -n "$SLOW_COMPILE" ]; then sleep "$SLOW_COMPILE"; fi
         exec g++ "$@"
-    """))
+    """)
+    )
     cxx.chmod(0o755)
     return src, cxx, tmp_path / "cache", log
 
@@ -60,9 +63,14 @@ def _spec(probe):
 
 def _child(probe, timeout=60.0, **env):
     src, cxx, cache, _ = probe
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(src), str(cxx), str(cache), str(timeout)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, **env})
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(src), str(cxx), str(cache), str(timeout)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **env},
+    )
 
 
 def _compiles(log) -> int:
@@ -120,9 +128,16 @@ def test_lock_held_elsewhere_times_out_with_a_message_naming_it(probe):
     spec = _spec(probe)
     cache.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-         "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)", str(spec.lock(cache))],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)",
+            str(spec.lock(cache)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         t0 = time.time()

@@ -1,4 +1,5 @@
 """The fused layer core as custom ops: opcheck, torch.compile without graph breaks, autograd limits."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,6 +58,7 @@ class _GraphRecorder:
         def compiler(gm, example_inputs):
             into.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
             return make_boxed_func(gm.forward)
+
         return compiler
 
     def backend(self):
@@ -128,8 +130,16 @@ def test_double_backward_through_inline_tokens_raises(backend):
     # eager calls go through an autograd.Function over the same kernels: a second-order gradient
     # (even with an upstream gradient that does not require grad) must raise, not drop terms
     q, k, v, taps, *_ = _args(backend)
-    out = inline_tokens(q, k, v, num_heads=2, feat_size=(3, 4), num_prefix_tokens=1,
-                        residual_weights=taps.detach().transpose(1, 2).reshape(2, 16, 3, 3), impl=backend)
+    out = inline_tokens(
+        q,
+        k,
+        v,
+        num_heads=2,
+        feat_size=(3, 4),
+        num_prefix_tokens=1,
+        residual_weights=taps.detach().transpose(1, 2).reshape(2, 16, 3, 3),
+        impl=backend,
+    )
     with pytest.raises(RuntimeError, match="no derivative"):
         torch.autograd.grad(out, q, torch.ones_like(out), create_graph=True)
     # first-order gradients of the same call work

@@ -1,4 +1,5 @@
 """The one dispatch point of the InLine layer core: vocabulary, choice, reasons and bad input."""
+
 from __future__ import annotations
 
 import warnings

@@ -7,6 +7,7 @@
 - the whole InLine layer vs a composition of naive ops (explicit N x N weights), float64, with a
   cls token and H != W; bf16 autocast; ``torch.compile(fullgraph=True)`` tracing.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,7 @@ SHAPES = [(1, 5, 3, 7), (2, 24, 7, 7), (3, 6, 1, 9), (2, 9, 8, 5)]
 def test_local_residual_on_token_views_matches_naive_outputs_and_grads(shape):
     b, c, h, w = shape
     tokens = torch.randn(b, h * w, 3 * c, dtype=torch.float64, requires_grad=True)
-    v = tokens[:, :, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # channels-last view, as the layers
+    v = tokens[:, :, 2 * c :].reshape(b, h, w, c).permute(0, 3, 1, 2)  # channels-last view, as the layers
     wts = torch.randn(b, c, 3, 3, dtype=torch.float64, requires_grad=True)
     fast = local_residual(v, wts)
     ref = naive_local_residual(v.contiguous(), wts)
@@ -63,8 +64,11 @@ def _naive_inline_layer(layer, x, feat, p):
     return layer.proj(out + res)
 
 
-@pytest.mark.parametrize("b,feat,p,dim,heads", [(1, (7, 9), 1, 24, 3), (2, (4, 4), 0, 60, 2), (3, (3, 21), 0, 12, 3)],
-                         ids=["B1-7x9-cls", "B2-4x4-d30", "B3-3x21"])
+@pytest.mark.parametrize(
+    "b,feat,p,dim,heads",
+    [(1, (7, 9), 1, 24, 3), (2, (4, 4), 0, 60, 2), (3, (3, 21), 0, 12, 3)],
+    ids=["B1-7x9-cls", "B2-4x4-d30", "B3-3x21"],
+)
 def test_inline_layer_matches_naive_composition(b, feat, p, dim, heads):
     layer = build_attention("inline", dim, heads, num_prefix_tokens=p).double()
     x = torch.randn(b, p + feat[0] * feat[1], dim, dtype=torch.float64, requires_grad=True)

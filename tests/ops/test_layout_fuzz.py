@@ -4,6 +4,7 @@ The fused CPU kernel once read token strides below the channel span (expanded or
 views) as BLAS leading dimensions and returned wrong numbers; every layout must now either be
 read correctly (copied first where BLAS cannot read it) or refused with a clear error.
 """
+
 from __future__ import annotations
 
 import random
@@ -33,8 +34,9 @@ def test_overlapping_token_stride_regression():
     k = base.as_strided((2, 16, 12), (64, 3, 1), storage_offset=5)
     v = base.as_strided((2, 16, 12), (64, 1, 1), storage_offset=9)
     kw = dict(num_heads=3, feat_size=(4, 4), residual_weights=torch.randn(2, 12, 3, 3))
-    ref = inline_tokens(q.double(), k.double(), v.double(), impl="naive",
-                        **{**kw, "residual_weights": kw["residual_weights"].double()})
+    ref = inline_tokens(
+        q.double(), k.double(), v.double(), impl="naive", **{**kw, "residual_weights": kw["residual_weights"].double()}
+    )
     for impl in IMPLS:
         torch.testing.assert_close(inline_tokens(q, k, v, impl=impl, **kw).double(), ref, rtol=1e-5, atol=1e-5)
 

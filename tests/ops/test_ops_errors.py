@@ -1,4 +1,5 @@
 """Bad input raises a ValueError that names the value and what was expected."""
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ simply rounding that exact answer to the low-precision dtype, i.e. the unavoidab
 rounding. A plain low-precision evaluation of the reference formula is printed for contrast (with
 these magnitudes its D x D key-value sum overflows fp16).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,9 @@ def _plain_reference_formula(q, k, v):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("kind,kernel", [("inline", None), ("inline", "exp"), ("linear", None)],
-                         ids=["inline", "inline-exp", "linear"])
+@pytest.mark.parametrize(
+    "kind,kernel", [("inline", None), ("inline", "exp"), ("linear", None)], ids=["inline", "inline-exp", "linear"]
+)
 def test_autocast_large_inputs_finite_and_within_rounding(dtype, kind, kernel):
     q, k, v = _large_inputs(dtype)
     if kernel == "exp":  # exp(0.2 x) of |x| ~ 200 overflows even float32: use moderate keys

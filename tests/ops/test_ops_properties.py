@@ -1,4 +1,5 @@
 """Properties of the weights (paper Sec. 3-4): row sums, injectivity, confusion."""
+
 from __future__ import annotations
 
 import pytest

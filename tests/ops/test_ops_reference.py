@@ -1,4 +1,5 @@
 """Fast paths vs the naive reference (float64): outputs and gradients on awkward shapes."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,13 @@ SHAPES = [(1, 1, 63, 24), (2, 3, 63, 24), (1, 2, 17, 60), (3, 2, 1, 8), (2, 1, 1
 IDS = [f"B{b}-H{h}-N{n}-D{d}" for b, h, n, d in SHAPES]
 
 CASES = [
-    ("inline", None), ("inline", "relu"), ("inline", "leakyrelu"), ("inline", "exp"),
-    ("linear", None), ("linear", "leakyrelu"), ("linear", "exp"),
+    ("inline", None),
+    ("inline", "relu"),
+    ("inline", "leakyrelu"),
+    ("inline", "exp"),
+    ("linear", None),
+    ("linear", "leakyrelu"),
+    ("linear", "exp"),
     ("softmax", None),
 ]
 
@@ -41,7 +47,7 @@ def test_inline_matches_reference_formula_with_scale_convention():
     """The reference code's scale: it multiplies phi(Q) by d^-0.5 / N before paper Eq. 5."""
     q, k, v = (t.detach() for t in _qkv((2, 2, 50, 16)))
     n, d = 50, 16
-    s = d ** -0.5
+    s = d**-0.5
     kv = (k.transpose(-2, -1) * (s / n) ** 0.5) @ (v * (s / n) ** 0.5)
     ref = q @ kv + (1 - q @ k.mean(2, keepdim=True).transpose(-2, -1) * s) * v.mean(2, keepdim=True)
     torch.testing.assert_close(attention(q, k, v, kind="inline"), ref, rtol=1e-12, atol=1e-12)
@@ -76,8 +82,9 @@ def test_queries_and_keys_of_different_lengths():
         torch.testing.assert_close(attention(q, k, v, kind=kind), attention(q, k, v, kind=kind, impl="naive"))
 
 
-@pytest.mark.parametrize("bchw", [(1, 1, 1, 1), (2, 5, 7, 9), (1, 96, 14, 14), (3, 4, 6, 2)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "bchw", [(1, 1, 1, 1), (2, 5, 7, 9), (1, 96, 14, 14), (3, 4, 6, 2)], ids=lambda s: "x".join(map(str, s))
+)
 def test_local_residual_fast_matches_conv(bchw):
     b, c, h, w = bchw
     g = torch.Generator().manual_seed(2)

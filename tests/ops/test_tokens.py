@@ -7,6 +7,7 @@ explicit-weights reference on awkward shapes (batch 1, odd N, H != W, prefix tok
 both task layouts (per head and per sample): outputs and gradients, plus gradcheck. The eager path
 is compared with the reference as well. The Triton backend has its own file (test_triton.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -92,8 +93,9 @@ def test_fused_kernel_float32_close_to_float64_reference(threads, kernel_calls):
         with torch.inference_mode():
             ref = inline_tokens(q, k, v, impl="naive", **kw)
             fast = inline_tokens(q.float(), k.float(), v.float(), **{**kw, "residual_weights": weights.float()})
-            eager = inline_tokens(q.float(), k.float(), v.float(), impl="eager",
-                                  **{**kw, "residual_weights": weights.float()})
+            eager = inline_tokens(
+                q.float(), k.float(), v.float(), impl="eager", **{**kw, "residual_weights": weights.float()}
+            )
         err_fast = ((fast.double() - ref).abs().max() / ref.abs().max()).item()
         err_eager = ((eager.double() - ref).abs().max() / ref.abs().max()).item()
         print(f"{shape} threads={threads}: float32 rel err fused {err_fast:.2e}, eager {err_eager:.2e}")

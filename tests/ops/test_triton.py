@@ -7,6 +7,7 @@ prefix tokens, head dims 24/32/48, many heads, strided views of a qkv projection
 shapes (one program per (sample, head), and the reduction split over token chunks), float32 and
 bf16 / fp16 inputs.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -103,8 +104,13 @@ def test_triton_expanded_views(residual):
     taps = torch.randn(b, c, 3, 3, device=DEVICE) if residual else None
     kw = dict(num_heads=heads, feat_size=(3, 4), residual_weights=taps)
     out = inline_tokens(q, k, v, impl="triton", **kw)
-    ref = inline_tokens(q.double(), k.double(), v.double(), impl="naive",
-                        **{**kw, "residual_weights": taps.double() if residual else None})
+    ref = inline_tokens(
+        q.double(),
+        k.double(),
+        v.double(),
+        impl="naive",
+        **{**kw, "residual_weights": taps.double() if residual else None},
+    )
     assert _rel(out, ref) < 2e-6
 
 
@@ -147,8 +153,9 @@ def test_triton_backward_is_deterministic():
 
 def test_triton_empty_batch():
     q = torch.randn(0, 6, 8, device=DEVICE, requires_grad=True)
-    out = inline_tokens(q, q, q, num_heads=2, feat_size=(2, 3), residual_weights=torch.randn(0, 8, 3, 3, device=DEVICE),
-                        impl="triton")
+    out = inline_tokens(
+        q, q, q, num_heads=2, feat_size=(2, 3), residual_weights=torch.randn(0, 8, 3, 3, device=DEVICE), impl="triton"
+    )
     assert out.shape == (0, 6, 8)
     out.sum().backward()
     assert q.grad.shape == q.shape

@@ -1,4 +1,5 @@
 """Training tests use tiny models: one thread is faster for them (and immune to oversubscription)."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Typed config sections: every bad value is refused before any work, naming its key."""
+
 import dataclasses
 import pathlib
 
@@ -13,30 +14,33 @@ from train_helpers import TINY_DEIT, make_fmnist
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("optim.lr", "abc", r"optim.lr='abc': expected a number or null"),
-    ("aug.mixup", "abc", r"aug.mixup='abc': expected a number"),
-    ("data.batch_size", "0", r"data.batch_size=0: must be >= 1"),
-    ("data.batch_size", "-4", r"data.batch_size=-4: must be >= 1"),
-    ("data.batch_size", "abc", r"data.batch_size='abc': expected an integer"),
-    ("train.eval_every", "0", r"train.eval_every=0: must be >= 1"),
-    ("sched.epochs", "1.5", r"sched.epochs=1.5: expected an integer"),
-    ("sched.warmup_epochs", "400", r"sched.warmup_epochs=400.0 exceeds sched.epochs=300"),
-    ("train.amp", "fp8", r"train.amp='fp8': expected one of 'none', 'bf16', 'fp16', 'auto'"),
-    ("train.ema", "yes please", r"train.ema='yes please': expected true or false"),
-    ("train.device", "gpu", r"train.device='gpu': expected auto, cpu, cuda or cuda:N"),
-    ("aug.scale", "[0.5]", r"aug.scale=\[0.5\]: expected a list of 2 numbers"),
-    ("aug.auto_augment", "autoaug", r"aug.auto_augment='autoaug': .*RandAugment"),
-    ("data.crop_pct", "1.5", r"data.crop_pct=1.5: must be <= 1"),
-    ("data.std", "[0.5, 0]", r"data.std=\[0.5, 0.0\]: every value must be > 0"),
-    ("optim.opt", "adam", r"optim.opt='adam': expected one of 'adamw', 'sgd'"),
-    ("model.name", "inline_deit_tiniest", r"model.name: unknown model 'inline_deit_tiniest'"),
-    ("model.checkpoint", "/no/such.pth", r"model.checkpoint='/no/such.pth': no such file"),
-    ("optim.total_batch", "0", r"optim.total_batch=0: must be >= 1"),
-    ("optim.no_weight_decay", "5", r"optim.no_weight_decay=5: expected a list of strings or null"),
-    ("data.eval_resize", "crop", r"data.eval_resize='crop': expected one of 'shorter', 'squash'"),
-    ("train.ema_batch", "-1", r"train.ema_batch=-1: must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("optim.lr", "abc", r"optim.lr='abc': expected a number or null"),
+        ("aug.mixup", "abc", r"aug.mixup='abc': expected a number"),
+        ("data.batch_size", "0", r"data.batch_size=0: must be >= 1"),
+        ("data.batch_size", "-4", r"data.batch_size=-4: must be >= 1"),
+        ("data.batch_size", "abc", r"data.batch_size='abc': expected an integer"),
+        ("train.eval_every", "0", r"train.eval_every=0: must be >= 1"),
+        ("sched.epochs", "1.5", r"sched.epochs=1.5: expected an integer"),
+        ("sched.warmup_epochs", "400", r"sched.warmup_epochs=400.0 exceeds sched.epochs=300"),
+        ("train.amp", "fp8", r"train.amp='fp8': expected one of 'none', 'bf16', 'fp16', 'auto'"),
+        ("train.ema", "yes please", r"train.ema='yes please': expected true or false"),
+        ("train.device", "gpu", r"train.device='gpu': expected auto, cpu, cuda or cuda:N"),
+        ("aug.scale", "[0.5]", r"aug.scale=\[0.5\]: expected a list of 2 numbers"),
+        ("aug.auto_augment", "autoaug", r"aug.auto_augment='autoaug': .*RandAugment"),
+        ("data.crop_pct", "1.5", r"data.crop_pct=1.5: must be <= 1"),
+        ("data.std", "[0.5, 0]", r"data.std=\[0.5, 0.0\]: every value must be > 0"),
+        ("optim.opt", "adam", r"optim.opt='adam': expected one of 'adamw', 'sgd'"),
+        ("model.name", "inline_deit_tiniest", r"model.name: unknown model 'inline_deit_tiniest'"),
+        ("model.checkpoint", "/no/such.pth", r"model.checkpoint='/no/such.pth': no such file"),
+        ("optim.total_batch", "0", r"optim.total_batch=0: must be >= 1"),
+        ("optim.no_weight_decay", "5", r"optim.no_weight_decay=5: expected a list of strings or null"),
+        ("data.eval_resize", "crop", r"data.eval_resize='crop': expected one of 'shorter', 'squash'"),
+        ("train.ema_batch", "-1", r"train.ema_batch=-1: must be >= 1"),
+    ],
+)
 def test_bad_value_is_refused_naming_the_key(key, value, message, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--output", str(out), f"--{key}", value]) == 2
@@ -77,8 +81,22 @@ def test_bad_model_kwargs_fail_before_the_data_is_read(tmp_path, capsys, monkeyp
     from inline_attn.train import data as train_data
 
     monkeypatch.setattr(train_data, "load_fashion_mnist", lambda *a, **k: pytest.fail("data read first"))
-    assert main(["train", "--output", str(tmp_path / "r"), "--data.dataset", "fmnist", "--data.path", str(fm),
-                 "--model.kwargs", '{depth: "4"}']) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--output",
+                str(tmp_path / "r"),
+                "--data.dataset",
+                "fmnist",
+                "--data.path",
+                str(fm),
+                "--model.kwargs",
+                '{depth: "4"}',
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "model.kwargs={'depth': '4'}" in err and "depth='4'" in err
 
@@ -106,6 +124,7 @@ def test_yaml_floats_and_integral_numbers_are_read_as_typed(tmp_path):
 
 def test_a_new_setting_is_one_field(tmp_path):
     """Sections are dataclasses: a subclass with one more field is read, checked and written."""
+
     @dataclasses.dataclass
     class Extra(SECTIONS["optim"]):
         layer_decay: float = dataclasses.field(default=1.0, metadata={"doc": "lr decay per block", "gt": 0})
@@ -158,21 +177,44 @@ def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
         shutil.copy(repo / name, src / name)
     for name in ("src", "configs"):
         shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     assert (site / "inline_attn" / "ops" / "csrc" / "inline_cpu.cpp").is_file()
     code = "from inline_attn.train import configs_dir; print(configs_dir())"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert out.stdout.strip() == str(site / "inline_attn" / "configs")
 
 
 SEG_RECIPE_DIRS = ("ade20k", "mosaic")  # segmentation configs: checked by tests/dense/test_seg_train.py
-RECIPES = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml")
-                 if not p.name.startswith("_") and p.relative_to(CONFIGS).parts[0] not in SEG_RECIPE_DIRS)
+RECIPES = sorted(
+    str(p.relative_to(CONFIGS))
+    for p in CONFIGS.rglob("*.yaml")
+    if not p.name.startswith("_") and p.relative_to(CONFIGS).parts[0] not in SEG_RECIPE_DIRS
+)
 
 
 @pytest.mark.parametrize("name", RECIPES)

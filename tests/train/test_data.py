@@ -1,4 +1,5 @@
 """Data: IDX / Fashion-MNIST reader, ImageNet-layout folders, device transforms, mixup/cutmix."""
+
 import logging
 
 import numpy as np
@@ -6,8 +7,16 @@ import pytest
 import torch
 
 from inline_attn.data import (
-    RRC, EvalTransform, ImageFolder, Mixup, RandAugmentSpec, TrainAugment, load_fashion_mnist, parse_rand_augment,
-    read_idx, smooth_one_hot,
+    RRC,
+    EvalTransform,
+    ImageFolder,
+    Mixup,
+    RandAugmentSpec,
+    TrainAugment,
+    load_fashion_mnist,
+    parse_rand_augment,
+    read_idx,
+    smooth_one_hot,
 )
 from inline_attn.data.transforms import random_hflip, random_pad_crop
 
@@ -28,6 +37,7 @@ def test_idx_rejects_truncated_file(tmp_path):
     arr = np.zeros((4, 28, 28), dtype=np.uint8)
     write_idx(tmp_path / "b.gz", arr)
     import gzip
+
     raw = gzip.open(tmp_path / "b.gz").read()
     (tmp_path / "c").write_bytes(raw[:-10])
     with pytest.raises(ValueError, match="header says"):
@@ -77,8 +87,12 @@ def test_mixup_cutmix_soft_targets_match_pixels(mode):
     K, B = 10, 16
     y = torch.randperm(K)[:8].repeat(2)
     x = y.float().view(B, 1, 1, 1).expand(B, 3, 12, 12).contiguous()
-    mix = Mixup(K, mixup_alpha=0.8 if mode == "mixup" else 0.0, cutmix_alpha=1.0 if mode == "cutmix" else 0.0,
-                label_smoothing=0.0)
+    mix = Mixup(
+        K,
+        mixup_alpha=0.8 if mode == "mixup" else 0.0,
+        cutmix_alpha=1.0 if mode == "cutmix" else 0.0,
+        label_smoothing=0.0,
+    )
     for _ in range(5):
         xm, t = mix(x, y)
         assert torch.allclose(t.sum(1), torch.ones(B))
@@ -92,8 +106,12 @@ def test_label_smoothing_and_rand_augment_spec():
     assert parse_rand_augment("rand-m9-mstd0.5-inc1") == RandAugmentSpec(2, 9.0, 0.5, True, None)
     assert parse_rand_augment("rand-m7-n3") == RandAugmentSpec(3, 7.0, 0.0, False, None)
     assert parse_rand_augment("rand") == RandAugmentSpec(2, 10.0, 0.0, False, None)  # timm's defaults
-    for bad, msg in (("autoaug-v0", "RandAugment"), ("rand-m9-x3", "unknown field 'x3'"),
-                     ("rand-m9-mstd", "cannot parse field 'mstd'"), ("rand-w1", "only weight set w0")):
+    for bad, msg in (
+        ("autoaug-v0", "RandAugment"),
+        ("rand-m9-x3", "unknown field 'x3'"),
+        ("rand-m9-mstd", "cannot parse field 'mstd'"),
+        ("rand-w1", "only weight set w0"),
+    ):
         with pytest.raises(ValueError, match=msg):
             parse_rand_augment(bad)
 
@@ -105,7 +123,7 @@ def test_pad_crop_flip_and_eval_transform():
     # every output is a shifted window of the zero-padded image
     xp = torch.nn.functional.pad(x, (2, 2, 2, 2))
     for b in range(2):
-        assert any(torch.equal(y[b, 0], xp[b, 0, i:i + 6, j:j + 6]) for i in range(5) for j in range(5))
+        assert any(torch.equal(y[b, 0], xp[b, 0, i : i + 6, j : j + 6]) for i in range(5) for j in range(5))
     assert torch.equal(random_hflip(x, 1.0), x.flip(-1)) and torch.equal(random_hflip(x, 0.0), x)
     ev = EvalTransform(8, (0.5,), (0.25,), crop_pct=0.8)  # shorter side -> floor(8 / 0.8) = 10, centre 8
     out = ev(torch.full((2, 1, 20, 30), 255, dtype=torch.uint8))
@@ -163,19 +181,23 @@ def test_loader_crop_depends_only_on_seed_epoch_and_sample(tmp_path):
     again.set_epoch(3)
     assert torch.equal(a, again[4][0])
     with Image.open(ds.samples[4][0]) as img:
-        ref = random_resized_crop_pil(img.convert("RGB"), 24, np.random.default_rng((5, 3, 4)), (0.08, 1.0),
-                                      (3 / 4, 4 / 3))
+        ref = random_resized_crop_pil(
+            img.convert("RGB"), 24, np.random.default_rng((5, 3, 4)), (0.08, 1.0), (3 / 4, 4 / 3)
+        )
     assert torch.equal(a, torch.from_numpy(np.array(ref)).permute(2, 0, 1))
     ds.set_epoch(4)
     assert not torch.equal(a, ds[4][0])
 
 
-@pytest.mark.parametrize("mode, size, crop_pct, resized", [
-    ("shorter", 224, 0.875, (256, 384)),  # 200 x 300: shorter side 256, longer int(256 * 300 / 200)
-    ("squash", 224, 0.875, (256, 256)),  # the authors': int(256 / 224 * 224) square
-    ("squash", 384, 1.0, (384, 384)),  # Swin-B-384: squashed to 384, nothing cropped
-    ("squash", 384, 0.875, (438, 438)),  # CSwin-B-384: int(256 / 224 * 384)
-])
+@pytest.mark.parametrize(
+    "mode, size, crop_pct, resized",
+    [
+        ("shorter", 224, 0.875, (256, 384)),  # 200 x 300: shorter side 256, longer int(256 * 300 / 200)
+        ("squash", 224, 0.875, (256, 256)),  # the authors': int(256 / 224 * 224) square
+        ("squash", 384, 1.0, (384, 384)),  # Swin-B-384: squashed to 384, nothing cropped
+        ("squash", 384, 0.875, (438, 438)),  # CSwin-B-384: int(256 / 224 * 384)
+    ],
+)
 def test_eval_resize_size_and_crop_on_a_non_square_image(mode, size, crop_pct, resized):
     from PIL import Image
 
@@ -188,14 +210,14 @@ def test_eval_resize_size_and_crop_on_a_non_square_image(mode, size, crop_pct, r
     assert out.size == (size, size)
     full = img.resize(resized[::-1], Image.BICUBIC)
     top, left = int(round((resized[0] - size) / 2)), int(round((resized[1] - size) / 2))
-    assert np.array_equal(np.asarray(out), np.asarray(full)[top:top + size, left:left + size])
+    assert np.array_equal(np.asarray(out), np.asarray(full)[top : top + size, left : left + size])
     # the device transform: the same resize (torch's antialiased bicubic) and the same crop
     ev = EvalTransform(size, (0.0,) * 3, (1.0,) * 3, crop_pct=crop_pct, resize=mode)
     x = torch.from_numpy(arr).permute(2, 0, 1)[None]
     y = ev(x)
     assert y.shape == (1, 3, size, size)
     want = torch.nn.functional.interpolate(x.float() / 255, size=resized, mode="bicubic", antialias=True).clamp(0, 1)
-    torch.testing.assert_close(y, want[..., top:top + size, left:left + size])
+    torch.testing.assert_close(y, want[..., top : top + size, left : left + size])
 
 
 def test_folder_eval_layout_squashes(tmp_path):

@@ -1,4 +1,5 @@
 """Two gloo processes give the same training as one process with the same global batch."""
+
 import socket
 
 import pytest

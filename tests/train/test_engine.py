@@ -1,4 +1,5 @@
 """The engine: short runs on generated data, exact resume, interruption, gradient accumulation."""
+
 import json
 import os
 import signal
@@ -14,8 +15,16 @@ from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model
 
 from train_helpers import base_overrides, make_fmnist, make_folder
 
-AUG_ON = {"aug.crop": "rrc", "aug.hflip": 0.5, "aug.auto_augment": "rand-m9-mstd0.5-inc1", "aug.re_prob": 0.25,
-          "aug.mixup": 0.8, "aug.cutmix": 1.0, "aug.smoothing": 0.1, "model.drop_path": 0.1}
+AUG_ON = {
+    "aug.crop": "rrc",
+    "aug.hflip": 0.5,
+    "aug.auto_augment": "rand-m9-mstd0.5-inc1",
+    "aug.re_prob": 0.25,
+    "aug.mixup": 0.8,
+    "aug.cutmix": 1.0,
+    "aug.smoothing": 0.1,
+    "model.drop_path": 0.1,
+}
 
 
 def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
@@ -47,8 +56,19 @@ def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
 def test_two_steps_on_fmnist_format_files(tmp_path):
     root = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
     out = tmp_path / "run"
-    cfg = load_config(None, base_overrides(out, **{"data.dataset": "fmnist", "data.path": str(root),
-                                                   "aug.crop": "pad", "aug.hflip": 0.5, "aug.re_prob": 0.25}))
+    cfg = load_config(
+        None,
+        base_overrides(
+            out,
+            **{
+                "data.dataset": "fmnist",
+                "data.path": str(root),
+                "aug.crop": "pad",
+                "aug.hflip": 0.5,
+                "aug.re_prob": 0.25,
+            },
+        ),
+    )
     s = train(cfg)
     assert s["steps"] == 2 and s["final"]["val_top5"] >= s["final"]["val_top1"]
     model, ck = load_trained_model(out / "last.pth")
@@ -67,8 +87,16 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
     """Stop mid-epoch (step 3 of 2 epochs x 2 steps), resume with --resume auto: the final
     weights, optimizer state and every metric equal the uninterrupted run's, bit for bit."""
     root = make_folder(tmp_path / "imgs", per_class=3)
-    common = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2, "sched.warmup_epochs": 1,
-              "train.ema": True, "train.ema_decay": 0.9, "optim.accum_steps": 1, **AUG_ON}
+    common = {
+        "data.path": str(root),
+        "data.img_size": 16,
+        "sched.epochs": 2,
+        "sched.warmup_epochs": 1,
+        "train.ema": True,
+        "train.ema_decay": 0.9,
+        "optim.accum_steps": 1,
+        **AUG_ON,
+    }
     full = train(load_config(None, base_overrides(tmp_path / "full", **common)))
     part = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.max_steps": 3})))
     assert part["interrupted"] == "max_steps" and part["steps"] == 3
@@ -78,6 +106,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
     a, b = ckpt_io.load(tmp_path / "full" / "last.pth"), ckpt_io.load(tmp_path / "cut" / "last.pth")
     _states_equal(a["model"], b["model"])
     _states_equal(a["model_ema"], b["model_ema"])
+
     def strip(history):
         return [{k: v for k, v in r.items() if k not in ("epoch_time_s", "train_img_s")} for r in history]
 
@@ -89,11 +118,13 @@ def test_gradient_accumulation_matches_big_batch(tmp_path):
     root = make_folder(tmp_path / "imgs", per_class=3)
     common = {"data.path": str(root), "data.img_size": 16}
     big = train(load_config(None, base_overrides(tmp_path / "big", **common, **{"data.batch_size": 8})))
-    acc = train(load_config(None, base_overrides(tmp_path / "acc", **common, **{"data.batch_size": 4,
-                                                                               "optim.accum_steps": 2})))
+    acc = train(
+        load_config(None, base_overrides(tmp_path / "acc", **common, **{"data.batch_size": 4, "optim.accum_steps": 2}))
+    )
     # a pinned total batch: the accumulation follows from it
-    pinned = train(load_config(None, base_overrides(tmp_path / "pin", **common, **{"data.batch_size": 4,
-                                                                                  "optim.total_batch": 8})))
+    pinned = train(
+        load_config(None, base_overrides(tmp_path / "pin", **common, **{"data.batch_size": 4, "optim.total_batch": 8}))
+    )
     assert big["steps"] == acc["steps"] == pinned["steps"] == 1 and pinned["recipe"]["accum_steps"] == 2
     a = ckpt_io.load(tmp_path / "big" / "last.pth")
     for other in ("acc", "pin"):
@@ -163,8 +194,9 @@ def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
     assert s["steps"] == 2 and s["final"]["train_loss"] == s["final"]["train_loss"]  # finite, not NaN
     assert precisions == ["none", "none"]  # the model and its EMA are evaluated in fp32
     with pytest.raises(ValueError, match="fp16 needs CUDA"):
-        train(load_config(None, base_overrides(tmp_path / "fp16", **ov, **{"train.amp": "fp16",
-                                                                             "train.device": "cpu"})))
+        train(
+            load_config(None, base_overrides(tmp_path / "fp16", **ov, **{"train.amp": "fp16", "train.device": "cpu"}))
+        )
 
 
 def test_best_checkpoints_follow_the_best_top1_of_model_and_ema(tmp_path):

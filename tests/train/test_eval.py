@@ -1,4 +1,5 @@
 """Evaluation: unreadable images skipped and counted, eval's own flags in its errors, split folders."""
+
 import json
 
 import pytest
@@ -29,8 +30,24 @@ def test_unreadable_images_are_skipped_and_counted(trained, tmp_path, capsys):
         (data / "val" / bad).write_bytes(b"not an image")
     res = evaluate_checkpoint(ckpt, str(data), batch_size=5, workers=0)
     assert res["n"] == 10 and res["n_unreadable"] == 2  # no substitute is scored twice
-    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(data), "--batch-size", "5", "--workers", "0",
-                 "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--checkpoint",
+                str(ckpt),
+                "--data",
+                str(data),
+                "--batch-size",
+                "5",
+                "--workers",
+                "0",
+                "--json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     assert "10 images scored, 2 unreadable skipped" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())["n_unreadable"] == 2
 
@@ -45,12 +62,15 @@ def test_all_images_unreadable_is_an_error(trained, tmp_path, capsys):
     assert "no readable image to evaluate (2 unreadable)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--img-size", "0"], "argument --img-size: --img-size '0': must be > 0"),
-    (["--batch-size", "-1"], "argument --batch-size: --batch-size '-1': must be > 0"),
-    (["--crop-pct", "2"], "argument --crop-pct: --crop-pct '2': must be in (0, 1]"),
-    (["--workers", "x"], "argument --workers: --workers 'x': expected an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--img-size", "0"], "argument --img-size: --img-size '0': must be > 0"),
+        (["--batch-size", "-1"], "argument --batch-size: --batch-size '-1': must be > 0"),
+        (["--crop-pct", "2"], "argument --crop-pct: --crop-pct '2': must be in (0, 1]"),
+        (["--workers", "x"], "argument --workers: --workers 'x': expected an integer >= 0"),
+    ],
+)
 def test_eval_flag_errors_name_the_flag(trained, args, message, capsys):
     root, ckpt = trained
     with pytest.raises(SystemExit) as e:
@@ -71,7 +91,21 @@ def test_missing_val_split_is_said_clearly(tmp_path, capsys):
     import shutil
 
     shutil.rmtree(root / "val")
-    assert main(["train", "--output", str(tmp_path / "run"), "--data.path", str(root), "--data.img_size", "16",
-                 "--model.kwargs", "{patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--output",
+                str(tmp_path / "run"),
+                "--data.path",
+                str(root),
+                "--data.img_size",
+                "16",
+                "--model.kwargs",
+                "{patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"data folder {root} has no val/ split (it has train/)" in err

@@ -1,5 +1,6 @@
 """Fine-tuning at a new size as the authors' load_pretrained: tables and position embeddings resized
 bicubically, CSwin from the EMA weights, a new head at zero, nothing left at its random init."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,14 +18,16 @@ SMALL_CSWIN = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))
 def _perturbed_state(model: torch.nn.Module) -> dict:
     """The model's weights plus noise, so that no value equals any fresh initialisation (ones, zeros)."""
     g = torch.Generator().manual_seed(123)
-    return {k: (v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v)
-            for k, v in model.state_dict().items()}
+    return {
+        k: (v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v)
+        for k, v in model.state_dict().items()
+    }
 
 
 def _authors_table(table: torch.Tensor, rows: int) -> torch.Tensor:
     """utils.py:75-80, transcribed: [L1, nH] -> [L2, nH]."""
     L1, nH = table.shape
-    S1, S2 = int(L1 ** 0.5), int(rows ** 0.5)
+    S1, S2 = int(L1**0.5), int(rows**0.5)
     out = F.interpolate(table.permute(1, 0).view(1, nH, S1, S1), size=(S2, S2), mode="bicubic")
     return out.view(nH, rows).permute(1, 0)
 
@@ -50,7 +53,7 @@ def test_swin_224_to_384_resizes_every_relative_position_table(tmp_path):
     for k, v in init.items():
         expected[k] = _authors_table(state[k], v.shape[0]) if k in tables else state[k]
         if k in tables:
-            assert state[k].shape[0] == 13 ** 2 and v.shape[0] == 23 ** 2  # softmax windows 7 -> 12
+            assert state[k].shape[0] == 13**2 and v.shape[0] == 23**2  # softmax windows 7 -> 12
     _assert_nothing_left_at_init(dst, init, expected)
 
 
@@ -60,9 +63,16 @@ def test_cswin_384_fine_tune_starts_from_the_ema_weights(tmp_path):
     ema = {k: v + 1.0 if v.is_floating_point() else v for k, v in ema.items()}
     path = tmp_path / "last.pth"
     torch.save({"model": weights, "model_ema": ema}, path)  # our training checkpoint's keys
-    cfg = load_config(None, [("model.name", "inline_cswin_base_384"), ("model.kwargs", SMALL_CSWIN),
-                             ("model.checkpoint", str(path)), ("model.checkpoint_ema", True),
-                             ("model.drop_path", 0.7)])
+    cfg = load_config(
+        None,
+        [
+            ("model.name", "inline_cswin_base_384"),
+            ("model.kwargs", SMALL_CSWIN),
+            ("model.checkpoint", str(path)),
+            ("model.checkpoint_ema", True),
+            ("model.drop_path", 0.7),
+        ],
+    )
     torch.manual_seed(1)
     init = {k: v.detach().clone() for k, v in create_model("inline_cswin_base_384", **SMALL_CSWIN).named_parameters()}
     torch.manual_seed(1)

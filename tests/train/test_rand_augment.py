@@ -1,5 +1,6 @@
 """RandAugment as timm 0.4.12's: the magnitude -> argument mapping, every operation against Pillow
 (the library timm's operations call), the per-image draws, and timm itself where it imports."""
+
 import math
 import random
 
@@ -9,7 +10,14 @@ import torch
 from PIL import Image, ImageEnhance, ImageOps
 
 from inline_attn.data.rand_augment import (
-    CHOICE_WEIGHTS_0, LEVEL_TO_ARG, RAND_INCREASING_OPS, RAND_OPS, Draws, RandAugment, apply_op, op_argument,
+    CHOICE_WEIGHTS_0,
+    LEVEL_TO_ARG,
+    RAND_INCREASING_OPS,
+    RAND_OPS,
+    Draws,
+    RandAugment,
+    apply_op,
+    op_argument,
 )
 
 FILL = (124, 116, 104)  # timm's img_mean for the ImageNet mean
@@ -34,8 +42,17 @@ for _base in ("Contrast", "Brightness", "Sharpness"):
     DOCUMENTED[_base + "Increasing"] = DOCUMENTED["ColorIncreasing"]
 DOCUMENTED["ShearY"] = DOCUMENTED["ShearX"]
 DOCUMENTED["TranslateYRel"] = DOCUMENTED["TranslateXRel"]
-SIGNED = {"Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "ColorIncreasing", "ContrastIncreasing",
-          "BrightnessIncreasing", "SharpnessIncreasing"}
+SIGNED = {
+    "Rotate",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+    "ColorIncreasing",
+    "ContrastIncreasing",
+    "BrightnessIncreasing",
+    "SharpnessIncreasing",
+}
 ALL_OPS = sorted(set(RAND_OPS) | set(RAND_INCREASING_OPS))
 
 
@@ -133,8 +150,9 @@ def test_every_operation_equals_pillow_at_magnitudes_0_5_9_10(name):
             arg = signed_arg(name, i, negate) if name in DOCUMENTED else None
             ref = as_levels(np.asarray(pillow_op(name, pil, arg)))
             diff = (ours - ref).abs()
-            print(f"{name} m={m} negate={negate}: max diff {diff.max().item():.0f}, "
-                  f"{int((diff > 0).sum())} levels differ")
+            print(
+                f"{name} m={m} negate={negate}: max diff {diff.max().item():.0f}, {int((diff > 0).sum())} levels differ"
+            )
             assert torch.equal(ours, ref)
 
 
@@ -146,7 +164,9 @@ def test_operations_take_one_argument_per_image():
     for name in ("Rotate", "SolarizeIncreasing", "ContrastIncreasing", "TranslateYRel", "Equalize"):
         batch = apply_op(name, x, m, neg, fill=FILL)
         for b in range(4):
-            assert torch.equal(batch[b:b + 1], apply_op(name, x[b:b + 1], m[b:b + 1], neg[b:b + 1], fill=FILL)), name
+            assert torch.equal(
+                batch[b : b + 1], apply_op(name, x[b : b + 1], m[b : b + 1], neg[b : b + 1], fill=FILL)
+            ), name
 
 
 def test_draws_are_per_image_with_timms_probabilities_and_noise():
@@ -186,14 +206,23 @@ def test_forward_applies_each_images_own_draws_in_order():
     ra = RandAugment("rand-m9-mstd0.5-inc1", (0.485, 0.456, 0.406))
     x = as_levels(fixed_image()).expand(3, -1, -1, -1).contiguous()
     idx = {n: i for i, n in enumerate(ra.names)}
-    draws = Draws(op=torch.tensor([[idx["Rotate"], idx["SolarizeIncreasing"]], [idx["Invert"], idx["Equalize"]],
-                                   [idx["ShearX"], idx["ShearX"]]]),
-                  applied=torch.tensor([[True, True], [False, False], [True, False]]),
-                  magnitude=torch.tensor([[9.3, 8.1], [9.0, 9.0], [10.0, 2.0]], dtype=torch.float64),
-                  negate=torch.tensor([[True, False], [False, False], [False, True]]))
+    draws = Draws(
+        op=torch.tensor(
+            [
+                [idx["Rotate"], idx["SolarizeIncreasing"]],
+                [idx["Invert"], idx["Equalize"]],
+                [idx["ShearX"], idx["ShearX"]],
+            ]
+        ),
+        applied=torch.tensor([[True, True], [False, False], [True, False]]),
+        magnitude=torch.tensor([[9.3, 8.1], [9.0, 9.0], [10.0, 2.0]], dtype=torch.float64),
+        negate=torch.tensor([[True, False], [False, False], [False, True]]),
+    )
     out = ra(x, draws)
-    one = lambda name, img, m, neg: apply_op(name, img, torch.tensor([m], dtype=torch.float64),  # noqa: E731
-                                             torch.tensor([neg]), fill=ra.fill)
+
+    def one(name, img, m, neg):
+        return apply_op(name, img, torch.tensor([m], dtype=torch.float64), torch.tensor([neg]), fill=ra.fill)
+
     assert torch.equal(out[0:1], one("SolarizeIncreasing", one("Rotate", x[0:1], 9.3, True), 8.1, False))
     assert torch.equal(out[1:2], x[1:2])  # neither op applied
     assert torch.equal(out[2:3], one("ShearX", x[2:3], 10.0, False))
@@ -203,8 +232,10 @@ def _import_timm():
     try:
         import timm.data.auto_augment as aa
     except Exception as e:  # not installed, or (beside a CPU torch) its torchvision fails to load
-        pytest.skip(f"timm does not import here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                    "this comparison runs where it does (e.g. the GPU machine's python)")
+        pytest.skip(
+            f"timm does not import here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "this comparison runs where it does (e.g. the GPU machine's python)"
+        )
     return aa
 
 

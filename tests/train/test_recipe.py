@@ -1,6 +1,7 @@
 """The recipe's arithmetic as the authors' code does it: lr / warmup_lr / min_lr scaling with the total
 batch (accumulation included), the pinned total batch, timm 0.4.12's schedule, EMA decay per total
 batch, the no-decay parameter sets per family."""
+
 import math
 import pathlib
 
@@ -37,9 +38,12 @@ def test_warmup_and_min_lr_scale_with_the_total_batch_and_accumulation():
 
 def test_a_total_batch_that_cannot_be_reached_is_refused_with_the_numbers(tmp_path, capsys):
     cfg = load_config(CONFIGS / "inline_swin_tiny.yaml", [("data.batch_size", 96)])
-    with pytest.raises(ValueError, match=r"optim.total_batch=1024 with data.batch_size=96 x 8 processes "
-                                         r"\(768 images per micro-step\): 1024 / 768 = 1.333 is not a whole "
-                                         r"number .* divides 128 reaches it, e.g. \[32, 64, 128\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"optim.total_batch=1024 with data.batch_size=96 x 8 processes "
+        r"\(768 images per micro-step\): 1024 / 768 = 1.333 is not a whole "
+        r"number .* divides 128 reaches it, e.g. \[32, 64, 128\]",
+    ):
         resolve(cfg, 8)
     with pytest.raises(ValueError, match=r"1000 images cannot be split evenly over 3 processes"):
         accumulation(1000, 10, 3)
@@ -47,8 +51,10 @@ def test_a_total_batch_that_cannot_be_reached_is_refused_with_the_numbers(tmp_pa
         accumulation(1024, 128, 1, accum_steps=3)
     # from the command line: refused before any data is read (no data.path given) or output written
     out = tmp_path / "run"
-    assert main(["train", "-c", str(CONFIGS / "inline_swin_tiny.yaml"), "--data.batch_size", "96",
-                 "--output", str(out)]) == 2
+    assert (
+        main(["train", "-c", str(CONFIGS / "inline_swin_tiny.yaml"), "--data.batch_size", "96", "--output", str(out)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "1024 / 96 = 10.67 is not a whole number" in err and not out.exists()
 
@@ -90,18 +96,21 @@ def test_cswin_base_384_schedule_has_no_warmup_and_ten_epochs_at_min_lr():
     assert s.lr_at(100081) == s.lr_at(150119) == pytest.approx(2.5e-7, rel=1e-12)
 
 
-@pytest.mark.parametrize("config, decay", [
-    ("inline_cswin_tiny.yaml", 0.9996 ** (1024 / 4096)),  # 0.99990
-    ("inline_cswin_small.yaml", 0.9996 ** (1024 / 4096)),
-    ("inline_cswin_base.yaml", 0.9996 ** (512 / 4096)),  # 0.99995
-    ("inline_cswin_base_384.yaml", 0.9996 ** (256 / 4096)),  # 0.999975
-])
+@pytest.mark.parametrize(
+    "config, decay",
+    [
+        ("inline_cswin_tiny.yaml", 0.9996 ** (1024 / 4096)),  # 0.99990
+        ("inline_cswin_small.yaml", 0.9996 ** (1024 / 4096)),
+        ("inline_cswin_base.yaml", 0.9996 ** (512 / 4096)),  # 0.99995
+        ("inline_cswin_base_384.yaml", 0.9996 ** (256 / 4096)),  # 0.999975
+    ],
+)
 def test_ema_decay_follows_the_total_batch(config, decay):
     cfg = load_config(CONFIGS / config)
     for world in (8, 2, 1):  # the pinned total batch: the same decay on any number of processes
         assert resolve(cfg, world).ema_decay == pytest.approx(decay, rel=1e-15)
     doubled = load_config(CONFIGS / config, [("optim.total_batch", 2 * cfg.optim.total_batch)])
-    assert resolve(doubled, 8).ema_decay == pytest.approx(decay ** 2, rel=1e-15)  # half the steps, same horizon
+    assert resolve(doubled, 8).ema_decay == pytest.approx(decay**2, rel=1e-15)  # half the steps, same horizon
     raw = load_config(CONFIGS / config, [("train.ema_batch", None)])
     assert resolve(raw, 8).ema_decay == 0.9996
     assert resolve(load_config(CONFIGS / "inline_swin_tiny.yaml"), 8).ema_decay is None  # no EMA
@@ -123,8 +132,11 @@ def test_no_decay_parameters_are_the_authors_per_family(family, count):
     with torch.device("meta"):
         model = create_model(cfg.model.name)
     skip, keywords = AUTHORS_SKIP[family]
-    authors = {n for n, p in model.named_parameters()
-               if len(p.shape) == 1 or n.endswith(".bias") or n in skip or any(k in n for k in keywords)}
+    authors = {
+        n
+        for n, p in model.named_parameters()
+        if len(p.shape) == 1 or n.endswith(".bias") or n in skip or any(k in n for k in keywords)
+    }
     ours = set(no_decay_names(model, cfg.optim.no_weight_decay))
     assert ours == authors, (sorted(ours - authors), sorted(authors - ours))
     if count is not None:

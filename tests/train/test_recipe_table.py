@@ -1,6 +1,7 @@
 """docs/training.md's recipe tables pin every shipped ImageNet config: each value there must be the
 value the config resolves to at 8 processes, and a value marked * (the authors' config.py default)
 must come from _base.yaml, an unmarked one from the model's own file."""
+
 import pathlib
 import re
 
@@ -68,14 +69,23 @@ def test_schedule_table_matches_the_resolved_config(name):
     r = resolve(cfg, AUTHORS_GPUS)
     short = re.fullmatch(r"cfgs/(inline_\w+)\.yaml", row["authors' file"]).group(1)
     assert (CONFIGS / f"{name}.yaml").read_text().count(f"cfgs/{short}.yaml") == 1  # the file names its source
-    for col, key in (("per-GPU batch", "data.batch_size"), ("epochs", "sched.epochs"),
-                     ("warm-up", "sched.warmup_epochs"), ("cool-down", "sched.cooldown_epochs"),
-                     ("base_lr", "optim.base_lr"), ("warmup_lr", "sched.warmup_lr"), ("min_lr", "sched.min_lr")):
+    for col, key in (
+        ("per-GPU batch", "data.batch_size"),
+        ("epochs", "sched.epochs"),
+        ("warm-up", "sched.warmup_epochs"),
+        ("cool-down", "sched.cooldown_epochs"),
+        ("base_lr", "optim.base_lr"),
+        ("warmup_lr", "sched.warmup_lr"),
+        ("min_lr", "sched.min_lr"),
+    ):
         assert _value(row[col]) == cfg.get(key), (name, col)
         _check_source(name, key, row[col])
     assert r.accum_steps == 1 and r.total_batch == int(row["total batch"]) == AUTHORS_GPUS * cfg.data.batch_size
-    for col, got, base in (("lr", r.lr, cfg.optim.base_lr), ("warmup_lr (eff.)", r.warmup_lr, cfg.sched.warmup_lr),
-                           ("min_lr (eff.)", r.min_lr, cfg.sched.min_lr)):
+    for col, got, base in (
+        ("lr", r.lr, cfg.optim.base_lr),
+        ("warmup_lr (eff.)", r.warmup_lr, cfg.sched.warmup_lr),
+        ("min_lr (eff.)", r.min_lr, cfg.sched.min_lr),
+    ):
         assert _value(row[col]) == pytest.approx(got, rel=1e-12), (name, col)
         # the authors' scaling (main.py:81-83), computed here from the table's own columns
         assert _value(row[col]) == pytest.approx(base * r.total_batch / LR_REFERENCE_BATCH, rel=1e-12)
@@ -87,8 +97,11 @@ def test_regularisation_table_matches_the_resolved_config(name):
     r = resolve(cfg, AUTHORS_GPUS)
     info = data_info(cfg.data, get_model_config(cfg.model.name))
     assert int(row["img"]) == info.img_size
-    for col, key in (("weight decay", "optim.weight_decay"), ("clip", "optim.clip_grad"),
-                     ("drop path", "model.drop_path")):
+    for col, key in (
+        ("weight decay", "optim.weight_decay"),
+        ("clip", "optim.clip_grad"),
+        ("drop path", "model.drop_path"),
+    ):
         assert _value(row[col]) == cfg.get(key), (name, col)
         _check_source(name, key, row[col])
     no_decay = row["no weight decay"]

@@ -1,5 +1,6 @@
 """Resuming: the previous checkpoint as fallback, clear errors for unreadable or mismatched
 checkpoints, and a defined list of settings that may change."""
+
 import logging
 
 import pytest
@@ -64,11 +65,14 @@ def test_no_readable_checkpoint_is_an_error_naming_both(interrupted, tmp_path):
         _resume(out, common)
 
 
-@pytest.mark.parametrize("content, reason", [
-    (b"", "the file is empty"),
-    (b"\x00\x01random bytes, not a checkpoint" * 20, "not a PyTorch or safetensors checkpoint"),
-    ("half", "truncated or corrupted"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "the file is empty"),
+        (b"\x00\x01random bytes, not a checkpoint" * 20, "not a PyTorch or safetensors checkpoint"),
+        ("half", "truncated or corrupted"),
+    ],
+)
 def test_unreadable_checkpoint_in_eval_names_file_and_reason(interrupted, tmp_path, capsys, content, reason):
     _, src, common = interrupted
     bad = tmp_path / "bad.pth"
@@ -81,12 +85,15 @@ def test_unreadable_checkpoint_in_eval_names_file_and_reason(interrupted, tmp_pa
     assert str(bad) in err and reason in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("change, shown", [
-    ({"data.batch_size": 2}, "data.batch_size: 4 -> 2"),
-    ({"optim.opt": "sgd"}, "optim.opt: 'adamw' -> 'sgd'"),
-    ({"model.kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2}}, "model.kwargs: "),
-    ({"sched.epochs": 3}, "sched.epochs: 2 -> 3"),
-])
+@pytest.mark.parametrize(
+    "change, shown",
+    [
+        ({"data.batch_size": 2}, "data.batch_size: 4 -> 2"),
+        ({"optim.opt": "sgd"}, "optim.opt: 'adamw' -> 'sgd'"),
+        ({"model.kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2}}, "model.kwargs: "),
+        ({"sched.epochs": 3}, "sched.epochs: 2 -> 3"),
+    ],
+)
 def test_resume_refuses_a_changed_training_setting(interrupted, change, shown):
     _, out, common = interrupted
     with pytest.raises(ValueError, match="cannot resume from checkpoint .*last.pth") as e:
@@ -102,14 +109,19 @@ def _tampered(src, tmp_path, edit):
     return path
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c["model"].pop("head.weight"), r"model weights do not fit .*missing keys \(1\): head.weight"),
-    (lambda c: c["model"].__setitem__("head.bias", torch.zeros(7)),
-     r"wrongly-shaped keys \(file vs model\) \(1\): head.bias \[7\] vs \[3\]"),
-    (lambda c: [g.pop("betas") for g in c["optimizer"]["param_groups"]], "optimizer state .* does not fit AdamW"),
-    (lambda c: c.__setitem__("world_size", 2), "trained on 2 processes, this run has 1"),
-    (lambda c: c.__setitem__("steps_per_epoch", 5), "an epoch had 5 steps, now 2"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["model"].pop("head.weight"), r"model weights do not fit .*missing keys \(1\): head.weight"),
+        (
+            lambda c: c["model"].__setitem__("head.bias", torch.zeros(7)),
+            r"wrongly-shaped keys \(file vs model\) \(1\): head.bias \[7\] vs \[3\]",
+        ),
+        (lambda c: [g.pop("betas") for g in c["optimizer"]["param_groups"]], "optimizer state .* does not fit AdamW"),
+        (lambda c: c.__setitem__("world_size", 2), "trained on 2 processes, this run has 1"),
+        (lambda c: c.__setitem__("steps_per_epoch", 5), "an epoch had 5 steps, now 2"),
+    ],
+)
 def test_resume_refuses_a_checkpoint_that_does_not_fit(interrupted, tmp_path, edit, message):
     _, src, common = interrupted
     path = _tampered(src, tmp_path, edit)

@@ -1,5 +1,6 @@
 """A run stopped by SIGTERM saves, says how to continue and exits 128 + 15, without a traceback,
 on one process and under the torchrun launcher."""
+
 import os
 import signal
 import subprocess
@@ -16,11 +17,14 @@ from train_helpers import TINY_DEIT, make_folder
 def long_run(tmp_path):
     """A config whose run lasts minutes (so the signal lands mid-run) and its output folder."""
     root = make_folder(tmp_path / "imgs", per_class=20)
-    cfg = {"model": {"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT), "drop_path": 0.0},
-           "data": {"path": str(root), "img_size": 16, "batch_size": 2, "workers": 0},
-           "aug": {"crop": "none", "auto_augment": None, "re_prob": 0.0, "mixup": 0.0, "cutmix": 0.0},
-           "optim": {"lr": 1.0e-3}, "sched": {"epochs": 100, "warmup_epochs": 0, "cooldown_epochs": 0},
-           "train": {"progress": False, "tensorboard": False, "device": "cpu", "threads": 1}}
+    cfg = {
+        "model": {"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT), "drop_path": 0.0},
+        "data": {"path": str(root), "img_size": 16, "batch_size": 2, "workers": 0},
+        "aug": {"crop": "none", "auto_augment": None, "re_prob": 0.0, "mixup": 0.0, "cutmix": 0.0},
+        "optim": {"lr": 1.0e-3},
+        "sched": {"epochs": 100, "warmup_epochs": 0, "cooldown_epochs": 0},
+        "train": {"progress": False, "tensorboard": False, "device": "cpu", "threads": 1},
+    }
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, tmp_path / "run"
@@ -47,8 +51,9 @@ def _stop_when_training(cmd, out, timeout=120):
 
 def test_sigterm_exits_143_with_a_checkpoint_and_the_resume_hint(long_run):
     cfg, out = long_run
-    rc, _, err = _stop_when_training([sys.executable, "-m", "inline_attn.cli", "train", "-c", str(cfg),
-                                      "--output", str(out)], out)
+    rc, _, err = _stop_when_training(
+        [sys.executable, "-m", "inline_attn.cli", "train", "-c", str(cfg), "--output", str(out)], out
+    )
     assert rc == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and "run the same command with --resume auto to continue" in err
     assert (out / "last.pth").is_file()
@@ -57,8 +62,22 @@ def test_sigterm_exits_143_with_a_checkpoint_and_the_resume_hint(long_run):
 def test_sigterm_under_the_torchrun_launcher_exits_143_quietly(long_run):
     cfg, out = long_run
     rc, _, err = _stop_when_training(
-        [sys.executable, "-m", "inline_attn.torchrun", "--standalone", "--nproc_per_node=2", "-m", "inline_attn.cli",
-         "train", "-c", str(cfg), "--output", str(out)], out)
+        [
+            sys.executable,
+            "-m",
+            "inline_attn.torchrun",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "inline_attn.cli",
+            "train",
+            "-c",
+            str(cfg),
+            "--output",
+            str(out),
+        ],
+        out,
+    )
     assert rc == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and "stopped by SIGTERM" in err and "--resume auto" in err
     assert (out / "last.pth").is_file()

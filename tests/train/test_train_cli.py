@@ -1,4 +1,5 @@
 """Config files and overrides, the train/eval/reproduce commands, and clear errors for bad input."""
+
 import json
 
 import pytest
@@ -14,10 +15,13 @@ from inline_attn.train.reproduce import BEGIN, END, render_table, write_section
 
 from train_helpers import TINY_DEIT, make_fmnist
 
-QUICK = {"data": {"batch_size": 4, "workers": 0},
-         "aug": {"crop": "pad", "auto_augment": None, "re_prob": 0.0, "mixup": 0.0, "cutmix": 0.0},
-         "optim": {"lr": 1.0e-3}, "sched": {"epochs": 1, "warmup_epochs": 0, "cooldown_epochs": 0},
-         "train": {"progress": False, "tensorboard": False}}
+QUICK = {
+    "data": {"batch_size": 4, "workers": 0},
+    "aug": {"crop": "pad", "auto_augment": None, "re_prob": 0.0, "mixup": 0.0, "cutmix": 0.0},
+    "optim": {"lr": 1.0e-3},
+    "sched": {"epochs": 1, "warmup_epochs": 0, "cooldown_epochs": 0},
+    "train": {"progress": False, "tensorboard": False},
+}
 
 
 def _write_cfg(path, **sections):
@@ -52,26 +56,47 @@ def test_unknown_keys_are_clear_errors(tmp_path):
 
 def test_cli_train_overrides_saved_config_then_eval(tmp_path, capsys):
     fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
-    cfg = _write_cfg(tmp_path / "c.yaml", model={"name": "inline_deit_tiny", "kwargs": {"depth": 3}},
-                     data={"dataset": "fmnist", "path": str(fm)})
+    cfg = _write_cfg(
+        tmp_path / "c.yaml",
+        model={"name": "inline_deit_tiny", "kwargs": {"depth": 3}},
+        data={"dataset": "fmnist", "path": str(fm)},
+    )
     out = tmp_path / "run"
-    rc = main(["train", "-c", str(cfg), "--output", str(out), "--optim.weight_decay", "1e-2",
-               "--model.kwargs", json.dumps({k: v for k, v in TINY_DEIT.items() if k != "depth"}),
-               "--set", "model.kwargs.depth=1", "--train.seed", "3"])
+    rc = main(
+        [
+            "train",
+            "-c",
+            str(cfg),
+            "--output",
+            str(out),
+            "--optim.weight_decay",
+            "1e-2",
+            "--model.kwargs",
+            json.dumps({k: v for k, v in TINY_DEIT.items() if k != "depth"}),
+            "--set",
+            "model.kwargs.depth=1",
+            "--train.seed",
+            "3",
+        ]
+    )
     assert rc == 0 and "top-1" in capsys.readouterr().out
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["optim"]["weight_decay"] == 0.01 and saved["train"]["seed"] == 3
     assert saved["model"]["kwargs"] == {**TINY_DEIT, "depth": 1} and saved["data"]["path"] == str(fm)
-    rc = main(["eval", "--checkpoint", str(out / "last.pth"), "--data", f"fmnist:{fm}",
-               "--json", str(tmp_path / "e.json")])
+    rc = main(
+        ["eval", "--checkpoint", str(out / "last.pth"), "--data", f"fmnist:{fm}", "--json", str(tmp_path / "e.json")]
+    )
     assert rc == 0 and "top-1" in capsys.readouterr().out
     res = json.loads((tmp_path / "e.json").read_text())
     assert res["n"] == 6 and res["model"] == "inline_deit_tiny"
 
 
 def test_cli_bad_inputs(tmp_path, capsys):
-    cfg = _write_cfg(tmp_path / "c.yaml", model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
-                     data={"path": str(tmp_path / "no_such_folder"), "img_size": 16})
+    cfg = _write_cfg(
+        tmp_path / "c.yaml",
+        model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
+        data={"path": str(tmp_path / "no_such_folder"), "img_size": 16},
+    )
     assert main(["train", "-c", str(cfg), "--output", str(tmp_path / "r")]) == 2
     assert "no_such_folder does not exist" in capsys.readouterr().err
     assert main(["train", "-c", str(cfg), "--model.name", "inline_deit_tiniest"]) == 2
@@ -101,13 +126,20 @@ class _Lookup(torch.nn.Module):
 
 
 def test_eval_top1_top5_known_case():
-    logits = torch.tensor([[9., 8, 7, 6, 5, 4], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [1, 2, 3, 4, 5, 9]])
+    logits = torch.tensor([[9.0, 8, 7, 6, 5, 4], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [1, 2, 3, 4, 5, 9]])
     labels = torch.tensor([0, 0, 4, 5])  # top-1: rows 0 and 3; top-5: row 2 too (rank 5), not row 1 (rank 6)
     assert accuracy_counts(logits, labels) == [2, 3]
     ds = TensorImageDataset(torch.arange(4, dtype=torch.uint8).view(4, 1, 1, 1).expand(4, 1, 2, 2).contiguous(), labels)
     res = evaluate(_Lookup(logits), Batches(ds, 3, train=False), lambda x: x.float(), torch.device("cpu"))
-    assert res == pytest.approx({"top1": 50.0, "top5": 75.0, "n": 4, "n_unreadable": 0,
-                                 "loss": torch.nn.functional.cross_entropy(logits, labels).item()})
+    assert res == pytest.approx(
+        {
+            "top1": 50.0,
+            "top5": 75.0,
+            "n": 4,
+            "n_unreadable": 0,
+            "loss": torch.nn.functional.cross_entropy(logits, labels).item(),
+        }
+    )
 
 
 def test_reproduce_command_writes_table(tmp_path, capsys):
@@ -115,12 +147,30 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
     cdir = tmp_path / "configs"
     (cdir / "fmnist").mkdir(parents=True)
     for v, pat in (("softmax", "S"), ("inline", "I")):
-        _write_cfg(cdir / "fmnist" / f"{v}.yaml", model={"name": "inline_deit_tiny",
-                   "kwargs": {**TINY_DEIT, "pattern": pat}}, data={"dataset": "fmnist", "path": str(fm)})
+        _write_cfg(
+            cdir / "fmnist" / f"{v}.yaml",
+            model={"name": "inline_deit_tiny", "kwargs": {**TINY_DEIT, "pattern": pat}},
+            data={"dataset": "fmnist", "path": str(fm)},
+        )
     doc = tmp_path / "repro.md"
     doc.write_text("# Reproduction\n\nImageNet notes stay.\n")
-    rc = main(["reproduce", "fmnist", "--configs", str(cdir), "--output", str(tmp_path / "runs"),
-               "--doc", str(doc), "--variants", "softmax", "inline", "--epochs", "1"])
+    rc = main(
+        [
+            "reproduce",
+            "fmnist",
+            "--configs",
+            str(cdir),
+            "--output",
+            str(tmp_path / "runs"),
+            "--doc",
+            str(doc),
+            "--variants",
+            "softmax",
+            "inline",
+            "--epochs",
+            "1",
+        ]
+    )
     assert rc == 0
     text = doc.read_text()
     assert "ImageNet notes stay." in text and text.count(BEGIN) == 1
@@ -132,8 +182,11 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
 
 def test_demo_command_trains_and_reports_paths(tmp_path, capsys):
     fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
-    cfg = _write_cfg(tmp_path / "demo.yaml", model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
-                     data={"dataset": "fmnist", "path": str(fm)})
+    cfg = _write_cfg(
+        tmp_path / "demo.yaml",
+        model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
+        data={"dataset": "fmnist", "path": str(fm)},
+    )
     out = tmp_path / "demo"
     assert main(["demo", "--config", str(cfg), "--output", str(out), "--epochs", "1"]) == 0
     text = capsys.readouterr().out
@@ -149,6 +202,8 @@ def test_eval_foreign_checkpoint_needs_model_and_must_fit(tmp_path, capsys):
     torch.save({"model": net.state_dict()}, tmp_path / "w.pth")
     assert main(["eval", "--checkpoint", str(tmp_path / "w.pth"), "--data", f"fmnist:{fm}"]) == 2
     assert "pass --model NAME" in capsys.readouterr().err
-    assert main(["eval", "--model", "inline_deit_tiny", "--checkpoint", str(tmp_path / "w.pth"),
-                 "--data", f"fmnist:{fm}"]) == 2  # the published model's shapes: a clear mismatch
+    assert (
+        main(["eval", "--model", "inline_deit_tiny", "--checkpoint", str(tmp_path / "w.pth"), "--data", f"fmnist:{fm}"])
+        == 2
+    )  # the published model's shapes: a clear mismatch
     assert "missing keys" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Small fixtures for the training tests: generated ImageNet-layout folders and IDX files."""
+
 from __future__ import annotations
 
 import gzip
@@ -30,8 +31,9 @@ def make_fmnist(root: pathlib.Path, n_train: int = 16, n_test: int = 8, seed: in
     return root
 
 
-def make_folder(root: pathlib.Path, classes=("cat", "dog", "fox"), per_class: int = 4, seed: int = 0,
-                size=(20, 24)) -> pathlib.Path:
+def make_folder(
+    root: pathlib.Path, classes=("cat", "dog", "fox"), per_class: int = 4, seed: int = 0, size=(20, 24)
+) -> pathlib.Path:
     """An ImageNet-layout folder (train/ and val/) of small RGB PNGs, colour-coded by class."""
     rng = np.random.default_rng(seed)
     for split in ("train", "val"):
@@ -48,12 +50,27 @@ def make_folder(root: pathlib.Path, classes=("cat", "dog", "fox"), per_class: in
 def base_overrides(out: pathlib.Path, **extra) -> list:
     """Overrides for a tiny, quick, deterministic CPU run (no augmentation unless asked)."""
     ov = {
-        "model.name": "inline_deit_tiny", "model.kwargs": dict(TINY_DEIT), "model.drop_path": 0.0,
-        "data.batch_size": 4, "data.workers": 0,
-        "aug.crop": "none", "aug.hflip": 0.0, "aug.auto_augment": None, "aug.color_jitter": None,
-        "aug.re_prob": 0.0, "aug.mixup": 0.0, "aug.cutmix": 0.0, "aug.smoothing": 0.0,
-        "optim.lr": 1.0e-3, "sched.epochs": 1, "sched.warmup_epochs": 0, "sched.cooldown_epochs": 0,
-        "train.output": str(out), "train.progress": False, "train.deterministic": True, "train.tensorboard": False,
+        "model.name": "inline_deit_tiny",
+        "model.kwargs": dict(TINY_DEIT),
+        "model.drop_path": 0.0,
+        "data.batch_size": 4,
+        "data.workers": 0,
+        "aug.crop": "none",
+        "aug.hflip": 0.0,
+        "aug.auto_augment": None,
+        "aug.color_jitter": None,
+        "aug.re_prob": 0.0,
+        "aug.mixup": 0.0,
+        "aug.cutmix": 0.0,
+        "aug.smoothing": 0.0,
+        "optim.lr": 1.0e-3,
+        "sched.epochs": 1,
+        "sched.warmup_epochs": 0,
+        "sched.cooldown_epochs": 0,
+        "train.output": str(out),
+        "train.progress": False,
+        "train.deterministic": True,
+        "train.tensorboard": False,
     }
     ov.update(extra)
     return list(ov.items())

@@ -23,21 +23,36 @@ test_pipeline = [
     dict(type="PackSegInputs"),
 ]
 train_dataloader = dict(
-    batch_size=2, num_workers=4, persistent_workers=True, sampler=dict(type="InfiniteSampler", shuffle=True),
-    dataset=dict(type=dataset_type, data_root=data_root,
-                 data_prefix=dict(img_path="images/training", seg_map_path="annotations/training"),
-                 pipeline=train_pipeline))
+    batch_size=2,
+    num_workers=4,
+    persistent_workers=True,
+    sampler=dict(type="InfiniteSampler", shuffle=True),
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        data_prefix=dict(img_path="images/training", seg_map_path="annotations/training"),
+        pipeline=train_pipeline,
+    ),
+)
 val_dataloader = dict(
-    batch_size=1, num_workers=4, persistent_workers=True, sampler=dict(type="DefaultSampler", shuffle=False),
-    dataset=dict(type=dataset_type, data_root=data_root,
-                 data_prefix=dict(img_path="images/validation", seg_map_path="annotations/validation"),
-                 pipeline=test_pipeline))
+    batch_size=1,
+    num_workers=4,
+    persistent_workers=True,
+    sampler=dict(type="DefaultSampler", shuffle=False),
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        data_prefix=dict(img_path="images/validation", seg_map_path="annotations/validation"),
+        pipeline=test_pipeline,
+    ),
+)
 test_dataloader = val_dataloader
 val_evaluator = dict(type="IoUMetric", iou_metrics=["mIoU"])
 test_evaluator = val_evaluator
 
-env_cfg = dict(cudnn_benchmark=True, mp_cfg=dict(mp_start_method="fork", opencv_num_threads=0),
-               dist_cfg=dict(backend="nccl"))
+env_cfg = dict(
+    cudnn_benchmark=True, mp_cfg=dict(mp_start_method="fork", opencv_num_threads=0), dist_cfg=dict(backend="nccl")
+)
 vis_backends = [dict(type="LocalVisBackend")]
 visualizer = dict(type="SegLocalVisualizer", vis_backends=vis_backends, name="visualizer")
 log_processor = dict(by_epoch=False)

@@ -6,6 +6,7 @@ Every analysis reads attention weights only through the layers' record/hook API
 measures neighbourhoods in image coordinates (:mod:`.tokens`), so it works for global, windowed
 and stripe attention alike. The ``inline-attn analyze`` command (:mod:`.cli`) calls these.
 """
+
 from .attention_maps import QueryMapHook, attention_maps, parse_query, plot_attention_maps
 from .common import Batches, ImageSet, LoadedModel, load_images, load_model
 from .confusion import (
@@ -23,11 +24,39 @@ from .masking import MaskingHook, masked_accuracy, plot_masking, random_like_win
 from .tokens import TokenLayout, expand_groups, token_layout, window_mask
 
 __all__ = [
-    "DEFAULT_RTOL", "Batches", "ConfusionCounter", "ImageSet", "LoadedModel", "LocalityMeter",
-    "MaskingHook", "QueryMapHook", "TokenLayout", "attention_maps", "confused_pairs", "confusion_counts",
-    "constructed_problem", "distinct_rows", "expand_groups", "injectivity", "load_images", "load_model",
-    "local_mass", "locality", "masked_accuracy", "parse_query", "plot_attention_maps",
-    "plot_confusion_histogram", "plot_injectivity", "plot_locality", "plot_masking", "random_like_window",
-    "record_locality", "renormalize_kept", "row_tolerance", "token_layout", "uniform_locality",
-    "weight_rows", "window_mask",
+    "DEFAULT_RTOL",
+    "Batches",
+    "ConfusionCounter",
+    "ImageSet",
+    "LoadedModel",
+    "LocalityMeter",
+    "MaskingHook",
+    "QueryMapHook",
+    "TokenLayout",
+    "attention_maps",
+    "confused_pairs",
+    "confusion_counts",
+    "constructed_problem",
+    "distinct_rows",
+    "expand_groups",
+    "injectivity",
+    "load_images",
+    "load_model",
+    "local_mass",
+    "locality",
+    "masked_accuracy",
+    "parse_query",
+    "plot_attention_maps",
+    "plot_confusion_histogram",
+    "plot_injectivity",
+    "plot_locality",
+    "plot_masking",
+    "random_like_window",
+    "record_locality",
+    "renormalize_kept",
+    "row_tolerance",
+    "token_layout",
+    "uniform_locality",
+    "weight_rows",
+    "window_mask",
 ]

@@ -6,6 +6,7 @@ of a layer, e.g. CSwin's two stripe branches) is scattered onto the stage's feat
 keys' image coordinates, so windowed and stripe layers give a map too (zero outside the window
 or stripe). The weight on the cls key is reported separately.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence, Union
@@ -138,8 +139,10 @@ def attention_maps(
 
     run_hooked(model, batches, per_batch, after_batch, layers=[layer], progress=progress, desc=desc)
     return {
-        "maps": torch.cat([o["maps"] for o in outs]), "cls_weight": torch.cat([o["cls_weight"] for o in outs]),
-        "layer": outs[0]["layer"] if outs else "", "images": torch.cat(images) if images else None,
+        "maps": torch.cat([o["maps"] for o in outs]),
+        "cls_weight": torch.cat([o["cls_weight"] for o in outs]),
+        "layer": outs[0]["layer"] if outs else "",
+        "images": torch.cat(images) if images else None,
     }
 
 
@@ -186,8 +189,7 @@ def plot_attention_maps(
             elif r == 0:
                 ax.set_title("input", fontsize=8)
             if marker is not None:
-                ax.plot([marker[0]], [marker[1]], marker="*", color="white", markeredgecolor="black",
-                        markersize=9)
+                ax.plot([marker[0]], [marker[1]], marker="*", color="white", markeredgecolor="black", markersize=9)
     qname = "cls query" if query == "cls" else f"query at ({query[0]:g}, {query[1]:g})"
     fig.suptitle(title or f"Attention maps, {qname}\n(cf. paper Fig. 4)", fontsize=8)
     fig.tight_layout()

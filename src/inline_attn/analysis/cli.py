@@ -2,6 +2,7 @@
 
 Each command writes its numbers (CSV and/or JSON) and PNG figures into ``--out``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,37 +19,77 @@ def register(subparsers) -> None:
         "analyze",
         help="the paper's analyses: injectivity, confusion, attention maps, locality, masking",
         description="Run one of the paper's analyses on registered models / checkpoints and write "
-                    "CSV/JSON numbers and PNG figures to --out.",
+        "CSV/JSON numbers and PNG figures to --out.",
     )
     p.add_argument("analysis", choices=ANALYSES, help="which analysis to run")
-    p.add_argument("--model", nargs="+", default=None, metavar="NAME",
-                   help="registered model name(s); one per --checkpoint (optional when every "
-                        "checkpoint is a training run folder, whose config names the model)")
-    p.add_argument("--checkpoint", nargs="+", default=None, metavar="PATH",
-                   help="checkpoint file or training run folder per model ('none': random init)")
+    p.add_argument(
+        "--model",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="registered model name(s); one per --checkpoint (optional when every "
+        "checkpoint is a training run folder, whose config names the model)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="checkpoint file or training run folder per model ('none': random init)",
+    )
     p.add_argument("--label", nargs="+", default=None, help="display name per model")
-    p.add_argument("--model-args", nargs="+", default=None, metavar="KEY=VALUE",
-                   help="constructor overrides applied to every model (e.g. img_size=28 depth=2)")
+    p.add_argument(
+        "--model-args",
+        nargs="+",
+        default=None,
+        metavar="KEY=VALUE",
+        help="constructor overrides applied to every model (e.g. img_size=28 depth=2)",
+    )
     p.add_argument("--data", default=None, help="'fmnist' (Fashion-MNIST test split) or an ImageNet-layout folder")
-    p.add_argument("--layers", nargs="+", default=None, metavar="LAYER",
-                   help="attention layers: indices (negative from the end) or name patterns "
-                        "(default all; attention-maps: the last)")
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        default=None,
+        metavar="LAYER",
+        help="attention layers: indices (negative from the end) or name patterns "
+        "(default all; attention-maps: the last)",
+    )
     p.add_argument("--out", default=None, help="output folder (default analysis/<analysis>)")
-    p.add_argument("--num-images", type=int, default=None,
-                   help="first N images of the data (0: all; default confusion/locality 500, "
-                        "attention-maps 4, masking all)")
-    p.add_argument("--images", nargs="+", type=int, default=None, metavar="INDEX",
-                   help="analyse exactly these images (indices into the data) instead of the first N")
+    p.add_argument(
+        "--num-images",
+        type=int,
+        default=None,
+        help="first N images of the data (0: all; default confusion/locality 500, attention-maps 4, masking all)",
+    )
+    p.add_argument(
+        "--images",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="INDEX",
+        help="analyse exactly these images (indices into the data) instead of the first N",
+    )
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--queries", nargs="+", default=["0.5,0.5"],
-                   help="attention-maps: query positions as row,col fractions of the image, or 'cls'")
+    p.add_argument(
+        "--queries",
+        nargs="+",
+        default=["0.5,0.5"],
+        help="attention-maps: query positions as row,col fractions of the image, or 'cls'",
+    )
     p.add_argument("--ks", nargs="+", type=int, default=[3, 5, 7], help="masking: window sizes k")
-    p.add_argument("--rtol", type=float, default=None,
-                   help="confusion / injectivity: rows are equal when no weight differs by more "
-                        "than rtol/N (default 1e-3)")
+    p.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (0: leave as is; 1 is fastest on a machine shared with other jobs)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: leave as is; 1 is fastest on a machine shared with other jobs)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -73,8 +114,10 @@ def _load_models(args) -> list:
         raise ValueError(f"analyze {args.analysis} needs --model NAME (and/or --checkpoint PATH)")
     n = max(len(names or []), len(ckpts or []))
     if names and len(names) not in (1, n) or ckpts and len(ckpts) not in (1, n):
-        raise ValueError(f"got {len(names or [])} --model and {len(ckpts or [])} --checkpoint values: "
-                         "give one of each per model (or a single one shared by all)")
+        raise ValueError(
+            f"got {len(names or [])} --model and {len(ckpts or [])} --checkpoint values: "
+            "give one of each per model (or a single one shared by all)"
+        )
     if args.label and len(args.label) != n:
         raise ValueError(f"got {len(args.label)} --label values for {n} models")
     kw = parse_model_args(args.model_args)
@@ -120,9 +163,10 @@ def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
 def _write_meta(path: pathlib.Path, args, models, **results) -> None:
     """The run's JSON: what was analysed (command arguments, models) plus ``results``."""
     meta = {
-        "analysis": args.analysis, "data": args.data, "layers": args.layers,
-        "models": [{"label": m.label, "name": m.name, "checkpoint": m.checkpoint, "kwargs": m.kwargs}
-                   for m in models],
+        "analysis": args.analysis,
+        "data": args.data,
+        "layers": args.layers,
+        "models": [{"label": m.label, "name": m.name, "checkpoint": m.checkpoint, "kwargs": m.kwargs} for m in models],
         **results,
     }
     path.write_text(json.dumps(meta, indent=1))
@@ -153,10 +197,17 @@ def run(args) -> int:
     if n_img < 0:
         raise ValueError(f"--num-images must be >= 0, got {n_img}")
     first = models[0]
-    images = load_images(args.data, num_images=n_img, img_size=first.img_size[0], indices=args.images,
-                         crop_pct=first.crop_pct, interpolation=first.interpolation)
-    fn = {"confusion": _confusion, "attention-maps": _attention_maps, "locality": _locality,
-          "masking": _masking}[args.analysis]
+    images = load_images(
+        args.data,
+        num_images=n_img,
+        img_size=first.img_size[0],
+        indices=args.images,
+        crop_pct=first.crop_pct,
+        interpolation=first.interpolation,
+    )
+    fn = {"confusion": _confusion, "attention-maps": _attention_maps, "locality": _locality, "masking": _masking}[
+        args.analysis
+    ]
     written = fn(args, out, models, images, layers, progress)
     print(f"wrote {', '.join(written)} to {out}")
     return 0
@@ -169,9 +220,17 @@ def _injectivity(args, out: pathlib.Path) -> int:
     res = injectivity(seed=args.seed, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
     (out / "injectivity.json").write_text(json.dumps(to_json(res), indent=1))
     plot_injectivity(res, out / "injectivity.png")
-    rows = [{"queries": fam, "attention": kind, "distinct_rows": r["distinct_rows"],
-             "queries_total": len(r["weights"]), "confused_pairs": r["confused_pairs"]}
-            for fam, d in res["results"].items() for kind, r in d.items()]
+    rows = [
+        {
+            "queries": fam,
+            "attention": kind,
+            "distinct_rows": r["distinct_rows"],
+            "queries_total": len(r["weights"]),
+            "confused_pairs": r["confused_pairs"],
+        }
+        for fam, d in res["results"].items()
+        for kind, r in d.items()
+    ]
     _write_csv(out / "injectivity.csv", rows)
     print(f"wrote injectivity.csv, injectivity.json, injectivity.png to {out}")
     return 0
@@ -184,8 +243,14 @@ def _confusion(args, out, models, images, layers, progress) -> None:
     rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
     rows, summary, totals = [], {}, {}
     for lm in models:
-        res = confusion_counts(lm.model, Batches(images, lm, args.batch_size), layers=layers, rtol=rtol,
-                               progress=progress, desc=f"confusion {lm.label}")
+        res = confusion_counts(
+            lm.model,
+            Batches(images, lm, args.batch_size),
+            layers=layers,
+            rtol=rtol,
+            progress=progress,
+            desc=f"confusion {lm.label}",
+        )
         counts = res["counts"]
         for img in range(counts.shape[0]):
             row = {"model": lm.label, "image": img}
@@ -197,10 +262,16 @@ def _confusion(args, out, models, images, layers, progress) -> None:
         summary[lm.label] = s
         totals[lm.label] = counts.sum(dim=1).numpy()
     _write_csv(out / "confusion.csv", rows)
-    _write_meta(out / "confusion.json", args, models,
-                definition="pairs of different queries (same image, layer, head, window) whose weight "
-                           "rows differ by at most rtol / N_keys in every entry", rtol=rtol,
-                images=int(len(images.labels)), summary=summary)
+    _write_meta(
+        out / "confusion.json",
+        args,
+        models,
+        definition="pairs of different queries (same image, layer, head, window) whose weight "
+        "rows differ by at most rtol / N_keys in every entry",
+        rtol=rtol,
+        images=int(len(images.labels)),
+        summary=summary,
+    )
     plot_confusion_histogram(totals, out / "confusion.png")
     return ["confusion.csv", "confusion.json", "confusion.png"]
 
@@ -211,8 +282,13 @@ def _locality(args, out, models, images, layers, progress) -> None:
 
     per_model, rows = {}, []
     for lm in models:
-        res = locality(lm.model, Batches(images, lm, args.batch_size), layers=layers, progress=progress,
-                       desc=f"locality {lm.label}")
+        res = locality(
+            lm.model,
+            Batches(images, lm, args.batch_size),
+            layers=layers,
+            progress=progress,
+            desc=f"locality {lm.label}",
+        )
         per_model[lm.label] = res
         rows += [{"model": lm.label, **r} for r in res]
     _write_csv(out / "locality.csv", rows)
@@ -230,8 +306,15 @@ def _masking(args, out, models, images, layers, progress) -> None:
             raise ValueError(f"--ks: window size {k} must be an odd positive integer")
     per_model, rows = {}, []
     for lm in models:
-        res = masked_accuracy(lm.model, Batches(images, lm, args.batch_size), ks=args.ks, layers=layers,
-                              seed=args.seed, progress=progress, desc=f"masking {lm.label}")
+        res = masked_accuracy(
+            lm.model,
+            Batches(images, lm, args.batch_size),
+            ks=args.ks,
+            layers=layers,
+            seed=args.seed,
+            progress=progress,
+            desc=f"masking {lm.label}",
+        )
         per_model[lm.label] = res
         rows += [{"model": lm.label, **r} for r in res]
     _write_csv(out / "masking.csv", rows)
@@ -263,20 +346,40 @@ def _attention_maps(args, out, models, images, layers, progress) -> None:
     for lm in models:
         if "cls" in queries and getattr(lm.model, "num_prefix_tokens", 0) == 0:
             raise ValueError(f"model {lm.label} has no cls token: drop 'cls' from --queries")
-        res = attention_maps(lm.model, Batches(images, lm, args.batch_size), queries, layer=layer,
-                             progress=progress, desc=f"attention maps {lm.label}")
+        res = attention_maps(
+            lm.model,
+            Batches(images, lm, args.batch_size),
+            queries,
+            layer=layer,
+            progress=progress,
+            desc=f"attention maps {lm.label}",
+        )
         per_model[lm.label] = res
         for i in range(res["maps"].shape[0]):
             for qi, q in enumerate(queries):
-                meta_rows.append({"model": lm.label, "layer": res["layer"], "image": i,
-                                  "label": int(images.labels[i]), "query": q if q == "cls" else list(q),
-                                  "cls_weight": float(res["cls_weight"][i, qi]),
-                                  "map": res["maps"][i, qi].tolist()})
+                meta_rows.append(
+                    {
+                        "model": lm.label,
+                        "layer": res["layer"],
+                        "image": i,
+                        "label": int(images.labels[i]),
+                        "query": q if q == "cls" else list(q),
+                        "cls_weight": float(res["cls_weight"][i, qi]),
+                        "map": res["maps"][i, qi].tolist(),
+                    }
+                )
     for qi, q in enumerate(queries):
-        plot_attention_maps(shown, {lab: r["maps"][:, qi] for lab, r in per_model.items()}, q,
-                            out / f"attention_maps_q{qi}.png")
-    _write_meta(out / "attention_maps.json", args, models, images=int(len(images.labels)),
-                queries=[q if q == "cls" else list(q) for q in queries], maps=meta_rows)
+        plot_attention_maps(
+            shown, {lab: r["maps"][:, qi] for lab, r in per_model.items()}, q, out / f"attention_maps_q{qi}.png"
+        )
+    _write_meta(
+        out / "attention_maps.json",
+        args,
+        models,
+        images=int(len(images.labels)),
+        queries=[q if q == "cls" else list(q) for q in queries],
+        maps=meta_rows,
+    )
     return ["attention_maps.json"] + [f"attention_maps_q{qi}.png" for qi in range(len(queries))]
 
 

@@ -6,6 +6,7 @@ optional checkpoint. The checkpoint may be a file (a state dict, or a dict holdi
 model's name, constructor arguments and input normalisation; the newest checkpoint in it gives
 the weights).
 """
+
 from __future__ import annotations
 
 import os
@@ -100,11 +101,23 @@ def _data_info(data_cfg: dict, cfg) -> dict:
     """Input size and normalisation a run trained with (:func:`inline_attn.data.resolve_data_info`)."""
     from ..data import resolve_data_info
 
-    info = resolve_data_info(cfg, fmnist=data_cfg.get("dataset") == "fmnist", img_size=data_cfg.get("img_size"),
-                             mean=data_cfg.get("mean"), std=data_cfg.get("std"), crop_pct=data_cfg.get("crop_pct"),
-                             interpolation=data_cfg.get("interpolation"))
-    return {"img_size": info.img_size, "mean": info.mean, "std": info.std, "crop_pct": info.crop_pct,
-            "interpolation": info.interpolation, "in_chans": info.in_chans}
+    info = resolve_data_info(
+        cfg,
+        fmnist=data_cfg.get("dataset") == "fmnist",
+        img_size=data_cfg.get("img_size"),
+        mean=data_cfg.get("mean"),
+        std=data_cfg.get("std"),
+        crop_pct=data_cfg.get("crop_pct"),
+        interpolation=data_cfg.get("interpolation"),
+    )
+    return {
+        "img_size": info.img_size,
+        "mean": info.mean,
+        "std": info.std,
+        "crop_pct": info.crop_pct,
+        "interpolation": info.interpolation,
+        "in_chans": info.in_chans,
+    }
 
 
 def _model_size(model: nn.Module, kwargs: dict, cfg) -> tuple[int, int]:
@@ -182,16 +195,27 @@ def load_model(
     model.eval()
     in_chans = _in_chans(model, cfg)
     if info is None:
-        info = {"mean": tuple(cfg.mean), "std": tuple(cfg.std), "crop_pct": cfg.crop_pct,
-                "interpolation": cfg.interpolation}
+        info = {
+            "mean": tuple(cfg.mean),
+            "std": tuple(cfg.std),
+            "crop_pct": cfg.crop_pct,
+            "interpolation": cfg.interpolation,
+        }
         if in_chans == 1 and len(info["mean"]) > 1:  # an RGB recipe's statistics for a one-channel model
             info["mean"] = (sum(cfg.mean) / len(cfg.mean),)
             info["std"] = (sum(cfg.std) / len(cfg.std),)
     return LoadedModel(
-        label=label or name, model=model, name=name, img_size=_model_size(model, kwargs, cfg),
-        mean=tuple(info["mean"]), std=tuple(info["std"]), crop_pct=float(info["crop_pct"]),
-        interpolation=str(info["interpolation"]), in_chans=in_chans,
-        checkpoint=str(ckpt_file) if ckpt_file else None, kwargs=kwargs,
+        label=label or name,
+        model=model,
+        name=name,
+        img_size=_model_size(model, kwargs, cfg),
+        mean=tuple(info["mean"]),
+        std=tuple(info["std"]),
+        crop_pct=float(info["crop_pct"]),
+        interpolation=str(info["interpolation"]),
+        in_chans=in_chans,
+        checkpoint=str(ckpt_file) if ckpt_file else None,
+        kwargs=kwargs,
     )
 
 
@@ -205,8 +229,14 @@ class ImageSet:
 
 
 def load_images(
-    data: PathLike, *, num_images: int = 0, img_size: int = 224, crop_pct: float = 0.875,
-    interpolation: str = "bicubic", split: str = "val", indices: Optional[Sequence[int]] = None,
+    data: PathLike,
+    *,
+    num_images: int = 0,
+    img_size: int = 224,
+    crop_pct: float = 0.875,
+    interpolation: str = "bicubic",
+    split: str = "val",
+    indices: Optional[Sequence[int]] = None,
 ) -> ImageSet:
     """``data`` = "fmnist" (Fashion-MNIST test split; "fmnist:DIR" for another folder of IDX
     files) or an ImageNet-layout folder (its ``val/`` subfolder when present). ``num_images``:

@@ -13,6 +13,7 @@ sum over the analysed layers. Linear attention confuses every pair of queries wh
 phi(q) are collinear (paper Proposition 2); softmax and InLine attention are injective and
 confuse (almost) none.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
@@ -68,9 +69,9 @@ def confused_pairs(
     step = max(1, _CHUNK_ELEMS // (nq * nq))
     for s in range(0, w.shape[0], step):
         # L-infinity distance between every pair of rows of one (image, head, window).
-        d = torch.cdist(w[s:s + step], w[s:s + step], p=float("inf"))
-        hit = (d <= tol) & upper & ok[s:s + step, :, None] & ok[s:s + step, None, :]
-        counts[s:s + step] = hit.sum(dim=(-2, -1))
+        d = torch.cdist(w[s : s + step], w[s : s + step], p=float("inf"))
+        hit = (d <= tol) & upper & ok[s : s + step, :, None] & ok[s : s + step, None, :]
+        counts[s : s + step] = hit.sum(dim=(-2, -1))
     return counts.reshape(lead)
 
 
@@ -149,8 +150,11 @@ def confusion_counts(
         return counter
 
     def after_batch(x, y, out):
-        rows.append(torch.stack([counter.batch_counts.get(i, torch.zeros(x.shape[0], dtype=torch.long))
-                                 for i in chosen_idx], dim=1))
+        rows.append(
+            torch.stack(
+                [counter.batch_counts.get(i, torch.zeros(x.shape[0], dtype=torch.long)) for i in chosen_idx], dim=1
+            )
+        )
 
     run_hooked(model, batches, per_batch, after_batch, layers=layers, progress=progress, desc=desc)
     names = [counter.names.get(i, "") for i in chosen_idx]
@@ -171,7 +175,7 @@ def plot_confusion_histogram(per_model: dict, path, *, title: Optional[str] = No
     import numpy as np
 
     top = max([float(np.max(v)) for v in per_model.values() if len(v)] + [1.0])
-    edges = [0, 1] + [2 ** i for i in range(1, int(np.floor(np.log2(top))) + 2)]
+    edges = [0, 1] + [2**i for i in range(1, int(np.floor(np.log2(top))) + 2)]
     names = [str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
     x = np.arange(len(names))
     width = 0.8 / max(1, len(per_model))
@@ -180,8 +184,12 @@ def plot_confusion_histogram(per_model: dict, path, *, title: Optional[str] = No
         vals = np.asarray(vals, dtype=float)
         hist, _ = np.histogram(vals, bins=np.asarray(edges, dtype=float) - 0.5)
         frac = float((vals > 0).mean()) if len(vals) else 0.0
-        ax.bar(x + (i - (len(per_model) - 1) / 2) * width, hist, width,
-               label=f"{label}: mean {vals.mean():.1f}, {100 * frac:.0f}% of images > 0")
+        ax.bar(
+            x + (i - (len(per_model) - 1) / 2) * width,
+            hist,
+            width,
+            label=f"{label}: mean {vals.mean():.1f}, {100 * frac:.0f}% of images > 0",
+        )
     ax.set_xticks(x)
     ax.set_xticklabels(names, fontsize=7, rotation=30)
     ax.set_xlabel("confused query pairs per image (all layers and heads)")
@@ -199,12 +207,21 @@ def summarize(counts: torch.Tensor) -> dict:
     if tot.numel() == 0:
         return {"images": 0}
     return {
-        "images": int(tot.numel()), "mean": float(tot.mean()), "median": float(tot.median()),
-        "max": float(tot.max()), "frac_images_confused": float((tot > 0).double().mean()),
+        "images": int(tot.numel()),
+        "mean": float(tot.mean()),
+        "median": float(tot.median()),
+        "max": float(tot.max()),
+        "frac_images_confused": float((tot > 0).double().mean()),
     }
 
 
 __all__: Sequence[str] = (
-    "DEFAULT_RTOL", "ConfusionCounter", "confused_pairs", "confusion_counts", "distinct_rows",
-    "plot_confusion_histogram", "row_tolerance", "summarize",
+    "DEFAULT_RTOL",
+    "ConfusionCounter",
+    "confused_pairs",
+    "confusion_counts",
+    "distinct_rows",
+    "plot_confusion_histogram",
+    "row_tolerance",
+    "summarize",
 )

@@ -13,6 +13,7 @@ Softmax and InLine (identity kernel) attention give M distinct rows for both fam
 injective (the centred keys span R^d). Together the two families show that linear attention is
 not injective whatever its kernel: any queries with collinear features collapse.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -32,9 +33,7 @@ KIND_LABELS = {
 }
 
 
-def constructed_problem(
-    num_keys: int = 8, dim: int = 4, lengths: Sequence[float] = LENGTHS, seed: int = 0
-) -> dict:
+def constructed_problem(num_keys: int = 8, dim: int = 4, lengths: Sequence[float] = LENGTHS, seed: int = 0) -> dict:
     """Keys, the affine kernel's offset and both query families (float64).
 
     Returns {"keys": [N, d], "offset": c (float), "collinear": [M, d], "shifted": [M, d],
@@ -52,8 +51,11 @@ def constructed_problem(
     c = 1.0 + max(0.0, float(-keys.min()), float(-u.min()))
     a = torch.tensor(list(lengths), dtype=torch.float64)[:, None]
     return {
-        "keys": keys, "offset": c, "lengths": list(lengths),
-        "collinear": a * u, "shifted": a * (u + c) - c,
+        "keys": keys,
+        "offset": c,
+        "lengths": list(lengths),
+        "collinear": a * u,
+        "shifted": a * (u + c) - c,
     }
 
 
@@ -74,7 +76,11 @@ def weight_rows(queries: torch.Tensor, keys: torch.Tensor, kind: str, offset: fl
 
 
 def injectivity(
-    *, num_keys: int = 8, dim: int = 4, lengths: Sequence[float] = LENGTHS, seed: int = 0,
+    *,
+    num_keys: int = 8,
+    dim: int = 4,
+    lengths: Sequence[float] = LENGTHS,
+    seed: int = 0,
     rtol: float = DEFAULT_RTOL,
 ) -> dict:
     """Weight rows of each kind for both query families, with distinct-row and confused-pair counts.
@@ -100,13 +106,20 @@ def to_json(res: dict) -> dict:
     """A JSON-serialisable copy of :func:`injectivity`'s result."""
     prob = res["problem"]
     out = {
-        "keys": prob["keys"].tolist(), "offset": prob["offset"], "lengths": prob["lengths"],
-        "queries": {f: prob[f].tolist() for f in ("collinear", "shifted")}, "results": {},
+        "keys": prob["keys"].tolist(),
+        "offset": prob["offset"],
+        "lengths": prob["lengths"],
+        "queries": {f: prob[f].tolist() for f in ("collinear", "shifted")},
+        "results": {},
     }
     for fam, per_kind in res["results"].items():
         out["results"][fam] = {
-            kind: {"weights": r["weights"].tolist(), "distinct_rows": r["distinct_rows"],
-                   "confused_pairs": r["confused_pairs"], "queries": len(r["weights"])}
+            kind: {
+                "weights": r["weights"].tolist(),
+                "distinct_rows": r["distinct_rows"],
+                "confused_pairs": r["confused_pairs"],
+                "queries": len(r["weights"]),
+            }
             for kind, r in per_kind.items()
         }
     return out
@@ -121,8 +134,9 @@ def plot_injectivity(res: dict, path, *, title: Optional[str] = None) -> None:
     import matplotlib.pyplot as plt
 
     fams = list(res["results"])
-    fig, axes = plt.subplots(len(fams), len(KINDS), figsize=(2.5 * len(KINDS), 1.9 * len(fams) + 0.6),
-                             dpi=100, squeeze=False)
+    fig, axes = plt.subplots(
+        len(fams), len(KINDS), figsize=(2.5 * len(KINDS), 1.9 * len(fams) + 0.6), dpi=100, squeeze=False
+    )
     lengths = res["problem"]["lengths"]
     for r, fam in enumerate(fams):
         for c, kind in enumerate(KINDS):

@@ -7,6 +7,7 @@ query has no position and is left out) and images. Uniform attention over N keys
 ``|nbhd3(i)| / N``: 9/N for an interior query (the paper's baseline, 9/197 for DeiT-T), less at
 the edges; both the paper's nominal 9/N and the exact uniform value are reported.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional
@@ -71,7 +72,10 @@ class LocalityMeter:
         self.counts[i] = self.counts.get(i, 0.0) + float(count.sum())
         if i not in self.info:
             self.info[i] = {
-                "layer": i, "name": rec.name, "kind": rec.kind, "num_keys": layout.num_tokens,
+                "layer": i,
+                "name": rec.name,
+                "kind": rec.kind,
+                "num_keys": layout.num_tokens,
                 "uniform": uniform_locality(layout, self.k, interior_only=self.interior_only),
                 "nominal_uniform": self.k * self.k / layout.num_tokens,
             }
@@ -129,8 +133,14 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
         base = tuple(round(r["uniform"], 6) for r in rows)
         if base not in baselines_drawn:
             baselines_drawn.add(base)
-            ax.plot(xs, [r["uniform"] for r in rows], ls="--", color="gray", lw=1,
-                    label="uniform attention" if len(baselines_drawn) == 1 else None)
+            ax.plot(
+                xs,
+                [r["uniform"] for r in rows],
+                ls="--",
+                color="gray",
+                lw=1,
+                label="uniform attention" if len(baselines_drawn) == 1 else None,
+            )
     layers = sorted({r["layer"] for rows in per_model.values() for r in rows})
     ax.set_xticks(layers)
     ax.set_xlabel("attention layer")

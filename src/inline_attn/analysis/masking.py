@@ -15,6 +15,7 @@ computed over the kept keys only):
 With ``renormalize=False`` the masked weights are only zeroed. The local residual of InLine is
 not part of the attention weights and stays on.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
@@ -120,10 +121,16 @@ def masked_accuracy(
             correct[0] += int((out.argmax(dim=-1).cpu() == y.cpu()).sum())
             correct[1] += int(y.shape[0])
 
-        run_hooked(model, batches, per_batch, after_batch, layers=layers, progress=progress,
-                   desc=f"{desc} {mode}{'' if mode == 'none' else f' {k}x{k}'}")
-        rows.append({"mask": mode, "k": k, "top1": 100.0 * correct[0] / max(1, correct[1]),
-                     "images": correct[1]})
+        run_hooked(
+            model,
+            batches,
+            per_batch,
+            after_batch,
+            layers=layers,
+            progress=progress,
+            desc=f"{desc} {mode}{'' if mode == 'none' else f' {k}x{k}'}",
+        )
+        rows.append({"mask": mode, "k": k, "top1": 100.0 * correct[0] / max(1, correct[1]), "images": correct[1]})
     return rows
 
 
@@ -140,8 +147,7 @@ def plot_masking(per_model: dict, ks: Sequence[int], path, *, title: Optional[st
         color = f"C{ci}"
         by = {(r["mask"], r["k"]): r["top1"] for r in rows}
         ax.plot(list(ks), [by[("local", k)] for k in ks], marker="o", color=color, label=f"{label}: local")
-        ax.plot(list(ks), [by[("random", k)] for k in ks], marker="s", ls="--", color=color,
-                label=f"{label}: random")
+        ax.plot(list(ks), [by[("random", k)] for k in ks], marker="s", ls="--", color=color, label=f"{label}: random")
         ax.axhline(by[("none", 0)], ls=":", color=color, lw=1)
     ax.set_xticks(list(ks))
     ax.set_xticklabels([f"{k}x{k}" for k in ks])

@@ -3,6 +3,7 @@
 Weights are only ever seen by the hook, one call at a time (:func:`inline_attn.hook_attention`);
 the analyses reduce them on the spot, so no more than one layer's N x N matrix is alive.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Optional

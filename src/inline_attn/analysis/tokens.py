@@ -12,6 +12,7 @@ Conventions (see :class:`~inline_attn.layers.record.AttentionRecord`):
   any, come first and have no position. Positions outside the stage map (``map_size``) or
   negative are padding: they are never queries of a statistic nor members of a neighbourhood.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -81,9 +82,7 @@ def token_layout(record: AttentionRecord, map_size: Optional[tuple[int, int]] = 
     if record.token_coords is None:
         h, w = record.feat_size
         if p + h * w != nq:
-            raise ValueError(
-                f"layer {record.name!r}: {nq} queries but num_prefix_tokens + H*W = {p} + {h}*{w}"
-            )
+            raise ValueError(f"layer {record.name!r}: {nq} queries but num_prefix_tokens + H*W = {p} + {h}*{w}")
         grid_coords = _row_major(h, w)
         key_grid_coords = grid_coords
         if nk != nq:
@@ -95,9 +94,7 @@ def token_layout(record: AttentionRecord, map_size: Optional[tuple[int, int]] = 
             raise ValueError(f"layer {record.name!r}: windowed attention with {nq} queries but {nk} keys")
         grid_coords = record.token_coords.detach().to("cpu", torch.long)
         if grid_coords.dim() != 3 or grid_coords.shape[-1] != 2:
-            raise ValueError(
-                f"layer {record.name!r}: token_coords must be [G, N, 2], got {tuple(grid_coords.shape)}"
-            )
+            raise ValueError(f"layer {record.name!r}: token_coords must be [G, N, 2], got {tuple(grid_coords.shape)}")
         if grid_coords.shape[1] != nk - p:
             raise ValueError(
                 f"layer {record.name!r}: token_coords has {grid_coords.shape[1]} tokens per group, "
@@ -111,9 +108,7 @@ def token_layout(record: AttentionRecord, map_size: Optional[tuple[int, int]] = 
     g = grid_coords.shape[0]
     bg = record.weights.shape[0]
     if bg % g != 0:
-        raise ValueError(
-            f"layer {record.name!r}: weights batch {bg} is not a multiple of {g} groups in token_coords"
-        )
+        raise ValueError(f"layer {record.name!r}: weights batch {bg} is not a multiple of {g} groups in token_coords")
     hm, wm = map_size
 
     def with_prefix(c):
@@ -125,8 +120,16 @@ def token_layout(record: AttentionRecord, map_size: Optional[tuple[int, int]] = 
 
     coords, grid = with_prefix(grid_coords)
     key_coords, key_grid = with_prefix(key_grid_coords)
-    return TokenLayout(coords=coords, grid=grid, key_coords=key_coords, key_grid=key_grid, key_cell=cell,
-                       num_prefix_tokens=p, map_size=(hm, wm), num_groups=g)
+    return TokenLayout(
+        coords=coords,
+        grid=grid,
+        key_coords=key_coords,
+        key_grid=key_grid,
+        key_cell=cell,
+        num_prefix_tokens=p,
+        map_size=(hm, wm),
+        num_groups=g,
+    )
 
 
 def window_mask(layout: TokenLayout, k: int, device=None) -> torch.Tensor:

@@ -5,6 +5,7 @@ resolutions / windows, presets for the paper's Fig. 6) return ``{"meta", "rows"}
 :mod:`.report` prints and writes them; :mod:`.timing` holds the interleaved timer and the
 peak-memory measurement.
 """
+
 from .attention import bench_attention
 from .flops import attention_layer_flops
 from .model import ModelCase, bench_models, parse_model_spec, preset_cases

@@ -11,6 +11,7 @@ Achieved GFLOP/s use the analytic counts of :mod:`.flops`; the machine's float32
 measured in the same run, gives each case's arithmetic floor. Batches hold a constant token
 budget (``batch = tokens // (H*W)``) unless a batch is fixed, so every size does comparable work.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,20 +30,33 @@ __all__ = ["LAYER_COLUMNS", "LAYER_KINDS", "bench_attention", "parse_layer_kind"
 MODES = ("fwd", "fwd+bwd")
 
 LAYER_COLUMNS = (
-    ("grid", "grid", ""), ("batch", "B", ""), ("mode", "mode", ""), ("kind", "layer", ""),
-    ("median_ms", "median ms", ".3f"), ("speedup_vs_softmax", "vs softmax", ".2f"),
-    ("gflop", "GFLOP", ".3f"), ("achieved_gflops", "GFLOP/s", ".1f"),
-    ("pct_of_matmul", "% matmul", ".1f"), ("floor_ms", "floor ms", ".3f"),
-    ("peak_mib", "peak MiB", ".1f"), ("status", "status", ""),
+    ("grid", "grid", ""),
+    ("batch", "B", ""),
+    ("mode", "mode", ""),
+    ("kind", "layer", ""),
+    ("median_ms", "median ms", ".3f"),
+    ("speedup_vs_softmax", "vs softmax", ".2f"),
+    ("gflop", "GFLOP", ".3f"),
+    ("achieved_gflops", "GFLOP/s", ".1f"),
+    ("pct_of_matmul", "% matmul", ".1f"),
+    ("floor_ms", "floor ms", ".3f"),
+    ("peak_mib", "peak MiB", ".1f"),
+    ("status", "status", ""),
 )
 
 
 def _dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float64": torch.float64}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float64": torch.float64,
+    }
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(table)}")
     return table[name]
@@ -84,9 +98,11 @@ def _layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dt
         return stack
 
     if mode == "fwd":
+
         def step():
             with torch.no_grad(), ctx():
                 return module(x, feat)
+
         return step
     g = torch.ones(x.shape, dtype=x.dtype, device=x.device)
 
@@ -96,6 +112,7 @@ def _layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dt
         with ctx():
             out = module(x, feat)
         out.backward(g.to(out.dtype))
+
     return step
 
 
@@ -171,8 +188,11 @@ def bench_attention(
             for mode in modes:
                 cases[(kind, mode)] = _layer_step(module, x, feat, mode, variant, amp_dtype[amp])
         timings = time_interleaved(
-            {f"{k}|{m}": fn for (k, m), fn in cases.items()}, warmup=warmup, repeats=repeats,
-            budget_s=budget_s, device=dev,
+            {f"{k}|{m}": fn for (k, m), fn in cases.items()},
+            warmup=warmup,
+            repeats=repeats,
+            budget_s=budget_s,
+            device=dev,
         )
         for kind in kinds:
             for mode in modes:
@@ -185,41 +205,73 @@ def bench_attention(
                     peak, mstatus = peak_memory(cases[(kind, mode)], dev)
                     if mstatus != "ok":
                         status = mstatus
-                rows.append({
-                    "grid": f"{s}x{s}", "side": s, "tokens": n, "batch": b, "dim": dim, "heads": heads,
-                    "dtype": str(dt).replace("torch.", ""), "kind": kind, "mode": mode, "series": f"{kind} {mode}",
-                    "median_ms": med * 1e3, "min_ms": (t.minimum if t is not None else math.nan) * 1e3,
-                    "repeats": len(t.times) if t is not None else 0,
-                    "gflop": flops / 1e9, "achieved_gflops": flops / med / 1e9,
-                    "pct_of_matmul": 100 * flops / med / rate, "floor_ms": flops / rate * 1e3,
-                    "peak_mib": peak / 2 ** 20, "status": status,
-                })
+                rows.append(
+                    {
+                        "grid": f"{s}x{s}",
+                        "side": s,
+                        "tokens": n,
+                        "batch": b,
+                        "dim": dim,
+                        "heads": heads,
+                        "dtype": str(dt).replace("torch.", ""),
+                        "kind": kind,
+                        "mode": mode,
+                        "series": f"{kind} {mode}",
+                        "median_ms": med * 1e3,
+                        "min_ms": (t.minimum if t is not None else math.nan) * 1e3,
+                        "repeats": len(t.times) if t is not None else 0,
+                        "gflop": flops / 1e9,
+                        "achieved_gflops": flops / med / 1e9,
+                        "pct_of_matmul": 100 * flops / med / rate,
+                        "floor_ms": flops / rate * 1e3,
+                        "peak_mib": peak / 2**20,
+                        "status": status,
+                    }
+                )
     # ratios within one run: softmax time / this layer's time, same grid and mode
     for r in rows:
         # the fused-SDPA softmax layer, compiled when this row's layer is compiled (if timed)
         ref_kind = "softmax+compile" if r["kind"].endswith("+compile") and "softmax+compile" in kinds else "softmax"
-        ref = next((q for q in rows if q["kind"] == ref_kind and q["grid"] == r["grid"]
-                    and q["mode"] == r["mode"]), None)
+        ref = next(
+            (q for q in rows if q["kind"] == ref_kind and q["grid"] == r["grid"] and q["mode"] == r["mode"]), None
+        )
         r["speedup_vs_softmax"] = ref["median_ms"] / r["median_ms"] if ref else math.nan
     return {
-        "meta": {"bench": "attention", "matmul_gflops": rate / 1e9, "dim": dim, "heads": heads,
-                 "token_budget": None if batch is not None else token_budget,
-                 "batch": batch, "dtype": str(dt).replace("torch.", ""), "warmup": warmup,
-                 "repeats": repeats, "budget_s": budget_s, "compile": compile, "amp": amp or "none",
-                 "device": str(dev)},
+        "meta": {
+            "bench": "attention",
+            "matmul_gflops": rate / 1e9,
+            "dim": dim,
+            "heads": heads,
+            "token_budget": None if batch is not None else token_budget,
+            "batch": batch,
+            "dtype": str(dt).replace("torch.", ""),
+            "warmup": warmup,
+            "repeats": repeats,
+            "budget_s": budget_s,
+            "compile": compile,
+            "amp": amp or "none",
+            "device": str(dev),
+        },
         "rows": rows,
     }
 
 
 RESIDUAL_COLUMNS = (
-    ("shape", "B x C x H x W", ""), ("mode", "mode", ""), ("shift_ms", "9 shifts ms", ".3f"),
-    ("conv_ms", "grouped conv ms", ".3f"), ("speedup", "conv speedup", ".2f"),
+    ("shape", "B x C x H x W", ""),
+    ("mode", "mode", ""),
+    ("shift_ms", "9 shifts ms", ".3f"),
+    ("conv_ms", "grouped conv ms", ".3f"),
+    ("speedup", "conv speedup", ".2f"),
 )
 
 
 def bench_residual(
     shapes: Sequence[tuple[int, int, int, int]] = (
-        (128, 96, 14, 14), (512, 96, 7, 7), (8, 96, 56, 56), (2, 96, 112, 112)),
+        (128, 96, 14, 14),
+        (512, 96, 7, 7),
+        (8, 96, 56, 56),
+        (2, 96, 112, 112),
+    ),
     *,
     warmup: int = 1,
     repeats: int = 9,
@@ -239,16 +291,29 @@ def bench_residual(
 
         def step(fn, grad):
             def run():
-                v = qkv[:, :, 2 * c:].reshape(b, h, w, c).permute(0, 3, 1, 2)
+                v = qkv[:, :, 2 * c :].reshape(b, h, w, c).permute(0, 3, 1, 2)
                 out = fn(v, wts).flatten(2).transpose(1, 2)  # [B, HW, C], as the layer adds it
                 if grad:
                     out.sum().backward()
                     qkv.grad = wts.grad = None
+
             return run
+
         for mode in ("fwd", "fwd+bwd"):
             g = mode != "fwd"
-            t = time_interleaved({"shift": step(naive_local_residual, g), "conv": step(local_residual, g)},
-                                 warmup=warmup, repeats=repeats, budget_s=budget_s)
-            rows.append({"shape": f"{b}x{c}x{h}x{w}", "mode": mode, "shift_ms": t["shift"].median * 1e3,
-                         "conv_ms": t["conv"].median * 1e3, "speedup": t["shift"].median / t["conv"].median})
+            t = time_interleaved(
+                {"shift": step(naive_local_residual, g), "conv": step(local_residual, g)},
+                warmup=warmup,
+                repeats=repeats,
+                budget_s=budget_s,
+            )
+            rows.append(
+                {
+                    "shape": f"{b}x{c}x{h}x{w}",
+                    "mode": mode,
+                    "shift_ms": t["shift"].median * 1e3,
+                    "conv_ms": t["conv"].median * 1e3,
+                    "speedup": t["shift"].median / t["conv"].median,
+                }
+            )
     return {"meta": {"bench": "residual", "repeats": repeats}, "rows": rows}

@@ -6,6 +6,7 @@ attention core is what InLine replaces; the rest (projections, MLP, norms, layou
 shared by the softmax and InLine models, so ``softmax model time / InLine time without its
 attention core`` bounds the speedup any attention core could give (Amdahl's law).
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -1,4 +1,5 @@
 """``inline-attn bench attention | residual | model``: tables to the terminal, CSV/JSON (and a PNG) to ``--out``."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,20 +35,45 @@ def _run_attention(args, name: str | None = None) -> int:
 
     _setup(args)
     result = bench_attention(
-        sizes=args.sizes, kinds=args.kinds, dim=args.dim, heads=args.heads, batch=args.batch,
-        token_budget=args.tokens, modes=args.modes, dtype=args.dtype, device=args.device,
-        warmup=args.warmup, repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory,
-        compile=args.compile, amp=args.amp,
+        sizes=args.sizes,
+        kinds=args.kinds,
+        dim=args.dim,
+        heads=args.heads,
+        batch=args.batch,
+        token_budget=args.tokens,
+        modes=args.modes,
+        dtype=args.dtype,
+        device=args.device,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        budget_s=args.budget,
+        memory=not args.no_memory,
+        compile=args.compile,
+        amp=args.amp,
     )
     args.name = name or args.name
     sides = sorted({r["side"] for r in result["rows"]})
-    title = (f"attention layers, C={args.dim}, {args.heads} heads, {result['meta']['dtype']}, "
-             f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}, {torch.get_num_threads()} threads")
-    return _finish(result, args, LAYER_COLUMNS, dict(
-        x="side", series="series", xlabel="token grid side S (S x S tokens)", title=title, xticks=sides,
-        panels=(("median_ms", "latency per batch (ms)", True), ("speedup_vs_softmax", "speedup vs softmax", False),
-                ("peak_mib", "peak memory (MiB)", True)),
-    ))
+    title = (
+        f"attention layers, C={args.dim}, {args.heads} heads, {result['meta']['dtype']}, "
+        f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}, {torch.get_num_threads()} threads"
+    )
+    return _finish(
+        result,
+        args,
+        LAYER_COLUMNS,
+        dict(
+            x="side",
+            series="series",
+            xlabel="token grid side S (S x S tokens)",
+            title=title,
+            xticks=sides,
+            panels=(
+                ("median_ms", "latency per batch (ms)", True),
+                ("speedup_vs_softmax", "speedup vs softmax", False),
+                ("peak_mib", "peak memory (MiB)", True),
+            ),
+        ),
+    )
 
 
 def _cmd_attention(args) -> int:
@@ -95,38 +121,71 @@ def _cmd_model(args) -> int:
         xlabel, name = "resolution", args.name
     batch = 8 if args.batch is None else args.batch
     result = bench_models(
-        cases, batch=batch, dtype=args.dtype, device=args.device, mode=args.mode, warmup=args.warmup,
-        repeats=args.repeats, budget_s=args.budget, memory=not args.no_memory, macs=not args.no_macs,
-        sdpa=args.sdpa, baseline=args.baseline, breakdown=args.breakdown, amp=args.amp,
+        cases,
+        batch=batch,
+        dtype=args.dtype,
+        device=args.device,
+        mode=args.mode,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        budget_s=args.budget,
+        memory=not args.no_memory,
+        macs=not args.no_macs,
+        sdpa=args.sdpa,
+        baseline=args.baseline,
+        breakdown=args.breakdown,
+        amp=args.amp,
         channels_last=args.channels_last,
     )
     result["meta"]["preset"] = args.preset
     args.name = name
     xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
-    title = (f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}, "
-             f"{torch.get_num_threads()} threads, SDPA {result['meta']['sdpa']}")
+    title = (
+        f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}, "
+        f"{torch.get_num_threads()} threads, SDPA {result['meta']['sdpa']}"
+    )
     if args.breakdown:
-        print("time by operator category (torch.profiler, mean of 3 steps; bound = the speedup over "
-              f"{result['meta']['baseline']} with a free attention core):")
+        print(
+            "time by operator category (torch.profiler, mean of 3 steps; bound = the speedup over "
+            f"{result['meta']['baseline']} with a free attention core):"
+        )
         print(format_table(result["rows"], BREAKDOWN_COLUMNS))
-    return _finish(result, args, MODEL_COLUMNS, dict(
-        x="x", series="label", xlabel=xlabel, title=title, xticks=xs,
-        panels=(("throughput", "throughput (img/s)", True),
+    return _finish(
+        result,
+        args,
+        MODEL_COLUMNS,
+        dict(
+            x="x",
+            series="label",
+            xlabel=xlabel,
+            title=title,
+            xticks=xs,
+            panels=(
+                ("throughput", "throughput (img/s)", True),
                 ("speedup", f"speedup vs {result['meta']['baseline']}", False),
-                ("peak_mib", "peak memory (MiB)", True)),
-    ))
+                ("peak_mib", "peak memory (MiB)", True),
+            ),
+        ),
+    )
 
 
 def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget: float) -> None:
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
-    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"],
-                   help="autocast around each step, as in mixed-precision training (default none)")
+    p.add_argument(
+        "--amp",
+        default="none",
+        choices=["none", "bf16", "fp16"],
+        help="autocast around each step, as in mixed-precision training (default none)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per case (default 1)")
     p.add_argument("--repeats", type=int, default=repeats, help=f"timed interleaved rounds (default {repeats})")
-    p.add_argument("--budget", type=float, default=budget,
-                   help="stop repeating a sweep point after this many seconds per case, once 2 rounds ran "
-                        f"(default {budget})")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=budget,
+        help=f"stop repeating a sweep point after this many seconds per case, once 2 rounds ran (default {budget})",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -136,15 +195,24 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
 
 def _attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[14, 28, 56, 112], help="grid sides (default 14 28 56 112)")
-    p.add_argument("--kinds", nargs="+", default=list(LAYER_KINDS), metavar="KIND",
-                   help=f"{' '.join(LAYER_KINDS)}, each optionally with '+compile'; inline-eager: without the "
-                        "fused kernels (the authors' order of operations); softmax-math: explicit N x N softmax "
-                        "(default: all, uncompiled)")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=list(LAYER_KINDS),
+        metavar="KIND",
+        help=f"{' '.join(LAYER_KINDS)}, each optionally with '+compile'; inline-eager: without the "
+        "fused kernels (the authors' order of operations); softmax-math: explicit N x N softmax "
+        "(default: all, uncompiled)",
+    )
     p.add_argument("--dim", type=int, default=96)
     p.add_argument("--heads", type=int, default=3)
     p.add_argument("--batch", type=int, default=None, help="fixed batch (default: constant token budget)")
-    p.add_argument("--tokens", type=int, default=8 * 56 * 56,
-                   help="token budget per batch when --batch is not given: batch = tokens // S^2 (default 25088)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=8 * 56 * 56,
+        help="token budget per batch when --batch is not given: batch = tokens // S^2 (default 25088)",
+    )
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--compile", action="store_true", help="torch.compile every layer (compiled in the warm-up)")
 
@@ -164,24 +232,39 @@ def register(subparsers) -> None:
     pr.set_defaults(func=_cmd_residual)
 
     pm = sub.add_parser("model", help="throughput, latency, peak memory and MACs of registered models")
-    pm.add_argument("--models", nargs="+", default=[], metavar="SPEC",
-                    help="[label=]name[:key=value,...], e.g. DeiT-T=inline_deit_tiny:pattern=S,num_heads=3")
+    pm.add_argument(
+        "--models",
+        nargs="+",
+        default=[],
+        metavar="SPEC",
+        help="[label=]name[:key=value,...], e.g. DeiT-T=inline_deit_tiny:pattern=S,num_heads=3",
+    )
     pm.add_argument("--resolutions", type=int, nargs="+", default=[224])
     pm.add_argument("--batch", type=int, default=None, help="images per step (default 8)")
     pm.add_argument("--mode", default="infer", choices=["infer", "train"])
-    pm.add_argument("--preset", choices=list(PRESETS), default=None,
-                    help="window: Swin-T vs InLine-Swin-T, windows 7/14/28/56 at 224; resolution: DeiT-T vs "
-                         "InLine-DeiT-T at 224/384/640/1024; layer: the attention layers (= bench attention)")
+    pm.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="window: Swin-T vs InLine-Swin-T, windows 7/14/28/56 at 224; resolution: DeiT-T vs "
+        "InLine-DeiT-T at 224/384/640/1024; layer: the attention layers (= bench attention)",
+    )
     pm.add_argument("--values", type=int, nargs="+", default=None, help="override a preset's sweep values")
-    pm.add_argument("--sdpa", choices=["math"], default=None,
-                    help="math: explicit N x N softmax attention (as the reference code) instead of fused SDPA")
+    pm.add_argument(
+        "--sdpa",
+        choices=["math"],
+        default=None,
+        help="math: explicit N x N softmax attention (as the reference code) instead of fused SDPA",
+    )
     pm.add_argument("--baseline", default=None, help="label the speedups divide by (default: the first)")
     pm.add_argument("--no-macs", action="store_true", help="skip counting MACs")
     pm.add_argument("--channels-last", action="store_true", help="channels-last input images and convolutions")
-    pm.add_argument("--compile", action="store_true",
-                    help="torch.compile every model (same as compile=1 in each spec)")
-    pm.add_argument("--breakdown", action="store_true",
-                    help="profile three more steps per case: ms per operator category, the attention core's "
-                         "share and the speedup bound with a free attention core")
+    pm.add_argument("--compile", action="store_true", help="torch.compile every model (same as compile=1 in each spec)")
+    pm.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="profile three more steps per case: ms per operator category, the attention core's "
+        "share and the speedup bound with a free attention core",
+    )
     _common(pm, "model", repeats=5, budget=60.0)
     pm.set_defaults(func=_cmd_model)

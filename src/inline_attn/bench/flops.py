@@ -13,13 +13,22 @@ Elementwise work (means, centring, softmax, additions) is not counted, as in the
 A training step (forward + backward) counts 3x the forward: the backward of every product is two
 products of the same size.
 """
+
 from __future__ import annotations
 
 __all__ = ["attention_layer_flops"]
 
 
-def attention_layer_flops(kind: str, batch: int, tokens: int, dim: int, heads: int, *,
-                          local_residual: bool | None = None, backward: bool = False) -> int:
+def attention_layer_flops(
+    kind: str,
+    batch: int,
+    tokens: int,
+    dim: int,
+    heads: int,
+    *,
+    local_residual: bool | None = None,
+    backward: bool = False,
+) -> int:
     """FLOPs of one attention layer call (see module docstring for the terms).
 
     Args:

@@ -23,6 +23,7 @@ Writes JSON / CSV / PNG per benchmark, ``summary.md`` (device, driver, versions,
 the performance goals met or missed) and ``gpu_check.json`` into ``--out``, and packs the folder
 as ``gpu_check.tar.gz``. On a machine without CUDA it exits at once (status 2) with a message.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,12 @@ def _versions() -> dict:
     props = torch.cuda.get_device_properties(0)
     info.update(device=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         info["driver"] = smi.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         info["driver"] = "unknown"
@@ -85,8 +90,9 @@ def step_tests(out: pathlib.Path, quick: bool) -> dict:
     log = out / "tests.log"
     with open(log, "w") as fh:  # streamed, so a stopped run still shows how far it got
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, text=True, env=env,
-                                  timeout=TESTS_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, text=True, env=env, timeout=TESTS_TIMEOUT_S
+            )
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -106,17 +112,43 @@ def _fmnist_dir() -> pathlib.Path | None:
 def step_train(out: pathlib.Path, quick: bool) -> dict:
     data = _fmnist_dir()
     if data is None:
-        return {"ok": None, "summary": "skipped: no Fashion-MNIST files (set INLINE_ATTN_FMNIST to the folder of "
-                                       "the four .gz files)"}
+        return {
+            "ok": None,
+            "summary": "skipped: no Fashion-MNIST files (set INLINE_ATTN_FMNIST to the folder of the four .gz files)",
+        }
     run_dir = out / "train_smoke"
-    args = ["train", "-c", str(ROOT / "configs/fmnist/demo.yaml"), "--data.path", str(data),
-            "--data.subset", "3200", "--data.val_subset", "2000", "--data.batch_size", "64",
-            "--sched.epochs", "4", "--sched.warmup_epochs", "0.25", "--train.device", "cuda", "--train.amp", "bf16",
-            "--train.output", str(run_dir), "--train.progress", "false", "--train.threads", "0"]
+    args = [
+        "train",
+        "-c",
+        str(ROOT / "configs/fmnist/demo.yaml"),
+        "--data.path",
+        str(data),
+        "--data.subset",
+        "3200",
+        "--data.val_subset",
+        "2000",
+        "--data.batch_size",
+        "64",
+        "--sched.epochs",
+        "4",
+        "--sched.warmup_epochs",
+        "0.25",
+        "--train.device",
+        "cuda",
+        "--train.amp",
+        "bf16",
+        "--train.output",
+        str(run_dir),
+        "--train.progress",
+        "false",
+        "--train.threads",
+        "0",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "inline_attn.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "inline_attn.cli", *args], cwd=ROOT, capture_output=True, text=True, env=env
+    )
     (out / "train.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         return {"ok": False, "summary": f"inline-attn train exited {proc.returncode} (train.log)"}
@@ -126,11 +158,17 @@ def step_train(out: pathlib.Path, quick: bool) -> dict:
     losses = [float(r["train_loss"]) for r in rows]
     summary = json.loads((run_dir / "summary.json").read_text())
     ok = len(losses) == 4 and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
-    return {"ok": ok, "losses": losses, "steps": summary.get("steps"), "val_top1": summary["final"].get("val_top1"),
-            "train_img_s": summary.get("train_img_s"), "wall_s": round(time.time() - t0, 1),
-            "summary": f"{summary.get('steps')} bf16 steps, "
-                       f"train loss by epoch {', '.join(f'{v:.3f}' for v in losses)}, "
-                       f"val top-1 {summary['final'].get('val_top1'):.1f} % on 2,000 test images"}
+    return {
+        "ok": ok,
+        "losses": losses,
+        "steps": summary.get("steps"),
+        "val_top1": summary["final"].get("val_top1"),
+        "train_img_s": summary.get("train_img_s"),
+        "wall_s": round(time.time() - t0, 1),
+        "summary": f"{summary.get('steps')} bf16 steps, "
+        f"train loss by epoch {', '.join(f'{v:.3f}' for v in losses)}, "
+        f"val top-1 {summary['final'].get('val_top1'):.1f} % on 2,000 test images",
+    }
 
 
 def _write(result: dict, out: pathlib.Path, name: str, columns, plot_kw: dict | None) -> str:
@@ -160,38 +198,85 @@ def step_core(out: pathlib.Path, quick: bool) -> dict:
         q, k, v = torch.randn(b, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
         w9 = torch.randn(b, 9, c, device="cuda", dtype=torch.bfloat16)
         g = torch.randn(b, n, c, device="cuda", dtype=torch.bfloat16)
-        args = (heads, d ** -0.5, side, side, 0)
-        t = time_interleaved({
-            "fwd": lambda: tc.inline_forward_triton(q, k, v, w9, *args),
-            "bwd": lambda: tc.inline_backward_triton(q, k, v, w9, g, *args),
-        }, warmup=3, repeats=10, device="cuda")
+        args = (heads, d**-0.5, side, side, 0)
+        t = time_interleaved(
+            {
+                "fwd": lambda: tc.inline_forward_triton(q, k, v, w9, *args),
+                "bwd": lambda: tc.inline_backward_triton(q, k, v, w9, g, *args),
+            },
+            warmup=3,
+            repeats=10,
+            device="cuda",
+        )
         fwd, bwd = t["fwd"].median, t["bwd"].median
         nbytes = 11 * b * n * c * 2
         chunks, _ = tc._launch_shape(q, b * heads, n, None)
-        rows.append({"grid": f"{side}x{side}", "batch": b, "launch": "fused" if chunks == 1 else f"split {chunks}",
-                     "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "GBps": nbytes / (fwd + bwd) / 1e9})
+        rows.append(
+            {
+                "grid": f"{side}x{side}",
+                "batch": b,
+                "launch": "fused" if chunks == 1 else f"split {chunks}",
+                "fwd_ms": fwd * 1e3,
+                "bwd_ms": bwd * 1e3,
+                "GBps": nbytes / (fwd + bwd) / 1e9,
+            }
+        )
         q = k = v = w9 = g = None  # free this size's tensors before the next size's
     copy = _copy_bandwidth() / 1e9
     for r in rows:
         r["pct_of_copy"] = 100 * r["GBps"] / copy
-    cols = (("grid", "grid", ""), ("batch", "B", ""), ("launch", "launch", ""), ("fwd_ms", "fwd ms", ".3f"),
-            ("bwd_ms", "bwd ms", ".3f"), ("GBps", "GB/s (min bytes)", ".0f"), ("pct_of_copy", "% of copy", ".1f"))
+    cols = (
+        ("grid", "grid", ""),
+        ("batch", "B", ""),
+        ("launch", "launch", ""),
+        ("fwd_ms", "fwd ms", ".3f"),
+        ("bwd_ms", "bwd ms", ".3f"),
+        ("GBps", "GB/s (min bytes)", ".0f"),
+        ("pct_of_copy", "% of copy", ".1f"),
+    )
     (out / "core.json").write_text(json.dumps({"copy_GBps": copy, "rows": rows}, indent=1))
-    return {"ok": True, "rows": rows, "table": format_table(rows, cols) + f"\ndevice copy: {copy:.0f} GB/s",
-            "summary": ", ".join(f"{r['grid']} {r['GBps']:.0f} GB/s" for r in rows)}
+    return {
+        "ok": True,
+        "rows": rows,
+        "table": format_table(rows, cols) + f"\ndevice copy: {copy:.0f} GB/s",
+        "summary": ", ".join(f"{r['grid']} {r['GBps']:.0f} GB/s" for r in rows),
+    }
 
 
 def step_layer(out: pathlib.Path, quick: bool) -> dict:
     from .attention import LAYER_COLUMNS, bench_attention
 
     sizes = (7, 14, 56) if quick else (7, 14, 28, 56, 112)
-    res = bench_attention(sizes=sizes, dim=96, heads=3, token_budget=64 * 56 * 56, device="cuda", amp="bf16",
-                          warmup=3, repeats=10, budget_s=5.0, memory=True)
-    table = _write(res, out, "layer", LAYER_COLUMNS, dict(
-        x="side", series="series", xlabel="token grid side S (S x S tokens)", xticks=list(sizes),
-        title="attention layers on CUDA, C=96, 3 heads, bf16 autocast, batch = 200704 tokens / S^2",
-        panels=(("median_ms", "latency per batch (ms)", True), ("speedup_vs_softmax", "speedup vs SDPA softmax", False),
-                ("peak_mib", "peak memory (MiB)", True))))
+    res = bench_attention(
+        sizes=sizes,
+        dim=96,
+        heads=3,
+        token_budget=64 * 56 * 56,
+        device="cuda",
+        amp="bf16",
+        warmup=3,
+        repeats=10,
+        budget_s=5.0,
+        memory=True,
+    )
+    table = _write(
+        res,
+        out,
+        "layer",
+        LAYER_COLUMNS,
+        dict(
+            x="side",
+            series="series",
+            xlabel="token grid side S (S x S tokens)",
+            xticks=list(sizes),
+            title="attention layers on CUDA, C=96, 3 heads, bf16 autocast, batch = 200704 tokens / S^2",
+            panels=(
+                ("median_ms", "latency per batch (ms)", True),
+                ("speedup_vs_softmax", "speedup vs SDPA softmax", False),
+                ("peak_mib", "peak memory (MiB)", True),
+            ),
+        ),
+    )
     return {"ok": True, "rows": res["rows"], "table": table}
 
 
@@ -202,21 +287,52 @@ def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick
     fused_label = {"window": "InLine-Swin-T", "resolution": "InLine-DeiT-T"}[preset]
     # the authors' code: InLine's eager composition, softmax computed explicitly (N x N weights)
     base_label = {"window": "Swin-T", "resolution": "DeiT-T"}[preset]
-    extra = [ModelCase(f"{fused_label} eager", c.name, c.resolution, c.x, {**c.overrides, "impl": "eager"})
-             for c in cases if c.label == fused_label]
-    extra += [ModelCase(f"{base_label} explicit", c.name, c.resolution, c.x, {**c.overrides, "sdpa": "math"})
-              for c in cases if c.label == base_label]
+    extra = [
+        ModelCase(f"{fused_label} eager", c.name, c.resolution, c.x, {**c.overrides, "impl": "eager"})
+        for c in cases
+        if c.label == fused_label
+    ]
+    extra += [
+        ModelCase(f"{base_label} explicit", c.name, c.resolution, c.x, {**c.overrides, "sdpa": "math"})
+        for c in cases
+        if c.label == base_label
+    ]
     tables, rows = [], []
     for mode in ("infer", "train"):
-        res = bench_models(cases + extra, batch=batch, device="cuda", mode=mode, amp="bf16", warmup=2,
-                           repeats=3 if quick else 6, budget_s=5.0, memory=True, macs=False)
+        res = bench_models(
+            cases + extra,
+            batch=batch,
+            device="cuda",
+            mode=mode,
+            amp="bf16",
+            warmup=2,
+            repeats=3 if quick else 6,
+            budget_s=5.0,
+            memory=True,
+            macs=False,
+        )
         rows += res["rows"]
-        tables.append(f"{mode}:\n" + _write(res, out, f"{name}_{mode}", MODEL_COLUMNS, dict(
-            x="x", series="label", xlabel=xlabel, xticks=list(dict.fromkeys(r["x"] for r in res["rows"])),
-            title=f"{preset} sweep, {mode}, batch {batch}, bf16 autocast, CUDA",
-            panels=(("throughput", "throughput (img/s)", True),
-                    ("speedup", f"speedup vs {res['meta']['baseline']}", False),
-                    ("peak_mib", "peak memory (MiB)", True)))))
+        tables.append(
+            f"{mode}:\n"
+            + _write(
+                res,
+                out,
+                f"{name}_{mode}",
+                MODEL_COLUMNS,
+                dict(
+                    x="x",
+                    series="label",
+                    xlabel=xlabel,
+                    xticks=list(dict.fromkeys(r["x"] for r in res["rows"])),
+                    title=f"{preset} sweep, {mode}, batch {batch}, bf16 autocast, CUDA",
+                    panels=(
+                        ("throughput", "throughput (img/s)", True),
+                        ("speedup", f"speedup vs {res['meta']['baseline']}", False),
+                        ("peak_mib", "peak memory (MiB)", True),
+                    ),
+                ),
+            )
+        )
     return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
 
 
@@ -232,27 +348,49 @@ def step_compile(out: pathlib.Path, quick: bool) -> dict:
     from .model import MODEL_COLUMNS, ModelCase, bench_models
 
     cases = []
-    for label, name, ov in (("InLine-Swin-T w7", "inline_swin_tiny", {"window_size": 7}),
-                            ("InLine-DeiT-T", "inline_deit_tiny", {})):
+    for label, name, ov in (
+        ("InLine-Swin-T w7", "inline_swin_tiny", {"window_size": 7}),
+        ("InLine-DeiT-T", "inline_deit_tiny", {}),
+    ):
         cases.append(ModelCase(label, name, 224, label, dict(ov)))
         cases.append(ModelCase(f"{label} compiled", name, 224, label, {**ov, "compile": 1}))
     rows, tables = [], []
     for case_pair in (cases[:2], cases[2:]):
-        res = bench_models(case_pair, batch=64, device="cuda", mode="train", amp="bf16", warmup=3,
-                           repeats=3 if quick else 6, budget_s=5.0, memory=True, macs=False)
+        res = bench_models(
+            case_pair,
+            batch=64,
+            device="cuda",
+            mode="train",
+            amp="bf16",
+            warmup=3,
+            repeats=3 if quick else 6,
+            budget_s=5.0,
+            memory=True,
+            macs=False,
+        )
         rows += res["rows"]
         tables.append(_write(res, out, f"compile_{len(tables)}", MODEL_COLUMNS, None))
     return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
 
 
-STEPS = {"tests": step_tests, "train": step_train, "core": step_core, "layer": step_layer, "window": step_window,
-         "resolution": step_resolution, "compile": step_compile}
+STEPS = {
+    "tests": step_tests,
+    "train": step_train,
+    "core": step_core,
+    "layer": step_layer,
+    "window": step_window,
+    "resolution": step_resolution,
+    "compile": step_compile,
+}
 
 
 def _ratio(rows, x, label, base, key="throughput", mode=None):
     def pick(lbl):
-        return next((r for r in rows if r.get("x") == x and r.get("label") == lbl
-                     and (mode is None or r.get("mode") == mode)), None)
+        return next(
+            (r for r in rows if r.get("x") == x and r.get("label") == lbl and (mode is None or r.get("mode") == mode)),
+            None,
+        )
+
     a, b = pick(label), pick(base)
     return a[key] / b[key] if a and b and b[key] else math.nan
 
@@ -262,8 +400,10 @@ def goals(results: dict, copy_bw: float) -> list[str]:
     lines = []
     for r in results.get("core", {}).get("rows", []):
         if r["grid"] in ("56x56", "112x112"):
-            lines.append(f"Triton core fwd+bwd at {r['grid']}: {r['GBps']:.0f} GB/s = {r['pct_of_copy']:.0f} % of the "
-                         f"device copy rate (goal >= 60 %) {'met' if r['pct_of_copy'] >= 60 else 'MISSED'}")
+            lines.append(
+                f"Triton core fwd+bwd at {r['grid']}: {r['GBps']:.0f} GB/s = {r['pct_of_copy']:.0f} % of the "
+                f"device copy rate (goal >= 60 %) {'met' if r['pct_of_copy'] >= 60 else 'MISSED'}"
+            )
     layer = results.get("layer", {}).get("rows", [])
 
     def layer_row(side, kind, mode):
@@ -273,23 +413,30 @@ def goals(results: dict, copy_bw: float) -> list[str]:
         r = layer_row(side, "inline", "fwd+bwd")
         if r:
             v = r["speedup_vs_softmax"]
-            lines.append(f"layer fwd+bwd vs SDPA at {side}x{side}: {v:.2f}x (goal >= {target}x) "
-                         f"{'met' if v >= target else 'MISSED'}")
+            lines.append(
+                f"layer fwd+bwd vs SDPA at {side}x{side}: {v:.2f}x (goal >= {target}x) "
+                f"{'met' if v >= target else 'MISSED'}"
+            )
     win = results.get("window", {}).get("rows", [])
     v = _ratio(win, 7, "InLine-Swin-T", "Swin-T", mode="train")
     if not math.isnan(v):
-        lines.append(f"InLine-Swin-T training throughput vs Swin-T at window 7: {v:.2f}x (goal >= 1.0x) "
-                     f"{'met' if v >= 1.0 else 'MISSED'}")
+        lines.append(
+            f"InLine-Swin-T training throughput vs Swin-T at window 7: {v:.2f}x (goal >= 1.0x) "
+            f"{'met' if v >= 1.0 else 'MISSED'}"
+        )
     res = results.get("resolution", {}).get("rows", [])
     for mode in ("infer", "train"):
         v = _ratio(res, 1024, "InLine-DeiT-T", "DeiT-T", mode=mode)
         if not math.isnan(v):
-            lines.append(f"InLine-DeiT-T vs DeiT-T (SDPA) at 1024 px ({mode}): {v:.2f}x (goal >= 2.5x) "
-                         f"{'met' if v >= 2.5 else 'MISSED'}")
+            lines.append(
+                f"InLine-DeiT-T vs DeiT-T (SDPA) at 1024 px ({mode}): {v:.2f}x (goal >= 2.5x) "
+                f"{'met' if v >= 2.5 else 'MISSED'}"
+            )
         v = _ratio(res, 1024, "InLine-DeiT-T", "DeiT-T explicit", mode=mode)
         if not math.isnan(v):
-            lines.append(f"InLine-DeiT-T vs DeiT-T with explicit softmax (the authors' code) at 1024 px ({mode}): "
-                         f"{v:.2f}x")
+            lines.append(
+                f"InLine-DeiT-T vs DeiT-T with explicit softmax (the authors' code) at 1024 px ({mode}): {v:.2f}x"
+            )
     comp = results.get("compile", {}).get("rows", [])
     for label in ("InLine-Swin-T w7", "InLine-DeiT-T"):
         v = _ratio(comp, label, f"{label} compiled", label)
@@ -324,16 +471,21 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a smoke run of the check)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device here. It runs on a machine with an NVIDIA GPU, a CUDA build of PyTorch "
-              "and triton (python3 there, with the project on PYTHONPATH=src).", file=sys.stderr)
+        print(
+            "gpu-check: no CUDA device here. It runs on a machine with an NVIDIA GPU, a CUDA build of PyTorch "
+            "and triton (python3 there, with the project on PYTHONPATH=src).",
+            file=sys.stderr,
+        )
         return 2
     os.environ.pop("TRITON_INTERPRET", None)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = _versions()
     env["copy_GBps"] = round(_copy_bandwidth() / 1e9)
-    print(f"gpu-check on {env['device']} (driver {env['driver']}, torch {env['torch']}, triton {env['triton']})",
-          flush=True)
+    print(
+        f"gpu-check on {env['device']} (driver {env['driver']}, torch {env['torch']}, triton {env['triton']})",
+        flush=True,
+    )
     results: dict = {}
     for name in args.steps:
         t0 = time.time()
@@ -348,8 +500,17 @@ def main(argv=None) -> int:
         print(f"   {name}: {r.get('summary', 'done')} ({r['seconds']:.0f} s)", flush=True)
     goal_lines = goals(results, env["copy_GBps"])
     text = write_summary(out, env, results, goal_lines, argv or sys.argv[1:])
-    (out / "gpu_check.json").write_text(json.dumps({"env": env, "goals": goal_lines, "results": {
-        k: {kk: vv for kk, vv in v.items() if kk != "table"} for k, v in results.items()}}, indent=1, default=str))
+    (out / "gpu_check.json").write_text(
+        json.dumps(
+            {
+                "env": env,
+                "goals": goal_lines,
+                "results": {k: {kk: vv for kk, vv in v.items() if kk != "table"} for k, v in results.items()},
+            },
+            indent=1,
+            default=str,
+        )
+    )
     with tarfile.open(out.with_suffix(".tar.gz") if out.suffix == "" else out / "gpu_check.tar.gz", "w:gz") as tar:
         tar.add(out, arcname=out.name)
     print(text)

@@ -5,6 +5,7 @@ interleaved run after a warm-up; medians of the repeats; the device is synchroni
 call. A case that runs out of memory (or cannot be built at that size) is recorded with ``nan``
 and its status instead of stopping the sweep. The presets reproduce the paper's Fig. 6 sweeps.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,19 +26,36 @@ from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
 __all__ = [
-    "BREAKDOWN_COLUMNS", "MODEL_COLUMNS", "ModelCase", "PRESETS", "bench_models", "parse_model_spec", "preset_cases",
+    "BREAKDOWN_COLUMNS",
+    "MODEL_COLUMNS",
+    "ModelCase",
+    "PRESETS",
+    "bench_models",
+    "parse_model_spec",
+    "preset_cases",
 ]
 
 MODEL_COLUMNS = (
-    ("x", "x", ""), ("label", "model", ""), ("resolution", "res", ""), ("batch", "B", ""),
-    ("mode", "mode", ""), ("throughput", "img/s", ".2f"), ("latency_ms", "latency ms", ".1f"),
-    ("speedup", "speedup", ".2f"), ("gmacs", "GMACs/img", ".2f"), ("gflops", "GFLOP/s", ".1f"),
-    ("pct_matmul", "% matmul", ".1f"), ("peak_mib", "peak MiB", ".1f"), ("status", "status", ""),
+    ("x", "x", ""),
+    ("label", "model", ""),
+    ("resolution", "res", ""),
+    ("batch", "B", ""),
+    ("mode", "mode", ""),
+    ("throughput", "img/s", ".2f"),
+    ("latency_ms", "latency ms", ".1f"),
+    ("speedup", "speedup", ".2f"),
+    ("gmacs", "GMACs/img", ".2f"),
+    ("gflops", "GFLOP/s", ".1f"),
+    ("pct_matmul", "% matmul", ".1f"),
+    ("peak_mib", "peak MiB", ".1f"),
+    ("status", "status", ""),
 )
 # --breakdown: profiled ms per category of a step (mean of 3), and the Amdahl bound on the speedup
-BREAKDOWN_COLUMNS = (("x", "x", ""), ("label", "model", "")) + tuple(
-    (f"bd_{c.replace(' ', '_')}", f"{c} ms", ".1f") for c in BREAKDOWN_CATEGORIES
-) + (("core_share", "core %", ".1f"), ("bound", "bound x", ".2f"))
+BREAKDOWN_COLUMNS = (
+    (("x", "x", ""), ("label", "model", ""))
+    + tuple((f"bd_{c.replace(' ', '_')}", f"{c} ms", ".1f") for c in BREAKDOWN_CATEGORIES)
+    + (("core_share", "core %", ".1f"), ("bound", "bound x", ".2f"))
+)
 
 
 @dataclass
@@ -141,8 +159,14 @@ def preset_cases(preset: str, values: Optional[Sequence[int]] = None) -> tuple[l
     raise ValueError(f"unknown model preset {preset!r}: expected window or resolution")
 
 
-def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str], impl: Optional[str] = None,
-          amp: Optional[torch.dtype] = None):
+def _step(
+    model: nn.Module,
+    x: torch.Tensor,
+    mode: str,
+    sdpa: Optional[str],
+    impl: Optional[str] = None,
+    amp: Optional[torch.dtype] = None,
+):
     def ctx():
         stack = contextlib.ExitStack()
         if impl is not None:
@@ -156,9 +180,11 @@ def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str], imp
         return stack
 
     if mode == "infer":
+
         def step():
             with torch.no_grad(), ctx():
                 return model(x)
+
         return step
     target = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
 
@@ -167,6 +193,7 @@ def _step(model: nn.Module, x: torch.Tensor, mode: str, sdpa: Optional[str], imp
         with ctx():
             out = model(x)
         F.cross_entropy(out.float().flatten(1), target).backward()
+
     return step
 
 
@@ -266,16 +293,25 @@ def bench_models(
             if memory and t is not None and t.ok:
                 peak, mst = peak_memory(steps[key], dev)
                 st = st if mst == "ok" else mst
-            rows.append({
-                "x": pt, "label": c.label,
-                "model": c.name if isinstance(c.name, str) else getattr(c.name, "__name__", "factory"),
-                "overrides": dict(c.overrides), "resolution": c.resolution, "batch": batch,
-                "dtype": str(dt).replace("torch.", ""), "mode": mode,
-                "latency_ms": med * 1e3, "throughput": batch / med,
-                "min_latency_ms": (t.minimum if t is not None else math.nan) * 1e3,
-                "repeats": len(t.times) if t is not None else 0,
-                "gmacs": gmacs.get(key, math.nan), "peak_mib": peak / 2 ** 20, "status": st,
-            })
+            rows.append(
+                {
+                    "x": pt,
+                    "label": c.label,
+                    "model": c.name if isinstance(c.name, str) else getattr(c.name, "__name__", "factory"),
+                    "overrides": dict(c.overrides),
+                    "resolution": c.resolution,
+                    "batch": batch,
+                    "dtype": str(dt).replace("torch.", ""),
+                    "mode": mode,
+                    "latency_ms": med * 1e3,
+                    "throughput": batch / med,
+                    "min_latency_ms": (t.minimum if t is not None else math.nan) * 1e3,
+                    "repeats": len(t.times) if t is not None else 0,
+                    "gmacs": gmacs.get(key, math.nan),
+                    "peak_mib": peak / 2**20,
+                    "status": st,
+                }
+            )
             # forward MACs x 2 FLOPs; a training step counts forward + backward as 3 forwards
             rows[-1]["gflops"] = rows[-1]["gmacs"] * 2 * (3 if mode == "train" else 1) * rows[-1]["throughput"]
             rows[-1]["pct_matmul"] = 100 * rows[-1]["gflops"] * 1e9 / rate
@@ -293,9 +329,20 @@ def bench_models(
             rest = r["latency_ms"] * (1 - r["core_share"] / 100)
             r["bound"] = ref["latency_ms"] / rest if ref and rest > 0 else math.nan
     return {
-        "meta": {"bench": "model", "batch": batch, "dtype": str(dt).replace("torch.", ""), "mode": mode,
-                 "warmup": warmup, "repeats": repeats, "budget_s": budget_s, "sdpa": sdpa or "default",
-                 "amp": amp or "none", "channels_last": channels_last, "device": str(dev),
-                 "baseline": base, "matmul_gflops": rate / 1e9},
+        "meta": {
+            "bench": "model",
+            "batch": batch,
+            "dtype": str(dt).replace("torch.", ""),
+            "mode": mode,
+            "warmup": warmup,
+            "repeats": repeats,
+            "budget_s": budget_s,
+            "sdpa": sdpa or "default",
+            "amp": amp or "none",
+            "channels_last": channels_last,
+            "device": str(dev),
+            "baseline": base,
+            "matmul_gflops": rate / 1e9,
+        },
         "rows": rows,
     }

@@ -4,6 +4,7 @@ A result is ``{"meta": {...}, "rows": [{...}, ...]}``: ``meta`` records the mach
 version, dtype, the command line and measured rates; each row is one case. Missing numbers
 (a case that ran out of memory) are ``nan`` in the table and CSV and ``NaN`` in the JSON.
 """
+
 from __future__ import annotations
 
 import csv

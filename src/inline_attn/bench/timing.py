@@ -15,6 +15,7 @@ materialise). Parameters and the inputs, which exist before the call, are not co
 buffers private to one fused kernel (e.g. the per-thread blocks of the CPU flash-attention
 kernel) are not seen either.
 """
+
 from __future__ import annotations
 
 import math
@@ -228,7 +229,10 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str | None = None)
 
 
 def measure_matmul_rate(
-    n: int = 1024, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+    n: int = 1024,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
     repeats: int = 10,
 ) -> float:
     """Achieved FLOP/s of an ``n x n @ n x n`` matmul (median of ``repeats``): the machine's floor."""
@@ -236,4 +240,4 @@ def measure_matmul_rate(
     a = torch.randn(n, n, dtype=dtype, device=dev)
     b = torch.randn(n, n, dtype=dtype, device=dev)
     res = time_interleaved({"mm": lambda: a @ b}, warmup=2, repeats=repeats, device=dev)["mm"]
-    return 2.0 * n ** 3 / res.median
+    return 2.0 * n**3 / res.median

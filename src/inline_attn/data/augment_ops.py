@@ -17,6 +17,7 @@ round every result as Pillow does, so each output is again a whole level:
 
 Grey images (C = 1) are Pillow's "L" mode (``color`` leaves them unchanged).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,7 @@ def _histogram(x: torch.Tensor) -> torch.Tensor:
     """[B, C, H, W] levels -> [B, C, 256] int64 counts."""
     B, C, H, W = x.shape
     idx = x.reshape(B, C, H * W).long()
-    return torch.zeros(B, C, LEVELS, dtype=torch.int64, device=x.device).scatter_add_(
-        2, idx, torch.ones_like(idx))
+    return torch.zeros(B, C, LEVELS, dtype=torch.int64, device=x.device).scatter_add_(2, idx, torch.ones_like(idx))
 
 
 def autocontrast(x: torch.Tensor) -> torch.Tensor:
@@ -170,6 +170,7 @@ def sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 # ---- geometry -------------------------------------------------------------------------------------
 
+
 def _cubic(v0, v1, v2, v3, d):
     """Pillow's geometric bicubic (Keys, a = -1) between v1 and v2 at fraction d, in its Horner form."""
     p2 = v2 - v0
@@ -178,8 +179,9 @@ def _cubic(v0, v1, v2, v3, d):
     return v1 + d * (p2 + d * (p3 + d * p4))
 
 
-def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float],
-           interpolation: str = "bicubic") -> torch.Tensor:
+def affine(
+    x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float], interpolation: str = "bicubic"
+) -> torch.Tensor:
     """Image.transform(size, AFFINE, matrix, resample, fillcolor=fill) for every image.
 
     x: [B, C, H, W] levels; matrix: [B, 2, 3] (Pillow's ``(a, b, c, d, e, f)``: the output pixel
@@ -187,8 +189,9 @@ def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float],
     fill: one level per channel for sources outside the image. Returns [B, C, H, W] levels.
     """
     if interpolation not in ("bicubic", "bilinear"):
-        raise ValueError(f"interpolation {interpolation!r}: RandAugment's geometric operations take bicubic "
-                         "or bilinear")
+        raise ValueError(
+            f"interpolation {interpolation!r}: RandAugment's geometric operations take bicubic or bilinear"
+        )
     B, C, H, W = x.shape
     dev = x.device
     # float64 as in Pillow: in float32 a sample landing on a whole level truncates one level lower
@@ -210,7 +213,7 @@ def affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float],
     flat = x.reshape(B, C, H * W).double()
     across = []
     for r in range(k):
-        idx = (rows[:, r:r + 1] * W + cols).view(B, 1, k * H * W).expand(B, C, -1)
+        idx = (rows[:, r : r + 1] * W + cols).view(B, 1, k * H * W).expand(B, C, -1)
         taps = flat.gather(2, idx).view(B, C, k, H, W)
         if interpolation == "bilinear":  # Pillow's BILINEAR: along x, then y
             across.append(taps[:, :, 0] + (taps[:, :, 1] - taps[:, :, 0]) * dx)

@@ -11,6 +11,7 @@ data loader) and for batches of tensors (on the device).
   shorter side to ``floor(size / crop_pct)``, aspect kept) or ``"squash"`` (the authors' Swin code
   base: the whole image to a square of side ``int(size / crop_pct)``), then the centre crop.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,9 @@ def _check_interpolation(interpolation: str) -> None:
         raise ValueError(f"unknown interpolation {interpolation!r}: expected one of {sorted(RESAMPLE)}")
 
 
-def rrc_box(rng: np.random.Generator, width: int, height: int, scale: Sequence[float],
-            ratio: Sequence[float]) -> tuple[int, int, int, int]:
+def rrc_box(
+    rng: np.random.Generator, width: int, height: int, scale: Sequence[float], ratio: Sequence[float]
+) -> tuple[int, int, int, int]:
     """One random resized crop box ``(top, left, h, w)`` of a ``width x height`` image."""
     area = width * height
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -61,8 +63,9 @@ def rrc_boxes(batch: int, height: int, width: int, scale: Sequence[float], ratio
     """:func:`rrc_box` for ``batch`` images of one size, drawn with torch's global generator: [B, 4] int64."""
     area = width * height
     target = torch.empty(batch, RRC_TRIES, dtype=torch.float64).uniform_(scale[0], scale[1]) * area
-    aspect = torch.exp(torch.empty(batch, RRC_TRIES, dtype=torch.float64).uniform_(math.log(ratio[0]),
-                                                                                    math.log(ratio[1])))
+    aspect = torch.exp(
+        torch.empty(batch, RRC_TRIES, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1]))
+    )
     w = torch.round(torch.sqrt(target * aspect)).long()
     h = torch.round(torch.sqrt(target / aspect)).long()
     ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
@@ -76,8 +79,14 @@ def rrc_boxes(batch: int, height: int, width: int, scale: Sequence[float], ratio
     return torch.stack([top, left, h, w], dim=1)
 
 
-def random_resized_crop_pil(img: Image.Image, size: int, rng: np.random.Generator, scale: Sequence[float],
-                            ratio: Sequence[float], interpolation: str = "bicubic") -> Image.Image:
+def random_resized_crop_pil(
+    img: Image.Image,
+    size: int,
+    rng: np.random.Generator,
+    scale: Sequence[float],
+    ratio: Sequence[float],
+    interpolation: str = "bicubic",
+) -> Image.Image:
     """timm's RandomResizedCropAndInterpolation on a Pillow image: a ``size x size`` image."""
     _check_interpolation(interpolation)
     top, left, h, w = rrc_box(rng, img.width, img.height, scale, ratio)
@@ -91,7 +100,7 @@ def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: int, interpolation:
     mode = "bicubic" if interpolation == "bicubic" else "bilinear"
     out = []
     for b, (top, left, h, w) in enumerate(boxes.tolist()):
-        crop = x[b:b + 1, :, top:top + h, left:left + w]
+        crop = x[b : b + 1, :, top : top + h, left : left + w]
         out.append(F.interpolate(crop, size=(size, size), mode=mode, align_corners=False, antialias=True))
     return torch.cat(out)
 
@@ -119,8 +128,9 @@ def _resized_shape(height: int, width: int, img_size: int, crop_pct: float, mode
     return max(img_size, int(s * height / width)), s
 
 
-def eval_resize_pil(img: Image.Image, img_size: int, crop_pct: float, mode: str = "shorter",
-                    interpolation: str = "bicubic") -> Image.Image:
+def eval_resize_pil(
+    img: Image.Image, img_size: int, crop_pct: float, mode: str = "shorter", interpolation: str = "bicubic"
+) -> Image.Image:
     """The evaluation resize of a Pillow image, then the centre ``img_size`` square."""
     _check_interpolation(interpolation)
     nh, nw = _resized_shape(img.height, img.width, img_size, crop_pct, mode)
@@ -130,13 +140,19 @@ def eval_resize_pil(img: Image.Image, img_size: int, crop_pct: float, mode: str 
     return img.crop((left, top, left + img_size, top + img_size))
 
 
-def eval_resize(x: torch.Tensor, img_size: int, crop_pct: float, mode: str = "shorter",
-                interpolation: str = "bicubic") -> torch.Tensor:
+def eval_resize(
+    x: torch.Tensor, img_size: int, crop_pct: float, mode: str = "shorter", interpolation: str = "bicubic"
+) -> torch.Tensor:
     """:func:`eval_resize_pil` for a batch [B, C, H, W] in [0, 1] (antialiased, clamped)."""
     H, W = x.shape[-2:]
     nh, nw = _resized_shape(H, W, img_size, crop_pct, mode)
     if (nh, nw) != (H, W):
-        x = F.interpolate(x, size=(nh, nw), mode="bicubic" if interpolation == "bicubic" else "bilinear",
-                          align_corners=False, antialias=True).clamp_(0, 1)
+        x = F.interpolate(
+            x,
+            size=(nh, nw),
+            mode="bicubic" if interpolation == "bicubic" else "bilinear",
+            align_corners=False,
+            antialias=True,
+        ).clamp_(0, 1)
     top, left = centre_offset(nh, img_size), centre_offset(nw, img_size)
-    return x[..., top:top + img_size, left:left + img_size]
+    return x[..., top : top + img_size, left : left + img_size]

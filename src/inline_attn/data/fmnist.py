@@ -5,6 +5,7 @@ directory can be overridden with an argument or the ``INLINE_ATTN_FMNIST`` envir
 IDX layout: 2 zero bytes, a type code (0x08 = uint8), the number of dims, then the dims as
 big-endian int32, then the data.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -21,8 +22,16 @@ DEFAULT_FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_MEAN = (0.2860,)
 FMNIST_STD = (0.3530,)
 FMNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 FMNIST_IMG_SIZE = 28
 FMNIST_CROP_PCT = 1.0  # the images are used whole
@@ -31,8 +40,14 @@ _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_IDX_DTYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 INSTALL_HINT = (
     "install it with `apt-get install -y dataset-fashion-mnist` (run `apt-get update` first if "
     "the package is not found), or point to a folder holding the IDX files with "
@@ -56,8 +71,9 @@ def read_idx(path: PathLike) -> np.ndarray:
     expected = int(np.prod(dims)) * dtype.itemsize
     offset = 4 + 4 * ndim
     if len(raw) - offset != expected:
-        raise ValueError(f"{path}: header says {tuple(dims)} ({expected} bytes) but the file holds "
-                         f"{len(raw) - offset} bytes of data")
+        raise ValueError(
+            f"{path}: header says {tuple(dims)} ({expected} bytes) but the file holds {len(raw) - offset} bytes of data"
+        )
     return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(tuple(dims))
 
 
@@ -85,8 +101,9 @@ def load_fashion_mnist(root: Optional[PathLike] = None, split: str = "train") ->
     images = read_idx(_find(root, img_stem))
     labels = read_idx(_find(root, lbl_stem))
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"Fashion-MNIST {split} files in {root} disagree: images {images.shape}, "
-                         f"labels {labels.shape}")
+        raise ValueError(
+            f"Fashion-MNIST {split} files in {root} disagree: images {images.shape}, labels {labels.shape}"
+        )
     return TensorImageDataset(
         torch.from_numpy(images.copy()).unsqueeze(1),
         torch.from_numpy(labels.astype(np.int64)),

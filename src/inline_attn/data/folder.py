@@ -16,6 +16,7 @@ An image that fails to decode is logged once. Training substitutes the next read
 a corrupt file never stops an epoch; evaluation returns ``(None, label)`` for it, so the caller
 skips it and counts it (a substitute would be scored twice).
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,13 +61,25 @@ class ImageFolder(Dataset):
             readable one (default: True for evaluation, False for training).
     """
 
-    def __init__(self, root: Union[str, os.PathLike], img_size: int, *, train: bool,
-                 crop_pct: float = 0.875, interpolation: str = "bicubic", eval_resize: str = "shorter",
-                 rrc: Optional[RRC] = None, seed: int = 0, skip_unreadable: Optional[bool] = None):
+    def __init__(
+        self,
+        root: Union[str, os.PathLike],
+        img_size: int,
+        *,
+        train: bool,
+        crop_pct: float = 0.875,
+        interpolation: str = "bicubic",
+        eval_resize: str = "shorter",
+        rrc: Optional[RRC] = None,
+        seed: int = 0,
+        skip_unreadable: Optional[bool] = None,
+    ):
         self.root = pathlib.Path(root)
         if not self.root.is_dir():
-            raise ValueError(f"data folder {self.root} does not exist (expected an ImageNet-layout "
-                             "folder: one subfolder of images per class)")
+            raise ValueError(
+                f"data folder {self.root} does not exist (expected an ImageNet-layout "
+                "folder: one subfolder of images per class)"
+            )
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct={crop_pct} must be in (0, 1]")
         if interpolation not in RESAMPLE:
@@ -79,8 +92,7 @@ class ImageFolder(Dataset):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.samples: list[tuple[str, int]] = []
         for c in self.classes:
-            files = sorted(p for p in (self.root / c).rglob("*")
-                           if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+            files = sorted(p for p in (self.root / c).rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
             if not files:
                 raise ValueError(f"class folder {self.root / c} holds no images (extensions {IMG_EXTENSIONS})")
             self.samples += [(str(p), self.class_to_idx[c]) for p in files]
@@ -119,8 +131,9 @@ class ImageFolder(Dataset):
             img = img.convert("RGB")
             if self.rrc is not None:
                 rng = np.random.default_rng((self.seed, self.epoch, i))
-                img = random_resized_crop_pil(img, self.img_size, rng, self.rrc.scale, self.rrc.ratio,
-                                              self.interpolation)
+                img = random_resized_crop_pil(
+                    img, self.img_size, rng, self.rrc.scale, self.rrc.ratio, self.interpolation
+                )
             elif self.train:
                 img = eval_resize_pil(img, self.out_size, 1.0, "shorter", self.interpolation)
             else:

@@ -4,6 +4,7 @@ kornia's RandomMixUpV2/RandomCutMixV2 return label triples whose lambda means di
 in the two ops; building the soft targets here keeps one meaning: ``lam`` is the weight of the
 original sample, ``1 - lam`` of its partner in the flipped batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,11 +38,20 @@ class Mixup:
     draws use torch's global generator (saved in checkpoints, so resumes are exact).
     """
 
-    def __init__(self, num_classes: int, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0, prob: float = 1.0,
-                 switch_prob: float = 0.5, label_smoothing: float = 0.1):
+    def __init__(
+        self,
+        num_classes: int,
+        mixup_alpha: float = 0.8,
+        cutmix_alpha: float = 1.0,
+        prob: float = 1.0,
+        switch_prob: float = 0.5,
+        label_smoothing: float = 0.1,
+    ):
         if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= prob <= 1 or not 0 <= switch_prob <= 1:
-            raise ValueError(f"bad mixup settings: mixup_alpha={mixup_alpha}, cutmix_alpha={cutmix_alpha}, "
-                             f"prob={prob}, switch_prob={switch_prob}")
+            raise ValueError(
+                f"bad mixup settings: mixup_alpha={mixup_alpha}, cutmix_alpha={cutmix_alpha}, "
+                f"prob={prob}, switch_prob={switch_prob}"
+            )
         self.num_classes = num_classes
         self.mixup_alpha = mixup_alpha
         self.cutmix_alpha = cutmix_alpha

@@ -16,6 +16,7 @@ and resample with the data's interpolation. The operations themselves follow Pil
 Images are float tensors holding 8-bit levels (0..255) ``[B, C, H, W]``; random draws use torch's
 global generator on the CPU (saved in checkpoints: resumes are exact).
 """
+
 from __future__ import annotations
 
 import re
@@ -33,13 +34,38 @@ AFFINE_CHUNK = 16  # images per affine resampling call: ~80 MB of float64 tempor
 
 # timm 0.4.12 auto_augment.py _RAND_TRANSFORMS / _RAND_INCREASING_TRANSFORMS
 RAND_OPS = (
-    "AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color", "Contrast",
-    "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "SolarizeAdd",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
 )
 RAND_INCREASING_OPS = (
-    "AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncreasing", "SolarizeIncreasing", "SolarizeAdd",
-    "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing", "ShearX", "ShearY",
-    "TranslateXRel", "TranslateYRel",
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "PosterizeIncreasing",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "ColorIncreasing",
+    "ContrastIncreasing",
+    "BrightnessIncreasing",
+    "SharpnessIncreasing",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
 )
 # timm's _RAND_CHOICE_WEIGHTS_0, by position in the op list (as timm indexes it for both lists)
 CHOICE_WEIGHTS_0 = (0.025, 0.005, 0.0, 0.3, 0.0, 0.005, 0.005, 0.025, 0.005, 0.005, 0.025, 0.2, 0.2, 0.1, 0.1)
@@ -68,14 +94,16 @@ def parse_rand_augment(spec: str) -> RandAugmentSpec:
     weights. (timm 0.4.12 reads ``inc0`` as on too, a slip of ``bool("0")``; here 0 is off.)
     """
     if not isinstance(spec, str) or spec.split("-")[0] != "rand":
-        raise ValueError(f"auto_augment {spec!r}: only RandAugment policies 'rand-m<M>[-n<N>][-mstd<S>][-inc1]' "
-                         "are supported")
+        raise ValueError(
+            f"auto_augment {spec!r}: only RandAugment policies 'rand-m<M>[-n<N>][-mstd<S>][-inc1]' are supported"
+        )
     fields = {}
     for part in spec.split("-")[1:]:
         m = re.fullmatch(r"([a-z]+)(\d[\d.]*)", part)
         if m is None:
-            raise ValueError(f"auto_augment {spec!r}: cannot parse field {part!r} "
-                             "(expected e.g. m9, n2, mstd0.5, inc1)")
+            raise ValueError(
+                f"auto_augment {spec!r}: cannot parse field {part!r} (expected e.g. m9, n2, mstd0.5, inc1)"
+            )
         key, val = m.groups()
         if key not in ("m", "n", "mstd", "inc", "w"):
             raise ValueError(f"auto_augment {spec!r}: unknown field {part!r} (known: m, n, mstd, inc, w)")
@@ -85,12 +113,17 @@ def parse_rand_augment(spec: str) -> RandAugmentSpec:
             raise ValueError(f"auto_augment {spec!r}: field {part!r} needs a number") from None
     if fields.get("w", 0) != 0:
         raise ValueError(f"auto_augment {spec!r}: only weight set w0 exists")
-    return RandAugmentSpec(num_ops=fields.get("n", 2), magnitude=fields.get("m", MAX_LEVEL),
-                           magnitude_std=fields.get("mstd", 0.0), increasing=bool(fields.get("inc", 0)),
-                           weight_idx=fields.get("w"))
+    return RandAugmentSpec(
+        num_ops=fields.get("n", 2),
+        magnitude=fields.get("m", MAX_LEVEL),
+        magnitude_std=fields.get("mstd", 0.0),
+        increasing=bool(fields.get("inc", 0)),
+        weight_idx=fields.get("w"),
+    )
 
 
 # ---- magnitude -> argument (timm 0.4.12 LEVEL_TO_ARG), float64 as Python computes it -------------
+
 
 def _signed(v: torch.Tensor, negate: torch.Tensor) -> torch.Tensor:
     return torch.where(negate, -v, v)
@@ -114,9 +147,14 @@ LEVEL_TO_ARG: dict[str, Optional[Callable[[torch.Tensor, torch.Tensor], torch.Te
     "Solarize": lambda m, neg: torch.trunc((m / MAX_LEVEL) * 256),  # threshold
     "SolarizeIncreasing": lambda m, neg: 256 - torch.trunc((m / MAX_LEVEL) * 256),
     "SolarizeAdd": lambda m, neg: torch.trunc((m / MAX_LEVEL) * 110),  # added below 128
-    "Color": _enhance, "Contrast": _enhance, "Brightness": _enhance, "Sharpness": _enhance,  # blend factor
-    "ColorIncreasing": _enhance_increasing, "ContrastIncreasing": _enhance_increasing,
-    "BrightnessIncreasing": _enhance_increasing, "SharpnessIncreasing": _enhance_increasing,
+    "Color": _enhance,
+    "Contrast": _enhance,
+    "Brightness": _enhance,
+    "Sharpness": _enhance,  # blend factor
+    "ColorIncreasing": _enhance_increasing,
+    "ContrastIncreasing": _enhance_increasing,
+    "BrightnessIncreasing": _enhance_increasing,
+    "SharpnessIncreasing": _enhance_increasing,
     "ShearX": lambda m, neg: _signed((m / MAX_LEVEL) * 0.3, neg),  # shear factor
     "ShearY": lambda m, neg: _signed((m / MAX_LEVEL) * 0.3, neg),
     "TranslateXRel": lambda m, neg: _signed((m / MAX_LEVEL) * 0.45, neg),  # fraction of the side
@@ -145,8 +183,15 @@ def geometric_matrix(name: str, arg: torch.Tensor, height: int, width: int) -> t
     return ops.translate_matrix(arg * (width if axis == "x" else height), axis)
 
 
-def apply_op(name: str, x: torch.Tensor, magnitude: torch.Tensor, negate: torch.Tensor, *,
-             fill: Sequence[float], interpolation: str = "bicubic") -> torch.Tensor:
+def apply_op(
+    name: str,
+    x: torch.Tensor,
+    magnitude: torch.Tensor,
+    negate: torch.Tensor,
+    *,
+    fill: Sequence[float],
+    interpolation: str = "bicubic",
+) -> torch.Tensor:
     """Operation ``name`` on every image of ``x`` [B, C, H, W] (levels), each at its own
     ``magnitude`` [B] and sign ``negate`` [B]; returns levels."""
     arg = op_argument(name, magnitude, negate)
@@ -156,9 +201,15 @@ def apply_op(name: str, x: torch.Tensor, magnitude: torch.Tensor, negate: torch.
     simple = {"AutoContrast": ops.autocontrast, "Equalize": ops.equalize, "Invert": ops.invert}
     if base in simple:
         return simple[base](x)
-    with_arg = {"Posterize": ops.posterize, "Solarize": ops.solarize, "SolarizeAdd": ops.solarize_add,
-                "Color": ops.color, "Contrast": ops.contrast, "Brightness": ops.brightness,
-                "Sharpness": ops.sharpness}
+    with_arg = {
+        "Posterize": ops.posterize,
+        "Solarize": ops.solarize,
+        "SolarizeAdd": ops.solarize_add,
+        "Color": ops.color,
+        "Contrast": ops.contrast,
+        "Brightness": ops.brightness,
+        "Sharpness": ops.sharpness,
+    }
     if base not in with_arg:
         raise ValueError(f"unknown RandAugment operation {name!r} (known: {', '.join(LEVEL_TO_ARG)})")
     return with_arg[base](x, arg.to(x.device))
@@ -198,8 +249,7 @@ class RandAugment(nn.Module):
         self.interpolation = interpolation
         self.fill = rand_augment_fill(mean)
         self.names = self.spec.op_names
-        self.weights = (torch.tensor(CHOICE_WEIGHTS_0, dtype=torch.float64)
-                        if self.spec.weight_idx is not None else None)
+        self.weights = torch.tensor(CHOICE_WEIGHTS_0, dtype=torch.float64) if self.spec.weight_idx is not None else None
 
     def sample(self, batch: int) -> Draws:
         """The random choices for ``batch`` images (torch's global CPU generator)."""
@@ -239,18 +289,32 @@ class RandAugment(nn.Module):
             if geo_rows:
                 rows, mats = torch.cat(geo_rows).to(x.device), torch.cat(geo_mats)
                 for i in range(0, rows.numel(), AFFINE_CHUNK):  # bounds the float64 temporaries
-                    sel = rows[i:i + AFFINE_CHUNK]
-                    x[sel] = ops.affine(x[sel], mats[i:i + AFFINE_CHUNK], self.fill, self.interpolation)
+                    sel = rows[i : i + AFFINE_CHUNK]
+                    x[sel] = ops.affine(x[sel], mats[i : i + AFFINE_CHUNK], self.fill, self.interpolation)
         return x
 
     def extra_repr(self) -> str:
         s = self.spec
-        return (f"n={s.num_ops}, m={s.magnitude:g}, mstd={s.magnitude_std:g}, increasing={s.increasing}, "
-                f"fill={self.fill}, interpolation={self.interpolation}")
+        return (
+            f"n={s.num_ops}, m={s.magnitude:g}, mstd={s.magnitude_std:g}, increasing={s.increasing}, "
+            f"fill={self.fill}, interpolation={self.interpolation}"
+        )
 
 
 __all__ = [
-    "CHOICE_WEIGHTS_0", "Draws", "GEOMETRIC", "LEVEL_TO_ARG", "MAX_LEVEL", "OP_PROB", "RAND_INCREASING_OPS", "RAND_OPS",
-    "RandAugment", "RandAugmentSpec", "apply_op", "geometric_matrix", "op_argument", "parse_rand_augment",
+    "CHOICE_WEIGHTS_0",
+    "Draws",
+    "GEOMETRIC",
+    "LEVEL_TO_ARG",
+    "MAX_LEVEL",
+    "OP_PROB",
+    "RAND_INCREASING_OPS",
+    "RAND_OPS",
+    "RandAugment",
+    "RandAugmentSpec",
+    "apply_op",
+    "geometric_matrix",
+    "op_argument",
+    "parse_rand_augment",
     "rand_augment_fill",
 ]

@@ -6,6 +6,7 @@
 - :func:`folder_split`: a split subfolder (``val/``), or the folder itself when it holds class
   folders directly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,10 +42,18 @@ class DataInfo:
         return dataclasses.replace(self, num_classes=int(num_classes))
 
 
-def resolve_data_info(model_cfg, *, fmnist: bool, num_classes: Optional[int] = None,
-                      img_size: Optional[int] = None, mean: Optional[Sequence[float]] = None,
-                      std: Optional[Sequence[float]] = None, crop_pct: Optional[float] = None,
-                      interpolation: Optional[str] = None, eval_resize: Optional[str] = None) -> DataInfo:
+def resolve_data_info(
+    model_cfg,
+    *,
+    fmnist: bool,
+    num_classes: Optional[int] = None,
+    img_size: Optional[int] = None,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    crop_pct: Optional[float] = None,
+    interpolation: Optional[str] = None,
+    eval_resize: Optional[str] = None,
+) -> DataInfo:
     """The given values, else Fashion-MNIST's (``fmnist``), else the model's (a ``ModelConfig``);
     ``eval_resize`` defaults to "shorter" (timm's).
 
@@ -71,7 +80,7 @@ def parse_source(spec: PathLike) -> tuple[bool, Optional[str]]:
     """``"fmnist"`` -> (True, None); ``"fmnist:DIR"`` -> (True, DIR); a folder -> (False, folder)."""
     spec = str(spec)
     if spec == "fmnist" or spec.startswith("fmnist:"):
-        return True, (spec[len("fmnist:"):] or None)
+        return True, (spec[len("fmnist:") :] or None)
     return False, spec
 
 
@@ -90,8 +99,10 @@ def folder_split(path: Optional[PathLike], split: str, *, what: str = "data.path
         return root / split
     present = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name.lower() in SPLIT_NAMES)
     if present:
-        raise ValueError(f"data folder {root} has no {split}/ split (it has {', '.join(p + '/' for p in present)}); "
-                         f"create {root / split} or name another split")
+        raise ValueError(
+            f"data folder {root} has no {split}/ split (it has {', '.join(p + '/' for p in present)}); "
+            f"create {root / split} or name another split"
+        )
     return root
 
 
@@ -101,5 +112,11 @@ def open_eval_source(spec: PathLike, info: DataInfo, split: Optional[str] = None
     if fmnist:
         return load_fashion_mnist(root, split or "test"), True
     folder = folder_split(root, split or "val", what=what)
-    return ImageFolder(folder, info.img_size, train=False, crop_pct=info.crop_pct,
-                       interpolation=info.interpolation, eval_resize=info.eval_resize), False
+    return ImageFolder(
+        folder,
+        info.img_size,
+        train=False,
+        crop_pct=info.crop_pct,
+        interpolation=info.interpolation,
+        eval_resize=info.eval_resize,
+    ), False

@@ -1,4 +1,5 @@
 """An in-memory image dataset: uint8 images ``[N, C, H, W]`` and int64 labels ``[N]``."""
+
 from __future__ import annotations
 
 from typing import Optional, Sequence

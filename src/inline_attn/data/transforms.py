@@ -7,6 +7,7 @@ image folders, here for in-memory datasets), horizontal flip, RandAugment (timm'
 :mod:`inline_attn.data.rand_augment`) or colour jitter (only without RandAugment, as timm),
 normalisation, random erasing (per-pixel normal noise).
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,9 @@ class Normalize(nn.Module):
         return (x - self.mean) / self.std
 
 
-def random_erasing(x: torch.Tensor, p: float, scale=(0.02, 1 / 3), ratio=(0.3, 3.3),
-                   max_tries: int = 10) -> torch.Tensor:
+def random_erasing(
+    x: torch.Tensor, p: float, scale=(0.02, 1 / 3), ratio=(0.3, 3.3), max_tries: int = 10
+) -> torch.Tensor:
     """timm's RandomErasing in 'pixel' mode (one box per image, filled with N(0, 1) noise).
 
     x: [B, C, H, W], normalised. Each image is erased with probability ``p``.
@@ -69,8 +71,13 @@ def random_erasing(x: torch.Tensor, p: float, scale=(0.02, 1 / 3), ratio=(0.3, 3
     left = (torch.rand(B) * (W - w + 1).float()).long()
     rows = torch.arange(H).view(1, H, 1)
     cols = torch.arange(W).view(1, 1, W)
-    box = ((rows >= top.view(B, 1, 1)) & (rows < (top + h).view(B, 1, 1))
-           & (cols >= left.view(B, 1, 1)) & (cols < (left + w).view(B, 1, 1)) & chosen.view(B, 1, 1))
+    box = (
+        (rows >= top.view(B, 1, 1))
+        & (rows < (top + h).view(B, 1, 1))
+        & (cols >= left.view(B, 1, 1))
+        & (cols < (left + w).view(B, 1, 1))
+        & chosen.view(B, 1, 1)
+    )
     noise = torch.randn(B, C, H, W).to(dev, x.dtype)
     return torch.where(box.unsqueeze(1).to(dev), noise, x)
 
@@ -140,10 +147,22 @@ class TrainAugment(nn.Module):
         interpolation: resampling of the crop and of RandAugment's geometric operations.
     """
 
-    def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], *, crop: str = "rrc",
-                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), padding: int = 4, hflip: float = 0.5,
-                 auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1", color_jitter: Optional[float] = 0.4,
-                 re_prob: float = 0.25, interpolation: str = "bicubic"):
+    def __init__(
+        self,
+        img_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        crop: str = "rrc",
+        scale=(0.08, 1.0),
+        ratio=(3 / 4, 4 / 3),
+        padding: int = 4,
+        hflip: float = 0.5,
+        auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1",
+        color_jitter: Optional[float] = 0.4,
+        re_prob: float = 0.25,
+        interpolation: str = "bicubic",
+    ):
         super().__init__()
         self.img_size = img_size
         if crop == "rrc":
@@ -197,8 +216,15 @@ class EvalTransform(nn.Module):
     Fashion-MNIST at crop_pct 1) are only normalised.
     """
 
-    def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
-                 interpolation: str = "bicubic", resize: str = "shorter"):
+    def __init__(
+        self,
+        img_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        crop_pct: float = 0.875,
+        interpolation: str = "bicubic",
+        resize: str = "shorter",
+    ):
         super().__init__()
         if resize not in EVAL_RESIZE:
             raise ValueError(f"eval resize {resize!r}: expected one of {EVAL_RESIZE}")

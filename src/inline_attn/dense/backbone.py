@@ -14,6 +14,7 @@ the first k stages, kept in eval mode and without gradients), ``norm_eval`` (Bat
 stay in eval mode while training; the families here use LayerNorm, which has no running
 statistics, so this only matters for BatchNorm added around them) and ``drop_path_rate``.
 """
+
 from __future__ import annotations
 
 import re
@@ -48,7 +49,9 @@ class SimpleFeaturePyramid(nn.Module):
         super().__init__()
         self.norm = LayerNorm2d(dim, eps=1e-6)
         self.fpn1 = nn.Sequential(
-            nn.ConvTranspose2d(dim, dim, 2, stride=2), LayerNorm2d(dim, eps=1e-6), nn.GELU(),
+            nn.ConvTranspose2d(dim, dim, 2, stride=2),
+            LayerNorm2d(dim, eps=1e-6),
+            nn.GELU(),
             nn.ConvTranspose2d(dim, dim, 2, stride=2),
         )
         self.fpn2 = nn.ConvTranspose2d(dim, dim, 2, stride=2)
@@ -68,8 +71,9 @@ def stage_prefixes(family: str, model: nn.Module, num_stages: int = 4) -> tuple[
     """
     if family == "pvt":
         stem = ["patch_embed1.", "pos_embed1"]
-        stages = [[f"block{i + 1}."] + ([f"patch_embed{i + 1}.", f"pos_embed{i + 1}"] if i else [])
-                  for i in range(num_stages)]
+        stages = [
+            [f"block{i + 1}."] + ([f"patch_embed{i + 1}.", f"pos_embed{i + 1}"] if i else []) for i in range(num_stages)
+        ]
     elif family == "swin":
         stem = ["patch_embed."]
         stages = [[f"layers.{i}."] for i in range(num_stages)]
@@ -109,9 +113,19 @@ class DenseBackbone(nn.Module):
     image; :class:`~inline_attn.dense.EncoderDecoder` pads its inputs to a multiple of 32 first).
     """
 
-    def __init__(self, name: str, *, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 norm_eval: bool = False, drop_path_rate: Optional[float] = None, pretrained: Optional[str] = None,
-                 weights_only: bool = True, out_norms: Optional[bool] = None, **model_kwargs):
+    def __init__(
+        self,
+        name: str,
+        *,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        drop_path_rate: Optional[float] = None,
+        pretrained: Optional[str] = None,
+        weights_only: bool = True,
+        out_norms: Optional[bool] = None,
+        **model_kwargs,
+    ):
         super().__init__()
         cfg = get_model_config(name)
         self.name, self.family = name, cfg.family
@@ -204,8 +218,10 @@ class DenseBackbone(nn.Module):
         return [norm(maps[i]) for norm, i in zip(self.norms, self.out_indices)]
 
     def extra_repr(self) -> str:
-        return (f"name={self.name}, out_channels={self.out_channels}, strides={self.strides}, "
-                f"frozen_stages={self.frozen_stages}, norm_eval={self.norm_eval}")
+        return (
+            f"name={self.name}, out_channels={self.out_channels}, strides={self.strides}, "
+            f"frozen_stages={self.frozen_stages}, norm_eval={self.norm_eval}"
+        )
 
 
 def strip_prefix(state_dict: dict, prefix: str) -> dict:

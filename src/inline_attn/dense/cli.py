@@ -1,4 +1,5 @@
 """``inline-attn seg train | eval | demo | info`` (registered into the main CLI)."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,14 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
     for key, default in flat_keys():
         g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="V", help=f"default: {default!r}")
-    g.add_argument("--set", dest="ov_set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any dotted key, e.g. --set model.backbone_kwargs.pattern=SSSS (repeatable)")
+    g.add_argument(
+        "--set",
+        dest="ov_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any dotted key, e.g. --set model.backbone_kwargs.pattern=SSSS (repeatable)",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> list:
@@ -52,8 +59,10 @@ def cmd_train(args) -> int:
         ov.append(("train.output", args.output))
     summary = train_seg(load_seg_config(args.config, ov))
     if summary.get("stopped") is None and "mIoU" in summary:
-        print(f"done: {_fmt(summary)}  ({summary['iterations']} iterations, {summary['train_time_s'] / 60:.1f} min); "
-              f"outputs in {summary['output']}")
+        print(
+            f"done: {_fmt(summary)}  ({summary['iterations']} iterations, {summary['train_time_s'] / 60:.1f} min); "
+            f"outputs in {summary['output']}"
+        )
     return 0
 
 
@@ -72,8 +81,10 @@ def cmd_eval(args) -> int:
         t0 = time.time()
         res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
         if info.is_main:
-            print(f"{cfg['model']['backbone']} + {cfg['model']['decode']}: {_fmt(res)}  ({len(val)} images, "
-                  f"{cfg['eval']['mode']} inference, {time.time() - t0:.1f} s)")
+            print(
+                f"{cfg['model']['backbone']} + {cfg['model']['decode']}: {_fmt(res)}  ({len(val)} images, "
+                f"{cfg['eval']['mode']} inference, {time.time() - t0:.1f} s)"
+            )
             if args.per_class:
                 for name, iou, acc in zip(res["classes"], res["IoU"], res["Acc"]):
                     print(f"  {name:24s} IoU {iou:6.2f}  Acc {acc:6.2f}")
@@ -93,14 +104,19 @@ def cmd_demo(args) -> int:
     ov = [("train.output", args.output)] + _overrides(args)
     cfg = load_seg_config(cfg_path, ov)
     m = cfg["model"]
-    print(f"seg demo: {m['backbone']} {m['backbone_kwargs']} + {m['decode']} on Fashion-MNIST mosaics "
-          f"({cfg['sched']['iters']} iterations, config {cfg_path})", flush=True)
+    print(
+        f"seg demo: {m['backbone']} {m['backbone_kwargs']} + {m['decode']} on Fashion-MNIST mosaics "
+        f"({cfg['sched']['iters']} iterations, config {cfg_path})",
+        flush=True,
+    )
     t0 = time.time()
     s = train_seg(cfg)
     if s.get("stopped"):
         return 0
-    print(f"\nseg demo finished in {(time.time() - t0) / 60:.1f} min: {_fmt(s)} on {cfg['data']['mosaic']['val']} "
-          f"validation mosaics (garments from the Fashion-MNIST test split)")
+    print(
+        f"\nseg demo finished in {(time.time() - t0) / 60:.1f} min: {_fmt(s)} on {cfg['data']['mosaic']['val']} "
+        f"validation mosaics (garments from the Fashion-MNIST test split)"
+    )
     for name, iou in s["per_class_IoU"].items():
         print(f"  {name:12s} IoU {iou:6.2f}")
     print(f"  predictions: {s.get('predictions_png')}")
@@ -116,18 +132,31 @@ def cmd_compare(args) -> int:
     from .compare import run
 
     cfg_path = args.config or str(_configs_dir() / DEMO_CONFIG)
-    command = "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["seg"] else \
-        f"inline-attn seg compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
-    print(run(cfg_path, patterns=args.patterns, seeds=args.seeds, output=args.output, doc=args.doc,
-              command=command, overrides=_overrides(args)))
+    command = (
+        "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        if sys.argv[1:2] == ["seg"]
+        else f"inline-attn seg compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
+    )
+    print(
+        run(
+            cfg_path,
+            patterns=args.patterns,
+            seeds=args.seeds,
+            output=args.output,
+            doc=args.doc,
+            command=command,
+            overrides=_overrides(args),
+        )
+    )
     return 0
 
 
 def cmd_mosaics(args) -> int:
     from .mosaic import FashionMosaics, MosaicSpec
 
-    spec = MosaicSpec(size=args.size, objects=tuple(args.objects), scale=tuple(args.scale),
-                      max_overlap=args.max_overlap)
+    spec = MosaicSpec(
+        size=args.size, objects=tuple(args.objects), scale=tuple(args.scale), max_overlap=args.max_overlap
+    )
     ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
     if args.coco:
         from .coco import write_coco
@@ -152,10 +181,18 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     cfg = load_seg_config(config, overrides)
     n = num_classes or cfg["model"]["num_classes"] or (11 if cfg["data"]["dataset"] == "mosaic" else 150)
     model = build_from_config(dict(cfg, model=dict(cfg["model"], pretrained=None, checkpoint=None)), int(n))
-    parts = {name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
-             for name in ("backbone", "neck", "decode_head", "aux_head")}
-    out = {"config": str(config), "backbone_name": cfg["model"]["backbone"], "decode": cfg["model"]["decode"],
-           "num_classes": int(n), **parts, "params": count_params(model)}
+    parts = {
+        name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
+        for name in ("backbone", "neck", "decode_head", "aux_head")
+    }
+    out = {
+        "config": str(config),
+        "backbone_name": cfg["model"]["backbone"],
+        "decode": cfg["model"]["decode"],
+        "num_classes": int(n),
+        **parts,
+        "params": count_params(model),
+    }
     if macs:
         size = cfg["data"]["mosaic"]["size"] if cfg["data"]["dataset"] == "mosaic" else cfg["data"]["crop_size"]
         size = (size, size) if isinstance(size, int) else tuple(size)
@@ -182,24 +219,35 @@ def cmd_info(args) -> int:
 
 
 def register(subparsers) -> None:
-    seg = subparsers.add_parser("seg", help="semantic segmentation: train | eval | demo | compare | mosaics | info",
-                                description="Semantic segmentation with InLine backbones (Semantic FPN, UperNet).")
+    seg = subparsers.add_parser(
+        "seg",
+        help="semantic segmentation: train | eval | demo | compare | mosaics | info",
+        description="Semantic segmentation with InLine backbones (Semantic FPN, UperNet).",
+    )
     sub = seg.add_subparsers(dest="seg_command", metavar="SEG_COMMAND")
     sub.required = True
 
-    p = sub.add_parser("train", allow_abbrev=False, help="train a segmentor from a YAML config",
-                       description="Train with a YAML config (configs/ade20k/*.yaml, configs/mosaic/*.yaml); "
-                                   "--section.key VALUE overrides any key. Under torchrun the same command "
-                                   "trains on every process.")
+    p = sub.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a segmentor from a YAML config",
+        description="Train with a YAML config (configs/ade20k/*.yaml, configs/mosaic/*.yaml); "
+        "--section.key VALUE overrides any key. Under torchrun the same command "
+        "trains on every process.",
+    )
     p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
     p.add_argument("--output", help="output folder (= --train.output)")
     _add_overrides(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", allow_abbrev=False, help="mIoU / mAcc / aAcc of a checkpoint",
-                       description="Evaluate a checkpoint written by `seg train` on its config's validation "
-                                   "split (override e.g. --data.path DIR, --eval.mode slide).")
+    p = sub.add_parser(
+        "eval",
+        allow_abbrev=False,
+        help="mIoU / mAcc / aAcc of a checkpoint",
+        description="Evaluate a checkpoint written by `seg train` on its config's validation "
+        "split (override e.g. --data.path DIR, --eval.mode slide).",
+    )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--device", default="auto")
     p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
@@ -209,18 +257,26 @@ def register(subparsers) -> None:
     _add_overrides(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("demo", allow_abbrev=False, help="train InLine-PVT + Semantic FPN on Fashion-MNIST mosaics",
-                       description="Train a small InLine-PVT + Semantic FPN on Fashion-MNIST mosaics, print "
-                                   "mIoU, write a PNG of predictions beside the ground truth.")
+    p = sub.add_parser(
+        "demo",
+        allow_abbrev=False,
+        help="train InLine-PVT + Semantic FPN on Fashion-MNIST mosaics",
+        description="Train a small InLine-PVT + Semantic FPN on Fashion-MNIST mosaics, print "
+        "mIoU, write a PNG of predictions beside the ground truth.",
+    )
     p.add_argument("--output", default="runs/seg_demo")
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
     _add_overrides(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("compare", allow_abbrev=False, help="InLine vs softmax backbone, several seeds, mean +- std",
-                       description="Train the demo recipe (or --config) with each backbone attention pattern and "
-                                   "seed; write mIoU / mAcc / aAcc mean +- std into --doc (finished runs are reused, "
-                                   "unfinished ones resumed).")
+    p = sub.add_parser(
+        "compare",
+        allow_abbrev=False,
+        help="InLine vs softmax backbone, several seeds, mean +- std",
+        description="Train the demo recipe (or --config) with each backbone attention pattern and "
+        "seed; write mIoU / mAcc / aAcc mean +- std into --doc (finished runs are reused, "
+        "unfinished ones resumed).",
+    )
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
     p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -229,9 +285,13 @@ def register(subparsers) -> None:
     _add_overrides(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("mosaics", allow_abbrev=False, help="export Fashion-MNIST mosaics (COCO JSON, sample PNG)",
-                       description="Build deterministic Fashion-MNIST mosaics and write them as a COCO-format "
-                                   "folder (images, semantic label PNGs, instances JSON) and/or a PNG of samples.")
+    p = sub.add_parser(
+        "mosaics",
+        allow_abbrev=False,
+        help="export Fashion-MNIST mosaics (COCO JSON, sample PNG)",
+        description="Build deterministic Fashion-MNIST mosaics and write them as a COCO-format "
+        "folder (images, semantic label PNGs, instances JSON) and/or a PNG of samples.",
+    )
     p.add_argument("--split", default="val", choices=["train", "val"], help="val: garments of the test split only")
     p.add_argument("--num", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)

@@ -5,6 +5,7 @@ starting with background), which pycocotools reads as is; boxes as ``[x, y, widt
 Category ids 1..10 are the Fashion-MNIST classes (the semantic label values; 0 = background is
 not a category).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,26 +42,43 @@ def rle_to_mask(rle: dict) -> np.ndarray:
     return np.repeat(vals, counts).reshape((w, h)).T
 
 
-def mosaics_to_coco(dataset: FashionMosaics, *, file_pattern: str = "{split}_{index:06d}.png",
-                    indices: Optional[range] = None, progress: bool = False) -> dict:
+def mosaics_to_coco(
+    dataset: FashionMosaics,
+    *,
+    file_pattern: str = "{split}_{index:06d}.png",
+    indices: Optional[range] = None,
+    progress: bool = False,
+) -> dict:
     """The COCO instances dict of ``dataset`` (image ids = mosaic index + 1; annotation ids from 1)."""
     from tqdm import tqdm
 
     images, anns = [], []
     size = dataset.spec.size
-    for i in tqdm(indices if indices is not None else range(len(dataset)), desc="COCO export", disable=not progress,
-                  leave=False):
+    for i in tqdm(
+        indices if indices is not None else range(len(dataset)), desc="COCO export", disable=not progress, leave=False
+    ):
         s = dataset[i]
-        images.append({"id": i + 1, "file_name": file_pattern.format(split=dataset.split, index=i),
-                       "height": size, "width": size})
+        images.append(
+            {"id": i + 1, "file_name": file_pattern.format(split=dataset.split, index=i), "height": size, "width": size}
+        )
         for box, cls, mask in zip(s["boxes"].tolist(), s["classes"].tolist(), s["masks"]):
             x1, y1, x2, y2 = box
-            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": int(cls),
-                         "bbox": [x1, y1, x2 - x1, y2 - y1], "area": int(mask.sum()), "iscrowd": 0,
-                         "segmentation": mask_to_rle(mask.numpy())})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(cls),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": int(mask.sum()),
+                    "iscrowd": 0,
+                    "segmentation": mask_to_rle(mask.numpy()),
+                }
+            )
     return {
-        "info": {"description": f"Fashion-MNIST mosaics ({dataset.split}, seed {dataset.seed})",
-                 "mosaic_spec": dataset.spec.to_dict()},
+        "info": {
+            "description": f"Fashion-MNIST mosaics ({dataset.split}, seed {dataset.seed})",
+            "mosaic_spec": dataset.spec.to_dict(),
+        },
         "images": images,
         "annotations": anns,
         "categories": [{"id": k, "name": n, "supercategory": "garment"} for k, n in enumerate(MOSAIC_CLASSES) if k],
@@ -86,4 +104,3 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(coco))
     return path
-

@@ -5,6 +5,7 @@ attention pattern and several seeds; a table of mean +- std written into a markd
 (a finished run is reused, an unfinished one resumed), then writes the table between the markers
 ``<!-- seg-compare:begin -->`` / ``<!-- seg-compare:end -->`` of ``--doc``.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,11 @@ from .config import load_seg_config
 
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
 
-PATTERN_NAMES = {"IIII": "InLine (PVT without spatial reduction)", "SSSS": "softmax (PVT's spatial-reduction attention)",
-                 "LLLL": "linear (ReLU kernel)"}
+PATTERN_NAMES = {
+    "IIII": "InLine (PVT without spatial reduction)",
+    "SSSS": "softmax (PVT's spatial-reduction attention)",
+    "LLLL": "linear (ReLU kernel)",
+}
 BEGIN, END = "<!-- seg-compare:begin -->", "<!-- seg-compare:end -->"
 
 
@@ -30,8 +34,15 @@ def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
 
 
-def compare(config, *, patterns: Sequence[str] = ("IIII", "SSSS"), seeds: Sequence[int] = (0, 1, 2),
-            output="runs/seg_compare", overrides=(), progress: bool = True) -> list[dict]:
+def compare(
+    config,
+    *,
+    patterns: Sequence[str] = ("IIII", "SSSS"),
+    seeds: Sequence[int] = (0, 1, 2),
+    output="runs/seg_compare",
+    overrides=(),
+    progress: bool = True,
+) -> list[dict]:
     """Train every (pattern, seed) with ``config`` (same data, recipe and budget); returns one
     summary per run with ``pattern`` and ``seed`` added."""
     from .engine import train_seg
@@ -44,9 +55,17 @@ def compare(config, *, patterns: Sequence[str] = ("IIII", "SSSS"), seeds: Sequen
             if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
                 s = dict(json.loads(done.read_text()), reused=True)
             else:
-                cfg = load_seg_config(config, [("train.progress", progress)] + list(overrides) + [
-                    ("model.backbone_kwargs.pattern", pattern), ("train.seed", int(seed)),
-                    ("train.output", str(out)), ("train.resume", "auto")])
+                cfg = load_seg_config(
+                    config,
+                    [("train.progress", progress)]
+                    + list(overrides)
+                    + [
+                        ("model.backbone_kwargs.pattern", pattern),
+                        ("train.seed", int(seed)),
+                        ("train.output", str(out)),
+                        ("train.resume", "auto"),
+                    ],
+                )
                 print(f"seg compare: pattern {pattern}, seed {seed} -> {out}", flush=True)
                 s = train_seg(cfg)
             rows.append(dict(s, pattern=pattern, seed=int(seed)))
@@ -58,17 +77,27 @@ def format_table(rows: list[dict], *, command: str, config: str, elapsed_min: Op
     by = {}
     for r in rows:
         by.setdefault(r["pattern"], []).append(r)
-    lines = [BEGIN, "## InLine vs softmax backbone on the mosaics (the demo's budget)", "",
-             f"Command: `{command}` (config `{config}`; every run the same data, recipe and iterations; only the "
-             f"backbone's attention and the seed change).",
-             f"Measured on {platform.machine()}, torch {torch.__version__}"
-             + (f"; the command ran {elapsed_min:.1f} min" if elapsed_min is not None else "")
-             + (f" ({sum(bool(r.get('reused')) for r in rows)} of {len(rows)} runs reused from an earlier invocation "
-                f"with the same output folder)" if any(r.get("reused") for r in rows) else "") + ". "
-             "mIoU / mAcc / aAcc on the validation mosaics (garments of the Fashion-MNIST test split), "
-             "mean +- sample std over seeds; train time per run (depends on the machine's load).", "",
-             "| backbone attention | seeds | mIoU | mAcc | aAcc | per-seed mIoU | params | train time (min) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        BEGIN,
+        "## InLine vs softmax backbone on the mosaics (the demo's budget)",
+        "",
+        f"Command: `{command}` (config `{config}`; every run the same data, recipe and iterations; only the "
+        f"backbone's attention and the seed change).",
+        f"Measured on {platform.machine()}, torch {torch.__version__}"
+        + (f"; the command ran {elapsed_min:.1f} min" if elapsed_min is not None else "")
+        + (
+            f" ({sum(bool(r.get('reused')) for r in rows)} of {len(rows)} runs reused from an earlier invocation "
+            f"with the same output folder)"
+            if any(r.get("reused") for r in rows)
+            else ""
+        )
+        + ". "
+        "mIoU / mAcc / aAcc on the validation mosaics (garments of the Fashion-MNIST test split), "
+        "mean +- sample std over seeds; train time per run (depends on the machine's load).",
+        "",
+        "| backbone attention | seeds | mIoU | mAcc | aAcc | per-seed mIoU | params | train time (min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for pattern, rs in by.items():
         rs = sorted(rs, key=lambda r: r["seed"])
         cells = []
@@ -77,8 +106,11 @@ def format_table(rows: list[dict], *, command: str, config: str, elapsed_min: Op
             cells.append(f"{m:.2f} +- {s:.2f}")
         per = ", ".join(f"{r['mIoU']:.2f}" for r in rs)
         t, _ = _mean_std([r["train_time_s"] / 60 for r in rs])
-        lines.append(f"| {PATTERN_NAMES.get(pattern, pattern)} | {', '.join(str(r['seed']) for r in rs)} | "
-                     + " | ".join(cells) + f" | {per} | {rs[0]['params']:,} | {t:.1f} |")
+        lines.append(
+            f"| {PATTERN_NAMES.get(pattern, pattern)} | {', '.join(str(r['seed']) for r in rs)} | "
+            + " | ".join(cells)
+            + f" | {per} | {rs[0]['params']:,} | {t:.1f} |"
+        )
     lines.append(END)
     return "\n".join(lines)
 
@@ -88,7 +120,7 @@ def write_table(doc, table: str) -> pathlib.Path:
     doc = pathlib.Path(doc)
     text = doc.read_text() if doc.is_file() else ""
     if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + table + text[text.index(END) + len(END):]
+        text = text[: text.index(BEGIN)] + table + text[text.index(END) + len(END) :]
     else:
         text = text.rstrip() + ("\n\n" if text else "") + table + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)

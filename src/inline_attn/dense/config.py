@@ -5,6 +5,7 @@
 The defaults are the paper's ADE20K Semantic FPN recipe (PVT's: 512 x 512 crops, 16 images per
 step over 8 GPUs, AdamW lr 2e-4, weight decay 1e-4, poly decay of power 0.9 over 40k iterations).
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,41 +25,48 @@ ADE_STD = [58.395, 57.12, 57.375]
 
 SEG_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {
-        "decode": "semantic_fpn",     # semantic_fpn | upernet
+        "decode": "semantic_fpn",  # semantic_fpn | upernet
         "backbone": "inline_pvt_tiny",
-        "backbone_kwargs": {},        # free-form: pattern, embed_dims, depths, out_norms, ...
-        "pretrained": None,           # classification checkpoint (ours or the authors') for the backbone
-        "checkpoint": None,           # whole-segmentor weights to start from
-        "drop_path": None,            # backbone stochastic depth (None: the variant's default)
+        "backbone_kwargs": {},  # free-form: pattern, embed_dims, depths, out_norms, ...
+        "pretrained": None,  # classification checkpoint (ours or the authors') for the backbone
+        "checkpoint": None,  # whole-segmentor weights to start from
+        "drop_path": None,  # backbone stochastic depth (None: the variant's default)
         "frozen_stages": -1,
         "norm_eval": False,
-        "channels": None,             # decode head width (None: 128 semantic_fpn, 512 upernet)
+        "channels": None,  # decode head width (None: 128 semantic_fpn, 512 upernet)
         "neck_channels": 256,
-        "aux_weight": None,           # None: 0 for semantic_fpn, 0.4 for upernet (FCN head on stride 16)
+        "aux_weight": None,  # None: 0 for semantic_fpn, 0.4 for upernet (FCN head on stride 16)
         "aux_channels": 256,
         "dropout": 0.1,
-        "num_classes": None,          # None: the dataset's (150 ADE20K, 11 mosaics)
+        "num_classes": None,  # None: the dataset's (150 ADE20K, 11 mosaics)
         "ignore_index": 255,
         "avg_non_ignore": False,
     },
     "data": {
-        "dataset": "ade20k",          # ade20k (ADEChallengeData2016 layout) | mosaic (Fashion-MNIST mosaics)
-        "path": None,                 # ADE20K root, or the Fashion-MNIST folder for mosaics (None: Debian's)
+        "dataset": "ade20k",  # ade20k (ADEChallengeData2016 layout) | mosaic (Fashion-MNIST mosaics)
+        "path": None,  # ADE20K root, or the Fashion-MNIST folder for mosaics (None: Debian's)
         "reduce_zero_label": True,
         "crop_size": [512, 512],
-        "scale": [2048, 512],         # RandomResize / test Resize target (long, short) edge
+        "scale": [2048, 512],  # RandomResize / test Resize target (long, short) edge
         "ratio_range": [0.5, 2.0],
         "cat_max_ratio": 0.75,
         "flip": 0.5,
         "photometric": True,
         "mean": ADE_MEAN,
         "std": ADE_STD,
-        "batch_size": 2,              # per process
+        "batch_size": 2,  # per process
         "workers": 2,
-        "val_subset": 0,              # evaluate on the first N validation images (0: all)
+        "val_subset": 0,  # evaluate on the first N validation images (0: all)
         "mosaic": {
-            "size": 64, "train": 4000, "val": 300, "seed": 0, "pool": 0,
-            "objects": [2, 3], "scale": [1.0, 1.0], "noise": 0.05, "max_overlap": 0.15,
+            "size": 64,
+            "train": 4000,
+            "val": 300,
+            "seed": 0,
+            "pool": 0,
+            "objects": [2, 3],
+            "scale": [1.0, 1.0],
+            "noise": 0.05,
+            "max_overlap": 0.15,
         },
     },
     "optim": {
@@ -72,31 +80,31 @@ SEG_DEFAULTS: dict[str, dict[str, Any]] = {
     "sched": {
         "iters": 40000,
         "warmup_iters": 0,
-        "warmup_ratio": 1.0e-6,       # warm-up starts at lr * warmup_ratio (linear)
+        "warmup_ratio": 1.0e-6,  # warm-up starts at lr * warmup_ratio (linear)
         "power": 0.9,
         "min_lr": 0.0,
     },
     "eval": {
-        "mode": "whole",              # whole | slide
+        "mode": "whole",  # whole | slide
         "crop_size": [512, 512],
         "stride": [341, 341],
         "flip": False,
-        "interval": 4000,             # evaluate every N iterations (and at the end); 0: only at the end
+        "interval": 4000,  # evaluate every N iterations (and at the end); 0: only at the end
         "batch_size": 1,
     },
     "train": {
         "output": "runs/seg",
         "seed": 0,
         "device": "auto",
-        "amp": "none",                # none | bf16 | fp16 (CUDA) | auto (fp16 on CUDA)
-        "resume": None,               # None | auto | path
+        "amp": "none",  # none | bf16 | fp16 (CUDA) | auto (fp16 on CUDA)
+        "resume": None,  # None | auto | path
         "checkpoint_interval": 4000,
-        "max_steps": 0,               # stop (with a checkpoint) after this many iterations (0: no limit)
+        "max_steps": 0,  # stop (with a checkpoint) after this many iterations (0: no limit)
         "log_interval": 50,
         "progress": True,
         "threads": 0,
         "deterministic": False,
-        "predictions_png": True,      # a PNG of validation predictions beside the ground truth
+        "predictions_png": True,  # a PNG of validation predictions beside the ground truth
     },
 }
 
@@ -134,12 +142,14 @@ def set_key(cfg: dict, key: str, value: Any) -> None:
     for i, p in enumerate(parts[:-1]):
         if parts[: i + 1] in _FREEFORM:
             node = node.setdefault(p, {})
-            for q in parts[i + 1:-1]:
+            for q in parts[i + 1 : -1]:
                 node = node.setdefault(q, {})
             node[parts[-1]] = value
             return
         if not isinstance(node.get(p), dict):
-            raise ValueError(f"unknown config key {key!r}{_suggest(p, [k for k, v in node.items() if isinstance(v, dict)])}")
+            raise ValueError(
+                f"unknown config key {key!r}{_suggest(p, [k for k, v in node.items() if isinstance(v, dict)])}"
+            )
         node = node[p]
     if parts[-1] not in node:
         raise ValueError(f"unknown config key {key!r}{_suggest(parts[-1], node)}")

@@ -8,6 +8,7 @@ same after a resume and under any number of loader workers.
 Every dataset returns float32 images ``[3, H, W]`` in 0-255 units (RGB, not normalised) and
 int64 labels ``[H, W]`` (``ignore_index`` = 255 where unlabelled or padded).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,34 +20,177 @@ import torch
 from PIL import Image
 
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
-from .transforms import pad_to, photometric_distortion, random_crop, random_flip, random_resize, rescale_size, resize_pair
+from .transforms import (
+    pad_to,
+    photometric_distortion,
+    random_crop,
+    random_flip,
+    random_resize,
+    rescale_size,
+    resize_pair,
+)
 
 __all__ = ["ADE20K", "ADE20K_CLASSES", "MosaicSeg", "StepSampler", "build_seg_datasets", "collate"]
 
 PathLike = Union[str, os.PathLike]
 
 ADE20K_CLASSES = (
-    "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass", "cabinet",
-    "sidewalk", "person", "earth", "door", "table", "mountain", "plant", "curtain", "chair", "car", "water",
-    "painting", "sofa", "shelf", "house", "sea", "mirror", "rug", "field", "armchair", "seat", "fence", "desk",
-    "rock", "wardrobe", "lamp", "bathtub", "railing", "cushion", "base", "box", "column", "signboard",
-    "chest of drawers", "counter", "sand", "sink", "skyscraper", "fireplace", "refrigerator", "grandstand",
-    "path", "stairs", "runway", "case", "pool table", "pillow", "screen door", "stairway", "river", "bridge",
-    "bookcase", "blind", "coffee table", "toilet", "flower", "book", "hill", "bench", "countertop", "stove",
-    "palm", "kitchen island", "computer", "swivel chair", "boat", "bar", "arcade machine", "hovel", "bus",
-    "towel", "light", "truck", "tower", "chandelier", "awning", "streetlight", "booth", "television receiver",
-    "airplane", "dirt track", "apparel", "pole", "land", "bannister", "escalator", "ottoman", "bottle",
-    "buffet", "poster", "stage", "van", "ship", "fountain", "conveyer belt", "canopy", "washer", "plaything",
-    "swimming pool", "stool", "barrel", "basket", "waterfall", "tent", "bag", "minibike", "cradle", "oven",
-    "ball", "food", "step", "tank", "trade name", "microwave", "pot", "animal", "bicycle", "lake",
-    "dishwasher", "screen", "blanket", "sculpture", "hood", "sconce", "vase", "traffic light", "tray",
-    "ashcan", "fan", "pier", "crt screen", "plate", "monitor", "bulletin board", "shower", "radiator",
-    "glass", "clock", "flag",
+    "wall",
+    "building",
+    "sky",
+    "floor",
+    "tree",
+    "ceiling",
+    "road",
+    "bed",
+    "windowpane",
+    "grass",
+    "cabinet",
+    "sidewalk",
+    "person",
+    "earth",
+    "door",
+    "table",
+    "mountain",
+    "plant",
+    "curtain",
+    "chair",
+    "car",
+    "water",
+    "painting",
+    "sofa",
+    "shelf",
+    "house",
+    "sea",
+    "mirror",
+    "rug",
+    "field",
+    "armchair",
+    "seat",
+    "fence",
+    "desk",
+    "rock",
+    "wardrobe",
+    "lamp",
+    "bathtub",
+    "railing",
+    "cushion",
+    "base",
+    "box",
+    "column",
+    "signboard",
+    "chest of drawers",
+    "counter",
+    "sand",
+    "sink",
+    "skyscraper",
+    "fireplace",
+    "refrigerator",
+    "grandstand",
+    "path",
+    "stairs",
+    "runway",
+    "case",
+    "pool table",
+    "pillow",
+    "screen door",
+    "stairway",
+    "river",
+    "bridge",
+    "bookcase",
+    "blind",
+    "coffee table",
+    "toilet",
+    "flower",
+    "book",
+    "hill",
+    "bench",
+    "countertop",
+    "stove",
+    "palm",
+    "kitchen island",
+    "computer",
+    "swivel chair",
+    "boat",
+    "bar",
+    "arcade machine",
+    "hovel",
+    "bus",
+    "towel",
+    "light",
+    "truck",
+    "tower",
+    "chandelier",
+    "awning",
+    "streetlight",
+    "booth",
+    "television receiver",
+    "airplane",
+    "dirt track",
+    "apparel",
+    "pole",
+    "land",
+    "bannister",
+    "escalator",
+    "ottoman",
+    "bottle",
+    "buffet",
+    "poster",
+    "stage",
+    "van",
+    "ship",
+    "fountain",
+    "conveyer belt",
+    "canopy",
+    "washer",
+    "plaything",
+    "swimming pool",
+    "stool",
+    "barrel",
+    "basket",
+    "waterfall",
+    "tent",
+    "bag",
+    "minibike",
+    "cradle",
+    "oven",
+    "ball",
+    "food",
+    "step",
+    "tank",
+    "trade name",
+    "microwave",
+    "pot",
+    "animal",
+    "bicycle",
+    "lake",
+    "dishwasher",
+    "screen",
+    "blanket",
+    "sculpture",
+    "hood",
+    "sconce",
+    "vase",
+    "traffic light",
+    "tray",
+    "ashcan",
+    "fan",
+    "pier",
+    "crt screen",
+    "plate",
+    "monitor",
+    "bulletin board",
+    "shower",
+    "radiator",
+    "glass",
+    "clock",
+    "flag",
 )
 _ADE_SPLITS = {"train": "training", "training": "training", "val": "validation", "validation": "validation"}
 _IMG_EXT = (".jpg", ".jpeg", ".png")
-ADE_LAYOUT = ("ADEChallengeData2016/{images,annotations}/{training,validation}/ (images *.jpg, labels *.png "
-              "with the same stem)")
+ADE_LAYOUT = (
+    "ADEChallengeData2016/{images,annotations}/{training,validation}/ (images *.jpg, labels *.png with the same stem)"
+)
 
 
 class StepSampler:
@@ -88,9 +232,19 @@ def collate(items: list) -> tuple[torch.Tensor, torch.Tensor]:
 class _SegPipeline:
     """Shared training/eval transforms (see :mod:`.transforms`)."""
 
-    def __init__(self, *, train: bool, crop_size=(512, 512), scale=(2048, 512), ratio_range=(0.5, 2.0),
-                 cat_max_ratio: float = 0.75, flip: float = 0.5, photometric: bool = True,
-                 mean: Sequence[float] = (123.675, 116.28, 103.53), ignore_index: int = 255):
+    def __init__(
+        self,
+        *,
+        train: bool,
+        crop_size=(512, 512),
+        scale=(2048, 512),
+        ratio_range=(0.5, 2.0),
+        cat_max_ratio: float = 0.75,
+        flip: float = 0.5,
+        photometric: bool = True,
+        mean: Sequence[float] = (123.675, 116.28, 103.53),
+        ignore_index: int = 255,
+    ):
         self.train, self.crop_size, self.scale, self.ratio_range = train, tuple(crop_size), tuple(scale), ratio_range
         self.cat_max_ratio, self.flip, self.photometric = cat_max_ratio, flip, photometric
         self.mean, self.ignore_index = tuple(mean), ignore_index
@@ -113,8 +267,10 @@ class _SegPipeline:
 
 
 def _to_tensors(img: np.ndarray, label: np.ndarray):
-    return (torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)).permute(2, 0, 1).contiguous(),
-            torch.from_numpy(np.ascontiguousarray(label).astype(np.int64)))
+    return (
+        torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)).permute(2, 0, 1).contiguous(),
+        torch.from_numpy(np.ascontiguousarray(label).astype(np.int64)),
+    )
 
 
 class ADE20K(torch.utils.data.Dataset):
@@ -130,8 +286,15 @@ class ADE20K(torch.utils.data.Dataset):
     classes = ADE20K_CLASSES
     num_classes = 150
 
-    def __init__(self, root: PathLike, split: str = "train", *, reduce_zero_label: bool = True,
-                 pipeline: Optional[_SegPipeline] = None, subset: int = 0):
+    def __init__(
+        self,
+        root: PathLike,
+        split: str = "train",
+        *,
+        reduce_zero_label: bool = True,
+        pipeline: Optional[_SegPipeline] = None,
+        subset: int = 0,
+    ):
         if split not in _ADE_SPLITS:
             raise ValueError(f"ADE20K split {split!r}: expected 'train' or 'val'")
         root = pathlib.Path(root)
@@ -141,8 +304,10 @@ class ADE20K(torch.utils.data.Dataset):
         img_dir, ann_dir = root / "images" / sub, root / "annotations" / sub
         for d in (img_dir, ann_dir):
             if not d.is_dir():
-                raise ValueError(f"ADE20K folder {root} has no {d.relative_to(root)}/ (split {split!r}); "
-                                 f"expected the layout {ADE_LAYOUT}")
+                raise ValueError(
+                    f"ADE20K folder {root} has no {d.relative_to(root)}/ (split {split!r}); "
+                    f"expected the layout {ADE_LAYOUT}"
+                )
         images = sorted(p for p in img_dir.iterdir() if p.suffix.lower() in _IMG_EXT)
         if not images:
             raise ValueError(f"{img_dir} holds no images (*.jpg / *.png); expected the layout {ADE_LAYOUT}")
@@ -169,13 +334,17 @@ class ADE20K(torch.utils.data.Dataset):
                 raise ValueError(f"label file {ann_path} has mode {im.mode}: expected a single-channel PNG (L or P)")
             label = np.array(im)
         if img.shape[:2] != label.shape:
-            raise ValueError(f"image {img_path} is {img.shape[1]}x{img.shape[0]} but its labels {ann_path} are "
-                             f"{label.shape[1]}x{label.shape[0]}")
+            raise ValueError(
+                f"image {img_path} is {img.shape[1]}x{img.shape[0]} but its labels {ann_path} are "
+                f"{label.shape[1]}x{label.shape[0]}"
+            )
         top = self.num_classes if self.reduce_zero_label else self.num_classes - 1
         bad = (label > top) & (label != 255)
         if bad.any():
-            raise ValueError(f"label file {ann_path} holds values {sorted(np.unique(label[bad]).tolist())[:10]} "
-                             f"outside the classes (0..{top}, 255 = ignore)")
+            raise ValueError(
+                f"label file {ann_path} holds values {sorted(np.unique(label[bad]).tolist())[:10]} "
+                f"outside the classes (0..{top}, 255 = ignore)"
+            )
         if self.reduce_zero_label:
             label = label.astype(np.int16) - 1
             label[label < 0] = 255
@@ -203,8 +372,10 @@ class MosaicSeg(torch.utils.data.Dataset):
         from tqdm import tqdm
 
         self.mosaics = mosaics
-        items = [mosaics[i] for i in tqdm(range(len(mosaics)), desc=f"mosaics ({mosaics.split})",
-                                          disable=not progress, leave=False)]
+        items = [
+            mosaics[i]
+            for i in tqdm(range(len(mosaics)), desc=f"mosaics ({mosaics.split})", disable=not progress, leave=False)
+        ]
         self.images = torch.stack([it["image"] for it in items])
         self.labels = torch.stack([it["label"] for it in items])
         self.flip = flip
@@ -225,11 +396,19 @@ def build_seg_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
     d = cfg["data"]
     if d["dataset"] == "mosaic":
         m = d["mosaic"]
-        spec = MosaicSpec(size=int(m["size"]), objects=tuple(m["objects"]), scale=tuple(m["scale"]),
-                          noise=float(m["noise"]), max_overlap=float(m["max_overlap"]))
+        spec = MosaicSpec(
+            size=int(m["size"]),
+            objects=tuple(m["objects"]),
+            scale=tuple(m["scale"]),
+            noise=float(m["noise"]),
+            max_overlap=float(m["max_overlap"]),
+        )
         kw = dict(spec=spec, seed=int(m["seed"]), root=d["path"], pool=int(m["pool"]))
-        tr = MosaicSeg(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress) \
-            if train else None
+        tr = (
+            MosaicSeg(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress)
+            if train
+            else None
+        )
         n_val = int(d["val_subset"] or m["val"])
         va = MosaicSeg(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
         return tr, va
@@ -237,10 +416,25 @@ def build_seg_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
         raise ValueError(f"data.dataset={d['dataset']!r}: expected 'ade20k' or 'mosaic'")
     if not d["path"]:
         raise ValueError(f"data.path is required for ADE20K: the folder with the layout {ADE_LAYOUT}")
-    kw = dict(crop_size=d["crop_size"], scale=d["scale"], ratio_range=d["ratio_range"],
-              cat_max_ratio=d["cat_max_ratio"], flip=d["flip"], photometric=d["photometric"], mean=d["mean"])
-    tr = ADE20K(d["path"], "train", reduce_zero_label=d["reduce_zero_label"],
-                pipeline=_SegPipeline(train=True, **kw)) if train else None
-    va = ADE20K(d["path"], "val", reduce_zero_label=d["reduce_zero_label"],
-                pipeline=_SegPipeline(train=False, **kw), subset=int(d["val_subset"]))
+    kw = dict(
+        crop_size=d["crop_size"],
+        scale=d["scale"],
+        ratio_range=d["ratio_range"],
+        cat_max_ratio=d["cat_max_ratio"],
+        flip=d["flip"],
+        photometric=d["photometric"],
+        mean=d["mean"],
+    )
+    tr = (
+        ADE20K(d["path"], "train", reduce_zero_label=d["reduce_zero_label"], pipeline=_SegPipeline(train=True, **kw))
+        if train
+        else None
+    )
+    va = ADE20K(
+        d["path"],
+        "val",
+        reduce_zero_label=d["reduce_zero_label"],
+        pipeline=_SegPipeline(train=False, **kw),
+        subset=int(d["val_subset"]),
+    )
     return tr, va

@@ -6,9 +6,9 @@ helpers, atomic checkpoints).
 (atomically, every ``train.checkpoint_interval`` iterations and at the end), ``metrics.csv``,
 ``summary.json`` and ``predictions.png`` (validation images, ground truth, prediction).
 """
+
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import logging
@@ -46,8 +46,17 @@ class PolySchedule:
     segmentation recipes): ``lr_t = (lr - min_lr) (1 - t / T)^power + min_lr``; during the first
     ``warmup_iters`` it is further multiplied by ``1 - (1 - t / W)(1 - warmup_ratio)``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, lr: float, iters: int, power: float = 0.9,
-                 min_lr: float = 0.0, warmup_iters: int = 0, warmup_ratio: float = 1e-6):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        lr: float,
+        iters: int,
+        power: float = 0.9,
+        min_lr: float = 0.0,
+        warmup_iters: int = 0,
+        warmup_ratio: float = 1e-6,
+    ):
         if iters <= 0:
             raise ValueError(f"sched.iters={iters} must be positive")
         if not 0 <= warmup_iters <= iters:
@@ -87,18 +96,32 @@ def build_from_config(cfg: dict, num_classes: int) -> EncoderDecoder:
         raise ValueError(f"model.num_classes={m['num_classes']} but the dataset has {num_classes} classes")
     bkw = dict(m["backbone_kwargs"] or {})
     # a checkpoint named in a config is trusted, as the classification engine's model.checkpoint
-    bkw.update(frozen_stages=int(m["frozen_stages"]), norm_eval=bool(m["norm_eval"]), pretrained=m["pretrained"],
-               weights_only=False)
+    bkw.update(
+        frozen_stages=int(m["frozen_stages"]),
+        norm_eval=bool(m["norm_eval"]),
+        pretrained=m["pretrained"],
+        weights_only=False,
+    )
     if m["drop_path"] is not None:
         bkw["drop_path_rate"] = float(m["drop_path"])
     try:
-        model = build_segmentor(m["decode"], m["backbone"], num_classes=num_classes, channels=m["channels"],
-                                neck_channels=int(m["neck_channels"]), aux_weight=m["aux_weight"],
-                                aux_channels=int(m["aux_channels"]), dropout=float(m["dropout"]),
-                                ignore_index=int(m["ignore_index"]), avg_non_ignore=bool(m["avg_non_ignore"]),
-                                backbone_kwargs=bkw)
+        model = build_segmentor(
+            m["decode"],
+            m["backbone"],
+            num_classes=num_classes,
+            channels=m["channels"],
+            neck_channels=int(m["neck_channels"]),
+            aux_weight=m["aux_weight"],
+            aux_channels=int(m["aux_channels"]),
+            dropout=float(m["dropout"]),
+            ignore_index=int(m["ignore_index"]),
+            avg_non_ignore=bool(m["avg_non_ignore"]),
+            backbone_kwargs=bkw,
+        )
     except TypeError as e:  # a backbone_kwargs entry the model does not take
-        raise ValueError(f"backbone {m['backbone']!r} rejected model.backbone_kwargs {m['backbone_kwargs']}: {e}") from e
+        raise ValueError(
+            f"backbone {m['backbone']!r} rejected model.backbone_kwargs {m['backbone_kwargs']}: {e}"
+        ) from e
     if m["checkpoint"]:
         load_weights(model, m["checkpoint"])
     return model
@@ -111,16 +134,24 @@ def load_weights(model: EncoderDecoder, path) -> None:
     own = model.state_dict()
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in sd and sd[k].shape != own[k].shape]
+    shapes = [
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in sd and sd[k].shape != own[k].shape
+    ]
     if missing or unexpected or shapes:
         cls = own["decode_head.conv_seg.weight"].shape[0]
         got = sd.get("decode_head.conv_seg.weight")
-        hint = (f"; the checkpoint predicts {got.shape[0]} classes, the model {cls}"
-                if got is not None and got.shape[0] != cls else "")
-        raise ValueError(f"segmentor checkpoint {path} does not fit the model (other backbone or head?){hint}: "
-                         f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected "
-                         f"(e.g. {unexpected[:3]}), {len(shapes)} of another shape (e.g. {shapes[:2]})")
+        hint = (
+            f"; the checkpoint predicts {got.shape[0]} classes, the model {cls}"
+            if got is not None and got.shape[0] != cls
+            else ""
+        )
+        raise ValueError(
+            f"segmentor checkpoint {path} does not fit the model (other backbone or head?){hint}: "
+            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected "
+            f"(e.g. {unexpected[:3]}), {len(shapes)} of another shape (e.g. {shapes[:2]})"
+        )
     model.load_state_dict(sd)
 
 
@@ -143,8 +174,16 @@ def _resolve_amp(amp: str, device: torch.device) -> str:
 
 
 @torch.no_grad()
-def predict_batches(model: EncoderDecoder, dataset, cfg: dict, device: torch.device, *, indices=None,
-                    amp: str = "none", progress: bool = False):
+def predict_batches(
+    model: EncoderDecoder,
+    dataset,
+    cfg: dict,
+    device: torch.device,
+    *,
+    indices=None,
+    amp: str = "none",
+    progress: bool = False,
+):
     """Yield (image [3, H, W] 0-255, labels [H, W], predicted labels [H, W]) for ``indices`` of an
     evaluation ``dataset`` with the config's inference mode (whole / slide, flip)."""
     from tqdm import tqdm
@@ -156,16 +195,23 @@ def predict_batches(model: EncoderDecoder, dataset, cfg: dict, device: torch.dev
     was = model.training
     model.eval()
     try:
-        for start in tqdm(range(0, len(indices), bs), desc="eval", disable=not progress, leave=False,
-                          file=sys.stderr, mininterval=1.0):
-            items = [dataset[i] for i in indices[start:start + bs]]
+        for start in tqdm(
+            range(0, len(indices), bs), desc="eval", disable=not progress, leave=False, file=sys.stderr, mininterval=1.0
+        ):
+            items = [dataset[i] for i in indices[start : start + bs]]
             same = len({tuple(it[0].shape) for it in items}) == 1 and len({tuple(it[1].shape) for it in items}) == 1
             groups = [collate(items)] if same else [collate([it]) for it in items]
             for img, lab in groups:
                 x = norm(img.to(device))
                 with autocast(device, amp):
-                    probs = model.predict(x, mode=e["mode"], crop=e["crop_size"], stride=e["stride"],
-                                          out_size=lab.shape[-2:], flip=bool(e["flip"]))
+                    probs = model.predict(
+                        x,
+                        mode=e["mode"],
+                        crop=e["crop_size"],
+                        stride=e["stride"],
+                        out_size=lab.shape[-2:],
+                        flip=bool(e["flip"]),
+                    )
                 pred = probs.float().argmax(1).cpu()
                 for k in range(img.shape[0]):
                     yield img[k], lab[k], pred[k]
@@ -173,29 +219,51 @@ def predict_batches(model: EncoderDecoder, dataset, cfg: dict, device: torch.dev
         model.train(was)
 
 
-def evaluate_seg(model: EncoderDecoder, dataset, cfg: dict, device: torch.device, info: Optional[DistInfo] = None,
-                 *, amp: str = "none", progress: bool = False) -> dict:
+def evaluate_seg(
+    model: EncoderDecoder,
+    dataset,
+    cfg: dict,
+    device: torch.device,
+    info: Optional[DistInfo] = None,
+    *,
+    amp: str = "none",
+    progress: bool = False,
+) -> dict:
     """mIoU / mAcc / aAcc (percent) over ``dataset``, each process taking every world_size-th image
     and the confusion matrices summed across processes."""
     info = info or DistInfo()
     metric = SegMetric(dataset.num_classes, int(cfg["model"]["ignore_index"]), dataset.classes)
-    for _, lab, pred in predict_batches(model, dataset, cfg, device,
-                                        indices=range(info.rank, len(dataset), info.world_size), amp=amp,
-                                        progress=progress and info.is_main):
+    for _, lab, pred in predict_batches(
+        model,
+        dataset,
+        cfg,
+        device,
+        indices=range(info.rank, len(dataset), info.world_size),
+        amp=amp,
+        progress=progress and info.is_main,
+    ):
         metric.update(pred, lab)
     return metric.compute(info)
 
 
-def save_predictions_png(model: EncoderDecoder, dataset, cfg: dict, device: torch.device, path, n: int = 4,
-                         title: Optional[str] = None) -> pathlib.Path:
+def save_predictions_png(
+    model: EncoderDecoder, dataset, cfg: dict, device: torch.device, path, n: int = 4, title: Optional[str] = None
+) -> pathlib.Path:
     """A PNG of ``n`` validation images: image, ground truth, prediction."""
     from .viz import save_predictions
 
     rows = list(predict_batches(model, dataset, cfg, device, indices=range(min(n, len(dataset)))))
     # ADE20K images differ in size (and are resized for the model): show each at its label's size
     imgs = [resize(r[0][None], r[1].shape[-2:])[0].div(255).clamp(0, 1) for r in rows]
-    return save_predictions(imgs, [r[1] for r in rows], [r[2] for r in rows], path, dataset.classes, title=title,
-                            ignore_index=int(cfg["model"]["ignore_index"]))
+    return save_predictions(
+        imgs,
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        path,
+        dataset.classes,
+        title=title,
+        ignore_index=int(cfg["model"]["ignore_index"]),
+    )
 
 
 SEG_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "config", "num_classes")
@@ -206,8 +274,10 @@ def load_seg_checkpoint(path) -> dict:
     state = read_checkpoint(path, weights_only=False)  # ours: configs and RNG states beside the weights
     missing = [k for k in SEG_CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
-        raise ValueError(f"{path} is not a segmentation checkpoint of inline-attn (no {', '.join(missing)}); "
-                         f"to start from its weights use --model.checkpoint or --model.pretrained")
+        raise ValueError(
+            f"{path} is not a segmentation checkpoint of inline-attn (no {', '.join(missing)}); "
+            f"to start from its weights use --model.checkpoint or --model.pretrained"
+        )
     return state
 
 
@@ -246,8 +316,9 @@ def _write_csv(history: list[dict], path: pathlib.Path) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def train_seg(cfg: dict, *, rank: Optional[int] = None, world_size: Optional[int] = None,
-              init_method: Optional[str] = None) -> dict:
+def train_seg(
+    cfg: dict, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
+) -> dict:
     """Train a segmentor with ``cfg`` (see :mod:`inline_attn.dense.config`); returns the summary.
 
     ``rank`` / ``world_size`` / ``init_method`` join a process group explicitly (tests); under
@@ -292,8 +363,15 @@ def _train(cfg: dict, info: DistInfo) -> dict:
     else:
         raise ValueError(f"optim.opt={opt!r}: expected 'adamw' or 'sgd'")
     iters = int(s_cfg["iters"])
-    sched = PolySchedule(optimizer, lr=lr, iters=iters, power=float(s_cfg["power"]), min_lr=float(s_cfg["min_lr"]),
-                         warmup_iters=int(s_cfg["warmup_iters"]), warmup_ratio=float(s_cfg["warmup_ratio"]))
+    sched = PolySchedule(
+        optimizer,
+        lr=lr,
+        iters=iters,
+        power=float(s_cfg["power"]),
+        min_lr=float(s_cfg["min_lr"]),
+        warmup_iters=int(s_cfg["warmup_iters"]),
+        warmup_ratio=float(s_cfg["warmup_ratio"]),
+    )
     amp = _resolve_amp(t_cfg["amp"], device)
     scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
     norm = _Normalize(cfg["data"]["mean"], cfg["data"]["std"]).to(device)
@@ -324,12 +402,16 @@ def _train(cfg: dict, info: DistInfo) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
 
-    sampler = StepSampler(len(train_set), int(cfg["data"]["batch_size"]), seed=seed, rank=info.rank,
-                          world_size=info.world_size)
+    sampler = StepSampler(
+        len(train_set), int(cfg["data"]["batch_size"]), seed=seed, rank=info.rank, world_size=info.world_size
+    )
     workers = int(cfg["data"]["workers"])
     if workers:  # the sampler's batches, prepared by loader processes
-        batches = iter(torch.utils.data.DataLoader(train_set, batch_sampler=list(sampler.steps(step, iters)),
-                                                   num_workers=workers, collate_fn=collate))
+        batches = iter(
+            torch.utils.data.DataLoader(
+                train_set, batch_sampler=list(sampler.steps(step, iters)), num_workers=workers, collate_fn=collate
+            )
+        )
     else:
         batches = (collate([train_set[i] for i in b]) for b in sampler.steps(step, iters))
     t_start = time.time()
@@ -343,10 +425,20 @@ def _train(cfg: dict, info: DistInfo) -> dict:
             dist.all_gather_object(rng, torch.get_rng_state())
         if not info.is_main:
             return None
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": sched.state_dict(),
-                 "scaler": scaler.state_dict() if scaler is not None else None, "step": step, "history": history,
-                 "config": cfg, "num_classes": train_set.num_classes, "classes": list(train_set.classes),
-                 "rng": rng, "elapsed_s": elapsed + time.time() - t_start, "world_size": info.world_size}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": sched.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "step": step,
+            "history": history,
+            "config": cfg,
+            "num_classes": train_set.num_classes,
+            "classes": list(train_set.classes),
+            "rng": rng,
+            "elapsed_s": elapsed + time.time() - t_start,
+            "world_size": info.world_size,
+        }
         return save_rotating(state, out)
 
     def evaluate_now() -> dict:
@@ -354,9 +446,14 @@ def _train(cfg: dict, info: DistInfo) -> dict:
         return {k: res[k] for k in ("mIoU", "mAcc", "aAcc")} | {"per_class_IoU": res["IoU"]}
 
     max_steps = int(t_cfg["max_steps"] or 0)
-    log_every, ckpt_every, eval_every = int(t_cfg["log_interval"]), int(t_cfg["checkpoint_interval"]), int(e_cfg["interval"])
-    pbar = tqdm(total=iters, initial=step, desc="train", dynamic_ncols=True, mininterval=1.0, file=sys.stderr,
-                disable=not show)
+    log_every, ckpt_every, eval_every = (
+        int(t_cfg["log_interval"]),
+        int(t_cfg["checkpoint_interval"]),
+        int(e_cfg["interval"]),
+    )
+    pbar = tqdm(
+        total=iters, initial=step, desc="train", dynamic_ncols=True, mininterval=1.0, file=sys.stderr, disable=not show
+    )
     window = torch.zeros(4, dtype=torch.float64)  # loss, loss_decode, loss_aux, images (this rank)
     t_win, stopped, last_eval = time.time(), None, None
     model.train()
@@ -383,27 +480,35 @@ def _train(cfg: dict, info: DistInfo) -> dict:
                 optimizer.step()
             sched.step()
             step += 1
-            window += torch.tensor([loss.item(), losses["loss_decode"].item(),
-                                    losses.get("loss_aux", torch.zeros(())).item(), x.shape[0]], dtype=torch.float64)
+            window += torch.tensor(
+                [loss.item(), losses["loss_decode"].item(), losses.get("loss_aux", torch.zeros(())).item(), x.shape[0]],
+                dtype=torch.float64,
+            )
             pbar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}", refresh=False)
             pbar.update(1)
             final = step == iters or (max_steps and step >= max_steps)
             if step % log_every == 0 or final or (eval_every and step % eval_every == 0):
                 n_steps = max(1, int(round(window[3].item() / x.shape[0])))
                 sums = all_reduce(window.clone(), info)
-                row = {"step": step, "lr": sched.lr_at(step - 1), "loss": sums[0].item() / n_steps / info.world_size,
-                       "loss_decode": sums[1].item() / n_steps / info.world_size,
-                       "loss_aux": sums[2].item() / n_steps / info.world_size if "loss_aux" in losses else None,
-                       "img_s": round(sums[3].item() / max(time.time() - t_win, 1e-9), 2),
-                       "elapsed_s": round(elapsed + time.time() - t_start, 1)}
+                row = {
+                    "step": step,
+                    "lr": sched.lr_at(step - 1),
+                    "loss": sums[0].item() / n_steps / info.world_size,
+                    "loss_decode": sums[1].item() / n_steps / info.world_size,
+                    "loss_aux": sums[2].item() / n_steps / info.world_size if "loss_aux" in losses else None,
+                    "img_s": round(sums[3].item() / max(time.time() - t_win, 1e-9), 2),
+                    "elapsed_s": round(elapsed + time.time() - t_start, 1),
+                }
                 window.zero_()
                 t_win = time.time()
                 if (eval_every and step % eval_every == 0) or step == iters:
                     last_eval = evaluate_now()
                     row.update({k: round(v, 2) for k, v in last_eval.items() if k != "per_class_IoU"})
                     if info.is_main:
-                        pbar.write(f"iteration {step}/{iters}  mIoU {row['mIoU']:.2f}  mAcc {row['mAcc']:.2f}  "
-                                   f"aAcc {row['aAcc']:.2f}")
+                        pbar.write(
+                            f"iteration {step}/{iters}  mIoU {row['mIoU']:.2f}  mAcc {row['mAcc']:.2f}  "
+                            f"aAcc {row['aAcc']:.2f}"
+                        )
                     model.train()
                 history.append(row)
                 if info.is_main:
@@ -416,24 +521,44 @@ def _train(cfg: dict, info: DistInfo) -> dict:
     finally:
         pbar.close()
     total_time = elapsed + time.time() - t_start
-    summary = {"backbone": cfg["model"]["backbone"], "decode": cfg["model"]["decode"], "params": n_params,
-               "iterations": step, "world_size": info.world_size, "device": str(device), "stopped": stopped,
-               "train_time_s": round(total_time, 1), "checkpoint": str(out / LAST), "output": str(out),
-               "classes": list(train_set.classes)}
+    summary = {
+        "backbone": cfg["model"]["backbone"],
+        "decode": cfg["model"]["decode"],
+        "params": n_params,
+        "iterations": step,
+        "world_size": info.world_size,
+        "device": str(device),
+        "stopped": stopped,
+        "train_time_s": round(total_time, 1),
+        "checkpoint": str(out / LAST),
+        "output": str(out),
+        "classes": list(train_set.classes),
+    }
     if last_eval is not None:
-        summary.update({k: last_eval[k] for k in ("mIoU", "mAcc", "aAcc")},
-                       per_class_IoU=dict(zip(train_set.classes, last_eval["per_class_IoU"])))
+        summary.update(
+            {k: last_eval[k] for k in ("mIoU", "mAcc", "aAcc")},
+            per_class_IoU=dict(zip(train_set.classes, last_eval["per_class_IoU"])),
+        )
     if info.is_main:
         if stopped is None and t_cfg["predictions_png"]:
             try:
-                summary["predictions_png"] = str(save_predictions_png(
-                    model, val_set, cfg, device, out / "predictions.png",
-                    title=f"{cfg['model']['backbone']} + {cfg['model']['decode']}, iteration {step}"
-                          + (f", mIoU {last_eval['mIoU']:.1f}" if last_eval else "")))
+                summary["predictions_png"] = str(
+                    save_predictions_png(
+                        model,
+                        val_set,
+                        cfg,
+                        device,
+                        out / "predictions.png",
+                        title=f"{cfg['model']['backbone']} + {cfg['model']['decode']}, iteration {step}"
+                        + (f", mIoU {last_eval['mIoU']:.1f}" if last_eval else ""),
+                    )
+                )
             except Exception as e:  # a picture is a report, never a reason to fail a finished run
                 log.warning("predictions PNG failed: %s", e)
-        write_json({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()},
-                   out / "summary.json")
+        write_json(
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()},
+            out / "summary.json",
+        )
         if stopped:
             print(f"stopped ({stopped}) at iteration {step}; continue with --train.resume auto", file=sys.stderr)
     barrier(info)

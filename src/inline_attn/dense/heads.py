@@ -13,6 +13,7 @@
 Every head ends with dropout (p = 0.1) and a 1x1 classifier ``conv_seg``. All maps are NCHW.
 Written from the papers and mmseg's documented semantics, not copied.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,12 +102,21 @@ class FPNHead(_ClassifierMixin):
     the finest map's size, which matters only for sides the strides do not divide).
     """
 
-    def __init__(self, in_channels: Sequence[int], feature_strides: Sequence[int], channels: int = 128,
-                 num_classes: int = 150, dropout: float = 0.1, align_corners: bool = False):
+    def __init__(
+        self,
+        in_channels: Sequence[int],
+        feature_strides: Sequence[int],
+        channels: int = 128,
+        num_classes: int = 150,
+        dropout: float = 0.1,
+        align_corners: bool = False,
+    ):
         super().__init__()
         if len(in_channels) != len(feature_strides):
-            raise ValueError(f"in_channels {tuple(in_channels)} and feature_strides {tuple(feature_strides)} "
-                             f"must have the same length")
+            raise ValueError(
+                f"in_channels {tuple(in_channels)} and feature_strides {tuple(feature_strides)} "
+                f"must have the same length"
+            )
         if list(feature_strides) != sorted(feature_strides):
             raise ValueError(f"feature_strides {tuple(feature_strides)} must increase")
         self.feature_strides, self.align_corners = list(feature_strides), align_corners
@@ -134,8 +144,9 @@ class PPM(nn.ModuleList):
     (adaptive average pool to bins x bins, ConvBNReLU 1x1, bilinear resize back)."""
 
     def __init__(self, pool_scales: Sequence[int], in_channels: int, channels: int, align_corners: bool = False):
-        super().__init__([nn.Sequential(nn.AdaptiveAvgPool2d(s), ConvBNReLU(in_channels, channels, 1))
-                          for s in pool_scales])
+        super().__init__(
+            [nn.Sequential(nn.AdaptiveAvgPool2d(s), ConvBNReLU(in_channels, channels, 1)) for s in pool_scales]
+        )
         self.align_corners = align_corners
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -151,8 +162,15 @@ class UPerHead(_ClassifierMixin):
     the last; everything resized to the finest map, concatenated, fused by ``fpn_bottleneck``.
     """
 
-    def __init__(self, in_channels: Sequence[int], channels: int = 512, num_classes: int = 150,
-                 pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1, align_corners: bool = False):
+    def __init__(
+        self,
+        in_channels: Sequence[int],
+        channels: int = 512,
+        num_classes: int = 150,
+        pool_scales: Sequence[int] = (1, 2, 3, 6),
+        dropout: float = 0.1,
+        align_corners: bool = False,
+    ):
         super().__init__()
         in_channels = list(in_channels)
         self.align_corners = align_corners
@@ -168,8 +186,9 @@ class UPerHead(_ClassifierMixin):
         laterals = [conv(f) for conv, f in zip(self.lateral_convs, feats)]
         laterals.append(self.bottleneck(torch.cat([x, *self.psp_modules(x)], dim=1)))
         for i in range(len(laterals) - 1, 0, -1):
-            laterals[i - 1] = laterals[i - 1] + resize(laterals[i], laterals[i - 1].shape[-2:],
-                                                       align_corners=self.align_corners)
+            laterals[i - 1] = laterals[i - 1] + resize(
+                laterals[i], laterals[i - 1].shape[-2:], align_corners=self.align_corners
+            )
         outs = [conv(lat) for conv, lat in zip(self.fpn_convs, laterals[:-1])] + [laterals[-1]]
         size = outs[0].shape[-2:]
         outs = [outs[0]] + [resize(o, size, align_corners=self.align_corners) for o in outs[1:]]
@@ -180,14 +199,22 @@ class FCNHead(_ClassifierMixin):
     """The auxiliary head: ``feats[in_index]`` [B, in_channels, H, W] -> logits [B, K, H, W]
     through ``num_convs`` ConvBNReLU 3x3 blocks (no concatenation of the input)."""
 
-    def __init__(self, in_channels: int, channels: int = 256, num_classes: int = 150, in_index: int = 2,
-                 num_convs: int = 1, dropout: float = 0.1):
+    def __init__(
+        self,
+        in_channels: int,
+        channels: int = 256,
+        num_classes: int = 150,
+        in_index: int = 2,
+        num_convs: int = 1,
+        dropout: float = 0.1,
+    ):
         super().__init__()
         if num_convs < 1:
             raise ValueError(f"num_convs must be >= 1, got {num_convs}")
         self.in_index = in_index
-        self.convs = nn.Sequential(*[ConvBNReLU(in_channels if k == 0 else channels, channels, 3)
-                                     for k in range(num_convs)])
+        self.convs = nn.Sequential(
+            *[ConvBNReLU(in_channels if k == 0 else channels, channels, 3) for k in range(num_convs)]
+        )
         self._init_classifier(channels, num_classes, dropout)
 
     def forward(self, feats: Sequence[torch.Tensor]) -> torch.Tensor:

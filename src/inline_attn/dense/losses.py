@@ -1,4 +1,5 @@
 """The segmentation loss: per-pixel cross-entropy with an ignore label (mmseg's CrossEntropyLoss)."""
+
 from __future__ import annotations
 
 import torch
@@ -12,12 +13,20 @@ def check_labels(target: torch.Tensor, num_classes: int, ignore_index: int = 255
     bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
     if bool(bad.any()):
         vals = sorted(set(torch.unique(target[bad]).tolist()))[:10]
-        raise ValueError(f"{where} hold values {vals} outside the {num_classes} classes "
-                         f"(0..{num_classes - 1}, or {ignore_index} for 'ignore')")
+        raise ValueError(
+            f"{where} hold values {vals} outside the {num_classes} classes "
+            f"(0..{num_classes - 1}, or {ignore_index} for 'ignore')"
+        )
 
 
-def seg_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = 255,
-                      num_classes: int | None = None, *, avg_non_ignore: bool = False) -> torch.Tensor:
+def seg_cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int = 255,
+    num_classes: int | None = None,
+    *,
+    avg_non_ignore: bool = False,
+) -> torch.Tensor:
     """Mean per-pixel cross-entropy.
 
     logits: [B, K, H, W]; target: [B, H, W] integer labels in [0, K) or ``ignore_index``.
@@ -25,10 +34,16 @@ def seg_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     ``avg_non_ignore=False``) or by the non-ignored pixels only (``avg_non_ignore=True``).
     Computed in float32 under autocast.
     """
-    if logits.dim() != 4 or target.dim() != 3 or logits.shape[0] != target.shape[0] \
-            or logits.shape[-2:] != target.shape[-2:]:
-        raise ValueError(f"logits {tuple(logits.shape)} must be [B, K, H, W] and labels {tuple(target.shape)} "
-                         f"[B, H, W] of the same size")
+    if (
+        logits.dim() != 4
+        or target.dim() != 3
+        or logits.shape[0] != target.shape[0]
+        or logits.shape[-2:] != target.shape[-2:]
+    ):
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be [B, K, H, W] and labels {tuple(target.shape)} "
+            f"[B, H, W] of the same size"
+        )
     check_labels(target, num_classes or logits.shape[1], ignore_index)
     loss = F.cross_entropy(logits.float(), target.long(), ignore_index=ignore_index, reduction="none")
     if avg_non_ignore:

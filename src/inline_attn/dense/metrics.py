@@ -11,6 +11,7 @@ With ``C[g, p]`` the number of (non-ignored) pixels of ground-truth class g pred
 A class absent from the ground truth but predicted somewhere gets IoU 0 (it counts in mIoU) and
 Acc NaN (it does not count in mAcc), as in mmseg's ``IoUMetric``. Reported in percent.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,9 @@ from .losses import check_labels
 __all__ = ["SegMetric", "confusion_matrix", "metrics_from_confusion"]
 
 
-def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255) -> torch.Tensor:
+def confusion_matrix(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255
+) -> torch.Tensor:
     """pred, target: integer label maps of the same shape (any) -> [K, K] int64 counts, rows =
     ground truth, columns = prediction; pixels whose target is ``ignore_index`` are skipped."""
     if pred.shape != target.shape:

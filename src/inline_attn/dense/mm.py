@@ -11,6 +11,7 @@ Needs the optional extra ``pip install "inline-attn[mm]"`` (mmengine 0.10.7, mms
 1.2.2, ftfy, regex) and mmcv 2.1.0 built from source with its ops (docs/dense.md gives the
 recipe). The configs of the paper's recipes are in ``configs/ade20k/mm/``.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -41,19 +42,35 @@ class InLineBackbone(BaseModule):
     forward: images [B, 3, H, W] -> tuple of NCHW maps at strides 4, 8, 16, 32.
     """
 
-    def __init__(self, name: str, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 norm_eval: bool = False, drop_path_rate: Optional[float] = None, out_norms: Optional[bool] = None,
-                 init_cfg: Optional[dict] = None, **model_kwargs):
+    def __init__(
+        self,
+        name: str,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        drop_path_rate: Optional[float] = None,
+        out_norms: Optional[bool] = None,
+        init_cfg: Optional[dict] = None,
+        **model_kwargs,
+    ):
         pretrained = None
         if init_cfg is not None:
             if not isinstance(init_cfg, dict) or init_cfg.get("type") != "Pretrained" or "checkpoint" not in init_cfg:
-                raise ValueError(f"InLineBackbone init_cfg must be dict(type='Pretrained', checkpoint=PATH), "
-                                 f"got {init_cfg!r}")
+                raise ValueError(
+                    f"InLineBackbone init_cfg must be dict(type='Pretrained', checkpoint=PATH), got {init_cfg!r}"
+                )
             pretrained = init_cfg["checkpoint"]
         super().__init__(init_cfg=None)  # the weights load here, not through mmengine's initialisers
-        self.inner = DenseBackbone(name, out_indices=out_indices, frozen_stages=frozen_stages, norm_eval=norm_eval,
-                                   drop_path_rate=drop_path_rate, pretrained=pretrained, out_norms=out_norms,
-                                   **model_kwargs)
+        self.inner = DenseBackbone(
+            name,
+            out_indices=out_indices,
+            frozen_stages=frozen_stages,
+            norm_eval=norm_eval,
+            drop_path_rate=drop_path_rate,
+            pretrained=pretrained,
+            out_norms=out_norms,
+            **model_kwargs,
+        )
         self.out_channels = self.inner.out_channels
 
     def init_weights(self) -> None:

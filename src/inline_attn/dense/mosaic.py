@@ -21,6 +21,7 @@ their semantic label but are not instances.
 Training mosaics draw garments from the Fashion-MNIST training split only, validation mosaics
 from the test split only.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -59,8 +60,10 @@ class MosaicSpec:
         if not 0 < self.scale[0] <= self.scale[1]:
             raise ValueError(f"scale={self.scale} must satisfy 0 < min <= max")
         if int(round(28 * self.scale[1])) > self.size:
-            raise ValueError(f"a garment of scale {self.scale[1]} ({round(28 * self.scale[1])} px) does not fit "
-                             f"a {self.size} px mosaic")
+            raise ValueError(
+                f"a garment of scale {self.scale[1]} ({round(28 * self.scale[1])} px) does not fit "
+                f"a {self.size} px mosaic"
+            )
         if not 0 <= self.threshold < 255:
             raise ValueError(f"threshold={self.threshold} must be in [0, 255)")
 
@@ -90,16 +93,16 @@ def make_mosaic(garments: np.ndarray, classes: np.ndarray, rng: np.random.Genera
         g = F.interpolate(g, size=(side, side), mode="bilinear", align_corners=False)[0, 0].numpy()
         for _ in range(10 if spec.max_overlap < 1.0 else 1):
             y, x = (int(v) for v in rng.integers(0, s - side + 1, size=2))
-            if placed[y:y + side, x:x + side].mean() <= spec.max_overlap:
+            if placed[y : y + side, x : x + side].mean() <= spec.max_overlap:
                 break
-        placed[y:y + side, x:x + side] = True
+        placed[y : y + side, x : x + side] = True
         tint = rng.uniform(*spec.tint, size=(3, 1, 1)).astype(np.float32)
         alpha = np.clip(g / 255.0, 0.0, 1.0)[None]
-        region = canvas[:, y:y + side, x:x + side]
-        canvas[:, y:y + side, x:x + side] = region * (1 - alpha) + tint * alpha
+        region = canvas[:, y : y + side, x : x + side]
+        canvas[:, y : y + side, x : x + side] = region * (1 - alpha) + tint * alpha
         mask = g > spec.threshold
-        label[y:y + side, x:x + side][mask] = classes[idx] + 1
-        owner[y:y + side, x:x + side][mask] = k
+        label[y : y + side, x : x + side][mask] = classes[idx] + 1
+        owner[y : y + side, x : x + side][mask] = k
     canvas += rng.normal(0.0, spec.noise, size=canvas.shape).astype(np.float32)
     image = np.clip(np.rint(canvas * 255), 0, 255).astype(np.uint8)
     boxes, cls, masks = [], [], []
@@ -134,8 +137,16 @@ class FashionMosaics(torch.utils.data.Dataset):
     classes = MOSAIC_CLASSES
     num_classes = len(MOSAIC_CLASSES)
 
-    def __init__(self, split: str = "train", num: int = 1000, spec: Optional[MosaicSpec] = None, seed: int = 0,
-                 root=None, pool: int = 0, garments: Optional[tuple[np.ndarray, np.ndarray]] = None):
+    def __init__(
+        self,
+        split: str = "train",
+        num: int = 1000,
+        spec: Optional[MosaicSpec] = None,
+        seed: int = 0,
+        root=None,
+        pool: int = 0,
+        garments: Optional[tuple[np.ndarray, np.ndarray]] = None,
+    ):
         if split not in _SPLITS:
             raise ValueError(f"mosaic split {split!r}: expected 'train' or 'val'")
         if num < 1:

@@ -7,6 +7,7 @@ Two recipes of the paper (and the functions that build them):
 - ``upernet``: :class:`UPerHead` (512 channels, PPM bins 1-2-3-6) + :class:`FCNHead` auxiliary
   head on the stride-16 map (256 channels, loss weight 0.4).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -58,10 +59,20 @@ class EncoderDecoder(nn.Module):
             divides by every pixel of the label map).
     """
 
-    def __init__(self, backbone: nn.Module, decode_head: nn.Module, *, neck: Optional[nn.Module] = None,
-                 aux_head: Optional[nn.Module] = None, aux_weight: float = 0.4, num_classes: int = 150,
-                 ignore_index: int = 255, size_divisor: int = 32, align_corners: bool = False,
-                 avg_non_ignore: bool = False):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        decode_head: nn.Module,
+        *,
+        neck: Optional[nn.Module] = None,
+        aux_head: Optional[nn.Module] = None,
+        aux_weight: float = 0.4,
+        num_classes: int = 150,
+        ignore_index: int = 255,
+        size_divisor: int = 32,
+        align_corners: bool = False,
+        avg_non_ignore: bool = False,
+    ):
         super().__init__()
         self.backbone, self.neck, self.decode_head, self.aux_head = backbone, neck, decode_head, aux_head
         self.aux_weight = float(aux_weight)
@@ -121,13 +132,15 @@ class EncoderDecoder(nn.Module):
         feats = self.extract(xp)
         out = {}
         logits = self._to_input(self._decode(feats), padded, size)
-        out["loss_decode"] = seg_cross_entropy(logits, target, self.ignore_index, self.num_classes,
-                                               avg_non_ignore=self.avg_non_ignore)
+        out["loss_decode"] = seg_cross_entropy(
+            logits, target, self.ignore_index, self.num_classes, avg_non_ignore=self.avg_non_ignore
+        )
         total = out["loss_decode"]
         if self.aux_head is not None and self.aux_weight > 0:
             aux = self._to_input(self.aux_head(feats), padded, size)
-            out["loss_aux"] = seg_cross_entropy(aux, target, self.ignore_index, self.num_classes,
-                                                avg_non_ignore=self.avg_non_ignore)
+            out["loss_aux"] = seg_cross_entropy(
+                aux, target, self.ignore_index, self.num_classes, avg_non_ignore=self.avg_non_ignore
+            )
             total = total + self.aux_weight * out["loss_aux"]
         out["loss"] = total
         return out
@@ -145,9 +158,16 @@ class EncoderDecoder(nn.Module):
         return acc / count
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor, *, mode: str = "whole", crop: Optional[Sequence[int]] = None,
-                stride: Optional[Sequence[int]] = None, out_size: Optional[Sequence[int]] = None,
-                flip: bool = False) -> torch.Tensor:
+    def predict(
+        self,
+        x: torch.Tensor,
+        *,
+        mode: str = "whole",
+        crop: Optional[Sequence[int]] = None,
+        stride: Optional[Sequence[int]] = None,
+        out_size: Optional[Sequence[int]] = None,
+        flip: bool = False,
+    ) -> torch.Tensor:
         """images [B, C, H, W] -> class scores [B, K, *out_size] (softmax probabilities).
 
         mode: "whole" (one pass) or "slide" (``crop`` windows ``stride`` apart).
@@ -170,11 +190,23 @@ class EncoderDecoder(nn.Module):
         return probs
 
 
-def build_segmentor(decode: str, backbone: str, *, num_classes: int = 150, channels: Optional[int] = None,
-                    neck_channels: int = 256, aux_weight: Optional[float] = None, aux_channels: int = 256,
-                    aux_in_index: int = 2, pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1,
-                    ignore_index: int = 255, align_corners: bool = False, avg_non_ignore: bool = False,
-                    backbone_kwargs: Optional[dict] = None) -> EncoderDecoder:
+def build_segmentor(
+    decode: str,
+    backbone: str,
+    *,
+    num_classes: int = 150,
+    channels: Optional[int] = None,
+    neck_channels: int = 256,
+    aux_weight: Optional[float] = None,
+    aux_channels: int = 256,
+    aux_in_index: int = 2,
+    pool_scales: Sequence[int] = (1, 2, 3, 6),
+    dropout: float = 0.1,
+    ignore_index: int = 255,
+    align_corners: bool = False,
+    avg_non_ignore: bool = False,
+    backbone_kwargs: Optional[dict] = None,
+) -> EncoderDecoder:
     """One of the paper's segmentors over a registered backbone.
 
     Args:
@@ -200,6 +232,15 @@ def build_segmentor(decode: str, backbone: str, *, num_classes: int = 150, chann
     aux = None
     if aux_weight > 0:
         aux = FCNHead(bb.out_channels[aux_in_index], aux_channels, num_classes, aux_in_index, 1, dropout)
-    return EncoderDecoder(bb, head, neck=neck, aux_head=aux, aux_weight=aux_weight, num_classes=num_classes,
-                          ignore_index=ignore_index, size_divisor=max(32, *bb.strides), align_corners=align_corners,
-                          avg_non_ignore=avg_non_ignore)
+    return EncoderDecoder(
+        bb,
+        head,
+        neck=neck,
+        aux_head=aux,
+        aux_weight=aux_weight,
+        num_classes=num_classes,
+        ignore_index=ignore_index,
+        size_divisor=max(32, *bb.strides),
+        align_corners=align_corners,
+        avg_non_ignore=avg_non_ignore,
+    )

@@ -11,6 +11,7 @@ Pipeline (mmseg's ADE20K config): :func:`random_resize` (target (2048, 512) time
 Resizing uses Pillow (bilinear for images, nearest for labels); mmcv uses OpenCV, whose
 bilinear does not low-pass filter when shrinking, so downscaled pixels differ slightly.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -19,8 +20,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["pad_to", "photometric_distortion", "random_crop", "random_flip", "random_resize", "rescale_size",
-           "resize_pair"]
+__all__ = [
+    "pad_to",
+    "photometric_distortion",
+    "random_crop",
+    "random_flip",
+    "random_resize",
+    "rescale_size",
+    "resize_pair",
+]
 
 
 def rescale_size(h: int, w: int, scale: Sequence[int]) -> tuple[int, int]:
@@ -35,23 +43,33 @@ def resize_pair(img: np.ndarray, label: np.ndarray | None, size: tuple[int, int]
     """Resize an image (bilinear) and its label map (nearest) to ``size`` = (h, w)."""
     h, w = size
     if img.shape[:2] != (h, w):
-        img = np.stack([np.asarray(Image.fromarray(img[..., c]).resize((w, h), Image.BILINEAR))
-                        for c in range(img.shape[2])], axis=-1)
+        img = np.stack(
+            [np.asarray(Image.fromarray(img[..., c]).resize((w, h), Image.BILINEAR)) for c in range(img.shape[2])],
+            axis=-1,
+        )
     if label is not None and label.shape != (h, w):
         label = np.asarray(Image.fromarray(label).resize((w, h), Image.NEAREST))
     return img, label
 
 
-def random_resize(img: np.ndarray, label: np.ndarray, rng: np.random.Generator, scale: Sequence[int],
-                  ratio_range: Sequence[float]):
+def random_resize(
+    img: np.ndarray, label: np.ndarray, rng: np.random.Generator, scale: Sequence[int], ratio_range: Sequence[float]
+):
     """Resize so the image fits ``scale`` x r, r uniform in ``ratio_range``, keeping the aspect ratio."""
     r = rng.uniform(*ratio_range)
     target = (int(scale[0] * r), int(scale[1] * r))
     return resize_pair(img, label, rescale_size(img.shape[0], img.shape[1], target))
 
 
-def random_crop(img: np.ndarray, label: np.ndarray, rng: np.random.Generator, crop: Sequence[int],
-                cat_max_ratio: float = 1.0, ignore_index: int = 255, tries: int = 10):
+def random_crop(
+    img: np.ndarray,
+    label: np.ndarray,
+    rng: np.random.Generator,
+    crop: Sequence[int],
+    cat_max_ratio: float = 1.0,
+    ignore_index: int = 255,
+    tries: int = 10,
+):
     """A random ``crop`` = (h, w) window (the whole side where the image is smaller). With
     ``cat_max_ratio`` < 1, up to ``tries`` windows are drawn until one holds at least two classes
     and no class covers more than that fraction of its labelled pixels (mmseg's rule)."""
@@ -65,12 +83,12 @@ def random_crop(img: np.ndarray, label: np.ndarray, rng: np.random.Generator, cr
     y, x = draw()
     if cat_max_ratio < 1.0:
         for _ in range(tries):
-            vals, counts = np.unique(label[y:y + ch, x:x + cw], return_counts=True)
+            vals, counts = np.unique(label[y : y + ch, x : x + cw], return_counts=True)
             counts = counts[vals != ignore_index]
             if len(counts) > 1 and counts.max() / counts.sum() < cat_max_ratio:
                 break
             y, x = draw()
-    return img[y:y + ch, x:x + cw], label[y:y + ch, x:x + cw]
+    return img[y : y + ch, x : x + cw], label[y : y + ch, x : x + cw]
 
 
 def random_flip(img: np.ndarray, label: np.ndarray, rng: np.random.Generator, p: float = 0.5):
@@ -80,8 +98,14 @@ def random_flip(img: np.ndarray, label: np.ndarray, rng: np.random.Generator, p:
     return img, label
 
 
-def photometric_distortion(img: np.ndarray, rng: np.random.Generator, brightness: float = 32,
-                           contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue: int = 18) -> np.ndarray:
+def photometric_distortion(
+    img: np.ndarray,
+    rng: np.random.Generator,
+    brightness: float = 32,
+    contrast=(0.5, 1.5),
+    saturation=(0.5, 1.5),
+    hue: int = 18,
+) -> np.ndarray:
     """mmseg's PhotoMetricDistortion on a float RGB image in 0-255 units, each step with p = 0.5:
     brightness + U(-32, 32); contrast x U(0.5, 1.5) (before or after the colour steps, chosen at
     random); saturation x U(0.5, 1.5) and hue + randint(-18, 18) OpenCV units (2 degrees each) in

@@ -1,4 +1,5 @@
 """Pictures of segmentation data and predictions (matplotlib, Agg)."""
+
 from __future__ import annotations
 
 import pathlib
@@ -44,8 +45,15 @@ def _legend(fig, class_names: Sequence[str]) -> None:
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
 
 
-def save_predictions(images: torch.Tensor, labels: torch.Tensor, preds: torch.Tensor, path,
-                     class_names: Sequence[str], title: Optional[str] = None, ignore_index: int = 255) -> pathlib.Path:
+def save_predictions(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    preds: torch.Tensor,
+    path,
+    class_names: Sequence[str],
+    title: Optional[str] = None,
+    ignore_index: int = 255,
+) -> pathlib.Path:
     """One row per image: the image, its ground truth, the prediction.
 
     images: [N, 3, H, W] uint8 (or float in [0, 1]); labels, preds: [N, H, W] class indices
@@ -59,8 +67,11 @@ def save_predictions(images: torch.Tensor, labels: torch.Tensor, preds: torch.Te
     n, k = len(images), len(class_names)
     fig, axes = plt.subplots(n, 3, figsize=(6.3, 2.1 * n + 0.6), squeeze=False)
     for i in range(n):
-        for ax, pic, name in zip(axes[i], (_img(images[i]), colorize(labels[i], k, ignore_index),
-                                           colorize(preds[i], k, ignore_index)), ("image", "ground truth", "prediction")):
+        for ax, pic, name in zip(
+            axes[i],
+            (_img(images[i]), colorize(labels[i], k, ignore_index), colorize(preds[i], k, ignore_index)),
+            ("image", "ground truth", "prediction"),
+        ):
             ax.imshow(pic, interpolation="nearest")
             ax.set_xticks([]), ax.set_yticks([])
             if i == 0:
@@ -94,8 +105,9 @@ def save_mosaic_samples(dataset, path, n: int = 4, title: Optional[str] = None) 
         pal = palette(max(len(s["masks"]) + 1, 2))
         for j, m in enumerate(s["masks"]):
             inst[m.numpy()] = pal[j + 1]
-        for ax, pic, name in zip(axes[i], (_img(s["image"]), colorize(s["label"], k), inst),
-                                 ("mosaic", "semantic labels", "instances")):
+        for ax, pic, name in zip(
+            axes[i], (_img(s["image"]), colorize(s["label"], k), inst), ("mosaic", "semantic labels", "instances")
+        ):
             ax.imshow(pic, interpolation="nearest")
             ax.set_xticks([]), ax.set_yticks([])
             if i == 0:

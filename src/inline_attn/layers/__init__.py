@@ -1,4 +1,5 @@
 """nn.Modules built on :mod:`inline_attn.ops`."""
+
 from .attention import (
     KERNEL_CHOICES,
     InLineAttention,
@@ -17,9 +18,29 @@ from .pos_embed import resize_pos_embed
 from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
 
 __all__ = [
-    "KERNEL_CHOICES", "AffineReLUKernel", "AttentionRecord", "DropPath", "InLineAttention",
-    "LinearAttention", "LocalResidual", "Mlp", "PatchEmbed", "PreNormBlock", "RecordableAttention", "SoftmaxAttention",
-    "TokenAttention", "attention_layers", "build_attention", "check_heads",
-    "drop_path", "hook_attention", "init_weights_", "make_kernel", "pad_small_input", "record_attention",
-    "resize_pos_embed", "to_2tuple", "tokens_to_nchw",
+    "KERNEL_CHOICES",
+    "AffineReLUKernel",
+    "AttentionRecord",
+    "DropPath",
+    "InLineAttention",
+    "LinearAttention",
+    "LocalResidual",
+    "Mlp",
+    "PatchEmbed",
+    "PreNormBlock",
+    "RecordableAttention",
+    "SoftmaxAttention",
+    "TokenAttention",
+    "attention_layers",
+    "build_attention",
+    "check_heads",
+    "drop_path",
+    "hook_attention",
+    "init_weights_",
+    "make_kernel",
+    "pad_small_input",
+    "record_attention",
+    "resize_pos_embed",
+    "to_2tuple",
+    "tokens_to_nchw",
 ]

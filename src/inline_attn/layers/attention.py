@@ -4,6 +4,7 @@
 layers share projections and state-dict names (``qkv``, ``proj``, ``residual.0``, ``residual.2``)
 so an ablation is one argument: ``build_attention("softmax", dim, heads)``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -81,7 +82,7 @@ class TokenAttention(RecordableAttention):
         self.kind = kind
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_prefix_tokens = num_prefix_tokens
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         self.kernel = make_kernel(kernel, head_dim)
         self.split_qkv = split_qkv
         if split_qkv:
@@ -121,8 +122,18 @@ class TokenAttention(RecordableAttention):
         if self.residual is not None:
             weights = self.residual.predict(x.mean(dim=1))  # [B, C, 3, 3]
         out = self.attend_tokens(
-            q, k, v, feat_size=(h, w), residual_weights=weights, num_prefix_tokens=p, kernel=self.kernel,
-            scale=self.scale, bias=bias, mask=mask, token_coords=token_coords, attn_drop=self.attn_drop,
+            q,
+            k,
+            v,
+            feat_size=(h, w),
+            residual_weights=weights,
+            num_prefix_tokens=p,
+            kernel=self.kernel,
+            scale=self.scale,
+            bias=bias,
+            mask=mask,
+            token_coords=token_coords,
+            attn_drop=self.attn_drop,
         )
         return self.proj_drop(self.proj(out))
 

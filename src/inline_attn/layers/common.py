@@ -1,4 +1,5 @@
 """Small building blocks shared by every model family."""
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,14 @@ class DropPath(nn.Module):
 class Mlp(nn.Module):
     """Linear -> GELU -> Dropout -> Linear -> Dropout (state-dict names fc1, fc2 as in timm)."""
 
-    def __init__(self, in_features: int, hidden_features: int | None = None, out_features: int | None = None,
-                 act_layer=nn.GELU, drop: float = 0.0):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int | None = None,
+        out_features: int | None = None,
+        act_layer=nn.GELU,
+        drop: float = 0.0,
+    ):
         super().__init__()
         hidden_features = hidden_features or in_features
         out_features = out_features or in_features
@@ -56,8 +63,16 @@ class PreNormBlock(nn.Module):
     ``x + drop_path(mlp(norm2(x)))``; x: [B, N, C]. Families pass the attention module they built
     (state-dict names norm1, attn, norm2, mlp.fc1, mlp.fc2 as in the references)."""
 
-    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float = 4.0, drop: float = 0.0,
-                 drop_path: float = 0.0, norm_layer=nn.LayerNorm):
+    def __init__(
+        self,
+        dim: int,
+        attn: nn.Module,
+        *,
+        mlp_ratio: float = 4.0,
+        drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_layer=nn.LayerNorm,
+    ):
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = attn

@@ -1,4 +1,5 @@
 """Learnable feature map for the paper's Table 1 ablation."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """The predicted 3x3 local residual of InLine attention (paper Sec. 4.2)."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 x: [B, C_in, H, W] -> tokens [B, Hp*Wp, C] and the grid (Hp, Wp); ``tokens_to_nchw`` turns grid
 tokens back into a map.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,8 +28,12 @@ def pad_small_input(x: torch.Tensor, min_size: tuple[int, int], owner: str) -> t
         return x
     if owner not in _WARNED_SMALL:
         _WARNED_SMALL.add(owner)
-        warnings.warn(f"{owner}: input {tuple(x.shape[-2:])} is smaller than the stem's {tuple(min_size)}; "
-                      "it is zero-padded (warned once)", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"{owner}: input {tuple(x.shape[-2:])} is smaller than the stem's {tuple(min_size)}; "
+            "it is zero-padded (warned once)",
+            UserWarning,
+            stacklevel=3,
+        )
     return F.pad(x, (0, pad_w, 0, pad_h))
 
 
@@ -43,8 +48,15 @@ class PatchEmbed(nn.Module):
     x: [B, C_in, H, W] -> tokens [B, Hp*Wp, C], (Hp, Wp).
     """
 
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768,
-                 norm_layer: Optional[type] = None, is_stem: bool = True):
+    def __init__(
+        self,
+        img_size=224,
+        patch_size=16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        norm_layer: Optional[type] = None,
+        is_stem: bool = True,
+    ):
         super().__init__()
         self.is_stem = is_stem  # a model's first layer: an input smaller than a patch is worth a warning
         self.img_size = to_2tuple(img_size)
@@ -60,9 +72,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(
-                f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}"
-            )
+            raise ValueError(f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}")
         ph, pw = self.patch_size
         if self.is_stem:
             x = pad_small_input(x, self.patch_size, type(self).__name__)

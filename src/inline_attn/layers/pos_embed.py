@@ -1,4 +1,5 @@
 """Resizing learned position embeddings to another patch grid."""
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ the hook returns (or the originals when it returns None): the basis of the atten
 confusion, locality and masking analyses. Only the layer running at that moment holds an N x N
 matrix.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -121,8 +122,16 @@ class RecordableAttention(nn.Module):
         p = num_prefix_tokens
         if kind == "inline" and not self.hooked:
             return inline_tokens(
-                q, k, v, num_heads=self.num_heads, feat_size=feat_size, residual_weights=residual_weights,
-                num_prefix_tokens=p, kernel=kernel, scale=scale, impl=self.impl,
+                q,
+                k,
+                v,
+                num_heads=self.num_heads,
+                feat_size=feat_size,
+                residual_weights=residual_weights,
+                num_prefix_tokens=p,
+                kernel=kernel,
+                scale=scale,
+                impl=self.impl,
             )
         b, n, c = q.shape
 
@@ -130,8 +139,18 @@ class RecordableAttention(nn.Module):
             return t.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
         out = self.attend(
-            heads(q), heads(k), heads(v), feat_size=feat_size, kind=kind, kernel=kernel, scale=scale, bias=bias,
-            mask=mask, num_prefix_tokens=p, token_coords=token_coords, attn_drop=attn_drop,
+            heads(q),
+            heads(k),
+            heads(v),
+            feat_size=feat_size,
+            kind=kind,
+            kernel=kernel,
+            scale=scale,
+            bias=bias,
+            mask=mask,
+            num_prefix_tokens=p,
+            token_coords=token_coords,
+            attn_drop=attn_drop,
         )
         out = out.transpose(1, 2).reshape(b, n, c)
         if residual_weights is not None:
@@ -167,16 +186,19 @@ class RecordableAttention(nn.Module):
             return attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
         weights = attention_weights(q, k, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
         record = AttentionRecord(
-            name=self._record_name, index=self._record_index, kind=kind, weights=weights,
-            feat_size=tuple(int(s) for s in feat_size), num_prefix_tokens=num_prefix_tokens,
+            name=self._record_name,
+            index=self._record_index,
+            kind=kind,
+            weights=weights,
+            feat_size=tuple(int(s) for s in feat_size),
+            num_prefix_tokens=num_prefix_tokens,
             token_coords=token_coords() if callable(token_coords) else token_coords,
         )
         replaced = hook(record)
         if replaced is not None:
             if replaced.shape != weights.shape:
                 raise ValueError(
-                    f"attention hook returned weights of shape {tuple(replaced.shape)}, "
-                    f"expected {tuple(weights.shape)}"
+                    f"attention hook returned weights of shape {tuple(replaced.shape)}, expected {tuple(weights.shape)}"
                 )
             weights = replaced
         if attn_drop is not None and kind == "softmax":
@@ -199,9 +221,7 @@ def _select(layers_all, layers) -> list[tuple[int, str, RecordableAttention]]:
     for sel in layers:
         if isinstance(sel, int):
             if not -len(indexed) <= sel < len(indexed):
-                raise ValueError(
-                    f"layer index {sel} out of range: the model has {len(indexed)} attention layers"
-                )
+                raise ValueError(f"layer index {sel} out of range: the model has {len(indexed)} attention layers")
             chosen.append(indexed[sel])
         else:
             hits = [t for t in indexed if fnmatch.fnmatchcase(t[1], sel)]
@@ -233,9 +253,7 @@ def hook_attention(
 
 
 @contextlib.contextmanager
-def record_attention(
-    model: nn.Module, *, layers=None, to_cpu: bool = True
-) -> Iterator[list[AttentionRecord]]:
+def record_attention(model: nn.Module, *, layers=None, to_cpu: bool = True) -> Iterator[list[AttentionRecord]]:
     """Collect every chosen layer's :class:`AttentionRecord` (weights detached) into a list.
 
     This keeps all N x N matrices; for large models prefer :func:`hook_attention` with a hook

@@ -1,4 +1,5 @@
 """Model families and the registry. Importing this package registers every variant."""
+
 from ._base import InLineModel
 from .registry import ModelConfig, create_model, get_model_config, list_models, register_model
 
@@ -9,6 +10,14 @@ from .swin import InLineSwin  # inline_swin_*
 from .cswin import InLineCSwin  # inline_cswin_*
 
 __all__ = [
-    "InLineCSwin", "InLineDeiT", "InLineModel", "InLinePVT", "InLineSwin", "ModelConfig", "create_model",
-    "get_model_config", "list_models", "register_model",
+    "InLineCSwin",
+    "InLineDeiT",
+    "InLineModel",
+    "InLinePVT",
+    "InLineSwin",
+    "ModelConfig",
+    "create_model",
+    "get_model_config",
+    "list_models",
+    "register_model",
 ]

@@ -34,6 +34,7 @@ model, loads a checkpoint into it, then calls :meth:`InLineModel.to_features_onl
 does the same). Pruned names are kept in ``pruned_modules`` so that
 :func:`inline_attn.load_checkpoint` can still load a full checkpoint into a pruned model.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -79,8 +80,10 @@ class InLineModel(nn.Module):
         # ``forward`` of its own that calls :meth:`_forward`.
         super().__init_subclass__(**kwargs)
         if "forward" not in cls.__dict__:
-            raise TypeError(f"{cls.__name__} must define forward(x) as `return self._forward(x)` "
-                            "(one torch.compile frame per model class)")
+            raise TypeError(
+                f"{cls.__name__} must define forward(x) as `return self._forward(x)` "
+                "(one torch.compile frame per model class)"
+            )
 
     def __init__(self) -> None:
         super().__init__()
@@ -212,8 +215,9 @@ class InLineModel(nn.Module):
             raise ValueError(f"{type(self).__name__} has no module or parameter {name!r} to prune")
         self.pruned_modules += (name,)
 
-    def prune_intermediate_layers(self, indices: Indices = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> list[int]:
+    def prune_intermediate_layers(
+        self, indices: Indices = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
         """Drop what ``forward_intermediates(indices)`` does not use; returns the kept indices.
 
         Levels after the last index go; ``prune_norm`` replaces the final norm and
@@ -281,5 +285,8 @@ class InLineModel(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Names of the parameters whose leaf name matches :attr:`no_weight_decay_patterns`
         (position embeddings, the cls token, relative position tables)."""
-        return {n for n, _ in self.named_parameters()
-                if any(fnmatch.fnmatchcase(n.rsplit(".", 1)[-1], p) for p in self.no_weight_decay_patterns)}
+        return {
+            n
+            for n, _ in self.named_parameters()
+            if any(fnmatch.fnmatchcase(n.rsplit(".", 1)[-1], p) for p in self.no_weight_decay_patterns)
+        }

@@ -5,6 +5,7 @@ architecture, ``L`` = linear attention (ReLU kernel) laid out like InLine, ``M``
 ``M<n>`` suffix after the stage letters, the first n blocks of every M stage are InLine and the
 rest softmax ("IIMS2", also written "IIMSM2").
 """
+
 from __future__ import annotations
 
 import operator
@@ -63,8 +64,10 @@ def take_indices(num_features: int, indices: Union[None, int, Sequence[int]]) ->
     for i in indices:
         j = _as_int(i)
         if j is None or not -num_features <= j < num_features:
-            raise ValueError(f"indices={indices!r}: level {i!r} does not exist; the model has {num_features} "
-                             f"level(s), indices {-num_features}..{num_features - 1}")
+            raise ValueError(
+                f"indices={indices!r}: level {i!r} does not exist; the model has {num_features} "
+                f"level(s), indices {-num_features}..{num_features - 1}"
+            )
         out.append(j % num_features)
     return sorted(set(out))
 

@@ -8,6 +8,7 @@ loads it. Every key of the file must be consumed and every parameter of the mode
 buffers the model recomputes (relative position indices, shift masks) may be absent or left over,
 and a pruned model (``features_only``) drops the file's entries for the modules it pruned.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ import torch.nn as nn
 from .._io import atomic_path
 
 __all__ = [
-    "LoadResult", "RECOMPUTED_BUFFERS", "load_checkpoint", "read_checkpoint", "read_state_dict",
-    "save_checkpoint", "unwrap_state_dict",
+    "LoadResult",
+    "RECOMPUTED_BUFFERS",
+    "load_checkpoint",
+    "read_checkpoint",
+    "read_state_dict",
+    "save_checkpoint",
+    "unwrap_state_dict",
 ]
 
 # buffer names (last key component) that models rebuild for the actual input size
@@ -103,7 +109,7 @@ def unwrap_state_dict(obj, *, ema: bool = False, where: str = "mapping") -> dict
         raise ValueError(f"checkpoint {where} holds no tensors")
     sd = dict(obj)
     if all(k.startswith("module.") for k in sd):  # saved from DistributedDataParallel
-        sd = {k[len("module."):]: v for k, v in sd.items()}
+        sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd
 
 
@@ -156,16 +162,14 @@ def read_checkpoint(source: Union[str, os.PathLike], *, weights_only: bool = Tru
         raise ValueError(_read_failure(path, e, weights_only)) from e
 
 
-def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: bool = True,
-                    ema: bool = False) -> dict:
+def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: bool = True, ema: bool = False) -> dict:
     """A path (``.safetensors`` or a torch pickle) or a mapping -> a bare state dict on CPU.
 
     See :func:`read_checkpoint` (``weights_only``, errors) and :func:`unwrap_state_dict` (``ema``).
     """
     if isinstance(source, Mapping):
         return unwrap_state_dict(source, ema=ema, where="mapping")
-    return unwrap_state_dict(read_checkpoint(source, weights_only=weights_only), ema=ema,
-                             where=repr(str(source)))
+    return unwrap_state_dict(read_checkpoint(source, weights_only=weights_only), ema=ema, where=repr(str(source)))
 
 
 def _filter_fn(model: nn.Module) -> Optional[FilterFn]:
@@ -236,8 +240,9 @@ def load_checkpoint(
     return result
 
 
-def save_checkpoint(model: Union[nn.Module, Mapping], path: Union[str, os.PathLike],
-                    metadata: Optional[dict[str, str]] = None) -> pathlib.Path:
+def save_checkpoint(
+    model: Union[nn.Module, Mapping], path: Union[str, os.PathLike], metadata: Optional[dict[str, str]] = None
+) -> pathlib.Path:
     """Write the model's state dict to ``path`` as safetensors, atomically.
 
     The file appears complete or not at all (:func:`inline_attn._io.atomic_path`).

@@ -1,4 +1,5 @@
 """``inline-attn list [PATTERN]`` and ``inline-attn info NAME``: the model zoo on the command line."""
+
 from __future__ import annotations
 
 import argparse
@@ -73,11 +74,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=_cmd_list)
 
     p = subparsers.add_parser(
-        "info", help="a model's parameters, MACs and config",
+        "info",
+        help="a model's parameters, MACs and config",
         description="Build a registered model and report its parameters, counted MACs and config.",
     )
-    p.add_argument("name", help="registered model name (see `inline-attn list`), or a segmentation config "
-                                "(configs/ade20k/*.yaml): its segmentor's parameters by part")
+    p.add_argument(
+        "name",
+        help="registered model name (see `inline-attn list`), or a segmentation config "
+        "(configs/ade20k/*.yaml): its segmentor's parameters by part",
+    )
     p.add_argument("--img-size", type=int, nargs=2, metavar=("H", "W"), help="profile at this input size")
     p.add_argument("--no-macs", action="store_true", help="skip the MAC count (faster)")
     p.add_argument("--json", action="store_true", help="print JSON")

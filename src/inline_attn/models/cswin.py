@@ -24,6 +24,7 @@ stripe is narrower (the remainder), so no token is padded and every kind (softma
 InLine) sees exactly the tokens of its stripe. Such a branch calls ``attend`` twice (full
 stripes, then the remainder stripe), so an attention recorder gets two records for it.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
@@ -32,8 +33,16 @@ import torch
 import torch.nn as nn
 
 from ..layers import (
-    DropPath, LocalResidual, Mlp, RecordableAttention, check_heads, init_weights_, make_kernel, pad_small_input,
-    to_2tuple, tokens_to_nchw,
+    DropPath,
+    LocalResidual,
+    Mlp,
+    RecordableAttention,
+    check_heads,
+    init_weights_,
+    make_kernel,
+    pad_small_input,
+    to_2tuple,
+    tokens_to_nchw,
 )
 from ._base import InLineModel
 from ._helpers import parse_pattern
@@ -122,7 +131,7 @@ class StripeAttention(RecordableAttention):
             raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads, self.mode, self.split_size, self.kind = dim, num_heads, mode, split_size, kind
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.kernel = make_kernel(kernel, self.head_dim) if kind != "softmax" else None
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -178,8 +187,15 @@ class StripeAttention(RecordableAttention):
         win_weights = res_weights.repeat_interleave(g, dim=0) if res_weights is not None else None
         coords = None if self.mode == "global" else (lambda: _window_coords(*origin, h, w, sh, sw, q.device))
         out = self.attend_tokens(
-            qw, kw, vw, feat_size=(sh, sw), residual_weights=win_weights, kernel=self.kernel, scale=self.scale,
-            token_coords=coords, attn_drop=self.attn_drop,
+            qw,
+            kw,
+            vw,
+            feat_size=(sh, sw),
+            residual_weights=win_weights,
+            kernel=self.kernel,
+            scale=self.scale,
+            token_coords=coords,
+            attn_drop=self.attn_drop,
         )
         v_img = vw.transpose(1, 2).reshape(b * g, c, sh, sw)  # each window as its own image
         out = out + self.get_v(v_img).flatten(2).transpose(1, 2)  # LePE, also per window
@@ -233,13 +249,14 @@ class CSwinBlock(nn.Module):
         else:
             if dim % 2 or num_heads < 2:
                 raise ValueError(
-                    f"a two-branch block needs an even dim and at least 2 heads, got dim={dim}, "
-                    f"num_heads={num_heads}"
+                    f"a two-branch block needs an even dim and at least 2 heads, got dim={dim}, num_heads={num_heads}"
                 )
-            self.attns = nn.ModuleList([
-                StripeAttention(dim // 2, num_heads // 2, mode=mode, split_size=split_size, **branch)
-                for mode in ("vertical", "horizontal")
-            ])
+            self.attns = nn.ModuleList(
+                [
+                    StripeAttention(dim // 2, num_heads // 2, mode=mode, split_size=split_size, **branch)
+                    for mode in ("vertical", "horizontal")
+                ]
+            )
         self.drop_path = DropPath(drop_path)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.norm2 = nn.LayerNorm(dim)
@@ -253,10 +270,13 @@ class CSwinBlock(nn.Module):
             out = self.attns[0](q, k, v, feat_size, context)
         else:
             half = c // 2
-            out = torch.cat([
-                attn(q[..., sl], k[..., sl], v[..., sl], feat_size, context[:, sl])
-                for attn, sl in zip(self.attns, (slice(0, half), slice(half, c)))
-            ], dim=2)
+            out = torch.cat(
+                [
+                    attn(q[..., sl], k[..., sl], v[..., sl], feat_size, context[:, sl])
+                    for attn, sl in zip(self.attns, (slice(0, half), slice(half, c)))
+                ],
+                dim=2,
+            )
         x = x + self.drop_path(self.proj_drop(self.proj(out)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
@@ -333,7 +353,7 @@ class InLineCSwin(InLineModel):
         kinds = parse_pattern(pattern, depths)
         self.pattern, self.num_classes, self.global_pool = pattern, num_classes, global_pool
         self.num_prefix_tokens = 0
-        dims = [embed_dim * 2 ** i for i in range(NUM_STAGES)]
+        dims = [embed_dim * 2**i for i in range(NUM_STAGES)]
         self.num_features = dims[-1]
 
         self.stage1_conv_embed = nn.Sequential(
@@ -346,18 +366,28 @@ class InLineCSwin(InLineModel):
         for i in range(NUM_STAGES):
             if i > 0:
                 self.add_module(f"merge{i}", MergeBlock(dims[i - 1], dims[i]))
-            reso = max(img_h, img_w) // (4 * 2 ** i)
+            reso = max(img_h, img_w) // (4 * 2**i)
             blocks = []
             for j, kind in enumerate(kinds[i]):
                 split = split_size[i] if kind == "softmax" else inline_split_size[i]
-                blocks.append(CSwinBlock(
-                    dims[i], num_heads[i], kind=kind, split_size=split,
-                    global_attn=(i == NUM_STAGES - 1 or split >= reso),
-                    mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual,
-                    drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[sum(depths[:i]) + j],
-                ))
+                blocks.append(
+                    CSwinBlock(
+                        dims[i],
+                        num_heads[i],
+                        kind=kind,
+                        split_size=split,
+                        global_attn=(i == NUM_STAGES - 1 or split >= reso),
+                        mlp_ratio=mlp_ratio,
+                        qkv_bias=qkv_bias,
+                        kernel=kernel,
+                        local_residual=local_residual,
+                        drop=drop_rate,
+                        attn_drop=attn_drop_rate,
+                        drop_path=dpr[sum(depths[:i]) + j],
+                    )
+                )
             self.add_module(f"stage{i + 1}", nn.ModuleList(blocks))
-            feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stage{i + 1}"))
+            feature_info.append(dict(num_chs=dims[i], reduction=4 * 2**i, module=f"stage{i + 1}"))
         self.norm = nn.LayerNorm(self.num_features)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
@@ -414,21 +444,34 @@ CSWinTransformer = InLineCSwin
 _REFERENCE = "LeapLabTHU/InLine models/inline_cswin.py:CSWinTransformer"
 # Drop path: the authors' InLine-CSwin code does not state it; these are the rates of their
 # Agent-Attention CSwin configs (T 0.2, S 0.4, B 0.5, B-384 0.7), which share the training recipe.
-_TINY = dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16), split_size=(1, 2, 7, 7),
-             inline_split_size=(56, 28, 14, 7), pattern="IISS", drop_path_rate=0.2)
+_TINY = dict(
+    embed_dim=64,
+    depths=(2, 4, 18, 1),
+    num_heads=(2, 4, 8, 16),
+    split_size=(1, 2, 7, 7),
+    inline_split_size=(56, 28, 14, 7),
+    pattern="IISS",
+    drop_path_rate=0.2,
+)
 _SMALL = dict(_TINY, depths=(3, 6, 29, 2), drop_path_rate=0.4)
 _BASE = dict(_SMALL, embed_dim=96, num_heads=(4, 8, 16, 32), drop_path_rate=0.5)
-_BASE384 = dict(_BASE, img_size=384, split_size=(1, 2, 12, 12), inline_split_size=(96, 48, 24, 12),
-                drop_path_rate=0.7)
+_BASE384 = dict(_BASE, img_size=384, split_size=(1, 2, 12, 12), inline_split_size=(96, 48, 24, 12), drop_path_rate=0.7)
 
 
 def _cfg(name: str, defaults: dict, crop_pct: float = 0.9, **facts) -> ModelConfig:
     size = defaults.get("img_size", 224)
     return ModelConfig(
-        name=name, family="cswin", input_size=(3, size, size), crop_pct=crop_pct, interpolation="bicubic",
-        classifier="head", first_conv="stage1_conv_embed.0",
-        extra=dict(reference=_REFERENCE, **{k: defaults[k] for k in (
-            "pattern", "split_size", "inline_split_size", "drop_path_rate")}),
+        name=name,
+        family="cswin",
+        input_size=(3, size, size),
+        crop_pct=crop_pct,
+        interpolation="bicubic",
+        classifier="head",
+        first_conv="stage1_conv_embed.0",
+        extra=dict(
+            reference=_REFERENCE,
+            **{k: defaults[k] for k in ("pattern", "split_size", "inline_split_size", "drop_path_rate")},
+        ),
         **facts,
     )
 
@@ -455,8 +498,9 @@ def inline_cswin_base(**overrides) -> InLineCSwin:
     return _create(_BASE, overrides)
 
 
-@register_model(_cfg("inline_cswin_base_384", _BASE384, crop_pct=1.0, paper_top1=85.7, num_params=73_413_640,
-                     macs_g=46.3))
+@register_model(
+    _cfg("inline_cswin_base_384", _BASE384, crop_pct=1.0, paper_top1=85.7, num_params=73_413_640, macs_g=46.3)
+)
 def inline_cswin_base_384(**overrides) -> InLineCSwin:
     """InLine-CSwin-B at 384: InLine splits 96-48-24-12, softmax stripes 1-2-12-12."""
     return _create(_BASE384, overrides)

@@ -6,6 +6,7 @@ checkpoints load unchanged. Beyond the reference: any input size (the position e
 resized bilinearly when the patch grid differs from the built one), softmax / linear ablations
 (``pattern``), multi-scale features and gradient checkpointing.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -46,8 +47,15 @@ class DeiTBlock(PreNormBlock):
         norm_layer=nn.LayerNorm,
     ):
         attn = TokenAttention(
-            dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual,
-            num_prefix_tokens=num_prefix_tokens, attn_drop=attn_drop, proj_drop=drop,
+            dim,
+            num_heads,
+            kind=kind,
+            qkv_bias=qkv_bias,
+            kernel=kernel,
+            local_residual=local_residual,
+            num_prefix_tokens=num_prefix_tokens,
+            attn_drop=attn_drop,
+            proj_drop=drop,
         )
         super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
 
@@ -110,14 +118,25 @@ class InLineDeiT(InLineModel):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth decay
-        self.blocks = nn.ModuleList([
-            DeiTBlock(
-                embed_dim, num_heads, kind=kinds[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, kernel=kernel,
-                local_residual=local_residual, num_prefix_tokens=1, drop=drop_rate,
-                attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer,
-            )
-            for i in range(depth)
-        ])
+        self.blocks = nn.ModuleList(
+            [
+                DeiTBlock(
+                    embed_dim,
+                    num_heads,
+                    kind=kinds[i],
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    kernel=kernel,
+                    local_residual=local_residual,
+                    num_prefix_tokens=1,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[i],
+                    norm_layer=norm_layer,
+                )
+                for i in range(depth)
+            ]
+        )
         self.norm = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -156,14 +175,14 @@ class InLineDeiT(InLineModel):
     def _level_map(self, i: int, state, norm: bool) -> torch.Tensor:
         x, feat_size = state
         x = self.norm(x) if norm else x
-        return tokens_to_nchw(x[:, self.num_prefix_tokens:], feat_size)  # patch tokens only
+        return tokens_to_nchw(x[:, self.num_prefix_tokens :], feat_size)  # patch tokens only
 
     def _final(self, state, i: int) -> torch.Tensor:
         """-> normalized tokens [B, 1 + (H/p)(W/p), C] (cls first)."""
         return self.norm(state[0])
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(dim=1)
 
     def _level_modules(self, i: int) -> list[str]:
         return [f"blocks.{i}"]
@@ -179,9 +198,9 @@ def checkpoint_filter_fn(state_dict: dict, model: InLineDeiT) -> dict:
     pos = out.get("pos_embed")
     if isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape != model.pos_embed.shape:
         n_old = pos.shape[1] - model.num_prefix_tokens
-        side = int(round(n_old ** 0.5))
+        side = int(round(n_old**0.5))
         if side * side == n_old and pos.shape[2] == model.pos_embed.shape[2]:
-            grid = resize_pos_embed(pos[:, model.num_prefix_tokens:], (side, side), model.patch_embed.grid_size)
+            grid = resize_pos_embed(pos[:, model.num_prefix_tokens :], (side, side), model.patch_embed.grid_size)
             out["pos_embed"] = torch.cat([pos[:, : model.num_prefix_tokens], grid], dim=1)
     return out
 
@@ -206,8 +225,15 @@ def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
     # crop 0.875, bicubic, ImageNet mean/std (their timm _cfg metadata says crop 0.9; not what they ran)
     size = defaults["img_size"]
     return ModelConfig(
-        name=name, family="deit", input_size=(3, size, size), crop_pct=0.875, interpolation="bicubic",
-        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier="head", first_conv="patch_embed.proj",
+        name=name,
+        family="deit",
+        input_size=(3, size, size),
+        crop_pct=0.875,
+        interpolation="bicubic",
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        classifier="head",
+        first_conv="patch_embed.proj",
         extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], drop_path_rate=defaults["drop_path_rate"]),
         **facts,
     )

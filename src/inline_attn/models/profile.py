@@ -8,6 +8,7 @@ math backend, because the fused CPU kernels report 0. InLine's 3x3 local residua
 output element), as in the reference. Other elementwise ops (norms, activations, softmax,
 additions) are not counted, as in the paper's tables.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -75,6 +76,9 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
         model.train(was_training)
     by_op = {str(op).split(".")[-1]: int(n) // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}
     return ProfileResult(
-        params=count_params(model), macs=sum(by_op.values()), input_size=input_size,
-        batch_size=batch_size, macs_by_op=by_op,
+        params=count_params(model),
+        macs=sum(by_op.values()),
+        input_size=input_size,
+        batch_size=batch_size,
+        macs_by_op=by_op,
     )

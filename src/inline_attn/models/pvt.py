@@ -12,6 +12,7 @@ position embeddings are resized whenever the stage grid differs from the built o
 reference compares every stage with stage 1's token count), stage inputs the patch does not
 divide are zero-padded, and ``forward_features`` returns the last stage as an NCHW map.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -21,7 +22,13 @@ import torch
 import torch.nn as nn
 
 from ..layers import (
-    PatchEmbed, PreNormBlock, RecordableAttention, TokenAttention, check_heads, init_weights_, resize_pos_embed,
+    PatchEmbed,
+    PreNormBlock,
+    RecordableAttention,
+    TokenAttention,
+    check_heads,
+    init_weights_,
+    resize_pos_embed,
     tokens_to_nchw,
 )
 from ._base import InLineModel
@@ -29,7 +36,11 @@ from ._helpers import parse_pattern
 from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
 
 __all__ = [
-    "InLinePVT", "PVTAttention", "PVTBlock", "PyramidVisionTransformer", "SpatialReductionAttention",
+    "InLinePVT",
+    "PVTAttention",
+    "PVTBlock",
+    "PyramidVisionTransformer",
+    "SpatialReductionAttention",
     "checkpoint_filter_fn",
 ]
 
@@ -57,12 +68,20 @@ class SpatialReductionAttention(RecordableAttention):
 
     kind = "softmax"
 
-    def __init__(self, dim: int, num_heads: int, *, sr_ratio: int = 1, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        sr_ratio: int = 1,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ):
         super().__init__()
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -85,14 +104,12 @@ class SpatialReductionAttention(RecordableAttention):
         if self.sr_ratio > 1:
             if min(h, w) < self.sr_ratio:
                 raise ValueError(
-                    f"feature map {h}x{w} is smaller than the spatial reduction {self.sr_ratio}: "
-                    f"use a larger input"
+                    f"feature map {h}x{w} is smaller than the spatial reduction {self.sr_ratio}: use a larger input"
                 )
             src = self.norm(self.sr(tokens_to_nchw(x, (h, w))).flatten(2).transpose(1, 2))
         kv = self.kv(src).view(b, src.shape[1], 2, self.num_heads, self.head_dim)
         k, v = (t.transpose(1, 2) for t in kv.unbind(2))
-        out = self.attend(q, k, v, feat_size=(h, w), kind="softmax", scale=self.scale,
-                          attn_drop=self.attn_drop)
+        out = self.attend(q, k, v, feat_size=(h, w), kind="softmax", scale=self.scale, attn_drop=self.attn_drop)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
     def extra_repr(self) -> str:
@@ -103,18 +120,39 @@ class PVTBlock(PreNormBlock):
     """Pre-norm block over ``[B, H*W, C]``: InLine / linear attention without spatial reduction,
     or PVT's softmax attention with spatial reduction ``sr_ratio``."""
 
-    def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True, kernel: Optional[str] = None, local_residual: Optional[bool] = None,
-                 sr_ratio: int = 1, drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-                 norm_layer=nn.LayerNorm):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kind: str = "inline",
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        sr_ratio: int = 1,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_layer=nn.LayerNorm,
+    ):
         if kind == "softmax":
             if local_residual:
                 raise ValueError("PVT softmax blocks (spatial reduction) take no local residual")
-            attn = SpatialReductionAttention(dim, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias,
-                                             attn_drop=attn_drop, proj_drop=drop)
+            attn = SpatialReductionAttention(
+                dim, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
+            )
         else:
-            attn = PVTAttention(dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel,
-                                local_residual=local_residual, attn_drop=attn_drop, proj_drop=drop)
+            attn = PVTAttention(
+                dim,
+                num_heads,
+                kind=kind,
+                qkv_bias=qkv_bias,
+                kernel=kernel,
+                local_residual=local_residual,
+                attn_drop=attn_drop,
+                proj_drop=drop,
+            )
         super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
 
 
@@ -165,8 +203,12 @@ class InLinePVT(InLineModel):
     ):
         super().__init__()
         num_stages = len(depths)
-        for arg, val in (("embed_dims", embed_dims), ("num_heads", num_heads), ("mlp_ratios", mlp_ratios),
-                         ("sr_ratios", sr_ratios)):
+        for arg, val in (
+            ("embed_dims", embed_dims),
+            ("num_heads", num_heads),
+            ("mlp_ratios", mlp_ratios),
+            ("sr_ratios", sr_ratios),
+        ):
             if len(val) != num_stages:
                 raise ValueError(f"{arg}={tuple(val)} must have one entry per stage ({num_stages} stages)")
         kinds = parse_pattern(pattern, depths)
@@ -187,20 +229,42 @@ class InLinePVT(InLineModel):
         grid = img_size  # each stage embeds the previous stage's grid (stage 1: the image)
         for i in range(num_stages):
             p = patch_size if i == 0 else 2
-            embed = PatchEmbed(grid, p, in_chans if i == 0 else embed_dims[i - 1], embed_dims[i],
-                               norm_layer=nn.LayerNorm, is_stem=i == 0)  # default eps here, as the reference
+            embed = PatchEmbed(
+                grid,
+                p,
+                in_chans if i == 0 else embed_dims[i - 1],
+                embed_dims[i],
+                norm_layer=nn.LayerNorm,
+                is_stem=i == 0,
+            )  # default eps here, as the reference
             grid = embed.grid_size
             stride *= p
             setattr(self, f"patch_embed{i + 1}", embed)
             setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, embed.num_patches, embed_dims[i])))
             setattr(self, f"pos_drop{i + 1}", nn.Dropout(drop_rate))
-            setattr(self, f"block{i + 1}", nn.ModuleList([
-                PVTBlock(embed_dims[i], num_heads[i], kind=kinds[i][j], mlp_ratio=mlp_ratios[i], qkv_bias=qkv_bias,
-                         kernel=kernel, local_residual=local_residual if kinds[i][j] != "softmax" else None,
-                         sr_ratio=sr_ratios[i], drop=drop_rate, attn_drop=attn_drop_rate,
-                         drop_path=dpr[cur + j], norm_layer=norm_layer)
-                for j in range(depths[i])
-            ]))
+            setattr(
+                self,
+                f"block{i + 1}",
+                nn.ModuleList(
+                    [
+                        PVTBlock(
+                            embed_dims[i],
+                            num_heads[i],
+                            kind=kinds[i][j],
+                            mlp_ratio=mlp_ratios[i],
+                            qkv_bias=qkv_bias,
+                            kernel=kernel,
+                            local_residual=local_residual if kinds[i][j] != "softmax" else None,
+                            sr_ratio=sr_ratios[i],
+                            drop=drop_rate,
+                            attn_drop=attn_drop_rate,
+                            drop_path=dpr[cur + j],
+                            norm_layer=norm_layer,
+                        )
+                        for j in range(depths[i])
+                    ]
+                ),
+            )
             cur += depths[i]
             feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"block{i + 1}"))
         self.norm = nn.Identity()  # PVT has no final norm (the reference pools the last stage directly)
@@ -275,9 +339,18 @@ PyramidVisionTransformer = InLinePVT
 # ---- registered variants (heads and MLP ratios as the reference code builds them)
 
 _REFERENCE = "LeapLabTHU/InLine models/inline_pvt.py:PyramidVisionTransformer"
-_TINY = dict(img_size=224, patch_size=4, embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16),
-             mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), qkv_bias=True, depths=(2, 2, 2, 2), pattern="IIII",
-             drop_path_rate=0.1)
+_TINY = dict(
+    img_size=224,
+    patch_size=4,
+    embed_dims=(64, 128, 320, 512),
+    num_heads=(2, 4, 10, 16),
+    mlp_ratios=(8, 8, 4, 4),
+    sr_ratios=(8, 4, 2, 1),
+    qkv_bias=True,
+    depths=(2, 2, 2, 2),
+    pattern="IIII",
+    drop_path_rate=0.1,
+)
 _SMALL = dict(_TINY, depths=(3, 4, 6, 3))
 _MEDIUM = dict(_TINY, depths=(3, 4, 18, 3), drop_path_rate=0.3)
 _LARGE = dict(_TINY, depths=(3, 8, 27, 3), drop_path_rate=0.3)
@@ -287,8 +360,15 @@ def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
     # evaluated with the Swin codebase's pipeline (crop 0.875, ImageNet mean/std); the reference's
     # timm _cfg metadata says crop 0.9 and mean/std 0.5, not what the authors ran
     return ModelConfig(
-        name=name, family="pvt", input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic",
-        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier="head", first_conv="patch_embed1.proj",
+        name=name,
+        family="pvt",
+        input_size=(3, 224, 224),
+        crop_pct=0.875,
+        interpolation="bicubic",
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        classifier="head",
+        first_conv="patch_embed1.proj",
         extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], drop_path_rate=defaults["drop_path_rate"]),
         **facts,
     )

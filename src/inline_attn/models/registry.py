@@ -3,6 +3,7 @@
 Each family module declares its variants with ``@register_model(ModelConfig(...))`` on a small
 function that states only that variant's arguments and builds the model.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -79,6 +80,7 @@ def _is_int(v) -> bool:
 
 def _check_overrides(name: str, overrides: dict) -> None:
     """Clear errors for the common constructor arguments (the constructors check the rest)."""
+
     def fail(key, expected):
         raise ValueError(f"create_model({name!r}, {key}={overrides[key]!r}): expected {expected}")
 
@@ -103,8 +105,9 @@ def _check_overrides(name: str, overrides: dict) -> None:
                 fail(key, "a number in [0, 1)")
 
 
-def create_model(name: str, *, checkpoint_path: Optional[str] = None, features_only: bool = False,
-                 out_indices=None, **overrides) -> nn.Module:
+def create_model(
+    name: str, *, checkpoint_path: Optional[str] = None, features_only: bool = False, out_indices=None, **overrides
+) -> nn.Module:
     """Build a registered model; ``overrides`` replace the variant's constructor arguments.
 
     The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`) and ``model.model_args`` (the
@@ -123,8 +126,10 @@ def create_model(name: str, *, checkpoint_path: Optional[str] = None, features_o
     fn, cfg = _lookup(name)
     _check_overrides(name, overrides)
     if out_indices is not None and not features_only:
-        raise ValueError(f"create_model({name!r}, out_indices={out_indices!r}): out_indices selects the maps "
-                         "of a features_only model; pass features_only=True too")
+        raise ValueError(
+            f"create_model({name!r}, out_indices={out_indices!r}): out_indices selects the maps "
+            "of a features_only model; pass features_only=True too"
+        )
     try:
         model = fn(**overrides)
     except TypeError as e:

@@ -19,6 +19,7 @@ nothing is padded and the outputs equal the reference.
 
 Internally the feature maps are NHWC ``[B, H, W, C]``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,7 +31,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers import (
-    DropPath, Mlp, PatchEmbed, RecordableAttention, TokenAttention, check_heads, init_weights_, to_2tuple,
+    DropPath,
+    Mlp,
+    PatchEmbed,
+    RecordableAttention,
+    TokenAttention,
+    check_heads,
+    init_weights_,
+    to_2tuple,
 )
 from ._base import InLineModel
 from ._helpers import parse_pattern
@@ -38,9 +46,19 @@ from .checkpoint import RECOMPUTED_BUFFERS
 from .registry import ModelConfig, register_model
 
 __all__ = [
-    "SOFTMAX_MIN_WINDOW", "SOFTMAX_WINDOW_DIVISOR", "InLineSwin", "PatchMerging", "SwinBlock", "SwinStage",
-    "WindowAttention", "checkpoint_filter_fn", "relative_position_index", "shift_window_mask", "softmax_window",
-    "window_partition", "window_reverse",
+    "SOFTMAX_MIN_WINDOW",
+    "SOFTMAX_WINDOW_DIVISOR",
+    "InLineSwin",
+    "PatchMerging",
+    "SwinBlock",
+    "SwinStage",
+    "WindowAttention",
+    "checkpoint_filter_fn",
+    "relative_position_index",
+    "shift_window_mask",
+    "softmax_window",
+    "window_partition",
+    "window_reverse",
 ]
 
 # Softmax blocks attend within windows of max(SOFTMAX_MIN_WINDOW, window_size // SOFTMAX_WINDOW_DIVISOR):
@@ -108,8 +126,9 @@ def shift_window_mask(
 
 def _make_relative_position_index(window: tuple[int, int], table_window: tuple[int, int]) -> torch.Tensor:
     (wh, ww), (th, tw) = window, table_window
-    coords = torch.stack(torch.meshgrid(torch.arange(wh, device="cpu"), torch.arange(ww, device="cpu"),
-                                        indexing="ij")).flatten(1)  # [2, N]
+    coords = torch.stack(
+        torch.meshgrid(torch.arange(wh, device="cpu"), torch.arange(ww, device="cpu"), indexing="ij")
+    ).flatten(1)  # [2, N]
     rel = coords[:, :, None] - coords[:, None, :]  # [2, N, N]: offset of query i to key j
     return (rel[0] + th - 1) * (2 * tw - 1) + rel[1] + tw - 1
 
@@ -126,12 +145,14 @@ def relative_position_index(
     return _make_relative_position_index(window, table_window).to(device)
 
 
-def _window_grid_coords(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
-                        device: torch.device) -> torch.Tensor:
+def _window_grid_coords(
+    size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> torch.Tensor:
     """(row, col) in the padded map of every window token, after the cyclic shift: [nW, N, 2]."""
     hp, wp = size
-    grid = torch.stack(torch.meshgrid(torch.arange(hp, device=device), torch.arange(wp, device=device),
-                                      indexing="ij"), dim=-1)  # [Hp, Wp, 2]
+    grid = torch.stack(
+        torch.meshgrid(torch.arange(hp, device=device), torch.arange(wp, device=device), indexing="ij"), dim=-1
+    )  # [Hp, Wp, 2]
     if any(shift):
         grid = torch.roll(grid, shifts=(-shift[0], -shift[1]), dims=(0, 1))
     return window_partition(grid[None], window)
@@ -154,12 +175,20 @@ class WindowAttention(RecordableAttention):
 
     kind = "softmax"
 
-    def __init__(self, dim: int, num_heads: int, window_size: int, *, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: int,
+        *,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ):
         super().__init__()
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.window_size = to_2tuple(window_size)
         wh, ww = self.window_size
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
@@ -176,13 +205,13 @@ class WindowAttention(RecordableAttention):
         if tuple(window) == self.window_size:
             index = self.relative_position_index
         else:
-            index = relative_position_index(tuple(window), self.window_size,
-                                            self.relative_position_bias_table.device)
+            index = relative_position_index(tuple(window), self.window_size, self.relative_position_bias_table.device)
         n = window[0] * window[1]
         return self.relative_position_bias_table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
 
-    def forward(self, x: torch.Tensor, feat_size: tuple[int, int], *, mask: Optional[torch.Tensor] = None,
-                token_coords=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, feat_size: tuple[int, int], *, mask: Optional[torch.Tensor] = None, token_coords=None
+    ) -> torch.Tensor:
         """x: [B * nW, N, C] windows of size feat_size = (wh, ww) -> [B * nW, N, C].
 
         mask: additive shift mask [nW, N, N] (windows batch-major, as from window_partition).
@@ -202,8 +231,16 @@ class WindowAttention(RecordableAttention):
                 raise ValueError(f"{b_} windows are not a multiple of the mask's {nw} windows")
             mask = mask.to(x.dtype).unsqueeze(0).expand(b_ // nw, -1, -1, -1).reshape(b_, 1, n, n)
         out = self.attend(
-            q, k, v, feat_size=(wh, ww), kind="softmax", scale=self.scale, bias=bias, mask=mask,
-            token_coords=token_coords, attn_drop=self.attn_drop,
+            q,
+            k,
+            v,
+            feat_size=(wh, ww),
+            kind="softmax",
+            scale=self.scale,
+            bias=bias,
+            mask=mask,
+            token_coords=token_coords,
+            attn_drop=self.attn_drop,
         )
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b_, n, c)))
 
@@ -225,10 +262,23 @@ class SwinBlock(nn.Module):
         kernel, local_residual: InLine / linear attention options (see TokenAttention).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, kind: str, window_size: int, shift_size: int,
-                 input_resolution: tuple[int, int], mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 kernel: Optional[str] = None, local_residual: Optional[bool] = None, drop: float = 0.0,
-                 attn_drop: float = 0.0, drop_path: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kind: str,
+        window_size: int,
+        shift_size: int,
+        input_resolution: tuple[int, int],
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        kernel: Optional[str] = None,
+        local_residual: Optional[bool] = None,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ):
         super().__init__()
         if not 0 <= shift_size < window_size:
             raise ValueError(f"shift_size={shift_size} must lie in [0, window_size={window_size})")
@@ -236,11 +286,20 @@ class SwinBlock(nn.Module):
         self.window_size, self.shift_size = window_size, shift_size
         self.norm1 = nn.LayerNorm(dim)
         if kind == "softmax":
-            self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                                        proj_drop=drop)
+            self.attn = WindowAttention(
+                dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
+            )
         else:
-            self.attn = TokenAttention(dim, num_heads, kind=kind, qkv_bias=qkv_bias, kernel=kernel,
-                                       local_residual=local_residual, attn_drop=attn_drop, proj_drop=drop)
+            self.attn = TokenAttention(
+                dim,
+                num_heads,
+                kind=kind,
+                qkv_bias=qkv_bias,
+                kernel=kernel,
+                local_residual=local_residual,
+                attn_drop=attn_drop,
+                proj_drop=drop,
+            )
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
@@ -321,8 +380,19 @@ class PatchMerging(nn.Module):
 class SwinStage(nn.Module):
     """Blocks at one resolution, then (except in the last stage) patch merging."""
 
-    def __init__(self, dim: int, depth: int, num_heads: int, *, kinds: Sequence[str], window_size: int,
-                 input_resolution: tuple[int, int], drop_path: Sequence[float], downsample: bool, **block_kw):
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        *,
+        kinds: Sequence[str],
+        window_size: int,
+        input_resolution: tuple[int, int],
+        drop_path: Sequence[float],
+        downsample: bool,
+        **block_kw,
+    ):
         super().__init__()
         blocks = []
         for j, kind in enumerate(kinds):
@@ -333,8 +403,18 @@ class SwinStage(nn.Module):
             else:
                 win = window_size
             shift = win // 2 if j % 2 == 1 else 0
-            blocks.append(SwinBlock(dim, num_heads, kind=kind, window_size=win, shift_size=shift,
-                                    input_resolution=input_resolution, drop_path=drop_path[j], **block_kw))
+            blocks.append(
+                SwinBlock(
+                    dim,
+                    num_heads,
+                    kind=kind,
+                    window_size=win,
+                    shift_size=shift,
+                    input_resolution=input_resolution,
+                    drop_path=drop_path[j],
+                    **block_kw,
+                )
+            )
         self.blocks = nn.ModuleList(blocks)
         self.downsample = PatchMerging(dim) if downsample else None
 
@@ -346,6 +426,7 @@ class SwinStage(nn.Module):
 
 
 # ---- checkpoints
+
 
 def _resize_bias_table(table: torch.Tensor, new_rows: int) -> torch.Tensor:
     """[(2w-1)^2, h] -> [new_rows, h], bicubic over the (2w-1) x (2w-1) offset grid (square windows)."""
@@ -447,15 +528,27 @@ class InLineSwin(InLineModel):
         self.layers = nn.ModuleList()
         feature_info = []
         for i, (depth, heads) in enumerate(zip(depths, num_heads)):
-            dim = int(embed_dim * 2 ** i)
+            dim = int(embed_dim * 2**i)
             start = sum(depths[:i])
-            self.layers.append(SwinStage(
-                dim, depth, heads, kinds=kinds[i], window_size=window_size, input_resolution=res,
-                drop_path=dpr[start:start + depth], downsample=i < num_stages - 1, mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias, kernel=kernel, local_residual=local_residual, drop=drop_rate,
-                attn_drop=attn_drop_rate,
-            ))
-            feature_info.append(dict(num_chs=dim, reduction=p[0] * 2 ** i, module=f"layers.{i}"))
+            self.layers.append(
+                SwinStage(
+                    dim,
+                    depth,
+                    heads,
+                    kinds=kinds[i],
+                    window_size=window_size,
+                    input_resolution=res,
+                    drop_path=dpr[start : start + depth],
+                    downsample=i < num_stages - 1,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    kernel=kernel,
+                    local_residual=local_residual,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                )
+            )
+            feature_info.append(dict(num_chs=dim, reduction=p[0] * 2**i, module=f"layers.{i}"))
             res = (math.ceil(res[0] / 2), math.ceil(res[1] / 2))
         self.norm = nn.LayerNorm(self.num_features)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
@@ -506,8 +599,9 @@ InLineSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
 # ---- registered variants
 
 _REFERENCE = "LeapLabTHU/InLine models/inline_swin.py:InLineSwin"
-_TINY = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=56, pattern="IIIS",
-             drop_path_rate=0.2)
+_TINY = dict(
+    embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=56, pattern="IIIS", drop_path_rate=0.2
+)
 _SMALL = dict(_TINY, depths=(2, 2, 18, 2), pattern="IISS", drop_path_rate=0.3)
 _BASE = dict(_SMALL, embed_dim=128, num_heads=(4, 8, 16, 32), pattern="IIMS2", drop_path_rate=0.5)
 _BASE384 = dict(_BASE, img_size=384, window_size=96)
@@ -516,10 +610,19 @@ _BASE384 = dict(_BASE, img_size=384, window_size=96)
 def _cfg(name: str, defaults: dict, crop_pct: float = 0.875, **facts) -> ModelConfig:
     size = defaults.get("img_size", 224)
     return ModelConfig(
-        name=name, family="swin", input_size=(3, size, size), crop_pct=crop_pct, interpolation="bicubic",
-        classifier="head", first_conv="patch_embed.proj",
-        extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], window_size=defaults["window_size"],
-                   drop_path_rate=defaults["drop_path_rate"]),
+        name=name,
+        family="swin",
+        input_size=(3, size, size),
+        crop_pct=crop_pct,
+        interpolation="bicubic",
+        classifier="head",
+        first_conv="patch_embed.proj",
+        extra=dict(
+            reference=_REFERENCE,
+            pattern=defaults["pattern"],
+            window_size=defaults["window_size"],
+            drop_path_rate=defaults["drop_path_rate"],
+        ),
         **facts,
     )
 

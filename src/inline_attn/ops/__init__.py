@@ -6,6 +6,7 @@
 - :func:`attention`: one attention kind (inline, linear, softmax) on [B, H, N, D] tensors, by the
   naive reference (explicit weights, :mod:`.naive`) or the eager fast path (:mod:`.fast`).
 """
+
 from __future__ import annotations
 
 import torch

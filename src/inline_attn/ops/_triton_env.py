@@ -6,6 +6,7 @@ counter does). Without a CUDA device triton can only interpret, so when this mod
 and the variable is unset it sets it: ``impl="triton"`` then runs on CPU tensors. With a CUDA
 device, or when triton is already imported, nothing changes.
 """
+
 from __future__ import annotations
 
 import os

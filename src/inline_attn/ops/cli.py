@@ -1,4 +1,5 @@
 """``inline-attn build-kernel``: build the fused CPU kernel ahead of the first model call."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,14 +28,24 @@ def _cmd_build_kernel(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "build-kernel", help="build the fused CPU kernel now (else the first model call builds it)",
+        "build-kernel",
+        help="build the fused CPU kernel now (else the first model call builds it)",
         description="Compile the fused InLine CPU kernel for this install and CPU into the kernel cache "
-                    "($INLINE_ATTN_KERNEL_CACHE, else ~/.cache/inline_attn/kernels) and print its path. "
-                    "A kernel already there is reused (nothing is rebuilt unless --force).")
-    p.add_argument("--cache", metavar="DIR", help="cache folder (default: $INLINE_ATTN_KERNEL_CACHE or "
-                                                  "~/.cache/inline_attn/kernels)")
+        "($INLINE_ATTN_KERNEL_CACHE, else ~/.cache/inline_attn/kernels) and print its path. "
+        "A kernel already there is reused (nothing is rebuilt unless --force).",
+    )
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="cache folder (default: $INLINE_ATTN_KERNEL_CACHE or ~/.cache/inline_attn/kernels)",
+    )
     p.add_argument("--force", action="store_true", help="rebuild even when the cache holds the kernel")
     p.add_argument("--verbose", action="store_true", help="print the compiler command")
-    p.add_argument("--lock-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds to wait for another process building the same kernel (default 600)")
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds to wait for another process building the same kernel (default 600)",
+    )
     p.set_defaults(func=_cmd_build_kernel)

@@ -22,6 +22,7 @@ Cache folder: ``$INLINE_ATTN_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/inline_attn/
 ``~/.cache/inline_attn/kernels``. Lock timeout: ``$INLINE_ATTN_KERNEL_LOCK_TIMEOUT`` seconds
 (default :data:`DEFAULT_LOCK_TIMEOUT`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,8 +48,15 @@ except ImportError:  # not POSIX: builds run without a lock (the atomic rename s
     fcntl = None
 
 __all__ = [
-    "DEFAULT_LOCK_TIMEOUT", "KERNEL_SOURCE", "KernelBuildError", "KernelSpec", "build_cpu_kernel", "cache_dir",
-    "cpu_kernel_error", "kernel_spec", "load_cpu_kernel",
+    "DEFAULT_LOCK_TIMEOUT",
+    "KERNEL_SOURCE",
+    "KernelBuildError",
+    "KernelSpec",
+    "build_cpu_kernel",
+    "cache_dir",
+    "cpu_kernel_error",
+    "kernel_spec",
+    "load_cpu_kernel",
 ]
 
 log = logging.getLogger(__name__)
@@ -206,8 +214,12 @@ class _BuildLock:
                     "INLINE_ATTN_KERNEL_LOCK_TIMEOUT=SECONDS waits longer, INLINE_ATTN_CPU_KERNEL=0 skips the kernel"
                 )
             if not noticed and waited >= min(_WAIT_NOTICE_S, self.timeout / 2):
-                log.warning("inline-attn: waiting for the CPU kernel build lock %s (another process is building "
-                            "it; up to %.0f s, then the eager path)", self.path, self.timeout)
+                log.warning(
+                    "inline-attn: waiting for the CPU kernel build lock %s (another process is building "
+                    "it; up to %.0f s, then the eager path)",
+                    self.path,
+                    self.timeout,
+                )
                 noticed = True
             time.sleep(_POLL_S)
 
@@ -258,8 +270,13 @@ def _compile(spec: KernelSpec, folder: Path, verbose: bool) -> Path:
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
             raise KernelBuildError(f"compiling {spec.source} failed (exit {proc.returncode}):\n{tail}")
-        manifest = {"source": str(spec.source), "key": spec.key, "torch": torch.__version__,
-                    "command": cmd, "build_s": round(time.monotonic() - t0, 1)}
+        manifest = {
+            "source": str(spec.source),
+            "key": spec.key,
+            "torch": torch.__version__,
+            "command": cmd,
+            "build_s": round(time.monotonic() - t0, 1),
+        }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.replace(tmp / "manifest.json", folder / f"{spec.name}.json")
         with open(out, "rb") as f:
@@ -302,11 +319,14 @@ def build_cpu_kernel(
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise KernelBuildError(f"cannot create the kernel cache {folder} ({e}); set INLINE_ATTN_KERNEL_CACHE "
-                               "to a writable folder") from None
+        raise KernelBuildError(
+            f"cannot create the kernel cache {folder} ({e}); set INLINE_ATTN_KERNEL_CACHE to a writable folder"
+        ) from None
     if not os.access(folder, os.W_OK):
-        raise KernelBuildError(f"the kernel cache {folder} is read-only and holds no {final.name}; build it with "
-                               "`inline-attn build-kernel` where it is writable, or set INLINE_ATTN_KERNEL_CACHE")
+        raise KernelBuildError(
+            f"the kernel cache {folder} is read-only and holds no {final.name}; build it with "
+            "`inline-attn build-kernel` where it is writable, or set INLINE_ATTN_KERNEL_CACHE"
+        )
     timeout = _lock_timeout(lock_timeout)
     if verbose:
         print(f"building {final} (lock {spec.lock(folder)})", flush=True)
@@ -364,8 +384,12 @@ def _fail(memo: str, msg: str, warn: bool) -> bool:
     _loaded[memo] = False
     _errors["last"] = msg
     if warn:
-        warnings.warn(f"inline-attn: the fused CPU kernel is not available ({msg[:600]}); using the eager path "
-                      "(correct, slower at small N)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"inline-attn: the fused CPU kernel is not available ({msg[:600]}); using the eager path "
+            "(correct, slower at small N)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return False
 
 

@@ -14,6 +14,7 @@ compiled with g++ on first use (~15 s once per install, cached; see :mod:`.cpu_b
 ``inline-attn build-kernel`` to build it ahead). If the build fails the dispatch uses the eager
 path and :func:`cpu_kernel_error` says why.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,6 +14,7 @@ An explicit ``"cpu"`` / ``"triton"`` is honoured on any tensors it can run, and 
 passes ``impl=None``, is ``"auto"``, or ``INLINE_ATTN_IMPL`` from the environment, or the value set
 by the :func:`use_impl` context manager.
 """
+
 from __future__ import annotations
 
 import contextlib

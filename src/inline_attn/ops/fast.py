@@ -7,6 +7,7 @@ Precision: under fp16/bf16 autocast the sums that decide the result (the D x D k
 product, the key and value means) are taken in float32 and the result is cast back to the
 autocast dtype, so large N or large activations cannot overflow or cancel catastrophically.
 """
+
 from __future__ import annotations
 
 import contextlib

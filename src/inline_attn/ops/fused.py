@@ -17,6 +17,7 @@ raises instead of silently dropping terms); FLOP formulas for ``FlopCounterMode`
 it the same two functions through one ``torch.autograd.Function``, which skips the custom op's
 Python dispatch (~60-100 us a call on these CPUs, as much as a small layer's whole core).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -56,8 +57,16 @@ def _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens,
 
 @torch.library.custom_op("inline_attn::inline_forward", mutates_args=())
 def inline_forward(
-    q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], num_heads: int, scale: float, H: int, W: int,
-    num_prefix_tokens: int, backend: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w9: Optional[Tensor],
+    num_heads: int,
+    scale: float,
+    H: int,
+    W: int,
+    num_prefix_tokens: int,
+    backend: str,
 ) -> Tensor:
     """q, k, v: [B, N, C] (any strides); w9: [B, 9, C] residual taps or None -> O [B, N, C]."""
     return _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
@@ -65,8 +74,17 @@ def inline_forward(
 
 @torch.library.custom_op("inline_attn::inline_backward", mutates_args=())
 def inline_backward(
-    q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], grad: Tensor, num_heads: int, scale: float, H: int,
-    W: int, num_prefix_tokens: int, backend: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w9: Optional[Tensor],
+    grad: Tensor,
+    num_heads: int,
+    scale: float,
+    H: int,
+    W: int,
+    num_prefix_tokens: int,
+    backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv, dw9) of :func:`inline_forward`; dw9 is empty without a residual."""
     return _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens, backend)
@@ -144,8 +162,9 @@ class _InLineCore(torch.autograd.Function):
         return dq, dk, dv, (dw if w9 is not None else None), None, None, None, None, None, None
 
 
-def inline_core(q, k, v, w9, num_heads: int, scale: float, H: int, W: int, num_prefix_tokens: int,
-                backend: str) -> Tensor:
+def inline_core(
+    q, k, v, w9, num_heads: int, scale: float, H: int, W: int, num_prefix_tokens: int, backend: str
+) -> Tensor:
     """The fused layer core (arguments as :func:`inline_forward`): the custom op under
     ``torch.compile`` or a dispatch mode (``FlopCounterMode``, memory trackers: they see one op
     with its FLOP formula), the same kernels through :class:`_InLineCore` otherwise."""

@@ -4,6 +4,7 @@ The published InLine models all use ``identity``. ``exp`` is ``exp(0.2 x)`` as i
 A learnable ``relu(A x + b)`` kernel lives in :class:`inline_attn.layers.AffineReLUKernel`, because
 it has parameters; the functional ops accept any callable as ``kernel``.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Union
@@ -38,6 +39,4 @@ def get_kernel(kernel: Kernel) -> Callable[[torch.Tensor], torch.Tensor]:
         return kernel
     if isinstance(kernel, str) and kernel in KERNELS:
         return KERNELS[kernel]
-    raise ValueError(
-        f"unknown kernel {kernel!r}: expected one of {sorted(KERNELS)} or a callable"
-    )
+    raise ValueError(f"unknown kernel {kernel!r}: expected one of {sorted(KERNELS)} or a callable")

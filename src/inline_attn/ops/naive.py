@@ -12,6 +12,7 @@ Equations (per head; paper Eq. 2 softmax, Eq. 3 linear, Eq. 5 InLine, Sec. 4.2 l
   factor ``scale / N`` folded into phi(q)); every row sums to exactly 1.
 - local residual: ``o_p += sum_{u in 3x3} r_u * v_{p+u}`` per channel, zero padding.
 """
+
 from __future__ import annotations
 
 import torch
@@ -64,7 +65,7 @@ def attention_weights(
     check_qkv(q, k)
     d = q.shape[-1]
     if kind == "softmax":
-        s = d ** -0.5 if scale is None else scale
+        s = d**-0.5 if scale is None else scale
         return torch.softmax(_softmax_logits(q, k, s, bias, mask), dim=-1)
     if bias is not None or mask is not None:
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
@@ -74,7 +75,7 @@ def attention_weights(
         return sim / (sim.sum(dim=-1, keepdim=True) + eps)
     if kind == "inline":
         phi = get_kernel(kernel)
-        s = d ** -0.5 if scale is None else scale
+        s = d**-0.5 if scale is None else scale
         pk = phi(k)
         n = pk.shape[2]
         centred = pk - pk.mean(dim=2, keepdim=True)
@@ -105,5 +106,5 @@ def naive_local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
     out = torch.zeros_like(v)
     for dy in range(3):  # row-major 3x3 taps: o_p += r_u * v_{p+u}, u = (dy-1, dx-1)
         for dx in range(3):
-            out.addcmul_(weights[:, :, dy, dx, None, None], padded[:, :, dy:dy + h, dx:dx + w])
+            out.addcmul_(weights[:, :, dy, dx, None, None], padded[:, :, dy : dy + h, dx : dx + w])
     return out

@@ -6,6 +6,7 @@ Sec. 4.2) added on the H x W grid tokens (not on the prefix tokens). :func:`inli
 one entry point; :mod:`.dispatch` chooses its implementation (``impl``: auto, naive, eager, cpu,
 triton).
 """
+
 from __future__ import annotations
 
 import torch
@@ -92,7 +93,7 @@ def inline_tokens(
     check_num_heads(num_heads, c)
     h, w = check_feat_size(feat_size, n, num_prefix_tokens)
     d = c // num_heads
-    s = d ** -0.5 if scale is None else float(scale)
+    s = d**-0.5 if scale is None else float(scale)
     chosen, _ = dispatch.choose(q, kernel, impl)
 
     if chosen in dispatch.FUSED_IMPLS:

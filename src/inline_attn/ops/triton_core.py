@@ -6,6 +6,7 @@ they run under Triton's interpreter (``TRITON_INTERPRET=1``, which must be set b
 are first defined: :func:`load_kernels` sets it when the first launch is on the CPU); one process
 cannot mix the two modes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -125,8 +126,14 @@ def _rows_per_program(q: torch.Tensor, pairs: int, n: int) -> int:
 
 def _meta(q: torch.Tensor, d: int, has_res: bool) -> dict:
     bd = _block_d(d)
-    return dict(D=d, BD=bd, BLOCK_N=BLOCK_N, HAS_RES=has_res, PREC=_precision(q.dtype),
-                num_warps=NUM_WARPS if bd <= 32 else 2 * NUM_WARPS)
+    return dict(
+        D=d,
+        BD=bd,
+        BLOCK_N=BLOCK_N,
+        HAS_RES=has_res,
+        PREC=_precision(q.dtype),
+        num_warps=NUM_WARPS if bd <= 32 else 2 * NUM_WARPS,
+    )
 
 
 def inline_forward_triton(
@@ -159,23 +166,73 @@ def inline_forward_triton(
     chunks, chunk = _launch_shape(q, pairs, n, split)
     if chunks == 1:
         mod.inline_fwd_fused[(pairs,)](
-            q, k, v, w9_arg, out, *_strides(q), *_strides(k), *_strides(v),
-            n, c, h, w, p, num_heads, float(scale), **meta,
+            q,
+            k,
+            v,
+            w9_arg,
+            out,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            n,
+            c,
+            h,
+            w,
+            p,
+            num_heads,
+            float(scale),
+            **meta,
         )
         return out.to(q.dtype)
     ws = torch.empty((pairs, chunks, bd * bd + 2 * bd), device=q.device, dtype=torch.float32)
     fin = torch.empty((pairs, bd * bd + bd), device=q.device, dtype=torch.float32)
     mod.inline_fwd_partial[(pairs, chunks)](
-        k, v, ws, *_strides(k), *_strides(v), n, num_heads, chunk,
-        D=meta["D"], BD=bd, BLOCK_N=BLOCK_N, PREC=meta["PREC"], num_warps=meta["num_warps"],
+        k,
+        v,
+        ws,
+        *_strides(k),
+        *_strides(v),
+        n,
+        num_heads,
+        chunk,
+        D=meta["D"],
+        BD=bd,
+        BLOCK_N=BLOCK_N,
+        PREC=meta["PREC"],
+        num_warps=meta["num_warps"],
     )
     mod.inline_fwd_finalize[(pairs,)](
-        v, ws, fin, v.stride(0), v.stride(2), n, chunk, chunks, num_heads, float(scale),
-        D=meta["D"], BD=bd, num_warps=meta["num_warps"],
+        v,
+        ws,
+        fin,
+        v.stride(0),
+        v.stride(2),
+        n,
+        chunk,
+        chunks,
+        num_heads,
+        float(scale),
+        D=meta["D"],
+        BD=bd,
+        num_warps=meta["num_warps"],
     )
     rows = _rows_per_program(q, pairs, n)
     mod.inline_fwd_rows[(pairs, -(-n // rows))](
-        q, v, w9_arg, out, fin, *_strides(q), *_strides(v), n, c, h, w, p, num_heads, rows, **meta,
+        q,
+        v,
+        w9_arg,
+        out,
+        fin,
+        *_strides(q),
+        *_strides(v),
+        n,
+        c,
+        h,
+        w,
+        p,
+        num_heads,
+        rows,
+        **meta,
     )
     return out.to(q.dtype)
 
@@ -203,8 +260,11 @@ def inline_backward_triton(
     dt = _out_dtype(q)
     dq, dk, dv = (torch.empty((b, n, c), device=q.device, dtype=dt) for _ in range(3))
     has_res = w9 is not None
-    dw = torch.zeros((b, 9, c) if has_res else (0,), device=q.device,
-                     dtype=torch.float32 if interpreting() or not has_res else w9.dtype)
+    dw = torch.zeros(
+        (b, 9, c) if has_res else (0,),
+        device=q.device,
+        dtype=torch.float32 if interpreting() or not has_res else w9.dtype,
+    )
     if b > 0 and n > 0:
         w9_arg = w9.contiguous() if has_res else dq
         dw_arg = dw if has_res else dq
@@ -214,26 +274,92 @@ def inline_backward_triton(
         chunks, chunk = _launch_shape(q, pairs, n, split)
         if chunks == 1:
             mod.inline_bwd_fused[(pairs,)](
-                q, k, v, w9_arg, grad, dq, dk, dv, dw_arg,
-                *_strides(q), *_strides(k), *_strides(v), *_strides(grad),
-                n, c, h, w, p, num_heads, float(scale), **meta,
+                q,
+                k,
+                v,
+                w9_arg,
+                grad,
+                dq,
+                dk,
+                dv,
+                dw_arg,
+                *_strides(q),
+                *_strides(k),
+                *_strides(v),
+                *_strides(grad),
+                n,
+                c,
+                h,
+                w,
+                p,
+                num_heads,
+                float(scale),
+                **meta,
             )
         else:
             ws = torch.empty((pairs, chunks, 2 * bd * bd + 19 * bd), device=q.device, dtype=torch.float32)
             fin = torch.empty((pairs, 2 * bd * bd + 3 * bd), device=q.device, dtype=torch.float32)
             mod.inline_bwd_partial[(pairs, chunks)](
-                q, k, v, grad, ws, *_strides(q), *_strides(k), *_strides(v), *_strides(grad),
-                n, h, w, p, num_heads, chunk, **meta,
+                q,
+                k,
+                v,
+                grad,
+                ws,
+                *_strides(q),
+                *_strides(k),
+                *_strides(v),
+                *_strides(grad),
+                n,
+                h,
+                w,
+                p,
+                num_heads,
+                chunk,
+                **meta,
             )
             mod.inline_bwd_finalize[(pairs,)](
-                k, v, ws, fin, dw_arg, k.stride(0), k.stride(2), v.stride(0), v.stride(2),
-                n, c, num_heads, chunk, chunks, float(scale),
-                D=meta["D"], BD=bd, HAS_RES=has_res, num_warps=meta["num_warps"],
+                k,
+                v,
+                ws,
+                fin,
+                dw_arg,
+                k.stride(0),
+                k.stride(2),
+                v.stride(0),
+                v.stride(2),
+                n,
+                c,
+                num_heads,
+                chunk,
+                chunks,
+                float(scale),
+                D=meta["D"],
+                BD=bd,
+                HAS_RES=has_res,
+                num_warps=meta["num_warps"],
             )
             rows = _rows_per_program(q, pairs, n)
             mod.inline_bwd_rows[(pairs, -(-n // rows))](
-                k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k), *_strides(v), *_strides(grad),
-                n, c, h, w, p, num_heads, float(scale), rows, **meta,
+                k,
+                v,
+                w9_arg,
+                grad,
+                dq,
+                dk,
+                dv,
+                fin,
+                *_strides(k),
+                *_strides(v),
+                *_strides(grad),
+                n,
+                c,
+                h,
+                w,
+                p,
+                num_heads,
+                float(scale),
+                rows,
+                **meta,
             )
     dw = dw.to(w9.dtype) if has_res else dw.to(q.dtype)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dw

@@ -37,6 +37,7 @@ Workspace rows (fp32, one per (sample, head) and chunk): forward ``[S (BD*BD), k
 backward ``[S, dM (BD*BD each), k_mean, v_mean, g_sum, dw (16 rows of BD)]``; finalized rows
 hold M = alpha S in place of S and the means (g_mean in place of g_sum).
 """
+
 from __future__ import annotations
 
 import triton
@@ -65,11 +66,7 @@ def _shifted_tile(ptr, sn, cols, cmask, y, x, is_grid, H, W, P, DY: tl.constexpr
     xx = x + DX
     ok = is_grid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
     nb = P + yy * W + xx
-    return tl.load(ptr + nb[:, None] * sn + cols[None, :], mask=ok[:, None] & cmask[None, :], other=0.0).to(
-        tl.float32
-    )
-
-
+    return tl.load(ptr + nb[:, None] * sn + cols[None, :], mask=ok[:, None] & cmask[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -93,8 +90,22 @@ def _tile_stats(kt, vt, m2, n_valid):
 
 
 @triton.jit
-def _fwd_sums(kb, vb, k_sn, v_sn, k_col, v_col, cmask, ck, cv, n_lo, n_hi,
-              BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _fwd_sums(
+    kb,
+    vb,
+    k_sn,
+    v_sn,
+    k_col,
+    v_col,
+    cmask,
+    ck,
+    cv,
+    n_lo,
+    n_hi,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Centred statistics of tokens [n_lo, n_hi): means of K - ck and V - cv, S = sum K_c^T V_c."""
     cnt = 0.0
     mk = tl.zeros([BD], dtype=tl.float32)
@@ -112,8 +123,30 @@ def _fwd_sums(kb, vb, k_sn, v_sn, k_col, v_col, cmask, ck, cv, n_lo, n_hi,
 
 
 @triton.jit
-def _fwd_rows(qb, vb, wb, ob, q_sn, v_sn, q_col, v_col, o_col, C, cmask, m, vbar, n0, n1, N, H, W, P,
-              HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _fwd_rows(
+    qb,
+    vb,
+    wb,
+    ob,
+    q_sn,
+    v_sn,
+    q_col,
+    v_col,
+    o_col,
+    C,
+    cmask,
+    m,
+    vbar,
+    n0,
+    n1,
+    N,
+    H,
+    W,
+    P,
+    HAS_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """O rows [n0, n1) = Q M + v_bar (+ the 3x3 residual on grid rows)."""
     for start in range(n0, n1, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
@@ -141,31 +174,107 @@ def _row0(ptr, cols, cmask):
 
 
 @triton.jit
-def inline_fwd_fused(Q, K, V, W9, O,
-                     q_sb, q_sn, q_sc, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc,
-                     N, C, H, W, P, heads, scale,
-                     D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HAS_RES: tl.constexpr, PREC: tl.constexpr):
+def inline_fwd_fused(
+    Q,
+    K,
+    V,
+    W9,
+    O,
+    q_sb,
+    q_sn,
+    q_sc,
+    k_sb,
+    k_sn,
+    k_sc,
+    v_sb,
+    v_sn,
+    v_sc,
+    N,
+    C,
+    H,
+    W,
+    P,
+    heads,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """One program per (sample, head): the statistics, M, then every output row of that head."""
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
     kb, vb = K + b * k_sb, V + b * v_sb
     cv = _row0(vb, ch * v_sc, cmask)
-    cnt, mk, mv, s = _fwd_sums(kb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, _row0(kb, ch * k_sc, cmask), cv,
-                               0, N, BD, BLOCK_N, PREC)
-    _fwd_rows(Q + b * q_sb, vb, W9 + b * 9 * C, O + b * N * C, q_sn, v_sn, ch * q_sc, ch * v_sc, ch, C, cmask,
-              s * (scale / N), cv + mv, 0, N, N, H, W, P, HAS_RES, BLOCK_N, PREC)
+    cnt, mk, mv, s = _fwd_sums(
+        kb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, _row0(kb, ch * k_sc, cmask), cv, 0, N, BD, BLOCK_N, PREC
+    )
+    _fwd_rows(
+        Q + b * q_sb,
+        vb,
+        W9 + b * 9 * C,
+        O + b * N * C,
+        q_sn,
+        v_sn,
+        ch * q_sc,
+        ch * v_sc,
+        ch,
+        C,
+        cmask,
+        s * (scale / N),
+        cv + mv,
+        0,
+        N,
+        N,
+        H,
+        W,
+        P,
+        HAS_RES,
+        BLOCK_N,
+        PREC,
+    )
 
 
 @triton.jit
-def inline_fwd_partial(K, V, WS, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc, N, heads, chunk,
-                       D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def inline_fwd_partial(
+    K,
+    V,
+    WS,
+    k_sb,
+    k_sn,
+    k_sc,
+    v_sb,
+    v_sn,
+    v_sc,
+    N,
+    heads,
+    chunk,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Program (sample*head, chunk): centred statistics of one token chunk -> its workspace row."""
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
     kb, vb = K + b * k_sb, V + b * v_sb
-    cnt, mk, mv, s = _fwd_sums(kb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, _row0(kb, ch * k_sc, cmask),
-                               _row0(vb, ch * v_sc, cmask), n_lo, tl.minimum(n_lo + chunk, N), BD, BLOCK_N, PREC)
+    cnt, mk, mv, s = _fwd_sums(
+        kb,
+        vb,
+        k_sn,
+        v_sn,
+        ch * k_sc,
+        ch * v_sc,
+        cmask,
+        _row0(kb, ch * k_sc, cmask),
+        _row0(vb, ch * v_sc, cmask),
+        n_lo,
+        tl.minimum(n_lo + chunk, N),
+        BD,
+        BLOCK_N,
+        PREC,
+    )
     c = tl.arange(0, BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (BD * BD + 2 * BD)
     tl.store(ws + c[:, None] * BD + c[None, :], s)
@@ -188,17 +297,40 @@ def inline_fwd_finalize(V, WS, FIN, v_sb, v_sc, N, chunk, SPLIT, heads, scale, D
     for i in range(0, SPLIT):
         ws = WS + (pid * SPLIT + i) * row
         n_i = tl.minimum(chunk, N - i * chunk).to(tl.float32)
-        cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_i, tl.load(ws + BD * BD + c), tl.load(ws + BD * BD + BD + c),
-                                tl.load(ws + sq))
+        cnt, mk, mv, s = _merge(
+            cnt, mk, mv, s, n_i, tl.load(ws + BD * BD + c), tl.load(ws + BD * BD + BD + c), tl.load(ws + sq)
+        )
     fin = FIN + pid * (BD * BD + BD)
     tl.store(fin + sq, s * (scale / N))
     tl.store(fin + BD * BD + c, _row0(V + b * v_sb, ch * v_sc, cmask) + mv)
 
 
 @triton.jit
-def inline_fwd_rows(Q, V, W9, O, FIN, q_sb, q_sn, q_sc, v_sb, v_sn, v_sc, N, C, H, W, P, heads, rows,
-                    D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                    HAS_RES: tl.constexpr, PREC: tl.constexpr):
+def inline_fwd_rows(
+    Q,
+    V,
+    W9,
+    O,
+    FIN,
+    q_sb,
+    q_sn,
+    q_sc,
+    v_sb,
+    v_sn,
+    v_sc,
+    N,
+    C,
+    H,
+    W,
+    P,
+    heads,
+    rows,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Program (sample*head, row block): output rows [i*rows, (i+1)*rows) from the finalized M."""
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
@@ -207,13 +339,60 @@ def inline_fwd_rows(Q, V, W9, O, FIN, q_sb, q_sn, q_sc, v_sb, v_sn, v_sc, N, C, 
     m = tl.load(fin + c[:, None] * BD + c[None, :])
     vbar = tl.load(fin + BD * BD + c)
     n0 = tl.program_id(1) * rows
-    _fwd_rows(Q + b * q_sb, V + b * v_sb, W9 + b * 9 * C, O + b * N * C, q_sn, v_sn, ch * q_sc, ch * v_sc, ch, C,
-              cmask, m, vbar, n0, tl.minimum(n0 + rows, N), N, H, W, P, HAS_RES, BLOCK_N, PREC)
+    _fwd_rows(
+        Q + b * q_sb,
+        V + b * v_sb,
+        W9 + b * 9 * C,
+        O + b * N * C,
+        q_sn,
+        v_sn,
+        ch * q_sc,
+        ch * v_sc,
+        ch,
+        C,
+        cmask,
+        m,
+        vbar,
+        n0,
+        tl.minimum(n0 + rows, N),
+        N,
+        H,
+        W,
+        P,
+        HAS_RES,
+        BLOCK_N,
+        PREC,
+    )
 
 
 @triton.jit
-def _bwd_sums(qb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, q_col, k_col, v_col, g_col, cmask, ck, cv, n_lo, n_hi,
-              N, H, W, P, HAS_RES: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _bwd_sums(
+    qb,
+    kb,
+    vb,
+    gb,
+    q_sn,
+    k_sn,
+    v_sn,
+    g_sn,
+    q_col,
+    k_col,
+    v_col,
+    g_col,
+    cmask,
+    ck,
+    cv,
+    n_lo,
+    n_hi,
+    N,
+    H,
+    W,
+    P,
+    HAS_RES: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Over tokens [n_lo, n_hi): the forward's statistics (M is recomputed), dM = Q^T G, sum G and
     the residual's weight gradient dw[t] = sum_n G_n * V_{n+t} ([16, BD], rows 0..8 used)."""
     cnt = 0.0
@@ -229,8 +408,7 @@ def _bwd_sums(qb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, q_col, k_col, v_col, g_col
         m2 = (n < n_hi)[:, None] & cmask[None, :]
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
         kt = tl.where(m2, _tile(kb, n, k_sn, k_col, m2) - ck[None, :], 0.0)
-        tmk, tmv, kc, vc = _tile_stats(kt, tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - cv[None, :], 0.0), m2,
-                                       n_valid)
+        tmk, tmv, kc, vc = _tile_stats(kt, tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - cv[None, :], 0.0), m2, n_valid)
         cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
         gt = _tile(gb, n, g_sn, g_col, m2)
         dm += tl.dot(tl.trans(_tile(qb, n, q_sn, q_col, m2)), gt, input_precision=PREC)
@@ -245,9 +423,39 @@ def _bwd_sums(qb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, q_col, k_col, v_col, g_col
 
 
 @triton.jit
-def _bwd_rows(gb, kb, vb, wb, dqb, dkb, dvb, g_sn, k_sn, v_sn, g_col, k_col, v_col, o_col, C, cmask,
-              m, dm, kbar, vbar, gbar, alpha, n0, n1, N, H, W, P,
-              HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+def _bwd_rows(
+    gb,
+    kb,
+    vb,
+    wb,
+    dqb,
+    dkb,
+    dvb,
+    g_sn,
+    k_sn,
+    v_sn,
+    g_col,
+    k_col,
+    v_col,
+    o_col,
+    C,
+    cmask,
+    m,
+    dm,
+    kbar,
+    vbar,
+    gbar,
+    alpha,
+    n0,
+    n1,
+    N,
+    H,
+    W,
+    P,
+    HAS_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """dQ, dK, dV rows [n0, n1) from M, dM and the means."""
     for start in range(n0, n1, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
@@ -263,8 +471,7 @@ def _bwd_rows(gb, kb, vb, wb, dqb, dkb, dvb, g_sn, k_sn, v_sn, g_col, k_col, v_c
             y, x, is_grid = _grid_coords(n, n1, P, W)
             for t in tl.static_range(9):
                 wt = tl.load(wb + t * C + o_col, mask=cmask, other=0.0).to(tl.float32)
-                dv += wt[None, :] * _shifted_tile(gb, g_sn, g_col, cmask, y, x, is_grid, H, W, P,
-                                                  1 - t // 3, 1 - t % 3)
+                dv += wt[None, :] * _shifted_tile(gb, g_sn, g_col, cmask, y, x, is_grid, H, W, P, 1 - t // 3, 1 - t % 3)
         out = o_col[None, :] + n[:, None] * C
         tl.store(dqb + out, dq.to(dqb.dtype.element_ty), mask=m2)
         tl.store(dkb + out, dk.to(dkb.dtype.element_ty), mask=m2)
@@ -274,47 +481,181 @@ def _bwd_rows(gb, kb, vb, wb, dqb, dkb, dvb, g_sn, k_sn, v_sn, g_col, k_col, v_c
 @triton.jit
 def _store_dw(dwb, C, o_col, cmask, dw):
     taps = tl.arange(0, 16)
-    tl.store(dwb + taps[:, None] * C + o_col[None, :], dw.to(dwb.dtype.element_ty),
-             mask=(taps < 9)[:, None] & cmask[None, :])
+    tl.store(
+        dwb + taps[:, None] * C + o_col[None, :], dw.to(dwb.dtype.element_ty), mask=(taps < 9)[:, None] & cmask[None, :]
+    )
 
 
 @triton.jit
-def inline_bwd_fused(Q, K, V, W9, G, DQ, DK, DV, DW,
-                     q_sb, q_sn, q_sc, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc, g_sb, g_sn, g_sc,
-                     N, C, H, W, P, heads, scale,
-                     D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HAS_RES: tl.constexpr, PREC: tl.constexpr):
+def inline_bwd_fused(
+    Q,
+    K,
+    V,
+    W9,
+    G,
+    DQ,
+    DK,
+    DV,
+    DW,
+    q_sb,
+    q_sn,
+    q_sc,
+    k_sb,
+    k_sn,
+    k_sc,
+    v_sb,
+    v_sn,
+    v_sc,
+    g_sb,
+    g_sn,
+    g_sc,
+    N,
+    C,
+    H,
+    W,
+    P,
+    heads,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """One program per (sample, head): the backward sums, then every gradient row of that head."""
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
     kb, vb, gb = K + b * k_sb, V + b * v_sb, G + b * g_sb
     k_col, v_col, g_col = ch * k_sc, ch * v_sc, ch * g_sc
     ck, cv = _row0(kb, k_col, cmask), _row0(vb, v_col, cmask)
-    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(Q + b * q_sb, kb, vb, gb, q_sn, k_sn, v_sn, g_sn, ch * q_sc, k_col, v_col,
-                                           g_col, cmask, ck, cv, 0, N, N, H, W, P, HAS_RES, BD, BLOCK_N, PREC)
+    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(
+        Q + b * q_sb,
+        kb,
+        vb,
+        gb,
+        q_sn,
+        k_sn,
+        v_sn,
+        g_sn,
+        ch * q_sc,
+        k_col,
+        v_col,
+        g_col,
+        cmask,
+        ck,
+        cv,
+        0,
+        N,
+        N,
+        H,
+        W,
+        P,
+        HAS_RES,
+        BD,
+        BLOCK_N,
+        PREC,
+    )
     alpha = scale / N
     if HAS_RES:
         _store_dw(DW + b * 9 * C, C, ch, cmask, dw)
-    _bwd_rows(gb, kb, vb, W9 + b * 9 * C, DQ + b * N * C, DK + b * N * C, DV + b * N * C, g_sn, k_sn, v_sn,
-              g_col, k_col, v_col, ch, C, cmask, s * alpha, dm, ck + mk, cv + mv, gs / N, alpha,
-              0, N, N, H, W, P, HAS_RES, BLOCK_N, PREC)
+    _bwd_rows(
+        gb,
+        kb,
+        vb,
+        W9 + b * 9 * C,
+        DQ + b * N * C,
+        DK + b * N * C,
+        DV + b * N * C,
+        g_sn,
+        k_sn,
+        v_sn,
+        g_col,
+        k_col,
+        v_col,
+        ch,
+        C,
+        cmask,
+        s * alpha,
+        dm,
+        ck + mk,
+        cv + mv,
+        gs / N,
+        alpha,
+        0,
+        N,
+        N,
+        H,
+        W,
+        P,
+        HAS_RES,
+        BLOCK_N,
+        PREC,
+    )
 
 
 @triton.jit
-def inline_bwd_partial(Q, K, V, G, WS,
-                       q_sb, q_sn, q_sc, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc, g_sb, g_sn, g_sc,
-                       N, H, W, P, heads, chunk,
-                       D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                       HAS_RES: tl.constexpr, PREC: tl.constexpr):
+def inline_bwd_partial(
+    Q,
+    K,
+    V,
+    G,
+    WS,
+    q_sb,
+    q_sn,
+    q_sc,
+    k_sb,
+    k_sn,
+    k_sc,
+    v_sb,
+    v_sn,
+    v_sc,
+    g_sb,
+    g_sn,
+    g_sc,
+    N,
+    H,
+    W,
+    P,
+    heads,
+    chunk,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Program (sample*head, chunk): the backward sums over one token chunk -> its workspace row."""
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
     n_hi = tl.minimum(n_lo + chunk, N)
     kb, vb = K + b * k_sb, V + b * v_sb
-    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(Q + b * q_sb, kb, vb, G + b * g_sb,
-                                           q_sn, k_sn, v_sn, g_sn, ch * q_sc, ch * k_sc, ch * v_sc, ch * g_sc,
-                                           cmask, _row0(kb, ch * k_sc, cmask), _row0(vb, ch * v_sc, cmask),
-                                           n_lo, n_hi, N, H, W, P, HAS_RES, BD, BLOCK_N, PREC)
+    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(
+        Q + b * q_sb,
+        kb,
+        vb,
+        G + b * g_sb,
+        q_sn,
+        k_sn,
+        v_sn,
+        g_sn,
+        ch * q_sc,
+        ch * k_sc,
+        ch * v_sc,
+        ch * g_sc,
+        cmask,
+        _row0(kb, ch * k_sc, cmask),
+        _row0(vb, ch * v_sc, cmask),
+        n_lo,
+        n_hi,
+        N,
+        H,
+        W,
+        P,
+        HAS_RES,
+        BD,
+        BLOCK_N,
+        PREC,
+    )
     c = tl.arange(0, BD)
     sq = c[:, None] * BD + c[None, :]
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (2 * BD * BD + 19 * BD)
@@ -329,8 +670,26 @@ def inline_bwd_partial(Q, K, V, G, WS,
 
 
 @triton.jit
-def inline_bwd_finalize(K, V, WS, FIN, DW, k_sb, k_sc, v_sb, v_sc, N, C, heads, chunk, SPLIT, scale,
-                        D: tl.constexpr, BD: tl.constexpr, HAS_RES: tl.constexpr):
+def inline_bwd_finalize(
+    K,
+    V,
+    WS,
+    FIN,
+    DW,
+    k_sb,
+    k_sc,
+    v_sb,
+    v_sc,
+    N,
+    C,
+    heads,
+    chunk,
+    SPLIT,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    HAS_RES: tl.constexpr,
+):
     """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, dM, k_bar, v_bar,
     g_bar] (FIN); writes the residual's weight gradient of its head."""
     pid = tl.program_id(0)
@@ -366,10 +725,38 @@ def inline_bwd_finalize(K, V, WS, FIN, DW, k_sb, k_sc, v_sb, v_sc, N, C, heads, 
 
 
 @triton.jit
-def inline_bwd_rows(K, V, W9, G, DQ, DK, DV, FIN, k_sb, k_sn, k_sc, v_sb, v_sn, v_sc, g_sb, g_sn, g_sc,
-                    N, C, H, W, P, heads, scale, rows,
-                    D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                    HAS_RES: tl.constexpr, PREC: tl.constexpr):
+def inline_bwd_rows(
+    K,
+    V,
+    W9,
+    G,
+    DQ,
+    DK,
+    DV,
+    FIN,
+    k_sb,
+    k_sn,
+    k_sc,
+    v_sb,
+    v_sn,
+    v_sc,
+    g_sb,
+    g_sn,
+    g_sc,
+    N,
+    C,
+    H,
+    W,
+    P,
+    heads,
+    scale,
+    rows,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """Program (sample*head, row block): gradient rows [i*rows, (i+1)*rows) from the finalized row."""
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
@@ -378,8 +765,36 @@ def inline_bwd_rows(K, V, W9, G, DQ, DK, DV, FIN, k_sb, k_sn, k_sc, v_sb, v_sn, 
     fin = FIN + pid * (2 * BD * BD + 3 * BD)
     vec = fin + 2 * BD * BD
     n0 = tl.program_id(1) * rows
-    _bwd_rows(G + b * g_sb, K + b * k_sb, V + b * v_sb, W9 + b * 9 * C, DQ + b * N * C, DK + b * N * C,
-              DV + b * N * C, g_sn, k_sn, v_sn, ch * g_sc, ch * k_sc, ch * v_sc, ch, C, cmask,
-              tl.load(fin + sq), tl.load(fin + BD * BD + sq), tl.load(vec + c), tl.load(vec + BD + c),
-              tl.load(vec + 2 * BD + c), scale / N, n0, tl.minimum(n0 + rows, N), N, H, W, P,
-              HAS_RES, BLOCK_N, PREC)
+    _bwd_rows(
+        G + b * g_sb,
+        K + b * k_sb,
+        V + b * v_sb,
+        W9 + b * 9 * C,
+        DQ + b * N * C,
+        DK + b * N * C,
+        DV + b * N * C,
+        g_sn,
+        k_sn,
+        v_sn,
+        ch * g_sc,
+        ch * k_sc,
+        ch * v_sc,
+        ch,
+        C,
+        cmask,
+        tl.load(fin + sq),
+        tl.load(fin + BD * BD + sq),
+        tl.load(vec + c),
+        tl.load(vec + BD + c),
+        tl.load(vec + 2 * BD + c),
+        scale / N,
+        n0,
+        tl.minimum(n0 + rows, N),
+        N,
+        H,
+        W,
+        P,
+        HAS_RES,
+        BLOCK_N,
+        PREC,
+    )

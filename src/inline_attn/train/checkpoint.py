@@ -7,6 +7,7 @@ the config (only :data:`~inline_attn.train.config.RESUME_MAY_CHANGE` may differ)
 processes and the steps per epoch, then the weights and optimizer state, each mismatch a
 ValueError naming the file and what differs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,8 +69,10 @@ def load(path: PathLike) -> dict:
     ckpt = read_checkpoint(path, weights_only=False)
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
-        raise ValueError(f"checkpoint {str(path)!r} is not a training checkpoint (no {', '.join(missing)}); "
-                         "to start from its weights use --model.checkpoint instead of --resume")
+        raise ValueError(
+            f"checkpoint {str(path)!r} is not a training checkpoint (no {', '.join(missing)}); "
+            "to start from its weights use --model.checkpoint instead of --resume"
+        )
     return ckpt
 
 
@@ -120,38 +123,60 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def state_dict(state: TrainState, cfg: Config, *, rank_states: list, world_size: int, steps_per_epoch: int,
-               extra: dict, t_start: float) -> dict:
+def state_dict(
+    state: TrainState,
+    cfg: Config,
+    *,
+    rank_states: list,
+    world_size: int,
+    steps_per_epoch: int,
+    extra: dict,
+    t_start: float,
+) -> dict:
     """Everything a resume needs, plus what evaluation needs to rebuild the model (``extra``)."""
     return {
-        "model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
         "scheduler": state.sched.state_dict(),
         "scaler": state.scaler.state_dict() if state.scaler is not None else None,
         "model_ema": state.ema.module.state_dict() if state.ema is not None else None,
-        "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "step": state.step,
-        "history": state.history, "rank_states": rank_states, "config": cfg.to_dict(),
-        "elapsed_s": state.elapsed_s + (time.time() - t_start), "world_size": world_size,
-        "steps_per_epoch": steps_per_epoch, **extra,
+        "epoch": state.epoch,
+        "step_in_epoch": state.step_in_epoch,
+        "step": state.step,
+        "history": state.history,
+        "rank_states": rank_states,
+        "config": cfg.to_dict(),
+        "elapsed_s": state.elapsed_s + (time.time() - t_start),
+        "world_size": world_size,
+        "steps_per_epoch": steps_per_epoch,
+        **extra,
     }
 
 
-def restore(state: TrainState, ckpt: dict, path: PathLike, cfg: Config, *, world_size: int,
-            steps_per_epoch: int) -> Optional[dict]:
+def restore(
+    state: TrainState, ckpt: dict, path: PathLike, cfg: Config, *, world_size: int, steps_per_epoch: int
+) -> Optional[dict]:
     """Load ``ckpt`` into ``state`` after checking it belongs to this run; returns this rank's
     saved ``{"rng", "partial"}`` (None when it was saved by another number of processes)."""
     where = f"checkpoint {str(path)!r}"
     diffs = resume_differences(ckpt.get("config") or {}, cfg)
     if diffs:
-        raise ValueError(f"cannot resume from {where}: the config differs in settings that shape the training: "
-                         f"{'; '.join(diffs)}. Restore them, or start a new run in another --output")
+        raise ValueError(
+            f"cannot resume from {where}: the config differs in settings that shape the training: "
+            f"{'; '.join(diffs)}. Restore them, or start a new run in another --output"
+        )
     saved_world = int(ckpt.get("world_size", world_size))
     if saved_world != world_size:
-        raise ValueError(f"cannot resume from {where}: it was trained on {saved_world} processes, this run has "
-                         f"{world_size} (the total batch, the learning rate and the schedule would change)")
+        raise ValueError(
+            f"cannot resume from {where}: it was trained on {saved_world} processes, this run has "
+            f"{world_size} (the total batch, the learning rate and the schedule would change)"
+        )
     saved_steps = ckpt.get("steps_per_epoch")
     if saved_steps is not None and int(saved_steps) != steps_per_epoch:
-        raise ValueError(f"cannot resume from {where}: an epoch had {saved_steps} steps, now {steps_per_epoch} "
-                         "(the training data changed)")
+        raise ValueError(
+            f"cannot resume from {where}: an epoch had {saved_steps} steps, now {steps_per_epoch} "
+            "(the training data changed)"
+        )
     _load_module(state.model, ckpt["model"], where, "model")
     if state.ema is not None and ckpt.get("model_ema"):
         _load_module(state.ema.module, ckpt["model_ema"], where, "model_ema")
@@ -170,22 +195,32 @@ def _load_module(module: torch.nn.Module, sd: dict, where: str, what: str) -> No
     own = module.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k} {list(sd[k].shape)} vs {list(own[k].shape)}" for k in sd
-              if k in own and tuple(sd[k].shape) != tuple(own[k].shape)]
+    shapes = [
+        f"{k} {list(sd[k].shape)} vs {list(own[k].shape)}"
+        for k in sd
+        if k in own and tuple(sd[k].shape) != tuple(own[k].shape)
+    ]
     if missing or unexpected or shapes:
-        parts = [f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
-                 for name, keys in (("missing keys", missing), ("unexpected keys", unexpected),
-                                    ("wrongly-shaped keys (file vs model)", shapes)) if keys]
-        raise ValueError(f"{where}: its {what} weights do not fit the model built from the config: "
-                         + "; ".join(parts))
+        parts = [
+            f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
+            for name, keys in (
+                ("missing keys", missing),
+                ("unexpected keys", unexpected),
+                ("wrongly-shaped keys (file vs model)", shapes),
+            )
+            if keys
+        ]
+        raise ValueError(f"{where}: its {what} weights do not fit the model built from the config: " + "; ".join(parts))
     module.load_state_dict(sd)
 
 
 def _load_optimizer(optimizer: torch.optim.Optimizer, sd: dict, where: str) -> None:
     own, saved = optimizer.state_dict()["param_groups"], sd.get("param_groups", [])
     if len(own) != len(saved) or any(set(a) - {"params"} != set(b) - {"params"} for a, b in zip(own, saved)):
-        raise ValueError(f"{where}: its optimizer state ({sorted(set(saved[0]) - {'params'}) if saved else []}) "
-                         f"does not fit {type(optimizer).__name__}")
+        raise ValueError(
+            f"{where}: its optimizer state ({sorted(set(saved[0]) - {'params'}) if saved else []}) "
+            f"does not fit {type(optimizer).__name__}"
+        )
     try:
         optimizer.load_state_dict(sd)
     except (ValueError, KeyError) as e:

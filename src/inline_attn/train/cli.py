@@ -1,4 +1,5 @@
 """``inline-attn train | eval | demo | reproduce`` (registered into the main CLI)."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,17 @@ def _add_override_options(p: argparse.ArgumentParser) -> None:
                 g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="MAPPING", help=doc)
             else:
                 default = cls().__getattribute__(f.name)
-                g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="V",
-                               help=f"{doc} (default: {default!r})".replace("%", "%%"))
-    g.add_argument("--set", dest="ov_set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any dotted key, e.g. --set model.kwargs.embed_dim=64 (repeatable)")
+                g.add_argument(
+                    f"--{dest}", dest=f"ov:{dest}", metavar="V", help=f"{doc} (default: {default!r})".replace("%", "%%")
+                )
+    g.add_argument(
+        "--set",
+        dest="ov_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any dotted key, e.g. --set model.kwargs.embed_dim=64 (repeatable)",
+    )
 
 
 def collect_overrides(args: argparse.Namespace) -> list:
@@ -75,16 +83,29 @@ def cmd_train(args) -> int:
 
 def _eval_line(res: dict) -> str:
     skipped = f", {res['n_unreadable']} unreadable skipped" if res.get("n_unreadable") else ""
-    return (f"{res['model']}: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  loss {res['loss']:.4f}  "
-            f"({res['n']} images scored{skipped}, {res['img_s']:.0f} img/s)")
+    return (
+        f"{res['model']}: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  loss {res['loss']:.4f}  "
+        f"({res['n']} images scored{skipped}, {res['img_s']:.0f} img/s)"
+    )
 
 
 def cmd_eval(args) -> int:
     from .evaluate import evaluate_checkpoint
 
-    res = evaluate_checkpoint(args.checkpoint, args.data, model=args.model, ema=args.ema, batch_size=args.batch_size,
-                              split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
-                              eval_resize=args.eval_resize, device=args.device, amp=args.amp, workers=args.workers)
+    res = evaluate_checkpoint(
+        args.checkpoint,
+        args.data,
+        model=args.model,
+        ema=args.ema,
+        batch_size=args.batch_size,
+        split=args.split,
+        img_size=args.img_size,
+        crop_pct=args.crop_pct,
+        eval_resize=args.eval_resize,
+        device=args.device,
+        amp=args.amp,
+        workers=args.workers,
+    )
     if res["n"] == 0:
         raise ValueError(f"--data {args.data}: no readable image to evaluate ({res['n_unreadable']} unreadable)")
     print(_eval_line(res))
@@ -105,8 +126,11 @@ def cmd_demo(args) -> int:
         overrides.append(("train.resume", args.resume))
     cfg = load_config(cfg_path, overrides)
     t0 = time.time()
-    print(f"demo: training {cfg.model.name} {cfg.model.kwargs} on Fashion-MNIST "
-          f"({cfg.sched.epochs + cfg.sched.cooldown_epochs} epochs, config {cfg_path})", flush=True)
+    print(
+        f"demo: training {cfg.model.name} {cfg.model.kwargs} on Fashion-MNIST "
+        f"({cfg.sched.epochs + cfg.sched.cooldown_epochs} epochs, config {cfg_path})",
+        flush=True,
+    )
     summary = train(cfg)
     if summary.get("interrupted"):
         return _exit_code(summary)
@@ -115,11 +139,14 @@ def cmd_demo(args) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    res = evaluate_checkpoint(out / "last.pth", f"fmnist:{cfg.data.path}" if cfg.data.path else "fmnist",
-                              batch_size=512)
+    res = evaluate_checkpoint(
+        out / "last.pth", f"fmnist:{cfg.data.path}" if cfg.data.path else "fmnist", batch_size=512
+    )
     total = time.time() - t0
-    print(f"\ndemo finished in {total / 60:.1f} min: test top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}% "
-          f"({res['n']} Fashion-MNIST test images)")
+    print(
+        f"\ndemo finished in {total / 60:.1f} min: test top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}% "
+        f"({res['n']} Fashion-MNIST test images)"
+    )
     print(f"  checkpoint: {summary['checkpoint']}")
     print(f"  curves:     {out / 'curves.png'}")
     print(f"  summary:    {out / 'summary.json'}")
@@ -131,8 +158,9 @@ def cmd_demo(args) -> int:
 def cmd_reproduce(args) -> int:
     from .reproduce import reproduce_fmnist
 
-    _, stopped = reproduce_fmnist(output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants,
-                                  config_dir=args.configs)
+    _, stopped = reproduce_fmnist(
+        output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs
+    )
     return 0 if stopped is None else _exit_code(stopped)
 
 
@@ -167,21 +195,29 @@ def _non_negative_int(text: str) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", allow_abbrev=False, help="train a model from a YAML config",
-                              description="Train with a YAML config; --section.key VALUE overrides any key. "
-                                          "Under torchrun the same command trains on every process. "
-                                          "A run stopped by a signal saves a checkpoint and exits with 128 + "
-                                          "the signal's number; --resume auto continues it.")
+    p = subparsers.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a model from a YAML config",
+        description="Train with a YAML config; --section.key VALUE overrides any key. "
+        "Under torchrun the same command trains on every process. "
+        "A run stopped by a signal saves a checkpoint and exits with 128 + "
+        "the signal's number; --resume auto continues it.",
+    )
     p.add_argument("-c", "--config", help="YAML config (configs/...); defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth, else previous.pth) or a checkpoint")
     p.add_argument("--output", help="output folder (= --train.output)")
     _add_override_options(p)
     p.set_defaults(func=cmd_train)
 
-    p = subparsers.add_parser("eval", allow_abbrev=False, help="top-1/top-5 of a checkpoint",
-                              description="Evaluate a checkpoint on an ImageNet-layout folder (its val/ split "
-                                          "if present) or on Fashion-MNIST ('fmnist' or 'fmnist:DIR'). "
-                                          "Unreadable images are skipped and counted.")
+    p = subparsers.add_parser(
+        "eval",
+        allow_abbrev=False,
+        help="top-1/top-5 of a checkpoint",
+        description="Evaluate a checkpoint on an ImageNet-layout folder (its val/ split "
+        "if present) or on Fashion-MNIST ('fmnist' or 'fmnist:DIR'). "
+        "Unreadable images are skipped and counted.",
+    )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--model", help="model name (default: the one recorded in the checkpoint)")
     p.add_argument("--data", required=True, help="DIR (ImageNet layout) | fmnist | fmnist:DIR")
@@ -189,9 +225,12 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=_positive(int, "--batch-size"), default=256)
     p.add_argument("--img-size", type=_positive(int, "--img-size"))
     p.add_argument("--crop-pct", type=_crop_pct)
-    p.add_argument("--eval-resize", choices=["shorter", "squash"],
-                   help="shorter side to img_size / crop_pct (timm), or the whole image squashed to that square "
-                        "(the authors' evaluation; default: the checkpoint's config, else shorter)")
+    p.add_argument(
+        "--eval-resize",
+        choices=["shorter", "squash"],
+        help="shorter side to img_size / crop_pct (timm), or the whole image squashed to that square "
+        "(the authors' evaluation; default: the checkpoint's config, else shorter)",
+    )
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
@@ -209,8 +248,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("reproduce", help="train the four Fashion-MNIST variants and tabulate them")
     p.add_argument("target", choices=["fmnist"])
     p.add_argument("--output", default="runs/fmnist", help="one subfolder per variant")
-    p.add_argument("--epochs", type=_positive(int, "--epochs"),
-                   help="the same epoch budget for every variant (default: the configs')")
+    p.add_argument(
+        "--epochs",
+        type=_positive(int, "--epochs"),
+        help="the same epoch budget for every variant (default: the configs')",
+    )
     p.add_argument("--doc", default="docs/reproduction.md", help="markdown file to write the table into")
     p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
     p.add_argument("--configs", help="configs folder (default: found automatically)")

@@ -11,6 +11,7 @@ starts: an unknown key, a wrong type or a value out of range is a ValueError nam
 To add a setting, add a field to its section (with :func:`setting`); YAML, the command line, the
 saved ``config.yaml`` and the resume check pick it up.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,9 +36,16 @@ DEMO_CONFIG = "fmnist/demo.yaml"
 _SCI_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")
 
 
-def setting(default: Any = dataclasses.MISSING, *, doc: str = "", ge: Optional[float] = None,
-            gt: Optional[float] = None, le: Optional[float] = None, lt: Optional[float] = None,
-            factory: Any = dataclasses.MISSING):
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str = "",
+    ge: Optional[float] = None,
+    gt: Optional[float] = None,
+    le: Optional[float] = None,
+    lt: Optional[float] = None,
+    factory: Any = dataclasses.MISSING,
+):
     """A config field: its default, its help text and the range a number must lie in."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt}
     if factory is not dataclasses.MISSING:
@@ -52,10 +60,13 @@ class ModelCfg:
     drop_path: float = setting(0.1, ge=0, lt=1, doc="stochastic depth rate")
     drop: float = setting(0.0, ge=0, lt=1, doc="dropout rate")
     checkpoint: Optional[str] = setting(
-        None, doc="initial weights for fine-tuning, ours or the authors' (relative position tables and position "
-                  "embeddings of another size resized bicubically; a head of another shape starts at zero)")
-    checkpoint_ema: bool = setting(False, doc="initialise from the checkpoint's EMA weights "
-                                              "(model_ema / state_dict_ema)")
+        None,
+        doc="initial weights for fine-tuning, ours or the authors' (relative position tables and position "
+        "embeddings of another size resized bicubically; a head of another shape starts at zero)",
+    )
+    checkpoint_ema: bool = setting(
+        False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)"
+    )
 
     def check(self) -> None:
         from ..models import get_model_config
@@ -77,8 +88,10 @@ class DataCfg:
     img_size: Optional[int] = setting(None, gt=0, doc="null: the dataset's, else the model's input size")
     crop_pct: Optional[float] = setting(None, gt=0, le=1, doc="eval centre-crop fraction (null: the model's)")
     eval_resize: Literal["shorter", "squash"] = setting(
-        "shorter", doc="eval resize before the centre crop: shorter (the shorter side to img_size / crop_pct, timm) "
-                       "or squash (the whole image to that square, the authors' Swin code base)")
+        "shorter",
+        doc="eval resize before the centre crop: shorter (the shorter side to img_size / crop_pct, timm) "
+        "or squash (the whole image to that square, the authors' Swin code base)",
+    )
     interpolation: Optional[Literal["bicubic", "bilinear", "nearest"]] = setting(None, doc="null: the model's")
     mean: Optional[tuple[float, ...]] = setting(None, doc="per-channel mean (null: the dataset's or model's)")
     std: Optional[tuple[float, ...]] = setting(None, doc="per-channel std (null: the dataset's or model's)")
@@ -133,21 +146,31 @@ class AugCfg:
 @dataclass
 class OptimCfg:
     opt: Literal["adamw", "sgd"] = setting("adamw", doc="optimizer")
-    lr: Optional[float] = setting(None, gt=0, doc="absolute lr (sched.warmup_lr and sched.min_lr are then absolute "
-                                                  f"too); null: base_lr * total_batch / {LR_REFERENCE_BATCH}")
+    lr: Optional[float] = setting(
+        None,
+        gt=0,
+        doc="absolute lr (sched.warmup_lr and sched.min_lr are then absolute "
+        f"too); null: base_lr * total_batch / {LR_REFERENCE_BATCH}",
+    )
     base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH}")
     weight_decay: float = setting(0.05, ge=0, doc="AdamW weight decay")
     betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
     eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
     clip_grad: Optional[float] = setting(5.0, ge=0, doc="max gradient norm (null or 0: off)")
-    accum_steps: int = setting(1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the "
-                                            "number it implies)")
+    accum_steps: int = setting(
+        1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the number it implies)"
+    )
     total_batch: Optional[int] = setting(
-        None, ge=1, doc="images per optimizer step over all processes; accum_steps = total_batch / (data.batch_size "
-                        "x processes) must be a whole number (null: data.batch_size x processes x accum_steps)")
+        None,
+        ge=1,
+        doc="images per optimizer step over all processes; accum_steps = total_batch / (data.batch_size "
+        "x processes) must be a whole number (null: data.batch_size x processes x accum_steps)",
+    )
     no_weight_decay: Optional[tuple[str, ...]] = setting(
-        None, doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
-                  "biases (null: the model's no_weight_decay())")
+        None,
+        doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
+        "biases (null: the model's no_weight_decay())",
+    )
 
     def check(self) -> None:
         if not all(0 <= b < 1 for b in self.betas):
@@ -159,10 +182,17 @@ class SchedCfg:
     epochs: int = setting(300, ge=1, doc="cosine epochs (warm-up included); cool-down epochs come after")
     warmup_epochs: float = setting(5.0, ge=0, doc="linear warm-up epochs (fractions allowed)")
     cooldown_epochs: int = setting(10, ge=0, doc="epochs at min_lr after the cosine")
-    warmup_lr: float = setting(1.0e-6, ge=0, doc=f"lr at the start of the warm-up, at a total batch of "
-                                                  f"{LR_REFERENCE_BATCH} (scaled like base_lr)")
-    min_lr: float = setting(1.0e-5, ge=0, doc=f"lr at the end of the cosine and in the cool-down, at a total batch "
-                                              f"of {LR_REFERENCE_BATCH} (scaled like base_lr)")
+    warmup_lr: float = setting(
+        1.0e-6,
+        ge=0,
+        doc=f"lr at the start of the warm-up, at a total batch of {LR_REFERENCE_BATCH} (scaled like base_lr)",
+    )
+    min_lr: float = setting(
+        1.0e-5,
+        ge=0,
+        doc=f"lr at the end of the cosine and in the cool-down, at a total batch "
+        f"of {LR_REFERENCE_BATCH} (scaled like base_lr)",
+    )
 
     def check(self) -> None:
         if self.warmup_epochs > self.epochs:
@@ -176,15 +206,20 @@ class TrainCfg:
     deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
     device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
     amp: Literal["none", "bf16", "fp16", "auto"] = setting(
-        "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)")
+        "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)"
+    )
     compile: bool = setting(False, doc="torch.compile the model (the fused InLine op compiles as one node)")
     channels_last: bool = setting(False, doc="channels-last images and convolutions")
     ema: bool = setting(False, doc="keep an exponential moving average of the weights")
-    ema_decay: float = setting(0.9996, ge=0, lt=1, doc="EMA decay per optimizer step at a total batch of "
-                                                       "train.ema_batch")
+    ema_decay: float = setting(
+        0.9996, ge=0, lt=1, doc="EMA decay per optimizer step at a total batch of train.ema_batch"
+    )
     ema_batch: Optional[int] = setting(
-        4096, ge=1, doc="total batch at which ema_decay holds: the run uses ema_decay ** (total_batch / ema_batch), "
-                        "the same averaging horizon in images (null: ema_decay as is)")
+        4096,
+        ge=1,
+        doc="total batch at which ema_decay holds: the run uses ema_decay ** (total_batch / ema_batch), "
+        "the same averaging horizon in images (null: ema_decay as is)",
+    )
     resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
     eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)")
     max_steps: int = setting(0, ge=0, doc="stop with a checkpoint after N optimizer steps (0: no limit)")
@@ -201,7 +236,12 @@ class TrainCfg:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelCfg, "data": DataCfg, "aug": AugCfg, "optim": OptimCfg, "sched": SchedCfg, "train": TrainCfg,
+    "model": ModelCfg,
+    "data": DataCfg,
+    "aug": AugCfg,
+    "optim": OptimCfg,
+    "sched": SchedCfg,
+    "train": TrainCfg,
 }
 _FREEFORM = {("model", "kwargs")}
 
@@ -230,8 +270,10 @@ class Config:
 
     def to_dict(self) -> dict:
         """Plain nested dict (lists, not tuples), as written to ``config.yaml``."""
-        return {name: {f.name: _plain(getattr(getattr(self, name), f.name)) for f in dataclasses.fields(sec)}
-                for name, sec in SECTIONS.items()}
+        return {
+            name: {f.name: _plain(getattr(getattr(self, name), f.name)) for f in dataclasses.fields(sec)}
+            for name, sec in SECTIONS.items()
+        }
 
     def get(self, key: str) -> Any:
         """The value at a dotted key (``"optim.lr"``)."""
@@ -268,8 +310,9 @@ def _section(name: str, section: type, values: Any):
     for key in values:
         if key not in known:
             raise ValueError(f"unknown config key '{name}.{key}'{_suggest(str(key), known)}")
-    kwargs = {key: _convert(f"{name}.{key}", values[key], tp, f.metadata) for key, (f, tp) in known.items()
-              if key in values}
+    kwargs = {
+        key: _convert(f"{name}.{key}", values[key], tp, f.metadata) for key, (f, tp) in known.items() if key in values
+    }
     cfg = section(**kwargs)
     if hasattr(cfg, "check"):
         cfg.check()
@@ -352,8 +395,12 @@ def _convert(key: str, value: Any, tp, meta) -> Any:
 
 
 def _in_range(key: str, value, meta) -> Any:
-    checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-              ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<"))
+    checks = (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("gt", lambda v, b: v > b, ">"),
+        ("le", lambda v, b: v <= b, "<="),
+        ("lt", lambda v, b: v < b, "<"),
+    )
     for name, ok, sign in checks:
         bound = (meta or {}).get(name)
         if bound is not None and not ok(value, bound):
@@ -381,7 +428,7 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     for i, p in enumerate(parts[:-1]):
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise ValueError(f"config key {'.'.join(parts[:i + 1])!r} holds {node!r}, not a section")
+            raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} holds {node!r}, not a section")
     node[parts[-1]] = value
 
 
@@ -440,16 +487,29 @@ def configs_dir() -> pathlib.Path:
     for c in cands:
         if c and (pathlib.Path(c) / DEMO_CONFIG).is_file():
             return pathlib.Path(c)
-    raise ValueError("cannot find the configs/ folder: run from the repository root, set INLINE_ATTN_CONFIGS, "
-                     "or pass the config file explicitly")
+    raise ValueError(
+        "cannot find the configs/ folder: run from the repository root, set INLINE_ATTN_CONFIGS, "
+        "or pass the config file explicitly"
+    )
 
 
 # --- resume: which settings may differ between a checkpoint's run and the run continuing it
 
-RESUME_MAY_CHANGE = frozenset({
-    "data.path", "data.workers", "train.output", "train.resume", "train.progress", "train.tensorboard",
-    "train.threads", "train.max_steps", "train.eval_every", "train.compile", "train.channels_last",
-})
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "data.path",
+        "data.workers",
+        "train.output",
+        "train.resume",
+        "train.progress",
+        "train.tensorboard",
+        "train.threads",
+        "train.max_steps",
+        "train.eval_every",
+        "train.compile",
+        "train.channels_last",
+    }
+)
 """Settings that may change when a run is resumed: where the data and outputs are, how the run
 is executed and watched, and when it stops. Everything else (model, data pipeline, batch size,
 optimizer, schedule, seed, precision) shapes the training itself, so a resume refuses a change

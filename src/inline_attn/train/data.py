@@ -1,4 +1,5 @@
 """Datasets and batch iteration for the engine (sharded by rank, resumable mid-epoch)."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -14,9 +15,16 @@ from .config import AugCfg, DataCfg
 
 def data_info(data: DataCfg, model_cfg) -> DataInfo:
     """The config's input settings, else the dataset's, else the model's (class count not yet known)."""
-    return resolve_data_info(model_cfg, fmnist=data.dataset == "fmnist", img_size=data.img_size, mean=data.mean,
-                             std=data.std, crop_pct=data.crop_pct, interpolation=data.interpolation,
-                             eval_resize=data.eval_resize)
+    return resolve_data_info(
+        model_cfg,
+        fmnist=data.dataset == "fmnist",
+        img_size=data.img_size,
+        mean=data.mean,
+        std=data.std,
+        crop_pct=data.crop_pct,
+        interpolation=data.interpolation,
+        eval_resize=data.eval_resize,
+    )
 
 
 def loader_crops(data: DataCfg, aug: Optional[AugCfg]) -> bool:
@@ -25,8 +33,7 @@ def loader_crops(data: DataCfg, aug: Optional[AugCfg]) -> bool:
     return aug is not None and aug.crop == "rrc" and data.dataset == "folder"
 
 
-def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Optional[AugCfg] = None,
-                   seed: int = 0):
+def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Optional[AugCfg] = None, seed: int = 0):
     """``(train_set or None, val_set, info with the class count)``; ``aug`` and ``seed`` set an
     image folder's training crop (:func:`loader_crops`)."""
     if data.dataset == "fmnist":
@@ -36,8 +43,12 @@ def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Op
     kw = dict(img_size=info.img_size, crop_pct=info.crop_pct, interpolation=info.interpolation)
     rrc = RRC(tuple(aug.scale), tuple(aug.ratio)) if loader_crops(data, aug) else None
     tr = ImageFolder(folder_split(data.path, data.train_split), train=True, rrc=rrc, seed=seed, **kw) if train else None
-    va = ImageFolder(folder_split(data.path, data.val_split, what="data.path / data.val_split"), train=False,
-                     eval_resize=info.eval_resize, **kw)
+    va = ImageFolder(
+        folder_split(data.path, data.val_split, what="data.path / data.val_split"),
+        train=False,
+        eval_resize=info.eval_resize,
+        **kw,
+    )
     if tr is not None and tr.classes != va.classes:
         raise ValueError(f"train classes ({len(tr.classes)}) and val classes ({len(va.classes)}) differ")
     for ds, n in ((tr, data.subset), (va, data.val_subset)):
@@ -67,8 +78,18 @@ class Batches:
     (for a CUDA device: the copy overlaps).
     """
 
-    def __init__(self, dataset, batch_size: int, *, rank: int = 0, world_size: int = 1, train: bool,
-                 seed: int = 0, workers: int = 0, pin_memory: bool = False):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        train: bool,
+        seed: int = 0,
+        workers: int = 0,
+        pin_memory: bool = False,
+    ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch size must be a positive integer, got {batch_size!r}")
         self.dataset = dataset
@@ -80,11 +101,14 @@ class Batches:
         self.workers = workers
         self.unreadable = 0
         if train:
-            self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                              seed=seed, drop_last=True)
+            self.sampler = DistributedSampler(
+                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+            )
             if len(self.sampler) < batch_size:
-                raise ValueError(f"{len(dataset)} training images are fewer than one global batch "
-                                 f"({batch_size} x {world_size} processes)")
+                raise ValueError(
+                    f"{len(dataset)} training images are fewer than one global batch "
+                    f"({batch_size} x {world_size} processes)"
+                )
 
     def __len__(self) -> int:
         if self.train:
@@ -97,9 +121,9 @@ class Batches:
             self.sampler.set_epoch(epoch)
             idx = list(iter(self.sampler))
             nb = len(idx) // self.batch_size
-            return [idx[i * self.batch_size:(i + 1) * self.batch_size] for i in range(skip, nb)]
+            return [idx[i * self.batch_size : (i + 1) * self.batch_size] for i in range(skip, nb)]
         idx = list(range(self.rank, len(self.dataset), self.world_size))
-        return [idx[i:i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
+        return [idx[i : i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
 
     def iterate(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.unreadable = 0
@@ -114,10 +138,16 @@ class Batches:
             return
         # a private generator: creating the loader must not consume the global RNG (exact resume)
         gen = torch.Generator().manual_seed(self.seed + epoch)
-        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.workers, generator=gen,
-                            persistent_workers=False, collate_fn=_collate_readable, pin_memory=self.pin_memory)
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=batches,
+            num_workers=self.workers,
+            generator=gen,
+            persistent_workers=False,
+            collate_fn=_collate_readable,
+            pin_memory=self.pin_memory,
+        )
         for x, y, bad in loader:
             self.unreadable += bad
             if x is not None:
                 yield x, y
-

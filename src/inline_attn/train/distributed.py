@@ -1,4 +1,5 @@
 """torch.distributed helpers: one process or many (torchrun, or an explicit init in tests)."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,13 @@ def resolve_device(name: str, *, what: str = "train.device") -> torch.device:
     return torch.device(name)
 
 
-def init_distributed(device: str = "auto", *, rank: Optional[int] = None, world_size: Optional[int] = None,
-                     init_method: Optional[str] = None) -> DistInfo:
+def init_distributed(
+    device: str = "auto",
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    init_method: Optional[str] = None,
+) -> DistInfo:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1) or when ``rank``,
     ``world_size`` and ``init_method`` are given; gloo on CPU, nccl on CUDA."""
     dev = resolve_device(device)

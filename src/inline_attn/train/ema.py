@@ -1,4 +1,5 @@
 """Exponential moving average of the weights (CSwin's recipe), kept on the training device."""
+
 from __future__ import annotations
 
 import copy

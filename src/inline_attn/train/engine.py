@@ -10,6 +10,7 @@ fp32) and writes, from rank 0 only: ``config.yaml``, ``last.pth`` (and ``previou
 The steps of an epoch are :class:`~inline_attn.train.loop.EpochRunner`'s; checkpoints are
 :mod:`~inline_attn.train.checkpoint`'s.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,11 @@ def model_kwargs(cfg: Config, data: DataInfo) -> dict:
 def check_model_args(cfg: Config, data: DataInfo) -> None:
     """Build the model on the meta device (no memory, no time) so a bad model.kwargs fails before the
     data is read; the class count is a stand-in when the data has not given it yet."""
-    kwargs = {"drop_path_rate": cfg.model.drop_path, "drop_rate": cfg.model.drop,
-              **model_kwargs(cfg, data.with_classes(data.num_classes or 1))}
+    kwargs = {
+        "drop_path_rate": cfg.model.drop_path,
+        "drop_rate": cfg.model.drop,
+        **model_kwargs(cfg, data.with_classes(data.num_classes or 1)),
+    }
     try:
         with torch.device("meta"):
             create_model(cfg.model.name, **kwargs)
@@ -81,8 +85,12 @@ def build_model(cfg: Config, data: DataInfo) -> nn.Module:
     except TypeError as e:  # an override the constructor does not take
         raise ValueError(f"model {cfg.model.name!r} rejected its arguments {kwargs}: {e}") from e
     if cfg.model.checkpoint:
-        load_initial_weights(model, cfg.model.checkpoint, ema=cfg.model.checkpoint_ema,
-                             classifier=get_model_config(cfg.model.name).classifier)
+        load_initial_weights(
+            model,
+            cfg.model.checkpoint,
+            ema=cfg.model.checkpoint_ema,
+            classifier=get_model_config(cfg.model.name).classifier,
+        )
     return model
 
 
@@ -122,8 +130,9 @@ class _StopFlag:
         self._old = {}
 
 
-def train(cfg: Config, *, rank: Optional[int] = None, world_size: Optional[int] = None,
-          init_method: Optional[str] = None) -> dict:
+def train(
+    cfg: Config, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
+) -> dict:
     """Train with ``cfg`` (a :class:`~inline_attn.train.config.Config`); returns the summary dict.
 
     ``rank``/``world_size``/``init_method`` join a process group explicitly (tests); under
@@ -164,9 +173,16 @@ def _resolve_amp(amp: str, device: torch.device) -> str:
 def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: int, amp: str) -> TrainState:
     o, s = cfg.optim, cfg.sched
     optimizer = build_optimizer(model, o.opt, recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
-    sched = CosineSchedule(optimizer, lr=recipe.lr, steps_per_epoch=steps_per_epoch, epochs=s.epochs,
-                           warmup_epochs=s.warmup_epochs, cooldown_epochs=s.cooldown_epochs,
-                           warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr)
+    sched = CosineSchedule(
+        optimizer,
+        lr=recipe.lr,
+        steps_per_epoch=steps_per_epoch,
+        epochs=s.epochs,
+        warmup_epochs=s.warmup_epochs,
+        cooldown_epochs=s.cooldown_epochs,
+        warmup_lr=recipe.warmup_lr,
+        min_lr=recipe.min_lr,
+    )
     scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
     ema = ModelEma(model, recipe.ema_decay) if recipe.ema_decay is not None else None
     return TrainState(model, optimizer, sched, scaler, ema)
@@ -201,10 +217,25 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     amp = _resolve_amp(cfg.train.amp, device)
     bs, accum, workers = cfg.data.batch_size, recipe.accum_steps, cfg.data.workers
     pin = device.type == "cuda"
-    train_batches = Batches(train_set, bs, rank=info.rank, world_size=info.world_size, train=True,
-                            seed=cfg.train.seed, workers=workers, pin_memory=pin)
-    val_batches = Batches(val_set, max(bs, MIN_VAL_BATCH), rank=info.rank, world_size=info.world_size, train=False,
-                          workers=workers, pin_memory=pin)
+    train_batches = Batches(
+        train_set,
+        bs,
+        rank=info.rank,
+        world_size=info.world_size,
+        train=True,
+        seed=cfg.train.seed,
+        workers=workers,
+        pin_memory=pin,
+    )
+    val_batches = Batches(
+        val_set,
+        max(bs, MIN_VAL_BATCH),
+        rank=info.rank,
+        world_size=info.world_size,
+        train=False,
+        workers=workers,
+        pin_memory=pin,
+    )
     steps_per_epoch = len(train_batches) // accum
     if steps_per_epoch < 1:
         raise ValueError(f"an epoch has {len(train_batches)} batches, fewer than optim.accum_steps={accum}")
@@ -217,7 +248,8 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     ddp_model = model
     if info.enabled:
         ddp_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
         ddp_model = torch.compile(ddp_model)
     if info.is_main:
@@ -225,21 +257,38 @@ def _train(cfg: Config, info: DistInfo) -> dict:
         save_config(cfg, out / "config.yaml")
     a = cfg.aug
     runner = EpochRunner(
-        model=ddp_model, batches=train_batches, device=device, info=info, amp=amp, accum=accum,
-        clip_grad=cfg.optim.clip_grad, steps_per_epoch=steps_per_epoch, channels_last=cfg.train.channels_last,
-        total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs, max_steps=cfg.train.max_steps,
+        model=ddp_model,
+        batches=train_batches,
+        device=device,
+        info=info,
+        amp=amp,
+        accum=accum,
+        clip_grad=cfg.optim.clip_grad,
+        steps_per_epoch=steps_per_epoch,
+        channels_last=cfg.train.channels_last,
+        total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs,
+        max_steps=cfg.train.max_steps,
         progress=cfg.train.progress,
-        train_aug=TrainAugment(data.img_size, data.mean, data.std, crop="none" if loader_crops(cfg.data, a) else a.crop,
-                               scale=a.scale, ratio=a.ratio,
-                               padding=a.padding, hflip=a.hflip, auto_augment=a.auto_augment,
-                               color_jitter=a.color_jitter, re_prob=a.re_prob,
-                               interpolation=data.interpolation).to(device),
+        train_aug=TrainAugment(
+            data.img_size,
+            data.mean,
+            data.std,
+            crop="none" if loader_crops(cfg.data, a) else a.crop,
+            scale=a.scale,
+            ratio=a.ratio,
+            padding=a.padding,
+            hflip=a.hflip,
+            auto_augment=a.auto_augment,
+            color_jitter=a.color_jitter,
+            re_prob=a.re_prob,
+            interpolation=data.interpolation,
+        ).to(device),
         mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
     )
-    run = _Run(cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch,
-               model_kwargs(cfg, data), recipe)
-    eval_tf = EvalTransform(data.img_size, data.mean, data.std, data.crop_pct, data.interpolation,
-                            data.eval_resize).to(device)
+    run = _Run(cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch, model_kwargs(cfg, data), recipe)
+    eval_tf = EvalTransform(data.img_size, data.mean, data.std, data.crop_pct, data.interpolation, data.eval_resize).to(
+        device
+    )
     return run.epochs(state, runner, val_batches, eval_tf)
 
 
@@ -255,8 +304,18 @@ def _best(history: list[dict], key: str) -> Optional[dict]:
 class _Run:
     """The epochs of one run: train, evaluate, record, checkpoint, and the closing summary."""
 
-    def __init__(self, cfg: Config, info: DistInfo, out: pathlib.Path, data: DataInfo, model_cfg, n_params: int,
-                 steps_per_epoch: int, kwargs: dict, recipe: Recipe):
+    def __init__(
+        self,
+        cfg: Config,
+        info: DistInfo,
+        out: pathlib.Path,
+        data: DataInfo,
+        model_cfg,
+        n_params: int,
+        steps_per_epoch: int,
+        kwargs: dict,
+        recipe: Recipe,
+    ):
         self.cfg, self.info, self.out, self.data, self.model_cfg = cfg, info, out, data, model_cfg
         self.n_params, self.steps_per_epoch, self.kwargs, self.recipe = n_params, steps_per_epoch, kwargs, recipe
         self.total_epochs = cfg.sched.epochs + cfg.sched.cooldown_epochs
@@ -284,13 +343,19 @@ class _Run:
             stop.restore()
             tb.close()
 
-    def end_of_epoch(self, state: TrainState, seen: int, epoch_time: float, val_batches: Batches,
-                     eval_tf: nn.Module) -> dict:
+    def end_of_epoch(
+        self, state: TrainState, seen: int, epoch_time: float, val_batches: Batches, eval_tf: nn.Module
+    ) -> dict:
         """Reduce the epoch's loss, evaluate when due; the epoch's history row (state advanced)."""
         sums = all_reduce_sum(state.partial.clone(), self.info)
-        row = {"epoch": state.epoch, "step": state.step, "lr": state.lr,
-               "train_loss": sums[0].item() / max(sums[1].item(), 1), "epoch_time_s": round(epoch_time, 2),
-               "train_img_s": round(seen * self.info.world_size / max(epoch_time, 1e-9), 1)}
+        row = {
+            "epoch": state.epoch,
+            "step": state.step,
+            "lr": state.lr,
+            "train_loss": sums[0].item() / max(sums[1].item(), 1),
+            "epoch_time_s": round(epoch_time, 2),
+            "train_img_s": round(seen * self.info.world_size / max(epoch_time, 1e-9), 1),
+        }
         if (state.epoch + 1) % self.cfg.train.eval_every == 0 or state.epoch + 1 == self.total_epochs:
             # reported numbers in fp32 whatever the training precision (the authors' validate())
             ev = evaluate(state.model, val_batches, eval_tf, self.info.device, self.info, "none")
@@ -314,10 +379,20 @@ class _Run:
             dist.all_gather_object(gathered, rank_state)
         if not self.info.is_main:
             return None
-        extra = {"model_name": self.cfg.model.name, "model_kwargs": self.kwargs,
-                 "pretrained_cfg": self.model_cfg.to_dict()}
-        sd = ckpt_io.state_dict(state, self.cfg, rank_states=gathered, world_size=self.info.world_size,
-                                steps_per_epoch=self.steps_per_epoch, extra=extra, t_start=self.t_start)
+        extra = {
+            "model_name": self.cfg.model.name,
+            "model_kwargs": self.kwargs,
+            "pretrained_cfg": self.model_cfg.to_dict(),
+        }
+        sd = ckpt_io.state_dict(
+            state,
+            self.cfg,
+            rank_states=gathered,
+            world_size=self.info.world_size,
+            steps_per_epoch=self.steps_per_epoch,
+            extra=extra,
+            t_start=self.t_start,
+        )
         return ckpt_io.save_rotating(sd, self.out)
 
     def keep_best(self, history: list[dict], path: pathlib.Path) -> None:
@@ -334,29 +409,45 @@ class _Run:
         write_metrics(state.history, self.out / "metrics.csv")
         tb.log(row)
         plot_curves(state.history, self.out / "curves.png", title=self.cfg.model.name)
-        msg = (f"epoch {row['epoch'] + 1}/{self.total_epochs}  train_loss {row['train_loss']:.4f}  "
-               f"lr {row['lr']:.2e}  {row['train_img_s']:.0f} img/s")
+        msg = (
+            f"epoch {row['epoch'] + 1}/{self.total_epochs}  train_loss {row['train_loss']:.4f}  "
+            f"lr {row['lr']:.2e}  {row['train_img_s']:.0f} img/s"
+        )
         if row.get("val_top1") is not None:
             msg += f"  val_top1 {row['val_top1']:.2f}  val_top5 {row['val_top5']:.2f}"
         if row.get("val_top1_ema") is not None:
             msg += f"  ema_top1 {row['val_top1_ema']:.2f}"
         print(msg, file=sys.stderr, flush=True)
 
-    def finish(self, state: TrainState, interrupted: Optional[str], ckpt_path: Optional[pathlib.Path],
-               signum: Optional[int] = None) -> dict:
+    def finish(
+        self,
+        state: TrainState,
+        interrupted: Optional[str],
+        ckpt_path: Optional[pathlib.Path],
+        signum: Optional[int] = None,
+    ) -> dict:
         info, history = self.info, state.history
         summary = {
-            "model": self.cfg.model.name, "model_kwargs": self.cfg.model.kwargs, "params": self.n_params,
-            "epochs_done": len(history), "steps": state.step, "world_size": info.world_size, "rank": info.rank,
-            "device": str(info.device), "interrupted": interrupted, "signal": signum,
-            "checkpoint": str(ckpt_path) if ckpt_path else None, "output": str(self.out),
+            "model": self.cfg.model.name,
+            "model_kwargs": self.cfg.model.kwargs,
+            "params": self.n_params,
+            "epochs_done": len(history),
+            "steps": state.step,
+            "world_size": info.world_size,
+            "rank": info.rank,
+            "device": str(info.device),
+            "interrupted": interrupted,
+            "signal": signum,
+            "checkpoint": str(ckpt_path) if ckpt_path else None,
+            "output": str(self.out),
         }
         summary["recipe"] = self.recipe.to_dict()
         if history:
             last = history[-1]
-            summary.update(final={k: last.get(k) for k in ("train_loss", "val_loss", "val_top1", "val_top5",
-                                                           "val_top1_ema")},
-                           train_img_s=round(float(np.median([r["train_img_s"] for r in history])), 1))
+            summary.update(
+                final={k: last.get(k) for k in ("train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema")},
+                train_img_s=round(float(np.median([r["train_img_s"] for r in history])), 1),
+            )
             for key, tag, name in (("val_top1", "", ckpt_io.BEST), ("val_top1_ema", "_ema", ckpt_io.BEST_EMA)):
                 best = _best(history, key)
                 if best is not None:
@@ -367,16 +458,23 @@ class _Run:
             summary["train_time_s"] = round(state.elapsed_s + time.time() - self.t_start, 1)
             if info.is_main:
                 try:
-                    summary["macs"] = profile(state.model, (self.data.in_chans, self.data.img_size,
-                                                            self.data.img_size)).macs
+                    summary["macs"] = profile(
+                        state.model, (self.data.in_chans, self.data.img_size, self.data.img_size)
+                    ).macs
                 except Exception as e:  # counting is a report, never a reason to fail a finished run
                     log.warning("MAC count failed: %s", e)
                 summary["curves"] = str(self.out / "curves.png")
                 write_json(summary, self.out / "summary.json")
         elif info.is_main:
-            how = ("run the same command again" if self.cfg.train.resume == "auto"
-                   else "run the same command with --resume auto")
-            print(f"interrupted ({interrupted}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
-                  file=sys.stderr, flush=True)
+            how = (
+                "run the same command again"
+                if self.cfg.train.resume == "auto"
+                else "run the same command with --resume auto"
+            )
+            print(
+                f"interrupted ({interrupted}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
+                file=sys.stderr,
+                flush=True,
+            )
         barrier(info)
         return summary

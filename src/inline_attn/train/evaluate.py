@@ -1,4 +1,5 @@
 """Evaluation of trained checkpoints, and rebuilding a trained model from its checkpoint."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ from .loop import evaluate
 PathLike = Union[str, os.PathLike]
 
 
-def load_trained_model(checkpoint: PathLike, *, model: Optional[str] = None, ema: bool = False,
-                       **overrides) -> tuple[nn.Module, dict]:
+def load_trained_model(
+    checkpoint: PathLike, *, model: Optional[str] = None, ema: bool = False, **overrides
+) -> tuple[nn.Module, dict]:
     """Rebuild the model a checkpoint was trained with and load its weights (eval mode).
 
     Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides, e.g.
@@ -54,10 +56,21 @@ def _load_into(net: nn.Module, source, where: str) -> None:
         raise ValueError(f"checkpoint {where}: {e}") from None
 
 
-def evaluate_checkpoint(checkpoint: PathLike, data: str, *, model: Optional[str] = None, ema: bool = False,
-                        batch_size: int = 256, split: Optional[str] = None, img_size: Optional[int] = None,
-                        crop_pct: Optional[float] = None, eval_resize: Optional[str] = None, device: str = "auto",
-                        amp: str = "none", workers: int = 2) -> dict:
+def evaluate_checkpoint(
+    checkpoint: PathLike,
+    data: str,
+    *,
+    model: Optional[str] = None,
+    ema: bool = False,
+    batch_size: int = 256,
+    split: Optional[str] = None,
+    img_size: Optional[int] = None,
+    crop_pct: Optional[float] = None,
+    eval_resize: Optional[str] = None,
+    device: str = "auto",
+    amp: str = "none",
+    workers: int = 2,
+) -> dict:
     """Top-1/top-5 of a checkpoint on ``data`` ("fmnist", "fmnist:DIR" or an ImageNet-layout folder).
 
     Input size, normalisation and the eval resize follow the checkpoint's training config, else
@@ -72,24 +85,36 @@ def evaluate_checkpoint(checkpoint: PathLike, data: str, *, model: Optional[str]
     kw = ckpt.get("model_kwargs") or {}
     saved = (ckpt.get("config") or {}).get("data") or {}
     fmnist, _ = parse_source(data)
-    info = resolve_data_info(mcfg, fmnist=fmnist, img_size=img_size or kw.get("img_size") or saved.get("img_size"),
-                             mean=saved.get("mean"), std=saved.get("std"), crop_pct=crop_pct or saved.get("crop_pct"),
-                             interpolation=saved.get("interpolation"),
-                             eval_resize=eval_resize or saved.get("eval_resize"))
+    info = resolve_data_info(
+        mcfg,
+        fmnist=fmnist,
+        img_size=img_size or kw.get("img_size") or saved.get("img_size"),
+        mean=saved.get("mean"),
+        std=saved.get("std"),
+        crop_pct=crop_pct or saved.get("crop_pct"),
+        interpolation=saved.get("interpolation"),
+        eval_resize=eval_resize or saved.get("eval_resize"),
+    )
     dataset, _ = open_eval_source(data, info, split, what="--data")
-    tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation,
-                       info.eval_resize).to(dev)
+    tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation, info.eval_resize).to(dev)
     batches = Batches(dataset, batch_size, train=False, workers=workers)
     t = time.time()
     res = evaluate(net, batches, tf, dev, DistInfo(device=dev), amp)
-    res.update(model=name, checkpoint=str(checkpoint), data=data, ema=ema, eval_time_s=round(time.time() - t, 2),
-               img_s=round(res["n"] / max(time.time() - t, 1e-9), 1))
+    res.update(
+        model=name,
+        checkpoint=str(checkpoint),
+        data=data,
+        ema=ema,
+        eval_time_s=round(time.time() - t, 2),
+        img_s=round(res["n"] / max(time.time() - t, 1e-9), 1),
+    )
     return res
 
 
 @torch.no_grad()
-def inference_throughput(model: nn.Module, input_size: tuple[int, int, int], batch_size: int = 256,
-                         iters: int = 10, warmup: int = 3) -> float:
+def inference_throughput(
+    model: nn.Module, input_size: tuple[int, int, int], batch_size: int = 256, iters: int = 10, warmup: int = 3
+) -> float:
     """Median images/s of the forward pass on random inputs (eval mode, current threads)."""
     model.eval()
     p = next(model.parameters())

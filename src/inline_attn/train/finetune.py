@@ -14,6 +14,7 @@ which starts from the EMA weights). Here, from our checkpoints or the authors':
   any other tensor that does not fit is an error naming it, so nothing is left at its random
   initialisation unnoticed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,8 +46,10 @@ def resize_rel_pos_table(table: torch.Tensor, rows: int) -> torch.Tensor:
     """[L, heads] -> [rows, heads]: each head's sqrt(L) x sqrt(L) table resized bicubically."""
     old, new = math.isqrt(table.shape[0]), math.isqrt(rows)
     if old * old != table.shape[0] or new * new != rows:
-        raise ValueError(f"a relative position table of {table.shape[0]} rows cannot be resized to {rows} rows "
-                         "(both must be square numbers)")
+        raise ValueError(
+            f"a relative position table of {table.shape[0]} rows cannot be resized to {rows} rows "
+            "(both must be square numbers)"
+        )
     heads = table.shape[1]
     grid = table.t().reshape(1, heads, old, old).float()
     grid = F.interpolate(grid, size=(new, new), mode="bicubic", align_corners=False)
@@ -59,8 +62,10 @@ def resize_pos_embed_bicubic(pos: torch.Tensor, tokens: int) -> torch.Tensor:
     old, new = math.isqrt(pos.shape[1]), math.isqrt(tokens)
     old_prefix, new_prefix = pos.shape[1] - old * old, tokens - new * new
     if old_prefix != new_prefix:
-        raise ValueError(f"a position embedding of {pos.shape[1]} tokens cannot be resized to {tokens} "
-                         f"({old_prefix} vs {new_prefix} tokens before the grid)")
+        raise ValueError(
+            f"a position embedding of {pos.shape[1]} tokens cannot be resized to {tokens} "
+            f"({old_prefix} vs {new_prefix} tokens before the grid)"
+        )
     grid = pos[:, old_prefix:].reshape(1, old, old, -1).permute(0, 3, 1, 2).float()
     grid = F.interpolate(grid, size=(new, new), mode="bicubic", align_corners=False)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new * new, -1).to(pos.dtype)
@@ -90,8 +95,9 @@ def adapt_state_dict(state: dict, model: nn.Module, classifier: Optional[str] = 
     return out, report
 
 
-def load_initial_weights(model: nn.Module, path: PathLike, *, ema: bool = False,
-                         classifier: Optional[str] = "head") -> FinetuneReport:
+def load_initial_weights(
+    model: nn.Module, path: PathLike, *, ema: bool = False, classifier: Optional[str] = "head"
+) -> FinetuneReport:
     """Initialise ``model`` from the checkpoint at ``path`` for fine-tuning (see the module doc).
 
     ``classifier`` names the head module (its weight and bias start at zero when their shapes
@@ -112,6 +118,11 @@ def load_initial_weights(model: nn.Module, path: PathLike, *, ema: bool = False,
         load_checkpoint(model, state, strict=True)
     except ValueError as e:
         raise ValueError(f"model.checkpoint {where} does not fit {type(model).__name__}: {e}") from None
-    log.info("initialised from %s%s: %d tensors resized%s", path, " (EMA weights)" if ema else "",
-             len(report.resized), f", head {report.head_reset} set to zero" if report.head_reset else "")
+    log.info(
+        "initialised from %s%s: %d tensors resized%s",
+        path,
+        " (EMA weights)" if ema else "",
+        len(report.resized),
+        f", head {report.head_reset} set to zero" if report.head_reset else "",
+    )
     return report

@@ -1,4 +1,5 @@
 """One training epoch and one evaluation pass (any number of processes)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +28,7 @@ def accuracy_counts(logits: torch.Tensor, target: torch.Tensor, topk=(1, 5)) -> 
     maxk = min(max(topk), logits.shape[-1])
     pred = logits.topk(maxk, dim=-1).indices  # [B, maxk]
     hit = pred.eq(target.view(-1, 1))
-    return [int(hit[:, :min(k, maxk)].any(dim=1).sum()) for k in topk]
+    return [int(hit[:, : min(k, maxk)].any(dim=1).sum()) for k in topk]
 
 
 def autocast(device: torch.device, amp: str):
@@ -44,8 +45,14 @@ def autocast(device: torch.device, amp: str):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Batches, transform: nn.Module, device: torch.device,
-             info: Optional[DistInfo] = None, amp: str = "none") -> dict:
+def evaluate(
+    model: nn.Module,
+    batches: Batches,
+    transform: nn.Module,
+    device: torch.device,
+    info: Optional[DistInfo] = None,
+    amp: str = "none",
+) -> dict:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the readable samples, summed across
     ranks; ``n`` counts the images scored and ``n_unreadable`` the ones that could not be read."""
     info = info or DistInfo()
@@ -59,21 +66,27 @@ def evaluate(model: nn.Module, batches: Batches, transform: nn.Module, device: t
             logits = model(x)
         logits = logits.float()
         t1, t5 = accuracy_counts(logits, y)
-        sums[:4] += torch.tensor([float(F.cross_entropy(logits, y, reduction="sum")), t1, t5, y.numel()],
-                                 dtype=torch.float64)
+        sums[:4] += torch.tensor(
+            [float(F.cross_entropy(logits, y, reduction="sum")), t1, t5, y.numel()], dtype=torch.float64
+        )
     sums[4] = batches.unreadable
     model.train(was_training)
     all_reduce_sum(sums, info)
     n = max(sums[3].item(), 1.0)
-    return {"loss": sums[0].item() / n, "top1": 100.0 * sums[1].item() / n, "top5": 100.0 * sums[2].item() / n,
-            "n": int(sums[3].item()), "n_unreadable": int(sums[4].item())}
+    return {
+        "loss": sums[0].item() / n,
+        "top1": 100.0 * sums[1].item() / n,
+        "top5": 100.0 * sums[2].item() / n,
+        "n": int(sums[3].item()),
+        "n_unreadable": int(sums[4].item()),
+    }
 
 
 @dataclass
 class EpochRunner:
     """What every training step needs and the run does not change."""
 
-    model: nn.Module            # the model to call (DDP-wrapped when distributed)
+    model: nn.Module  # the model to call (DDP-wrapped when distributed)
     batches: Batches
     train_aug: nn.Module
     mixup: Callable
@@ -108,8 +121,12 @@ class EpochRunner:
                 seen += int(step_loss[1])
                 if pbar is not None:
                     ips = step_loss[1].item() * self.info.world_size / max(time.time() - t_step, 1e-9)
-                    pbar.set_postfix(loss=f"{step_loss[0].item() / step_loss[1].item():.4f}", lr=f"{state.lr:.2e}",
-                                     img_s=f"{ips:.0f}", refresh=False)
+                    pbar.set_postfix(
+                        loss=f"{step_loss[0].item() / step_loss[1].item():.4f}",
+                        lr=f"{state.lr:.2e}",
+                        img_s=f"{ips:.0f}",
+                        refresh=False,
+                    )
                     pbar.update(1)
                 # every rank stops at the same step (torchrun signals each worker separately)
                 flag = torch.tensor([1.0 if stop_requested() else 0.0])
@@ -162,6 +179,12 @@ class EpochRunner:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.steps_per_epoch, initial=state.step_in_epoch,
-                    desc=f"epoch {state.epoch + 1}/{self.total_epochs}", dynamic_ncols=True, mininterval=1.0,
-                    file=sys.stderr, leave=False)
+        return tqdm(
+            total=self.steps_per_epoch,
+            initial=state.step_in_epoch,
+            desc=f"epoch {state.epoch + 1}/{self.total_epochs}",
+            dynamic_ncols=True,
+            mininterval=1.0,
+            file=sys.stderr,
+            leave=False,
+        )

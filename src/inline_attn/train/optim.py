@@ -1,4 +1,5 @@
 """AdamW with the no-decay groups, and timm 0.4.12's cosine schedule with warm-up and cool-down."""
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,15 @@ def no_decay_names(model: nn.Module, no_weight_decay=None) -> list[str]:
     return [n for n, p in model.named_parameters() if id(p) in ids]
 
 
-def build_optimizer(model: nn.Module, opt: str, lr: float, weight_decay: float, betas=(0.9, 0.999),
-                    eps: float = 1e-8, no_weight_decay=None) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    opt: str,
+    lr: float,
+    weight_decay: float,
+    betas=(0.9, 0.999),
+    eps: float = 1e-8,
+    no_weight_decay=None,
+) -> torch.optim.Optimizer:
     groups = param_groups(model, weight_decay, no_weight_decay)
     if opt == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
@@ -58,8 +66,18 @@ class CosineSchedule:
     The lr is a function of the optimizer step only, so the state is just the step count.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, lr: float, steps_per_epoch: int, epochs: int,
-                 warmup_epochs: float = 0, cooldown_epochs: float = 0, warmup_lr: float = 1e-6, min_lr: float = 1e-5):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        lr: float,
+        steps_per_epoch: int,
+        epochs: int,
+        warmup_epochs: float = 0,
+        cooldown_epochs: float = 0,
+        warmup_lr: float = 1e-6,
+        min_lr: float = 1e-5,
+    ):
         if epochs <= 0 or steps_per_epoch <= 0:
             raise ValueError(f"epochs={epochs} and steps_per_epoch={steps_per_epoch} must be positive")
         if warmup_epochs < 0 or warmup_epochs > epochs:

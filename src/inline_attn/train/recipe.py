@@ -13,6 +13,7 @@ it: ``accum_steps = total_batch / (batch_size x processes)``, refused with the n
 not a whole number. ``optim.lr`` pins an absolute learning rate instead of scaling (warmup_lr and
 min_lr are then taken as absolute too).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -37,12 +38,17 @@ class Recipe:
 
     def describe(self) -> str:
         """One line for the run's log."""
-        scale = (f" (base values x {self.total_batch}/{LR_REFERENCE_BATCH})" if self.lr_scale is not None
-                 else " (optim.lr: absolute)")
-        s = (f"total batch {self.total_batch} = {self.batch_size} per process x {self.world_size} process"
-             f"{'es' if self.world_size != 1 else ''} x {self.accum_steps} accumulation step"
-             f"{'s' if self.accum_steps != 1 else ''}; lr {self.lr:.4g}, warmup_lr {self.warmup_lr:.4g}, "
-             f"min_lr {self.min_lr:.4g}{scale}")
+        scale = (
+            f" (base values x {self.total_batch}/{LR_REFERENCE_BATCH})"
+            if self.lr_scale is not None
+            else " (optim.lr: absolute)"
+        )
+        s = (
+            f"total batch {self.total_batch} = {self.batch_size} per process x {self.world_size} process"
+            f"{'es' if self.world_size != 1 else ''} x {self.accum_steps} accumulation step"
+            f"{'s' if self.accum_steps != 1 else ''}; lr {self.lr:.4g}, warmup_lr {self.warmup_lr:.4g}, "
+            f"min_lr {self.min_lr:.4g}{scale}"
+        )
         if self.ema_decay is not None:
             s += f"; EMA decay {self.ema_decay:.6f}"
         return s
@@ -61,8 +67,10 @@ def accumulation(total_batch: int, batch_size: int, world_size: int, accum_steps
     ``world_size`` processes (ValueError with the numbers when none does, or when an explicit
     ``accum_steps`` other than 1 disagrees)."""
     per_step = batch_size * world_size
-    where = (f"optim.total_batch={total_batch} with data.batch_size={batch_size} x {world_size} "
-             f"process{'es' if world_size != 1 else ''} ({per_step} images per micro-step)")
+    where = (
+        f"optim.total_batch={total_batch} with data.batch_size={batch_size} x {world_size} "
+        f"process{'es' if world_size != 1 else ''} ({per_step} images per micro-step)"
+    )
     if total_batch % per_step:
         hint = ""
         if total_batch % world_size == 0:
@@ -70,12 +78,16 @@ def accumulation(total_batch: int, batch_size: int, world_size: int, accum_steps
             hint = f"; a data.batch_size that divides {total_batch // world_size} reaches it, e.g. {sizes}"
         else:
             hint = f"; {total_batch} images cannot be split evenly over {world_size} processes"
-        raise ValueError(f"cannot reach {where}: {total_batch} / {per_step} = {total_batch / per_step:.4g} "
-                         f"is not a whole number of accumulation steps{hint}")
+        raise ValueError(
+            f"cannot reach {where}: {total_batch} / {per_step} = {total_batch / per_step:.4g} "
+            f"is not a whole number of accumulation steps{hint}"
+        )
     steps = total_batch // per_step
     if accum_steps not in (1, steps):
-        raise ValueError(f"optim.accum_steps={accum_steps} disagrees with {where}, which needs {steps} "
-                         "accumulation steps: set only one of the two")
+        raise ValueError(
+            f"optim.accum_steps={accum_steps} disagrees with {where}, which needs {steps} "
+            "accumulation steps: set only one of the two"
+        )
     return steps
 
 
@@ -98,5 +110,14 @@ def resolve(cfg: Config, world_size: int) -> Recipe:
     ema = None
     if t.ema:
         ema = t.ema_decay ** (total / t.ema_batch) if t.ema_batch else t.ema_decay
-    return Recipe(world_size=world_size, batch_size=bs, accum_steps=accum, total_batch=total, lr=lr,
-                  warmup_lr=warmup_lr, min_lr=min_lr, lr_scale=scale, ema_decay=ema)
+    return Recipe(
+        world_size=world_size,
+        batch_size=bs,
+        accum_steps=accum,
+        total_batch=total,
+        lr=lr,
+        warmup_lr=warmup_lr,
+        min_lr=min_lr,
+        lr_scale=scale,
+        ema_decay=ema,
+    )

@@ -1,4 +1,5 @@
 """Run outputs written by rank 0: metrics.csv, TensorBoard (if installed), curves.png, summary.json."""
+
 from __future__ import annotations
 
 import csv
@@ -8,17 +9,29 @@ from typing import Optional
 
 from .._io import atomic_path, atomic_write_text
 
-METRIC_COLUMNS = ["epoch", "step", "lr", "train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema",
-                  "epoch_time_s", "train_img_s"]
+METRIC_COLUMNS = [
+    "epoch",
+    "step",
+    "lr",
+    "train_loss",
+    "val_loss",
+    "val_top1",
+    "val_top5",
+    "val_top1_ema",
+    "epoch_time_s",
+    "train_img_s",
+]
 
 
 def write_metrics(history: list[dict], path: pathlib.Path) -> None:
     """The whole history (one row per finished epoch; rewritten so a resume never duplicates rows)."""
+
     def w(f):
         wr = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
         wr.writeheader()
         for row in history:
             wr.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in METRIC_COLUMNS})
+
     atomic_write_text(path, w)
 
 

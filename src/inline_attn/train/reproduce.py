@@ -1,5 +1,6 @@
 """``inline-attn reproduce fmnist``: the four attention variants of one small DeiT on Fashion-MNIST,
 trained with the same budget, tabulated (accuracy, parameters, MACs, images/s) into a markdown file."""
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,13 @@ LABELS = {
 BEGIN, END = "<!-- fmnist-table:begin -->", "<!-- fmnist-table:end -->"
 
 
-def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
-                     doc: Optional[str] = "docs/reproduction.md", variants: Sequence[str] = tuple(LABELS),
-                     config_dir: Optional[str] = None) -> tuple[list[dict], Optional[dict]]:
+def reproduce_fmnist(
+    output: str = "runs/fmnist",
+    epochs: Optional[int] = None,
+    doc: Optional[str] = "docs/reproduction.md",
+    variants: Sequence[str] = tuple(LABELS),
+    config_dir: Optional[str] = None,
+) -> tuple[list[dict], Optional[dict]]:
     """Train (or resume) each variant, then tabulate; returns (table rows, the summary of the run
     a signal stopped, else None). Running it again continues where it stopped."""
     from .engine import train
@@ -52,11 +57,21 @@ def reproduce_fmnist(output: str = "runs/fmnist", epochs: Optional[int] = None,
             ips = inference_throughput(net, (1, 28, 28), batch_size=256)
         finally:
             torch.set_num_threads(threads)
-        rows.append({"variant": v, "label": LABELS[v], "top1": summary["final"]["val_top1"],
-                     "top5": summary["final"]["val_top5"], "params": summary["params"], "macs": summary.get("macs"),
-                     "train_img_s": summary["train_img_s"], "infer_img_s": round(ips, 1),
-                     "train_time_s": summary.get("train_time_s"), "epochs": summary["epochs_done"],
-                     "output": str(out)})
+        rows.append(
+            {
+                "variant": v,
+                "label": LABELS[v],
+                "top1": summary["final"]["val_top1"],
+                "top5": summary["final"]["val_top5"],
+                "params": summary["params"],
+                "macs": summary.get("macs"),
+                "train_img_s": summary["train_img_s"],
+                "infer_img_s": round(ips, 1),
+                "train_time_s": summary.get("train_time_s"),
+                "epochs": summary["epochs_done"],
+                "output": str(out),
+            }
+        )
     total = time.time() - t_all
     table = render_table(rows, total, epochs)
     print(table)
@@ -85,8 +100,10 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
     for r in rows:
         macs = f"{r['macs'] / 1e6:.2f}" if r.get("macs") else "n/a"
         tt = f"{r['train_time_s'] / 60:.1f}" if r.get("train_time_s") else "n/a"
-        lines.append(f"| {r['label']} | {r['top1']:.2f} | {r['top5']:.2f} | {r['params']:,} | {macs} | "
-                     f"{r['train_img_s']:.0f} | {r['infer_img_s']:.0f} | {tt} |")
+        lines.append(
+            f"| {r['label']} | {r['top1']:.2f} | {r['top5']:.2f} | {r['params']:,} | {macs} | "
+            f"{r['train_img_s']:.0f} | {r['infer_img_s']:.0f} | {tt} |"
+        )
     return "\n".join(lines) + "\n"
 
 

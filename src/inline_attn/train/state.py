@@ -1,4 +1,5 @@
 """What a training run carries from step to step, and what its checkpoints save."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
