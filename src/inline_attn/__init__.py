@@ -3,7 +3,9 @@
 Public API:
     ops:    inline_attention, linear_attention, softmax_attention, attention_weights, local_residual
     layers: InLineAttention, LinearAttention, SoftmaxAttention, build_attention, record_attention
-    models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile
+    models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile,
+            save_pretrained, from_pretrained
+    export: inline_attn.export.export_onnx (needs the export extra)
 """
 
 from .layers import (
@@ -14,7 +16,7 @@ from .layers import (
     hook_attention,
     record_attention,
 )
-from .models import create_model, get_model_config, list_models
+from .models import create_model, from_pretrained, get_model_config, list_models, save_pretrained
 from .models.checkpoint import load_checkpoint, save_checkpoint
 from .models.profile import profile
 from .ops import attention, attention_weights, inline_attention, linear_attention, local_residual, softmax_attention
@@ -29,6 +31,7 @@ __all__ = [
     "attention_weights",
     "build_attention",
     "create_model",
+    "from_pretrained",
     "get_model_config",
     "hook_attention",
     "inline_attention",
@@ -39,5 +42,6 @@ __all__ = [
     "profile",
     "record_attention",
     "save_checkpoint",
+    "save_pretrained",
     "softmax_attention",
 ]

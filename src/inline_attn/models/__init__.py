@@ -2,6 +2,7 @@
 
 from ._base import InLineModel
 from .registry import ModelConfig, create_model, get_model_config, list_models, register_model
+from .pretrained import from_pretrained, save_pretrained
 
 # Family modules register their variants on import.
 from .deit import InLineDeiT  # inline_deit_*
@@ -17,7 +18,9 @@ __all__ = [
     "InLineSwin",
     "ModelConfig",
     "create_model",
+    "from_pretrained",
     "get_model_config",
     "list_models",
     "register_model",
+    "save_pretrained",
 ]

@@ -38,6 +38,7 @@ does the same). Pruned names are kept in ``pruned_modules`` so that
 from __future__ import annotations
 
 import fnmatch
+import pathlib
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -251,6 +252,25 @@ class InLineModel(nn.Module):
         self.out_indices = tuple(take)
         self.feature_info = [self.feature_info[i] for i in take]
         return self
+
+    # ---- a model as a folder (config.json + model.safetensors: inline_attn.models.pretrained)
+
+    def save_pretrained(self, save_directory) -> pathlib.Path:
+        """Write this model to ``save_directory``: :func:`inline_attn.models.pretrained.save_pretrained`."""
+        from .pretrained import save_pretrained
+
+        return save_pretrained(self, save_directory)
+
+    @classmethod
+    def from_pretrained(cls, folder, **kwargs) -> "InLineModel":
+        """The model a ``save_pretrained`` folder holds (:func:`inline_attn.models.pretrained.from_pretrained`,
+        ``device`` and ``dtype`` keywords); called on a family class, the folder must hold that family."""
+        from .pretrained import from_pretrained
+
+        model = from_pretrained(folder, **kwargs)
+        if not isinstance(model, cls):
+            raise ValueError(f"{cls.__name__}.from_pretrained: {str(folder)!r} holds a {type(model).__name__}")
+        return model
 
     # ---- classifier, weight decay, checkpointing
 
