@@ -1,0 +1,113 @@
+"""Export: torch.export keeps the fused InLine core as one custom-op node; ONNX (dynamo exporter, the
+core translated by inline_attn.export) run by onnxruntime matches the model, with a dynamic batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import SMALL_OVERRIDES
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from inline_attn import create_model
+from inline_attn.export import export_onnx, export_program, inline_forward_onnx, onnx_translation_table
+from inline_attn.ops import why_not_fused
+
+onnx = pytest.importorskip("onnx", reason="the export extra: pip install 'inline-attn[export]'")
+ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install 'inline-attn[export]'")
+
+FAMILIES = sorted(SMALL_OVERRIDES)
+FUSED_OP = torch.ops.inline_attn.inline_forward.default
+
+
+# fewer blocks than the registry suite's models (export time grows with the graph): swin keeps a
+# shifted-window pair in stage 1, cswin a softmax stripe stage; one InLine stage at least in each
+EXPORT_DEPTHS = {"pvt": (1, 1, 1, 1), "swin": (2, 1, 1, 1), "cswin": (1, 1, 1, 1)}
+
+
+def small_model(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    depths = {"depths": EXPORT_DEPTHS[family]} if family in EXPORT_DEPTHS else {}
+    return create_model(f"inline_{family}_tiny", **{**SMALL_OVERRIDES[family], **depths}).eval()
+
+
+def images(family: str, batch: int) -> torch.Tensor:
+    size = SMALL_OVERRIDES[family]["img_size"]
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
+
+
+class CountFusedCalls(TorchDispatchMode):
+    """Counts the fused core's calls in an eager forward (under a dispatch mode it runs as the custom op)."""
+
+    calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func == FUSED_OP
+        return func(*args, **(kwargs or {}))
+
+
+def test_fused_kernel_is_what_the_models_run_here():
+    # the export tests below are about the fused op: it must be the path the CPU models take
+    assert why_not_fused(torch.randn(1, 4, 8)) is None
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def exported(request):
+    """(family, model, program): one torch.export per family, with a dynamic batch."""
+    family = request.param
+    model = small_model(family)
+    return family, model, export_program(model, images(family, 2), dynamic_batch=True)
+
+
+def test_torch_export_keeps_the_fused_core_as_one_node(exported):
+    family, model, program = exported
+    fused = [n for n in program.graph.nodes if n.op == "call_function" and n.target == FUSED_OP]
+    with torch.no_grad(), CountFusedCalls() as eager:
+        model(images(family, 2))
+    assert len(fused) == eager.calls > 0
+    for b in (2, 3):  # the batch the program was traced with and another one
+        xb = images(family, b)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(xb), model(xb), rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_matches_onnxruntime(tmp_path, exported):
+    family, model, program = exported
+    path = tmp_path / f"{family}.onnx"
+    # the onnxscript optimizer costs tens of seconds per model and does not change the result
+    export_onnx(program, path=path, optimize=False)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    assert {node.domain for node in proto.graph.node} <= {"", "ai.onnx"}  # standard operators only
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for b in (2, 3):
+        xb = images(family, b)
+        (out,) = session.run(None, {name: xb.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(out), model(xb), rtol=1e-4, atol=1e-4)
+
+
+def test_export_onnx_from_a_module():
+    # the one-call form (the module exported first); DeiT, the cheapest family
+    model, x = small_model("deit"), images("deit", 2)
+    proto = export_onnx(model, x, optimize=False).model_proto
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-4)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2  # a fixed batch unless asked
+
+
+def test_translation_table_maps_the_fused_op():
+    assert onnx_translation_table() == {FUSED_OP: inline_forward_onnx}
+
+
+def test_bad_arguments_are_clear_errors():
+    model = small_model("deit")
+    with pytest.raises(ValueError, match=r"image batch \[B, C, H, W\], got torch.Size\(\[3, 32, 32\]\)"):
+        export_onnx(model, torch.randn(3, 32, 32))
+    with pytest.raises(ValueError, match="dynamic_batch=True or dynamic_shapes, not both"):
+        export_onnx(model, images("deit", 1), dynamic_batch=True, dynamic_shapes=({0: None},))
+    program = export_program(model, images("deit", 1))
+    with pytest.raises(ValueError, match="ExportedProgram has its example and dynamic shapes already"):
+        export_onnx(program, images("deit", 1))
