@@ -6,9 +6,16 @@ import torch
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
-    """q: [B, H, Nq, D], k: [B, H, Nk, D], v: [B, H, Nk, Dv]."""
+    """q: [B, H, Nq, D], k: [B, H, Nk, D], v: [B, H, Nk, Dv]: float tensors of one dtype on one device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t is not None and t.dim() != 4:
+        if t is None:
+            continue
+        check_tensor(name, t)
+        if t.dtype != q.dtype:
+            raise ValueError(f"q, k and v must share one dtype, got q {q.dtype} and {name} {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q, k and v must be on one device, got q on {q.device} and {name} on {t.device}")
+        if t.dim() != 4:
             raise ValueError(f"{name} must have rank 4 [batch, heads, tokens, head_dim], got shape {tuple(t.shape)}")
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and head_dim")
@@ -16,6 +23,21 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -
         raise ValueError("k has no tokens: expected at least one key")
     if v is not None and (v.shape[:3] != k.shape[:3]):
         raise ValueError(f"v {tuple(v.shape)} must agree with k {tuple(k.shape)} in batch, heads and tokens")
+
+
+def check_residual(v, weights) -> None:
+    """v: [B, C, H, W] and weights: [B, C, 3, 3], float tensors of one dtype on one device."""
+    check_tensor("v", v)
+    check_tensor("weights", weights)
+    if v.dim() != 4:
+        raise ValueError(f"v must be [B, C, H, W], got shape {tuple(v.shape)}")
+    if weights.shape != (*v.shape[:2], 3, 3):
+        raise ValueError(f"weights must have shape {(*v.shape[:2], 3, 3)}, got {tuple(weights.shape)}")
+    if weights.dtype != v.dtype or weights.device != v.device:
+        raise ValueError(
+            f"v and weights must share one dtype and device, got v {v.dtype} on {v.device} and weights "
+            f"{weights.dtype} on {weights.device}"
+        )
 
 
 def check_feat_size(feat_size, num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
@@ -36,7 +58,7 @@ def check_feat_size(feat_size, num_tokens: int, num_prefix_tokens: int = 0) -> t
     return h, w
 
 
-def _check_tensor(name: str, t) -> None:
+def check_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -47,7 +69,7 @@ def check_tokens(q, k, v, residual_weights=None) -> None:
     """q, k, v: [B, N, C] tensors of one float dtype on one device; residual_weights: None or a
     float [B, C, 3, 3] tensor on the same device (its dtype may differ: it is cast)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
+        check_tensor(name, t)
         if t.dim() != 3:
             raise ValueError(f"{name} must be [B, N, C], got shape {tuple(t.shape)}")
         if t.shape != q.shape:
@@ -57,7 +79,7 @@ def check_tokens(q, k, v, residual_weights=None) -> None:
         if t.device != q.device:
             raise ValueError(f"q, k and v must be on one device, got q on {q.device} and {name} on {t.device}")
     if residual_weights is not None:
-        _check_tensor("residual_weights", residual_weights)
+        check_tensor("residual_weights", residual_weights)
         b, _, c = q.shape
         if residual_weights.shape != (b, c, 3, 3):
             raise ValueError(

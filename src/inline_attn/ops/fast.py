@@ -15,7 +15,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_qkv
+from ._checks import check_qkv, check_residual
 from .kernels import Kernel, get_kernel
 
 
@@ -150,9 +150,8 @@ def local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     Returns:
         [B, C, H, W], contiguous (NCHW).
     """
+    check_residual(v, weights)
     b, c, h, w = v.shape
-    if weights.shape != (b, c, 3, 3):
-        raise ValueError(f"weights must have shape {(b, c, 3, 3)}, got {tuple(weights.shape)}")
     if b * c == 0:  # grouped convolution needs at least one group
         return (v * weights.sum((2, 3))[:, :, None, None]).contiguous()
     out = F.conv2d(v.reshape(1, b * c, h, w), weights.reshape(b * c, 1, 3, 3), padding=1, groups=b * c)

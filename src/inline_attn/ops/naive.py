@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_qkv
+from ._checks import check_qkv, check_residual
 from .kernels import Kernel, get_kernel
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
@@ -99,9 +99,8 @@ def naive_local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
     Returns:
         [B, C, H, W], zero padding 1.
     """
+    check_residual(v, weights)
     b, c, h, w = v.shape
-    if weights.shape != (b, c, 3, 3):
-        raise ValueError(f"weights must have shape {(b, c, 3, 3)}, got {tuple(weights.shape)}")
     padded = F.pad(v, (1, 1, 1, 1))  # zero padding 1
     out = torch.zeros_like(v)
     for dy in range(3):  # row-major 3x3 taps: o_p += r_u * v_{p+u}, u = (dy-1, dx-1)

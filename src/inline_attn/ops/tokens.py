@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from ._checks import check_feat_size, check_num_heads, check_tokens
+from ._checks import check_tensor, check_feat_size, check_num_heads, check_tokens
 from .fast import inline_attention, local_residual
 from .fused import inline_core
 from .kernels import Kernel
@@ -45,8 +45,12 @@ def grid_residual(
     weights: [B, C, 3, 3]. ``impl="naive"`` uses the nine shifted multiply-adds, any other value
     the grouped convolution.
     """
-    b, _, c = v.shape
-    h, w = feat_size
+    check_tensor("v", v)
+    check_tensor("weights", weights)
+    if v.dim() != 3:
+        raise ValueError(f"v must be [B, N, C], got shape {tuple(v.shape)}")
+    b, n, c = v.shape
+    h, w = check_feat_size(feat_size, n, num_prefix_tokens)
     v_img = v[:, num_prefix_tokens:].reshape(b, h, w, c).permute(0, 3, 1, 2)  # [B, C, H, W] view
     return apply_local_residual(v_img, weights, impl).flatten(2).transpose(1, 2)
 
