@@ -214,6 +214,7 @@ def _bad_inputs():
         ("rank 3", (x[0], x[0], x[0]), r"q must have rank 4 \[batch, heads, tokens, head_dim\]"),
         ("no keys", (x, x[:, :, :0], x[:, :, :0]), "k has no tokens"),
         ("head_dim mismatch", (x, x[..., :4], x), "must agree in batch, heads and head_dim"),
+        ("head_dim 0", (x[..., :0], x[..., :0], x), "head_dim 0 .*expected head_dim >= 1"),
     ]
 
 

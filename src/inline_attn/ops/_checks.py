@@ -21,6 +21,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and head_dim")
     if k.shape[2] == 0:
         raise ValueError("k has no tokens: expected at least one key")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k have head_dim 0 (shape {tuple(q.shape)}): expected head_dim >= 1")
     if v is not None and (v.shape[:3] != k.shape[:3]):
         raise ValueError(f"v {tuple(v.shape)} must agree with k {tuple(k.shape)} in batch, heads and tokens")
 
