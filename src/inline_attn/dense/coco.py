@@ -1,4 +1,5 @@
-"""COCO-format export of the Fashion-MNIST mosaics (instances: boxes and masks), for detection.
+"""COCO-format export of the Fashion-MNIST mosaics (instances: boxes and masks), a reader of COCO
+``instances_*.json`` files with their image folder, and box AP through pycocotools.
 
 Masks are stored as uncompressed RLE (``{"size": [h, w], "counts": [...]}``, column-major runs
 starting with background), which pycocotools reads as is; boxes as ``[x, y, width, height]``.
@@ -16,7 +17,17 @@ import numpy as np
 
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
 
-__all__ = ["mask_to_rle", "mosaics_to_coco", "rle_to_mask", "write_coco"]
+__all__ = [
+    "CocoDetection",
+    "check_instances",
+    "coco_box_ap",
+    "mask_to_rle",
+    "mosaics_to_coco",
+    "read_instances",
+    "rle_to_mask",
+    "to_coco_detections",
+    "write_coco",
+]
 
 
 def mask_to_rle(mask) -> dict:
@@ -104,3 +115,165 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(coco))
     return path
+
+
+# ---- reading COCO instances files and box AP through pycocotools ------------------------------
+
+
+def check_instances(coco: dict, where: str = "COCO file") -> dict:
+    """ValueError unless ``coco`` has images, annotations and categories, and every annotation
+    names a known image and category with a box ``[x, y, w, h]`` of w, h >= 0. Returns ``coco``."""
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(coco.get(key), list):
+            raise ValueError(f"{where}: no {key!r} list (is it a COCO instances_*.json?)")
+    cats = {c["id"] for c in coco["categories"]}
+    imgs = {im["id"] for im in coco["images"]}
+    unknown = sorted({a["category_id"] for a in coco["annotations"]} - cats)
+    if unknown:
+        raise ValueError(
+            f"{where}: annotations use category ids {unknown[:10]} not among its {len(cats)} categories "
+            f"{sorted(cats)[:10]}{'...' if len(cats) > 10 else ''}"
+        )
+    missing = sorted({a["image_id"] for a in coco["annotations"]} - imgs)
+    if missing:
+        raise ValueError(f"{where}: annotations refer to image ids {missing[:10]} absent from its images")
+    bad = [a["id"] for a in coco["annotations"] if len(a["bbox"]) != 4 or a["bbox"][2] < 0 or a["bbox"][3] < 0]
+    if bad:
+        raise ValueError(f"{where}: annotations {bad[:10]} have a bbox that is not [x, y, w >= 0, h >= 0]")
+    return coco
+
+
+def read_instances(path) -> dict:
+    """A COCO ``instances_*.json`` (checked by :func:`check_instances`)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"COCO annotation file {path} does not exist")
+    return check_instances(json.loads(path.read_text()), str(path))
+
+
+AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+
+
+def coco_box_ap(gt: dict, detections: list[dict]) -> dict:
+    """COCO box AP (pycocotools' COCOeval, iouType "bbox"), in percent.
+
+    gt: a COCO instances dict; detections: ``{"image_id", "category_id", "bbox": [x, y, w, h],
+    "score"}`` each. Returns AP (IoU 0.5:0.95), AP50, AP75, APs, APm, APl; a size range without
+    ground truth gives -1 (pycocotools' value for "undefined"); no detections give AP 0.
+    """
+    import contextlib
+    import copy
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    check_instances(gt, "ground truth")
+    cats, imgs = {c["id"] for c in gt["categories"]}, {im["id"] for im in gt["images"]}
+    bad_cat = sorted({d["category_id"] for d in detections} - cats)
+    bad_img = sorted({d["image_id"] for d in detections} - imgs)
+    if bad_cat or bad_img:
+        raise ValueError(
+            f"detections name unknown category ids {bad_cat[:10]} / image ids {bad_img[:10]} of the ground truth"
+        )
+    if not detections:
+        return {k: 0.0 for k in AP_KEYS}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
+        coco_gt = COCO()
+        coco_gt.dataset = copy.deepcopy(gt)
+        coco_gt.createIndex()
+        coco_dt = coco_gt.loadRes([dict(d) for d in detections])
+        ev = COCOeval(coco_gt, coco_dt, "bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return {k: (float(v) * 100 if v >= 0 else -1.0) for k, v in zip(AP_KEYS, ev.stats[:6])}
+
+
+def to_coco_detections(result: dict, image_id: int, cat_ids, scale: float = 1.0) -> list[dict]:
+    """One image's detections (``boxes`` [D, 4] xyxy, ``scores``, ``labels`` 0..K-1 of the
+    model's input, which is the image resized by ``scale``) -> COCO result entries."""
+    out = []
+    for (x1, y1, x2, y2), s, c in zip(
+        (result["boxes"] / scale).tolist(), result["scores"].tolist(), result["labels"].tolist()
+    ):
+        out.append(
+            {
+                "image_id": int(image_id),
+                "category_id": int(cat_ids[c]),
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+                "score": float(s),
+            }
+        )
+    return out
+
+
+class CocoDetection:
+    """A COCO-layout detection set: ``instances_*.json`` + its image folder.
+
+    Categories map to contiguous labels 0..K-1 in order of id (``cat_ids[label]`` is the id).
+    Each image is resized (bilinear) by ``scale = min(short_size / short side, max_size / long
+    side)`` (mmdet's ``Resize(scale=(1333, 800), keep_ratio=True)``); boxes likewise. Crowd
+    annotations and boxes of zero width or height are not training targets (they stay in the
+    ground truth for evaluation, as COCOeval treats them).
+
+    ``ds[i]`` / ``ds[(i, seed)]`` (flipped left-right with probability ``flip``): (image float
+    [3, h, w] 0-255, ``{"boxes" [N, 4] xyxy, "labels" [N]}``).
+    """
+
+    def __init__(self, ann_file, image_dir, *, short_size: int = 800, max_size: int = 1333, flip: float = 0.0):
+        self.coco = read_instances(ann_file)
+        self.image_dir = pathlib.Path(image_dir)
+        if not self.image_dir.is_dir():
+            raise ValueError(f"COCO image folder {self.image_dir} does not exist")
+        self.cat_ids = sorted(c["id"] for c in self.coco["categories"])
+        names = {c["id"]: c["name"] for c in self.coco["categories"]}
+        self.classes = tuple(names[c] for c in self.cat_ids)
+        self.num_classes = len(self.cat_ids)
+        self._label = {c: i for i, c in enumerate(self.cat_ids)}
+        self.images = sorted(self.coco["images"], key=lambda im: im["id"])
+        self._anns: dict[int, list] = {}
+        for a in self.coco["annotations"]:
+            self._anns.setdefault(a["image_id"], []).append(a)
+        self.short_size, self.max_size, self.flip = short_size, max_size, flip
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def image_id(self, index: int) -> int:
+        return int(self.images[index]["id"])
+
+    def scale(self, index: int) -> float:
+        im = self.images[index]
+        h, w = im["height"], im["width"]
+        return min(self.short_size / min(h, w), self.max_size / max(h, w))
+
+    def coco_gt(self) -> dict:
+        return self.coco
+
+    def __getitem__(self, item):
+        import torch
+        import torch.nn.functional as F
+        from PIL import Image
+
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        im = self.images[index]
+        path = self.image_dir / im["file_name"]
+        if not path.is_file():
+            raise ValueError(f"image {im['file_name']} (id {im['id']}) not found in {self.image_dir}")
+        img = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)).permute(2, 0, 1)
+        s = self.scale(index)
+        size = (max(1, round(img.shape[1] * s)), max(1, round(img.shape[2] * s)))
+        img = F.interpolate(img[None], size=size, mode="bilinear", align_corners=False)[0]
+        anns = [
+            a for a in self._anns.get(im["id"], []) if not a.get("iscrowd", 0) and a["bbox"][2] > 0 and a["bbox"][3] > 0
+        ]
+        boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float32).reshape(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]
+        boxes *= s
+        labels = torch.tensor([self._label[a["category_id"]] for a in anns], dtype=torch.long)
+        if seed is not None and self.flip > 0 and np.random.default_rng(seed).random() < self.flip:
+            from .boxes import flip_boxes
+
+            img, boxes = img.flip(-1), flip_boxes(boxes, img.shape[-1])
+        return img, {"boxes": boxes, "labels": labels}

@@ -30,7 +30,17 @@ from .transforms import (
     resize_pair,
 )
 
-__all__ = ["ADE20K", "ADE20K_CLASSES", "MosaicSeg", "StepSampler", "build_seg_datasets", "collate"]
+__all__ = [
+    "ADE20K",
+    "ADE20K_CLASSES",
+    "MosaicDet",
+    "MosaicSeg",
+    "StepSampler",
+    "build_det_datasets",
+    "build_seg_datasets",
+    "collate",
+    "det_collate",
+]
 
 PathLike = Union[str, os.PathLike]
 
@@ -395,23 +405,7 @@ def build_seg_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
     """(train set or None, val set) for ``cfg["data"]``; both have ``classes`` and ``num_classes``."""
     d = cfg["data"]
     if d["dataset"] == "mosaic":
-        m = d["mosaic"]
-        spec = MosaicSpec(
-            size=int(m["size"]),
-            objects=tuple(m["objects"]),
-            scale=tuple(m["scale"]),
-            noise=float(m["noise"]),
-            max_overlap=float(m["max_overlap"]),
-        )
-        kw = dict(spec=spec, seed=int(m["seed"]), root=d["path"], pool=int(m["pool"]))
-        tr = (
-            MosaicSeg(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress)
-            if train
-            else None
-        )
-        n_val = int(d["val_subset"] or m["val"])
-        va = MosaicSeg(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
-        return tr, va
+        return _mosaic_sets(cfg, train, progress, MosaicSeg)
     if d["dataset"] != "ade20k":
         raise ValueError(f"data.dataset={d['dataset']!r}: expected 'ade20k' or 'mosaic'")
     if not d["path"]:
@@ -438,3 +432,101 @@ def build_seg_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
         subset=int(d["val_subset"]),
     )
     return tr, va
+
+
+class MosaicDet(torch.utils.data.Dataset):
+    """Fashion-MNIST mosaics as a detection set, held in memory: 10 classes (label = mosaic class
+    - 1, COCO category id = mosaic class, as :func:`~inline_attn.dense.coco.mosaics_to_coco`).
+
+    ``ds[i]`` / ``ds[(i, seed)]`` (flipped left-right with probability ``flip``): (image float
+    [3, S, S] 0-255, ``{"boxes" [N, 4] xyxy, "labels" [N]}``).
+    """
+
+    classes = MOSAIC_CLASSES[1:]
+    num_classes = len(MOSAIC_CLASSES) - 1
+    cat_ids = list(range(1, len(MOSAIC_CLASSES)))
+
+    def __init__(self, mosaics: FashionMosaics, *, flip: float = 0.5, progress: bool = False):
+        from tqdm import tqdm
+
+        self.mosaics = mosaics
+        items = [
+            mosaics[i]
+            for i in tqdm(range(len(mosaics)), desc=f"mosaics ({mosaics.split})", disable=not progress, leave=False)
+        ]
+        self.images = torch.stack([it["image"] for it in items])
+        self.boxes = [it["boxes"] for it in items]
+        self.labels = [it["classes"] - 1 for it in items]
+        self.flip = flip
+        self._gt = None
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def image_id(self, index: int) -> int:
+        return index + 1
+
+    def scale(self, index: int) -> float:
+        return 1.0
+
+    def coco_gt(self) -> dict:
+        from .coco import mosaics_to_coco
+
+        if self._gt is None:
+            self._gt = mosaics_to_coco(self.mosaics)
+        return self._gt
+
+    def __getitem__(self, item):
+        from .boxes import flip_boxes
+
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        img, boxes = self.images[index].float(), self.boxes[index]
+        if seed is not None and self.flip > 0 and np.random.default_rng(seed).random() < self.flip:
+            img, boxes = img.flip(-1), flip_boxes(boxes, img.shape[-1])
+        return img, {"boxes": boxes, "labels": self.labels[index]}
+
+
+def det_collate(items: list) -> tuple[torch.Tensor, list[dict], list[tuple[int, int]]]:
+    """[(image [3, h_i, w_i], target)] -> (images [B, 3, H, W] zero-padded right and bottom to the
+    largest, targets, sizes (h_i, w_i))."""
+    sizes = [tuple(img.shape[-2:]) for img, _ in items]
+    h, w = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    batch = torch.zeros(len(items), items[0][0].shape[0], h, w)
+    for k, (img, _) in enumerate(items):
+        batch[k, :, : img.shape[1], : img.shape[2]] = img
+    return batch, [t for _, t in items], sizes
+
+
+def _mosaic_sets(cfg: dict, train: bool, progress: bool, wrap):
+    d = cfg["data"]
+    m = d["mosaic"]
+    spec = MosaicSpec(
+        size=int(m["size"]),
+        objects=tuple(m["objects"]),
+        scale=tuple(m["scale"]),
+        noise=float(m["noise"]),
+        max_overlap=float(m["max_overlap"]),
+    )
+    kw = dict(spec=spec, seed=int(m["seed"]), root=d["path"], pool=int(m["pool"]))
+    tr = wrap(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress) if train else None
+    n_val = int(d["val_subset"] or m["val"])
+    return tr, wrap(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
+
+
+def build_det_datasets(cfg: dict, *, train: bool = True, progress: bool = False):
+    """(train set or None, val set) for a detection config's ``data``: the mosaics or a COCO-layout
+    folder (``data.coco.{train,val}_{ann,images}``)."""
+    from .coco import CocoDetection
+
+    d = cfg["data"]
+    if d["dataset"] == "mosaic":
+        return _mosaic_sets(cfg, train, progress, MosaicDet)
+    if d["dataset"] != "coco":
+        raise ValueError(f"data.dataset={d['dataset']!r}: expected 'mosaic' or 'coco'")
+    c = d["coco"]
+    need = (["train_ann", "train_images"] if train else []) + ["val_ann", "val_images"]
+    if any(not c[k] for k in need):
+        raise ValueError(f"data.dataset=coco needs data.coco.{{{', '.join(need)}}} (instances JSON and image folder)")
+    kw = dict(short_size=int(c["short_size"]), max_size=int(c["max_size"]))
+    tr = CocoDetection(c["train_ann"], c["train_images"], flip=float(d["flip"]), **kw) if train else None
+    return tr, CocoDetection(c["val_ann"], c["val_images"], **kw)

@@ -127,9 +127,10 @@ def build_from_config(cfg: dict, num_classes: int) -> EncoderDecoder:
     return model
 
 
-def load_weights(model: EncoderDecoder, path) -> None:
-    """Load whole-segmentor weights (a ``last.pth`` of ours or a bare state dict), strictly:
-    a checkpoint of another backbone or class count raises ValueError saying which."""
+def load_weights(model: nn.Module, path, head_key: str = "decode_head.conv_seg.weight") -> None:
+    """Load whole-model weights (a ``last.pth`` of ours or a bare state dict), strictly: a
+    checkpoint of another backbone or class count (the rows of ``head_key``, the classifier's
+    weight) raises ValueError saying which."""
     sd = unwrap_state_dict(read_checkpoint(path, weights_only=False), where=repr(str(path)))
     own = model.state_dict()
     missing = sorted(set(own) - set(sd))
@@ -140,15 +141,15 @@ def load_weights(model: EncoderDecoder, path) -> None:
         if k in sd and sd[k].shape != own[k].shape
     ]
     if missing or unexpected or shapes:
-        cls = own["decode_head.conv_seg.weight"].shape[0]
-        got = sd.get("decode_head.conv_seg.weight")
+        cls = own[head_key].shape[0]
+        got = sd.get(head_key)
         hint = (
             f"; the checkpoint predicts {got.shape[0]} classes, the model {cls}"
             if got is not None and got.shape[0] != cls
             else ""
         )
         raise ValueError(
-            f"segmentor checkpoint {path} does not fit the model (other backbone or head?){hint}: "
+            f"checkpoint {path} does not fit the model (other backbone or head?){hint}: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected "
             f"(e.g. {unexpected[:3]}), {len(shapes)} of another shape (e.g. {shapes[:2]})"
         )
@@ -269,16 +270,22 @@ def save_predictions_png(
 SEG_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "config", "num_classes")
 
 
-def load_seg_checkpoint(path) -> dict:
-    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one)."""
+def load_run_checkpoint(path, keys=SEG_CHECKPOINT_KEYS, kind: str = "segmentation") -> dict:
+    """A checkpoint written by :func:`train_seg` (or the detection engine, with its ``keys``);
+    ValueError naming the file when it is not one."""
     state = read_checkpoint(path, weights_only=False)  # ours: configs and RNG states beside the weights
-    missing = [k for k in SEG_CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    missing = [k for k in keys if not isinstance(state, dict) or k not in state]
     if missing:
         raise ValueError(
-            f"{path} is not a segmentation checkpoint of inline-attn (no {', '.join(missing)}); "
+            f"{path} is not a {kind} checkpoint of inline-attn (no {', '.join(missing)}); "
             f"to start from its weights use --model.checkpoint or --model.pretrained"
         )
     return state
+
+
+def load_seg_checkpoint(path) -> dict:
+    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one)."""
+    return load_run_checkpoint(path)
 
 
 def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, dict]:
@@ -291,23 +298,26 @@ def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, dict]:
     return model.to(device), cfg
 
 
-def _resume_from(resume, out: pathlib.Path):
+def _resume_from(resume, out: pathlib.Path, load=load_seg_checkpoint):
     """(path, checkpoint) to continue from: ``"auto"`` takes the output folder's newest readable
-    checkpoint (``last.pth``, else ``previous.pth``; none: a new run), a path that file."""
+    checkpoint (``last.pth``, else ``previous.pth``; none: a new run), a path that file;
+    ``load`` reads and checks one (segmentation or detection)."""
     if not resume:
         return None, None
     if resume != "auto":
-        return pathlib.Path(resume), load_seg_checkpoint(resume)
+        return pathlib.Path(resume), load(resume)
     for path in find_resume(out):
         try:
-            return path, load_seg_checkpoint(path)
+            return path, load(path)
         except ValueError as e:
             log.warning("%s; trying the previous checkpoint", e)
     return None, None
 
 
-def _write_csv(history: list[dict], path: pathlib.Path) -> None:
-    cols = ["step", "lr", "loss", "loss_decode", "loss_aux", "mIoU", "mAcc", "aAcc", "img_s", "elapsed_s"]
+SEG_CSV = ["step", "lr", "loss", "loss_decode", "loss_aux", "mIoU", "mAcc", "aAcc", "img_s", "elapsed_s"]
+
+
+def _write_csv(history: list[dict], path: pathlib.Path, cols: list[str] = SEG_CSV) -> None:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()

@@ -1,11 +1,12 @@
-"""The segmentation loss: per-pixel cross-entropy with an ignore label (mmseg's CrossEntropyLoss)."""
+"""Dense losses: the segmentation cross-entropy with an ignore label (mmseg's CrossEntropyLoss);
+the detector's sigmoid focal loss (Lin et al. 2017, Eq. 5) and GIoU loss (Rezatofighi et al. 2019)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["check_labels", "seg_cross_entropy"]
+__all__ = ["check_labels", "giou_loss", "seg_cross_entropy", "sigmoid_focal_loss"]
 
 
 def check_labels(target: torch.Tensor, num_classes: int, ignore_index: int = 255, where: str = "labels") -> None:
@@ -49,3 +50,42 @@ def seg_cross_entropy(
     if avg_non_ignore:
         return loss.sum() / (target != ignore_index).sum().clamp(min=1)
     return loss.mean()
+
+
+def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0):
+    """Element-wise focal loss (Lin et al. 2017, Eq. 5), summed: ``-a_t (1 - p_t)^gamma log p_t``
+    with ``p = sigmoid(logits)``, ``p_t = p`` where the target is 1 and ``1 - p`` where it is 0,
+    ``a_t = alpha`` / ``1 - alpha`` likewise (``alpha < 0``: no weighting).
+
+    logits, targets: same shape ([P, K] points x classes; targets 0 / 1). Returns a scalar
+    (the sum; the detector divides by its number of positive points). Computed in float32 (or
+    the input's float64) through ``binary_cross_entropy_with_logits`` for a stable log.
+    """
+    if logits.shape != targets.shape:
+        raise ValueError(f"focal loss: logits {tuple(logits.shape)} and targets {tuple(targets.shape)} differ")
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    t = targets.to(x.dtype)
+    p = torch.sigmoid(x)
+    ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    p_t = p * t + (1 - p) * (1 - t)
+    loss = ce * (1 - p_t) ** gamma
+    if alpha >= 0:
+        loss = (alpha * t + (1 - alpha) * (1 - t)) * loss
+    return loss.sum()
+
+
+def giou_loss(pred: torch.Tensor, target: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Per-box ``1 - GIoU`` (Rezatofighi et al. 2019, Alg. 1): ``GIoU = IoU - |C \\ (A u B)| / |C|``
+    with C the smallest box enclosing both. pred, target: [N, 4] (x1, y1, x2, y2) -> [N] in
+    [0, 2]; ``eps`` keeps empty unions and hulls finite (a predicted box may be empty)."""
+    if pred.shape != target.shape or pred.shape[-1:] != (4,):
+        raise ValueError(f"GIoU loss: boxes {tuple(pred.shape)} and {tuple(target.shape)} must both be [N, 4]")
+    area_p = (pred[:, 2] - pred[:, 0]).clamp(min=0) * (pred[:, 3] - pred[:, 1]).clamp(min=0)
+    area_t = (target[:, 2] - target[:, 0]).clamp(min=0) * (target[:, 3] - target[:, 1]).clamp(min=0)
+    wh = (torch.minimum(pred[:, 2:], target[:, 2:]) - torch.maximum(pred[:, :2], target[:, :2])).clamp(min=0)
+    inter = wh[:, 0] * wh[:, 1]
+    union = area_p + area_t - inter
+    iou = inter / (union + eps)
+    hull_wh = (torch.maximum(pred[:, 2:], target[:, 2:]) - torch.minimum(pred[:, :2], target[:, :2])).clamp(min=0)
+    hull = hull_wh[:, 0] * hull_wh[:, 1]
+    return 1 - (iou - (hull - union) / (hull + eps))

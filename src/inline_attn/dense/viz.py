@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-__all__ = ["colorize", "palette", "save_mosaic_samples", "save_predictions"]
+__all__ = ["colorize", "palette", "save_detections", "save_mosaic_samples", "save_predictions"]
 
 
 def palette(num_classes: int) -> np.ndarray:
@@ -123,5 +123,51 @@ def save_mosaic_samples(dataset, path, n: int = 4, title: Optional[str] = None) 
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _draw_boxes(ax, boxes, labels, names, scores=None) -> None:
+    from matplotlib.patches import Rectangle
+
+    pal = palette(len(names) + 1)
+    for j, (box, c) in enumerate(zip(boxes.tolist(), labels.tolist())):
+        x1, y1, x2, y2 = box
+        col = pal[c + 1] / 255
+        ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color=col, lw=1.0))
+        text = names[c] if scores is None else f"{names[c]} {scores[j]:.2f}"
+        ax.text(x1, y1 - 1, text, color=col, fontsize=5, va="bottom")
+
+
+def save_detections(
+    images, targets, results, path, class_names: Sequence[str], *, score_threshold: float = 0.3, title=None
+) -> pathlib.Path:
+    """One row per image: its ground-truth boxes, then the detections scoring at least
+    ``score_threshold`` with their scores. images: [3, H, W] each (uint8, or float 0-255);
+    targets / results: dicts with ``boxes`` xyxy and ``labels`` 0..K-1 (results: ``scores``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(images)
+    fig, axes = plt.subplots(n, 2, figsize=(4.4, 2.1 * n + 0.5), squeeze=False)
+    for i in range(n):
+        img = images[i] if images[i].dtype == torch.uint8 else images[i].clamp(0, 255).round().to(torch.uint8)
+        keep = results[i]["scores"] >= score_threshold
+        for ax, name in zip(axes[i], ("ground truth", f"detections (score >= {score_threshold})")):
+            ax.imshow(_img(img), interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(name, fontsize=8)
+        _draw_boxes(axes[i][0], targets[i]["boxes"], targets[i]["labels"], class_names)
+        r = results[i]
+        _draw_boxes(axes[i][1], r["boxes"][keep], r["labels"][keep], class_names, r["scores"][keep].tolist())
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.96 if title else 1))
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
