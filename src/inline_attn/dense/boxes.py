@@ -127,9 +127,7 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
     return order[torch.tensor(keep, dtype=torch.long, device=boxes.device)]
 
 
-def batched_nms(
-    boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou_threshold: float
-) -> torch.Tensor:
+def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """Class-aware NMS: boxes of different ``classes`` [N] never suppress each other. Returns kept
     indices [K] by decreasing score. Each class's boxes are shifted by its own offset (larger
     than any coordinate span), so one :func:`nms` call handles every class."""

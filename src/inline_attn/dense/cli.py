@@ -1,4 +1,5 @@
-"""``inline-attn seg train | eval | demo | info`` (registered into the main CLI)."""
+"""``inline-attn seg train | eval | demo | compare | mosaics | info`` and ``inline-attn det train |
+eval | demo | compare`` (registered into the main CLI)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 import pathlib
 import time
 
-from .config import SEG_DEFAULTS, flat_keys, load_seg_config, parse_value
+from .config import DET_DEFAULTS, SEG_DEFAULTS, flat_keys, load_det_config, load_seg_config, parse_value
 
 DEMO_CONFIG = "mosaic/demo.yaml"
+DET_DEMO_CONFIG = "mosaic/det_demo.yaml"
 
 
 def _configs_dir() -> pathlib.Path:
@@ -18,9 +20,9 @@ def _configs_dir() -> pathlib.Path:
     return configs_dir()
 
 
-def _add_overrides(p: argparse.ArgumentParser) -> None:
+def _add_overrides(p: argparse.ArgumentParser, defaults: dict = SEG_DEFAULTS) -> None:
     g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
-    for key, default in flat_keys():
+    for key, default in flat_keys(defaults):
         g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="V", help=f"default: {default!r}")
     g.add_argument(
         "--set",
@@ -131,11 +133,12 @@ def cmd_compare(args) -> int:
 
     from .compare import run
 
-    cfg_path = args.config or str(_configs_dir() / DEMO_CONFIG)
+    task = args.task
+    cfg_path = args.config or str(_configs_dir() / (DEMO_CONFIG if task == "seg" else DET_DEMO_CONFIG))
     command = (
         "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        if sys.argv[1:2] == ["seg"]
-        else f"inline-attn seg compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
+        if sys.argv[1:2] == [task]
+        else f"inline-attn {task} compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
     )
     print(
         run(
@@ -146,6 +149,7 @@ def cmd_compare(args) -> int:
             doc=args.doc,
             command=command,
             overrides=_overrides(args),
+            task=task,
         )
     )
     return 0
@@ -219,6 +223,11 @@ def cmd_info(args) -> int:
 
 
 def register(subparsers) -> None:
+    register_seg(subparsers)
+    register_det(subparsers)
+
+
+def register_seg(subparsers) -> None:
     seg = subparsers.add_parser(
         "seg",
         help="semantic segmentation: train | eval | demo | compare | mosaics | info",
@@ -283,7 +292,7 @@ def register(subparsers) -> None:
     p.add_argument("--output", default="runs/seg_compare")
     p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
     _add_overrides(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, task="seg")
 
     p = sub.add_parser(
         "mosaics",
@@ -313,4 +322,144 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_info)
 
 
-__all__ = ["SEG_DEFAULTS", "register", "segmentor_info"]
+# ---- detection ------------------------------------------------------------------------------
+
+
+def _fmt_ap(res: dict) -> str:
+    return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
+
+
+def cmd_det_train(args) -> int:
+    from .det_engine import train_det
+
+    ov = _overrides(args)
+    if args.resume:
+        ov.append(("train.resume", args.resume))
+    if args.output:
+        ov.append(("train.output", args.output))
+    summary = train_det(load_det_config(args.config, ov))
+    if summary.get("stopped") is None and "AP" in summary:
+        print(
+            f"done: {_fmt_ap(summary)}  ({summary['iterations']} iterations, {summary['train_time_s'] / 60:.1f} min); "
+            f"outputs in {summary['output']}"
+        )
+    return 0
+
+
+def cmd_det_eval(args) -> int:
+    import torch
+
+    from .config import set_key
+    from .data import build_det_datasets
+    from .det_engine import evaluate_det, load_detector, save_detections_png
+
+    device = torch.device(
+        "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
+    )
+    model, cfg = load_detector(args.checkpoint, device)
+    for k, v in _overrides(args):
+        set_key(cfg, k, v)
+    _, val = build_det_datasets(cfg, train=False, progress=True)
+    t0 = time.time()
+    res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
+    print(
+        f"FCOS on {cfg['model']['backbone']}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
+        f"APl {res['APl']:.2f}  ({len(val)} images, {time.time() - t0:.1f} s)"
+    )
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.png:
+        print(f"detections: {save_detections_png(model, val, cfg, device, args.png)}")
+    return 0
+
+
+def cmd_det_demo(args) -> int:
+    from .det_engine import train_det
+
+    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / DET_DEMO_CONFIG
+    cfg = load_det_config(cfg_path, [("train.output", args.output)] + _overrides(args))
+    m = cfg["model"]
+    print(
+        f"det demo: FCOS on {m['backbone']} {m['backbone_kwargs']} on Fashion-MNIST mosaics "
+        f"({cfg['sched']['iters']} iterations, config {cfg_path})",
+        flush=True,
+    )
+    t0 = time.time()
+    s = train_det(cfg)
+    if s.get("stopped"):
+        return 0
+    print(
+        f"\ndet demo finished in {(time.time() - t0) / 60:.1f} min: {_fmt_ap(s)} on {cfg['data']['mosaic']['val']} "
+        f"validation mosaics (garments from the Fashion-MNIST test split; COCO box AP by pycocotools)"
+    )
+    print(f"  detections:  {s.get('detections_png')}")
+    print(f"  checkpoint:  {s['checkpoint']}")
+    print(f"  evaluate again: inline-attn det eval --checkpoint {s['checkpoint']}")
+    return 0
+
+
+def register_det(subparsers) -> None:
+    det = subparsers.add_parser(
+        "det",
+        help="object detection (FCOS): train | eval | demo | compare",
+        description="Object detection with InLine backbones: a one-stage FCOS detector, COCO box AP.",
+    )
+    sub = det.add_subparsers(dest="det_command", metavar="DET_COMMAND")
+    sub.required = True
+    p = sub.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="train a detector from a YAML config",
+        description="Train FCOS with a YAML config (configs/mosaic/det_demo.yaml; data.dataset coco with "
+        "data.coco.* for a COCO folder); --section.key VALUE overrides any key.",
+    )
+    p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
+    p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
+    p.add_argument("--output", help="output folder (= --train.output)")
+    _add_overrides(p, DET_DEFAULTS)
+    p.set_defaults(func=cmd_det_train)
+
+    p = sub.add_parser(
+        "eval",
+        allow_abbrev=False,
+        help="COCO box AP of a checkpoint",
+        description="Evaluate a checkpoint written by `det train` on its config's validation set "
+        "(e.g. --data.dataset coco --data.coco.val_ann FILE --data.coco.val_images DIR).",
+    )
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--png", help="write a PNG of a few images: ground truth beside the detections")
+    _add_overrides(p, DET_DEFAULTS)
+    p.set_defaults(func=cmd_det_eval)
+
+    p = sub.add_parser(
+        "demo",
+        allow_abbrev=False,
+        help="train FCOS on InLine-PVT on Fashion-MNIST mosaics",
+        description="Train a small FCOS on InLine-PVT on Fashion-MNIST mosaics, print COCO box AP, "
+        "write a PNG of detections beside the ground truth.",
+    )
+    p.add_argument("--output", default="runs/det_demo")
+    p.add_argument("--config", help=f"config (default configs/{DET_DEMO_CONFIG})")
+    _add_overrides(p, DET_DEFAULTS)
+    p.set_defaults(func=cmd_det_demo)
+
+    p = sub.add_parser(
+        "compare",
+        allow_abbrev=False,
+        help="InLine vs softmax backbone, several seeds, box AP mean +- std",
+        description="Train the detection demo recipe (or --config) with each backbone attention pattern "
+        "and seed; write box AP mean +- std into --doc (finished runs reused, unfinished resumed).",
+    )
+    p.add_argument("--config", help=f"config (default configs/{DET_DEMO_CONFIG})")
+    p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--output", default="runs/det_compare")
+    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
+    _add_overrides(p, DET_DEFAULTS)
+    p.set_defaults(func=cmd_compare, task="det")
+
+
+__all__ = ["DET_DEFAULTS", "SEG_DEFAULTS", "register", "register_det", "segmentor_info"]

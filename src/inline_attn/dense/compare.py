@@ -1,9 +1,11 @@
-"""The paper's InLine-vs-softmax comparison at small scale: the demo's recipe with each backbone
+"""The paper's InLine-vs-softmax comparison at small scale: a demo's recipe with each backbone
 attention pattern and several seeds; a table of mean +- std written into a markdown file.
 
-``inline-attn seg compare --seeds 0 1 2`` trains ``<output>/<pattern>_s<seed>`` for each pair
-(a finished run is reused, an unfinished one resumed), then writes the table between the markers
-``<!-- seg-compare:begin -->`` / ``<!-- seg-compare:end -->`` of ``--doc``.
+``inline-attn seg compare --seeds 0 1 2`` (segmentation: mIoU / mAcc / aAcc) and ``inline-attn det
+compare`` (detection: box AP / AP50 / AP75) train ``<output>/<pattern>_s<seed>`` for each pair (a
+finished run is reused, an unfinished one resumed), then write the table between the markers
+``<!-- seg-compare:begin -->`` / ``<!-- seg-compare:end -->`` (``det-compare`` for detection) of
+``--doc``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from .config import load_seg_config
-
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
 
 PATTERN_NAMES = {
@@ -26,7 +26,36 @@ PATTERN_NAMES = {
     "SSSS": "softmax (PVT's spatial-reduction attention)",
     "LLLL": "linear (ReLU kernel)",
 }
-BEGIN, END = "<!-- seg-compare:begin -->", "<!-- seg-compare:end -->"
+# per task: config loader and trainer (module, names), the metrics, the markdown markers, the heading
+TASKS = {
+    "seg": {
+        "funcs": (".config", "load_seg_config", ".engine", "train_seg"),
+        "metrics": ("mIoU", "mAcc", "aAcc"),
+        "markers": ("<!-- seg-compare:begin -->", "<!-- seg-compare:end -->"),
+        "title": "InLine vs softmax backbone on the mosaics (the demo's budget)",
+        "what": "mIoU / mAcc / aAcc",
+    },
+    "det": {
+        "funcs": (".config", "load_det_config", ".det_engine", "train_det"),
+        "metrics": ("AP", "AP50", "AP75"),
+        "markers": ("<!-- det-compare:begin -->", "<!-- det-compare:end -->"),
+        "title": "Detection: InLine vs softmax backbone in FCOS on the mosaics",
+        "what": "COCO box AP / AP50 / AP75 (pycocotools)",
+    },
+}
+BEGIN, END = TASKS["seg"]["markers"]
+
+
+def _funcs(task: str):
+    import importlib
+
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: expected one of {sorted(TASKS)}")
+    cm, cf, tm, tf = TASKS[task]["funcs"]
+    return (
+        getattr(importlib.import_module(cm, __package__), cf),
+        getattr(importlib.import_module(tm, __package__), tf),
+    )
 
 
 def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
@@ -42,11 +71,11 @@ def compare(
     output="runs/seg_compare",
     overrides=(),
     progress: bool = True,
+    task: str = "seg",
 ) -> list[dict]:
-    """Train every (pattern, seed) with ``config`` (same data, recipe and budget); returns one
-    summary per run with ``pattern`` and ``seed`` added."""
-    from .engine import train_seg
-
+    """Train every (pattern, seed) with ``config`` (same data, recipe and budget) for ``task``
+    ("seg" or "det"); returns one summary per run with ``pattern`` and ``seed`` added."""
+    load_config, train = _funcs(task)
     rows = []
     for pattern in patterns:
         for seed in seeds:
@@ -55,7 +84,7 @@ def compare(
             if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
                 s = dict(json.loads(done.read_text()), reused=True)
             else:
-                cfg = load_seg_config(
+                cfg = load_config(
                     config,
                     [("train.progress", progress)]
                     + list(overrides)
@@ -66,20 +95,25 @@ def compare(
                         ("train.resume", "auto"),
                     ],
                 )
-                print(f"seg compare: pattern {pattern}, seed {seed} -> {out}", flush=True)
-                s = train_seg(cfg)
+                print(f"{task} compare: pattern {pattern}, seed {seed} -> {out}", flush=True)
+                s = train(cfg)
             rows.append(dict(s, pattern=pattern, seed=int(seed)))
     return rows
 
 
-def format_table(rows: list[dict], *, command: str, config: str, elapsed_min: Optional[float] = None) -> str:
-    """Markdown: one line per pattern with mIoU / mAcc / aAcc mean +- std over seeds, params and time."""
+def format_table(
+    rows: list[dict], *, command: str, config: str, elapsed_min: Optional[float] = None, task: str = "seg"
+) -> str:
+    """Markdown: one line per pattern with the task's three metrics (mean +- std over seeds),
+    the first one per seed, params and time."""
+    t = TASKS[task]
+    keys = t["metrics"]
     by = {}
     for r in rows:
         by.setdefault(r["pattern"], []).append(r)
     lines = [
-        BEGIN,
-        "## InLine vs softmax backbone on the mosaics (the demo's budget)",
+        t["markers"][0],
+        f"## {t['title']}",
         "",
         f"Command: `{command}` (config `{config}`; every run the same data, recipe and iterations; only the "
         f"backbone's attention and the seed change).",
@@ -92,35 +126,36 @@ def format_table(rows: list[dict], *, command: str, config: str, elapsed_min: Op
             else ""
         )
         + ". "
-        "mIoU / mAcc / aAcc on the validation mosaics (garments of the Fashion-MNIST test split), "
+        f"{t['what']} on the validation mosaics (garments of the Fashion-MNIST test split), "
         "mean +- sample std over seeds; train time per run (depends on the machine's load).",
         "",
-        "| backbone attention | seeds | mIoU | mAcc | aAcc | per-seed mIoU | params | train time (min) |",
+        f"| backbone attention | seeds | {' | '.join(keys)} | per-seed {keys[0]} | params | train time (min) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for pattern, rs in by.items():
         rs = sorted(rs, key=lambda r: r["seed"])
         cells = []
-        for k in ("mIoU", "mAcc", "aAcc"):
+        for k in keys:
             m, s = _mean_std([r[k] for r in rs])
             cells.append(f"{m:.2f} +- {s:.2f}")
-        per = ", ".join(f"{r['mIoU']:.2f}" for r in rs)
-        t, _ = _mean_std([r["train_time_s"] / 60 for r in rs])
+        per = ", ".join(f"{r[keys[0]]:.2f}" for r in rs)
+        minutes, _ = _mean_std([r["train_time_s"] / 60 for r in rs])
         lines.append(
             f"| {PATTERN_NAMES.get(pattern, pattern)} | {', '.join(str(r['seed']) for r in rs)} | "
             + " | ".join(cells)
-            + f" | {per} | {rs[0]['params']:,} | {t:.1f} |"
+            + f" | {per} | {rs[0]['params']:,} | {minutes:.1f} |"
         )
-    lines.append(END)
+    lines.append(t["markers"][1])
     return "\n".join(lines)
 
 
-def write_table(doc, table: str) -> pathlib.Path:
-    """Replace the marked block of ``doc`` with ``table`` (appended when the markers are absent)."""
+def write_table(doc, table: str, task: str = "seg") -> pathlib.Path:
+    """Replace the task's marked block of ``doc`` with ``table`` (appended when the markers are absent)."""
+    begin, end = TASKS[task]["markers"]
     doc = pathlib.Path(doc)
     text = doc.read_text() if doc.is_file() else ""
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + table + text[text.index(END) + len(END) :]
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + table + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + ("\n\n" if text else "") + table + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
@@ -128,10 +163,10 @@ def write_table(doc, table: str) -> pathlib.Path:
     return doc
 
 
-def run(config, *, patterns, seeds, output, doc: Optional[str], command: str, overrides=()) -> str:
+def run(config, *, patterns, seeds, output, doc: Optional[str], command: str, overrides=(), task="seg") -> str:
     t0 = time.time()
-    rows = compare(config, patterns=patterns, seeds=seeds, output=output, overrides=overrides)
-    table = format_table(rows, command=command, config=str(config), elapsed_min=(time.time() - t0) / 60)
+    rows = compare(config, patterns=patterns, seeds=seeds, output=output, overrides=overrides, task=task)
+    table = format_table(rows, command=command, config=str(config), elapsed_min=(time.time() - t0) / 60, task=task)
     if doc:
-        write_table(doc, table)
+        write_table(doc, table, task)
     return table

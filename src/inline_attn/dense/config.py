@@ -18,7 +18,15 @@ import yaml
 from .._io import atomic_write_text
 from ..train.config import parse_value, read_yaml
 
-__all__ = ["DET_DEFAULTS", "SEG_DEFAULTS", "load_det_config", "load_seg_config", "parse_value", "save_config", "set_key"]
+__all__ = [
+    "DET_DEFAULTS",
+    "SEG_DEFAULTS",
+    "load_det_config",
+    "load_seg_config",
+    "parse_value",
+    "save_config",
+    "set_key",
+]
 
 ADE_MEAN = [123.675, 116.28, 103.53]  # ImageNet mean / std in 0-255 units (RGB), as mmseg
 ADE_STD = [58.395, 57.12, 57.375]

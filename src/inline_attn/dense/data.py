@@ -508,7 +508,11 @@ def _mosaic_sets(cfg: dict, train: bool, progress: bool, wrap):
         max_overlap=float(m["max_overlap"]),
     )
     kw = dict(spec=spec, seed=int(m["seed"]), root=d["path"], pool=int(m["pool"]))
-    tr = wrap(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress) if train else None
+    tr = (
+        wrap(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress)
+        if train
+        else None
+    )
     n_val = int(d["val_subset"] or m["val"])
     return tr, wrap(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
 

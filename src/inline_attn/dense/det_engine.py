@@ -292,7 +292,9 @@ def _train(cfg: dict, device: torch.device) -> dict:
             final = step == iters or (max_steps and step >= max_steps)
             if step % log_every == 0 or final or (eval_every and step % eval_every == 0):
                 n_steps = max(1, int(round(window[4].item() / x.shape[0])))
-                row = {k: window[j].item() / n_steps for j, k in enumerate(("loss", "loss_cls", "loss_box", "loss_ctr"))}
+                row = {
+                    k: window[j].item() / n_steps for j, k in enumerate(("loss", "loss_cls", "loss_box", "loss_ctr"))
+                }
                 row.update(
                     step=step,
                     lr=sched.lr_at(step - 1),
@@ -346,7 +348,9 @@ def _train(cfg: dict, device: torch.device) -> dict:
             )
         except Exception as e:  # a picture is a report, never a reason to fail a finished run
             log.warning("detections PNG failed: %s", e)
-    write_json({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}, out / "summary.json")
+    write_json(
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}, out / "summary.json"
+    )
     if stopped:
         print(f"stopped ({stopped}) at iteration {step}; continue with --train.resume auto", file=sys.stderr)
     return summary

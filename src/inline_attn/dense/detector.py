@@ -52,9 +52,7 @@ class FCOSHead(nn.Module):
     """feats: L maps [B, C, H_l, W_l] -> per level (cls logits [B, K, H_l, W_l], distances
     [B, 4, H_l, W_l] in stride units (> 0), centerness logits [B, 1, H_l, W_l])."""
 
-    def __init__(
-        self, num_classes: int, in_channels: int, num_levels: int, channels: int = 256, num_convs: int = 4
-    ):
+    def __init__(self, num_classes: int, in_channels: int, num_levels: int, channels: int = 256, num_convs: int = 4):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes={num_classes}: a detector needs at least one class")
@@ -259,9 +257,7 @@ class FCOS(nn.Module):
         return results
 
 
-def build_detector(
-    backbone: str, num_classes: int, *, backbone_kwargs: Optional[dict] = None, **kwargs
-) -> FCOS:
+def build_detector(backbone: str, num_classes: int, *, backbone_kwargs: Optional[dict] = None, **kwargs) -> FCOS:
     """FCOS on the registered model ``backbone`` (``backbone_kwargs`` to :class:`DenseBackbone`);
     ``kwargs`` to :class:`FCOS`."""
     return FCOS(DenseBackbone(backbone, **(backbone_kwargs or {})), num_classes, **kwargs)
