@@ -235,7 +235,7 @@ SEG_CONFIGS = sorted(
     str(p)
     for d in ("ade20k", "mosaic")
     for p in (pathlib.Path("configs") / d).glob("*.yaml")
-    if not p.name.startswith("_")
+    if not p.name.startswith(("_", "det_"))  # det_*: detection configs (tests/dense/test_det_train.py)
 )
 
 

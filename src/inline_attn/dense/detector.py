@@ -42,7 +42,8 @@ def _tower(c_in: int, channels: int, n: int) -> nn.Sequential:
     for k in range(n):
         layers += [
             nn.Conv2d(c_in if k == 0 else channels, channels, 3, padding=1, bias=False),
-            nn.GroupNorm(math.gcd(32, channels), channels),
+            # up to 32 groups (FCOS) of >= 2 channels: a 1 x 1 map (a 32 px image) still normalises
+            nn.GroupNorm(math.gcd(32, max(1, channels // 2)), channels),
             nn.ReLU(inplace=True),
         ]
     return nn.Sequential(*layers)
