@@ -100,7 +100,9 @@ def test_ltrb_round_trip():
 
 
 def test_clean_targets_clips_drops_and_refuses():
-    boxes = torch.tensor([[-5.0, 2.0, 10.0, 12.0], [70.0, 0.0, 80.0, 9.0], [3.0, 3.0, 3.0, 9.0], [60.0, 60.0, 70.0, 70.0]])
+    boxes = torch.tensor(
+        [[-5.0, 2.0, 10.0, 12.0], [70.0, 0.0, 80.0, 9.0], [3.0, 3.0, 3.0, 9.0], [60.0, 60.0, 70.0, 70.0]]
+    )
     labels = torch.tensor([0, 1, 2, 3])
     b, lab = clean_targets(boxes, labels, (64, 64), 4)
     assert b.tolist() == [[0.0, 2.0, 10.0, 12.0], [60.0, 60.0, 64.0, 64.0]]  # outside and zero-width dropped
@@ -116,11 +118,20 @@ def test_clean_targets_clips_drops_and_refuses():
 
 
 def test_select_detections_clips_and_caps():
-    boxes = torch.tensor([[-3.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0], [70.0, 70.0, 80.0, 80.0]])
+    boxes = torch.tensor(
+        [[-3.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0], [70.0, 70.0, 80.0, 80.0]]
+    )
     out = select_detections(
-        boxes, torch.tensor([0.9, 0.8, 0.7, 0.6]), torch.tensor([1, 1, 2, 0]), iou_threshold=0.5, max_per_image=5, image_size=(64, 64)
+        boxes,
+        torch.tensor([0.9, 0.8, 0.7, 0.6]),
+        torch.tensor([1, 1, 2, 0]),
+        iou_threshold=0.5,
+        max_per_image=5,
+        image_size=(64, 64),
     )
     assert out["boxes"].tolist() == [[0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]]
     assert out["labels"].tolist() == [1, 2]
-    out = select_detections(boxes, torch.tensor([0.9, 0.8, 0.7, 0.6]), torch.tensor([0, 1, 2, 3]), iou_threshold=0.5, max_per_image=1)
+    out = select_detections(
+        boxes, torch.tensor([0.9, 0.8, 0.7, 0.6]), torch.tensor([0, 1, 2, 3]), iou_threshold=0.5, max_per_image=1
+    )
     assert out["scores"].tolist() == [pytest.approx(0.9)]

@@ -31,7 +31,9 @@ def _giou_ref(a, b):
         ih = (torch.minimum(p[3], g[3]) - torch.maximum(p[1], g[1])).clamp(min=0)
         inter = iw * ih
         union = ap + ag - inter
-        hull = (torch.maximum(p[2], g[2]) - torch.minimum(p[0], g[0])) * (torch.maximum(p[3], g[3]) - torch.minimum(p[1], g[1]))
+        hull = (torch.maximum(p[2], g[2]) - torch.minimum(p[0], g[0])) * (
+            torch.maximum(p[3], g[3]) - torch.minimum(p[1], g[1])
+        )
         out.append(1 - (inter / union - (hull - union) / hull))
     return torch.stack(out)
 

@@ -51,24 +51,24 @@ def test_points_are_cell_centres():
 
 
 def test_assignment_by_hand():
-    """Strides 4, 8, 16, 32 with range_scale 8: a 20 px box (largest distance <= 16 from inside
-    points) belongs to the stride-4 level; only points within 1.5 strides of its centre are
-    positive; where two boxes claim a point the smaller one wins."""
+    """Strides 4, 8, 16, 32, range_scale 8 (level 0 takes largest distances in [0, 32)), centre
+    radius 1.5 strides. Box A [10, 30]^2: centre region (14, 26)^2 holds the stride-4 centres
+    {18, 22}^2. Box B [4, 44]^2: region (18, 30)^2 holds {22, 26}^2 at stride 4 (largest
+    distance <= 22: level 0) and {20, 28}^2 at stride 8, whose largest distance 24 < 32 does not
+    fit level 1. Where both claim a point, (22, 22), the smaller A wins."""
     model = _tiny()
     pts = level_points([(16, 16), (8, 8), (4, 4), (2, 2)], model.strides)
     boxes = torch.tensor([[10.0, 10.0, 30.0, 30.0], [4.0, 4.0, 44.0, 44.0]])
     lab, gt = model.assign(pts, boxes, torch.tensor([1, 2]))
-    k = model.num_classes
-    n0 = 256
-    pos0 = torch.nonzero(lab[:n0] == 1).squeeze(1)
-    # box 0 centre (20, 20), radius 6: stride-4 centres 14 < x < 26 -> x in {14.. no: 18, 22} plus 14? (14 > 14 is false)
-    xs = sorted({pts[0][i, 0].item() for i in pos0})
-    assert xs == [18.0, 22.0]
-    assert (gt[:n0][lab[:n0] == 1] == boxes[0]).all()
-    # box 1 (40 px; largest distance 20..36 from its centre region) lies in the stride-8 range [32, 64)
-    # or stride-4's [0, 32): its points near the centre (24, 24) have distances 20..28 -> stride 4
-    assert (lab[n0:] == 2).sum() + (lab[:n0] == 2).sum() > 0
-    assert set(lab.tolist()) <= {1, 2, k}
+    k, allp = model.num_classes, torch.cat(pts)
+
+    def where(label):
+        return sorted(tuple(allp[i].tolist()) for i in torch.nonzero(lab == label).squeeze(1))
+
+    assert where(1) == [(18.0, 18.0), (18.0, 22.0), (22.0, 18.0), (22.0, 22.0)]
+    assert where(2) == [(22.0, 26.0), (26.0, 22.0), (26.0, 26.0)]
+    assert int((lab == k).sum()) == len(allp) - 7
+    assert (gt[lab == 1] == boxes[0]).all() and (gt[lab == 2] == boxes[1]).all()
     # no boxes: every point is background
     lab, _ = model.assign(pts, torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))
     assert (lab == k).all()

@@ -220,7 +220,7 @@ def _train(cfg: dict, device: torch.device) -> dict:
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         step, history, elapsed = int(state["step"]), state.get("history", []), float(state.get("elapsed_s", 0.0))
-        if state.get("rng"):
+        if state.get("rng") is not None:
             torch.set_rng_state(state["rng"])
         log.info("resumed from %s at iteration %d", resume_path, step)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,9 @@ mmdetection is installed, in ``mmdet.registry.MODELS``. In an mmseg / mmdet conf
                                init_cfg=dict(type="Pretrained", checkpoint="inline_pvt_tiny.pth")))
 
 Needs the optional extra ``pip install "inline-attn[mm]"`` (mmengine 0.10.7, mmsegmentation
-1.2.2, ftfy, regex) and mmcv 2.1.0 built from source with its ops (docs/dense.md gives the
-recipe). The configs of the paper's recipes are in ``configs/ade20k/mm/``.
+1.2.2, mmdet 3.3.0, pycocotools, ftfy, regex) and mmcv 2.1.0 built from source with its ops
+(docs/dense.md gives the recipe). The configs of the paper's recipes are in ``configs/ade20k/mm/``
+(segmentation) and ``configs/coco/mm/`` (Mask R-CNN, Cascade Mask R-CNN).
 """
 
 from __future__ import annotations

@@ -1,0 +1,7 @@
+# InLine-Swin-Base + Mask R-CNN, COCO 3x (36 epochs, multi-scale 480-800). A classification
+# checkpoint initialises the backbone: backbone=dict(init_cfg=dict(type="Pretrained", checkpoint=PATH)).
+_base_ = ["./_mask_rcnn.py", "./_schedule_3x_swin.py"]
+model = dict(
+    backbone=dict(name="inline_swin_base", drop_path_rate=0.3),
+    neck=dict(in_channels=[128, 256, 512, 1024]),
+)

@@ -1,0 +1,142 @@
+"""COCO box AP through pycocotools: ground truth fed back scores 100, a hand-made case its known
+AP; the instances reader and its errors; the mosaics' export evaluates end to end."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pycocotools")  # in the test extra
+
+from inline_attn.dense.coco import CocoDetection, coco_box_ap, read_instances, to_coco_detections  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "train"))
+from train_helpers import make_fmnist  # noqa: E402
+
+
+def _gt(boxes_per_image, cats=(1, 2)):
+    images, anns = [], []
+    for i, boxes in enumerate(boxes_per_image, start=1):
+        images.append({"id": i, "file_name": f"{i}.png", "height": 100, "width": 100})
+        for cat, (x, y, w, h) in boxes:
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i,
+                    "category_id": cat,
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
+    return {"images": images, "annotations": anns, "categories": [{"id": c, "name": f"c{c}"} for c in cats]}
+
+
+def test_ground_truth_as_predictions_scores_100():
+    gt = _gt([[(1, (10, 10, 20, 30)), (2, (50, 40, 35, 30))], [(1, (5, 5, 60, 70))]])
+    dets = [
+        {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+        for a in gt["annotations"]
+    ]
+    res = coco_box_ap(gt, dets)
+    assert (
+        res["AP"] == pytest.approx(100.0)
+        and res["AP50"] == pytest.approx(100.0)
+        and res["AP75"] == pytest.approx(100.0)
+    )
+
+
+def test_hand_made_case_known_ap():
+    """One class, two objects; detections by score: hit, false positive, hit. Precision 1, 1/2,
+    2/3 at recall 1/2, 1/2, 1. COCO's interpolated precision at its 101 recall points: 1 for the
+    51 points r <= 0.5, 2/3 for the 50 above, at every IoU threshold (the hits are exact):
+    AP = (51 + 50 * 2/3) / 101."""
+    gt = _gt([[(1, (10, 10, 20, 20)), (1, (60, 60, 20, 20))]])
+    dets = [
+        {"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "score": 0.9},
+        {"image_id": 1, "category_id": 1, "bbox": [35, 5, 10, 10], "score": 0.8},
+        {"image_id": 1, "category_id": 1, "bbox": [60, 60, 20, 20], "score": 0.7},
+    ]
+    expected = 100 * (51 + 50 * 2 / 3) / 101
+    res = coco_box_ap(gt, dets)
+    assert res["AP"] == pytest.approx(expected, abs=1e-6)
+    assert res["APs"] == pytest.approx(expected, abs=1e-6) and res["APl"] == -1.0  # 400 px boxes are small
+    # a detection shifted to IoU 0.6 counts at thresholds 0.5 and 0.55 only: AP50 stays, AP75 and AP fall
+    dets[2]["bbox"] = [60, 60, 20, 12]  # IoU 240 / 400 = 0.6
+    res = coco_box_ap(gt, dets)
+    assert res["AP50"] == pytest.approx(expected, abs=1e-6)
+    assert res["AP75"] == pytest.approx(100 * 51 / 101, abs=1e-6)  # one hit: precision 1 up to recall 1/2
+
+
+def test_no_detections_and_unknown_ids():
+    gt = _gt([[(1, (10, 10, 20, 20))]])
+    assert coco_box_ap(gt, [])["AP"] == 0.0
+    with pytest.raises(ValueError, match=r"unknown category ids \[7\]"):
+        coco_box_ap(gt, [{"image_id": 1, "category_id": 7, "bbox": [0, 0, 5, 5], "score": 1.0}])
+    with pytest.raises(ValueError, match=r"image ids \[9\]"):
+        coco_box_ap(gt, [{"image_id": 9, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 1.0}])
+
+
+def test_reader_errors(tmp_path):
+    bad = _gt([[(5, (10, 10, 20, 20))]])
+    (tmp_path / "a.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"category ids \[5\] not among its 2 categories"):
+        read_instances(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text(json.dumps({"images": []}))
+    with pytest.raises(ValueError, match="no 'annotations'"):
+        read_instances(tmp_path / "b.json")
+    with pytest.raises(ValueError, match="does not exist"):
+        read_instances(tmp_path / "missing.json")
+    neg = _gt([[(1, (10, 10, -2, 20))]])
+    (tmp_path / "c.json").write_text(json.dumps(neg))
+    with pytest.raises(ValueError, match="w >= 0"):
+        read_instances(tmp_path / "c.json")
+
+
+def test_coco_folder_reader(tmp_path):
+    """Images are resized (short side to ``short_size``), boxes with them; crowd and empty boxes
+    are no training targets; labels follow the category ids' order."""
+    from PIL import Image
+
+    (tmp_path / "img").mkdir()
+    Image.fromarray(np.full((50, 100, 3), 200, np.uint8)).save(tmp_path / "img" / "1.png")
+    gt = _gt([[(2, (10, 10, 20, 30)), (1, (0, 0, 0, 10))]], cats=(2, 1))
+    gt["images"][0].update(height=50, width=100)
+    gt["annotations"].append({"id": 9, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "area": 25, "iscrowd": 1})
+    (tmp_path / "ann.json").write_text(json.dumps(gt))
+    ds = CocoDetection(tmp_path / "ann.json", tmp_path / "img", short_size=100, max_size=300)
+    assert ds.cat_ids == [1, 2] and ds.num_classes == 2 and ds.scale(0) == 2.0
+    img, t = ds[0]
+    assert img.shape == (3, 100, 200)
+    assert t["boxes"].tolist() == [[20.0, 20.0, 60.0, 80.0]] and t["labels"].tolist() == [1]
+    # detections map back to the original image's pixels and ids
+    dets = to_coco_detections(
+        {"boxes": torch.tensor([[20.0, 20.0, 60.0, 80.0]]), "scores": torch.tensor([0.5]), "labels": torch.tensor([1])},
+        ds.image_id(0),
+        ds.cat_ids,
+        ds.scale(0),
+    )
+    assert dets == [{"image_id": 1, "category_id": 2, "bbox": [10.0, 10.0, 20.0, 30.0], "score": 0.5}]
+    with pytest.raises(ValueError, match="does not exist"):
+        CocoDetection(tmp_path / "ann.json", tmp_path / "nope")
+
+
+def test_mosaic_ground_truth_through_the_dataset_scores_100(tmp_path):
+    """The detection view of the mosaics (labels, ids, export) is consistent: its own targets
+    turned into detections score AP 100 against its COCO export."""
+    from inline_attn.dense.data import MosaicDet
+    from inline_attn.dense.mosaic import FashionMosaics
+
+    root = make_fmnist(tmp_path, n_train=20, n_test=10)
+    ds = MosaicDet(FashionMosaics("val", 6, root=root), flip=0.0)
+    dets = []
+    for i in range(len(ds)):
+        _, t = ds[i]
+        r = {"boxes": t["boxes"], "labels": t["labels"], "scores": torch.ones(len(t["labels"]))}
+        dets += to_coco_detections(r, ds.image_id(i), ds.cat_ids)
+    assert coco_box_ap(ds.coco_gt(), dets)["AP"] == pytest.approx(100.0)
