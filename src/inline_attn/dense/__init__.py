@@ -1,16 +1,22 @@
-"""Dense prediction on InLine backbones: semantic segmentation (SemanticFPN, UperNet), its
-metrics and data (ADE20K, Fashion-MNIST mosaics), and an OpenMMLab plugin (``dense.mm``)."""
+"""Dense prediction on InLine backbones: semantic segmentation (SemanticFPN, UperNet) and
+object detection (FCOS), their metrics (mIoU; COCO box AP) and data (ADE20K, COCO, Fashion-MNIST
+mosaics), and an OpenMMLab plugin for mmseg and mmdet (``dense.mm``)."""
 
 from .backbone import DenseBackbone, LayerNorm2d, SimpleFeaturePyramid
+from .boxes import batched_nms, box_iou, decode_ltrb, encode_ltrb, nms
+from .coco import CocoDetection, coco_box_ap
+from .detector import FCOS, build_detector
 from .heads import FCNHead, FPN, FPNHead, PPM, UPerHead
-from .losses import seg_cross_entropy
+from .losses import giou_loss, seg_cross_entropy, sigmoid_focal_loss
 from .metrics import SegMetric, confusion_matrix, metrics_from_confusion
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec, make_mosaic
 from .segmentor import EncoderDecoder, build_segmentor, slide_windows
 
 __all__ = [
+    "CocoDetection",
     "DenseBackbone",
     "EncoderDecoder",
+    "FCOS",
     "FCNHead",
     "FPN",
     "FPNHead",
@@ -22,10 +28,19 @@ __all__ = [
     "SegMetric",
     "SimpleFeaturePyramid",
     "UPerHead",
+    "batched_nms",
+    "box_iou",
+    "build_detector",
     "build_segmentor",
+    "coco_box_ap",
     "confusion_matrix",
+    "decode_ltrb",
+    "encode_ltrb",
+    "giou_loss",
     "make_mosaic",
     "metrics_from_confusion",
+    "nms",
     "seg_cross_entropy",
+    "sigmoid_focal_loss",
     "slide_windows",
 ]

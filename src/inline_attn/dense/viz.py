@@ -143,8 +143,12 @@ def save_detections(
     images, targets, results, path, class_names: Sequence[str], *, score_threshold: float = 0.3, title=None
 ) -> pathlib.Path:
     """One row per image: its ground-truth boxes, then the detections scoring at least
-    ``score_threshold`` with their scores. images: [3, H, W] each (uint8, or float 0-255);
-    targets / results: dicts with ``boxes`` xyxy and ``labels`` 0..K-1 (results: ``scores``)."""
+    ``score_threshold`` with their scores; where boxes of several classes overlap (IoU > 0.5) only
+    the best-scoring one is drawn, so labels stay legible (the evaluation keeps them all).
+    images: [3, H, W] each (uint8, or float 0-255); targets / results: dicts with ``boxes`` xyxy
+    and ``labels`` 0..K-1 (results: ``scores``)."""
+    from .boxes import nms
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -154,14 +158,15 @@ def save_detections(
     fig, axes = plt.subplots(n, 2, figsize=(4.4, 2.1 * n + 0.5), squeeze=False)
     for i in range(n):
         img = images[i] if images[i].dtype == torch.uint8 else images[i].clamp(0, 255).round().to(torch.uint8)
-        keep = results[i]["scores"] >= score_threshold
-        for ax, name in zip(axes[i], ("ground truth", f"detections (score >= {score_threshold})")):
+        r = results[i]
+        keep = torch.nonzero(r["scores"] >= score_threshold).squeeze(1)
+        keep = keep[nms(r["boxes"][keep], r["scores"][keep], 0.5)]
+        for ax, name in zip(axes[i], ("ground truth", f"detections (score >= {score_threshold}, best per place)")):
             ax.imshow(_img(img), interpolation="nearest")
             ax.set_xticks([]), ax.set_yticks([])
             if i == 0:
                 ax.set_title(name, fontsize=8)
         _draw_boxes(axes[i][0], targets[i]["boxes"], targets[i]["labels"], class_names)
-        r = results[i]
         _draw_boxes(axes[i][1], r["boxes"][keep], r["labels"][keep], class_names, r["scores"][keep].tolist())
     if title:
         fig.suptitle(title, fontsize=8)
