@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -116,8 +117,9 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
         return torch.zeros(0, dtype=torch.long, device=boxes.device)
     order = torch.sort(scores, descending=True, stable=True).indices
     over = box_iou(boxes[order], boxes[order]) > iou_threshold  # [N, N], in score order
-    over = over.cpu()  # the greedy pass is sequential: one row per kept box
-    removed = torch.zeros(len(order), dtype=torch.bool)
+    # the greedy pass is sequential (one row per kept box); numpy keeps its per-element cost small
+    over = over.cpu().numpy()
+    removed = np.zeros(len(order), dtype=bool)
     keep = []
     for i in range(len(order)):
         if removed[i]:
@@ -129,13 +131,16 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
 
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """Class-aware NMS: boxes of different ``classes`` [N] never suppress each other. Returns kept
-    indices [K] by decreasing score. Each class's boxes are shifted by its own offset (larger
-    than any coordinate span), so one :func:`nms` call handles every class."""
+    indices [K] by decreasing score (equal scores: by class, then index). One :func:`nms` per class,
+    so the IoU matrices are per class (a detector's thousands of candidates spread over K classes)."""
     if boxes.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=boxes.device)
-    span = boxes.max() - boxes.min() + 1
-    shifted = boxes - boxes.min() + (classes.to(boxes.dtype) * span)[:, None]
-    return nms(shifted, scores, iou_threshold)
+    keep = []
+    for c in torch.unique(classes):
+        idx = torch.nonzero(classes == c).squeeze(1)
+        keep.append(idx[nms(boxes[idx], scores[idx], iou_threshold)])
+    keep = torch.cat(keep)
+    return keep[torch.sort(scores[keep], descending=True, stable=True).indices]
 
 
 def select_detections(

@@ -359,6 +359,8 @@ def cmd_det_eval(args) -> int:
     model, cfg = load_detector(args.checkpoint, device)
     for k, v in _overrides(args):
         set_key(cfg, k, v)
+    if cfg["train"]["threads"]:  # the run's thread count (small ops: a second thread may only contend)
+        torch.set_num_threads(int(cfg["train"]["threads"]))
     _, val = build_det_datasets(cfg, train=False, progress=True)
     t0 = time.time()
     res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
