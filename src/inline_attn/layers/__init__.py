@@ -1,6 +1,7 @@
 """nn.Modules built on :mod:`inline_attn.ops`."""
 
 from .attention import (
+    ATTENTION_CHOICES,
     KERNEL_CHOICES,
     InLineAttention,
     LinearAttention,
@@ -8,17 +9,24 @@ from .attention import (
     TokenAttention,
     build_attention,
     check_heads,
+    check_kind,
     make_kernel,
 )
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
 from .kernels import AffineReLUKernel
+from .linear_family import LINEAR_CORES, LinearCore, make_core
 from .local_residual import LocalResidual
 from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw
 from .pos_embed import resize_pos_embed
 from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
 
 __all__ = [
+    "ATTENTION_CHOICES",
     "KERNEL_CHOICES",
+    "LINEAR_CORES",
+    "LinearCore",
+    "make_core",
+    "check_kind",
     "AffineReLUKernel",
     "AttentionRecord",
     "DropPath",

@@ -1,8 +1,10 @@
-"""Token attention layers: InLine, linear and softmax with one signature.
+"""Token attention layers: InLine, linear, softmax and the other linear attentions with one signature.
 
 ``x: [B, N, C]`` with ``N = num_prefix_tokens + H*W`` and ``feat_size = (H, W)``. The three
 layers share projections and state-dict names (``qkv``, ``proj``, ``residual.0``, ``residual.2``)
-so an ablation is one argument: ``build_attention("softmax", dim, heads)``.
+so an ablation is one argument: ``build_attention("softmax", dim, heads)``. The other linear
+attentions (:data:`ATTENTION_CHOICES`: hydra, efficient, angular, relu_msa, focused) share them too
+and add their own modules under ``core``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,21 @@ import torch.nn as nn
 from ..ops import ATTENTION_KINDS, KERNELS
 from ..ops._checks import check_feat_size
 from .kernels import AffineReLUKernel
+from .linear_family import LINEAR_CORES, make_core
 from .local_residual import LocalResidual
 from .record import RecordableAttention
 
 KERNEL_CHOICES = tuple(KERNELS) + ("affine_relu",)
+ATTENTION_CHOICES = tuple(ATTENTION_KINDS) + tuple(LINEAR_CORES)
+
+
+def check_kind(kind: str, kernel: Optional[str] = None) -> str:
+    """Validate an attention kind (one of :data:`ATTENTION_CHOICES`) and that it takes ``kernel``."""
+    if kind not in ATTENTION_CHOICES:
+        raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_CHOICES}")
+    if kind not in ("inline", "linear") and kernel not in (None, "identity"):
+        raise ValueError(f"{kind} attention has its own feature map and takes no kernel, got kernel={kernel!r}")
+    return kind
 
 
 def check_heads(dim: int, num_heads: int) -> int:
@@ -43,7 +56,9 @@ class TokenAttention(RecordableAttention):
     Args:
         dim: channels C.
         num_heads: heads h (C % h == 0).
-        kind: "inline", "linear" or "softmax".
+        kind: "inline", "linear", "softmax", or another linear attention: "hydra" (Bolya et al.
+            2022), "efficient" (Shen et al. 2021), "angular" (Castling-ViT), "relu_msa"
+            (EfficientViT), "focused" (FLatten); see :mod:`inline_attn.layers.linear_family`.
         qkv_bias: bias of the fused qkv projection.
         kernel: phi for inline (default identity) and linear (default relu) attention; one of
             identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1).
@@ -72,18 +87,16 @@ class TokenAttention(RecordableAttention):
         split_qkv: bool = False,
     ):
         super().__init__()
-        if kind not in ATTENTION_KINDS:
-            raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
+        check_kind(kind, kernel)
         head_dim = check_heads(dim, num_heads)
         if num_prefix_tokens < 0:
             raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
-        if kind == "softmax" and kernel not in (None, "identity"):
-            raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
         self.kind = kind
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_prefix_tokens = num_prefix_tokens
         self.scale = head_dim**-0.5
         self.kernel = make_kernel(kernel, head_dim)
+        self.core = make_core(kind, dim, num_heads) if kind in LINEAR_CORES else None
         self.split_qkv = split_qkv
         if split_qkv:
             self.q = nn.Linear(dim, dim, bias=qkv_bias)
@@ -170,5 +183,5 @@ class SoftmaxAttention(TokenAttention):
 
 
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:
-    """Factory: ``build_attention("inline" | "linear" | "softmax", dim, num_heads, **kwargs)``."""
+    """Factory: ``build_attention(kind, dim, num_heads, **kwargs)``, kind one of :data:`ATTENTION_CHOICES`."""
     return TokenAttention(dim, num_heads, kind=kind, **kwargs)

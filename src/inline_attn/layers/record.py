@@ -22,7 +22,9 @@ import torch
 import torch.nn as nn
 
 from ..ops import attention, attention_weights, inline_tokens
+from ..ops.dispatch import default_impl
 from ..ops.tokens import add_to_grid_tokens, grid_residual
+from .linear_family import LINEAR_CORES
 
 
 @dataclass
@@ -60,7 +62,8 @@ class RecordableAttention(nn.Module):
     """Base for attention modules: routes the attention core through one hookable method.
 
     Attributes:
-        kind: "inline", "linear" or "softmax".
+        kind: "inline", "linear", "softmax" or one of the other linear attentions
+            (:data:`~inline_attn.layers.linear_family.LINEAR_CORES`, computed by ``self.core``).
         num_heads: heads of the module (set by subclasses).
         impl: the InLine layer core's implementation for this module (see
             :mod:`inline_attn.ops.dispatch`); None = the process default.
@@ -114,7 +117,8 @@ class RecordableAttention(nn.Module):
 
         Returns:
             [B, N, C]. InLine without a hook goes to :func:`inline_attn.ops.inline_tokens` (the
-            fused kernels where they apply); everything else splits heads and calls :meth:`attend`.
+            fused kernels where they apply); the other linear attentions to ``self.core``;
+            everything else splits heads and calls :meth:`attend`.
         """
         kind = kind or self.kind
         if kind != "softmax" and (bias is not None or mask is not None):
@@ -133,6 +137,23 @@ class RecordableAttention(nn.Module):
                 scale=scale,
                 impl=self.impl,
             )
+        if kind in LINEAR_CORES:
+            hook = None
+            if self.hooked:
+
+                def hook(w):
+                    return self.hook_weights(w, kind, feat_size, p, token_coords)
+
+            naive = (self.impl or default_impl()) == "naive"
+            out = self.core(q, k, v, feat_size, p, naive=naive, weight_hook=hook)
+        else:
+            out = self._attend_heads(q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop)
+        if residual_weights is not None:
+            out = add_to_grid_tokens(out, grid_residual(v, residual_weights, feat_size, p).to(out.dtype), p)
+        return out
+
+    def _attend_heads(self, q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop):
+        """[B, N, C] tensors -> heads -> :meth:`attend` -> [B, N, C]."""
         b, n, c = q.shape
 
         def heads(t):  # [B, N, C] -> [B, h, N, d] view
@@ -152,10 +173,7 @@ class RecordableAttention(nn.Module):
             token_coords=token_coords,
             attn_drop=attn_drop,
         )
-        out = out.transpose(1, 2).reshape(b, n, c)
-        if residual_weights is not None:
-            out = add_to_grid_tokens(out, grid_residual(v, residual_weights, feat_size, p).to(out.dtype), p)
-        return out
+        return out.transpose(1, 2).reshape(b, n, c)
 
     def attend(
         self,
@@ -185,6 +203,24 @@ class RecordableAttention(nn.Module):
                 return attn_drop(w) @ v
             return attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
         weights = attention_weights(q, k, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
+        weights = self.hook_weights(weights, kind, feat_size, num_prefix_tokens, token_coords)
+        if attn_drop is not None and kind == "softmax":
+            weights = attn_drop(weights)
+        return weights @ v
+
+    def hook_weights(
+        self,
+        weights: torch.Tensor,
+        kind: str,
+        feat_size: tuple[int, int],
+        num_prefix_tokens: int = 0,
+        token_coords: Coords = None,
+    ) -> torch.Tensor:
+        """Hand explicit weights [B * G, heads, N, N] to the installed hook; return the weights to use
+        (the hook's replacement, or ``weights`` when there is no hook or it returns None)."""
+        hook = self._attention_hook
+        if hook is None:
+            return weights
         record = AttentionRecord(
             name=self._record_name,
             index=self._record_index,
@@ -195,15 +231,13 @@ class RecordableAttention(nn.Module):
             token_coords=token_coords() if callable(token_coords) else token_coords,
         )
         replaced = hook(record)
-        if replaced is not None:
-            if replaced.shape != weights.shape:
-                raise ValueError(
-                    f"attention hook returned weights of shape {tuple(replaced.shape)}, expected {tuple(weights.shape)}"
-                )
-            weights = replaced
-        if attn_drop is not None and kind == "softmax":
-            weights = attn_drop(weights)
-        return weights @ v
+        if replaced is None:
+            return weights
+        if replaced.shape != weights.shape:
+            raise ValueError(
+                f"attention hook returned weights of shape {tuple(replaced.shape)}, expected {tuple(weights.shape)}"
+            )
+        return replaced
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, RecordableAttention]]:

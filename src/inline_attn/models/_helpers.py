@@ -1,7 +1,9 @@
 """Small helpers shared by the model families: attention patterns and feature indices.
 
 Pattern strings (the paper's notation, per stage): ``I`` = InLine, ``S`` = softmax as in the base
-architecture, ``L`` = linear attention (ReLU kernel) laid out like InLine, ``M`` = mixed: with an
+architecture, ``L`` = linear attention (ReLU kernel) laid out like InLine; the other linear attentions laid out
+like InLine: ``H`` = Hydra, ``E`` = Efficient attention, ``A`` = linear-angular (Castling-ViT),
+``V`` = ReLU multi-scale (EfficientViT), ``F`` = focused (FLatten); ``M`` = mixed: with an
 ``M<n>`` suffix after the stage letters, the first n blocks of every M stage are InLine and the
 rest softmax ("IIMS2", also written "IIMSM2").
 """
@@ -12,9 +14,18 @@ import operator
 import re
 from typing import Sequence, Union
 
-PATTERN_KINDS = {"I": "inline", "S": "softmax", "L": "linear"}
+PATTERN_KINDS = {
+    "I": "inline",
+    "S": "softmax",
+    "L": "linear",
+    "H": "hydra",
+    "E": "efficient",
+    "A": "angular",
+    "V": "relu_msa",
+    "F": "focused",
+}
 # stage letters, then the optional mixed-stage block count: "IIMS2" or "IIMSM2"
-_PATTERN_RE = re.compile(r"([ISLM]+?)(?:M?(\d+))?")
+_PATTERN_RE = re.compile(r"([ISLHEAVFM]+?)(?:M?(\d+))?")
 
 
 def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
@@ -29,7 +40,7 @@ def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
     letters, mixed = (m.group(1), m.group(2)) if m else (None, None)
     if letters is None or len(letters) != len(depths):
         raise ValueError(
-            f"pattern {pattern!r} must give one of I/S/L/M per stage ({len(depths)} stages), "
+            f"pattern {pattern!r} must give one of {'/'.join(PATTERN_KINDS)}/M per stage ({len(depths)} stages), "
             f"optionally followed by M<n>, e.g. {'I' * len(depths)!r}"
         )
     if "M" in letters and mixed is None:

@@ -39,6 +39,9 @@ from ..layers import (
     RecordableAttention,
     check_heads,
     init_weights_,
+    LINEAR_CORES,
+    check_kind,
+    make_core,
     make_kernel,
     pad_small_input,
     to_2tuple,
@@ -51,7 +54,6 @@ from .registry import ModelConfig, register_model
 __all__ = ["NUM_STAGES", "CSWinTransformer", "CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
 
 NUM_STAGES = 4  # CSwin's fixed layout: four stages at strides 4, 8, 16, 32 (the last one global)
-_KINDS = ("inline", "linear", "softmax")
 
 
 def _split_sizes(value: Union[str, int, Sequence[int]], name: str, num_stages: int) -> tuple[int, ...]:
@@ -100,7 +102,7 @@ class StripeAttention(RecordableAttention):
         mode: "global" (the whole map), "vertical" (stripes of ``split_size`` columns, full
             height; the reference's idx 0) or "horizontal" (``split_size`` rows, full width; idx 1).
         split_size: stripe width in tokens (ignored for "global").
-        kind: "inline", "linear" or "softmax".
+        kind: "inline", "linear", "softmax" or another linear attention (see TokenAttention).
         kernel: phi for inline / linear (default identity / relu).
         local_residual: add InLine's predicted 3x3 residual on V (default: on for InLine only).
         attn_drop: dropout on softmax weights.
@@ -125,14 +127,12 @@ class StripeAttention(RecordableAttention):
             raise ValueError(f"unknown stripe mode {mode!r}: expected global, vertical or horizontal")
         if split_size < 1:
             raise ValueError(f"split_size must be a positive stripe width, got {split_size}")
-        if kind not in _KINDS:
-            raise ValueError(f"unknown attention kind {kind!r}: expected inline, linear or softmax")
-        if kind == "softmax" and kernel not in (None, "identity"):
-            raise ValueError(f"softmax attention takes no kernel, got kernel={kernel!r}")
+        check_kind(kind, kernel)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads, self.mode, self.split_size, self.kind = dim, num_heads, mode, split_size, kind
         self.scale = self.head_dim**-0.5
         self.kernel = make_kernel(kernel, self.head_dim) if kind != "softmax" else None
+        self.core = make_core(kind, dim, num_heads) if kind in LINEAR_CORES else None
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.attn_drop = nn.Dropout(attn_drop)
         use_residual = (kind == "inline") if local_residual is None else bool(local_residual)

@@ -1,0 +1,166 @@
+"""The other linear attentions: each layer against a mirror of its paper's equations (float64)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inline_attn.layers import ATTENTION_CHOICES, LINEAR_CORES, build_attention, record_attention
+from inline_attn.ops import use_impl
+from inline_attn.ops.linear_family import naive_depthwise_conv2d, naive_grouped_pointwise
+
+# (dim, heads, prefix, H, W): batch 1 and 2, odd N, H != W, prefix tokens, one head
+LAYOUTS = [(24, 3, 0, 5, 7), (24, 3, 1, 5, 7), (16, 2, 2, 3, 4), (12, 1, 0, 1, 1), (18, 3, 1, 4, 4)]
+IDS = [f"C{c}-h{h}-P{p}-{a}x{b}" for c, h, p, a, b in LAYOUTS]
+KINDS = tuple(LINEAR_CORES)
+
+
+def _conv_grid(t, conv_w, groups, p, hw, bias=None):
+    """A same-padded convolution of the grid tokens of t [B, P + HW, C] (prefix rows -> 0)."""
+    b, _, c = t.shape
+    h, w = hw
+    img = t[:, p:].transpose(1, 2).reshape(b, c, h, w)
+    pad = (conv_w.shape[2] // 2, conv_w.shape[3] // 2)
+    out = F.conv2d(img, conv_w, bias, padding=pad, groups=groups).reshape(b, -1, h * w).transpose(1, 2)
+    return torch.cat([torch.zeros(b, p, out.shape[2], dtype=t.dtype), out], 1)
+
+
+def _linear(q, k, v, eps=1e-6):
+    """Division-normalised linear attention written per query: sum_j (q_i.k_j) v_j / (sum_j q_i.k_j + eps)."""
+    sim = torch.einsum("bhid,bhjd->bhij", q, k)
+    return torch.einsum("bhij,bhjd->bhid", sim, v) / (sim.sum(-1, keepdim=True) + eps)
+
+
+def _heads(t, h):
+    b, n, c = t.shape
+    return t.reshape(b, n, h, c // h).transpose(1, 2)
+
+
+def _merge(t):
+    b, h, n, d = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * d)
+
+
+def mirror(m, x, hw):
+    """Each paper's layer written out from its equations, sharing only the parameters of ``m``."""
+    b, n, c = x.shape
+    p, h, kind = m.num_prefix_tokens, m.num_heads, m.kind
+    core = m.core
+    q, k, v = m.qkv(x).chunk(3, dim=-1)
+    if kind == "hydra":  # Bolya et al. Eq. 6: phi(Q) * sum_t phi(K)_t * V_t, phi = cosine over C
+        qn, kn = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+        out = qn * (kn * v).sum(1, keepdim=True)
+    elif kind == "efficient":  # Shen et al. Eq. 4: rho_q(Q) (rho_k(K)^T V)
+        qs, ks, vs = _heads(q, h).softmax(-1), _heads(k, h).softmax(2), _heads(v, h)
+        w = torch.einsum("bhid,bhjd->bhij", qs, ks)
+        out = _merge(torch.einsum("bhij,bhjd->bhid", w, vs))
+    elif kind == "angular":  # Castling-ViT: 1/2 v + (1/pi) q_hat k_hat^T v, row-normalised, + seq conv
+        qh, kh, vh = _heads(q, h), _heads(k, h), _heads(v, h)
+        qh, kh = qh / qh.norm(dim=-1, keepdim=True), kh / kh.norm(dim=-1, keepdim=True)
+        raw = 0.5 * vh + torch.einsum("bhij,bhjd->bhid", torch.einsum("bhid,bhjd->bhij", qh, kh) / math.pi, vh)
+        att = raw / raw.norm(dim=-1, keepdim=True)
+        taps = core.dconv.weight[:, 0, :, 0]  # [h, 9]
+        r = taps.shape[1] // 2
+        conv = torch.zeros_like(vh)
+        for i in range(n):
+            for t in range(taps.shape[1]):
+                j = i + t - r
+                if 0 <= j < n:
+                    conv[:, :, i] += taps[:, t, None] * vh[:, :, j]
+        out = _merge(att + conv)
+    elif kind == "relu_msa":  # EfficientViT: ReLU linear attention over q, k, v and their 5x5 aggregates
+        qkv = torch.cat([q, k, v], -1)
+        agg = _conv_grid(qkv, core.aggreg_dw.weight, 3 * c, p, hw)
+        img = agg[:, p:].transpose(1, 2).reshape(b, 3 * c, *hw)
+        img = F.conv2d(img, core.aggreg_pw.weight, groups=3 * h).reshape(b, 3 * c, -1).transpose(1, 2)
+        agg = torch.cat([qkv[:, :p], img], 1)
+        qa, ka, va = agg.chunk(3, -1)
+        qq, kk, vv = (torch.cat([_heads(s, h), _heads(a, h)], 1) for s, a in ((q, qa), (k, ka), (v, va)))
+        out = core.merge(_merge(_linear(F.relu(qq), F.relu(kk), vv)))
+    elif kind == "focused":  # FLatten Eq. 5-6 + DWC(V) shared across heads
+        s = F.softplus(core.scale)
+
+        def focus(t):
+            y = F.relu(t) / s + 1e-6
+            return y.norm(dim=-1, keepdim=True) * y**core.power / (y**core.power).norm(dim=-1, keepdim=True)
+
+        out = _merge(_linear(_heads(focus(q), h), _heads(focus(k), h), _heads(v, h)))
+        hd = c // h
+        vb = v[:, p:].transpose(1, 2).reshape(b * h, hd, *hw)
+        dwc = F.conv2d(vb, core.dwc.weight, core.dwc.bias, padding=core.dwc.padding, groups=hd)
+        dwc = dwc.reshape(b, c, -1).transpose(1, 2)
+        out = torch.cat([out[:, :p], out[:, p:] + dwc], 1)
+    else:
+        raise AssertionError(kind)
+    return m.proj(out)
+
+
+def _grads(m, x, y):
+    g = torch.autograd.grad(y.square().sum(), [x] + [t for t in m.parameters()], allow_unused=True)
+    return [t for t in g if t is not None]
+
+
+@pytest.mark.parametrize("c,nh,p,h,w", LAYOUTS, ids=IDS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("impl", ["eager", "naive"])
+def test_layer_matches_its_paper_outputs_and_grads(kind, c, nh, p, h, w, impl):
+    torch.manual_seed(0)
+    m = build_attention(kind, c, nh, num_prefix_tokens=p).double()
+    for prm in m.core.parameters():  # the convs and scales start at fixed values: randomise them
+        torch.nn.init.normal_(prm, std=0.3)
+    batch = 1 if h * w % 2 else 2
+    x = torch.randn(batch, p + h * w, c, dtype=torch.float64, requires_grad=True)
+    with use_impl(impl):
+        y = m(x, (h, w))
+    ref = mirror(m, x, (h, w))
+    print(kind, impl, "max |diff|", (y - ref).abs().max().item())
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+    got, want = _grads(m, x, y), _grads(m, x, ref)
+    assert len(got) == len(want) == sum(1 for _ in m.parameters()) + 1  # every parameter gets a gradient
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hook_sees_weights_and_can_replace_them(kind):
+    """Hooks record explicit weights; the weights reproduce the layer (weights @ v is the core)."""
+    m = build_attention(kind, 12, 3, num_prefix_tokens=1).double()
+    x = torch.randn(2, 1 + 12, 12, dtype=torch.float64)
+    y = m(x, (3, 4))
+    with record_attention(m) as recs:
+        y_hooked = m(x, (3, 4))
+    torch.testing.assert_close(y_hooked, y, rtol=1e-10, atol=1e-12)
+    heads = {"hydra": 12, "relu_msa": 6}.get(kind, 3)
+    assert recs[0].kind == kind and recs[0].weights.shape == (2, heads, 13, 13)
+
+
+def test_efficient_rows_sum_to_one_and_hydra_is_per_channel():
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    from inline_attn.ops.linear_family import efficient_weights, hydra_weights
+
+    torch.testing.assert_close(efficient_weights(q, k).sum(-1), torch.ones(1, 2, 9, dtype=torch.float64))
+    w = hydra_weights(q[..., :1], k[..., :1])
+    torch.testing.assert_close(w[0, 1, 3, 5], q[0, 1, 3, 0] * k[0, 1, 5, 0])
+
+
+def test_naive_convolutions_equal_torch():
+    x = torch.randn(2, 6, 5, 7, dtype=torch.float64)
+    wd = torch.randn(6, 1, 5, 3, dtype=torch.float64)
+    bias = torch.randn(6, dtype=torch.float64)
+    torch.testing.assert_close(naive_depthwise_conv2d(x, wd, bias), F.conv2d(x, wd, bias, padding=(2, 1), groups=6))
+    wp = torch.randn(6, 2, 1, 1, dtype=torch.float64)
+    torch.testing.assert_close(naive_grouped_pointwise(x, wp, 3), F.conv2d(x, wp, groups=3))
+    with pytest.raises(ValueError, match="odd kh, kw"):
+        naive_depthwise_conv2d(x, torch.randn(6, 1, 2, 3))
+
+
+def test_unknown_kind_and_kernel_name_the_known_ones():
+    with pytest.raises(ValueError, match="expected one of .*hydra.*focused"):
+        build_attention("performer", 12, 3)
+    with pytest.raises(ValueError, match="takes no kernel"):
+        build_attention("hydra", 12, 3, kernel="relu")
+    assert set(KINDS) <= set(ATTENTION_CHOICES)
