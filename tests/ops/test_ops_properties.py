@@ -58,3 +58,33 @@ def test_softmax_distinguishes_collinear_queries():
     q1 = torch.randn(1, 1, 1, 8, generator=g, dtype=torch.float64)
     w = attention_weights(torch.cat([q1, 2 * q1], 2), k, kind="softmax")
     assert (w[..., 0, :] - w[..., 1, :]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kernel", ["identity", "relu", "leakyrelu", "exp", "affine_relu", "affine_relu_bias"])
+def test_each_kernel_confuses_q_and_2q_in_linear_attention_only_when_homogeneous(kernel):
+    """Linear attention gives q and 2q identical rows whenever phi(2q) = 2 phi(q) (identity, ReLU,
+    LeakyReLU, relu(A x) without bias); InLine gives them different rows for every kernel."""
+    from inline_attn.layers import AffineReLUKernel
+
+    g = torch.Generator().manual_seed(4)
+    k = torch.randn(1, 1, 24, 8, generator=g, dtype=torch.float64).abs() + 0.05  # positive keys keep
+    q1 = torch.randn(1, 1, 1, 8, generator=g, dtype=torch.float64).abs() + 0.1  # every kernel's sums > 0
+    phi = kernel
+    if kernel.startswith("affine_relu"):
+        phi = AffineReLUKernel(8).double()
+        with torch.no_grad():
+            phi.affine.weight.add_(0.1 * torch.randn(8, 8, generator=g, dtype=torch.float64)).abs_()
+            if kernel == "affine_relu_bias":
+                phi.affine.bias.fill_(0.5)
+    q = torch.cat([q1, 2 * q1], dim=2)
+    with torch.no_grad():
+        lin = attention_weights(q, k, kind="linear", kernel=phi, eps=0.0)
+        inl = attention_weights(q, k, kind="inline", kernel=phi)
+    gap_linear = (lin[..., 0, :] - lin[..., 1, :]).abs().max().item()
+    gap_inline = (inl[..., 0, :] - inl[..., 1, :]).abs().max().item()
+    print(kernel, "linear row gap", gap_linear, "InLine row gap", gap_inline)
+    if kernel in ("exp", "affine_relu_bias"):
+        assert gap_linear > 1e-4
+    else:
+        assert gap_linear < 1e-14
+    assert gap_inline > 1e-4

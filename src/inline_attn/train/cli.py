@@ -156,6 +156,24 @@ def cmd_demo(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
+    if args.target == "ablations":
+        from .ablations import run_ablations
+
+        res = run_ablations(
+            "quick" if args.quick else "full",
+            output=args.output if args.output != "runs/fmnist" else None,
+            parts=args.parts,
+            seeds=args.seeds,
+            doc=args.doc,
+            max_runs=args.max_runs,
+            config_dir=args.configs,
+            report_only=args.report_only,
+        )
+        print(res["report"])
+        print(f"runs trained now: {res['trained']}, found finished: {res['skipped']}, still to run: {res['left']}")
+        if res["left"]:
+            print("run the same command again to continue")
+        return 130 if res["stopped"] else 0
     from .reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
@@ -245,9 +263,17 @@ def register(subparsers) -> None:
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")
     p.set_defaults(func=cmd_demo)
 
-    p = subparsers.add_parser("reproduce", help="train the four Fashion-MNIST variants and tabulate them")
-    p.add_argument("target", choices=["fmnist"])
-    p.add_argument("--output", default="runs/fmnist", help="one subfolder per variant")
+    p = subparsers.add_parser(
+        "reproduce",
+        help="fmnist: train the four Fashion-MNIST variants and tabulate them; ablations: the paper's "
+        "ablations and comparisons over several seeds (resumable)",
+    )
+    p.add_argument("target", choices=["fmnist", "ablations"])
+    p.add_argument(
+        "--output",
+        default="runs/fmnist",
+        help="one subfolder per variant (ablations: default runs/ablations/<preset>)",
+    )
     p.add_argument(
         "--epochs",
         type=_positive(int, "--epochs"),
@@ -256,4 +282,11 @@ def register(subparsers) -> None:
     p.add_argument("--doc", default="docs/reproduction.md", help="markdown file to write the table into")
     p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
     p.add_argument("--configs", help="configs folder (default: found automatically)")
+    p.add_argument("--quick", action="store_true", help="ablations: the <= 15 min preset (smaller budget per run)")
+    p.add_argument("--seeds", type=_positive(int, "--seeds"), default=3, help="ablations: seeds per setting")
+    p.add_argument("--parts", default="abcdefg", help="ablations: letters of the parts to run (default abcdefg)")
+    p.add_argument(
+        "--max-runs", type=int, default=0, help="ablations: stop after training this many runs (0: no limit)"
+    )
+    p.add_argument("--report-only", action="store_true", help="ablations: train nothing, tabulate the finished runs")
     p.set_defaults(func=cmd_reproduce)

@@ -107,13 +107,14 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: pathlib.Path, table: str) -> None:
-    """Replace the marked Fashion-MNIST section of ``path`` (append it when absent); other text stays."""
+def write_section(path: pathlib.Path, table: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section of ``path`` between the markers ``begin`` and ``end`` (the Fashion-MNIST
+    table's by default; appended when absent); other text stays."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = path.read_text() if path.exists() else "# Reproduction\n\n"
-    block = f"{BEGIN}\n{table}{END}\n"
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END) + len(END)
+    block = f"{begin}\n{table}{end}\n"
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end) + len(end)
         text = text[:a] + block.rstrip("\n") + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + block

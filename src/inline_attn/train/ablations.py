@@ -1,0 +1,628 @@
+"""``inline-attn reproduce ablations``: the paper's ablations and comparisons, several seeds each.
+
+Parts (one table each in docs/reproduction.md):
+
+- a. kernel x {linear, InLine}: the injectivity ablation (paper Table 1); InLine without its local
+  residual so only the attention function differs;
+- b. window x {with, without the local residual} (paper Table 4's local-modelling ablation);
+- c. InLine's kernel (identity, ReLU, LeakyReLU, Exp), with the residual;
+- d. the linear attentions side by side: params, MACs, train and inference img/s, top-1;
+- e. masking the k x k neighbourhood vs as many random keys on the trained softmax, linear and
+  InLine models of part d (paper Table 2);
+- f. accuracy against inference time of every setting (paper Fig. 6a), a PNG;
+- g. the four Fashion-MNIST variants of ``reproduce fmnist`` (configs/fmnist), several seeds.
+
+Parts a-e train on the locality task of ``configs/ablations/_base.yaml`` (Fashion-MNIST at 56 px,
+a 28 x 28 token grid). Every (setting, seed) is one training run in ``OUTPUT/<setting>/seed<s>``
+(resumable mid-run through ``train.resume=auto``) and, once finished, one JSON in
+``OUTPUT/results/``: a run whose JSON exists is skipped, so the command continues where it
+stopped. The presets differ only in the budget; their outputs go to separate folders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .config import configs_dir, load_config
+from .report import write_json
+from .reproduce import write_section
+
+ABLATION_CONFIG = "ablations/_base.yaml"
+KERNELS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
+KERNELS_C = ("identity", "relu", "leakyrelu", "exp")
+WINDOWS = (7, 14, 28)
+COMPARED = ("softmax", "linear", "hydra", "efficient", "angular", "relu_msa", "focused", "inline")
+MASKED = ("softmax", "linear", "inline")
+FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
+PARTS = "abcdefg"
+PLAN_ORDER = "deabcgf"  # training order: the comparison (and the masked models) first
+LETTER = {"inline": "I", "linear": "L", "softmax": "S", "hydra": "H", "efficient": "E", "angular": "A"}
+LETTER.update({"relu_msa": "V", "focused": "F"})
+NAMES = {
+    "inline": "InLine",
+    "linear": "linear",
+    "softmax": "softmax (Swin windows of 7)",
+    "hydra": "Hydra",
+    "efficient": "Efficient attention",
+    "angular": "linear-angular (Castling-ViT)",
+    "relu_msa": "ReLU multi-scale (EfficientViT)",
+    "focused": "focused (FLatten)",
+}
+BEGIN, END = "<!-- ablations:begin -->", "<!-- ablations:end -->"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one run of a preset costs: training images per epoch, epochs, evaluation images."""
+
+    subset: int  # training images per epoch of the locality task (0: all 60,000)
+    val_subset: int  # test images scored (0: all 10,000)
+    epochs: int
+    fmnist_epochs: int  # part g (0: the configs' own)
+    fmnist_subset: int  # part g training images (0: all)
+    mask_images: int  # part e test images
+    bench_batch: int  # inference img/s: batch and timed iterations
+    bench_iters: int
+
+
+PRESETS = {
+    "full": Budget(12000, 0, 1, 0, 0, 1000, 128, 10),
+    "quick": Budget(1024, 500, 1, 1, 2048, 100, 32, 3),
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One model and recipe, trained once per seed."""
+
+    key: str
+    label: str
+    kind: str
+    config: str
+    overrides: tuple = field(default_factory=tuple)
+
+
+def swin_setting(kind: str, kernel: Optional[str] = None, window: int = 28, residual: Optional[bool] = None) -> Setting:
+    """A setting of the locality task; equal settings of different parts share one key (and runs)."""
+    if kind == "inline":
+        kernel = kernel or "identity"
+    elif kind == "linear":
+        kernel = kernel or "relu"
+    res = (kind == "inline") if residual is None else residual
+    key = f"{kind}{'-' + kernel if kernel else ''}-w{window}{'-res' if res else ''}"
+    label = NAMES[kind] + (f", {kernel}" if kernel else "") + (f", window {window}" if kind != "softmax" else "")
+    label += ", residual" if res and kind != "inline" else (", no residual" if kind == "inline" and not res else "")
+    ov = (
+        ("model.kwargs.pattern", LETTER[kind] * 3),
+        ("model.kwargs.kernel", kernel),
+        ("model.kwargs.window_size", window),
+        ("model.kwargs.local_residual", res),
+    )
+    return Setting(key, label, kind, ABLATION_CONFIG, ov)
+
+
+def part_settings(part: str) -> list[Setting]:
+    """The settings part ``part`` (a letter of :data:`PARTS`) trains or reads."""
+    if part == "a":
+        return [swin_setting(k, kern, residual=False) for kern in KERNELS_A for k in ("linear", "inline")]
+    if part == "b":
+        return [swin_setting("inline", window=w, residual=r) for w in WINDOWS for r in (False, True)]
+    if part == "c":
+        return [swin_setting("inline", kern) for kern in KERNELS_C]
+    if part in "def":
+        kinds = MASKED if part == "e" else COMPARED
+        if part == "f":
+            return unique(s for p in "abcd" for s in part_settings(p))
+        return [swin_setting(k) for k in kinds]
+    if part == "g":
+        fm = "fmnist/{}.yaml"
+        return [Setting(f"fmnist-{v}", f"fmnist {v}", v, fm.format(v)) for v in FMNIST_VARIANTS]
+    raise ValueError(f"unknown part {part!r}: expected letters of {PARTS!r}")
+
+
+def unique(settings) -> list[Setting]:
+    seen, out = set(), []
+    for s in settings:
+        if s.key not in seen:
+            seen.add(s.key)
+            out.append(s)
+    return out
+
+
+def check_parts(parts: str) -> str:
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise ValueError(f"parts {parts!r}: expected letters of {PARTS!r}")
+    return parts
+
+
+def plan(parts: str, seeds: Sequence[int]) -> list[tuple[Setting, int]]:
+    """Every (setting, seed) the parts need, settings shared between parts trained once. Part by
+    part in the order of :data:`PLAN_ORDER` (the comparison first), every seed of a setting before
+    the next setting, so a partial run has whole parts with all their seeds."""
+    check_parts(parts)
+    ordered = [p for p in PLAN_ORDER if p in parts]
+    settings = unique(s for p in ordered for s in part_settings(p))
+    return [(s, seed) for s in settings for seed in seeds]
+
+
+def _budget_overrides(setting: Setting, budget: Budget) -> list[tuple]:
+    if setting.config == ABLATION_CONFIG:
+        return [("data.subset", budget.subset), ("data.val_subset", budget.val_subset), ("sched.epochs", budget.epochs)]
+    ov = [("data.subset", budget.fmnist_subset), ("data.val_subset", budget.val_subset)]
+    return ov + ([("sched.epochs", budget.fmnist_epochs)] if budget.fmnist_epochs else [])
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_one(
+    setting: Setting, seed: int, budget: Budget, output: pathlib.Path, config_dir: pathlib.Path
+) -> Optional[dict]:
+    """Train (or finish) one run and return its record; None when a signal stopped it."""
+    from .engine import train
+
+    run_dir = output / setting.key / f"seed{seed}"
+    ov = list(setting.overrides) + _budget_overrides(setting, budget)
+    ov += [("train.seed", seed), ("train.output", str(run_dir)), ("train.resume", "auto")]
+    cfg = load_config(config_dir / setting.config, ov)
+    load_before = _load()
+    summary = train(cfg)
+    if summary.get("interrupted"):
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "setting": setting.key,
+        "label": setting.label,
+        "kind": setting.kind,
+        "seed": seed,
+        "top1": summary["final"]["val_top1"],
+        "params": summary["params"],
+        "macs": summary.get("macs"),
+        "train_img_s": summary["train_img_s"],
+        "train_time_s": summary.get("train_time_s"),
+        "epochs": summary["epochs_done"],
+        "budget": asdict(budget),
+        "overrides": [list(o) for o in ov],
+        "load_before": load_before,
+        "load_after": _load(),
+        "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+
+
+def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) -> dict:
+    """Part e on one trained run: top-1 unmasked, local k x k masked, as many random keys masked."""
+    from ..analysis.common import Batches, load_images, load_model
+    from ..analysis.masking import masked_accuracy
+
+    lm = load_model(None, output / setting.key / f"seed{seed}")
+    images = load_images("fmnist", num_images=budget.mask_images)
+    rows = masked_accuracy(lm.model, Batches(images, lm, 50), ks=(3, 5, 7), seed=seed, progress=False)
+    return {"setting": setting.key, "kind": setting.kind, "seed": seed, "rows": rows, "load": _load()}
+
+
+def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dict:
+    """Inference img/s of the setting's model (random weights: speed does not depend on them), one thread."""
+    from ..models import create_model
+    from .evaluate import inference_throughput
+
+    cfg = load_config(config_dir / setting.config, list(setting.overrides))
+    img = cfg.data.img_size or 28
+    model = create_model(cfg.model.name, num_classes=10, in_chans=1, **{"img_size": img, **cfg.model.kwargs})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ips = inference_throughput(model, (1, img, img), batch_size=budget.bench_batch, iters=budget.bench_iters)
+    finally:
+        torch.set_num_threads(threads)
+    return {"setting": setting.key, "infer_img_s": round(ips, 1), "load": _load()}
+
+
+def _cached(path: pathlib.Path, make: Callable[[], Optional[dict]]) -> tuple[Optional[dict], bool]:
+    """(record, made_now): the JSON at ``path`` if it exists, else ``make()`` written atomically."""
+    if path.is_file():
+        return json.loads(path.read_text()), False
+    rec = make()
+    if rec is not None:
+        write_json(rec, path)
+    return rec, True
+
+
+def run_ablations(
+    preset: str = "full",
+    *,
+    output: Optional[str] = None,
+    parts: str = PARTS,
+    seeds: int = 3,
+    doc: Optional[str] = "docs/reproduction.md",
+    max_runs: int = 0,
+    config_dir: Optional[str] = None,
+    budget: Optional[Budget] = None,
+    progress: bool = True,
+    report_only: bool = False,
+) -> dict:
+    """Train what is missing, then tabulate whatever is finished into ``doc``.
+
+    Args:
+        preset: "full" or "quick" (:data:`PRESETS`); ``budget`` replaces its budget (tests).
+        output: run folder (default ``runs/ablations/<preset>``).
+        parts: letters of :data:`PARTS`.
+        seeds: seeds 0 .. seeds-1 per setting (>= 3 for the mean +- std the tables report).
+        max_runs: stop after training this many runs (0: no limit); the rest stays for later.
+        report_only: train nothing; measure and tabulate the finished runs.
+
+    Returns {"trained": runs trained now, "skipped": runs found finished, "left": runs still to
+    train, "stopped": True when a signal stopped a run, "report": the markdown}.
+    """
+    from tqdm import tqdm
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: expected one of {tuple(PRESETS)}")
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    budget = budget or PRESETS[preset]
+    out = pathlib.Path(output or f"runs/ablations/{preset}")
+    res_dir = out / "results"
+    cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
+    t0 = time.time()
+    todo = plan(parts, range(seeds))
+    trained = skipped = 0
+    stopped = False
+    bar = tqdm(todo, desc="ablation runs", unit="run", disable=not progress)
+    for setting, seed in bar:
+        path = res_dir / f"{setting.key}__seed{seed}.json"
+        if path.is_file():
+            skipped += 1
+            continue
+        if report_only or (max_runs and trained >= max_runs):
+            continue
+        bar.set_postfix_str(f"{setting.key} seed {seed}")
+        rec, _ = _cached(path, lambda s=setting, sd=seed: run_one(s, sd, budget, out, cdir))
+        if rec is None:
+            stopped = True
+            break
+        trained += 1
+    left = sum(1 for s, sd in todo if not (res_dir / f"{s.key}__seed{sd}.json").is_file())
+    results = _read(res_dir, todo)
+    extras = {} if stopped else _extras(parts, results, budget, out, cdir, seeds, progress)
+    wall = time.time() - t0
+    report = render(preset, parts, seeds, results, extras, budget, wall, left, max_runs)
+    if doc:
+        write_ablation_section(pathlib.Path(doc), report, preset)
+    if "f" in parts and not stopped:
+        figures = pathlib.Path(doc).parent / "figures" if doc else out
+        plot_accuracy_vs_runtime(results, extras.get("bench", {}), figures, preset)
+    return {"trained": trained, "skipped": skipped, "left": left, "stopped": stopped, "report": report}
+
+
+def _read(res_dir: pathlib.Path, todo) -> dict[str, list[dict]]:
+    """setting key -> its finished runs' records."""
+    by: dict[str, list[dict]] = {}
+    for s, seed in todo:
+        p = res_dir / f"{s.key}__seed{seed}.json"
+        if p.is_file():
+            by.setdefault(s.key, []).append(json.loads(p.read_text()))
+    return by
+
+
+def _extras(parts, results, budget, out, cdir, seeds, progress) -> dict:
+    """Masking (part e) on finished runs and inference speed (parts d, f), each cached as a JSON."""
+    from tqdm import tqdm
+
+    res_dir = out / "results"
+    extras: dict = {"mask": {}, "bench": {}}
+    if "e" in parts:
+        for s in part_settings("e"):
+            for seed in range(seeds):
+                if any(r["seed"] == seed for r in results.get(s.key, [])):
+                    rec, _ = _cached(
+                        res_dir / f"mask__{s.key}__seed{seed}.json", lambda: mask_one(s, seed, budget, out)
+                    )
+                    extras["mask"].setdefault(s.key, []).append(rec)
+    if "d" in parts or "f" in parts:
+        wanted = unique(s for p in parts if p in "abcdf" for s in part_settings(p))
+        wanted = [s for s in wanted if s.key in results]
+        for s in tqdm(wanted, desc="inference img/s", disable=not progress):
+            rec, _ = _cached(res_dir / f"bench__{s.key}.json", lambda s=s: bench_one(s, budget, cdir))
+            extras["bench"][s.key] = rec
+    return extras
+
+
+# ---- statistics and verdicts
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return float("nan"), float("nan"), 0
+    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else float("nan")), len(v)
+
+
+def fmt(values: Sequence[float]) -> str:
+    m, s, n = mean_std(values)
+    if n == 0:
+        return "not run"
+    return f"{m:.2f} ± {s:.2f} (n={n})" if n > 1 else f"{m:.2f} (n=1)"
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> tuple[float, str]:
+    """(mean a - mean b, "a" | "b" | "tie?"): a side wins when the gap exceeds twice its standard
+    error (Welch); fewer than two runs a side is never clear."""
+    ma, sa, na = mean_std(a)
+    mb, sb, nb = mean_std(b)
+    if na < 2 or nb < 2:
+        return ma - mb, "tie?"
+    se = math.sqrt(sa**2 / na + sb**2 / nb)
+    d = ma - mb
+    return d, ("a" if d > 2 * se else "b" if -d > 2 * se else "tie?")
+
+
+def verdict(outcomes: Sequence[str], claimed: str = "a") -> str:
+    """agrees: every comparison clear in the claimed direction; differs: one clear against it."""
+    if not outcomes:
+        return "not run"
+    if any(o not in (claimed, "tie?") for o in outcomes):
+        return "differs"
+    return "agrees" if all(o == claimed for o in outcomes) else "inconclusive at this budget"
+
+
+def top1s(results: dict, key: str) -> list[float]:
+    return [r["top1"] for r in results.get(key, [])]
+
+
+# ---- report
+
+
+def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs) -> str:
+    cmd = f"inline-attn reproduce ablations{' --quick' if preset == 'quick' else ''} --seeds {seeds}"
+    if parts != PARTS:
+        cmd += f" --parts {parts}"
+    runs = [r for rs in results.values() for r in rs]
+    train_min = sum(r.get("train_time_s") or 0 for r in runs) / 60
+    loads = [r["load_before"][0] for r in runs if r.get("load_before")]
+    lines = [
+        f"## Ablations ({preset} preset)",
+        "",
+        f"Command: `{cmd}`. Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, one "
+        f"torch thread per run. Runs finished: {len(runs)} ({train_min:.1f} min of training in all); still to run: "
+        f"{left}. 1-minute load average when the runs started: "
+        + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "n/a")
+        + f" (a shared machine). This invocation took {wall / 60:.1f} min.",
+        f"Budget per run: {budget.epochs} epoch(s) over {budget.subset or 60000} training images of the locality "
+        f"task (configs/ablations/_base.yaml), top-1 on {budget.val_subset or 10000} test images; seeds "
+        f"0-{seeds - 1}. Cells: mean ± sample std over seeds (n = runs finished).",
+        "",
+    ]
+    verdicts = []
+    if "a" in parts:
+        lines += _table_a(results, verdicts)
+    if "b" in parts:
+        lines += _table_b(results, verdicts)
+    if "c" in parts:
+        lines += _table_c(results, verdicts)
+    if "d" in parts:
+        lines += _table_d(results, extras.get("bench", {}), verdicts)
+    if "e" in parts:
+        lines += _table_e(extras.get("mask", {}), verdicts)
+    if "f" in parts:
+        lines += [
+            "### f. Accuracy against inference time (cf. Fig. 6a)",
+            "",
+            f"![accuracy vs runtime](figures/ablations_{preset}_fig6a.png)",
+            "",
+        ]
+    if "g" in parts:
+        lines += _table_g(results, verdicts)
+    lines += ["### Verdicts", ""] + [f"- {v}" for v in verdicts] + [""]
+    return "\n".join(lines)
+
+
+def _table_a(results, verdicts):
+    lines = [
+        "### a. Kernel x {linear, InLine} (injectivity ablation, cf. Table 1; no local residual)",
+        "",
+        "| kernel | linear top-1 (%) | InLine top-1 (%) | InLine - linear |",
+        "|---|---|---|---|",
+    ]
+    outcomes = []
+    for kern in KERNELS_A:
+        a, b = swin_setting("inline", kern, residual=False).key, swin_setting("linear", kern, residual=False).key
+        d, o = compare(top1s(results, a), top1s(results, b))
+        outcomes.append(o)
+        lines.append(f"| {kern} | {fmt(top1s(results, b))} | {fmt(top1s(results, a))} | {d:+.2f} |")
+    verdicts.append(
+        f"InLine beats linear attention for every kernel (Table 1): **{verdict(outcomes)}** (clear wins: "
+        f"{outcomes.count('a')} of {len(outcomes)}, clear losses: {outcomes.count('b')})."
+    )
+    return lines + [""]
+
+
+def _table_b(results, verdicts):
+    lines = [
+        "### b. Window size x local residual (InLine, identity kernel; cf. Table 4)",
+        "",
+        "| window (stage 1 / 2) | without residual | with residual | gain |",
+        "|---|---|---|---|",
+    ]
+    outcomes, gains = [], []
+    for w in WINDOWS:
+        on, off = (
+            swin_setting("inline", window=w, residual=True).key,
+            swin_setting("inline", window=w, residual=False).key,
+        )
+        d, o = compare(top1s(results, on), top1s(results, off))
+        outcomes.append(o)
+        gains.append(d)
+        where = "global" if w >= 28 else f"{w} / {'global' if w >= 14 else w}"
+        lines.append(f"| {w} ({where}) | {fmt(top1s(results, off))} | {fmt(top1s(results, on))} | {d:+.2f} |")
+    verdicts.append(
+        f"The local residual helps InLine at every window size: **{verdict(outcomes)}** (gains "
+        + ", ".join(f"{g:+.2f}" for g in gains)
+        + " points for windows "
+        + ", ".join(map(str, WINDOWS))
+        + ")."
+    )
+    finite = [g for g in gains if math.isfinite(g)]
+    grows = len(finite) == len(gains) and gains[-1] > gains[0]
+    verdicts.append(
+        "The residual matters more as the window grows (the paper's reading of Table 4): "
+        + ("**agrees in direction**" if grows else "**differs or not run**")
+        + f" (gain at window {WINDOWS[0]}: {gains[0]:+.2f}, at {WINDOWS[-1]}: {gains[-1]:+.2f}; no error bar on a "
+        "difference of differences: read with the table's std)."
+    )
+    return lines + [""]
+
+
+def _table_c(results, verdicts):
+    lines = ["### c. InLine's kernel (with the residual, global window)", "", "| kernel | top-1 (%) |", "|---|---|"]
+    for kern in KERNELS_C:
+        lines.append(f"| {kern} | {fmt(top1s(results, swin_setting('inline', kern).key))} |")
+    ident = top1s(results, swin_setting("inline", "identity").key)
+    outcomes = [compare(ident, top1s(results, swin_setting("inline", k).key))[1] for k in KERNELS_C[1:]]
+    worse = outcomes.count("b")
+    verdicts.append(
+        "InLine needs no non-linear kernel: identity (the published models' choice) is not clearly beaten: "
+        + ("**agrees**" if worse == 0 and outcomes else "**differs**")
+        + f" (identity clearly better than {outcomes.count('a')} of 3 kernels, clearly worse than {worse})."
+    )
+    return lines + [""]
+
+
+def _table_d(results, bench, verdicts):
+    lines = [
+        "### d. The linear attentions at one layout (global windows; softmax: Swin's windows of 7)",
+        "",
+        "| attention | params | MACs (M) | train img/s | inference img/s | top-1 (%) |",
+        "|---|---|---|---|---|---|",
+    ]
+    inl = top1s(results, swin_setting("inline").key)
+    outcomes = []
+    for kind in COMPARED:
+        s = swin_setting(kind)
+        rs = results.get(s.key, [])
+        if not rs:
+            lines.append(f"| {NAMES[kind]} | | | | | not run |")
+            continue
+        macs = f"{rs[0]['macs'] / 1e6:.1f}" if rs[0].get("macs") else "n/a"
+        train_ips = statistics.median(r["train_img_s"] for r in rs)
+        ips = bench.get(s.key, {}).get("infer_img_s")
+        lines.append(
+            f"| {NAMES[kind]} | {rs[0]['params']:,} | {macs} | {train_ips:.0f} | "
+            f"{'n/a' if ips is None else f'{ips:.0f}'} | {fmt(top1s(results, s.key))} |"
+        )
+        if kind not in ("inline", "softmax"):
+            outcomes.append(compare(inl, top1s(results, s.key))[1])
+    lines += [
+        "",
+        "Train img/s: median over the runs (measured while training, so under the load noted above); "
+        "inference img/s: one thread, random weights, all settings measured one after another.",
+    ]
+    verdicts.append(
+        f"InLine beats the other linear attentions (Table 6): **{verdict(outcomes)}** (clearly better than "
+        f"{outcomes.count('a')} of {len(outcomes)}, clearly worse than {outcomes.count('b')})."
+    )
+    return lines + [""]
+
+
+def _table_e(mask, verdicts):
+    lines = [
+        "### e. Masking each query's k x k neighbourhood vs as many random keys (cf. Table 2)",
+        "",
+        "| attention | unmasked | local 3x3 | random 3x3 | local 5x5 | random 5x5 | local 7x7 | random 7x7 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    drops = {}
+    for kind in MASKED:
+        recs = mask.get(swin_setting(kind).key, [])
+        if not recs:
+            lines.append(f"| {NAMES[kind]} | not run |" + " |" * 6)
+            continue
+
+        def cell(m, k, recs=recs):
+            return [next(r["top1"] for r in rec["rows"] if r["mask"] == m and r["k"] == k) for rec in recs]
+
+        cells = [fmt(cell("none", 0))] + [fmt(cell(m, k)) for k in (3, 5, 7) for m in ("local", "random")]
+        lines.append(f"| {NAMES[kind]} | " + " | ".join(cells) + " |")
+        drops[kind] = [rnd - loc for rnd, loc in zip(cell("random", 7), cell("local", 7))]  # extra loss from locality
+    n_img = "?"
+    for recs in mask.values():
+        n_img = recs[0]["rows"][0]["images"]
+        break
+    lines += ["", f"Top-1 on the first {n_img} test images; the local residual of InLine stays on.", ""]
+    if "softmax" in drops and "linear" in drops:
+        d, o = compare(drops["softmax"], drops["linear"])
+        v = {"a": "agrees", "b": "differs"}.get(o, "inconclusive at this budget")
+        verdicts.append(
+            f"Softmax attention depends more on local keys than linear attention (Table 2): **{v}** (the 7x7 "
+            f"local mask costs softmax {statistics.fmean(drops['softmax']):.2f} points more than random keys, "
+            f"linear {statistics.fmean(drops['linear']):.2f})."
+        )
+    return lines
+
+
+def _table_g(results, verdicts):
+    lines = [
+        "### g. The four Fashion-MNIST variants (configs/fmnist, DeiT on the 7 x 7 grid), several seeds",
+        "",
+        "| variant | top-1 (%) |",
+        "|---|---|",
+    ]
+    for v in FMNIST_VARIANTS:
+        lines.append(f"| {v} | {fmt(top1s(results, f'fmnist-{v}'))} |")
+    inl = top1s(results, "fmnist-inline")
+    outcomes = [compare(inl, top1s(results, f"fmnist-{v}"))[1] for v in FMNIST_VARIANTS[:-1]]
+    verdicts.append(
+        f"On the 7 x 7 Fashion-MNIST task InLine beats softmax, linear and InLine without residual: "
+        f"**{verdict(outcomes)}** ({outcomes.count('a')} of 3 clear)."
+    )
+    return lines + [""]
+
+
+def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, preset: str) -> Optional[str]:
+    """Top-1 (mean ± std over seeds) against inference ms per image, one point per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = []
+    for key, rs in results.items():
+        ips = bench.get(key, {}).get("infer_img_s")
+        if ips and not key.startswith("fmnist-"):
+            m, s, _ = mean_std([r["top1"] for r in rs])
+            pts.append((1000.0 / ips, m, 0.0 if math.isnan(s) else s, rs[0]["kind"], rs[0]["label"]))
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    kinds = sorted({p[3] for p in pts})
+    for ci, kind in enumerate(kinds):
+        sel = [p for p in pts if p[3] == kind]
+        ax.errorbar([p[0] for p in sel], [p[1] for p in sel], yerr=[p[2] for p in sel], fmt="o", color=f"C{ci}",
+                    label=NAMES[kind], capsize=3)  # fmt: skip
+    ax.set_xlabel("inference time (ms per image, one thread)")
+    ax.set_ylabel("top-1 (%)")
+    ax.set_title("Accuracy vs runtime of every setting (cf. paper Fig. 6a)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ablations_{preset}_fig6a.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
+def write_ablation_section(path: pathlib.Path, report: str, preset: str) -> None:
+    """Replace this preset's marked section of ``path`` (appended when absent); other text stays."""
+    write_section(path, report, BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->"))

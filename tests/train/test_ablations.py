@@ -1,0 +1,83 @@
+"""The ablation runner: plan, resume / skip on a two-run toy budget, statistics and verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from train_helpers import make_fmnist
+
+from inline_attn.train import ablations, engine
+from inline_attn.train.ablations import Budget, compare, fmt, plan, run_ablations, verdict
+
+TOY = Budget(
+    subset=128, val_subset=8, epochs=1, fmnist_epochs=1, fmnist_subset=128, mask_images=4, bench_batch=4, bench_iters=1
+)
+
+
+@pytest.fixture
+def two_runs(tmp_path, monkeypatch):
+    """Part g cut to two settings, one seed, two optimizer steps per run
+    (128 images, batch 64): a two-run plan on generated Fashion-MNIST files."""
+    monkeypatch.setenv("INLINE_ATTN_FMNIST", str(make_fmnist(tmp_path / "fm", n_train=128, n_test=8)))
+    monkeypatch.setattr(ablations, "FMNIST_VARIANTS", ("softmax", "inline"))
+    calls = []
+    real = engine.train
+
+    def counting(cfg):
+        calls.append(cfg.train.output)
+        return real(cfg)
+
+    monkeypatch.setattr(engine, "train", counting)
+    kw = dict(output=str(tmp_path / "out"), parts="g", seeds=1, doc=str(tmp_path / "doc.md"), budget=TOY)
+    return kw, calls, tmp_path
+
+
+def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
+    kw, calls, tmp = two_runs
+    first = run_ablations("quick", max_runs=1, progress=False, **kw)
+    assert (first["trained"], first["skipped"], first["left"]) == (1, 0, 1)
+    results = sorted((tmp / "out" / "results").glob("*.json"))
+    assert [p.name for p in results] == ["fmnist-softmax__seed0.json"]
+    rec = json.loads(results[0].read_text())
+    assert rec["seed"] == 0 and rec["epochs"] == 1 and 0 <= rec["top1"] <= 100
+
+    second = run_ablations("quick", progress=False, **kw)
+    assert (second["trained"], second["skipped"], second["left"]) == (1, 1, 0)
+    third = run_ablations("quick", progress=False, **kw)
+    assert (third["trained"], third["skipped"], third["left"]) == (0, 2, 0)
+    assert len(calls) == 2 and len(set(calls)) == 2  # each run trained exactly once
+
+    doc = (tmp / "doc.md").read_text()
+    assert doc.count("<!-- ablations:begin quick -->") == 1  # the section is replaced, not appended again
+    assert "| softmax | " in doc and "(n=1)" in doc and "still to run: 0" in doc
+
+
+def test_a_stopped_run_leaves_no_result_and_is_trained_next_time(two_runs, monkeypatch):
+    kw, calls, tmp = two_runs
+    monkeypatch.setattr(engine, "train", lambda cfg: {"interrupted": "SIGTERM"})
+    res = run_ablations("quick", progress=False, **kw)
+    assert res["stopped"] and res["trained"] == 0 and res["left"] == 2
+    assert not list((tmp / "out" / "results").glob("*.json"))
+
+
+def test_plan_shares_settings_between_parts_and_orders_seeds_inside():
+    p = plan("abcdefg", range(3))
+    keys = [s.key for s, _ in p]
+    assert len(keys) == len(set((s.key, seed) for s, seed in p))  # no run twice
+    assert len(set(keys)) == 28  # 10 (a) + 5 (b) + 3 (c) + 6 (d) + 4 (g)
+    assert [seed for _, seed in p[:3]] == [0, 1, 2] and len(set(keys[:3])) == 1
+    with pytest.raises(ValueError, match="expected letters of 'abcdefg'"):
+        plan("az", range(1))
+    with pytest.raises(ValueError, match="unknown preset"):
+        run_ablations("huge")
+
+
+def test_statistics_and_verdicts():
+    assert fmt([1.0, 2.0, 3.0]) == "2.00 ± 1.00 (n=3)" and fmt([]) == "not run"
+    assert compare([90.0, 90.5, 91.0], [80.0, 80.5, 81.0])[1] == "a"
+    assert compare([80.0, 80.5, 81.0], [90.0, 90.5, 91.0])[1] == "b"
+    assert compare([80.0, 85.0, 90.0], [84.0, 85.0, 86.0])[1] == "tie?"
+    assert compare([90.0], [80.0])[1] == "tie?"  # one run a side is never clear
+    assert verdict(["a", "a"]) == "agrees" and verdict(["a", "b"]) == "differs"
+    assert verdict(["a", "tie?"]) == "inconclusive at this budget" and verdict([]) == "not run"
