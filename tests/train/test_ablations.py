@@ -61,6 +61,19 @@ def test_a_stopped_run_leaves_no_result_and_is_trained_next_time(two_runs, monke
     assert not list((tmp / "out" / "results").glob("*.json"))
 
 
+def test_a_diverged_run_is_a_result_shown_as_diverged(two_runs, monkeypatch):
+    kw, calls, tmp = two_runs
+
+    def diverge(cfg):
+        raise FloatingPointError("loss is nan at epoch 0, step 1")
+
+    monkeypatch.setattr(engine, "train", diverge)
+    res = run_ablations("quick", progress=False, **kw)
+    assert res["trained"] == 2 and res["left"] == 0
+    assert "| softmax | diverged (1 of 1) |" in res["report"]
+    assert fmt([None, 80.0, 82.0]) == "81.00 ± 1.41 (n=2; 1 diverged)"
+
+
 def test_plan_shares_settings_between_parts_and_orders_seeds_inside():
     p = plan("abcdefg", range(3))
     keys = [s.key for s, _ in p]

@@ -178,15 +178,16 @@ def run_one(
     ov += [("train.seed", seed), ("train.output", str(run_dir)), ("train.resume", "auto")]
     cfg = load_config(config_dir / setting.config, ov)
     load_before = _load()
-    summary = train(cfg)
+    base = {"setting": setting.key, "label": setting.label, "kind": setting.kind, "seed": seed}
+    try:
+        summary = train(cfg)
+    except FloatingPointError as e:  # a diverged run is a result (e.g. linear attention, identity kernel)
+        return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
     if summary.get("interrupted"):
         return None
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
-        "setting": setting.key,
-        "label": setting.label,
-        "kind": setting.kind,
-        "seed": seed,
+        **base,
         "top1": summary["final"]["val_top1"],
         "params": summary["params"],
         "macs": summary.get("macs"),
@@ -325,7 +326,7 @@ def _extras(parts, results, budget, out, cdir, seeds, progress) -> dict:
     if "e" in parts:
         for s in part_settings("e"):
             for seed in range(seeds):
-                if any(r["seed"] == seed for r in results.get(s.key, [])):
+                if any(r["seed"] == seed and r["top1"] is not None for r in results.get(s.key, [])):
                     rec, _ = _cached(
                         res_dir / f"mask__{s.key}__seed{seed}.json", lambda: mask_one(s, seed, budget, out)
                     )
@@ -349,11 +350,14 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else float("nan")), len(v)
 
 
-def fmt(values: Sequence[float]) -> str:
+def fmt(values: Sequence[Optional[float]]) -> str:
+    """ "mean ± std (n=...)" of the finite values; None values are diverged runs."""
     m, s, n = mean_std(values)
+    diverged = sum(1 for v in values if v is None)
     if n == 0:
-        return "not run"
-    return f"{m:.2f} ± {s:.2f} (n={n})" if n > 1 else f"{m:.2f} (n=1)"
+        return f"diverged ({diverged} of {diverged})" if diverged else "not run"
+    cell = f"{m:.2f} ± {s:.2f} (n={n}" if n > 1 else f"{m:.2f} (n=1"
+    return cell + (f"; {diverged} diverged)" if diverged else ")")
 
 
 def compare(a: Sequence[float], b: Sequence[float]) -> tuple[float, str]:
@@ -510,7 +514,7 @@ def _table_d(results, bench, verdicts):
     outcomes = []
     for kind in COMPARED:
         s = swin_setting(kind)
-        rs = results.get(s.key, [])
+        rs = [r for r in results.get(s.key, []) if r.get("top1") is not None]
         if not rs:
             lines.append(f"| {NAMES[kind]} | | | | | not run |")
             continue
@@ -601,6 +605,8 @@ def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, p
         ips = bench.get(key, {}).get("infer_img_s")
         if ips and not key.startswith("fmnist-"):
             m, s, _ = mean_std([r["top1"] for r in rs])
+            if math.isnan(m):  # every seed diverged
+                continue
             pts.append((1000.0 / ips, m, 0.0 if math.isnan(s) else s, rs[0]["kind"], rs[0]["label"]))
     if not pts:
         return None
