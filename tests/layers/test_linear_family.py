@@ -158,6 +158,22 @@ def test_naive_convolutions_equal_torch():
         naive_depthwise_conv2d(x, torch.randn(6, 1, 2, 3))
 
 
+def test_named_layers_are_the_kinds():
+    import inline_attn.layers as L
+
+    named = {
+        "hydra": L.HydraAttention,
+        "efficient": L.EfficientAttention,
+        "angular": L.LinearAngularAttention,
+        "relu_msa": L.ReLUMultiScaleAttention,
+        "focused": L.FocusedLinearAttention,
+    }
+    assert set(named) == set(KINDS)
+    for kind, cls in named.items():
+        m = cls(12, 3, num_prefix_tokens=1)
+        assert m.kind == kind and m.core.kind == kind and m(torch.randn(1, 13, 12), (3, 4)).shape == (1, 13, 12)
+
+
 def test_unknown_kind_and_kernel_name_the_known_ones():
     with pytest.raises(ValueError, match="expected one of .*hydra.*focused"):
         build_attention("performer", 12, 3)

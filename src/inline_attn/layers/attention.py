@@ -182,6 +182,42 @@ class SoftmaxAttention(TokenAttention):
         super().__init__(dim, num_heads, kind="softmax", **kwargs)
 
 
+class HydraAttention(TokenAttention):
+    """Hydra attention (Bolya et al. 2022); see :class:`~inline_attn.layers.linear_family.HydraCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="hydra", **kwargs)
+
+
+class EfficientAttention(TokenAttention):
+    """Efficient attention (Shen et al. 2021); see :class:`~inline_attn.layers.linear_family.EfficientCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="efficient", **kwargs)
+
+
+class LinearAngularAttention(TokenAttention):
+    """Linear-angular attention (Castling-ViT); see :class:`~inline_attn.layers.linear_family.AngularCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="angular", **kwargs)
+
+
+class ReLUMultiScaleAttention(TokenAttention):
+    """EfficientViT's ReLU multi-scale linear attention; see
+    :class:`~inline_attn.layers.linear_family.ReLUMultiScaleCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="relu_msa", **kwargs)
+
+
+class FocusedLinearAttention(TokenAttention):
+    """Focused linear attention (FLatten); see :class:`~inline_attn.layers.linear_family.FocusedCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="focused", **kwargs)
+
+
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:
     """Factory: ``build_attention(kind, dim, num_heads, **kwargs)``, kind one of :data:`ATTENTION_CHOICES`."""
     return TokenAttention(dim, num_heads, kind=kind, **kwargs)
