@@ -41,7 +41,16 @@ ABLATION_CONFIG = "ablations/_base.yaml"
 KERNELS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
 KERNELS_C = ("identity", "relu", "leakyrelu", "exp")
 WINDOWS = (7, 14, 28)
-COMPARED = ("softmax", "linear", "hydra", "efficient", "angular", "relu_msa", "focused", "inline")
+COMPARED = (
+    "inline",
+    "softmax",
+    "linear",
+    "hydra",
+    "efficient",
+    "angular",
+    "relu_msa",
+    "focused",
+)  # InLine trains first
 MASKED = ("softmax", "linear", "inline")
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 PARTS = "abcdefg"
