@@ -94,3 +94,5 @@ def test_statistics_and_verdicts():
     assert compare([90.0], [80.0])[1] == "tie?"  # one run a side is never clear
     assert verdict(["a", "a"]) == "agrees" and verdict(["a", "b"]) == "differs"
     assert verdict(["a", "tie?"]) == "inconclusive at this budget" and verdict([]) == "not run"
+    assert compare([], [80.0, 81.0])[1] == "not run" and verdict(["not run", "not run"]) == "not run"
+    assert verdict(["a", "not run"]) == "agrees"  # a comparison without runs neither supports nor refutes

@@ -389,11 +389,18 @@ def fmt(values: Sequence[Optional[float]]) -> str:
     return cell + (f"; {diverged} diverged)" if diverged else ")")
 
 
+def _signed(d: float) -> str:
+    """A difference in points, or "n/a" where a side has no runs yet."""
+    return "n/a" if math.isnan(d) else f"{d:+.2f}"
+
+
 def compare(a: Sequence[float], b: Sequence[float]) -> tuple[float, str]:
-    """(mean a - mean b, "a" | "b" | "tie?"): a side wins when the gap exceeds twice its standard
+    """(mean a - mean b, "a" | "b" | "tie?" | "not run"): a side wins when the gap exceeds twice its standard
     error (Welch); fewer than two runs a side is never clear."""
     ma, sa, na = mean_std(a)
     mb, sb, nb = mean_std(b)
+    if na == 0 or nb == 0:
+        return float("nan"), "not run"
     if na < 2 or nb < 2:
         return ma - mb, "tie?"
     se = math.sqrt(sa**2 / na + sb**2 / nb)
@@ -403,6 +410,7 @@ def compare(a: Sequence[float], b: Sequence[float]) -> tuple[float, str]:
 
 def verdict(outcomes: Sequence[str], claimed: str = "a") -> str:
     """agrees: every comparison clear in the claimed direction; differs: one clear against it."""
+    outcomes = [o for o in outcomes if o != "not run"]  # a comparison without runs says nothing
     if not outcomes:
         return "not run"
     if any(o not in (claimed, "tie?") for o in outcomes):
@@ -481,7 +489,7 @@ def _table_a(results, verdicts):
         a, b = swin_setting("inline", kern, residual=False).key, swin_setting("linear", kern, residual=False).key
         d, o = compare(top1s(results, a), top1s(results, b))
         outcomes.append(o)
-        lines.append(f"| {kern} | {fmt(top1s(results, b))} | {fmt(top1s(results, a))} | {d:+.2f} |")
+        lines.append(f"| {kern} | {fmt(top1s(results, b))} | {fmt(top1s(results, a))} | {_signed(d)} |")
     verdicts.append(
         f"InLine beats linear attention for every kernel (Table 1): **{verdict(outcomes)}** (clear wins: "
         f"{outcomes.count('a')} of {len(outcomes)}, clear losses: {outcomes.count('b')})."
@@ -506,10 +514,10 @@ def _table_b(results, verdicts):
         outcomes.append(o)
         gains.append(d)
         where = "global" if w >= 28 else f"{w} / {'global' if w >= 14 else w}"
-        lines.append(f"| {w} ({where}) | {fmt(top1s(results, off))} | {fmt(top1s(results, on))} | {d:+.2f} |")
+        lines.append(f"| {w} ({where}) | {fmt(top1s(results, off))} | {fmt(top1s(results, on))} | {_signed(d)} |")
     verdicts.append(
         f"The local residual helps InLine at every window size: **{verdict(outcomes)}** (gains "
-        + ", ".join(f"{g:+.2f}" for g in gains)
+        + ", ".join(_signed(g) for g in gains)
         + " points for windows "
         + ", ".join(map(str, WINDOWS))
         + ")."
@@ -521,10 +529,10 @@ def _table_b(results, verdicts):
         return [on[s] - off[s] for s in on if s in off and on[s] is not None and off[s] is not None]
 
     d, o = compare(seed_gains(WINDOWS[-1]), seed_gains(WINDOWS[0]))
-    v = {"a": "agrees", "b": "differs"}.get(o, "inconclusive at this budget")
+    v = verdict([o])
     verdicts.append(
         f"The residual matters more for larger windows (the paper's reading of Table 4): **{v}** (per-seed gain "
-        f"at window {WINDOWS[-1]} minus at window {WINDOWS[0]}: {d:+.2f} points)."
+        f"at window {WINDOWS[-1]} minus at window {WINDOWS[0]}: {_signed(d)} points)."
     )
     return lines + [""]
 
@@ -536,7 +544,10 @@ def _table_c(results, verdicts):
     ident = top1s(results, swin_setting("inline", "identity").key)
     outcomes = [compare(ident, top1s(results, swin_setting("inline", k).key))[1] for k in KERNELS_C[1:]]
     worse = outcomes.count("b")
-    v = "differs" if worse else ("agrees" if "a" in outcomes else "inconclusive at this budget")
+    if all(o == "not run" for o in outcomes):
+        v = "not run"
+    else:
+        v = "differs" if worse else ("agrees" if "a" in outcomes else "inconclusive at this budget")
     verdicts.append(
         f"InLine needs no non-linear kernel: identity (the published models' choice) is not beaten: **{v}** "
         f"(identity clearly better than {outcomes.count('a')} of 3 kernels, clearly worse than {worse})."
@@ -607,7 +618,7 @@ def _table_e(mask, verdicts):
     lines += ["", f"Top-1 on the first {n_img} test images; the local residual of InLine stays on.", ""]
     if "softmax" in drops and "linear" in drops:
         d, o = compare(drops["softmax"], drops["linear"])
-        v = {"a": "agrees", "b": "differs"}.get(o, "inconclusive at this budget")
+        v = verdict([o])
         verdicts.append(
             f"Softmax attention depends more on local keys than linear attention (Table 2): **{v}** (the 7x7 "
             f"local mask costs softmax {statistics.fmean(drops['softmax']):.2f} points more than random keys, "

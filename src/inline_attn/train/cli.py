@@ -282,7 +282,11 @@ def register(subparsers) -> None:
     p.add_argument("--doc", default="docs/reproduction.md", help="markdown file to write the table into")
     p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
     p.add_argument("--configs", help="configs folder (default: found automatically)")
-    p.add_argument("--quick", action="store_true", help="ablations: the <= 15 min preset (smaller budget per run)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="ablations: the smoke preset (1,024 training images per run; its wall time is in docs/reproduction.md)",
+    )
     p.add_argument("--seeds", type=_positive(int, "--seeds"), default=3, help="ablations: seeds per setting")
     p.add_argument("--parts", default="abcdefg", help="ablations: letters of the parts to run (default abcdefg)")
     p.add_argument(
