@@ -252,44 +252,53 @@ def _train(cfg: Config, info: DistInfo) -> dict:
         )
     if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
         ddp_model = torch.compile(ddp_model)
-    if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / "config.yaml")
-    a = cfg.aug
-    runner = EpochRunner(
-        model=ddp_model,
-        batches=train_batches,
-        device=device,
-        info=info,
-        amp=amp,
-        accum=accum,
-        clip_grad=cfg.optim.clip_grad,
-        steps_per_epoch=steps_per_epoch,
-        channels_last=cfg.train.channels_last,
-        total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs,
-        max_steps=cfg.train.max_steps,
-        progress=cfg.train.progress,
-        train_aug=TrainAugment(
-            data.img_size,
-            data.mean,
-            data.std,
-            crop="none" if loader_crops(cfg.data, a) else a.crop,
-            scale=a.scale,
-            ratio=a.ratio,
-            padding=a.padding,
-            hflip=a.hflip,
-            auto_augment=a.auto_augment,
-            color_jitter=a.color_jitter,
-            re_prob=a.re_prob,
-            interpolation=data.interpolation,
-        ).to(device),
-        mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
-    )
-    run = _Run(cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch, model_kwargs(cfg, data), recipe)
-    eval_tf = EvalTransform(data.img_size, data.mean, data.std, data.crop_pct, data.interpolation, data.eval_resize).to(
-        device
-    )
-    return run.epochs(state, runner, val_batches, eval_tf)
+    # the handlers go in before config.yaml appears (the sign that a run has started), so a signal
+    # from then on always ends in a checkpoint and the 128 + signum exit
+    stop = _StopFlag()
+    stop.install()
+    try:
+        if info.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, out / "config.yaml")
+        a = cfg.aug
+        runner = EpochRunner(
+            model=ddp_model,
+            batches=train_batches,
+            device=device,
+            info=info,
+            amp=amp,
+            accum=accum,
+            clip_grad=cfg.optim.clip_grad,
+            steps_per_epoch=steps_per_epoch,
+            channels_last=cfg.train.channels_last,
+            total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs,
+            max_steps=cfg.train.max_steps,
+            progress=cfg.train.progress,
+            train_aug=TrainAugment(
+                data.img_size,
+                data.mean,
+                data.std,
+                crop="none" if loader_crops(cfg.data, a) else a.crop,
+                scale=a.scale,
+                ratio=a.ratio,
+                padding=a.padding,
+                hflip=a.hflip,
+                auto_augment=a.auto_augment,
+                color_jitter=a.color_jitter,
+                re_prob=a.re_prob,
+                interpolation=data.interpolation,
+            ).to(device),
+            mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
+        )
+        run = _Run(
+            cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch, model_kwargs(cfg, data), recipe
+        )
+        eval_tf = EvalTransform(
+            data.img_size, data.mean, data.std, data.crop_pct, data.interpolation, data.eval_resize
+        ).to(device)
+        return run.epochs(state, runner, val_batches, eval_tf, stop)
+    finally:
+        stop.restore()
 
 
 def _best(history: list[dict], key: str) -> Optional[dict]:
@@ -321,9 +330,10 @@ class _Run:
         self.total_epochs = cfg.sched.epochs + cfg.sched.cooldown_epochs
         self.t_start = time.time()
 
-    def epochs(self, state: TrainState, runner: EpochRunner, val_batches: Batches, eval_tf: nn.Module) -> dict:
-        stop = _StopFlag()
-        stop.install()
+    def epochs(
+        self, state: TrainState, runner: EpochRunner, val_batches: Batches, eval_tf: nn.Module, stop: _StopFlag
+    ) -> dict:
+        """Train until the schedule ends or ``stop`` (installed by the caller) is set."""
         tb = TensorBoard(self.out / "tb" if (self.info.is_main and self.cfg.train.tensorboard) else None)
         try:
             while state.epoch < self.total_epochs:
@@ -340,7 +350,6 @@ class _Run:
                     return self.finish(state, reason, path, stop.signum)
             return self.finish(state, None, self.out / ckpt_io.LAST)
         finally:
-            stop.restore()
             tb.close()
 
     def end_of_epoch(
