@@ -18,7 +18,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from ..models.profile import count_params
 from ..train.checkpoint import LAST, save_rotating
@@ -39,6 +38,7 @@ from .engine import (
     _write_csv,
     load_run_checkpoint,
     load_weights,
+    optimizer_step,
 )
 
 log = logging.getLogger(__name__)
@@ -269,18 +269,7 @@ def _train(cfg: dict, device: torch.device) -> dict:
             with autocast(device, amp):
                 losses = model(x, targets)
             loss = losses["loss"]
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at iteration {step}")
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if o_cfg["clip_grad"]:
-                nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float(o_cfg["clip_grad"]))
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            optimizer_step(loss, step, model, optimizer, scaler, o_cfg["clip_grad"])
             sched.step()
             step += 1
             window += torch.tensor(

@@ -174,6 +174,23 @@ def _resolve_amp(amp: str, device: torch.device) -> str:
     return amp
 
 
+def optimizer_step(loss: torch.Tensor, step: int, model: nn.Module, optimizer, scaler, clip_grad) -> None:
+    """One update from ``loss``: a non-finite loss stops the run (naming the iteration), then
+    backward (scaled under fp16), optional gradient-norm clipping of the unscaled gradients, step."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"loss is {loss.item()} at iteration {step}")
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if clip_grad:
+        nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float(clip_grad))
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
 @torch.no_grad()
 def predict_batches(
     model: EncoderDecoder,
@@ -476,18 +493,7 @@ def _train(cfg: dict, info: DistInfo) -> dict:
             with autocast(device, amp):
                 losses = ddp(x, y)
             loss = losses["loss"]
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at iteration {step}")
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if o_cfg["clip_grad"]:
-                nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float(o_cfg["clip_grad"]))
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            optimizer_step(loss, step, model, optimizer, scaler, o_cfg["clip_grad"])
             sched.step()
             step += 1
             window += torch.tensor(
