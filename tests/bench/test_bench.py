@@ -18,6 +18,7 @@ from inline_attn.bench import (
     TensorMemoryTracker,
     attention_layer_flops,
     bench_attention,
+    counted_layer_flops,
     bench_models,
     parse_model_spec,
     peak_memory,
@@ -37,6 +38,7 @@ def test_analytic_flops_equal_flop_counter(kind):
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
         layer(x, (side, side))
     counted = counter.get_total_flops()
+    assert counted_layer_flops(layer, x, (side, side)) == counted
     analytic = attention_layer_flops(kind, b, side * side, dim, heads)
     print(f"{kind}: counted {counted}, analytic {analytic}")
     assert counted == analytic
@@ -104,6 +106,22 @@ def test_bench_attention_cli_end_to_end(tmp_path, capsys):
         assert r["status"] == "ok" and r["median_ms"] > 0 and r["peak_mib"] > 0 and r["achieved_gflops"] > 0
         assert r["batch"] == max(1, 32 // r["tokens"])
     assert (tmp_path / "att.png").stat().st_size > 1000
+
+
+def test_bench_attention_times_the_other_linear_attentions():
+    # every other linear attention of the paper's comparison is a layer kind; its FLOPs are counted
+    others = ["hydra", "efficient", "angular", "relu_msa", "focused"]
+    res = bench_attention(sizes=[4], kinds=["softmax", *others], dim=12, heads=3, batch=2, repeats=2, memory=False)
+    assert {r["kind"] for r in res["rows"]} == {"softmax", *others}
+    for r in res["rows"]:
+        assert r["status"] == "ok" and r["median_ms"] > 0 and r["speedup_vs_softmax"] > 0
+        layer = build_attention(r["kind"], 12, 3)
+        fwd = counted_layer_flops(layer, torch.randn(2, 16, 12), (4, 4))
+        assert r["gflop"] * 1e9 == pytest.approx(fwd * (1 if r["mode"] == "fwd" else 3))
+        # the qkv and output projections (8 B N C^2) at least; Hydra's core is elementwise, so not counted
+        assert fwd >= 8 * 2 * 16 * 12 * 12
+    with pytest.raises(ValueError, match="unknown layer kind 'nope'.*hydra"):
+        bench_attention(sizes=[4], kinds=["nope"])
 
 
 def test_bench_attention_reports_an_impossible_case():

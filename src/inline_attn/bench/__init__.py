@@ -7,7 +7,7 @@ peak-memory measurement.
 """
 
 from .attention import bench_attention
-from .flops import attention_layer_flops
+from .flops import attention_layer_flops, counted_layer_flops
 from .model import ModelCase, bench_models, parse_model_spec, preset_cases
 from .report import format_table, plot_sweep, write_results
 from .timing import TensorMemoryTracker, measure_matmul_rate, peak_memory, time_interleaved
@@ -16,6 +16,7 @@ __all__ = [
     "ModelCase",
     "TensorMemoryTracker",
     "attention_layer_flops",
+    "counted_layer_flops",
     "bench_attention",
     "bench_models",
     "format_table",

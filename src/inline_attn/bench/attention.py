@@ -5,9 +5,12 @@ run: forward (eval, no grad) and forward + backward (gradients of the input and 
 Layer kinds (:data:`LAYER_KINDS`): ``inline`` (the fused kernels where they apply: C++ on the CPU,
 Triton on CUDA), ``inline-eager`` (the eager PyTorch composition: the authors' order of
 operations), ``linear``, ``softmax`` (fused SDPA: flash / memory-efficient on CUDA) and
-``softmax-math`` (explicit N x N softmax, as the authors' code computes it); a ``+compile``
-suffix times the layer under ``torch.compile``.
-Achieved GFLOP/s use the analytic counts of :mod:`.flops`; the machine's float32 matmul rate,
+``softmax-math`` (explicit N x N softmax, as the authors' code computes it) are the default
+(:data:`DEFAULT_LAYER_KINDS`); the other linear attentions the paper compares against (``hydra``,
+``efficient``, ``angular``, ``relu_msa``, ``focused``) can be named too. A ``+compile`` suffix
+times the layer under ``torch.compile``.
+Achieved GFLOP/s use the analytic counts of :mod:`.flops` (for the other linear attentions, the
+count of ``FlopCounterMode`` over one forward at the case's shape); the machine's float32 matmul rate,
 measured in the same run, gives each case's arithmetic floor. Batches hold a constant token
 budget (``batch = tokens // (H*W)``) unless a batch is fixed, so every size does comparable work.
 """
@@ -21,11 +24,12 @@ from typing import Optional, Sequence
 import torch
 
 from ..layers import build_attention
+from ..layers.linear_family import LINEAR_CORES
 from ..ops import use_impl
-from .flops import attention_layer_flops
+from .flops import attention_layer_flops, counted_layer_flops
 from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
 
-__all__ = ["LAYER_COLUMNS", "LAYER_KINDS", "bench_attention", "parse_layer_kind"]
+__all__ = ["DEFAULT_LAYER_KINDS", "LAYER_COLUMNS", "LAYER_KINDS", "bench_attention", "parse_layer_kind"]
 
 MODES = ("fwd", "fwd+bwd")
 
@@ -62,11 +66,13 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
     return table[name]
 
 
-LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax", "softmax-math")
+DEFAULT_LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax", "softmax-math")
+LAYER_KINDS = DEFAULT_LAYER_KINDS + tuple(LINEAR_CORES)
+ANALYTIC_KINDS = ("inline", "linear", "softmax")
 
 
 def parse_layer_kind(spec: str) -> tuple[str, str, bool]:
-    """``kind[-eager|-math][+compile]`` -> (attention kind, variant, compiled)."""
+    """``kind[-eager|-math][+compile]`` -> (attention kind, variant, compiled); kind in :data:`LAYER_KINDS`."""
     base, plus, suffix = spec.partition("+")
     if plus and suffix != "compile":
         raise ValueError(f"unknown layer kind {spec!r}: the only suffix is '+compile'")
@@ -118,7 +124,7 @@ def _layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dt
 
 def bench_attention(
     sizes: Sequence[int] = (14, 28, 56, 112),
-    kinds: Sequence[str] = LAYER_KINDS,
+    kinds: Sequence[str] = DEFAULT_LAYER_KINDS,
     *,
     dim: int = 96,
     heads: int = 3,
@@ -172,7 +178,7 @@ def bench_attention(
         n = s * s
         b = batch if batch is not None else max(1, token_budget // n)
         feat = (s, s)
-        cases, meta = {}, {}
+        cases, meta, flops_fwd = {}, {}, {}
         for kind in kinds:
             base, variant, compiled = parsed[kind]
             try:
@@ -185,6 +191,10 @@ def bench_attention(
                     meta[(kind, mode)] = _failure(err)
                 continue
             module.eval()  # no dropout in these layers: eval and train compute the same
+            if base in ANALYTIC_KINDS:
+                flops_fwd[kind] = attention_layer_flops(base, b, n, dim, heads)
+            else:
+                flops_fwd[kind] = counted_layer_flops(module, x.detach(), feat)
             for mode in modes:
                 cases[(kind, mode)] = _layer_step(module, x, feat, mode, variant, amp_dtype[amp])
         timings = time_interleaved(
@@ -198,7 +208,7 @@ def bench_attention(
             for mode in modes:
                 t = timings.get(f"{kind}|{mode}")
                 status = meta.get((kind, mode)) or (t.status if t else "error")
-                flops = attention_layer_flops(parsed[kind][0], b, n, dim, heads, backward=mode != "fwd")
+                flops = flops_fwd.get(kind, math.nan) * (1 if mode == "fwd" else 3)
                 med = t.median if t is not None else math.nan
                 peak = math.nan
                 if memory and t is not None and t.ok:

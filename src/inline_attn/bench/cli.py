@@ -7,7 +7,7 @@ import pathlib
 
 import torch
 
-from .attention import LAYER_KINDS
+from .attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
 from .model import PRESETS
 from .report import format_table, machine_info, plot_sweep, write_results
 
@@ -97,7 +97,7 @@ def _cmd_model(args) -> int:
 
     if args.preset == "layer":
         ns = argparse.Namespace(**vars(args))
-        ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), LAYER_KINDS, 96, 3
+        ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), DEFAULT_LAYER_KINDS, 96, 3
         ns.tokens, ns.modes, ns.compile = 8 * 56 * 56, ("fwd", "fwd+bwd"), args.compile
         return _run_attention(ns, name=args.name if args.name != "model" else "layer")
     _setup(args)
@@ -198,11 +198,12 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kinds",
         nargs="+",
-        default=list(LAYER_KINDS),
+        default=list(DEFAULT_LAYER_KINDS),
         metavar="KIND",
         help=f"{' '.join(LAYER_KINDS)}, each optionally with '+compile'; inline-eager: without the "
-        "fused kernels (the authors' order of operations); softmax-math: explicit N x N softmax "
-        "(default: all, uncompiled)",
+        "fused kernels (the authors' order of operations); softmax-math: explicit N x N softmax; "
+        "hydra ... focused: the other linear attentions of the paper's comparison "
+        f"(default: {' '.join(DEFAULT_LAYER_KINDS)}, uncompiled)",
     )
     p.add_argument("--dim", type=int, default=96)
     p.add_argument("--heads", type=int, default=3)

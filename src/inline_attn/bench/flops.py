@@ -10,13 +10,31 @@ For ``x: [B, N, C]`` (N = H*W grid tokens, no prefix), h heads, head dim d = C/h
   ``2 B (C^2 / h + 9 C^2 / h)``
 
 Elementwise work (means, centring, softmax, additions) is not counted, as in the paper's tables.
+The other linear attentions (Hydra, Efficient, angular, EfficientViT, FLatten) have no formula
+here: :func:`counted_layer_flops` counts their products with ``FlopCounterMode`` (the tests check
+that it gives the analytic counts for the three kinds above).
 A training step (forward + backward) counts 3x the forward: the backward of every product is two
 products of the same size.
 """
 
 from __future__ import annotations
 
-__all__ = ["attention_layer_flops"]
+from typing import Sequence
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = ["attention_layer_flops", "counted_layer_flops"]
+
+
+def counted_layer_flops(module: torch.nn.Module, x: torch.Tensor, feat_size: Sequence[int]) -> int:
+    """FLOPs of one forward ``module(x, feat_size)`` as ``FlopCounterMode`` counts them (no grad,
+    softmax in its math form so its two products are seen); a training step is 3x, as above."""
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
+        module(x, tuple(feat_size))
+    return int(counter.get_total_flops())
 
 
 def attention_layer_flops(
