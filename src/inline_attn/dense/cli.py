@@ -7,11 +7,10 @@ import argparse
 import json
 import pathlib
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from .config import DET_DEFAULTS, SEG_DEFAULTS, flat_keys, load_det_config, load_seg_config, parse_value
-
-DEMO_CONFIG = "mosaic/demo.yaml"
-DET_DEMO_CONFIG = "mosaic/det_demo.yaml"
 
 
 def _configs_dir() -> pathlib.Path:
@@ -51,20 +50,138 @@ def _fmt(res: dict) -> str:
     return f"mIoU {res['mIoU']:.2f}  mAcc {res['mAcc']:.2f}  aAcc {res['aAcc']:.2f}"
 
 
-def cmd_train(args) -> int:
+def _fmt_ap(res: dict) -> str:
+    return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
+
+
+def _train_seg(cfg: dict) -> dict:
     from .engine import train_seg
 
+    return train_seg(cfg)
+
+
+def _train_det(cfg: dict) -> dict:
+    from .det_engine import train_det
+
+    return train_det(cfg)
+
+
+@dataclass(frozen=True)
+class DenseTask:
+    """What differs between ``seg`` and ``det``; train / demo / compare and their arguments are
+    written once against it."""
+
+    name: str  # the subcommand: "seg" or "det"
+    defaults: dict  # every config key with its default (the --section.key overrides)
+    load_config: Callable  # (path, overrides) -> config dict
+    train: Callable  # config -> summary dict
+    metric: str  # the summary key that is present when a run finished with an evaluation
+    fmt: Callable  # summary -> one line of metrics
+    demo_config: str  # relative to configs/
+    demo_title: str  # "InLine-PVT + Semantic FPN" / "FCOS on InLine-PVT"
+    demo_line: Callable  # config -> "seg demo: ..." header line
+    demo_metric_note: str  # after the validation-set size in the demo's result line
+    demo_extras: Callable  # summary -> extra lines of the demo's result
+
+
+SEG = DenseTask(
+    name="seg",
+    defaults=SEG_DEFAULTS,
+    load_config=load_seg_config,
+    train=_train_seg,
+    metric="mIoU",
+    fmt=_fmt,
+    demo_config="mosaic/demo.yaml",
+    demo_title="InLine-PVT + Semantic FPN",
+    demo_line=lambda m: f"seg demo: {m['backbone']} {m['backbone_kwargs']} + {m['decode']}",
+    demo_metric_note="garments from the Fashion-MNIST test split",
+    demo_extras=lambda s: (
+        [f"  {name:12s} IoU {iou:6.2f}" for name, iou in s["per_class_IoU"].items()]
+        + [f"  predictions: {s.get('predictions_png')}"]
+    ),
+)
+DET = DenseTask(
+    name="det",
+    defaults=DET_DEFAULTS,
+    load_config=load_det_config,
+    train=_train_det,
+    metric="AP",
+    fmt=_fmt_ap,
+    demo_config="mosaic/det_demo.yaml",
+    demo_title="FCOS on InLine-PVT",
+    demo_line=lambda m: f"det demo: FCOS on {m['backbone']} {m['backbone_kwargs']}",
+    demo_metric_note="garments from the Fashion-MNIST test split; COCO box AP by pycocotools",
+    demo_extras=lambda s: [f"  detections:  {s.get('detections_png')}"],
+)
+TASKS = {t.name: t for t in (SEG, DET)}
+
+
+def cmd_train(args) -> int:
+    task = TASKS[args.task]
     ov = _overrides(args)
     if args.resume:
         ov.append(("train.resume", args.resume))
     if args.output:
         ov.append(("train.output", args.output))
-    summary = train_seg(load_seg_config(args.config, ov))
-    if summary.get("stopped") is None and "mIoU" in summary:
+    summary = task.train(task.load_config(args.config, ov))
+    if summary.get("stopped") is None and task.metric in summary:
         print(
-            f"done: {_fmt(summary)}  ({summary['iterations']} iterations, {summary['train_time_s'] / 60:.1f} min); "
-            f"outputs in {summary['output']}"
+            f"done: {task.fmt(summary)}  ({summary['iterations']} iterations, "
+            f"{summary['train_time_s'] / 60:.1f} min); outputs in {summary['output']}"
         )
+    return 0
+
+
+def cmd_demo(args) -> int:
+    task = TASKS[args.task]
+    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / task.demo_config
+    cfg = task.load_config(cfg_path, [("train.output", args.output)] + _overrides(args))
+    print(
+        f"{task.demo_line(cfg['model'])} on Fashion-MNIST mosaics ({cfg['sched']['iters']} iterations, "
+        f"config {cfg_path})",
+        flush=True,
+    )
+    t0 = time.time()
+    s = task.train(cfg)
+    if s.get("stopped"):
+        return 0
+    print(
+        f"\n{task.name} demo finished in {(time.time() - t0) / 60:.1f} min: {task.fmt(s)} on "
+        f"{cfg['data']['mosaic']['val']} validation mosaics ({task.demo_metric_note})"
+    )
+    for line in task.demo_extras(s):
+        print(line)
+    print(f"  checkpoint:  {s['checkpoint']}")
+    print(f"  evaluate again: inline-attn {task.name} eval --checkpoint {s['checkpoint']}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import shlex
+    import sys
+
+    from .compare import run
+
+    task = TASKS[args.task]
+    cfg_path = args.config or str(_configs_dir() / task.demo_config)
+    command = (
+        "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        if sys.argv[1:2] == [task.name]
+        else f"inline-attn {task.name} compare --seeds {' '.join(map(str, args.seeds))} "
+        f"--patterns {' '.join(args.patterns)}"
+    )
+    print(
+        run(
+            cfg_path,
+            patterns=args.patterns,
+            seeds=args.seeds,
+            output=args.output,
+            doc=args.doc,
+            command=command,
+            overrides=_overrides(args),
+            task=task.name,
+        )
+    )
     return 0
 
 
@@ -99,59 +216,32 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from .engine import train_seg
+def cmd_det_eval(args) -> int:
+    import torch
 
-    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / DEMO_CONFIG
-    ov = [("train.output", args.output)] + _overrides(args)
-    cfg = load_seg_config(cfg_path, ov)
-    m = cfg["model"]
-    print(
-        f"seg demo: {m['backbone']} {m['backbone_kwargs']} + {m['decode']} on Fashion-MNIST mosaics "
-        f"({cfg['sched']['iters']} iterations, config {cfg_path})",
-        flush=True,
+    from .config import set_key
+    from .data import build_det_datasets
+    from .det_engine import evaluate_det, load_detector, save_detections_png
+
+    device = torch.device(
+        "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     )
+    model, cfg = load_detector(args.checkpoint, device)
+    for k, v in _overrides(args):
+        set_key(cfg, k, v)
+    if cfg["train"]["threads"]:  # the run's thread count (small ops: a second thread may only contend)
+        torch.set_num_threads(int(cfg["train"]["threads"]))
+    _, val = build_det_datasets(cfg, train=False, progress=True)
     t0 = time.time()
-    s = train_seg(cfg)
-    if s.get("stopped"):
-        return 0
+    res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
     print(
-        f"\nseg demo finished in {(time.time() - t0) / 60:.1f} min: {_fmt(s)} on {cfg['data']['mosaic']['val']} "
-        f"validation mosaics (garments from the Fashion-MNIST test split)"
+        f"FCOS on {cfg['model']['backbone']}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
+        f"APl {res['APl']:.2f}  ({len(val)} images, {time.time() - t0:.1f} s)"
     )
-    for name, iou in s["per_class_IoU"].items():
-        print(f"  {name:12s} IoU {iou:6.2f}")
-    print(f"  predictions: {s.get('predictions_png')}")
-    print(f"  checkpoint:  {s['checkpoint']}")
-    print(f"  evaluate again: inline-attn seg eval --checkpoint {s['checkpoint']}")
-    return 0
-
-
-def cmd_compare(args) -> int:
-    import shlex
-    import sys
-
-    from .compare import run
-
-    task = args.task
-    cfg_path = args.config or str(_configs_dir() / (DEMO_CONFIG if task == "seg" else DET_DEMO_CONFIG))
-    command = (
-        "inline-attn " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        if sys.argv[1:2] == [task]
-        else f"inline-attn {task} compare --seeds {' '.join(map(str, args.seeds))} --patterns {' '.join(args.patterns)}"
-    )
-    print(
-        run(
-            cfg_path,
-            patterns=args.patterns,
-            seeds=args.seeds,
-            output=args.output,
-            doc=args.doc,
-            command=command,
-            overrides=_overrides(args),
-            task=task,
-        )
-    )
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.png:
+        print(f"detections: {save_detections_png(model, val, cfg, device, args.png)}")
     return 0
 
 
@@ -227,29 +317,69 @@ def register(subparsers) -> None:
     register_det(subparsers)
 
 
-def register_seg(subparsers) -> None:
-    seg = subparsers.add_parser(
-        "seg",
-        help="semantic segmentation: train | eval | demo | compare | mosaics | info",
-        description="Semantic segmentation with InLine backbones (Semantic FPN, UperNet).",
-    )
-    sub = seg.add_subparsers(dest="seg_command", metavar="SEG_COMMAND")
+def _task_parsers(subparsers, task: DenseTask, *, help: str, description: str, train_help: str, train_desc: str):
+    """The ``task`` command with its train, demo and compare subcommands; returns the subparsers
+    (for eval and the task's own commands)."""
+    top = subparsers.add_parser(task.name, help=help, description=description)
+    sub = top.add_subparsers(dest=f"{task.name}_command", metavar=f"{task.name.upper()}_COMMAND")
     sub.required = True
 
-    p = sub.add_parser(
-        "train",
-        allow_abbrev=False,
-        help="train a segmentor from a YAML config",
-        description="Train with a YAML config (configs/ade20k/*.yaml, configs/mosaic/*.yaml); "
-        "--section.key VALUE overrides any key. Under torchrun the same command "
-        "trains on every process.",
-    )
+    p = sub.add_parser("train", allow_abbrev=False, help=train_help, description=train_desc)
     p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
     p.add_argument("--output", help="output folder (= --train.output)")
-    _add_overrides(p)
-    p.set_defaults(func=cmd_train)
+    _add_overrides(p, task.defaults)
+    p.set_defaults(func=cmd_train, task=task.name)
+    return sub
 
+
+def _demo_and_compare(sub, task: DenseTask, *, demo_desc: str, metric_name: str) -> None:
+    p = sub.add_parser(
+        "demo",
+        allow_abbrev=False,
+        help=f"train {task.demo_title} on Fashion-MNIST mosaics",
+        description=demo_desc,
+    )
+    p.add_argument("--output", default=f"runs/{task.name}_demo")
+    p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
+    _add_overrides(p, task.defaults)
+    p.set_defaults(func=cmd_demo, task=task.name)
+
+    p = sub.add_parser(
+        "compare",
+        allow_abbrev=False,
+        help=f"InLine vs softmax backbone, several seeds, {metric_name} mean +- std",
+        description=f"Train the {task.name} demo recipe (or --config) with each backbone attention pattern "
+        f"and seed; write {metric_name} mean +- std into --doc (finished runs are reused, unfinished ones "
+        "resumed).",
+    )
+    p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
+    p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--output", default=f"runs/{task.name}_compare")
+    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
+    _add_overrides(p, task.defaults)
+    p.set_defaults(func=cmd_compare, task=task.name)
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
+    p.add_argument("--json", help="also write the result to this JSON file")
+
+
+def register_seg(subparsers) -> None:
+    sub = _task_parsers(
+        subparsers,
+        SEG,
+        help="semantic segmentation: train | eval | demo | compare | mosaics | info",
+        description="Semantic segmentation with InLine backbones (Semantic FPN, UperNet).",
+        train_help="train a segmentor from a YAML config",
+        train_desc="Train with a YAML config (configs/ade20k/*.yaml, configs/mosaic/*.yaml); "
+        "--section.key VALUE overrides any key. Under torchrun the same command "
+        "trains on every process.",
+    )
     p = sub.add_parser(
         "eval",
         allow_abbrev=False,
@@ -257,42 +387,19 @@ def register_seg(subparsers) -> None:
         description="Evaluate a checkpoint written by `seg train` on its config's validation "
         "split (override e.g. --data.path DIR, --eval.mode slide).",
     )
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
+    _eval_args(p)
     p.add_argument("--per-class", action="store_true", help="print each class's IoU and accuracy")
-    p.add_argument("--json", help="also write the result to this JSON file")
     p.add_argument("--png", help="write a PNG of a few predictions beside the ground truth")
     _add_overrides(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser(
-        "demo",
-        allow_abbrev=False,
-        help="train InLine-PVT + Semantic FPN on Fashion-MNIST mosaics",
-        description="Train a small InLine-PVT + Semantic FPN on Fashion-MNIST mosaics, print "
+    _demo_and_compare(
+        sub,
+        SEG,
+        demo_desc="Train a small InLine-PVT + Semantic FPN on Fashion-MNIST mosaics, print "
         "mIoU, write a PNG of predictions beside the ground truth.",
+        metric_name="mIoU / mAcc / aAcc",
     )
-    p.add_argument("--output", default="runs/seg_demo")
-    p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
-    _add_overrides(p)
-    p.set_defaults(func=cmd_demo)
-
-    p = sub.add_parser(
-        "compare",
-        allow_abbrev=False,
-        help="InLine vs softmax backbone, several seeds, mean +- std",
-        description="Train the demo recipe (or --config) with each backbone attention pattern and "
-        "seed; write mIoU / mAcc / aAcc mean +- std into --doc (finished runs are reused, "
-        "unfinished ones resumed).",
-    )
-    p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
-    p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--output", default="runs/seg_compare")
-    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
-    _add_overrides(p)
-    p.set_defaults(func=cmd_compare, task="seg")
 
     p = sub.add_parser(
         "mosaics",
@@ -322,105 +429,16 @@ def register_seg(subparsers) -> None:
     p.set_defaults(func=cmd_info)
 
 
-# ---- detection ------------------------------------------------------------------------------
-
-
-def _fmt_ap(res: dict) -> str:
-    return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
-
-
-def cmd_det_train(args) -> int:
-    from .det_engine import train_det
-
-    ov = _overrides(args)
-    if args.resume:
-        ov.append(("train.resume", args.resume))
-    if args.output:
-        ov.append(("train.output", args.output))
-    summary = train_det(load_det_config(args.config, ov))
-    if summary.get("stopped") is None and "AP" in summary:
-        print(
-            f"done: {_fmt_ap(summary)}  ({summary['iterations']} iterations, {summary['train_time_s'] / 60:.1f} min); "
-            f"outputs in {summary['output']}"
-        )
-    return 0
-
-
-def cmd_det_eval(args) -> int:
-    import torch
-
-    from .config import set_key
-    from .data import build_det_datasets
-    from .det_engine import evaluate_det, load_detector, save_detections_png
-
-    device = torch.device(
-        "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
-    )
-    model, cfg = load_detector(args.checkpoint, device)
-    for k, v in _overrides(args):
-        set_key(cfg, k, v)
-    if cfg["train"]["threads"]:  # the run's thread count (small ops: a second thread may only contend)
-        torch.set_num_threads(int(cfg["train"]["threads"]))
-    _, val = build_det_datasets(cfg, train=False, progress=True)
-    t0 = time.time()
-    res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
-    print(
-        f"FCOS on {cfg['model']['backbone']}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
-        f"APl {res['APl']:.2f}  ({len(val)} images, {time.time() - t0:.1f} s)"
-    )
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
-    if args.png:
-        print(f"detections: {save_detections_png(model, val, cfg, device, args.png)}")
-    return 0
-
-
-def cmd_det_demo(args) -> int:
-    from .det_engine import train_det
-
-    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / DET_DEMO_CONFIG
-    cfg = load_det_config(cfg_path, [("train.output", args.output)] + _overrides(args))
-    m = cfg["model"]
-    print(
-        f"det demo: FCOS on {m['backbone']} {m['backbone_kwargs']} on Fashion-MNIST mosaics "
-        f"({cfg['sched']['iters']} iterations, config {cfg_path})",
-        flush=True,
-    )
-    t0 = time.time()
-    s = train_det(cfg)
-    if s.get("stopped"):
-        return 0
-    print(
-        f"\ndet demo finished in {(time.time() - t0) / 60:.1f} min: {_fmt_ap(s)} on {cfg['data']['mosaic']['val']} "
-        f"validation mosaics (garments from the Fashion-MNIST test split; COCO box AP by pycocotools)"
-    )
-    print(f"  detections:  {s.get('detections_png')}")
-    print(f"  checkpoint:  {s['checkpoint']}")
-    print(f"  evaluate again: inline-attn det eval --checkpoint {s['checkpoint']}")
-    return 0
-
-
 def register_det(subparsers) -> None:
-    det = subparsers.add_parser(
-        "det",
+    sub = _task_parsers(
+        subparsers,
+        DET,
         help="object detection (FCOS): train | eval | demo | compare",
         description="Object detection with InLine backbones: a one-stage FCOS detector, COCO box AP.",
-    )
-    sub = det.add_subparsers(dest="det_command", metavar="DET_COMMAND")
-    sub.required = True
-    p = sub.add_parser(
-        "train",
-        allow_abbrev=False,
-        help="train a detector from a YAML config",
-        description="Train FCOS with a YAML config (configs/mosaic/det_demo.yaml; data.dataset coco with "
+        train_help="train a detector from a YAML config",
+        train_desc="Train FCOS with a YAML config (configs/mosaic/det_demo.yaml; data.dataset coco with "
         "data.coco.* for a COCO folder); --section.key VALUE overrides any key.",
     )
-    p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
-    p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
-    p.add_argument("--output", help="output folder (= --train.output)")
-    _add_overrides(p, DET_DEFAULTS)
-    p.set_defaults(func=cmd_det_train)
-
     p = sub.add_parser(
         "eval",
         allow_abbrev=False,
@@ -428,40 +446,18 @@ def register_det(subparsers) -> None:
         description="Evaluate a checkpoint written by `det train` on its config's validation set "
         "(e.g. --data.dataset coco --data.coco.val_ann FILE --data.coco.val_images DIR).",
     )
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
-    p.add_argument("--json", help="also write the result to this JSON file")
+    _eval_args(p)
     p.add_argument("--png", help="write a PNG of a few images: ground truth beside the detections")
     _add_overrides(p, DET_DEFAULTS)
     p.set_defaults(func=cmd_det_eval)
 
-    p = sub.add_parser(
-        "demo",
-        allow_abbrev=False,
-        help="train FCOS on InLine-PVT on Fashion-MNIST mosaics",
-        description="Train a small FCOS on InLine-PVT on Fashion-MNIST mosaics, print COCO box AP, "
+    _demo_and_compare(
+        sub,
+        DET,
+        demo_desc="Train a small FCOS on InLine-PVT on Fashion-MNIST mosaics, print COCO box AP, "
         "write a PNG of detections beside the ground truth.",
+        metric_name="box AP",
     )
-    p.add_argument("--output", default="runs/det_demo")
-    p.add_argument("--config", help=f"config (default configs/{DET_DEMO_CONFIG})")
-    _add_overrides(p, DET_DEFAULTS)
-    p.set_defaults(func=cmd_det_demo)
-
-    p = sub.add_parser(
-        "compare",
-        allow_abbrev=False,
-        help="InLine vs softmax backbone, several seeds, box AP mean +- std",
-        description="Train the detection demo recipe (or --config) with each backbone attention pattern "
-        "and seed; write box AP mean +- std into --doc (finished runs reused, unfinished resumed).",
-    )
-    p.add_argument("--config", help=f"config (default configs/{DET_DEMO_CONFIG})")
-    p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--output", default="runs/det_compare")
-    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
-    _add_overrides(p, DET_DEFAULTS)
-    p.set_defaults(func=cmd_compare, task="det")
 
 
 __all__ = ["DET_DEFAULTS", "SEG_DEFAULTS", "register", "register_det", "segmentor_info"]
