@@ -23,15 +23,21 @@ FAMILIES = {
 }
 
 
-def _model(name):
-    kw, res = FAMILIES[name]
+def _model(name, res=None):
+    kw, family_res = FAMILIES[name]
+    res = res or family_res
     torch.manual_seed(0)
     model = create_model(name, img_size=res, num_classes=10, **kw).cuda().eval()
     return model, torch.randn(4, 3, res, res, device="cuda")
 
 
 def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    """Relative error of a against b; 0 when both are exactly zero (a parameter whose gradient is zero
+    on both paths, e.g. behind a zero-initialised layer), inf when only b is."""
+    diff, ref = (a.double() - b.double()).norm().item(), b.double().norm().item()
+    if ref == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / ref
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -45,10 +51,11 @@ def test_triton_matches_eager_float32(name):
             out = model(x)
         out.square().sum().backward()
         outs[impl] = out.detach()
-        grads[impl] = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+        grads[impl] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     assert _rel(outs["triton"], outs["eager"]) < 1e-4
-    for a, b in zip(grads["triton"], grads["eager"]):
-        assert _rel(a, b) < 1e-3
+    assert grads["triton"].keys() == grads["eager"].keys()
+    for n, g in grads["eager"].items():
+        assert _rel(grads["triton"][n], g) < 1e-3, n
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -67,8 +74,14 @@ def test_autocast_finite_and_close_to_float32(name, dtype):
 
 @pytest.mark.parametrize("name", ["inline_swin_tiny"])
 def test_compile_inductor_bf16_training_step_matches_eager(name):
-    model, x = _model(name)  # eval mode: no dropout draws, so compiled and eager see the same model
-    compiled = torch.compile(model, fullgraph=True)
+    # eval mode: no dropout draws, so compiled and eager see the same model. 224 px: every stage's
+    # grid is a multiple of the window (at 112 px the last stage pads 7 -> 8, a graph inductor takes
+    # minutes to build on CUDA)
+    model, x = _model(name, res=224)
+    # static shapes: an earlier test in the process may have compiled this forward's code at another
+    # size, and dynamo would then recompile it with symbolic sizes (minutes of sympy on Swin's padding)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         ref = model(x)
         out = compiled(x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from functorch.compile import make_boxed_func
@@ -96,12 +98,23 @@ def test_compile_fullgraph_keeps_the_fused_op_and_matches_eager(name):
 
 def test_compile_inductor_matches_eager():
     # the default backend generates code around the opaque op (one family: inductor's C++ build
-    # takes ~20 s per graph on these CPUs)
+    # takes ~20 s per graph on these CPUs). Inductor fuses and reorders float32 reductions, so the
+    # compiled model is held to the float64 model within twice the eager float32 model's own error.
+    # cuDNN's TF32 is off: on an H100 the compiled graph's convolutions took a TF32
+    # algorithm (error 3.7e-5 against eager's 7.8e-8, with or without the fused op); with TF32 off
+    # it measured 4.2e-8.
     kw, res = FAMILIES["inline_deit_tiny"]
+    torch.manual_seed(0)
     model = create_model("inline_deit_tiny", img_size=res, num_classes=5, **kw).to(DEVICE).eval()
     x = torch.randn(2, 3, res, res, device=DEVICE)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), model(x), rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        compiled = torch.compile(model, fullgraph=True)(x).double()
+        eager = model(x).double()
+        with use_impl("eager"):
+            exact = copy.deepcopy(model).double()(x.double())
+    eager_err = (eager - exact).abs().max().item()
+    compiled_err = (compiled - exact).abs().max().item()
+    assert compiled_err <= 2 * eager_err + 1e-6, (compiled_err, eager_err)
 
 
 def test_compile_with_eager_impl_still_fullgraph():
