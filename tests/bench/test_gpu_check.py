@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import torch
@@ -60,3 +61,25 @@ def test_goals_and_summary_from_results(tmp_path):
     assert "InLine-Swin-T training throughput vs Swin-T at window 7: 0.95x (goal >= 1.0x) MISSED" in lines
     text = gpu_check.write_summary(tmp_path, {"device": "H100"}, results, lines, [])
     assert "| train | skipped |" in text and "TABLE" in text and (tmp_path / "summary.md").read_text() == text
+
+
+def test_results_are_saved_after_each_step(tmp_path):
+    # a run stopped by a time limit keeps the steps it finished: main() calls this after every step
+    env = {"device": "H100", "copy_GBps": 3000}
+    partial = {"train": {"ok": True, "seconds": 22, "summary": "200 bf16 steps"}}
+    text = gpu_check.save_results(tmp_path, env, partial, ["--steps", "train", "core"])
+    assert "| train | pass | 22 | 200 bf16 steps |" in text
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["results"] == partial and saved["env"] == env
+
+
+def test_device_busy_counts_kernel_rows_only():
+    from types import SimpleNamespace
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [
+        SimpleNamespace(device_type=cpu, self_device_time_total=400.0),  # an operator row repeats its kernel's time
+        SimpleNamespace(device_type=cuda, self_device_time_total=400.0),
+        SimpleNamespace(device_type=cuda, self_device_time_total=1100.0),
+    ]
+    assert gpu_check.device_busy_ms(events) == 1.5

@@ -3,7 +3,7 @@
 Steps (each recorded, a failing step does not stop the rest):
 
 1. ``tests``: the CUDA tests (the Triton kernels natively, the custom ops, compile, whole models
-   under autocast), through pytest.
+   under autocast) and the RandAugment comparison with timm (importable there), through pytest.
 2. ``train``: a 200-step bf16 training smoke run of the Fashion-MNIST demo model on the GPU
    (``inline-attn train``: 4 epochs of 50 steps on a 3,200-image subset); passes when every epoch's
    loss is finite and the last is below the first. Needs the Fashion-MNIST files
@@ -18,6 +18,8 @@ Steps (each recorded, a failing step does not stop the rest):
    InLine models fused and eager.
 6. ``compile``: training throughput of InLine-Swin-T (window 7) and InLine-DeiT-T, eager vs
    ``torch.compile``.
+7. ``profile``: how much of a layer's and a model's step the GPU is busy (``torch.profiler``),
+   against the step's time: where the time goes when the kernels are not the bottleneck.
 
 Writes JSON / CSV / PNG per benchmark, ``summary.md`` (device, driver, versions, every table and
 the performance goals met or missed) and ``gpu_check.json`` into ``--out``, and packs the folder
@@ -41,7 +43,7 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the repository (tests/, configs/)
 FMNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
-TESTS_TIMEOUT_S = 300
+TESTS_TIMEOUT_S = 240
 
 
 def _versions() -> dict:
@@ -80,7 +82,13 @@ def _copy_bandwidth() -> float:
 
 
 def step_tests(out: pathlib.Path, quick: bool) -> dict:
-    files = ["tests/ops/test_triton.py", "tests/ops/test_custom_ops.py", "tests/gpu"]
+    # plus the RandAugment comparison with timm itself: timm imports only beside a CUDA build of torch
+    files = [
+        "tests/ops/test_triton.py",
+        "tests/ops/test_custom_ops.py",
+        "tests/gpu",
+        "tests/train/test_rand_augment.py::test_against_timm_itself",
+    ]
     junit = out / "tests.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
     if quick:
@@ -373,6 +381,81 @@ def step_compile(out: pathlib.Path, quick: bool) -> dict:
     return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
 
 
+def device_busy_ms(events) -> float:
+    """Milliseconds of device (kernel) time in profiler events: the self device time of the events
+    that ran on the GPU. Operator rows, which repeat their kernels' time, are not counted."""
+    total_us = 0.0
+    for e in events:
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        total_us += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+    return total_us / 1e3
+
+
+def step_profile(out: pathlib.Path, quick: bool) -> dict:
+    """Where a step's time goes: ``torch.profiler`` of the attention layers (C=96, 3 heads, fwd+bwd)
+    and of a training step (forward + backward) of InLine-DeiT-T and DeiT-T, bf16 autocast. Each
+    row says how long a step takes (CUDA events, unprofiled) and how much of it the GPU is busy
+    (kernel time in the profile): a low share means the step waits on Python and kernel launches,
+    which faster kernels cannot fix. The operator tables go to ``profile.txt``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .. import create_model
+    from ..layers import build_attention
+    from .attention import _layer_step
+    from .report import format_table
+
+    def measure(label, step, n):
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        wall_ms = start.elapsed_time(end) / n
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                step()
+            torch.cuda.synchronize()
+        busy_ms = device_busy_ms(prof.events()) / n
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60)
+        fh.write(f"\n===== {label}: {wall_ms:.3f} ms per step, GPU busy {busy_ms:.3f} ms\n{table}\n")
+        rows.append({"case": label, "step_ms": wall_ms, "gpu_busy_ms": busy_ms, "busy_pct": 100 * busy_ms / wall_ms})
+
+    rows: list[dict] = []
+    with open(out / "profile.txt", "w") as fh:
+        for side, batch in ((14, 1024),) if quick else ((14, 1024), (56, 64)):
+            for kind in ("inline", "linear", "softmax"):
+                torch.manual_seed(0)
+                layer = build_attention(kind, 96, 3).cuda().eval()
+                x = torch.randn(batch, side * side, 96, device="cuda", requires_grad=True)
+                step = _layer_step(layer, x, (side, side), "fwd+bwd", "", torch.bfloat16)
+                measure(f"{kind} layer {side}x{side} B{batch}", step, 5)
+        for label, kw in (("InLine-DeiT-T", {}), ("DeiT-T", dict(pattern="S", num_heads=3))):
+            model = create_model("inline_deit_tiny", **kw).cuda().train()
+            images = torch.randn(64, 3, 224, 224, device="cuda")
+
+            def train_step(model=model, images=images):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(images).float().logsumexp(-1).mean()
+                loss.backward()
+
+            measure(f"{label} 224 px B64 fwd+bwd", train_step, 3)
+            model = images = None
+    cols = (
+        ("case", "case", ""),
+        ("step_ms", "step ms", ".3f"),
+        ("gpu_busy_ms", "GPU busy ms", ".3f"),
+        ("busy_pct", "GPU busy %", ".0f"),
+    )
+    (out / "profile.json").write_text(json.dumps({"rows": rows}, indent=1))
+    summary = ", ".join(f"{r['case']} {r['busy_pct']:.0f} %" for r in rows)
+    return {"ok": True, "rows": rows, "summary": f"GPU busy share: {summary}", "table": format_table(rows, cols)}
+
+
 STEPS = {
     "tests": step_tests,
     "train": step_train,
@@ -381,6 +464,7 @@ STEPS = {
     "window": step_window,
     "resolution": step_resolution,
     "compile": step_compile,
+    "profile": step_profile,
 }
 
 
@@ -456,11 +540,29 @@ def write_summary(out: pathlib.Path, env: dict, results: dict, goal_lines: list[
         mark = {True: "pass", False: "FAIL", None: "skipped"}[r.get("ok")]
         lines.append(f"| {name} | {mark} | {r.get('seconds', 0):.0f} | {r.get('summary', '').replace('|', '/')} |")
     lines += ["", "## Performance goals", ""] + [f"- {g}" for g in goal_lines]
-    for name in ("core", "layer", "window", "resolution", "compile"):
+    for name in ("core", "layer", "window", "resolution", "compile", "profile"):
         if results.get(name, {}).get("table"):
             lines += ["", f"## {name}", "", "```", results[name]["table"], "```"]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
+    return text
+
+
+def save_results(out: pathlib.Path, env: dict, results: dict, argv: list[str]) -> str:
+    """Write ``summary.md`` and ``gpu_check.json`` for the steps run so far; returns the summary."""
+    goal_lines = goals(results, env["copy_GBps"])
+    text = write_summary(out, env, results, goal_lines, argv)
+    (out / "gpu_check.json").write_text(
+        json.dumps(
+            {
+                "env": env,
+                "goals": goal_lines,
+                "results": {k: {kk: vv for kk, vv in v.items() if kk != "table"} for k, v in results.items()},
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return text
 
 
@@ -487,6 +589,7 @@ def main(argv=None) -> int:
         flush=True,
     )
     results: dict = {}
+    text = save_results(out, env, results, argv or sys.argv[1:])
     for name in args.steps:
         t0 = time.time()
         print(f"== {name}", flush=True)
@@ -498,19 +601,8 @@ def main(argv=None) -> int:
         r["seconds"] = time.time() - t0
         results[name] = r
         print(f"   {name}: {r.get('summary', 'done')} ({r['seconds']:.0f} s)", flush=True)
-    goal_lines = goals(results, env["copy_GBps"])
-    text = write_summary(out, env, results, goal_lines, argv or sys.argv[1:])
-    (out / "gpu_check.json").write_text(
-        json.dumps(
-            {
-                "env": env,
-                "goals": goal_lines,
-                "results": {k: {kk: vv for kk, vv in v.items() if kk != "table"} for k, v in results.items()},
-            },
-            indent=1,
-            default=str,
-        )
-    )
+        # after every step, so a run stopped by a time limit still leaves what it measured
+        text = save_results(out, env, results, argv or sys.argv[1:])
     with tarfile.open(out.with_suffix(".tar.gz") if out.suffix == "" else out / "gpu_check.tar.gz", "w:gz") as tar:
         tar.add(out, arcname=out.name)
     print(text)
