@@ -3,7 +3,7 @@
 - ``ops.local_residual`` (one grouped conv) vs ``naive_local_residual`` (nine taps) on V as the
   layers give it: a channels-last view into the qkv output;
 - ``LocalResidual.predict`` (grouped 1x1 convs evaluated as batched matmuls) vs the module's
-  Conv1d pipeline, the reference's form;
+  Conv1d pipeline, the reference's form, and in float32 under autocast;
 - the whole InLine layer vs a composition of naive ops (explicit N x N weights), float64, with a
   cls token and H != W; bf16 autocast; ``torch.compile(fullgraph=True)`` tracing.
 """
@@ -48,6 +48,32 @@ def test_predictor_matmul_form_matches_conv1d_pipeline(dim, heads):
     params = (ctx, *res.parameters())
     for a, r in zip(torch.autograd.grad(fast, params, g), torch.autograd.grad(ref, params, g)):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+
+
+def test_predictor_under_autocast_runs_in_float32_without_casts():
+    # the prediction is tiny; autocast would add a cast per input, weight and bias (and per gradient):
+    # kernel launches a small layer's GPU step waits on. It runs in the parameters' float32 instead.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    res = LocalResidual(24, 3)
+    ctx = torch.randn(4, 24, requires_grad=True)
+    exact = res.predict(ctx)
+    with Ops() as ops:
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # backward outside it, as in training
+            mixed = res.predict(ctx)
+        mixed.sum().backward()
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, exact, rtol=0, atol=0)
+    assert "_to_copy" not in ops.names and "baddbmm" in ops.names, ops.names
 
 
 def _naive_inline_layer(layer, x, feat, p):

@@ -30,18 +30,31 @@ class LocalResidual(nn.Sequential):
 
         The grouped 1x1 convolutions are evaluated as batched matmuls over the groups (same
         parameters, same result): oneDNN's convolution on length-1 signals costs several times
-        its arithmetic when there are many samples (windows).
+        its arithmetic when there are many samples (windows). Under autocast the prediction runs
+        in the parameters' dtype (float32 in mixed precision): its arithmetic is negligible, and
+        autocast's casts of inputs, weights and biases (and of their gradients) would be a dozen
+        extra kernel launches per layer, which is what a small layer's step on a GPU waits on.
         """
         if context.dim() != 2 or context.shape[1] != self.dim:
             raise ValueError(f"context must be [B, {self.dim}], got {tuple(context.shape)}")
+        device_type = context.device.type
+        if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type, enabled=False):
+                return self._predict(context.to(self[0].weight.dtype))
+        return self._predict(context)
+
+    def _predict(self, context: torch.Tensor) -> torch.Tensor:
         conv1, act, conv2 = self[0], self[1], self[2]
         b, c = context.shape
         g = conv1.groups
         cg, og = c // g, conv2.out_channels // g
-        y = context.view(b, g, cg).transpose(0, 1)  # [g, B, C/g]
-        y = torch.baddbmm(conv1.bias.view(g, 1, cg), y, conv1.weight.view(g, cg, cg).transpose(1, 2))
-        y = torch.baddbmm(conv2.bias.view(g, 1, og), act(y), conv2.weight.view(g, og, cg).transpose(1, 2))
-        return y.transpose(0, 1).reshape(b, c, 3, 3)  # channel c takes outputs [9c, 9c + 9)
+        # column layout [groups, channels, B]: W @ y takes the parameters' own [out, in] layout, so
+        # neither the products nor their weight gradients need a transposed copy
+        y = context.t().reshape(g, cg, b)
+        y = torch.baddbmm(conv1.bias.view(g, cg, 1), conv1.weight.view(g, cg, cg), y)
+        y = torch.baddbmm(conv2.bias.view(g, og, 1), conv2.weight.view(g, og, cg), act(y))  # [g, 9C/g, B]
+        # channel c takes outputs [9c, 9c + 9): a strided view, copied once by whoever needs a layout
+        return y.view(g * og, b).t().view(b, c, 3, 3)
 
     def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "eager") -> torch.Tensor:
         """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""

@@ -58,7 +58,8 @@ def grid_residual(
 def residual_taps(weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[B, C, 3, 3] residual weights -> [B, 9, C] taps over channels (the fused op's layout)."""
     b, c = weights.shape[:2]
-    return weights.reshape(b, c, 9).transpose(1, 2).to(dtype).contiguous()
+    # one copy for the layout and the dtype together
+    return weights.reshape(b, c, 9).transpose(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format)
 
 
 def inline_tokens(
