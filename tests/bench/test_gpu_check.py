@@ -83,3 +83,11 @@ def test_device_busy_counts_kernel_rows_only():
         SimpleNamespace(device_type=cuda, self_device_time_total=1100.0),
     ]
     assert gpu_check.device_busy_ms(events) == 1.5
+
+
+def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there(tmp_path):
+    junit = tmp_path / "t.xml"
+    serial = gpu_check.tests_command(junit, ["tests/gpu"], quick=False, xdist=False)
+    parallel = gpu_check.tests_command(junit, ["tests/gpu"], quick=True, xdist=True)
+    assert "-n" not in serial and serial[-1] == "tests/gpu"
+    assert parallel[parallel.index("-n") + 1] == str(gpu_check.TESTS_WORKERS) and "-x" in parallel

@@ -76,6 +76,18 @@ def test_predictor_under_autocast_runs_in_float32_without_casts():
     assert "_to_copy" not in ops.names and "baddbmm" in ops.names, ops.names
 
 
+def test_predictor_gives_its_context_a_contiguous_gradient():
+    # the context is the mean token: its gradient is broadcast over all N tokens of the layer input,
+    # which on an H100 ran as an uncoalesced [B, N, C] sum (0.2 ms a step) when it came back transposed
+    res = LocalResidual(24, 3)
+    ctx = torch.randn(5, 24, requires_grad=True)
+    seen = []
+    context = ctx * 1.0  # a non-leaf, so the hook sees the gradient as autograd produced it
+    context.register_hook(lambda g: seen.append(g.stride()))
+    res.predict(context).square().sum().backward()
+    assert seen == [(24, 1)]
+
+
 def _naive_inline_layer(layer, x, feat, p):
     """The InLine layer written with naive ops only (explicit weights, grouped-conv residual)."""
     b, n, c = x.shape

@@ -29,6 +29,7 @@ as ``gpu_check.tar.gz``. On a machine without CUDA it exits at once (status 2) w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -81,6 +82,21 @@ def _copy_bandwidth() -> float:
     return 2 * (1 << 28) * 2 / t
 
 
+TESTS_WORKERS = 4
+
+
+def tests_command(junit: pathlib.Path, files: list[str], quick: bool, xdist: bool) -> list[str]:
+    """The pytest command of the test step. On a fresh machine its time is mostly JIT compilation
+    (the Triton kernels for every tested shape, inductor's graphs), which ran past a 300 s box
+    serially on an H100's host; with pytest-xdist the test files compile in parallel workers."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
+    if xdist:
+        cmd += ["-n", str(TESTS_WORKERS)]
+    if quick:
+        cmd += ["-x"]
+    return cmd
+
+
 def step_tests(out: pathlib.Path, quick: bool) -> dict:
     # plus the RandAugment comparison with timm itself: timm imports only beside a CUDA build of torch
     files = [
@@ -89,10 +105,7 @@ def step_tests(out: pathlib.Path, quick: bool) -> dict:
         "tests/gpu",
         "tests/train/test_rand_augment.py::test_against_timm_itself",
     ]
-    junit = out / "tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
-    if quick:
-        cmd += ["-x"]
+    cmd = tests_command(out / "tests.xml", files, quick, xdist=importlib.util.find_spec("xdist") is not None)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("TRITON_INTERPRET", None)
     log = out / "tests.log"

@@ -48,11 +48,15 @@ class LocalResidual(nn.Sequential):
         b, c = context.shape
         g = conv1.groups
         cg, og = c // g, conv2.out_channels // g
-        # column layout [groups, channels, B]: W @ y takes the parameters' own [out, in] layout, so
-        # neither the products nor their weight gradients need a transposed copy
-        y = context.t().reshape(g, cg, b)
-        y = torch.baddbmm(conv1.bias.view(g, cg, 1), conv1.weight.view(g, cg, cg), y)
-        y = torch.baddbmm(conv2.bias.view(g, og, 1), conv2.weight.view(g, og, cg), act(y))  # [g, 9C/g, B]
+        # The first product in row layout [groups, B, C/g]: the context's gradient comes back
+        # contiguous (a transposed one made the attention input's gradient, which adds it to every
+        # token, an uncoalesced [B, N, C] sum: 0.2 ms per layer step on an H100 at 14 x 14, B 1024).
+        y = torch.baddbmm(
+            conv1.bias.view(g, 1, cg), context.view(b, g, cg).transpose(0, 1), conv1.weight.view(g, cg, cg).mT
+        )
+        # The second in column layout [groups, 9C/g, B]: W @ y takes the largest weight in its own
+        # [out, in] layout, so neither the product nor its gradient needs a transposed copy.
+        y = torch.baddbmm(conv2.bias.view(g, og, 1), conv2.weight.view(g, og, cg), act(y).mT)
         # channel c takes outputs [9c, 9c + 9): a strided view, copied once by whoever needs a layout
         return y.view(g * og, b).t().view(b, c, 3, 3)
 
