@@ -12,6 +12,11 @@ from .model import PRESETS
 from .report import format_table, machine_info, plot_sweep, write_results
 
 
+def _threads() -> str:
+    n = torch.get_num_threads()
+    return f"{n} thread" if n == 1 else f"{n} threads"
+
+
 def _setup(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,7 +60,7 @@ def _run_attention(args, name: str | None = None) -> int:
     sides = sorted({r["side"] for r in result["rows"]})
     title = (
         f"attention layers, C={args.dim}, {args.heads} heads, {result['meta']['dtype']}, "
-        f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}, {torch.get_num_threads()} threads"
+        f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}, {_threads()}"
     )
     return _finish(
         result,
@@ -142,7 +147,7 @@ def _cmd_model(args) -> int:
     xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
     title = (
         f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}, "
-        f"{torch.get_num_threads()} threads, SDPA {result['meta']['sdpa']}"
+        f"{_threads()}, SDPA {result['meta']['sdpa']}"
     )
     if args.breakdown:
         print(

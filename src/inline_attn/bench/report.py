@@ -89,6 +89,12 @@ def write_results(result: dict, out_dir: str | os.PathLike, stem: str) -> dict[s
     return paths
 
 
+def _base_and_variant(name: str) -> tuple[str, str]:
+    """ "inline fwd+bwd" -> ("inline", "fwd+bwd"); "Swin-T" -> ("Swin-T", "")."""
+    base, sep, variant = name.rpartition(" ")
+    return (base, variant) if sep else (name, "")
+
+
 def plot_sweep(
     rows: Sequence[dict],
     path: str | os.PathLike,
@@ -102,7 +108,10 @@ def plot_sweep(
 ) -> pathlib.Path:
     """One PNG with a panel per metric: ``panels`` = (row key, y label, log scale).
 
-    Each distinct ``row[series]`` is a line over ``row[x]``; nan points (OOM) are left out.
+    Each distinct ``row[series]`` is a line over ``row[x]``; nan points (OOM) are left out. A
+    series named "base variant" (e.g. "inline fwd+bwd", "InLine-Swin-T eager") takes its base's
+    colour and its variant's line style, so many series stay tellable apart; the legend sits
+    beside the panels.
     """
     import matplotlib
 
@@ -110,13 +119,25 @@ def plot_sweep(
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r[series] for r in rows))
+    parts = {n: _base_and_variant(str(n)) for n in names}
+    bases = list(dict.fromkeys(b for b, _ in parts.values()))
+    variants = list(dict.fromkeys(v for _, v in parts.values()))
+    cmap = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20")
+    line_styles = ("-", "--", ":", "-.")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     for ax, (key, ylabel, log) in zip(axes[0], panels):
         for name in names:
             pts = [(r[x], r.get(key)) for r in rows if r[series] == name]
             pts = [(a, b) for a, b in pts if isinstance(b, (int, float)) and not math.isnan(b)]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=str(name))
+                base, variant = parts[name]
+                ax.plot(
+                    *zip(*pts),
+                    marker="o",
+                    label=str(name),
+                    color=cmap(bases.index(base) % cmap.N),
+                    linestyle=line_styles[variants.index(variant) % len(line_styles)],
+                )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if log:
@@ -125,11 +146,12 @@ def plot_sweep(
             ax.set_xticks(list(xticks))
             ax.set_xticklabels([str(t) for t in xticks])
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
