@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..compile import check_compile_mode, compile_module
 from ..layers import build_attention
 from ..layers.linear_family import LINEAR_CORES
 from ..ops import use_impl
@@ -138,6 +139,7 @@ def bench_attention(
     budget_s: Optional[float] = 20.0,
     memory: bool = True,
     compile: bool = False,
+    compile_mode: str = "default",
     amp: Optional[str] = None,
     seed: int = 0,
 ) -> dict:
@@ -154,11 +156,14 @@ def bench_attention(
         warmup, repeats, budget_s: see :func:`inline_attn.bench.timing.time_interleaved`.
         memory: measure each case's peak memory (one extra untimed call).
         compile: ``torch.compile`` every layer (as a ``+compile`` suffix on each kind).
+        compile_mode: the mode of every compiled layer (:data:`inline_attn.compile.COMPILE_MODES`;
+            "reduce-overhead": CUDA graphs).
         amp: "bf16" / "fp16": run the layers under autocast (float32 parameters and inputs).
     """
     amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if amp not in amp_dtype:
         raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
+    check_compile_mode(compile_mode)
     kinds = [k if not compile or k.endswith("+compile") else f"{k}+compile" for k in kinds]
     parsed = {k: parse_layer_kind(k) for k in kinds}
     for m in modes:
@@ -184,7 +189,7 @@ def bench_attention(
             try:
                 module = build_attention(base, dim, heads).to(dev, dt)
                 if compiled:
-                    module = torch.compile(module)
+                    module = compile_module(module, compile_mode)
                 x = torch.randn(b, n, dim, device=dev, dtype=dt, requires_grad="fwd+bwd" in modes)
             except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
                 for mode in modes:
@@ -259,6 +264,7 @@ def bench_attention(
             "repeats": repeats,
             "budget_s": budget_s,
             "compile": compile,
+            "compile_mode": compile_mode,
             "amp": amp or "none",
             "device": str(dev),
         },

@@ -7,6 +7,7 @@ import pathlib
 
 import torch
 
+from ..compile import COMPILE_MODES
 from .attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
 from .model import PRESETS
 from .report import format_table, machine_info, plot_sweep, write_results
@@ -54,6 +55,7 @@ def _run_attention(args, name: str | None = None) -> int:
         budget_s=args.budget,
         memory=not args.no_memory,
         compile=args.compile,
+        compile_mode=args.compile_mode,
         amp=args.amp,
     )
     args.name = name or args.name
@@ -138,6 +140,7 @@ def _cmd_model(args) -> int:
         macs=not args.no_macs,
         sdpa=args.sdpa,
         baseline=args.baseline,
+        compile_mode=args.compile_mode,
         breakdown=args.breakdown,
         amp=args.amp,
         channels_last=args.channels_last,
@@ -221,6 +224,16 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--compile", action="store_true", help="torch.compile every layer (compiled in the warm-up)")
+    _compile_mode_arg(p)
+
+
+def _compile_mode_arg(p) -> None:
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=COMPILE_MODES,
+        help="torch.compile mode of the compiled cases (reduce-overhead: CUDA graphs; default: default)",
+    )
 
 
 def register(subparsers) -> None:
@@ -266,6 +279,7 @@ def register(subparsers) -> None:
     pm.add_argument("--no-macs", action="store_true", help="skip counting MACs")
     pm.add_argument("--channels-last", action="store_true", help="channels-last input images and convolutions")
     pm.add_argument("--compile", action="store_true", help="torch.compile every model (same as compile=1 in each spec)")
+    _compile_mode_arg(pm)
     pm.add_argument(
         "--breakdown",
         action="store_true",

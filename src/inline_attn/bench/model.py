@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import _dtype
+from ..compile import check_compile_mode, compile_module
 from ..models.swin import SOFTMAX_WINDOW_DIVISOR
 from ..ops import use_impl
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
@@ -221,6 +222,7 @@ def bench_models(
     baseline: Optional[str] = None,
     amp: Optional[str] = None,
     channels_last: bool = False,
+    compile_mode: str = "default",
     seed: int = 0,
 ) -> dict:
     """Benchmark models; returns ``{"meta": ..., "rows": [...]}``, one row per case.
@@ -240,6 +242,7 @@ def bench_models(
         baseline: the label whose throughput the speedups divide by (default: first label).
         amp: "bf16" / "fp16": autocast around each step (weights and input stay in ``dtype``).
         channels_last: the input images (and the models' convolutions) in channels-last layout.
+        compile_mode: the mode of the cases with ``compile=1`` (:data:`inline_attn.compile.COMPILE_MODES`).
     """
     amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if amp not in amp_dtype:
@@ -250,6 +253,7 @@ def bench_models(
         raise ValueError(f"unknown sdpa {sdpa!r}: expected None or 'math'")
     if batch <= 0:
         raise ValueError(f"batch must be positive, got {batch}")
+    check_compile_mode(compile_mode)
     dt = _dtype(dtype)
     dev = torch.device(device)
     labels = list(dict.fromkeys(c.label for c in cases))
@@ -272,7 +276,7 @@ def bench_models(
                 if channels_last:
                     model = model.to(memory_format=torch.channels_last)
                     x = x.contiguous(memory_format=torch.channels_last)
-                runner = torch.compile(model) if c.compile else model
+                runner = compile_module(model, compile_mode) if c.compile else model
                 steps[key] = _step(runner, x, mode, c.overrides.get("sdpa", sdpa), impl=c.impl, amp=amp_dtype[amp])
                 models.append(model)
                 if macs:
@@ -340,6 +344,7 @@ def bench_models(
             "sdpa": sdpa or "default",
             "amp": amp or "none",
             "channels_last": channels_last,
+            "compile_mode": compile_mode,
             "device": str(dev),
             "baseline": base,
             "matmul_gflops": rate / 1e9,

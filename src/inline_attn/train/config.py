@@ -209,6 +209,9 @@ class TrainCfg:
         "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)"
     )
     compile: bool = setting(False, doc="torch.compile the model (the fused InLine op compiles as one node)")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = setting(
+        "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)"
+    )
     channels_last: bool = setting(False, doc="channels-last images and convolutions")
     ema: bool = setting(False, doc="keep an exponential moving average of the weights")
     ema_decay: float = setting(
@@ -507,6 +510,7 @@ RESUME_MAY_CHANGE = frozenset(
         "train.max_steps",
         "train.eval_every",
         "train.compile",
+        "train.compile_mode",
         "train.channels_last",
     }
 )

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..compile import compile_module
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import count_params, profile
@@ -251,7 +252,7 @@ def _train(cfg: Config, info: DistInfo) -> dict:
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
-        ddp_model = torch.compile(ddp_model)
+        ddp_model = compile_module(ddp_model, cfg.train.compile_mode)
     # the handlers go in before config.yaml appears (the sign that a run has started), so a signal
     # from then on always ends in a checkpoint and the 128 + signum exit
     stop = _StopFlag()
