@@ -417,18 +417,10 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
     from ..layers import build_attention
     from .attention import _layer_step
     from .report import format_table
+    from .timing import time_interleaved
 
     def measure(label, step, n):
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        wall_ms = start.elapsed_time(end) / n
+        wall_ms = time_interleaved({label: step}, warmup=3, repeats=n, device="cuda")[label].median * 1e3
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
                 step()

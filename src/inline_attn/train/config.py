@@ -27,6 +27,7 @@ from typing import Any, Iterable, Literal, Optional, Union
 import yaml
 
 from .._io import atomic_write_text
+from ..compile import COMPILE_MODES
 
 PathLike = Union[str, os.PathLike]
 
@@ -209,7 +210,7 @@ class TrainCfg:
         "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)"
     )
     compile: bool = setting(False, doc="torch.compile the model (the fused InLine op compiles as one node)")
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = setting(
+    compile_mode: Literal[COMPILE_MODES] = setting(
         "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)"
     )
     channels_last: bool = setting(False, doc="channels-last images and convolutions")
