@@ -33,7 +33,8 @@ def _model(name, res=None):
 
 def _rel(a, b):
     """Relative error of a against b; 0 when both are exactly zero (a parameter whose gradient is zero
-    on both paths, e.g. behind a zero-initialised layer), inf when only b is."""
+    on both paths: the last DeiT block's residual predictor, whose grid tokens the cls-token head
+    never reads), inf when only b is."""
     diff, ref = (a.double() - b.double()).norm().item(), b.double().norm().item()
     if ref == 0.0:
         return 0.0 if diff == 0.0 else float("inf")
