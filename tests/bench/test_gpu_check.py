@@ -91,3 +91,57 @@ def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there(tmp_path):
     parallel = gpu_check.tests_command(junit, ["tests/gpu"], quick=True, xdist=True)
     assert "-n" not in serial and serial[-1] == "tests/gpu"
     assert parallel[parallel.index("-n") + 1] == str(gpu_check.TESTS_WORKERS) and "-x" in parallel
+
+
+def test_steps_start_only_while_their_usual_time_fits_and_the_tests_get_the_rest():
+    assert gpu_check.plan_step("compile", gpu_check.STEP_SECONDS["compile"]) == (True, {})
+    assert gpu_check.plan_step("compile", gpu_check.STEP_SECONDS["compile"] - 1) == (False, {})
+    assert gpu_check.plan_step("tests", 200.0) == (True, {"timeout_s": 200.0})
+    assert gpu_check.plan_step("tests", gpu_check.TESTS_MIN_S - 1)[0] is False
+    # the tests run last: the benchmark steps are bounded, the tests' JIT compilation is not
+    assert list(gpu_check.STEPS)[-1] == "tests" and set(gpu_check.STEP_SECONDS) == set(gpu_check.STEPS) - {"tests"}
+    # everything but the tests fits the budget with room left for them
+    assert sum(gpu_check.STEP_SECONDS.values()) + 150 <= gpu_check.BUDGET_S <= 480
+
+
+def _child(code: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-c", code]
+
+
+def test_run_interruptible_returns_the_exit_status_of_a_run_that_ends(tmp_path):
+    log = tmp_path / "log"
+    assert gpu_check.run_interruptible(_child("print('done'); raise SystemExit(3)"), log, timeout_s=30) == 3
+    assert log.read_text() == "done\n"
+
+
+def test_run_interruptible_interrupts_and_keeps_what_the_run_reports_on_ctrl_c(tmp_path):
+    log = tmp_path / "log"
+    code = (
+        "import time\ntry:\n    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n    print('2 passed, 1 failed (interrupted)')"
+    )
+    assert gpu_check.run_interruptible(_child(code), log, timeout_s=1.5) is None
+    assert log.read_text() == "2 passed, 1 failed (interrupted)\n"
+
+
+def test_run_interruptible_kills_a_run_that_ignores_the_interrupt(tmp_path):
+    import time
+
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
+    t0 = time.time()
+    assert gpu_check.run_interruptible(_child(code), tmp_path / "log", timeout_s=1.5, grace_s=1.0) is None
+    assert time.time() - t0 < 20 and (tmp_path / "log").read_text() == "up\n"
+
+
+def test_an_interrupted_pytest_run_still_reports_its_counts(tmp_path):
+    # what the tests step relies on: pytest prints the counts so far when it gets SIGINT
+    import sys
+
+    (tmp_path / "test_sleepy.py").write_text("import time\ndef test_quick(): pass\ndef test_slow(): time.sleep(120)\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleepy.py")]
+    log = tmp_path / "log"
+    assert gpu_check.run_interruptible(cmd, log, timeout_s=6, cwd=tmp_path) is None
+    text = log.read_text()
+    assert "KeyboardInterrupt" in text and text.strip().splitlines()[-1].startswith("1 passed")

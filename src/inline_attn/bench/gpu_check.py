@@ -1,25 +1,33 @@
 """``make gpu-check``: validate and time the GPU path on one CUDA machine, in one command.
 
-Steps (each recorded, a failing step does not stop the rest):
+Steps (each recorded, a failing step does not stop the rest), in the order they run:
 
-1. ``tests``: the CUDA tests (the Triton kernels natively, the custom ops, compile, whole models
-   under autocast) and the RandAugment comparison with timm (importable there), through pytest.
-2. ``train``: a 200-step bf16 training smoke run of the Fashion-MNIST demo model on the GPU
+1. ``train``: a 200-step bf16 training smoke run of the Fashion-MNIST demo model on the GPU
    (``inline-attn train``: 4 epochs of 50 steps on a 3,200-image subset); passes when every epoch's
    loss is finite and the last is below the first. Needs the Fashion-MNIST files
    (``$INLINE_ATTN_FMNIST`` or the Debian path); without them the step says so and is skipped.
-3. ``core``: the Triton layer core alone, bf16, its achieved bandwidth (fewest bytes / time)
+2. ``core``: the Triton layer core alone, bf16, its achieved bandwidth (fewest bytes / time)
    against the device's copy rate.
-4. ``layer``: the attention layers over 7..112 tokens per side, fwd and fwd+bwd, bf16 autocast:
+3. ``layer``: the attention layers over 7..112 tokens per side, fwd and fwd+bwd, bf16 autocast:
    InLine fused (Triton), InLine eager (the authors' order of operations), softmax through SDPA
    (flash / memory-efficient), softmax explicit (as the authors compute it), linear.
-5. ``window`` / ``resolution``: the paper's Fig. 6 sweeps (Swin-T vs InLine-Swin-T over windows,
+4. ``window`` / ``resolution``: the paper's Fig. 6 sweeps (Swin-T vs InLine-Swin-T over windows,
    DeiT-T vs InLine-DeiT-T over resolutions) in inference and training, bf16 autocast, with the
    InLine models fused and eager.
-6. ``compile``: training throughput of InLine-Swin-T (window 7) and InLine-DeiT-T, eager vs
+5. ``compile``: training throughput of InLine-Swin-T (window 7) and InLine-DeiT-T, eager vs
    ``torch.compile``.
-7. ``profile``: how much of a layer's and a model's step the GPU is busy (``torch.profiler``),
+6. ``profile``: how much of a layer's and a model's step the GPU is busy (``torch.profiler``),
    against the step's time: where the time goes when the kernels are not the bottleneck.
+7. ``tests``: the CUDA tests (the Triton kernels natively, the custom ops, compile, whole models
+   under autocast) and the RandAugment comparison with timm (importable there), through pytest.
+
+The whole check keeps to a time budget (``--budget-s``, default :data:`BUDGET_S`: the 8 minutes
+the check is allowed on one H100, less start-up and packing). A step whose usual time
+(:data:`STEP_SECONDS`, measured on an H100) no longer fits is not started and says so. The tests
+run last and get the time that is left: on a fresh machine they are mostly JIT compilation with
+no fixed length, while every benchmark step is bounded by its own per-case budgets. A test run
+that reaches the end of the budget is interrupted (SIGINT), so pytest still prints how many tests
+passed and failed until then.
 
 Writes JSON / CSV / PNG per benchmark, ``summary.md`` (device, driver, versions, every table and
 the performance goals met or missed) and ``gpu_check.json`` into ``--out``, and packs the folder
@@ -34,6 +42,7 @@ import json
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tarfile
@@ -44,7 +53,12 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the repository (tests/, configs/)
 FMNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
-TESTS_TIMEOUT_S = 240
+BUDGET_S = 460.0  # seconds for all steps: 8 minutes, less about 20 s of start-up and packing
+# Each step's usual seconds on an H100 (the 2026-11-23 sessions: train 22-27, core 12, layer 10,
+# window 31, resolution 49, compile about 90, profile about 45 as a script); a step is started only
+# when this much of the budget is left.
+STEP_SECONDS = {"train": 30, "core": 15, "layer": 15, "window": 35, "resolution": 55, "compile": 90, "profile": 45}
+TESTS_MIN_S = 30.0  # below this the tests step is not started: too little to pass the JIT compiles
 
 
 def _versions() -> dict:
@@ -97,7 +111,28 @@ def tests_command(junit: pathlib.Path, files: list[str], quick: bool, xdist: boo
     return cmd
 
 
-def step_tests(out: pathlib.Path, quick: bool) -> dict:
+def run_interruptible(cmd: list[str], log: pathlib.Path, timeout_s: float, grace_s: float = 30.0, **kw) -> int | None:
+    """Run ``cmd`` with its output streamed to ``log``; after ``timeout_s`` interrupt it with SIGINT
+    (pytest then reports the tests run so far, as after Ctrl-C) and kill it if it has not exited
+    ``grace_s`` later. Returns the exit status, or None when it had to be interrupted."""
+    with open(log, "w") as fh:  # streamed, so a stopped run still shows how far it got
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # the whole group: pytest-xdist's workers too
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:  # it ended between the timeout and the signal
+            proc.wait()
+        return None
+
+
+def step_tests(out: pathlib.Path, quick: bool, timeout_s: float = BUDGET_S) -> dict:
     # plus the RandAugment comparison with timm itself: timm imports only beside a CUDA build of torch
     files = [
         "tests/ops/test_triton.py",
@@ -109,18 +144,12 @@ def step_tests(out: pathlib.Path, quick: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("TRITON_INTERPRET", None)
     log = out / "tests.log"
-    with open(log, "w") as fh:  # streamed, so a stopped run still shows how far it got
-        try:
-            proc = subprocess.run(
-                cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, text=True, env=env, timeout=TESTS_TIMEOUT_S
-            )
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    code = run_interruptible(cmd, log, timeout_s, cwd=ROOT, env=env)
     lines = [line for line in log.read_text().splitlines() if line.strip()]
+    last = (lines[-1:] or ["(no output)"])[0]
     if code is None:
-        return {"ok": False, "summary": f"stopped after {TESTS_TIMEOUT_S} s (tests.log)", "returncode": None}
-    return {"ok": code == 0, "summary": (lines[-1:] or ["(no output)"])[0], "returncode": code}
+        return {"ok": False, "summary": f"interrupted after {timeout_s:.0f} s: {last} (tests.log)", "returncode": None}
+    return {"ok": code == 0, "summary": last, "returncode": code}
 
 
 def _fmnist_dir() -> pathlib.Path | None:
@@ -462,7 +491,6 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
 
 
 STEPS = {
-    "tests": step_tests,
     "train": step_train,
     "core": step_core,
     "layer": step_layer,
@@ -470,7 +498,16 @@ STEPS = {
     "resolution": step_resolution,
     "compile": step_compile,
     "profile": step_profile,
+    "tests": step_tests,
 }
+
+
+def plan_step(name: str, seconds_left: float) -> tuple[bool, dict]:
+    """Whether step ``name`` is started with ``seconds_left`` of the budget, and its keyword
+    arguments (the tests' time box is what is left)."""
+    if name == "tests":
+        return seconds_left >= TESTS_MIN_S, {"timeout_s": seconds_left}
+    return seconds_left >= STEP_SECONDS[name], {}
 
 
 def _ratio(rows, x, label, base, key="throughput", mode=None):
@@ -576,6 +613,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="gpu_check_results", help="output folder (default gpu_check_results)")
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a smoke run of the check)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help=f"seconds for all steps (default {BUDGET_S:.0f}); a step that no longer fits is not started, "
+        "and the tests get what is left",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(
@@ -595,11 +639,22 @@ def main(argv=None) -> int:
     )
     results: dict = {}
     text = save_results(out, env, results, argv or sys.argv[1:])
-    for name in args.steps:
+    deadline = time.time() + args.budget_s
+    for name in sorted(args.steps, key=list(STEPS).index):
         t0 = time.time()
+        start, kwargs = plan_step(name, deadline - t0)
+        if not start:
+            results[name] = {
+                "ok": None,
+                "seconds": 0.0,
+                "summary": f"not started: {max(deadline - t0, 0):.0f} s of the {args.budget_s:.0f} s budget left",
+            }
+            print(f"   {name}: {results[name]['summary']}", flush=True)
+            text = save_results(out, env, results, argv or sys.argv[1:])
+            continue
         print(f"== {name}", flush=True)
         try:
-            r = STEPS[name](out, args.quick)
+            r = STEPS[name](out, args.quick, **kwargs)
         except Exception as err:  # noqa: BLE001 - record and go on with the other steps
             r = {"ok": False, "summary": f"{type(err).__name__}: {err}"[:400]}
             (out / f"{name}.error.txt").write_text(traceback.format_exc())
