@@ -145,3 +145,40 @@ def test_an_interrupted_pytest_run_still_reports_its_counts(tmp_path):
     assert gpu_check.run_interruptible(cmd, log, timeout_s=6, cwd=tmp_path) is None
     text = log.read_text()
     assert "KeyboardInterrupt" in text and text.strip().splitlines()[-1].startswith("1 passed")
+
+
+def test_main_runs_the_steps_in_order_within_the_budget(tmp_path, monkeypatch):
+    # main()'s orchestration with stand-in steps (the real ones need CUDA): the order, a step that
+    # no longer fits the budget, and the tests' box being what is left
+    import time
+
+    calls = []
+
+    def fake(name, seconds=0.0, ok=True):
+        def step(out, quick, **kwargs):
+            calls.append((name, kwargs))
+            time.sleep(seconds)
+            return {"ok": ok, "summary": f"{name} ran"}
+
+        return step
+
+    steps = {name: fake(name) for name in gpu_check.STEPS}
+    steps["layer"] = fake("layer", seconds=1.0)
+    steps["train"] = fake("train", ok=False)
+    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    # every step usually takes 0 s but the window step 10 s; the tests need 0.5 s at least
+    monkeypatch.setattr(gpu_check, "STEP_SECONDS", {**dict.fromkeys(gpu_check.STEP_SECONDS, 0), "window": 10})
+    monkeypatch.setattr(gpu_check, "TESTS_MIN_S", 0.5)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    versions = {"device": "stand-in", "driver": "-", "torch": torch.__version__, "triton": "-"}
+    monkeypatch.setattr(gpu_check, "_versions", lambda: dict(versions))
+    monkeypatch.setattr(gpu_check, "_copy_bandwidth", lambda: 3e12)
+    out = tmp_path / "gc"
+    code = gpu_check.main(["--out", str(out), "--budget-s", "3", "--steps", "tests", "window", "layer", "train"])
+    assert [name for name, _ in calls] == ["train", "layer", "tests"]  # the canonical order, window skipped
+    assert 0.5 <= calls[-1][1]["timeout_s"] < 2.0  # what was left after the 1 s layer step
+    saved = json.loads((out / "gpu_check.json").read_text())["results"]
+    assert saved["window"]["ok"] is None and saved["window"]["summary"].startswith("not started: ")
+    assert saved["window"]["summary"].endswith("s of the 3 s budget left")
+    assert saved["train"]["ok"] is False and code == 1  # a failed step fails the check
+    assert (tmp_path / "gc.tar.gz").is_file()
