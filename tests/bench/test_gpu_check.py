@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import torch
@@ -170,6 +171,9 @@ def test_main_runs_the_steps_in_order_within_the_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "STEP_SECONDS", {**dict.fromkeys(gpu_check.STEP_SECONDS, 0), "window": 10})
     monkeypatch.setattr(gpu_check, "TESTS_MIN_S", 0.5)
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    # main() drops TRITON_INTERPRET for its CUDA kernels; this process's Triton tests need it back
+    if "TRITON_INTERPRET" in os.environ:
+        monkeypatch.setenv("TRITON_INTERPRET", os.environ["TRITON_INTERPRET"])
     versions = {"device": "stand-in", "driver": "-", "torch": torch.__version__, "triton": "-"}
     monkeypatch.setattr(gpu_check, "_versions", lambda: dict(versions))
     monkeypatch.setattr(gpu_check, "_copy_bandwidth", lambda: 3e12)
