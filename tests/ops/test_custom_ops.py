@@ -8,6 +8,7 @@ import pytest
 import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from inline_attn import create_model
 from inline_attn.ops import cpu_kernel_available, inline_tokens, use_impl
@@ -40,6 +41,17 @@ def test_opcheck_backward(backend):
     q, k, v, taps, *rest = _args(backend, requires_grad=False)
     grad = torch.randn(q.shape, device=DEVICE)
     torch.library.opcheck(torch.ops.inline_attn.inline_backward.default, (q, k, v, taps, grad, *rest))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck_with_float32_taps_beside_bf16_tokens(backend):
+    # the autocast case: float32 taps from the predictor, bf16 q, k, v (fake rules give dw9 in float32)
+    q, k, v, taps, *rest = _args(backend)
+    q, k, v = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(torch.ops.inline_attn.inline_forward.default, (q, k, v, taps, *rest))
+    grad = torch.randn(q.shape, device=DEVICE, dtype=torch.bfloat16)
+    args = (q.detach(), k.detach(), v.detach(), taps.detach(), grad, *rest)
+    torch.library.opcheck(torch.ops.inline_attn.inline_backward.default, args)
 
 
 def test_double_backward_raises_instead_of_dropping_terms():
@@ -158,3 +170,46 @@ def test_double_backward_through_inline_tokens_raises(backend):
     # first-order gradients of the same call work
     (g,) = torch.autograd.grad(out.sum(), q)
     assert torch.isfinite(g).all()
+
+
+class _OpLog(TorchDispatchMode):
+    """Records every op with its tensor arguments' (shape, dtype)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [(tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor)]
+        self.calls.append((func.overloadpacket.__name__, tensors))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_residual_weights_stay_float32_beside_low_precision_tokens(backend, dtype):
+    # Under autocast the predictor runs in float32 while q, k, v are bf16 / fp16. The taps reach the
+    # kernels unrounded and their gradient comes back in float32: no cast either way (a launch each
+    # on a GPU), and the predictor's gradient keeps float32 precision.
+    b, h, w, heads, c, p = 2, 3, 4, 2, 16, 1
+    qkv = torch.randn(b, p + h * w, 3 * c, device=DEVICE).to(dtype).requires_grad_()
+    weights = torch.randn(b, c, 3, 3, device=DEVICE, requires_grad=True)
+    g = torch.randn(b, p + h * w, c, device=DEVICE).to(dtype)
+    kw = dict(num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
+    with _OpLog() as log:  # a dispatch mode: the calls go through the custom ops
+        out = inline_tokens(*qkv.chunk(3, dim=-1), residual_weights=weights, impl=backend, **kw)
+        d_qkv, d_weights = torch.autograd.grad(out, (qkv, weights), g)
+    assert out.dtype == dtype and d_qkv.dtype == dtype and d_weights.dtype == torch.float32
+    (fwd_args,) = [args for name, args in log.calls if name == "inline_forward"]
+    assert fwd_args[3] == ((b, 9, c), torch.float32)  # the taps
+    casts = [args for name, args in log.calls if name == "_to_copy" and args[0][0] in ((b, 9, c), (b, c, 3, 3))]
+    assert casts == []
+    # against float64 on the same rounded tokens: the taps' gradient is float32 sums, not rounded to dtype
+    qkv64 = qkv.detach().double().requires_grad_()
+    w64 = weights.detach().double().requires_grad_()
+    ref = inline_tokens(*qkv64.chunk(3, dim=-1), residual_weights=w64, impl="naive", **kw)
+    want_qkv, want_weights = torch.autograd.grad(ref, (qkv64, w64), g.double())
+    rel = ((d_weights.double() - want_weights).norm() / want_weights.norm()).item()
+    assert rel < 1e-5, rel
+    rel_out = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel_out < 8e-3, rel_out  # the output's own rounding to bf16 / fp16

@@ -68,7 +68,8 @@ def inline_forward(
     num_prefix_tokens: int,
     backend: str,
 ) -> Tensor:
-    """q, k, v: [B, N, C] (any strides); w9: [B, 9, C] residual taps or None -> O [B, N, C]."""
+    """q, k, v: [B, N, C] (any strides); w9: [B, 9, C] residual taps (q's dtype or float32) or
+    None -> O [B, N, C] in q's dtype."""
     return _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
 
 
@@ -86,7 +87,8 @@ def inline_backward(
     num_prefix_tokens: int,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dq, dk, dv, dw9) of :func:`inline_forward`; dw9 is empty without a residual."""
+    """Gradients (dq, dk, dv, dw9) of :func:`inline_forward`, dw9 in w9's dtype (empty without a
+    residual)."""
     return _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens, backend)
 
 

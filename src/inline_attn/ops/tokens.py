@@ -56,9 +56,19 @@ def grid_residual(
 
 
 def residual_taps(weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[B, C, 3, 3] residual weights -> [B, 9, C] taps over channels (the fused op's layout)."""
+    """[B, C, 3, 3] residual weights -> [B, 9, C] taps over channels (the fused op's layout), in
+    ``dtype`` (q's), except that float32 weights stay float32.
+
+    Under autocast the predictor runs in float32 (:meth:`LocalResidual.predict`) while q, k, v are
+    bf16 / fp16. The fused kernels compute in float32 whatever their inputs, so float32 taps cost
+    nothing there, keep the predicted weights unrounded, and give back a float32 gradient: no cast
+    in the forward and none of the taps' gradient in the backward (a launch each on a GPU).
+    """
     b, c = weights.shape[:2]
-    # one copy for the layout and the dtype together
+    if weights.dtype == torch.float32:
+        dtype = torch.float32
+    # A cast copies into the contiguous layout the kernels read (one copy for both); without a cast
+    # ``to`` returns the strided view, and the kernels' launchers make it contiguous.
     return weights.reshape(b, c, 9).transpose(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format)
 
 
