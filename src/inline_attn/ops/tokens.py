@@ -61,8 +61,8 @@ def residual_taps(weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
     Under autocast the predictor runs in float32 (:meth:`LocalResidual.predict`) while q, k, v are
     bf16 / fp16. The fused kernels compute in float32 whatever their inputs, so float32 taps cost
-    nothing there, keep the predicted weights unrounded, and give back a float32 gradient: no cast
-    in the forward and none of the taps' gradient in the backward (a launch each on a GPU).
+    nothing there, keep the predicted weights unrounded, and give back a float32 gradient that
+    needs no cast in the backward (one launch fewer on a GPU).
     """
     b, c = weights.shape[:2]
     if weights.dtype == torch.float32:
