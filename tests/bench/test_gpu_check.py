@@ -178,8 +178,9 @@ def test_main_runs_the_steps_in_order_within_the_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "_versions", lambda: dict(versions))
     monkeypatch.setattr(gpu_check, "_copy_bandwidth", lambda: 3e12)
     out = tmp_path / "gc"
-    code = gpu_check.main(["--out", str(out), "--budget-s", "3", "--steps", "tests", "window", "layer", "train"])
-    assert [name for name, _ in calls] == ["train", "layer", "tests"]  # the canonical order, window skipped
+    asked = ["tests", "window", "layer", "train", "layer"]
+    code = gpu_check.main(["--out", str(out), "--budget-s", "3", "--steps", *asked])
+    assert [name for name, _ in calls] == ["train", "layer", "tests"]  # the canonical order, once each, window skipped
     assert 0.5 <= calls[-1][1]["timeout_s"] < 2.0  # what was left after the 1 s layer step
     saved = json.loads((out / "gpu_check.json").read_text())["results"]
     assert saved["window"]["ok"] is None and saved["window"]["summary"].startswith("not started: ")

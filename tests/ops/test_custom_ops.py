@@ -8,11 +8,11 @@ import pytest
 import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from inline_attn import create_model
 from inline_attn.ops import cpu_kernel_available, inline_tokens, use_impl
 from inline_attn.ops.tokens import residual_taps
+from op_helpers import OpLog
 
 pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -172,31 +172,18 @@ def test_double_backward_through_inline_tokens_raises(backend):
     assert torch.isfinite(g).all()
 
 
-class _OpLog(TorchDispatchMode):
-    """Records every op with its tensor arguments' (shape, dtype)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        tensors = [(tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor)]
-        self.calls.append((func.overloadpacket.__name__, tensors))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float32_residual_weights_stay_float32_beside_low_precision_tokens(backend, dtype):
     # Under autocast the predictor runs in float32 while q, k, v are bf16 / fp16. The taps reach the
-    # kernels unrounded and their gradient comes back in float32: no cast either way (a launch each
-    # on a GPU), and the predictor's gradient keeps float32 precision.
+    # kernels unrounded and their gradient comes back in float32 with no cast (one launch fewer on a
+    # GPU), so the predictor's gradient keeps float32 precision.
     b, h, w, heads, c, p = 2, 3, 4, 2, 16, 1
     qkv = torch.randn(b, p + h * w, 3 * c, device=DEVICE).to(dtype).requires_grad_()
     weights = torch.randn(b, c, 3, 3, device=DEVICE, requires_grad=True)
     g = torch.randn(b, p + h * w, c, device=DEVICE).to(dtype)
     kw = dict(num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
-    with _OpLog() as log:  # a dispatch mode: the calls go through the custom ops
+    with OpLog() as log:  # a dispatch mode: the calls go through the custom ops
         out = inline_tokens(*qkv.chunk(3, dim=-1), residual_weights=weights, impl=backend, **kw)
         d_qkv, d_weights = torch.autograd.grad(out, (qkv, weights), g)
     assert out.dtype == dtype and d_qkv.dtype == dtype and d_weights.dtype == torch.float32

@@ -16,6 +16,7 @@ import torch
 from inline_attn.layers import build_attention
 from inline_attn.layers.local_residual import LocalResidual
 from inline_attn.ops import local_residual, naive_attention, naive_local_residual
+from op_helpers import OpLog
 
 SHAPES = [(1, 5, 3, 7), (2, 24, 7, 7), (3, 6, 1, 9), (2, 9, 8, 5)]
 
@@ -53,21 +54,10 @@ def test_predictor_matmul_form_matches_conv1d_pipeline(dim, heads):
 def test_predictor_under_autocast_runs_in_float32_without_casts():
     # the prediction is tiny; autocast would add a cast per input, weight and bias (and per gradient):
     # kernel launches a small layer's GPU step waits on. It runs in the parameters' float32 instead.
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     res = LocalResidual(24, 3)
     ctx = torch.randn(4, 24, requires_grad=True)
     exact = res.predict(ctx)
-    with Ops() as ops:
+    with OpLog() as ops:
         with torch.autocast("cpu", dtype=torch.bfloat16):  # backward outside it, as in training
             mixed = res.predict(ctx)
         mixed.sum().backward()
