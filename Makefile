@@ -5,13 +5,14 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test bench gpu-check clean fmnist-data
+.PHONY: venv demo demo-seg demo-det test bench gpu-check clean fmnist-data lock
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[test]"
+	# every other package at the version the suite last passed with (constraints.txt)
+	$(BIN)/pip install -q -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -44,7 +45,7 @@ demo-det: $(STAMP) fmnist-data
 test: $(STAMP) fmnist-data
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/python -m pytest -q tests
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_PINNED=constraints.txt $(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)
 	$(BIN)/inline-attn bench attention
@@ -57,6 +58,17 @@ gpu-check:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
 	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.bench.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch
+# venv; then run `make clean test` and commit the new file on its own if the suite passes.
+LOCK_VENV ?= /tmp/inline-attn-lock-venv
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(LOCK_VENV)/bin/pip install -q -e ".[test]"
+	{ sed -n '/^#/p' constraints.txt; $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -v -i '^torch=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
