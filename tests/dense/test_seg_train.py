@@ -198,7 +198,15 @@ def test_compare_table_mean_and_std(tmp_path):
 def test_mosaic_training_learns(tmp_path):
     """~60 s on real Fashion-MNIST mosaics (the Debian package; `make test` installs it): the
     demo's model and recipe, shortened. Predicting background everywhere scores
-    100 * (background share) / 11 mIoU; the run must beat that and background-only aAcc."""
+    100 * (background share) / 11 mIoU; the run must beat that and background-only aAcc.
+
+    Why it clips gradients (issue 26): shortened to 300 iterations at the demo's lr 4e-3 held
+    constant, the unclipped run meets gradient spikes (norm 7-11 against a typical 0.5, at steps
+    50-175) that throw it back to predicting background everywhere: 7.28 mIoU, the background-only
+    score, on a fresh AVX512 machine (9.37 on the machine where the test was first written). The
+    full demo recovers from them while its lr decays (38.2 mIoU, stable over seeds); this short run
+    has no decay to recover in. Clipping at 1.0 removes the spikes (max norm 1.6) and the run learns
+    on every seed and instruction set tried."""
     from inline_attn.dense.data import build_seg_datasets
     from inline_attn.dense.metrics import SegMetric
 
@@ -215,6 +223,7 @@ def test_mosaic_training_learns(tmp_path):
             ("train.progress", False),
             ("train.predictions_png", False),
             ("train.checkpoint_interval", 1000),
+            ("optim.clip_grad", 1.0),
         ],
     )
     s = train_seg(cfg)
@@ -228,7 +237,13 @@ def test_mosaic_training_learns(tmp_path):
         f"(background everywhere: {base['aAcc']:.2f}), {s['train_time_s']:.0f} s"
     )
     assert s["aAcc"] > base["aAcc"]
-    assert s["mIoU"] > base["mIoU"] + 1.5  # measured: 9.37 vs 7.28 (seed 0, deterministic on CPU)
+    # measured (2026-11-24, 2-core AVX512 machine, torch 2.13.0+cpu, constraints.txt): 16.88 mIoU
+    # against 7.28 background-only (seed 0); seeds 1-3 (train and mosaic seed) 17.12 / 17.05 / 19.80.
+    # With oneDNN, MKL and ATen held to AVX2 (DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+    # ATEN_CPU_CAPABILITY=avx2): 18.73 / 17.37 / 12.71 / 17.11 for seeds 0-3. Unclipped: 7.28.
+    # The bar, 3 points above background-only, leaves 6.6 points for this seed-0 run and 2.4 for
+    # the weakest run seen.
+    assert s["mIoU"] > base["mIoU"] + 3.0
 
 
 SEG_CONFIGS = sorted(
