@@ -88,7 +88,7 @@ def inline_forward_onnx(
 def onnx_translation_table() -> dict:
     """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``: the fused op."""
     _opset()
-    from .ops import fused  # noqa: F401  (registers the op)
+    from .ops.fused import op  # noqa: F401  (registers the op)
 
     return {torch.ops.inline_attn.inline_forward.default: inline_forward_onnx}
 

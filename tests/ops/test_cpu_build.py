@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from inline_attn.cli import main
-from inline_attn.ops import cpu_build
+from inline_attn.ops.fused import cpu_build
 
 PROBE_SOURCE = 'extern "C" int inline_attn_probe() { return 42; }\n'
 
 CHILD = textwrap.dedent("""
     import ctypes, sys
-    from inline_attn.ops import cpu_build
+    from inline_attn.ops.fused import cpu_build
     src, cxx, cache, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     spec = cpu_build.kernel_spec(src, cxx=cxx, cflags=("-O0",), ldflags=(), link_torch=False)
     ok = cpu_build.load_cpu_kernel(spec=spec, cache=cache, lock_timeout=timeout, warn=False)

@@ -77,7 +77,8 @@ def test_large_means_do_not_cancel_in_float32(impl, monkeypatch):
     # keys and values far from zero with a unit spread: M = (K - k_bar)^T V / N must keep the
     # spread's digits. dQ = G M^T exposes M's relative error; float32 centring alone costs ~1e-4
     # here (|k| / spread = 1e3). Centring only K (V left at its mean of 1e3) lost 77 % of M.
-    from inline_attn.ops import inline_tokens, triton_core
+    from inline_attn.ops import inline_tokens
+    from inline_attn.ops.fused import triton as triton_core
 
     if impl.startswith("triton"):  # one program per (sample, head), or the reduction in 4 chunks
         split = 1 if impl == "triton-fused-launch" else 4

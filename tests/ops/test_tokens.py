@@ -1,6 +1,6 @@
 """``ops.inline_tokens`` (the InLine layer core) and its fused C++ CPU kernel against the naive reference.
 
-The kernels (``ops/csrc/inline_cpu.cpp``, forward and backward, through the custom op
+The kernels (``ops/fused/csrc/inline_cpu.cpp``, forward and backward, through the custom op
 ``inline_attn::inline_forward`` with ``backend="cpu"``) are compared in float64 with the
 explicit-weights reference on awkward shapes (batch 1, odd N, H != W, prefix tokens, one head, a
 1x1 grid, strided views from fused and split projections), with and without the residual and for
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from inline_attn.layers import InLineAttention
-from inline_attn.ops import cpu_kernel, inline_tokens, use_impl
+from inline_attn.ops import inline_tokens, use_impl
+from inline_attn.ops.fused import cpu as cpu_kernel
 from inline_attn.ops import tokens as tokens_mod
 
 # (B, H, W, C, heads, prefix)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inline_attn.ops import inline_tokens
-from inline_attn.ops import triton_core
+from inline_attn.ops.fused import triton as triton_core
 
 pytest.importorskip("triton")  # the test extra installs it; without it these tests cannot run
 

@@ -240,7 +240,7 @@ def step_core(out: pathlib.Path, quick: bool) -> dict:
     dV: 11 B N C elements) over the measured time."""
     from .report import format_table
     from .timing import time_interleaved
-    from ..ops import triton_core as tc
+    from ..ops.fused import triton as tc
 
     rows = []
     for b, heads, d, side in ((1024, 3, 32, 7), (256, 3, 32, 14), (64, 3, 32, 56), (16, 3, 32, 112)):

@@ -18,7 +18,7 @@ from .attention import (
     make_kernel,
 )
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
-from .kernels import AffineReLUKernel
+from .feature_maps import AffineReLUKernel
 from .linear_family import LINEAR_CORES, LinearCore, make_core
 from .local_residual import LocalResidual
 from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from ..ops import ATTENTION_KINDS, KERNELS
 from ..ops._checks import check_feat_size
-from .kernels import AffineReLUKernel
+from .feature_maps import AffineReLUKernel
 from .linear_family import LINEAR_CORES, make_core
 from .local_residual import LocalResidual
 from .record import RecordableAttention

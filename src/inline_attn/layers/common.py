@@ -92,7 +92,7 @@ def init_weights_(module: nn.Module) -> None:
     ``module.modules()`` order; convolutions (patch stems, the residual predictor) keep PyTorch's
     default init; learnable kernels (:class:`AffineReLUKernel`) keep their identity start.
     """
-    from .kernels import AffineReLUKernel  # here to keep common.py free of layer imports
+    from .feature_maps import AffineReLUKernel  # here to keep common.py free of layer imports
 
     for m in module.modules():
         if isinstance(m, nn.Linear):

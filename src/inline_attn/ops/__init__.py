@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from . import _triton_env  # noqa: F401  (must run before anything imports triton)
+from .fused import _triton_env  # noqa: F401  (must run before anything imports triton)
 
-from .fast import inline_attention, linear_attention, local_residual, softmax_attention
-from .kernels import KERNELS, get_kernel
+from .eager import inline_attention, linear_attention, local_residual, softmax_attention
+from .feature_maps import KERNELS, get_kernel
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
-from .cpu_kernel import cpu_kernel_available, cpu_kernel_error
+from .fused.cpu import cpu_kernel_available, cpu_kernel_error
 from .dispatch import IMPLS, default_impl, use_impl, why_not_fused
 from .tokens import grid_residual, inline_tokens
 

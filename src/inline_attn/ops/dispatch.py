@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from . import cpu_kernel
+from .fused import cpu as cpu_kernel
 
 IMPLS = ("auto", "naive", "eager", "cpu", "triton")
 FUSED_IMPLS = ("cpu", "triton")
@@ -65,7 +65,7 @@ def use_impl(impl: str):
 
 @torch.compiler.assume_constant_result
 def _triton_importable() -> bool:
-    from .triton_core import triton_installed
+    from .fused.triton import triton_installed
 
     return triton_installed()
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv, check_residual
-from .kernels import Kernel, get_kernel
+from .feature_maps import Kernel, get_kernel
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
 

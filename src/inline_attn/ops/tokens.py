@@ -13,9 +13,9 @@ import torch
 
 from . import dispatch
 from ._checks import check_tensor, check_feat_size, check_num_heads, check_tokens
-from .fast import inline_attention, local_residual
-from .fused import inline_core
-from .kernels import Kernel
+from .eager import inline_attention, local_residual
+from .fused.op import inline_core
+from .feature_maps import Kernel
 from .naive import naive_attention, naive_local_residual
 
 

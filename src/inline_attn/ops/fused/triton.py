@@ -16,7 +16,7 @@ import os
 
 import torch
 
-_KERNELS_MODULE = "inline_attn.ops.triton_kernels"
+_KERNELS_MODULE = "inline_attn.ops.fused.triton_kernels"
 _state: dict = {"module": None, "interpret": None}
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled

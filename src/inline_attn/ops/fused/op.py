@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
 
-from . import cpu_kernel
+from . import cpu as cpu_kernel
 
 BACKENDS = ("cpu", "triton")
 
@@ -41,7 +41,7 @@ def _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backen
     _check_backend(backend)
     if backend == "cpu":
         return cpu_kernel.cpu_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
-    from .triton_core import inline_forward_triton
+    from .triton import inline_forward_triton
 
     return inline_forward_triton(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
 
@@ -50,7 +50,7 @@ def _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens,
     _check_backend(backend)
     if backend == "cpu":
         return cpu_kernel.cpu_backward(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
-    from .triton_core import inline_backward_triton
+    from .triton import inline_backward_triton
 
     return inline_backward_triton(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
 

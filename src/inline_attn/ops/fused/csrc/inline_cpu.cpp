@@ -12,7 +12,7 @@
 // stride of a single-token dimension is ignored). Heads are contiguous channel blocks of size
 // d = C / heads. w9 (optional) is [B, 9, C] contiguous: tap t = 3 * (dy + 1) + (dx + 1) of channel
 // c's 3x3 residual kernel. Tokens [0, p) are prefix tokens (no residual); token p + y * W + x is
-// grid cell (y, x). The result is [B, N, C] contiguous. inline_attn/ops/cpu_kernel.py copies
+// grid cell (y, x). The result is [B, N, C] contiguous. inline_attn/ops/fused/cpu.py copies
 // inputs that break this layout before calling.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -305,8 +305,8 @@ std::vector<at::Tensor> inline_backward_cpu(const at::Tensor& q, const at::Tenso
 
 }  // namespace
 
-// The schemas are defined in Python (inline_attn/ops/cpu_kernel.py); the public op
-// inline_attn::inline_forward (inline_attn/ops/fused.py) calls these as its CPU backend.
+// The schemas are defined in Python (inline_attn/ops/fused/cpu.py); the public op
+// inline_attn::inline_forward (inline_attn/ops/fused/op.py) calls these as its CPU backend.
 TORCH_LIBRARY_IMPL(inline_attn, CPU, m) {
   m.impl("cpu_forward", &inline_forward_cpu);
   m.impl("cpu_backward", &inline_backward_cpu);

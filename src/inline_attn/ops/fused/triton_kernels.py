@@ -1,7 +1,7 @@
 """Triton kernels of the InLine layer core: forward and backward, all heads, prefix tokens and the
 predicted 3x3 local residual (paper Eq. 5 and Sec. 4.2, identity feature map).
 
-Imported only by :mod:`inline_attn.ops.triton_core`, which sets ``TRITON_INTERPRET`` first when
+Imported only by :mod:`inline_attn.ops.fused.triton`, which sets ``TRITON_INTERPRET`` first when
 the tensors live on the CPU. Per sample b and head h (d channels ``[h*d, (h+1)*d)``), with
 ``alpha = scale / N``:
 

@@ -1,0 +1,158 @@
+"""Fast paths: linear-time InLine and linear attention, SDPA softmax, grouped-conv local residual.
+
+Each function here has a naive twin in :mod:`inline_attn.ops.naive` and is tested against it
+(outputs and gradients, float64, awkward shapes).
+
+Precision: under fp16/bf16 autocast the sums that decide the result (the D x D key-value
+product, the key and value means) are taken in float32 and the result is cast back to the
+autocast dtype, so large N or large activations cannot overflow or cancel catastrophically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_qkv, check_residual
+from .feature_maps import Kernel, get_kernel
+
+
+def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+@contextlib.contextmanager
+def _float32_region(t: torch.Tensor):
+    """Disable autocast on ``t``'s device; yields the dtype the caller should return."""
+    low = _autocast_dtype(t)
+    if low is None:
+        yield t.dtype
+        return
+    with torch.autocast(t.device.type, enabled=False):
+        yield low
+
+
+def _as_compute(t: torch.Tensor) -> torch.Tensor:
+    # float64 stays float64 (the reference tests); everything else is summed in float32.
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def inline_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kernel: Kernel = "identity",
+    scale: float | None = None,
+) -> torch.Tensor:
+    """InLine attention in linear time (paper Eq. 5, reference scale convention).
+
+    ``O_i = phi(q_i) M + v_bar`` with ``M = scale/N * sum_j (phi(k_j) - k_bar) v_j^T`` (D x Dv),
+    which equals weights ``(1 + scale * phi(q_i).(phi(k_j) - k_bar)) / N`` applied to V.
+    Centring keys and values before the product keeps the cancellation out of the sum.
+
+    Args:
+        q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv] (any strides).
+        kernel: phi; a name (identity, relu, leakyrelu, exp) or a callable.
+        scale: defaults to ``D**-0.5``.
+
+    Returns:
+        [B, H, Nq, Dv] in q's dtype (the autocast dtype under autocast).
+    """
+    check_qkv(q, k, v)
+    phi = get_kernel(kernel)
+    n = k.shape[2]
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    with _float32_region(q) as out_dtype:
+        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        k_bar = kf.mean(dim=2, keepdim=True)  # [B, H, 1, D]
+        v_bar = vf.mean(dim=2, keepdim=True)  # [B, H, 1, Dv]
+        # both factors centred: sum_j (k_j - k_bar) v_j^T equals sum_j (k_j - k_bar)(v_j - v_bar)^T,
+        # and with V centred too its mean cannot amplify the rounding of the centred keys
+        kv = (kf - k_bar).transpose(-2, -1) @ (vf - v_bar)  # [B, H, D, Dv]
+        out = torch.matmul(qf, kv.mul_(s / n)).add_(v_bar)
+    return out.to(out_dtype)
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kernel: Kernel = "relu",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Vanilla linear attention (paper Eq. 3): ``phi(q_i) S / (phi(q_i) . z + eps)``.
+
+    ``S = sum_j phi(k_j) v_j^T``, ``z = sum_j phi(k_j)``. Division-normalised, hence not injective.
+
+    Args:
+        q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv].
+    Returns:
+        [B, H, Nq, Dv].
+    """
+    check_qkv(q, k, v)
+    phi = get_kernel(kernel)
+    with _float32_region(q) as out_dtype:
+        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        kv = kf.transpose(-2, -1) @ vf  # [B, H, D, Dv]
+        z = kf.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
+        out = (qf @ kv) / (qf @ z + eps)
+    return out.to(out_dtype)
+
+
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax attention through ``F.scaled_dot_product_attention``.
+
+    Args:
+        q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv].
+        scale: defaults to ``D**-0.5``.
+        bias: additive float bias broadcastable to [B, H, Nq, N] (e.g. relative position bias).
+        mask: boolean keep-mask (True = attend) or additive float mask, broadcastable likewise.
+    Returns:
+        [B, H, Nq, Dv].
+    """
+    check_qkv(q, k, v)
+    attn_mask = bias
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        attn_mask = mask if attn_mask is None else attn_mask + mask
+    if attn_mask is not None and attn_mask.dtype != q.dtype and _autocast_dtype(q) is None:
+        attn_mask = attn_mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+
+
+def local_residual(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per-sample depthwise 3x3 convolution as one grouped convolution (``groups = B*C``).
+
+    Faster than nine shifted multiply-adds (the naive reference's form), even after the NCHW
+    copy of V it needs: each shifted multiply-add is a full pass over the tokens and its weight
+    gradient a separate reduction (``inline-attn bench residual``; numbers in docs/benchmarks.md).
+    ``FlopCounterMode`` counts it as a convolution (9 MACs per output element).
+
+    Args:
+        v: [B, C, H, W] (any strides).
+        weights: [B, C, 3, 3].
+    Returns:
+        [B, C, H, W], contiguous (NCHW).
+    """
+    check_residual(v, weights)
+    b, c, h, w = v.shape
+    if b * c == 0:  # grouped convolution needs at least one group
+        return (v * weights.sum((2, 3))[:, :, None, None]).contiguous()
+    out = F.conv2d(v.reshape(1, b * c, h, w), weights.reshape(b * c, 1, 3, 3), padding=1, groups=b * c)
+    return out.view(b, c, h, w)
