@@ -10,7 +10,13 @@ import torch.nn.functional as F
 
 from inline_attn.layers import ATTENTION_CHOICES, LINEAR_CORES, build_attention, record_attention
 from inline_attn.ops import use_impl
-from inline_attn.ops.linear_family import naive_depthwise_conv2d, naive_grouped_pointwise
+from inline_attn.ops.linear_family import (
+    agent_attention,
+    agent_weights,
+    naive_adaptive_avg_pool2d,
+    naive_depthwise_conv2d,
+    naive_grouped_pointwise,
+)
 
 # (dim, heads, prefix, H, W): batch 1 and 2, odd N, H != W, prefix tokens, one head
 LAYOUTS = [(24, 3, 0, 5, 7), (24, 3, 1, 5, 7), (16, 2, 2, 3, 4), (12, 1, 0, 1, 1), (18, 3, 1, 4, 4)]
@@ -93,6 +99,22 @@ def mirror(m, x, hw):
         dwc = F.conv2d(vb, core.dwc.weight, core.dwc.bias, padding=core.dwc.padding, groups=hd)
         dwc = dwc.reshape(b, c, -1).transpose(1, 2)
         out = torch.cat([out[:, :p], out[:, p:] + dwc], 1)
+    elif kind == "agent":  # Han et al. 2024 Eq. 3: softmax(Q A^T/sqrt d + B2) softmax(A K^T/sqrt d + B1) V + DWC(V)
+        n_ag, d = core.agent_num, c // h
+        img = q[:, p:].transpose(1, 2).reshape(b, c, *hw)
+        agents = F.adaptive_avg_pool2d(img, core.pool_size).reshape(b, c, n_ag).transpose(1, 2)  # [B, n, C]
+        qh, kh, vh, ah = _heads(q, h), _heads(k, h), _heads(v, h), _heads(agents, h)
+
+        def grid_bias(t):  # the learnable 7 x 7 maps resized to the grid
+            return F.interpolate(t, size=hw, mode="bilinear").reshape(h, n_ag, -1)
+
+        b1 = torch.cat([core.prefix_key_bias.expand(h, n_ag, p), grid_bias(core.key_bias)], -1)
+        b2 = torch.cat([core.prefix_query_bias.expand(h, p, n_ag), grid_bias(core.query_bias).transpose(1, 2)], 1)
+        agg = torch.softmax(torch.einsum("bhad,bhjd->bhaj", ah, kh) / math.sqrt(d) + b1, -1)
+        agent_v = torch.einsum("bhaj,bhjd->bhad", agg, vh)
+        brd = torch.softmax(torch.einsum("bhid,bhad->bhia", qh, ah) / math.sqrt(d) + b2, -1)
+        out = _merge(torch.einsum("bhia,bhad->bhid", brd, agent_v))
+        out = out + _conv_grid(v, core.dwc.weight, c, p, hw, core.dwc.bias)
     else:
         raise AssertionError(kind)
     return m.proj(out)
@@ -156,6 +178,20 @@ def test_naive_convolutions_equal_torch():
     torch.testing.assert_close(naive_grouped_pointwise(x, wp, 3), F.conv2d(x, wp, groups=3))
     with pytest.raises(ValueError, match="odd kh, kw"):
         naive_depthwise_conv2d(x, torch.randn(6, 1, 2, 3))
+    for size in ((3, 3), (7, 7), (2, 5)):  # fewer cells than pixels (overlapping bins) and more (repeats)
+        torch.testing.assert_close(naive_adaptive_avg_pool2d(x, size), F.adaptive_avg_pool2d(x, size))
+
+
+def test_agent_weights_are_the_product_of_two_softmaxes_and_rows_sum_to_one():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 11, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    agents = torch.randn(1, 2, 4, 4, generator=g, dtype=torch.float64)
+    b1, b2 = torch.randn(1, 2, 4, 11, dtype=torch.float64), torch.randn(1, 2, 11, 4, dtype=torch.float64)
+    w = agent_weights(q, k, agents, b1, b2, 0.5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 11, dtype=torch.float64))
+    torch.testing.assert_close(agent_attention(q, k, v, agents, b1, b2, 0.5), w @ v)
+    with pytest.raises(ValueError, match="agent_num must be a square"):
+        build_attention("agent", 12, 3).core.__class__(12, 3, agent_num=10)
 
 
 def test_named_layers_are_the_kinds():
@@ -167,6 +203,7 @@ def test_named_layers_are_the_kinds():
         "angular": L.LinearAngularAttention,
         "relu_msa": L.ReLUMultiScaleAttention,
         "focused": L.FocusedLinearAttention,
+        "agent": L.AgentAttention,
     }
     assert set(named) == set(KINDS)
     for kind, cls in named.items():

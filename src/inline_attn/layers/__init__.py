@@ -3,6 +3,7 @@
 from .attention import (
     ATTENTION_CHOICES,
     KERNEL_CHOICES,
+    AgentAttention,
     EfficientAttention,
     FocusedLinearAttention,
     HydraAttention,
@@ -33,6 +34,7 @@ __all__ = [
     "make_core",
     "check_kind",
     "AffineReLUKernel",
+    "AgentAttention",
     "AttentionRecord",
     "DropPath",
     "EfficientAttention",

@@ -218,6 +218,13 @@ class FocusedLinearAttention(TokenAttention):
         super().__init__(dim, num_heads, kind="focused", **kwargs)
 
 
+class AgentAttention(TokenAttention):
+    """Agent attention (Han et al., ECCV 2024); see :class:`~inline_attn.layers.linear_family.AgentCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="agent", **kwargs)
+
+
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:
     """Factory: ``build_attention(kind, dim, num_heads, **kwargs)``, kind one of :data:`ATTENTION_CHOICES`."""
     return TokenAttention(dim, num_heads, kind=kind, **kwargs)

@@ -18,6 +18,8 @@ named in each class.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -251,8 +253,95 @@ class FocusedCore(LinearCore):
         return add_to_grid_tokens(out, res, p)
 
 
+def _trunc_normal(*shape: int) -> nn.Parameter:
+    """A parameter drawn from N(0, 0.02^2) truncated at +-2 (the authors' bias init)."""
+    return nn.Parameter(nn.init.trunc_normal_(torch.empty(*shape), std=0.02))
+
+
+class AgentCore(LinearCore):
+    """Agent attention (Han et al., ECCV 2024; LeapLabTHU/Agent-Attention): n agent tokens A pooled
+    from the queries aggregate the values, ``V_A = softmax(A K^T / sqrt(d) + B1) V``, then broadcast
+    them, ``O = softmax(Q A^T / sqrt(d) + B2) V_A``, plus a depthwise 3 x 3 convolution of V on the grid
+    (``dim`` filters with bias). As the authors' code:
+
+    - ``agent_num = 49`` agents, a 7 x 7 adaptive average pool of the grid queries (Agent-DeiT-T's
+      default; Agent-PVT / Agent-Swin use 9, 16, 49, 49 by stage, which a core does not know);
+    - the agent biases ``B1`` (agent -> key) and ``B2`` (query -> agent) are learnable 7 x 7 maps per
+      head and agent, bilinearly resized to the grid; prefix tokens (a cls token) get one learnable
+      bias per head and agent instead, and no convolution;
+    - the biases start from N(0, 0.02) truncated.
+
+    Left out: the authors' per-row / per-column bias terms sized to a fixed window
+    (``ah/aw/ha/wa_bias``): the models here take any grid size.
+
+    The core's attention step sees only per-head q and k, so ``prepare`` packs the agents and the
+    biases into them (:meth:`_pack`): per head, q carries ``[q_i | B2_i]`` for the N tokens then
+    ``[A_a | 0]`` for the n agents, k carries ``[k_j | B1_j]``; :meth:`_unpack` takes them apart.
+    """
+
+    kind = "agent"
+
+    def __init__(self, dim: int, num_heads: int, agent_num: int = 49, conv_size: int = 3):
+        super().__init__(dim, num_heads)
+        pool = math.isqrt(agent_num)
+        if pool * pool != agent_num:
+            raise ValueError(f"agent_num must be a square (a pool_size x pool_size grid of agents), got {agent_num}")
+        self.agent_num, self.pool_size = agent_num, pool
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.key_bias = _trunc_normal(num_heads, agent_num, 7, 7)  # the authors' an_bias
+        self.query_bias = _trunc_normal(num_heads, agent_num, 7, 7)  # na_bias
+        self.prefix_key_bias = _trunc_normal(num_heads, agent_num, 1)  # ac_bias
+        self.prefix_query_bias = _trunc_normal(num_heads, 1, agent_num)  # ca_bias
+        self.dwc = nn.Conv2d(dim, dim, conv_size, padding=conv_size // 2, groups=dim)
+
+    def biases(self, feat_size: tuple[int, int], p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """B1 [h, n, P + H*W] (agent -> key) and B2 [h, P + H*W, n] (query -> agent)."""
+        h, n = self.num_heads, self.agent_num
+
+        def grid_bias(b):  # [h, n, 7, 7] -> [h, n, H*W]
+            return F.interpolate(b, size=feat_size, mode="bilinear", align_corners=False).reshape(h, n, -1)
+
+        b1 = torch.cat([self.prefix_key_bias.expand(h, n, p), grid_bias(self.key_bias)], dim=-1)
+        b2 = torch.cat([self.prefix_query_bias.expand(h, p, n), grid_bias(self.query_bias).transpose(1, 2)], dim=1)
+        return b1, b2
+
+    def prepare(self, q, k, v, feat_size, p, naive):
+        b = q.shape[0]
+        img = _grid(q, feat_size, p)  # [B, C, H, W]
+        size = (self.pool_size, self.pool_size)
+        pooled = lf.naive_adaptive_avg_pool2d(img, size) if naive else F.adaptive_avg_pool2d(img, size)
+        b1, b2 = self.biases(feat_size, p)
+        return self._pack(
+            _heads(q, self.num_heads), _heads(_ungrid(pooled), self.num_heads), _heads(k, self.num_heads), b1, b2, b
+        ) + (v,)
+
+    def _pack(self, qh, ah, kh, b1, b2, b):
+        """Per-head q [B, h, N, d], agents [B, h, n, d], k [B, h, N, d] and the biases -> packed q, k tokens."""
+        h, n = self.num_heads, self.agent_num
+        top = torch.cat([qh, b2.to(qh.dtype).expand(b, *b2.shape)], dim=-1)  # [B, h, N, d + n]
+        bottom = torch.cat([ah, ah.new_zeros(b, h, n, n)], dim=-1)  # [B, h, n, d + n]
+        k_packed = torch.cat([kh, b1.to(kh.dtype).transpose(1, 2).expand(b, h, -1, n)], dim=-1)  # [B, h, N, d + n]
+        return _tokens(torch.cat([top, bottom], dim=2)), _tokens(k_packed)
+
+    def _unpack(self, q, k):
+        """Packed per-head q [B, h, N + n, d + n], k [B, h, N, d + n] -> q, k, agents, B1, B2."""
+        d, n = self.head_dim, k.shape[2]
+        return q[:, :, :n, :d], k[..., :d], q[:, :, n:, :d], k[..., d:].transpose(-2, -1), q[:, :, :n, d:]
+
+    def weights(self, q, k):
+        return lf.agent_weights(*self._unpack(q, k), self.scale)
+
+    def fast(self, q, k, v):
+        qh, kh, agents, b1, b2 = self._unpack(q, k)
+        return lf.agent_attention(qh, kh, v, agents, b1, b2, self.scale)
+
+    def finish(self, out, v, feat_size, p, naive):
+        return add_to_grid_tokens(out, _ungrid(_depthwise(_grid(v, feat_size, p), self.dwc, naive)), p)
+
+
 LINEAR_CORES: dict[str, type[LinearCore]] = {
-    cls.kind: cls for cls in (HydraCore, EfficientCore, AngularCore, ReLUMultiScaleCore, FocusedCore)
+    cls.kind: cls for cls in (HydraCore, EfficientCore, AngularCore, ReLUMultiScaleCore, FocusedCore, AgentCore)
 }
 
 
