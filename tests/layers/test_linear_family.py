@@ -50,6 +50,15 @@ def _merge(t):
     return t.transpose(1, 2).reshape(b, n, h * d)
 
 
+def _head_shared_dwc(core, v, p, hw):
+    """FLatten's and PolaFormer's DWC(V): one head_dim-channel depthwise conv applied to every head."""
+    b, _, c = v.shape
+    hd = c // core.num_heads
+    vb = v[:, p:].transpose(1, 2).reshape(b * core.num_heads, hd, *hw)
+    dwc = F.conv2d(vb, core.dwc.weight, core.dwc.bias, padding=core.dwc.padding, groups=hd)
+    return torch.cat([torch.zeros(b, p, c, dtype=v.dtype), dwc.reshape(b, c, -1).transpose(1, 2)], 1)
+
+
 def mirror(m, x, hw):
     """Each paper's layer written out from its equations, sharing only the parameters of ``m``."""
     b, n, c = x.shape
@@ -94,11 +103,7 @@ def mirror(m, x, hw):
             return y.norm(dim=-1, keepdim=True) * y**core.power / (y**core.power).norm(dim=-1, keepdim=True)
 
         out = _merge(_linear(_heads(focus(q), h), _heads(focus(k), h), _heads(v, h)))
-        hd = c // h
-        vb = v[:, p:].transpose(1, 2).reshape(b * h, hd, *hw)
-        dwc = F.conv2d(vb, core.dwc.weight, core.dwc.bias, padding=core.dwc.padding, groups=hd)
-        dwc = dwc.reshape(b, c, -1).transpose(1, 2)
-        out = torch.cat([out[:, :p], out[:, p:] + dwc], 1)
+        out = out + _head_shared_dwc(core, v, p, hw)
     elif kind == "agent":  # Han et al. 2024 Eq. 3: softmax(Q A^T/sqrt d + B2) softmax(A K^T/sqrt d + B1) V + DWC(V)
         n_ag, d = core.agent_num, c // h
         img = q[:, p:].transpose(1, 2).reshape(b, c, *hw)
@@ -115,6 +120,21 @@ def mirror(m, x, hw):
         brd = torch.softmax(torch.einsum("bhid,bhad->bhia", qh, ah) / math.sqrt(d) + b2, -1)
         out = _merge(torch.einsum("bhia,bhad->bhid", brd, agent_v))
         out = out + _conv_grid(v, core.dwc.weight, c, p, hw, core.dwc.bias)
+    elif kind == "polarity":  # Meng et al. 2025 Eq. 9-11 as the authors' code, DWC(V) shared by the heads, gate
+        s = F.softplus(core.scale)
+        pw = (1 + core.alpha * torch.sigmoid(core.power))[:, None]  # [h, 1, d]
+        qh, kh, vh = _heads(q / s, h), _heads(k / s, h), _heads(v, h)
+        qp, qn, kp, kn = F.relu(qh) ** pw, F.relu(-qh) ** pw, F.relu(kh) ** pw, F.relu(-kh) ** pw
+        kf = torch.cat([kp, kn], -1)
+
+        def term(qf, vv):  # q (K^T V / N) / (q . mean_j k_j + 1e-6)
+            z = 1 / (torch.einsum("bhid,bhd->bhi", qf, kf.mean(2)) + 1e-6)
+            sim = torch.einsum("bhid,bhjd->bhij", qf, kf)
+            return torch.einsum("bhij,bhjd->bhid", sim, vv) / n * z[..., None]
+
+        v_same, v_opp = vh.chunk(2, -1)
+        out = torch.cat([term(torch.cat([qp, qn], -1), v_same), term(torch.cat([qn, qp], -1), v_opp)], -1)
+        out = (_merge(out) + _head_shared_dwc(core, v, p, hw)) * core.gate(v)
     else:
         raise AssertionError(kind)
     return m.proj(out)
@@ -155,7 +175,7 @@ def test_hook_sees_weights_and_can_replace_them(kind):
     with record_attention(m) as recs:
         y_hooked = m(x, (3, 4))
     torch.testing.assert_close(y_hooked, y, rtol=1e-10, atol=1e-12)
-    heads = {"hydra": 12, "relu_msa": 6}.get(kind, 3)
+    heads = {"hydra": 12, "relu_msa": 6, "polarity": 6}.get(kind, 3)
     assert recs[0].kind == kind and recs[0].weights.shape == (2, heads, 13, 13)
 
 
@@ -190,8 +210,13 @@ def test_agent_weights_are_the_product_of_two_softmaxes_and_rows_sum_to_one():
     w = agent_weights(q, k, agents, b1, b2, 0.5)
     torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 11, dtype=torch.float64))
     torch.testing.assert_close(agent_attention(q, k, v, agents, b1, b2, 0.5), w @ v)
+
+
+def test_bad_core_arguments_say_what_is_expected():
+    with pytest.raises(ValueError, match="head_dim=3 must be even"):
+        build_attention("polarity", 9, 3)
     with pytest.raises(ValueError, match="agent_num must be a square"):
-        build_attention("agent", 12, 3).core.__class__(12, 3, agent_num=10)
+        LINEAR_CORES["agent"](12, 3, agent_num=10)
 
 
 def test_named_layers_are_the_kinds():
@@ -204,6 +229,7 @@ def test_named_layers_are_the_kinds():
         "relu_msa": L.ReLUMultiScaleAttention,
         "focused": L.FocusedLinearAttention,
         "agent": L.AgentAttention,
+        "polarity": L.PolarityAttention,
     }
     assert set(named) == set(KINDS)
     for kind, cls in named.items():

@@ -225,6 +225,14 @@ class AgentAttention(TokenAttention):
         super().__init__(dim, num_heads, kind="agent", **kwargs)
 
 
+class PolarityAttention(TokenAttention):
+    """PolaFormer's polarity-aware linear attention (Meng et al., ICLR 2025); see
+    :class:`~inline_attn.layers.linear_family.PolarityCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="polarity", **kwargs)
+
+
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:
     """Factory: ``build_attention(kind, dim, num_heads, **kwargs)``, kind one of :data:`ATTENTION_CHOICES`."""
     return TokenAttention(dim, num_heads, kind=kind, **kwargs)

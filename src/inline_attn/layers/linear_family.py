@@ -340,8 +340,67 @@ class AgentCore(LinearCore):
         return add_to_grid_tokens(out, _ungrid(_depthwise(_grid(v, feat_size, p), self.dwc, naive)), p)
 
 
+class PolarityCore(FocusedCore):
+    """PolaFormer's polarity-aware linear attention (Meng et al., ICLR 2025; ZacharyMeng/PolaFormer).
+
+    With ``s = softplus(scale)`` per channel (as FLatten) and per head the learnable power
+    ``p = 1 + alpha * sigmoid(power)`` per channel (alpha = 4, ``power`` starts at 0, so p = 3), q and k
+    split by sign: ``q+ = relu(q / s) ** p``, ``q- = relu(-q / s) ** p`` (and k). The same-sign
+    features ``[q+ | q-] . [k+ | k-]`` attend with the first half of each head's values, the
+    opposite-sign ``[q- | q+] . [k+ | k-]`` with the second half; each term normalised as the
+    authors' code: ``q (K^T V / N) / (q . mean_j k_j + 1e-6)``. Then, as FLatten (whose scale and
+    convolution this core inherits), a depthwise 5 x 5 convolution of V shared by the heads, and the
+    authors' output gate ``g``, a linear map of the layer input: here of V (``gate``), which is the
+    same family of maps whenever V's projection is invertible.
+
+    Each head is two attention heads for the explicit weights: ``2 * num_heads`` rows of head_dim / 2
+    values (so head_dim must be even). Left out: the learned positional encoding added to K, which
+    needs a fixed token count (as for FLatten).
+    """
+
+    kind = "polarity"
+
+    def __init__(self, dim: int, num_heads: int, alpha: float = 4.0, conv_size: int = 5):
+        super().__init__(dim, num_heads, conv_size=conv_size)
+        hd = dim // num_heads
+        if hd % 2:
+            raise ValueError(f"polarity attention splits each head's values in two: head_dim={hd} must be even")
+        self.alpha = alpha
+        self.power = nn.Parameter(torch.zeros(num_heads, hd))  # p = 1 + alpha * sigmoid(power)
+        self.gate = nn.Linear(dim, dim)
+
+    def attn_heads(self) -> int:
+        return 2 * self.num_heads
+
+    def prepare(self, q, k, v, feat_size, p, naive):
+        s = F.softplus(self.scale)
+        h = self.num_heads
+        power = (1 + self.alpha * torch.sigmoid(self.power))[:, None, :]  # [h, 1, d]
+        q_pos, q_neg = lf.polarity_features(_heads(q / s, h), power)  # [B, h, N, d] each
+        k_pos, k_neg = lf.polarity_features(_heads(k / s, h), power)
+        k_feat = torch.cat([k_pos, k_neg], dim=-1)  # [B, h, N, 2d]
+        q_same = torch.cat([q_pos, q_neg], dim=-1)
+        q_opp = torch.cat([q_neg, q_pos], dim=-1)
+        q_same = lf.mean_normalised_queries(q_same, q_same, k_feat)
+        q_opp = lf.mean_normalised_queries(q_opp, q_opp, k_feat)
+        b, _, n, d2 = k_feat.shape
+        q2 = torch.stack([q_same, q_opp], dim=2).reshape(b, 2 * h, n, d2)  # head 2i: same sign, 2i + 1: opposite
+        k2 = torch.stack([k_feat, k_feat], dim=2).reshape(b, 2 * h, n, d2)
+        return _tokens(q2), _tokens(k2), v  # v's 2h heads are the halves of its h heads
+
+    def weights(self, q, k):
+        return lf.dot_weights(q, k)
+
+    def fast(self, q, k, v):
+        return lf.dot_attention(q, k, v)
+
+    def finish(self, out, v, feat_size, p, naive):
+        return super().finish(out, v, feat_size, p, naive) * self.gate(v)
+
+
 LINEAR_CORES: dict[str, type[LinearCore]] = {
-    cls.kind: cls for cls in (HydraCore, EfficientCore, AngularCore, ReLUMultiScaleCore, FocusedCore, AgentCore)
+    cls.kind: cls
+    for cls in (HydraCore, EfficientCore, AngularCore, ReLUMultiScaleCore, FocusedCore, AgentCore, PolarityCore)
 }
 
 
