@@ -59,6 +59,20 @@ def _head_shared_dwc(core, v, p, hw):
     return torch.cat([torch.zeros(b, p, c, dtype=v.dtype), dwc.reshape(b, c, -1).transpose(1, 2)], 1)
 
 
+def _rope(x, hw, p, base=10000.0):
+    """MLLA's RoPE as the authors write it: complex pairs times exp(i angle), angles of (row, col)."""
+    b, n, c = x.shape
+    kmax = c // 4
+    theta = 1 / base ** (torch.arange(kmax, dtype=x.dtype) / kmax)
+    rows, cols = torch.meshgrid(torch.arange(hw[0]), torch.arange(hw[1]), indexing="ij")
+    angles = torch.cat([rows[..., None] * theta, cols[..., None] * theta], -1).reshape(-1, 2 * kmax)
+    rot = torch.polar(torch.ones_like(angles), angles)  # [HW, 2K]
+    grid = torch.view_as_complex(x[:, p:, : 4 * kmax].reshape(b, n - p, 2 * kmax, 2).contiguous())
+    turned = torch.view_as_real(grid * rot).reshape(b, n - p, 4 * kmax)
+    grid_out = torch.cat([turned, x[:, p:, 4 * kmax :]], -1)
+    return torch.cat([x[:, :p], grid_out], 1)
+
+
 def mirror(m, x, hw):
     """Each paper's layer written out from its equations, sharing only the parameters of ``m``."""
     b, n, c = x.shape
@@ -135,6 +149,14 @@ def mirror(m, x, hw):
         v_same, v_opp = vh.chunk(2, -1)
         out = torch.cat([term(torch.cat([qp, qn], -1), v_same), term(torch.cat([qn, qp], -1), v_opp)], -1)
         out = (_merge(out) + _head_shared_dwc(core, v, p, hw)) * core.gate(v)
+    elif kind == "mlla":  # the authors' LinearAttention: ELU+1, RoPE in the numerator, LePE, silu gate
+        qf, kf = F.elu(q) + 1, F.elu(k) + 1
+        qr, kr = _rope(qf, hw, p), _rope(kf, hw, p)
+        qh, kh, qrh, krh, vh = (_heads(t, h) for t in (qf, kf, qr, kr, v))
+        z = 1 / (torch.einsum("bhid,bhd->bhi", qh, kh.mean(2)) + 1e-6)
+        kv = torch.einsum("bhjd,bhje->bhde", krh * n**-0.5, vh * n**-0.5)
+        out = _merge(torch.einsum("bhid,bhde->bhie", qrh, kv) * z[..., None])
+        out = (out + _conv_grid(v, core.lepe.weight, c, p, hw, core.lepe.bias)) * F.silu(core.gate(v))
     else:
         raise AssertionError(kind)
     return m.proj(out)
@@ -230,6 +252,7 @@ def test_named_layers_are_the_kinds():
         "focused": L.FocusedLinearAttention,
         "agent": L.AgentAttention,
         "polarity": L.PolarityAttention,
+        "mlla": L.MLLAAttention,
     }
     assert set(named) == set(KINDS)
     for kind, cls in named.items():

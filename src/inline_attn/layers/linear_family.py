@@ -398,9 +398,61 @@ class PolarityCore(FocusedCore):
         return super().finish(out, v, feat_size, p, naive) * self.gate(v)
 
 
+class MLLACore(LinearCore):
+    """The linear attention of MLLA's block (Han et al., NeurIPS 2024, "Demystify Mamba in Vision";
+    LeapLabTHU/MLLA), as it replaces an attention layer.
+
+    ``phi(x) = elu(x) + 1`` on q and k; 2-D RoPE (:func:`~inline_attn.ops.linear_family.rope_2d`,
+    over all C channels) on ``phi(q)`` and ``phi(k)`` in the numerator only; per head
+    ``O_i = rope(phi(q_i)) (rope(phi(K))^T V / N) / (phi(q_i) . mean_j phi(k_j) + 1e-6)`` as the
+    authors' code; plus LePE, a depthwise 3 x 3 convolution of V with bias; the sum gated by
+    ``silu(gate(V))``, MLLA's ``act_res`` branch (a linear map of the block's input: here of V, the
+    same family of maps whenever V's projection is invertible). The layer's own ``proj`` is MLLA's
+    ``out_proj``.
+
+    Left out (the macro-architecture; docs/analysis.md): the input projection with its depthwise
+    3 x 3 convolution and SiLU before the attention (MLLA's attention takes that branch as V and
+    projects only q and k), the convolutional position encodings around the block (``cpe1``,
+    ``cpe2``), the convolutional stem and patch merging, and MLLA's own stage layout.
+    """
+
+    kind = "mlla"
+
+    def __init__(self, dim: int, num_heads: int, conv_size: int = 3):
+        super().__init__(dim, num_heads)
+        self.lepe = nn.Conv2d(dim, dim, conv_size, padding=conv_size // 2, groups=dim)
+        self.gate = nn.Linear(dim, dim)
+
+    def prepare(self, q, k, v, feat_size, p, naive):
+        h = self.num_heads
+        q_feat, k_feat = F.elu(q) + 1.0, F.elu(k) + 1.0
+        q_rope = _heads(lf.rope_2d(q_feat, feat_size, p), h)
+        q2 = lf.mean_normalised_queries(q_rope, _heads(q_feat, h), _heads(k_feat, h))
+        return _tokens(q2), lf.rope_2d(k_feat, feat_size, p), v
+
+    def weights(self, q, k):
+        return lf.dot_weights(q, k)
+
+    def fast(self, q, k, v):
+        return lf.dot_attention(q, k, v)
+
+    def finish(self, out, v, feat_size, p, naive):
+        out = add_to_grid_tokens(out, _ungrid(_depthwise(_grid(v, feat_size, p), self.lepe, naive)), p)
+        return out * F.silu(self.gate(v))
+
+
 LINEAR_CORES: dict[str, type[LinearCore]] = {
     cls.kind: cls
-    for cls in (HydraCore, EfficientCore, AngularCore, ReLUMultiScaleCore, FocusedCore, AgentCore, PolarityCore)
+    for cls in (
+        HydraCore,
+        EfficientCore,
+        AngularCore,
+        ReLUMultiScaleCore,
+        FocusedCore,
+        AgentCore,
+        PolarityCore,
+        MLLACore,
+    )
 }
 
 

@@ -19,6 +19,13 @@ equation (the naive reference: ``weights @ v``, run it in float64). Per head, ``
   ``f_p(x) = ||x|| / ||x**p|| * x**p`` of ``relu(x) / s`` over all C channels, then linear
   attention with those features (:func:`focused_features`).
 
+- Agent attention (Han et al. 2024, Eq. 3): ``softmax(Q A^T / sqrt(d) + B2) softmax(A K^T / sqrt(d) + B1) V``
+  with n agent tokens A pooled from Q (:func:`agent_attention`, :func:`agent_weights`).
+- PolaFormer (Meng et al. 2025, Eq. 9-11) and MLLA (Han et al. 2024): linear attention normalised
+  as the authors' code, ``q (K^T V / N) / (q' . mean_j k'_j + 1e-6)``, with the normaliser folded
+  into the queries (:func:`mean_normalised_queries`, then :func:`dot_attention` / :func:`dot_weights`);
+  PolaFormer's sign split and power (:func:`polarity_features`), MLLA's 2-D RoPE (:func:`rope_2d`).
+
 The depthwise convolutions some of them add (FLatten's DWC, Castling-ViT's sequence conv,
 EfficientViT's aggregation) have naive twins here: :func:`naive_depthwise_conv2d`,
 :func:`naive_grouped_pointwise`.
