@@ -178,7 +178,7 @@ def plot_injectivity_by_kind(res: dict, path) -> None:
 
     kinds = list(res["results"])
     m = len(res["problem"]["lengths"])
-    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(kinds), 3.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(2.6 + 0.7 * len(kinds), 3.2), dpi=100)
     for j, fam in enumerate(FAMILIES):
         xs = [i + (j - 0.5) * 0.38 for i in range(len(kinds))]
         ax.bar(xs, [res["results"][k][fam]["distinct_rows"] for k in kinds], width=0.36, label=f"{fam} queries")
@@ -187,7 +187,7 @@ def plot_injectivity_by_kind(res: dict, path) -> None:
     ax.set_xticklabels(kinds, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("distinct weight rows")
     ax.set_title("Injectivity on constructed queries, every attention kind (cf. paper Fig. 1)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
