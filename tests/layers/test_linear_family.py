@@ -63,6 +63,8 @@ def _rope(x, hw, p, base=10000.0):
     """MLLA's RoPE as the authors write it: complex pairs times exp(i angle), angles of (row, col)."""
     b, n, c = x.shape
     kmax = c // 4
+    low = x.dtype
+    x = x if low == torch.float64 else x.float()  # the authors rotate in float32 (no complex bf16)
     theta = 1 / base ** (torch.arange(kmax, dtype=x.dtype) / kmax)
     rows, cols = torch.meshgrid(torch.arange(hw[0]), torch.arange(hw[1]), indexing="ij")
     angles = torch.cat([rows[..., None] * theta, cols[..., None] * theta], -1).reshape(-1, 2 * kmax)
@@ -70,7 +72,7 @@ def _rope(x, hw, p, base=10000.0):
     grid = torch.view_as_complex(x[:, p:, : 4 * kmax].reshape(b, n - p, 2 * kmax, 2).contiguous())
     turned = torch.view_as_real(grid * rot).reshape(b, n - p, 4 * kmax)
     grid_out = torch.cat([turned, x[:, p:, 4 * kmax :]], -1)
-    return torch.cat([x[:, :p], grid_out], 1)
+    return torch.cat([x[:, :p], grid_out], 1).to(low)
 
 
 def mirror(m, x, hw):
@@ -266,3 +268,25 @@ def test_unknown_kind_and_kernel_name_the_known_ones():
     with pytest.raises(ValueError, match="takes no kernel"):
         build_attention("hydra", 12, 3, kernel="relu")
     assert set(KINDS) <= set(ATTENTION_CHOICES)
+
+
+@pytest.mark.parametrize("kind", ["agent", "polarity", "mlla"])
+def test_new_kinds_under_bf16_autocast_are_as_accurate_as_plain_bf16(kind):
+    """Within twice the error of the paper's equations run in plain bf16 (the sums that decide the
+    result are taken in float32 under autocast)."""
+    torch.manual_seed(0)
+    m = build_attention(kind, 24, 3, num_prefix_tokens=1)
+    for prm in m.core.parameters():
+        torch.nn.init.normal_(prm, std=0.3)
+    x = torch.randn(2, 1 + 9 * 11, 24)
+    ref = m.double()(x.double(), (9, 11))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m.float()(x, (9, 11))
+    plain = mirror(m.bfloat16(), x.bfloat16(), (9, 11))
+
+    def rel(t):
+        return ((t.double() - ref).norm() / ref.norm()).item()
+
+    print(f"{kind}: relative L2 error autocast {rel(y):.3g}, plain bf16 {rel(plain):.3g}")
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    assert rel(y) <= 2 * rel(plain)

@@ -20,8 +20,8 @@ import torch
 from ..layers.attention import ATTENTION_CHOICES, build_attention
 from ..layers.linear_family import LINEAR_CORES, LinearCore
 from ..layers.record import attention_layers, record_attention
-from .confusion import DEFAULT_RTOL, confused_pairs, distinct_rows
-from .injectivity import LENGTHS, constructed_problem
+from .confusion import DEFAULT_RTOL, row_tolerance
+from .injectivity import LENGTHS, constructed_problem, row_counts
 from .masking import NORMALISATION
 
 # the analyses that read explicit attention weights (all four the command compares)
@@ -142,17 +142,12 @@ def injectivity_by_kind(
     "distinct_rows", "confused_pairs"}}}}. Rows are equal within ``rtol / N`` in every entry."""
     kinds = check_kinds(kinds)
     prob = constructed_problem(num_keys, dim, lengths, seed)
-    atol = rtol / num_keys
+    atol = row_tolerance(num_keys, rtol)  # per key, though a row holds every head's weights side by side
     results: dict = {}
     for kind in kinds:
         results[kind] = {}
         for fam in FAMILIES:
-            w = kind_weight_rows(kind, prob[fam], prob["keys"], seed)
-            results[kind][fam] = {
-                "weights": w,
-                "distinct_rows": distinct_rows(w, atol=atol),
-                "confused_pairs": int(confused_pairs(w, atol=atol)),
-            }
+            results[kind][fam] = row_counts(kind_weight_rows(kind, prob[fam], prob["keys"], seed), atol=atol)
     return {"problem": prob, "results": results}
 
 

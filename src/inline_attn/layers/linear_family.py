@@ -385,7 +385,7 @@ class PolarityCore(FocusedCore):
         q_opp = lf.mean_normalised_queries(q_opp, q_opp, k_feat)
         b, _, n, d2 = k_feat.shape
         q2 = torch.stack([q_same, q_opp], dim=2).reshape(b, 2 * h, n, d2)  # head 2i: same sign, 2i + 1: opposite
-        k2 = torch.stack([k_feat, k_feat], dim=2).reshape(b, 2 * h, n, d2)
+        k2 = torch.stack([k_feat, k_feat], dim=2).reshape(b, 2 * h, n, d2).to(q2.dtype)  # autocast: one dtype
         return _tokens(q2), _tokens(k2), v  # v's 2h heads are the halves of its h heads
 
     def weights(self, q, k):
