@@ -74,7 +74,10 @@ def test_a_kind_without_explicit_weights_is_named_with_the_analyses_it_cannot_ru
     monkeypatch.setattr(ck, "ATTENTION_CHOICES", ATTENTION_CHOICES + ("opaque",))
     kinds, message = ck.split_by_weights(["inline", "opaque"], "locality")
     assert kinds == ["inline"]
-    assert "['opaque'] form no explicit weights: they cannot run injectivity, confusion, locality, masking" in message
+    assert (
+        "['opaque'] form no explicit weights: they cannot run injectivity, confusion, attention-maps, locality, masking"
+        in message
+    )
     assert all(ck.has_explicit_weights(k) for k in ATTENTION_CHOICES)  # every kind the library has
 
 

@@ -24,8 +24,8 @@ from .confusion import DEFAULT_RTOL, row_tolerance
 from .injectivity import LENGTHS, constructed_problem, row_counts
 from .masking import NORMALISATION
 
-# the analyses that read explicit attention weights (all four the command compares)
-WEIGHT_ANALYSES = ("injectivity", "confusion", "locality", "masking")
+# the analyses that read explicit attention weights (every one the command runs)
+WEIGHT_ANALYSES = ("injectivity", "confusion", "attention-maps", "locality", "masking")
 FAMILIES = ("collinear", "shifted")
 
 
