@@ -307,18 +307,17 @@ class AgentCore(LinearCore):
         return b1, b2
 
     def prepare(self, q, k, v, feat_size, p, naive):
-        b = q.shape[0]
-        img = _grid(q, feat_size, p)  # [B, C, H, W]
+        h = self.num_heads
+        img = _grid(q, feat_size, p)  # [B, C, H, W]: the agents pool the grid queries only
         size = (self.pool_size, self.pool_size)
         pooled = lf.naive_adaptive_avg_pool2d(img, size) if naive else F.adaptive_avg_pool2d(img, size)
-        b1, b2 = self.biases(feat_size, p)
-        return self._pack(
-            _heads(q, self.num_heads), _heads(_ungrid(pooled), self.num_heads), _heads(k, self.num_heads), b1, b2, b
-        ) + (v,)
+        agents = _heads(_ungrid(pooled), h)  # [B, h, n, d]
+        q_packed, k_packed = self._pack(_heads(q, h), agents, _heads(k, h), *self.biases(feat_size, p))
+        return q_packed, k_packed, v
 
-    def _pack(self, qh, ah, kh, b1, b2, b):
+    def _pack(self, qh, ah, kh, b1, b2):
         """Per-head q [B, h, N, d], agents [B, h, n, d], k [B, h, N, d] and the biases -> packed q, k tokens."""
-        h, n = self.num_heads, self.agent_num
+        b, h, n = qh.shape[0], self.num_heads, self.agent_num
         top = torch.cat([qh, b2.to(qh.dtype).expand(b, *b2.shape)], dim=-1)  # [B, h, N, d + n]
         bottom = torch.cat([ah, ah.new_zeros(b, h, n, n)], dim=-1)  # [B, h, n, d + n]
         k_packed = torch.cat([kh, b1.to(kh.dtype).transpose(1, 2).expand(b, h, -1, n)], dim=-1)  # [B, h, N, d + n]
@@ -410,7 +409,7 @@ class MLLACore(LinearCore):
     same family of maps whenever V's projection is invertible). The layer's own ``proj`` is MLLA's
     ``out_proj``.
 
-    Left out (the macro-architecture; docs/analysis.md): the input projection with its depthwise
+    Left out (the macro-architecture; docs/reproduction.md): the input projection with its depthwise
     3 x 3 convolution and SiLU before the attention (MLLA's attention takes that branch as V and
     projects only q and k), the convolutional position encodings around the block (``cpe1``,
     ``cpe2``), the convolutional stem and patch merging, and MLLA's own stage layout.
