@@ -78,7 +78,7 @@ def test_plan_shares_settings_between_parts_and_orders_seeds_inside():
     p = plan("abcdefg", range(3))
     keys = [s.key for s, _ in p]
     assert len(keys) == len(set((s.key, seed) for s, seed in p))  # no run twice
-    assert len(set(keys)) == 28  # 10 (a) + 5 (b) + 3 (c) + 6 (d) + 4 (g)
+    assert len(set(keys)) == 31  # 10 (a) + 5 (b) + 3 (c) + 9 (d) + 4 (g)
     assert [seed for _, seed in p[:3]] == [0, 1, 2] and len(set(keys[:3])) == 1
     with pytest.raises(ValueError, match="expected letters of 'abcdefg'"):
         plan("az", range(1))
@@ -96,3 +96,20 @@ def test_statistics_and_verdicts():
     assert verdict(["a", "tie?"]) == "inconclusive at this budget" and verdict([]) == "not run"
     assert compare([], [80.0, 81.0])[1] == "not run" and verdict(["not run", "not run"]) == "not run"
     assert verdict(["a", "not run"]) == "agrees"  # a comparison without runs neither supports nor refutes
+
+
+def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_full_budget():
+    from inline_attn.layers import ATTENTION_CHOICES
+    from inline_attn.train.ablations import COMPARED, PRESETS, _budget_overrides, part_settings, render, swin_setting
+
+    assert set(COMPARED) == set(ATTENTION_CHOICES)
+    assert {s.kind for s in part_settings("d")} >= {"agent", "polarity", "mlla"}
+    gpu, full = PRESETS["gpu"], PRESETS["full"]
+    assert gpu.epochs * (gpu.subset or 60000) >= 10 * full.epochs * full.subset
+    ov = dict(_budget_overrides(swin_setting("mlla"), gpu))
+    assert ov["train.device"] == "cuda" and ov["data.batch_size"] == 256 and ov["sched.epochs"] == 2
+    assert "train.device" not in dict(_budget_overrides(swin_setting("mlla"), full))
+    report = render("gpu", "abd", 3, {}, {}, gpu, 0.0, 72, 0)
+    assert "inline-attn reproduce ablations --preset gpu --seeds 3 --parts abd" in report
+    assert "#### Verdicts at this budget (2 epoch(s) of 60000 training images per run, data.batch_size=256" in report
+    assert "| MLLA's linear attention | | | | | not run |" in report

@@ -4,7 +4,8 @@ attention maps (Fig. 4), locality (Fig. 5) and local masking (Table 2).
 Every analysis reads attention weights only through the layers' record/hook API
 (:func:`inline_attn.hook_attention`), reducing each layer's weights as they are produced, and
 measures neighbourhoods in image coordinates (:mod:`.tokens`), so it works for global, windowed
-and stripe attention alike. The ``inline-attn analyze`` command (:mod:`.cli`) calls these.
+and stripe attention alike. The ``inline-attn analyze`` command (:mod:`.cli`) calls these;
+:mod:`.compare_kinds` runs them across every attention kind (``--kinds``) into one table each.
 """
 
 from .attention_maps import QueryMapHook, attention_maps, parse_query, plot_attention_maps

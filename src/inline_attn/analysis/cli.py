@@ -37,6 +37,15 @@ def register(subparsers) -> None:
         metavar="PATH",
         help="checkpoint file or training run folder per model ('none': random init)",
     )
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=None,
+        metavar="KIND",
+        help="compare attention kinds: one --model NAME per kind with every stage of that kind (random init; "
+        "for trained models give --checkpoint per model instead); injectivity: the constructed queries "
+        "through each kind's layer",
+    )
     p.add_argument("--label", nargs="+", default=None, help="display name per model")
     p.add_argument(
         "--model-args",
@@ -109,6 +118,8 @@ def _parse_layers(items: Optional[list]) -> Optional[list]:
 def _load_models(args) -> list:
     from .common import load_model, parse_model_args
 
+    if args.kinds:
+        return _kind_models(args)
     names, ckpts = args.model, args.checkpoint
     if not names and not ckpts:
         raise ValueError(f"analyze {args.analysis} needs --model NAME (and/or --checkpoint PATH)")
@@ -135,6 +146,23 @@ def _load_models(args) -> list:
         for i, m in enumerate(models):
             m.label = f"{m.label} [{i}]"
     return models
+
+
+def _kind_models(args) -> list:
+    from .common import parse_model_args
+    from .compare_kinds import kind_models, split_by_weights
+
+    if not args.model or len(args.model) != 1 or args.checkpoint or args.label:
+        raise ValueError(
+            "--kinds builds one model per kind from a single --model NAME (no --checkpoint / --label): "
+            "to compare trained models, pass their --checkpoint list instead"
+        )
+    kinds, message = split_by_weights(args.kinds, args.analysis)
+    if message:
+        print(message)
+    if not kinds:
+        raise ValueError(message)
+    return kind_models(args.model[0], kinds, parse_model_args(args.model_args))
 
 
 def _check_layers(models, layers) -> None:
@@ -183,7 +211,7 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     if args.analysis == "injectivity":
-        return _injectivity(args, out)
+        return _injectivity_kinds(args, out) if args.kinds else _injectivity(args, out)
     models = _load_models(args)
     layers = _parse_layers(args.layers)
     if args.analysis == "attention-maps" and layers is not None and len(layers) != 1:
@@ -236,8 +264,23 @@ def _injectivity(args, out: pathlib.Path) -> int:
     return 0
 
 
+def _injectivity_kinds(args, out: pathlib.Path) -> int:
+    from .compare_kinds import injectivity_by_kind, injectivity_table, plot_injectivity_by_kind, split_by_weights
+    from .confusion import DEFAULT_RTOL
+
+    kinds, message = split_by_weights(args.kinds, "injectivity")
+    if message:
+        print(message)
+    res = injectivity_by_kind(kinds, seed=args.seed, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
+    (out / "injectivity_kinds.md").write_text(injectivity_table(res))
+    plot_injectivity_by_kind(res, out / "injectivity_kinds.png")
+    print(f"wrote injectivity_kinds.md, injectivity_kinds.png to {out}")
+    return 0
+
+
 def _confusion(args, out, models, images, layers, progress) -> None:
     from .common import Batches
+    from .compare_kinds import confusion_table
     from .confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
 
     rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
@@ -273,11 +316,19 @@ def _confusion(args, out, models, images, layers, progress) -> None:
         summary=summary,
     )
     plot_confusion_histogram(totals, out / "confusion.png")
-    return ["confusion.csv", "confusion.json", "confusion.png"]
+    (out / "confusion.md").write_text(confusion_table(summary, _kinds_of(models)))
+    return ["confusion.csv", "confusion.json", "confusion.md", "confusion.png"]
+
+
+def _kinds_of(models) -> dict:
+    from .compare_kinds import model_kind
+
+    return {lm.label: model_kind(lm.model) for lm in models}
 
 
 def _locality(args, out, models, images, layers, progress) -> None:
     from .common import Batches
+    from .compare_kinds import locality_table
     from .locality import locality, plot_locality
 
     per_model, rows = {}, []
@@ -294,11 +345,13 @@ def _locality(args, out, models, images, layers, progress) -> None:
     _write_csv(out / "locality.csv", rows)
     _write_meta(out / "locality.json", args, models, images=int(len(images.labels)), results=per_model)
     plot_locality(per_model, out / "locality.png")
-    return ["locality.csv", "locality.json", "locality.png"]
+    (out / "locality.md").write_text(locality_table(per_model, _kinds_of(models)))
+    return ["locality.csv", "locality.json", "locality.md", "locality.png"]
 
 
 def _masking(args, out, models, images, layers, progress) -> None:
     from .common import Batches
+    from .compare_kinds import masking_note
     from .masking import masked_accuracy, plot_masking
 
     for k in args.ks:
@@ -319,7 +372,7 @@ def _masking(args, out, models, images, layers, progress) -> None:
         rows += [{"model": lm.label, **r} for r in res]
     _write_csv(out / "masking.csv", rows)
     _write_meta(out / "masking.json", args, models, images=int(len(images.labels)), results=per_model)
-    (out / "masking.md").write_text(masking_table(per_model, args.ks))
+    (out / "masking.md").write_text(masking_table(per_model, args.ks) + masking_note(_kinds_of(models)))
     plot_masking(per_model, args.ks, out / "masking.png")
     return ["masking.csv", "masking.json", "masking.md", "masking.png"]
 

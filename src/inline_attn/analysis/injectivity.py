@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..ops import attention_weights
-from .confusion import DEFAULT_RTOL, confused_pairs, distinct_rows
+from .confusion import DEFAULT_RTOL, confused_pairs, distinct_rows, row_tolerance
 
 LENGTHS = (0.5, 1.0, 2.0, 4.0)
 KINDS = ("softmax", "linear_relu", "linear_affine", "inline")
@@ -94,12 +94,18 @@ def injectivity(
         results[family] = {}
         for kind in KINDS:
             w = weight_rows(prob[family], prob["keys"], kind, prob["offset"])
-            results[family][kind] = {
-                "weights": w,
-                "distinct_rows": distinct_rows(w, rtol=rtol),
-                "confused_pairs": int(confused_pairs(w, rtol=rtol)),
-            }
+            results[family][kind] = row_counts(w, atol=row_tolerance(w.shape[-1], rtol))
     return {"problem": prob, "results": results}
+
+
+def row_counts(weights: torch.Tensor, *, atol: float) -> dict:
+    """``{"weights": [M, Nk], "distinct_rows", "confused_pairs"}`` of one family's weight rows, rows
+    equal when no entry differs by more than ``atol``."""
+    return {
+        "weights": weights,
+        "distinct_rows": distinct_rows(weights, atol=atol),
+        "confused_pairs": int(confused_pairs(weights, atol=atol)),
+    }
 
 
 def to_json(res: dict) -> dict:

@@ -10,7 +10,8 @@ computed over the kept keys only):
 - softmax, linear: ``w'_ij = w_ij / sum_{s kept} w_is`` (for softmax, the same as setting the
   masked logits to -inf);
 - InLine: ``w'_ij = w_ij - (sum_{s kept} w_is - 1) / |kept|`` (the subtractive normalisation
-  ``phi(q).phi(k_j) - mean_s phi(q).phi(k_s) + 1/N`` over the kept keys).
+  ``phi(q).phi(k_j) - mean_s phi(q).phi(k_s) + 1/N`` over the kept keys);
+- the other linear attentions: see :data:`NORMALISATION`.
 
 With ``renormalize=False`` the masked weights are only zeroed. The local residual of InLine is
 not part of the attention weights and stays on.
@@ -28,18 +29,42 @@ from .tokens import expand_groups, token_layout, window_mask
 MODES = ("none", "local", "random")
 
 
+# How each kind's rows are normalised, and so how masking renormalises the kept keys: "divide"
+# (rows sum to one by a division: softmax, linear attention and the other linear attentions that
+# divide by a row sum; for Efficient attention, Agent attention and PolaFormer the division
+# stands in for recomputing their normaliser over the kept keys), "subtract" (InLine), "none"
+# (no row normaliser a row of weights can show: Hydra's cosines, linear-angular's 1/2 + cos / pi,
+# MLLA's RoPE numerator over a RoPE-free denominator; the masked weights are only zeroed).
+NORMALISATION = {
+    "softmax": "divide",
+    "linear": "divide",
+    "inline": "subtract",
+    "efficient": "divide",
+    "relu_msa": "divide",
+    "focused": "divide",
+    "agent": "divide",
+    "polarity": "divide",
+    "hydra": "none",
+    "angular": "none",
+    "mlla": "none",
+}
+
+
 def renormalize_kept(weights: torch.Tensor, keep: torch.Tensor, kind: str) -> torch.Tensor:
-    """weights: [BG, h, Nq, Nk], keep: [BG, Nq, Nk] bool -> weights over the kept keys only."""
+    """weights: [BG, h, Nq, Nk], keep: [BG, Nq, Nk] bool -> weights over the kept keys only
+    (renormalised as :data:`NORMALISATION` says for ``kind``)."""
+    if kind not in NORMALISATION:
+        raise ValueError(f"unknown attention kind {kind!r}: expected one of {tuple(NORMALISATION)}")
     keep = keep[:, None].to(weights.dtype)
     w = weights * keep
     s = w.sum(dim=-1, keepdim=True)
-    if kind in ("softmax", "linear"):
+    if NORMALISATION[kind] == "none":
+        return w
+    if NORMALISATION[kind] == "divide":
         # a linear-attention row can be all zero (phi(q) = 0): it stays zero
         return torch.where(s > 0, w / s.clamp_min(torch.finfo(w.dtype).tiny), w)
-    if kind == "inline":
-        n = keep.sum(dim=-1, keepdim=True).clamp_min(1)
-        return (w - (s - 1) / n) * keep
-    raise ValueError(f"unknown attention kind {kind!r}")
+    n = keep.sum(dim=-1, keepdim=True).clamp_min(1)  # "subtract": InLine
+    return (w - (s - 1) / n) * keep
 
 
 def random_like_window(near: torch.Tensor, grid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -3,8 +3,8 @@
 ``x: [B, N, C]`` with ``N = num_prefix_tokens + H*W`` and ``feat_size = (H, W)``. The three
 layers share projections and state-dict names (``qkv``, ``proj``, ``residual.0``, ``residual.2``)
 so an ablation is one argument: ``build_attention("softmax", dim, heads)``. The other linear
-attentions (:data:`ATTENTION_CHOICES`: hydra, efficient, angular, relu_msa, focused) share them too
-and add their own modules under ``core``.
+attentions (:data:`ATTENTION_CHOICES`: hydra, efficient, angular, relu_msa, focused, agent, polarity,
+mlla) share them too and add their own modules under ``core``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class TokenAttention(RecordableAttention):
         num_heads: heads h (C % h == 0).
         kind: "inline", "linear", "softmax", or another linear attention: "hydra" (Bolya et al.
             2022), "efficient" (Shen et al. 2021), "angular" (Castling-ViT), "relu_msa"
-            (EfficientViT), "focused" (FLatten); see :mod:`inline_attn.layers.linear_family`.
+            (EfficientViT), "focused" (FLatten), "agent" (Agent attention), "polarity" (PolaFormer),
+            "mlla" (MLLA's linear attention); see :mod:`inline_attn.layers.linear_family`.
         qkv_bias: bias of the fused qkv projection.
         kernel: phi for inline (default identity) and linear (default relu) attention; one of
             identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1).
@@ -216,6 +217,28 @@ class FocusedLinearAttention(TokenAttention):
 
     def __init__(self, dim: int, num_heads: int, **kwargs):
         super().__init__(dim, num_heads, kind="focused", **kwargs)
+
+
+class AgentAttention(TokenAttention):
+    """Agent attention (Han et al., ECCV 2024); see :class:`~inline_attn.layers.linear_family.AgentCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="agent", **kwargs)
+
+
+class PolarityAttention(TokenAttention):
+    """PolaFormer's polarity-aware linear attention (Meng et al., ICLR 2025); see
+    :class:`~inline_attn.layers.linear_family.PolarityCore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="polarity", **kwargs)
+
+
+class MLLAAttention(TokenAttention):
+    """MLLA's linear attention (Han et al., NeurIPS 2024); see :class:`~inline_attn.layers.linear_family.MLLACore`."""
+
+    def __init__(self, dim: int, num_heads: int, **kwargs):
+        super().__init__(dim, num_heads, kind="mlla", **kwargs)
 
 
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:

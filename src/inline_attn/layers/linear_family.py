@@ -18,6 +18,8 @@ named in each class.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -251,8 +253,205 @@ class FocusedCore(LinearCore):
         return add_to_grid_tokens(out, res, p)
 
 
+def _trunc_normal(*shape: int) -> nn.Parameter:
+    """A parameter drawn from N(0, 0.02^2) truncated at +-2 (the authors' bias init)."""
+    return nn.Parameter(nn.init.trunc_normal_(torch.empty(*shape), std=0.02))
+
+
+class AgentCore(LinearCore):
+    """Agent attention (Han et al., ECCV 2024; LeapLabTHU/Agent-Attention): n agent tokens A pooled
+    from the queries aggregate the values, ``V_A = softmax(A K^T / sqrt(d) + B1) V``, then broadcast
+    them, ``O = softmax(Q A^T / sqrt(d) + B2) V_A``, plus a depthwise 3 x 3 convolution of V on the grid
+    (``dim`` filters with bias). As the authors' code:
+
+    - ``agent_num = 49`` agents, a 7 x 7 adaptive average pool of the grid queries (Agent-DeiT-T's
+      default; Agent-PVT / Agent-Swin use 9, 16, 49, 49 by stage, which a core does not know);
+    - the agent biases ``B1`` (agent -> key) and ``B2`` (query -> agent) are learnable 7 x 7 maps per
+      head and agent, bilinearly resized to the grid; prefix tokens (a cls token) get one learnable
+      bias per head and agent instead, and no convolution;
+    - the biases start from N(0, 0.02) truncated.
+
+    Left out: the authors' per-row / per-column bias terms sized to a fixed window
+    (``ah/aw/ha/wa_bias``): the models here take any grid size.
+
+    The core's attention step sees only per-head q and k, so ``prepare`` packs the agents and the
+    biases into them (:meth:`_pack`): per head, q carries ``[q_i | B2_i]`` for the N tokens then
+    ``[A_a | 0]`` for the n agents, k carries ``[k_j | B1_j]``; :meth:`_unpack` takes them apart.
+    """
+
+    kind = "agent"
+
+    def __init__(self, dim: int, num_heads: int, agent_num: int = 49, conv_size: int = 3):
+        super().__init__(dim, num_heads)
+        pool = math.isqrt(agent_num)
+        if pool * pool != agent_num:
+            raise ValueError(f"agent_num must be a square (a pool_size x pool_size grid of agents), got {agent_num}")
+        self.agent_num, self.pool_size = agent_num, pool
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.key_bias = _trunc_normal(num_heads, agent_num, 7, 7)  # the authors' an_bias
+        self.query_bias = _trunc_normal(num_heads, agent_num, 7, 7)  # na_bias
+        self.prefix_key_bias = _trunc_normal(num_heads, agent_num, 1)  # ac_bias
+        self.prefix_query_bias = _trunc_normal(num_heads, 1, agent_num)  # ca_bias
+        self.dwc = nn.Conv2d(dim, dim, conv_size, padding=conv_size // 2, groups=dim)
+
+    def biases(self, feat_size: tuple[int, int], p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """B1 [h, n, P + H*W] (agent -> key) and B2 [h, P + H*W, n] (query -> agent)."""
+        h, n = self.num_heads, self.agent_num
+
+        def grid_bias(b):  # [h, n, 7, 7] -> [h, n, H*W]
+            return F.interpolate(b, size=feat_size, mode="bilinear", align_corners=False).reshape(h, n, -1)
+
+        b1 = torch.cat([self.prefix_key_bias.expand(h, n, p), grid_bias(self.key_bias)], dim=-1)
+        b2 = torch.cat([self.prefix_query_bias.expand(h, p, n), grid_bias(self.query_bias).transpose(1, 2)], dim=1)
+        return b1, b2
+
+    def prepare(self, q, k, v, feat_size, p, naive):
+        h = self.num_heads
+        img = _grid(q, feat_size, p)  # [B, C, H, W]: the agents pool the grid queries only
+        size = (self.pool_size, self.pool_size)
+        pooled = lf.naive_adaptive_avg_pool2d(img, size) if naive else F.adaptive_avg_pool2d(img, size)
+        agents = _heads(_ungrid(pooled), h)  # [B, h, n, d]
+        q_packed, k_packed = self._pack(_heads(q, h), agents, _heads(k, h), *self.biases(feat_size, p))
+        return q_packed, k_packed, v
+
+    def _pack(self, qh, ah, kh, b1, b2):
+        """Per-head q [B, h, N, d], agents [B, h, n, d], k [B, h, N, d] and the biases -> packed q, k tokens."""
+        b, h, n = qh.shape[0], self.num_heads, self.agent_num
+        top = torch.cat([qh, b2.to(qh.dtype).expand(b, *b2.shape)], dim=-1)  # [B, h, N, d + n]
+        bottom = torch.cat([ah, ah.new_zeros(b, h, n, n)], dim=-1)  # [B, h, n, d + n]
+        k_packed = torch.cat([kh, b1.to(kh.dtype).transpose(1, 2).expand(b, h, -1, n)], dim=-1)  # [B, h, N, d + n]
+        return _tokens(torch.cat([top, bottom], dim=2)), _tokens(k_packed)
+
+    def _unpack(self, q, k):
+        """Packed per-head q [B, h, N + n, d + n], k [B, h, N, d + n] -> q, k, agents, B1, B2."""
+        d, n = self.head_dim, k.shape[2]
+        return q[:, :, :n, :d], k[..., :d], q[:, :, n:, :d], k[..., d:].transpose(-2, -1), q[:, :, :n, d:]
+
+    def weights(self, q, k):
+        return lf.agent_weights(*self._unpack(q, k), self.scale)
+
+    def fast(self, q, k, v):
+        qh, kh, agents, b1, b2 = self._unpack(q, k)
+        return lf.agent_attention(qh, kh, v, agents, b1, b2, self.scale)
+
+    def finish(self, out, v, feat_size, p, naive):
+        return add_to_grid_tokens(out, _ungrid(_depthwise(_grid(v, feat_size, p), self.dwc, naive)), p)
+
+
+class PolarityCore(FocusedCore):
+    """PolaFormer's polarity-aware linear attention (Meng et al., ICLR 2025; ZacharyMeng/PolaFormer).
+
+    With ``s = softplus(scale)`` per channel (as FLatten) and per head the learnable power
+    ``p = 1 + alpha * sigmoid(power)`` per channel (alpha = 4, ``power`` starts at 0, so p = 3), q and k
+    split by sign: ``q+ = relu(q / s) ** p``, ``q- = relu(-q / s) ** p`` (and k). The same-sign
+    features ``[q+ | q-] . [k+ | k-]`` attend with the first half of each head's values, the
+    opposite-sign ``[q- | q+] . [k+ | k-]`` with the second half; each term normalised as the
+    authors' code: ``q (K^T V / N) / (q . mean_j k_j + 1e-6)``. Then, as FLatten (whose scale and
+    convolution this core inherits), a depthwise 5 x 5 convolution of V shared by the heads, and the
+    authors' output gate ``g``, a linear map of the layer input: here of V (``gate``), which is the
+    same family of maps whenever V's projection is invertible.
+
+    Each head is two attention heads for the explicit weights: ``2 * num_heads`` rows of head_dim / 2
+    values (so head_dim must be even). Left out: the learned positional encoding added to K, which
+    needs a fixed token count (as for FLatten).
+    """
+
+    kind = "polarity"
+
+    def __init__(self, dim: int, num_heads: int, alpha: float = 4.0, conv_size: int = 5):
+        super().__init__(dim, num_heads, conv_size=conv_size)
+        hd = dim // num_heads
+        if hd % 2:
+            raise ValueError(f"polarity attention splits each head's values in two: head_dim={hd} must be even")
+        self.alpha = alpha
+        self.power = nn.Parameter(torch.zeros(num_heads, hd))  # p = 1 + alpha * sigmoid(power)
+        self.gate = nn.Linear(dim, dim)
+
+    def attn_heads(self) -> int:
+        return 2 * self.num_heads
+
+    def prepare(self, q, k, v, feat_size, p, naive):
+        s = F.softplus(self.scale)
+        h = self.num_heads
+        power = (1 + self.alpha * torch.sigmoid(self.power))[:, None, :]  # [h, 1, d]
+        q_pos, q_neg = lf.polarity_features(_heads(q / s, h), power)  # [B, h, N, d] each
+        k_pos, k_neg = lf.polarity_features(_heads(k / s, h), power)
+        k_feat = torch.cat([k_pos, k_neg], dim=-1)  # [B, h, N, 2d]
+        q_same = torch.cat([q_pos, q_neg], dim=-1)
+        q_opp = torch.cat([q_neg, q_pos], dim=-1)
+        q_same = lf.mean_normalised_queries(q_same, q_same, k_feat)
+        q_opp = lf.mean_normalised_queries(q_opp, q_opp, k_feat)
+        b, _, n, d2 = k_feat.shape
+        q2 = torch.stack([q_same, q_opp], dim=2).reshape(b, 2 * h, n, d2)  # head 2i: same sign, 2i + 1: opposite
+        k2 = torch.stack([k_feat, k_feat], dim=2).reshape(b, 2 * h, n, d2).to(q2.dtype)  # autocast: one dtype
+        return _tokens(q2), _tokens(k2), v  # v's 2h heads are the halves of its h heads
+
+    def weights(self, q, k):
+        return lf.dot_weights(q, k)
+
+    def fast(self, q, k, v):
+        return lf.dot_attention(q, k, v)
+
+    def finish(self, out, v, feat_size, p, naive):
+        return super().finish(out, v, feat_size, p, naive) * self.gate(v)
+
+
+class MLLACore(LinearCore):
+    """The linear attention of MLLA's block (Han et al., NeurIPS 2024, "Demystify Mamba in Vision";
+    LeapLabTHU/MLLA), as it replaces an attention layer.
+
+    ``phi(x) = elu(x) + 1`` on q and k; 2-D RoPE (:func:`~inline_attn.ops.linear_family.rope_2d`,
+    over all C channels) on ``phi(q)`` and ``phi(k)`` in the numerator only; per head
+    ``O_i = rope(phi(q_i)) (rope(phi(K))^T V / N) / (phi(q_i) . mean_j phi(k_j) + 1e-6)`` as the
+    authors' code; plus LePE, a depthwise 3 x 3 convolution of V with bias; the sum gated by
+    ``silu(gate(V))``, MLLA's ``act_res`` branch (a linear map of the block's input: here of V, the
+    same family of maps whenever V's projection is invertible). The layer's own ``proj`` is MLLA's
+    ``out_proj``.
+
+    Left out (the macro-architecture; docs/reproduction.md): the input projection with its depthwise
+    3 x 3 convolution and SiLU before the attention (MLLA's attention takes that branch as V and
+    projects only q and k), the convolutional position encodings around the block (``cpe1``,
+    ``cpe2``), the convolutional stem and patch merging, and MLLA's own stage layout.
+    """
+
+    kind = "mlla"
+
+    def __init__(self, dim: int, num_heads: int, conv_size: int = 3):
+        super().__init__(dim, num_heads)
+        self.lepe = nn.Conv2d(dim, dim, conv_size, padding=conv_size // 2, groups=dim)
+        self.gate = nn.Linear(dim, dim)
+
+    def prepare(self, q, k, v, feat_size, p, naive):
+        h = self.num_heads
+        q_feat, k_feat = F.elu(q) + 1.0, F.elu(k) + 1.0
+        q_rope = _heads(lf.rope_2d(q_feat, feat_size, p), h)
+        q2 = lf.mean_normalised_queries(q_rope, _heads(q_feat, h), _heads(k_feat, h))
+        return _tokens(q2), lf.rope_2d(k_feat, feat_size, p), v
+
+    def weights(self, q, k):
+        return lf.dot_weights(q, k)
+
+    def fast(self, q, k, v):
+        return lf.dot_attention(q, k, v)
+
+    def finish(self, out, v, feat_size, p, naive):
+        out = add_to_grid_tokens(out, _ungrid(_depthwise(_grid(v, feat_size, p), self.lepe, naive)), p)
+        return out * F.silu(self.gate(v))
+
+
 LINEAR_CORES: dict[str, type[LinearCore]] = {
-    cls.kind: cls for cls in (HydraCore, EfficientCore, AngularCore, ReLUMultiScaleCore, FocusedCore)
+    cls.kind: cls
+    for cls in (
+        HydraCore,
+        EfficientCore,
+        AngularCore,
+        ReLUMultiScaleCore,
+        FocusedCore,
+        AgentCore,
+        PolarityCore,
+        MLLACore,
+    )
 }
 
 

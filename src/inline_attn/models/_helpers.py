@@ -3,7 +3,9 @@
 Pattern strings (the paper's notation, per stage): ``I`` = InLine, ``S`` = softmax as in the base
 architecture, ``L`` = linear attention (ReLU kernel) laid out like InLine; the other linear attentions laid out
 like InLine: ``H`` = Hydra, ``E`` = Efficient attention, ``A`` = linear-angular (Castling-ViT),
-``V`` = ReLU multi-scale (EfficientViT), ``F`` = focused (FLatten); ``M`` = mixed: with an
+``V`` = ReLU multi-scale (EfficientViT), ``F`` = focused (FLatten), ``G`` = agent attention,
+``P`` = polarity-aware (PolaFormer),
+``R`` = RoPE linear attention of MLLA; ``M`` = mixed: with an
 ``M<n>`` suffix after the stage letters, the first n blocks of every M stage are InLine and the
 rest softmax ("IIMS2", also written "IIMSM2").
 """
@@ -23,9 +25,12 @@ PATTERN_KINDS = {
     "A": "angular",
     "V": "relu_msa",
     "F": "focused",
+    "G": "agent",
+    "P": "polarity",
+    "R": "mlla",
 }
 # stage letters, then the optional mixed-stage block count: "IIMS2" or "IIMSM2"
-_PATTERN_RE = re.compile(r"([ISLHEAVFM]+?)(?:M?(\d+))?")
+_PATTERN_RE = re.compile(r"([ISLHEAVFGPRM]+?)(?:M?(\d+))?")
 
 
 def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:

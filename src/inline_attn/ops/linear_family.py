@@ -19,6 +19,13 @@ equation (the naive reference: ``weights @ v``, run it in float64). Per head, ``
   ``f_p(x) = ||x|| / ||x**p|| * x**p`` of ``relu(x) / s`` over all C channels, then linear
   attention with those features (:func:`focused_features`).
 
+- Agent attention (Han et al. 2024, Eq. 3): ``softmax(Q A^T / sqrt(d) + B2) softmax(A K^T / sqrt(d) + B1) V``
+  with n agent tokens A pooled from Q (:func:`agent_attention`, :func:`agent_weights`).
+- PolaFormer (Meng et al. 2025, Eq. 9-11) and MLLA (Han et al. 2024): linear attention normalised
+  as the authors' code, ``q (K^T V / N) / (q' . mean_j k'_j + 1e-6)``, with the normaliser folded
+  into the queries (:func:`mean_normalised_queries`, then :func:`dot_attention` / :func:`dot_weights`);
+  PolaFormer's sign split and power (:func:`polarity_features`), MLLA's 2-D RoPE (:func:`rope_2d`).
+
 The depthwise convolutions some of them add (FLatten's DWC, Castling-ViT's sequence conv,
 EfficientViT's aggregation) have naive twins here: :func:`naive_depthwise_conv2d`,
 :func:`naive_grouped_pointwise`.
@@ -32,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv
+from .eager import _as_compute, _float32_region
 
 
 def l2_normalise(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -122,3 +130,136 @@ def naive_grouped_pointwise(x: torch.Tensor, weight: torch.Tensor, groups: int) 
     for g in range(groups):  # out[g] = W_g x[g], one group at a time as the definition reads
         out[:, g] = wg[g] @ xg[:, g]
     return out.reshape(b, co, h, w)
+
+
+# --- Agent attention, PolaFormer, MLLA ------------------------------------------------------
+
+
+def agent_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    agents: torch.Tensor,
+    key_bias: torch.Tensor,
+    query_bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Agent attention's explicit weights (Han et al., ECCV 2024, Eq. 3): the broadcast times the aggregation.
+
+    q: [B, h, N, d], k: [B, h, N, d], agents A: [B, h, n, d]; key_bias B1: [B or 1, h, n, N];
+    query_bias B2: [B or 1, h, N, n]; scale: ``d ** -0.5`` ->
+    ``softmax(s Q A^T + B2) softmax(s A K^T + B1)`` [B, h, N, N] (rows sum to 1: a product of two
+    row-stochastic matrices).
+    """
+    check_qkv(q, k)
+    aggregate = torch.softmax((agents * scale) @ k.transpose(-2, -1) + key_bias, dim=-1)  # [B, h, n, N]
+    broadcast = torch.softmax((q * scale) @ agents.transpose(-2, -1) + query_bias, dim=-1)  # [B, h, N, n]
+    return broadcast @ aggregate
+
+
+def agent_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    agents: torch.Tensor,
+    key_bias: torch.Tensor,
+    query_bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Agent attention in O(N n d): the n agents aggregate the values, then broadcast them to the queries.
+
+    Arguments as :func:`agent_weights`, v: [B, h, N, dv] -> [B, h, N, dv]:
+    ``softmax(s Q A^T + B2) (softmax(s A K^T + B1) V)``.
+    """
+    check_qkv(q, k, v)
+    with _float32_region(q) as out_dtype:  # the aggregation sums N values: float32 under autocast
+        q, k, v, agents = (_as_compute(t) for t in (q, k, v, agents))
+        aggregate = torch.softmax((agents * scale) @ k.transpose(-2, -1) + key_bias.to(k.dtype), dim=-1)
+        agent_v = aggregate @ v  # [B, h, n, dv]
+        out = torch.softmax((q * scale) @ agents.transpose(-2, -1) + query_bias.to(q.dtype), dim=-1) @ agent_v
+    return out.to(out_dtype)
+
+
+def naive_adaptive_avg_pool2d(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Adaptive average pooling written out: x [B, C, H, W] -> [B, C, oh, ow]; output cell (i, j)
+    averages rows ``floor(i H / oh) .. ceil((i + 1) H / oh) - 1`` and the like for columns (cells
+    overlap, or repeat an input pixel, when H is not a multiple of oh)."""
+    h, w = x.shape[2:]
+    oh, ow = size
+    rows = []
+    for i in range(oh):
+        r0, r1 = (i * h) // oh, -(-((i + 1) * h) // oh)
+        cols = []
+        for j in range(ow):
+            c0, c1 = (j * w) // ow, -(-((j + 1) * w) // ow)
+            cols.append(x[:, :, r0:r1, c0:c1].mean(dim=(2, 3)))
+        rows.append(torch.stack(cols, dim=-1))
+    return torch.stack(rows, dim=-2)
+
+
+def dot_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Unnormalised linear attention weights ``Q K^T``: [B, h, N, d] each -> [B, h, N, N] (the
+    normaliser is already in q: :func:`mean_normalised_queries`)."""
+    check_qkv(q, k)
+    return q @ k.transpose(-2, -1)
+
+
+def dot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``Q (K^T V)`` in O(N d dv): [B, h, N, d], [B, h, N, d], [B, h, N, dv] -> [B, h, N, dv]."""
+    check_qkv(q, k, v)
+    with _float32_region(q) as out_dtype:  # K^T V sums N products: float32 under autocast
+        out = _as_compute(q) @ (_as_compute(k).transpose(-2, -1) @ _as_compute(v))
+    return out.to(out_dtype)
+
+
+def mean_normalised_queries(
+    q_num: torch.Tensor, q_den: torch.Tensor, k_den: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """The queries of the linear attention of PolaFormer and MLLA with their normaliser folded in.
+
+    Both authors' codes compute ``O_i = q_i (K^T V / N) z_i`` with ``z_i = 1 / (q'_i . mean_j k'_j + eps)``
+    (``q_num = q_den`` for PolaFormer; MLLA's numerator carries RoPE, its normaliser does not).
+    Returns ``q_num * z / N`` [B, h, N, d], so that ``dot_weights(result, k)`` are the explicit weights
+    and ``dot_attention(result, k, v)`` the output. q_den, k_den: [B, h, N, d'].
+    """
+    n = k_den.shape[2]
+    with _float32_region(q_num) as out_dtype:  # the key mean sums N features: float32 under autocast
+        k_mean = _as_compute(k_den).mean(dim=2, keepdim=True)
+        z = 1.0 / (_as_compute(q_den) @ k_mean.transpose(-2, -1) + eps)  # [B, h, N, 1]
+        out = _as_compute(q_num) * (z / n)
+    return out.to(out_dtype)
+
+
+def polarity_features(x: torch.Tensor, power: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PolaFormer's polarity split with its power (focusing) function (Meng et al., ICLR 2025, Eq. 9-11).
+
+    x: [..., d]; power: broadcastable to x (> 1) -> ``(relu(x) ** p, relu(-x) ** p)``, the positive
+    and negative parts, each sharpened elementwise.
+    """
+    return F.relu(x) ** power, F.relu(-x) ** power
+
+
+def rope_2d(x: torch.Tensor, feat_size: tuple[int, int], num_prefix_tokens: int = 0, base: float = 10000.0):
+    """MLLA's 2-D rotary position embedding over all C channels of the tokens (the authors' ``RoPE``).
+
+    x: [B, P + H*W, C]. Channel pairs ``(2m, 2m+1)`` are complex numbers; with ``K = C // 4``
+    frequencies ``theta_k = base ** (-k / K)``, pair m < K turns by ``row * theta_m`` and pair
+    K <= m < 2K by ``col * theta_(m-K)``. Channels past ``4K`` (when 4 does not divide C) and prefix
+    tokens (no grid position) are not rotated.
+    """
+    b, n, c = x.shape
+    h, w = feat_size
+    kmax = c // 4
+    if kmax == 0:
+        return x
+    dt = torch.promote_types(x.dtype, torch.float32)  # angles of far positions need float32 (as the authors')
+    theta = base ** (-torch.arange(kmax, dtype=dt, device=x.device) / kmax)  # [K]
+    rows = torch.arange(h, dtype=dt, device=x.device)[:, None].expand(h, w).reshape(-1)
+    cols = torch.arange(w, dtype=dt, device=x.device)[None, :].expand(h, w).reshape(-1)
+    angle = torch.cat([rows[:, None] * theta, cols[:, None] * theta], dim=-1)  # [HW, 2K]
+    zero = torch.zeros(num_prefix_tokens, 2 * kmax, dtype=dt, device=x.device)
+    angle = torch.cat([zero, angle], dim=0)  # [N, 2K]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    pairs = x[..., : 4 * kmax].reshape(b, n, 2 * kmax, 2)
+    re, im = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).reshape(b, n, 4 * kmax)
+    return torch.cat([rotated, x[..., 4 * kmax :]], dim=-1)

@@ -16,7 +16,8 @@ Parts a-e train on the locality task of ``configs/ablations/_base.yaml`` (Fashio
 a 28 x 28 token grid). Every (setting, seed) is one training run in ``OUTPUT/<setting>/seed<s>``
 (resumable mid-run through ``train.resume=auto``) and, once finished, one JSON in
 ``OUTPUT/results/``: a run whose JSON exists is skipped, so the command continues where it
-stopped. The presets differ only in the budget; their outputs go to separate folders.
+stopped. The presets differ only in the budget (the GPU preset also in its batch and device,
+:data:`GPU_OVERRIDES`); their outputs go to separate folders.
 """
 
 from __future__ import annotations
@@ -50,13 +51,16 @@ COMPARED = (
     "angular",
     "relu_msa",
     "focused",
+    "agent",
+    "polarity",
+    "mlla",
 )  # InLine trains first
 MASKED = ("softmax", "linear", "inline")
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 PARTS = "abcdefg"
 PLAN_ORDER = "deabcgf"  # training order: the comparison (and the masked models) first
 LETTER = {"inline": "I", "linear": "L", "softmax": "S", "hydra": "H", "efficient": "E", "angular": "A"}
-LETTER.update({"relu_msa": "V", "focused": "F"})
+LETTER.update({"relu_msa": "V", "focused": "F", "agent": "G", "polarity": "P", "mlla": "R"})
 NAMES = {
     "inline": "InLine",
     "linear": "linear",
@@ -66,6 +70,9 @@ NAMES = {
     "angular": "linear-angular (Castling-ViT)",
     "relu_msa": "ReLU multi-scale (EfficientViT)",
     "focused": "focused (FLatten)",
+    "agent": "Agent attention",
+    "polarity": "polarity-aware (PolaFormer)",
+    "mlla": "MLLA's linear attention",
 }
 BEGIN, END = "<!-- ablations:begin -->", "<!-- ablations:end -->"
 
@@ -82,11 +89,25 @@ class Budget:
     mask_images: int  # part e test images
     bench_batch: int  # inference img/s: batch and timed iterations
     bench_iters: int
+    overrides: tuple = ()  # further config overrides of every run: (key, value) pairs
+
+    def describe(self) -> str:
+        """The budget in words, for the report and its verdicts."""
+        extra = "".join(f", {k}={v}" for k, v in self.overrides)
+        return f"{self.epochs} epoch(s) of {self.subset or 60000} training images per run{extra}"
 
 
+# The GPU preset: every run 2 epochs of all 60,000 training images (10x the full preset's 12,000
+# images), batch 256 (the recipe scales the learning rate with the batch: base_lr x 256 / 512) on
+# CUDA. Sized from a measured CPU step (docs/reproduction.md, "The GPU preset"): parts a, b and d
+# with 3 seeds are 72 runs of 469 steps, an estimated ~20 min on one H100, not a measurement.
+# Fashion-MNIST stays uint8 in host memory; each batch (256 x 784 bytes) is copied pinned and
+# non-blocking, and the resize, flip and normalisation run on the device.
+GPU_OVERRIDES = (("data.batch_size", 256), ("train.device", "cuda"))
 PRESETS = {
     "full": Budget(12000, 0, 1, 0, 0, 1000, 128, 10),
     "quick": Budget(1024, 500, 1, 1, 2048, 100, 32, 3),
+    "gpu": Budget(0, 0, 2, 0, 0, 1000, 128, 10, overrides=GPU_OVERRIDES),
 }
 
 
@@ -167,9 +188,10 @@ def plan(parts: str, seeds: Sequence[int]) -> list[tuple[Setting, int]]:
 
 def _budget_overrides(setting: Setting, budget: Budget) -> list[tuple]:
     if setting.config == ABLATION_CONFIG:
-        return [("data.subset", budget.subset), ("data.val_subset", budget.val_subset), ("sched.epochs", budget.epochs)]
+        ov = [("data.subset", budget.subset), ("data.val_subset", budget.val_subset), ("sched.epochs", budget.epochs)]
+        return ov + list(budget.overrides)
     ov = [("data.subset", budget.fmnist_subset), ("data.val_subset", budget.val_subset)]
-    return ov + ([("sched.epochs", budget.fmnist_epochs)] if budget.fmnist_epochs else [])
+    return ov + ([("sched.epochs", budget.fmnist_epochs)] if budget.fmnist_epochs else []) + list(budget.overrides)
 
 
 def _load() -> list[float]:
@@ -265,7 +287,7 @@ def run_ablations(
     """Train what is missing, then tabulate whatever is finished into ``doc``.
 
     Args:
-        preset: "full" or "quick" (:data:`PRESETS`); ``budget`` replaces its budget (tests).
+        preset: "full", "quick" or "gpu" (:data:`PRESETS`); ``budget`` replaces its budget (tests).
         output: run folder (default ``runs/ablations/<preset>``).
         parts: letters of :data:`PARTS`.
         seeds: seeds 0 .. seeds-1 per setting (>= 3 for the mean +- std the tables report).
@@ -426,7 +448,8 @@ def top1s(results: dict, key: str) -> list[float]:
 
 
 def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, invocations=()) -> str:
-    cmd = f"inline-attn reproduce ablations{' --quick' if preset == 'quick' else ''} --seeds {seeds}"
+    flag = {"quick": " --quick", "full": ""}.get(preset, f" --preset {preset}")
+    cmd = f"inline-attn reproduce ablations{flag} --seeds {seeds}"
     if parts != PARTS:
         cmd += f" --parts {parts}"
     runs = [r for rs in results.values() for r in rs]
@@ -450,7 +473,12 @@ def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, 
         + f"; this one {wall / 60:.1f} min.",
         f"Budget per run: {budget.epochs} epoch(s) over {budget.subset or 60000} training images of the locality "
         f"task (configs/ablations/_base.yaml), top-1 on {budget.val_subset or 10000} test images; seeds "
-        f"0-{seeds - 1}. Cells: mean ± sample std over seeds (n = runs finished).",
+        f"0-{seeds - 1}. Cells: mean ± sample std over seeds (n = runs finished)."
+        + (
+            f" Further overrides of every run: {', '.join(f'{k}={v}' for k, v in budget.overrides)}."
+            if budget.overrides
+            else ""
+        ),
         "",
     ]
     verdicts = []
@@ -473,7 +501,7 @@ def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, 
         ]
     if "g" in parts:
         lines += _table_g(results, verdicts)
-    lines += ["#### Verdicts", ""] + [f"- {v}" for v in verdicts] + [""]
+    lines += [f"#### Verdicts at this budget ({budget.describe()})", ""] + [f"- {v}" for v in verdicts] + [""]
     return "\n".join(lines)
 
 
