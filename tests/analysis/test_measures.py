@@ -324,7 +324,7 @@ def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
     code = (
         "import sys, inline_attn.analysis.cli, inline_attn.analysis.runner\n"
         "assert not [m for m in sys.modules if m.startswith('inline_attn.train')], sorted(sys.modules)\n"
-        "import inline_attn.train.reproduce\n"
+        "import inline_attn.experiments.reproduce\n"
         "assert 'inline_attn.train.cli' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

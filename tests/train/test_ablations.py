@@ -7,8 +7,9 @@ import json
 import pytest
 from train_helpers import make_fmnist
 
-from inline_attn.train import ablations, engine
-from inline_attn.train.ablations import Budget, compare, fmt, plan, run_ablations, verdict
+from inline_attn.experiments import ablations
+from inline_attn.train import engine
+from inline_attn.experiments.ablations import Budget, compare, fmt, plan, run_ablations, verdict
 
 TOY = Budget(
     subset=128, val_subset=8, epochs=1, fmnist_epochs=1, fmnist_subset=128, mask_images=4, bench_batch=4, bench_iters=1

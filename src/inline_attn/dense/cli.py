@@ -160,7 +160,7 @@ def cmd_compare(args) -> int:
     import shlex
     import sys
 
-    from .compare import run
+    from ..experiments.dense_compare import run
 
     task = TASKS[args.task]
     cfg_path = args.config or str(_configs_dir() / task.demo_config)

@@ -157,7 +157,7 @@ def cmd_demo(args) -> int:
 
 def cmd_reproduce(args) -> int:
     if args.target == "ablations":
-        from .ablations import run_ablations
+        from ..experiments.ablations import run_ablations
 
         res = run_ablations(
             "quick" if args.quick else "full",
@@ -174,7 +174,7 @@ def cmd_reproduce(args) -> int:
         if res["left"]:
             print("run the same command again to continue")
         return 130 if res["stopped"] else 0
-    from .reproduce import reproduce_fmnist
+    from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
         output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs

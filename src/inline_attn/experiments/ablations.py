@@ -33,8 +33,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .config import configs_dir, load_config
-from .report import write_json
+from ..train.config import configs_dir, load_config
+from ..train.report import write_json
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
@@ -180,7 +180,7 @@ def run_one(
     setting: Setting, seed: int, budget: Budget, output: pathlib.Path, config_dir: pathlib.Path
 ) -> Optional[dict]:
     """Train (or finish) one run and return its record; None when a signal stopped it."""
-    from .engine import train
+    from ..train.engine import train
 
     run_dir = output / setting.key / f"seed{seed}"
     ov = list(setting.overrides) + _budget_overrides(setting, budget)
@@ -225,7 +225,7 @@ def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) 
 def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dict:
     """Inference img/s of the setting's model (random weights: speed does not depend on them), one thread."""
     from ..models import create_model
-    from .evaluate import inference_throughput
+    from ..train.evaluate import inference_throughput
 
     cfg = load_config(config_dir / setting.config, list(setting.overrides))
     img = cfg.data.img_size or 28
