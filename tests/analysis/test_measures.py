@@ -322,9 +322,9 @@ def test_hooks_keep_no_layer_weights(make_hook):
 def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
     # the layering: analysis reads YAML without the training package; reproduce uses train.config, not the CLI
     code = (
-        "import sys, inline_attn.analysis.cli, inline_attn.analysis.runner\n"
+        "import sys, inline_attn.cli.analyze, inline_attn.analysis.runner\n"
         "assert not [m for m in sys.modules if m.startswith('inline_attn.train')], sorted(sys.modules)\n"
         "import inline_attn.experiments.reproduce\n"
-        "assert 'inline_attn.train.cli' not in sys.modules\n"
+        "assert 'inline_attn.cli.train' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

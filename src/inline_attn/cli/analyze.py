@@ -107,7 +107,7 @@ def _parse_layers(items: Optional[list]) -> Optional[list]:
 
 
 def _load_models(args) -> list:
-    from .common import load_model, parse_model_args
+    from ..analysis.common import load_model, parse_model_args
 
     names, ckpts = args.model, args.checkpoint
     if not names and not ckpts:
@@ -191,7 +191,7 @@ def run(args) -> int:
     _check_layers(models, layers)
     if args.data is None:
         raise ValueError(f"analyze {args.analysis} needs --data (fmnist or an ImageNet-layout folder)")
-    from .common import load_images
+    from ..analysis.common import load_images
 
     n_img = _DEFAULT_IMAGES[args.analysis] if args.num_images is None else args.num_images
     if n_img < 0:
@@ -214,8 +214,8 @@ def run(args) -> int:
 
 
 def _injectivity(args, out: pathlib.Path) -> int:
-    from .confusion import DEFAULT_RTOL
-    from .injectivity import injectivity, plot_injectivity, to_json
+    from ..analysis.confusion import DEFAULT_RTOL
+    from ..analysis.injectivity import injectivity, plot_injectivity, to_json
 
     res = injectivity(seed=args.seed, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
     (out / "injectivity.json").write_text(json.dumps(to_json(res), indent=1))
@@ -237,8 +237,8 @@ def _injectivity(args, out: pathlib.Path) -> int:
 
 
 def _confusion(args, out, models, images, layers, progress) -> None:
-    from .common import Batches
-    from .confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
+    from ..analysis.common import Batches
+    from ..analysis.confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
 
     rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
     rows, summary, totals = [], {}, {}
@@ -277,8 +277,8 @@ def _confusion(args, out, models, images, layers, progress) -> None:
 
 
 def _locality(args, out, models, images, layers, progress) -> None:
-    from .common import Batches
-    from .locality import locality, plot_locality
+    from ..analysis.common import Batches
+    from ..analysis.locality import locality, plot_locality
 
     per_model, rows = {}, []
     for lm in models:
@@ -298,8 +298,8 @@ def _locality(args, out, models, images, layers, progress) -> None:
 
 
 def _masking(args, out, models, images, layers, progress) -> None:
-    from .common import Batches
-    from .masking import masked_accuracy, plot_masking
+    from ..analysis.common import Batches
+    from ..analysis.masking import masked_accuracy, plot_masking
 
     for k in args.ks:
         if k < 1 or k % 2 == 0:
@@ -336,8 +336,8 @@ def masking_table(per_model: dict, ks) -> str:
 
 
 def _attention_maps(args, out, models, images, layers, progress) -> None:
-    from .attention_maps import attention_maps, parse_query, plot_attention_maps
-    from .common import Batches, display_images
+    from ..analysis.attention_maps import attention_maps, parse_query, plot_attention_maps
+    from ..analysis.common import Batches, display_images
 
     queries = [parse_query(q) for q in args.queries]
     layer = layers[0] if layers else -1
