@@ -138,11 +138,11 @@ def _load_models(args) -> list:
 
 
 def _check_layers(models, layers) -> None:
-    from ..layers.record import _select, attention_layers
+    from ..layers.record import attention_layers, select_layers
 
     for lm in models:
         try:
-            _select(attention_layers(lm.model), layers)
+            select_layers(attention_layers(lm.model), layers)
         except ValueError as e:
             raise ValueError(f"model {lm.label}: {e}") from None
 

@@ -444,7 +444,7 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
 
     from .. import create_model
     from ..layers import build_attention
-    from ..bench.attention import _layer_step
+    from ..bench.attention import layer_step
     from ..bench.report import format_table
     from ..bench.timing import time_interleaved
 
@@ -466,7 +466,7 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
                 torch.manual_seed(0)
                 layer = build_attention(kind, 96, 3).cuda().eval()
                 x = torch.randn(batch, side * side, 96, device="cuda", requires_grad=True)
-                step = _layer_step(layer, x, (side, side), "fwd+bwd", "", torch.bfloat16)
+                step = layer_step(layer, x, (side, side), "fwd+bwd", "", torch.bfloat16)
                 measure(f"{kind} layer {side}x{side} B{batch}", step, 5)
         for label, kw in (("InLine-DeiT-T", {}), ("DeiT-T", dict(pattern="S", num_heads=3))):
             model = create_model("inline_deit_tiny", **kw).cuda().train()
