@@ -237,7 +237,7 @@ def _injectivity(args, out: pathlib.Path) -> int:
 
 
 def _confusion(args, out, models, images, layers, progress) -> None:
-    from ..analysis.common import Batches
+    from ..analysis.common import ImageBatches
     from ..analysis.confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
 
     rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
@@ -245,7 +245,7 @@ def _confusion(args, out, models, images, layers, progress) -> None:
     for lm in models:
         res = confusion_counts(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             layers=layers,
             rtol=rtol,
             progress=progress,
@@ -277,14 +277,14 @@ def _confusion(args, out, models, images, layers, progress) -> None:
 
 
 def _locality(args, out, models, images, layers, progress) -> None:
-    from ..analysis.common import Batches
+    from ..analysis.common import ImageBatches
     from ..analysis.locality import locality, plot_locality
 
     per_model, rows = {}, []
     for lm in models:
         res = locality(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             layers=layers,
             progress=progress,
             desc=f"locality {lm.label}",
@@ -298,7 +298,7 @@ def _locality(args, out, models, images, layers, progress) -> None:
 
 
 def _masking(args, out, models, images, layers, progress) -> None:
-    from ..analysis.common import Batches
+    from ..analysis.common import ImageBatches
     from ..analysis.masking import masked_accuracy, plot_masking
 
     for k in args.ks:
@@ -308,7 +308,7 @@ def _masking(args, out, models, images, layers, progress) -> None:
     for lm in models:
         res = masked_accuracy(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             ks=args.ks,
             layers=layers,
             seed=args.seed,
@@ -337,7 +337,7 @@ def masking_table(per_model: dict, ks) -> str:
 
 def _attention_maps(args, out, models, images, layers, progress) -> None:
     from ..analysis.attention_maps import attention_maps, parse_query, plot_attention_maps
-    from ..analysis.common import Batches, display_images
+    from ..analysis.common import ImageBatches, display_images
 
     queries = [parse_query(q) for q in args.queries]
     layer = layers[0] if layers else -1
@@ -348,7 +348,7 @@ def _attention_maps(args, out, models, images, layers, progress) -> None:
             raise ValueError(f"model {lm.label} has no cls token: drop 'cls' from --queries")
         res = attention_maps(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             queries,
             layer=layer,
             progress=progress,

@@ -213,12 +213,12 @@ def run_one(
 
 def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) -> dict:
     """Part e on one trained run: top-1 unmasked, local k x k masked, as many random keys masked."""
-    from ..analysis.common import Batches, load_images, load_model
+    from ..analysis.common import ImageBatches, load_images, load_model
     from ..analysis.masking import masked_accuracy
 
     lm = load_model(None, output / setting.key / f"seed{seed}")
     images = load_images("fmnist", num_images=budget.mask_images)
-    rows = masked_accuracy(lm.model, Batches(images, lm, 50), ks=(3, 5, 7), seed=seed, progress=False)
+    rows = masked_accuracy(lm.model, ImageBatches(images, lm, 50), ks=(3, 5, 7), seed=seed, progress=False)
     return {"setting": setting.key, "kind": setting.kind, "seed": seed, "rows": rows, "load": _load()}
 
 
