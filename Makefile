@@ -57,7 +57,7 @@ GPU_CHECK_OUT ?= gpu_check_results
 gpu-check:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
-	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.bench.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.experiments.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch
 # venv; then run `make clean test` and commit the new file on its own if the suite passes.

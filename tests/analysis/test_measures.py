@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -317,14 +315,3 @@ def test_hooks_keep_no_layer_weights(make_hook):
     with torch.no_grad(), hook_attention(model, hook):
         model(torch.randn(2, 3, 16, 16))
     assert alive_at_call == [0, 0, 0]
-
-
-def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
-    # the layering: analysis reads YAML without the training package; reproduce uses train.config, not the CLI
-    code = (
-        "import sys, inline_attn.analysis.cli, inline_attn.analysis.runner\n"
-        "assert not [m for m in sys.modules if m.startswith('inline_attn.train')], sorted(sys.modules)\n"
-        "import inline_attn.train.reproduce\n"
-        "assert 'inline_attn.train.cli' not in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

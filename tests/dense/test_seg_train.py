@@ -178,7 +178,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, ade):
 
 
 def test_compare_table_mean_and_std(tmp_path):
-    from inline_attn.dense.compare import BEGIN, END, format_table, write_table
+    from inline_attn.experiments.dense_compare import BEGIN, END, format_table, write_table
 
     rows = [
         dict(pattern="IIII", seed=s, mIoU=v, mAcc=v + 10, aAcc=90.0, params=100, train_time_s=60.0)

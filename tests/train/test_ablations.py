@@ -7,8 +7,9 @@ import json
 import pytest
 from train_helpers import make_fmnist
 
-from inline_attn.train import ablations, engine
-from inline_attn.train.ablations import Budget, compare, fmt, plan, run_ablations, verdict
+from inline_attn.experiments import ablations
+from inline_attn.train import engine
+from inline_attn.experiments.ablations import Budget, compare, fmt, plan, run_ablations, verdict
 
 TOY = Budget(
     subset=128, val_subset=8, epochs=1, fmnist_epochs=1, fmnist_subset=128, mask_images=4, bench_batch=4, bench_iters=1
@@ -100,7 +101,7 @@ def test_statistics_and_verdicts():
 
 def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_full_budget():
     from inline_attn.layers import ATTENTION_CHOICES
-    from inline_attn.train.ablations import COMPARED, PRESETS, _budget_overrides, part_settings, render, swin_setting
+    from inline_attn.experiments.ablations import COMPARED, PRESETS, _budget_overrides, part_settings, render, swin_setting
 
     assert set(COMPARED) == set(ATTENTION_CHOICES)
     assert {s.kind for s in part_settings("d")} >= {"agent", "polarity", "mlla"}

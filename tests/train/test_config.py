@@ -196,7 +196,7 @@ def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    assert (site / "inline_attn" / "ops" / "csrc" / "inline_cpu.cpp").is_file()
+    assert (site / "inline_attn" / "ops" / "fused" / "csrc" / "inline_cpu.cpp").is_file()
     code = "from inline_attn.train import configs_dir; print(configs_dir())"
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -7,7 +7,7 @@ import pytest
 from inline_attn.cli import main
 from inline_attn.train.config import load_config
 from inline_attn.train.engine import train
-from inline_attn.train.evaluate import evaluate_checkpoint
+from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model, run_checkpoint, trained_data_info
 
 from train_helpers import base_overrides, make_folder
 
@@ -19,6 +19,34 @@ def trained(tmp_path_factory):
     out = tmp / "run"
     train(load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16})))
     return root, out / "last.pth"
+
+
+def test_a_run_folder_rebuilds_as_its_checkpoint_for_eval_and_the_analyses(trained):
+    import torch
+
+    from inline_attn.analysis import load_model
+
+    _, last = trained
+    run = last.parent
+    assert (run / "config.yaml").is_file() and run_checkpoint(run).name == "best.pth"
+    net, record = load_trained_model(run)
+    assert record["path"] == run / "best.pth" and record["model_kwargs"]["img_size"] == 16
+    same, _ = load_trained_model(run / "best.pth")
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(net(x), same(x))
+    info = trained_data_info(record)
+    lm = load_model(None, run)  # the analyses use the same loader and the same data settings
+    assert (
+        lm.name == record["model_name"]
+        and lm.kwargs == record["model_kwargs"]
+        and lm.checkpoint == str(run / "best.pth")
+    )
+    assert lm.img_size == (16, 16) and (lm.mean, lm.std, lm.crop_pct) == (info.mean, info.std, info.crop_pct)
+    assert torch.equal(lm.model(x), net(x))
+    with pytest.raises(ValueError, match="but run folder .* trained"):
+        load_trained_model(run, model="inline_pvt_tiny")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_trained_model(run / "missing.pth")
 
 
 def test_unreadable_images_are_skipped_and_counted(trained, tmp_path, capsys):

@@ -87,7 +87,7 @@ def test_sigterm_under_the_torchrun_launcher_exits_143_quietly(long_run):
 
 
 def test_launcher_maps_worker_exit_codes():
-    from inline_attn.torchrun import _stopped_by_signal
+    from inline_attn.cli.torchrun import _stopped_by_signal
 
     assert _stopped_by_signal([143, 143]) == signal.SIGTERM and _stopped_by_signal([-2]) == signal.SIGINT
     assert _stopped_by_signal([143, 1]) is None and _stopped_by_signal([1]) is None

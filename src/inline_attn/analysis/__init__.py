@@ -4,12 +4,12 @@ attention maps (Fig. 4), locality (Fig. 5) and local masking (Table 2).
 Every analysis reads attention weights only through the layers' record/hook API
 (:func:`inline_attn.hook_attention`), reducing each layer's weights as they are produced, and
 measures neighbourhoods in image coordinates (:mod:`.tokens`), so it works for global, windowed
-and stripe attention alike. The ``inline-attn analyze`` command (:mod:`.cli`) calls these;
+and stripe attention alike. The ``inline-attn analyze`` command (:mod:`inline_attn.cli.analyze`) calls these;
 :mod:`.compare_kinds` runs them across every attention kind (``--kinds``) into one table each.
 """
 
 from .attention_maps import QueryMapHook, attention_maps, parse_query, plot_attention_maps
-from .common import Batches, ImageSet, LoadedModel, load_images, load_model
+from .common import ImageBatches, ImageSet, LoadedModel, load_images, load_model
 from .confusion import (
     DEFAULT_RTOL,
     ConfusionCounter,
@@ -26,7 +26,7 @@ from .tokens import TokenLayout, expand_groups, token_layout, window_mask
 
 __all__ = [
     "DEFAULT_RTOL",
-    "Batches",
+    "ImageBatches",
     "ConfusionCounter",
     "ImageSet",
     "LoadedModel",

@@ -1,25 +1,23 @@
 """Models and images for the analyses: registry names, checkpoints or training runs, and data.
 
 A model is a registered name (``create_model``) with optional constructor overrides and an
-optional checkpoint. The checkpoint may be a file (a state dict, or a dict holding one under
-``model`` / ``state_dict``) or a training run folder (its resolved ``config.yaml`` gives the
-model's name, constructor arguments and input normalisation; the newest checkpoint in it gives
-the weights).
+optional checkpoint. The checkpoint may be a file (ours, or a state dict, or a dict holding one
+under ``model`` / ``state_dict``) or a training run folder; either is rebuilt by the trainer's own
+loader (:func:`inline_attn.train.load_trained_model`), which knows the model's name, constructor
+arguments and input normalisation from the checkpoint or the run's ``config.yaml``.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 
 PathLike = Union[str, os.PathLike]
-CHECKPOINT_SUFFIXES = (".pth", ".pt", ".ckpt", ".safetensors")
-_CKPT_PREFERENCE = ("best", "model_best", "checkpoint_best", "final", "last", "latest", "checkpoint")
 
 
 @dataclass
@@ -52,74 +50,6 @@ def parse_model_args(items: Optional[Sequence[str]]) -> dict:
     return out
 
 
-def find_checkpoint(run_dir: pathlib.Path) -> pathlib.Path:
-    """The checkpoint file to analyse in a training run folder."""
-    files = [p for p in run_dir.rglob("*") if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES]
-    if not files:
-        raise ValueError(f"run folder {run_dir} holds no checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
-    for stem in _CKPT_PREFERENCE:
-        hits = [p for p in files if p.stem == stem]
-        if hits:
-            return sorted(hits)[0]
-    return max(files, key=lambda p: p.stat().st_mtime)
-
-
-def read_weights(path: PathLike) -> dict:
-    """A checkpoint file's model state dict (:func:`inline_attn.models.checkpoint.read_state_dict`).
-
-    Training checkpoints also pickle RNG states and configs: when the safe loader refuses the
-    file, it is read again with ``weights_only=False`` (the user named this file).
-    """
-    from ..models.checkpoint import read_state_dict
-
-    try:
-        return read_state_dict(path)
-    except ValueError as e:
-        if "weights_only" not in str(e):
-            raise
-        return read_state_dict(path, weights_only=False)
-
-
-def _run_config(run_dir: pathlib.Path) -> dict:
-    """A training run's resolved ``config.yaml`` as a dict ({} when the folder has none)."""
-    import yaml
-
-    for name in ("config.yaml", "config.yml"):
-        path = run_dir / name
-        if path.is_file():
-            try:
-                data = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError as e:
-                raise ValueError(f"run config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-            if not isinstance(data, dict):
-                raise ValueError(f"run config {path} must hold a mapping, got {type(data).__name__}")
-            return data
-    return {}
-
-
-def _data_info(data_cfg: dict, cfg) -> dict:
-    """Input size and normalisation a run trained with (:func:`inline_attn.data.resolve_data_info`)."""
-    from ..data import resolve_data_info
-
-    info = resolve_data_info(
-        cfg,
-        fmnist=data_cfg.get("dataset") == "fmnist",
-        img_size=data_cfg.get("img_size"),
-        mean=data_cfg.get("mean"),
-        std=data_cfg.get("std"),
-        crop_pct=data_cfg.get("crop_pct"),
-        interpolation=data_cfg.get("interpolation"),
-    )
-    return {
-        "img_size": info.img_size,
-        "mean": info.mean,
-        "std": info.std,
-        "crop_pct": info.crop_pct,
-        "interpolation": info.interpolation,
-        "in_chans": info.in_chans,
-    }
-
-
 def _model_size(model: nn.Module, kwargs: dict, cfg) -> tuple[int, int]:
     size = kwargs.get("img_size")
     if size is None:
@@ -144,75 +74,46 @@ def load_model(
     model_args: Optional[dict] = None,
     label: Optional[str] = None,
 ) -> LoadedModel:
-    """Build ``name`` (or the run folder's model when ``name`` is None) and load its weights.
+    """Build ``name`` (or the checkpoint's model when ``name`` is None) and load its weights.
 
-    With a run folder, the model is rebuilt as the trainer built it: ``model.kwargs`` of its
-    config, the input channels / size of its data, and the class count of the checkpoint's
-    classifier; ``model_args`` override all of these.
+    A checkpoint (file or training run folder) is rebuilt as the trainer built it, by
+    :func:`inline_attn.train.load_trained_model`, and fed with the input size and normalisation
+    it trained with; ``model_args`` override the constructor arguments. Without one, the
+    registered model with ``model_args`` and its own input statistics.
     """
+    from ..data import resolve_data_info
     from ..models import create_model, get_model_config
-    from ..models.checkpoint import load_checkpoint
 
-    kwargs: dict = {}
+    kwargs = dict(model_args or {})
     info = None
-    state = None
     ckpt_file = None
     if checkpoint is not None:
-        path = pathlib.Path(checkpoint)
-        if path.is_dir():
-            run = _run_config(path)
-            mcfg = run.get("model", {}) if isinstance(run.get("model"), dict) else {}
-            if name is None:
-                name = mcfg.get("name")
-            elif mcfg.get("name") and mcfg["name"] != name:
-                raise ValueError(f"--model {name!r} but run folder {path} trained {mcfg['name']!r}")
-            if name is None:
-                raise ValueError(f"run folder {path} has no config.yaml naming its model: pass --model NAME")
-            cfg = get_model_config(name)
-            info = _data_info(run.get("data") or {}, cfg)
-            if info["in_chans"] != 3:
-                kwargs["in_chans"] = info["in_chans"]
-            if info["img_size"] != cfg.input_size[-1]:
-                kwargs["img_size"] = info["img_size"]
-            ckpt_file = find_checkpoint(path)
-            state = read_weights(ckpt_file)
-            head = state.get(f"{cfg.classifier}.weight")
-            if head is not None:
-                kwargs["num_classes"] = int(head.shape[0])
-            kwargs.update(mcfg.get("kwargs") or {})
-        elif path.is_file():
-            ckpt_file = path
-            state = read_weights(path)
-        else:
-            raise ValueError(f"checkpoint {path} does not exist (expected a file or a training run folder)")
-    if name is None:
+        from ..train.evaluate import load_trained_model, trained_data_info
+
+        model, record = load_trained_model(checkpoint, model=name, **kwargs)
+        name, kwargs, ckpt_file = record["model_name"], record["model_kwargs"], record["path"]
+        if record.get("config"):  # the run's data settings are known
+            info = trained_data_info(record)
+    elif name is None:
         raise ValueError("no model name: pass --model NAME (or a run folder whose config.yaml names it)")
-    kwargs.update(model_args or {})
+    else:
+        model = create_model(name, **kwargs)
     cfg = get_model_config(name)
-    model = create_model(name, **kwargs)
-    if state is not None:
-        load_checkpoint(model, state, strict=True)
     model.eval()
     in_chans = _in_chans(model, cfg)
     if info is None:
-        info = {
-            "mean": tuple(cfg.mean),
-            "std": tuple(cfg.std),
-            "crop_pct": cfg.crop_pct,
-            "interpolation": cfg.interpolation,
-        }
-        if in_chans == 1 and len(info["mean"]) > 1:  # an RGB recipe's statistics for a one-channel model
-            info["mean"] = (sum(cfg.mean) / len(cfg.mean),)
-            info["std"] = (sum(cfg.std) / len(cfg.std),)
+        info = resolve_data_info(cfg, fmnist=False)
+        if in_chans == 1 and len(info.mean) > 1:  # an RGB recipe's statistics for a one-channel model
+            info = replace(info, mean=(sum(cfg.mean) / len(cfg.mean),), std=(sum(cfg.std) / len(cfg.std),))
     return LoadedModel(
         label=label or name,
         model=model,
         name=name,
         img_size=_model_size(model, kwargs, cfg),
-        mean=tuple(info["mean"]),
-        std=tuple(info["std"]),
-        crop_pct=float(info["crop_pct"]),
-        interpolation=str(info["interpolation"]),
+        mean=tuple(info.mean),
+        std=tuple(info.std),
+        crop_pct=float(info.crop_pct),
+        interpolation=str(info.interpolation),
         in_chans=in_chans,
         checkpoint=str(ckpt_file) if ckpt_file else None,
         kwargs=kwargs,
@@ -303,7 +204,7 @@ def display_images(images: torch.Tensor, lm: LoadedModel) -> torch.Tensor:
     return (x * std + mean).clamp(0, 1)
 
 
-class Batches:
+class ImageBatches:
     """Iterable of (normalised x [b, C, H, W], labels [b]) over an :class:`ImageSet` for one model."""
 
     def __init__(self, images: ImageSet, lm: LoadedModel, batch_size: int = 64):

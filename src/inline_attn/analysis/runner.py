@@ -57,9 +57,9 @@ def run_hooked(
     model.eval()
     device = next(model.parameters()).device
     total = len(batches) if hasattr(batches, "__len__") else None
-    from ..layers.record import _select
+    from ..layers.record import select_layers
 
-    chosen = _select(attention_layers(model), layers)
+    chosen = select_layers(attention_layers(model), layers)
     if not chosen:
         raise ValueError(f"{type(model).__name__} has no attention layers to analyse")
     try:

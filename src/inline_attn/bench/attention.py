@@ -96,7 +96,10 @@ def _variant(variant: str):
         yield
 
 
-def _layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dtype] = None):
+def layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dtype] = None):
+    """One timed call of an attention layer on ``x: [B, N, C]`` over the grid ``feat``: a closure that
+    runs the forward (``mode="fwd"``, no grad) or the forward and backward, under ``variant`` and ``amp``."""
+
     def ctx():
         stack = contextlib.ExitStack()
         stack.enter_context(_variant(variant))
@@ -201,7 +204,7 @@ def bench_attention(
             else:
                 flops_fwd[kind] = counted_layer_flops(module, x.detach(), feat)
             for mode in modes:
-                cases[(kind, mode)] = _layer_step(module, x, feat, mode, variant, amp_dtype[amp])
+                cases[(kind, mode)] = layer_step(module, x, feat, mode, variant, amp_dtype[amp])
         timings = time_interleaved(
             {f"{k}|{m}": fn for (k, m), fn in cases.items()},
             warmup=warmup,

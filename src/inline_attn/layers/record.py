@@ -245,7 +245,9 @@ def attention_layers(model: nn.Module) -> list[tuple[str, RecordableAttention]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, RecordableAttention)]
 
 
-def _select(layers_all, layers) -> list[tuple[int, str, RecordableAttention]]:
+def select_layers(layers_all, layers) -> list[tuple[int, str, RecordableAttention]]:
+    """The ``(index, name, module)`` of ``layers_all`` (from :func:`attention_layers`) that ``layers``
+    picks: all for None, else indices (negative count from the end) or fnmatch patterns on the names."""
     indexed = [(i, n, m) for i, (n, m) in enumerate(layers_all)]
     if layers is None:
         return indexed
@@ -274,7 +276,7 @@ def hook_attention(
     ``layers``: None (all), indices into :func:`attention_layers`, or fnmatch patterns of names.
     The hook receives an :class:`AttentionRecord` and may return replacement weights.
     """
-    chosen = _select(attention_layers(model), layers)
+    chosen = select_layers(attention_layers(model), layers)
     if not chosen:
         raise ValueError(f"{type(model).__name__} has no attention layers to hook")
     try:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 from typing import Optional, Union
 
 import torch
 import torch.nn as nn
 
-from ..data import EvalTransform, open_eval_source, parse_source, resolve_data_info
+from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
 from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
+from .checkpoint import BEST, LAST
 from .data import Batches
 from .distributed import DistInfo, resolve_device
 from .loop import evaluate
@@ -19,34 +21,137 @@ from .loop import evaluate
 PathLike = Union[str, os.PathLike]
 
 
+# A run folder's checkpoint to rebuild from: the trainer's best, then the names other trainers give
+# theirs (timm's model_best, ...) and the trainer's last; else the newest checkpoint file in it.
+RUN_CHECKPOINT_STEMS = (
+    pathlib.Path(BEST).stem,
+    "model_best",
+    "checkpoint_best",
+    "final",
+    pathlib.Path(LAST).stem,
+    "latest",
+    "checkpoint",
+)
+CHECKPOINT_SUFFIXES = (".pth", ".pt", ".ckpt", ".safetensors")
+RUN_CONFIG_NAMES = ("config.yaml", "config.yml")
+
+
+def run_checkpoint(run_dir: PathLike) -> pathlib.Path:
+    """The checkpoint file a training run folder is rebuilt from (:data:`RUN_CHECKPOINT_STEMS`)."""
+    run_dir = pathlib.Path(run_dir)
+    files = [p for p in run_dir.rglob("*") if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES]
+    if not files:
+        raise ValueError(f"run folder {run_dir} holds no checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
+    for stem in RUN_CHECKPOINT_STEMS:
+        hits = [p for p in files if p.stem == stem]
+        if hits:
+            return sorted(hits)[0]
+    return max(files, key=lambda p: p.stat().st_mtime)
+
+
 def load_trained_model(
     checkpoint: PathLike, *, model: Optional[str] = None, ema: bool = False, **overrides
 ) -> tuple[nn.Module, dict]:
     """Rebuild the model a checkpoint was trained with and load its weights (eval mode).
 
-    Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides, e.g.
-    a 28 x 28 one-channel DeiT for Fashion-MNIST); ``model`` / ``overrides`` replace them. A
-    foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}`` or a bare state dict) needs
-    ``model``. Loading is strict. Returns ``(model, checkpoint dict)``; errors name the file.
+    ``checkpoint`` is a checkpoint file or a training run folder (:func:`run_checkpoint` picks its
+    file). Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides,
+    e.g. a 28 x 28 one-channel DeiT for Fashion-MNIST); for a run folder whose checkpoint predates
+    them, its ``config.yaml`` gives them (:func:`_kwargs_from_run_config`). ``model`` / ``overrides``
+    replace them. A foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}``, a bare state
+    dict or a ``.safetensors`` file) needs ``model``. Loading is strict; errors name the file.
+
+    Returns ``(model, record)``: the checkpoint dict ({} for weights alone) with ``model_name`` and
+    ``model_kwargs`` as built, ``config`` (the run's, when known) and ``path`` (the file read).
     """
-    where = repr(str(checkpoint))
-    if str(checkpoint).endswith(".safetensors"):  # weights only (save_checkpoint's format)
-        if model is None:
-            raise ValueError(f"{checkpoint} holds weights only: pass --model NAME")
-        net = create_model(model, **overrides)
-        _load_into(net, checkpoint, where)
-        return net.eval(), {}
-    ckpt = read_checkpoint(checkpoint, weights_only=False)  # a file the user names; ours hold configs
-    recorded = ckpt.get("model_name") if isinstance(ckpt, dict) else None
+    path = pathlib.Path(checkpoint)
+    run = {}
+    if path.is_dir():
+        run = _run_config(path)
+        path = run_checkpoint(path)
+    elif not path.is_file():
+        raise ValueError(f"checkpoint file {str(path)!r} does not exist (expected a file or a training run folder)")
+    where = repr(str(path))
+    ckpt = read_checkpoint(path, weights_only=False)  # a file the user names; ours hold configs
+    record = dict(ckpt) if isinstance(ckpt, dict) and "model_name" in ckpt else {}
+    recorded, kwargs = record.get("model_name"), dict(record.get("model_kwargs") or {})
+    state = unwrap_state_dict(ckpt, ema=ema, where=where)
+    run_model = run.get("model") if isinstance(run.get("model"), dict) else {}
+    if model is not None and run_model.get("name") not in (None, model):
+        raise ValueError(f"--model {model!r} but run folder {checkpoint} trained {run_model['name']!r}")
+    if recorded is None and run_model.get("name"):
+        recorded, kwargs = run_model["name"], _kwargs_from_run_config(run, state)
     name = model or recorded
     if name is None:
         raise ValueError(f"checkpoint {checkpoint} does not record its model: pass --model NAME")
-    kwargs = dict(ckpt.get("model_kwargs") or {}) if name == recorded else {}
-    kwargs.update(overrides)
+    kwargs = {**(kwargs if name == recorded else {}), **overrides}
     net = create_model(name, **kwargs)
     # the family's key filter maps the authors' checkpoints; a mismatch is a ValueError naming the keys
-    _load_into(net, unwrap_state_dict(ckpt, ema=ema, where=where), where)
-    return net.eval(), (ckpt if isinstance(ckpt, dict) else {})
+    _load_into(net, state, where)
+    record.update(model_name=name, model_kwargs=kwargs, path=path)
+    if run and "config" not in record:
+        record["config"] = run
+    return net.eval(), record
+
+
+def _run_config(run_dir: pathlib.Path) -> dict:
+    """A training run's resolved ``config.yaml`` as a dict ({} when the folder has none)."""
+    import yaml
+
+    for name in RUN_CONFIG_NAMES:
+        path = run_dir / name
+        if path.is_file():
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise ValueError(f"run config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+            if not isinstance(data, dict):
+                raise ValueError(f"run config {path} must hold a mapping, got {type(data).__name__}")
+            return data
+    return {}
+
+
+def _kwargs_from_run_config(run: dict, state: dict) -> dict:
+    """The constructor overrides the trainer gave (:func:`~inline_attn.train.engine.model_kwargs`),
+    rebuilt from a run's config: channels and size from its data, the class count from the
+    checkpoint's classifier, then ``model.kwargs``."""
+    name = run["model"]["name"]
+    info = trained_data_info({"model_name": name, "config": run})
+    default = get_model_config(name)
+    kwargs = {}
+    if info.in_chans != 3:
+        kwargs["in_chans"] = info.in_chans
+    if info.img_size != default.input_size[-1]:
+        kwargs["img_size"] = info.img_size
+    head = state.get(f"{default.classifier}.weight")
+    if head is not None:
+        kwargs["num_classes"] = int(head.shape[0])
+    return {**kwargs, **(run["model"].get("kwargs") or {})}
+
+
+def trained_data_info(
+    record: dict,
+    *,
+    fmnist: Optional[bool] = None,
+    img_size: Optional[int] = None,
+    crop_pct: Optional[float] = None,
+    eval_resize: Optional[str] = None,
+) -> DataInfo:
+    """Input size, normalisation and eval resize of a trained model (a ``record`` of
+    :func:`load_trained_model`): the run's data settings, else the dataset's (``fmnist``, by default
+    the run's), else the model's; the arguments override them."""
+    saved = (record.get("config") or {}).get("data") or {}
+    kw = record.get("model_kwargs") or {}
+    return resolve_data_info(
+        get_model_config(record["model_name"]),
+        fmnist=saved.get("dataset") == "fmnist" if fmnist is None else fmnist,
+        img_size=img_size or kw.get("img_size") or saved.get("img_size"),
+        mean=saved.get("mean"),
+        std=saved.get("std"),
+        crop_pct=crop_pct or saved.get("crop_pct"),
+        interpolation=saved.get("interpolation"),
+        eval_resize=eval_resize or saved.get("eval_resize"),
+    )
 
 
 def _load_into(net: nn.Module, source, where: str) -> None:
@@ -78,23 +183,11 @@ def evaluate_checkpoint(
     Unreadable images are skipped: ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
     """
     dev = resolve_device(device, what="--device")
-    net, ckpt = load_trained_model(checkpoint, model=model, ema=ema)
+    net, record = load_trained_model(checkpoint, model=model, ema=ema)
     net.to(dev)
-    name = model or ckpt.get("model_name")
-    mcfg = get_model_config(name)
-    kw = ckpt.get("model_kwargs") or {}
-    saved = (ckpt.get("config") or {}).get("data") or {}
+    name = record["model_name"]
     fmnist, _ = parse_source(data)
-    info = resolve_data_info(
-        mcfg,
-        fmnist=fmnist,
-        img_size=img_size or kw.get("img_size") or saved.get("img_size"),
-        mean=saved.get("mean"),
-        std=saved.get("std"),
-        crop_pct=crop_pct or saved.get("crop_pct"),
-        interpolation=saved.get("interpolation"),
-        eval_resize=eval_resize or saved.get("eval_resize"),
-    )
+    info = trained_data_info(record, fmnist=fmnist, img_size=img_size, crop_pct=crop_pct, eval_resize=eval_resize)
     dataset, _ = open_eval_source(data, info, split, what="--data")
     tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation, info.eval_resize).to(dev)
     batches = Batches(dataset, batch_size, train=False, workers=workers)

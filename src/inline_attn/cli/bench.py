@@ -8,9 +8,9 @@ import pathlib
 import torch
 
 from ..compile import COMPILE_MODES
-from .attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
-from .model import PRESETS
-from .report import format_table, machine_info, plot_sweep, write_results
+from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
+from ..bench.model import PRESETS
+from ..bench.report import format_table, machine_info, plot_sweep, write_results
 
 
 def _threads() -> str:
@@ -37,7 +37,7 @@ def _finish(result: dict, args, columns, plot_kw: dict) -> int:
 
 
 def _run_attention(args, name: str | None = None) -> int:
-    from .attention import LAYER_COLUMNS, bench_attention
+    from ..bench.attention import LAYER_COLUMNS, bench_attention
 
     _setup(args)
     result = bench_attention(
@@ -88,7 +88,7 @@ def _cmd_attention(args) -> int:
 
 
 def _cmd_residual(args) -> int:
-    from .attention import RESIDUAL_COLUMNS, bench_residual
+    from ..bench.attention import RESIDUAL_COLUMNS, bench_residual
 
     _setup(args)
     result = bench_residual(warmup=args.warmup, repeats=args.repeats, budget_s=args.budget)
@@ -100,7 +100,7 @@ def _cmd_residual(args) -> int:
 
 
 def _cmd_model(args) -> int:
-    from .model import BREAKDOWN_COLUMNS, MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
+    from ..bench.model import BREAKDOWN_COLUMNS, MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
 
     if args.preset == "layer":
         ns = argparse.Namespace(**vars(args))

@@ -86,7 +86,7 @@ def _versions() -> dict:
 
 def _copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (the memory-bound ceiling)."""
-    from .timing import time_interleaved
+    from ..bench.timing import time_interleaved
 
     x = torch.empty(1 << 28, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
@@ -222,7 +222,7 @@ def step_train(out: pathlib.Path, quick: bool) -> dict:
 
 
 def _write(result: dict, out: pathlib.Path, name: str, columns, plot_kw: dict | None) -> str:
-    from .report import format_table, machine_info, plot_sweep, write_results
+    from ..bench.report import format_table, machine_info, plot_sweep, write_results
 
     result["meta"]["machine"] = machine_info(result["meta"].get("device", "cuda"))
     write_results(result, out, name)
@@ -238,8 +238,8 @@ def step_core(out: pathlib.Path, quick: bool) -> dict:
     """The Triton layer core alone (the custom op's kernels), bf16: achieved bandwidth counted as
     the fewest bytes a fwd+bwd must move (read Q, K, V; write O; read Q, K, V, dO; write dQ, dK,
     dV: 11 B N C elements) over the measured time."""
-    from .report import format_table
-    from .timing import time_interleaved
+    from ..bench.report import format_table
+    from ..bench.timing import time_interleaved
     from ..ops.fused import triton as tc
 
     rows = []
@@ -294,7 +294,7 @@ def step_core(out: pathlib.Path, quick: bool) -> dict:
 
 
 def step_layer(out: pathlib.Path, quick: bool) -> dict:
-    from .attention import LAYER_COLUMNS, bench_attention
+    from ..bench.attention import LAYER_COLUMNS, bench_attention
 
     sizes = (7, 14, 56) if quick else (7, 14, 28, 56, 112)
     res = bench_attention(
@@ -331,7 +331,7 @@ def step_layer(out: pathlib.Path, quick: bool) -> dict:
 
 
 def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick: bool) -> dict:
-    from .model import MODEL_COLUMNS, ModelCase, bench_models, preset_cases
+    from ..bench.model import MODEL_COLUMNS, ModelCase, bench_models, preset_cases
 
     cases, xlabel = preset_cases(preset, values)
     fused_label = {"window": "InLine-Swin-T", "resolution": "InLine-DeiT-T"}[preset]
@@ -395,7 +395,7 @@ def step_resolution(out: pathlib.Path, quick: bool) -> dict:
 
 
 def step_compile(out: pathlib.Path, quick: bool) -> dict:
-    from .model import MODEL_COLUMNS, ModelCase, bench_models
+    from ..bench.model import MODEL_COLUMNS, ModelCase, bench_models
 
     cases = []
     for label, name, ov in (
@@ -444,9 +444,9 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
 
     from .. import create_model
     from ..layers import build_attention
-    from .attention import _layer_step
-    from .report import format_table
-    from .timing import time_interleaved
+    from ..bench.attention import layer_step
+    from ..bench.report import format_table
+    from ..bench.timing import time_interleaved
 
     def measure(label, step, n):
         wall_ms = time_interleaved({label: step}, warmup=3, repeats=n, device="cuda")[label].median * 1e3
@@ -466,7 +466,7 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
                 torch.manual_seed(0)
                 layer = build_attention(kind, 96, 3).cuda().eval()
                 x = torch.randn(batch, side * side, 96, device="cuda", requires_grad=True)
-                step = _layer_step(layer, x, (side, side), "fwd+bwd", "", torch.bfloat16)
+                step = layer_step(layer, x, (side, side), "fwd+bwd", "", torch.bfloat16)
                 measure(f"{kind} layer {side}x{side} B{batch}", step, 5)
         for label, kw in (("InLine-DeiT-T", {}), ("DeiT-T", dict(pattern="S", num_heads=3))):
             model = create_model("inline_deit_tiny", **kw).cuda().train()

@@ -34,8 +34,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .config import configs_dir, load_config
-from .report import write_json
+from ..train.config import configs_dir, load_config
+from ..train.report import write_json
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
@@ -202,7 +202,7 @@ def run_one(
     setting: Setting, seed: int, budget: Budget, output: pathlib.Path, config_dir: pathlib.Path
 ) -> Optional[dict]:
     """Train (or finish) one run and return its record; None when a signal stopped it."""
-    from .engine import train
+    from ..train.engine import train
 
     run_dir = output / setting.key / f"seed{seed}"
     ov = list(setting.overrides) + _budget_overrides(setting, budget)
@@ -235,19 +235,19 @@ def run_one(
 
 def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) -> dict:
     """Part e on one trained run: top-1 unmasked, local k x k masked, as many random keys masked."""
-    from ..analysis.common import Batches, load_images, load_model
+    from ..analysis.common import ImageBatches, load_images, load_model
     from ..analysis.masking import masked_accuracy
 
     lm = load_model(None, output / setting.key / f"seed{seed}")
     images = load_images("fmnist", num_images=budget.mask_images)
-    rows = masked_accuracy(lm.model, Batches(images, lm, 50), ks=(3, 5, 7), seed=seed, progress=False)
+    rows = masked_accuracy(lm.model, ImageBatches(images, lm, 50), ks=(3, 5, 7), seed=seed, progress=False)
     return {"setting": setting.key, "kind": setting.kind, "seed": seed, "rows": rows, "load": _load()}
 
 
 def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dict:
     """Inference img/s of the setting's model (random weights: speed does not depend on them), one thread."""
     from ..models import create_model
-    from .evaluate import inference_throughput
+    from ..train.evaluate import inference_throughput
 
     cfg = load_config(config_dir / setting.config, list(setting.overrides))
     img = cfg.data.img_size or 28

@@ -7,7 +7,7 @@ import json
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from . import get_model_config, list_models
+    from ..models import get_model_config, list_models
 
     names = list_models(args.pattern)
     if not names:
@@ -27,19 +27,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     if args.name.endswith((".yaml", ".yml")):  # a segmentation config: its segmentor's parameters
-        from ..dense.cli import print_info, segmentor_info
+        from .dense import print_info, segmentor_info
 
         info = segmentor_info(args.name, macs=not args.no_macs)
         print(json.dumps(info, indent=1)) if args.json else print_info(info)
         return 0
-    from . import create_model, get_model_config
-    from .profile import profile
+    from ..models import create_model, get_model_config
+    from ..models.profile import profile
 
     cfg = get_model_config(args.name)
     model = create_model(args.name)
     size = cfg.input_size if args.img_size is None else (cfg.input_size[0], *args.img_size)
     if args.no_macs:
-        from .profile import count_params
+        from ..models.profile import count_params
 
         params, macs = count_params(model), None
     else:

@@ -8,7 +8,7 @@ import subprocess
 
 import torch
 
-from inline_attn.bench import gpu_check
+from inline_attn.experiments import gpu_check
 
 
 def test_exits_at_once_without_cuda(capsys, tmp_path):

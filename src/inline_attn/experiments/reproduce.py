@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from .._io import atomic_write_text
-from .config import configs_dir, load_config
+from ..train.config import configs_dir, load_config
 
 LABELS = {
     "softmax": "Softmax attention (pattern S)",
@@ -32,8 +32,8 @@ def reproduce_fmnist(
 ) -> tuple[list[dict], Optional[dict]]:
     """Train (or resume) each variant, then tabulate; returns (table rows, the summary of the run
     a signal stopped, else None). Running it again continues where it stopped."""
-    from .engine import train
-    from .evaluate import inference_throughput, load_trained_model
+    from ..train.engine import train
+    from ..train.evaluate import inference_throughput, load_trained_model
 
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     rows = []

@@ -8,7 +8,7 @@ import sys
 
 
 def _cmd_build_kernel(args: argparse.Namespace) -> int:
-    from .fused import cpu as cpu_kernel, cpu_build
+    from ..ops.fused import cpu as cpu_kernel, cpu_build
 
     if args.cache:
         os.environ["INLINE_ATTN_KERNEL_CACHE"] = os.path.abspath(args.cache)

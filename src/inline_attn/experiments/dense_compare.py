@@ -29,14 +29,14 @@ PATTERN_NAMES = {
 # per task: config loader and trainer (module, names), the metrics, the markdown markers, the heading
 TASKS = {
     "seg": {
-        "funcs": (".config", "load_seg_config", ".engine", "train_seg"),
+        "funcs": ("..dense.config", "load_seg_config", "..dense.engine", "train_seg"),
         "metrics": ("mIoU", "mAcc", "aAcc"),
         "markers": ("<!-- seg-compare:begin -->", "<!-- seg-compare:end -->"),
         "title": "InLine vs softmax backbone on the mosaics (the demo's budget)",
         "what": "mIoU / mAcc / aAcc",
     },
     "det": {
-        "funcs": (".config", "load_det_config", ".det_engine", "train_det"),
+        "funcs": ("..dense.config", "load_det_config", "..dense.det_engine", "train_det"),
         "metrics": ("AP", "AP50", "AP75"),
         "markers": ("<!-- det-compare:begin -->", "<!-- det-compare:end -->"),
         "title": "Detection: InLine vs softmax backbone in FCOS on the mosaics",

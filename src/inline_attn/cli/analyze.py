@@ -116,7 +116,7 @@ def _parse_layers(items: Optional[list]) -> Optional[list]:
 
 
 def _load_models(args) -> list:
-    from .common import load_model, parse_model_args
+    from ..analysis.common import load_model, parse_model_args
 
     if args.kinds:
         return _kind_models(args)
@@ -149,8 +149,8 @@ def _load_models(args) -> list:
 
 
 def _kind_models(args) -> list:
-    from .common import parse_model_args
-    from .compare_kinds import kind_models, split_by_weights
+    from ..analysis.common import parse_model_args
+    from ..analysis.compare_kinds import kind_models, split_by_weights
 
     if not args.model or len(args.model) != 1 or args.checkpoint or args.label:
         raise ValueError(
@@ -166,11 +166,11 @@ def _kind_models(args) -> list:
 
 
 def _check_layers(models, layers) -> None:
-    from ..layers.record import _select, attention_layers
+    from ..layers.record import attention_layers, select_layers
 
     for lm in models:
         try:
-            _select(attention_layers(lm.model), layers)
+            select_layers(attention_layers(lm.model), layers)
         except ValueError as e:
             raise ValueError(f"model {lm.label}: {e}") from None
 
@@ -219,7 +219,7 @@ def run(args) -> int:
     _check_layers(models, layers)
     if args.data is None:
         raise ValueError(f"analyze {args.analysis} needs --data (fmnist or an ImageNet-layout folder)")
-    from .common import load_images
+    from ..analysis.common import load_images
 
     n_img = _DEFAULT_IMAGES[args.analysis] if args.num_images is None else args.num_images
     if n_img < 0:
@@ -242,8 +242,8 @@ def run(args) -> int:
 
 
 def _injectivity(args, out: pathlib.Path) -> int:
-    from .confusion import DEFAULT_RTOL
-    from .injectivity import injectivity, plot_injectivity, to_json
+    from ..analysis.confusion import DEFAULT_RTOL
+    from ..analysis.injectivity import injectivity, plot_injectivity, to_json
 
     res = injectivity(seed=args.seed, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
     (out / "injectivity.json").write_text(json.dumps(to_json(res), indent=1))
@@ -265,8 +265,8 @@ def _injectivity(args, out: pathlib.Path) -> int:
 
 
 def _injectivity_kinds(args, out: pathlib.Path) -> int:
-    from .compare_kinds import injectivity_by_kind, injectivity_table, plot_injectivity_by_kind, split_by_weights
-    from .confusion import DEFAULT_RTOL
+    from ..analysis.compare_kinds import injectivity_by_kind, injectivity_table, plot_injectivity_by_kind, split_by_weights
+    from ..analysis.confusion import DEFAULT_RTOL
 
     kinds, message = split_by_weights(args.kinds, "injectivity")
     if message:
@@ -279,16 +279,16 @@ def _injectivity_kinds(args, out: pathlib.Path) -> int:
 
 
 def _confusion(args, out, models, images, layers, progress) -> None:
-    from .common import Batches
-    from .compare_kinds import confusion_table
-    from .confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
+    from ..analysis.common import ImageBatches
+    from ..analysis.compare_kinds import confusion_table
+    from ..analysis.confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
 
     rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
     rows, summary, totals = [], {}, {}
     for lm in models:
         res = confusion_counts(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             layers=layers,
             rtol=rtol,
             progress=progress,
@@ -321,21 +321,21 @@ def _confusion(args, out, models, images, layers, progress) -> None:
 
 
 def _kinds_of(models) -> dict:
-    from .compare_kinds import model_kind
+    from ..analysis.compare_kinds import model_kind
 
     return {lm.label: model_kind(lm.model) for lm in models}
 
 
 def _locality(args, out, models, images, layers, progress) -> None:
-    from .common import Batches
-    from .compare_kinds import locality_table
-    from .locality import locality, plot_locality
+    from ..analysis.common import ImageBatches
+    from ..analysis.compare_kinds import locality_table
+    from ..analysis.locality import locality, plot_locality
 
     per_model, rows = {}, []
     for lm in models:
         res = locality(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             layers=layers,
             progress=progress,
             desc=f"locality {lm.label}",
@@ -350,9 +350,9 @@ def _locality(args, out, models, images, layers, progress) -> None:
 
 
 def _masking(args, out, models, images, layers, progress) -> None:
-    from .common import Batches
-    from .compare_kinds import masking_note
-    from .masking import masked_accuracy, plot_masking
+    from ..analysis.common import ImageBatches
+    from ..analysis.compare_kinds import masking_note
+    from ..analysis.masking import masked_accuracy, plot_masking
 
     for k in args.ks:
         if k < 1 or k % 2 == 0:
@@ -361,7 +361,7 @@ def _masking(args, out, models, images, layers, progress) -> None:
     for lm in models:
         res = masked_accuracy(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             ks=args.ks,
             layers=layers,
             seed=args.seed,
@@ -389,8 +389,8 @@ def masking_table(per_model: dict, ks) -> str:
 
 
 def _attention_maps(args, out, models, images, layers, progress) -> None:
-    from .attention_maps import attention_maps, parse_query, plot_attention_maps
-    from .common import Batches, display_images
+    from ..analysis.attention_maps import attention_maps, parse_query, plot_attention_maps
+    from ..analysis.common import ImageBatches, display_images
 
     queries = [parse_query(q) for q in args.queries]
     layer = layers[0] if layers else -1
@@ -401,7 +401,7 @@ def _attention_maps(args, out, models, images, layers, progress) -> None:
             raise ValueError(f"model {lm.label} has no cls token: drop 'cls' from --queries")
         res = attention_maps(
             lm.model,
-            Batches(images, lm, args.batch_size),
+            ImageBatches(images, lm, args.batch_size),
             queries,
             layer=layer,
             progress=progress,

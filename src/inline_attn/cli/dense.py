@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import DET_DEFAULTS, SEG_DEFAULTS, flat_keys, load_det_config, load_seg_config, parse_value
+from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, flat_keys, load_det_config, load_seg_config, parse_value
 
 
 def _configs_dir() -> pathlib.Path:
@@ -55,13 +55,13 @@ def _fmt_ap(res: dict) -> str:
 
 
 def _train_seg(cfg: dict) -> dict:
-    from .engine import train_seg
+    from ..dense.engine import train_seg
 
     return train_seg(cfg)
 
 
 def _train_det(cfg: dict) -> dict:
-    from .det_engine import train_det
+    from ..dense.det_engine import train_det
 
     return train_det(cfg)
 
@@ -160,7 +160,7 @@ def cmd_compare(args) -> int:
     import shlex
     import sys
 
-    from .compare import run
+    from ..experiments.dense_compare import run
 
     task = TASKS[args.task]
     cfg_path = args.config or str(_configs_dir() / task.demo_config)
@@ -187,9 +187,9 @@ def cmd_compare(args) -> int:
 
 def cmd_eval(args) -> int:
     from ..train.distributed import cleanup, init_distributed
-    from .data import build_seg_datasets
-    from .engine import evaluate_seg, load_segmentor, save_predictions_png
-    from .config import set_key
+    from ..dense.data import build_seg_datasets
+    from ..dense.engine import evaluate_seg, load_segmentor, save_predictions_png
+    from ..dense.config import set_key
 
     info = init_distributed(args.device)
     try:
@@ -219,9 +219,9 @@ def cmd_eval(args) -> int:
 def cmd_det_eval(args) -> int:
     import torch
 
-    from .config import set_key
-    from .data import build_det_datasets
-    from .det_engine import evaluate_det, load_detector, save_detections_png
+    from ..dense.config import set_key
+    from ..dense.data import build_det_datasets
+    from ..dense.det_engine import evaluate_det, load_detector, save_detections_png
 
     device = torch.device(
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
@@ -246,19 +246,19 @@ def cmd_det_eval(args) -> int:
 
 
 def cmd_mosaics(args) -> int:
-    from .mosaic import FashionMosaics, MosaicSpec
+    from ..dense.mosaic import FashionMosaics, MosaicSpec
 
     spec = MosaicSpec(
         size=args.size, objects=tuple(args.objects), scale=tuple(args.scale), max_overlap=args.max_overlap
     )
     ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
     if args.coco:
-        from .coco import write_coco
+        from ..dense.coco import write_coco
 
         path = write_coco(ds, args.coco, progress=True)
         print(f"COCO instances: {path} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
     if args.png:
-        from .viz import save_mosaic_samples
+        from ..dense.viz import save_mosaic_samples
 
         print(f"samples: {save_mosaic_samples(ds, args.png, n=min(args.rows, args.num))}")
     if not args.coco and not args.png:
@@ -270,7 +270,7 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     """Parameter counts (backbone / neck / decode head / auxiliary head / total) of a config's
     segmentor, and its MACs at the crop size when ``macs``."""
     from ..models.profile import count_params, profile
-    from .engine import build_from_config
+    from ..dense.engine import build_from_config
 
     cfg = load_seg_config(config, overrides)
     n = num_classes or cfg["model"]["num_classes"] or (11 if cfg["data"]["dataset"] == "mosaic" else 150)

@@ -8,7 +8,7 @@ import pathlib
 import time
 
 from .._io import atomic_write_text
-from .config import _FREEFORM, DEMO_CONFIG, SECTIONS, configs_dir, fields_of, load_config, parse_value
+from ..train.config import _FREEFORM, DEMO_CONFIG, SECTIONS, configs_dir, fields_of, load_config, parse_value
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
@@ -60,7 +60,7 @@ def _exit_code(summary: dict) -> int:
 
 
 def cmd_train(args) -> int:
-    from .engine import train
+    from ..train.engine import train
 
     overrides = collect_overrides(args)
     if args.resume:
@@ -90,7 +90,7 @@ def _eval_line(res: dict) -> str:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import evaluate_checkpoint
+    from ..train.evaluate import evaluate_checkpoint
 
     res = evaluate_checkpoint(
         args.checkpoint,
@@ -115,8 +115,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .engine import train
-    from .evaluate import evaluate_checkpoint
+    from ..train.engine import train
+    from ..train.evaluate import evaluate_checkpoint
 
     cfg_path = pathlib.Path(args.config) if args.config else configs_dir() / DEMO_CONFIG
     overrides = [("train.output", args.output)]
@@ -157,7 +157,7 @@ def cmd_demo(args) -> int:
 
 def cmd_reproduce(args) -> int:
     if args.target == "ablations":
-        from .ablations import run_ablations
+        from ..experiments.ablations import run_ablations
 
         res = run_ablations(
             "quick" if args.quick else "full",
@@ -174,7 +174,7 @@ def cmd_reproduce(args) -> int:
         if res["left"]:
             print("run the same command again to continue")
         return 130 if res["stopped"] else 0
-    from .reproduce import reproduce_fmnist
+    from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
         output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs

@@ -1,7 +1,10 @@
 """The ``inline-attn`` command. Subcommands only call the public API.
 
-Each subsystem contributes its subcommands through a ``register(subparsers)`` function listed in
-:data:`SUBCOMMAND_MODULES`; the parser sets ``func`` to run with the parsed arguments.
+One thin module per command group (``models``, ``ops``, ``analyze``, ``bench``, ``train``, ``dense``)
+contributes its subcommands through a ``register(subparsers)`` function listed in
+:data:`SUBCOMMAND_MODULES`; the parser sets ``func`` to run with the parsed arguments. The command
+modules are imported only when the parser is built, so importing one of them costs no other.
+``python -m inline_attn.cli`` runs :func:`main`; :mod:`.torchrun` is the quiet torchrun launcher.
 """
 
 from __future__ import annotations
@@ -12,12 +15,12 @@ import sys
 
 # module path -> provides register(subparsers); add a line when a subsystem gains commands.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "inline_attn.models.cli",
-    "inline_attn.ops.cli",
-    "inline_attn.analysis.cli",
-    "inline_attn.bench.cli",
-    "inline_attn.train.cli",
-    "inline_attn.dense.cli",
+    "inline_attn.cli.models",
+    "inline_attn.cli.ops",
+    "inline_attn.cli.analyze",
+    "inline_attn.cli.bench",
+    "inline_attn.cli.train",
+    "inline_attn.cli.dense",
 )
 
 
@@ -42,7 +45,3 @@ def main(argv=None) -> int:
         print(f"inline-attn: error: {e}", file=sys.stderr)
         return 2
     return int(rc or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
