@@ -101,7 +101,14 @@ def test_statistics_and_verdicts():
 
 def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_full_budget():
     from inline_attn.layers import ATTENTION_CHOICES
-    from inline_attn.experiments.ablations import COMPARED, PRESETS, _budget_overrides, part_settings, render, swin_setting
+    from inline_attn.experiments.ablations import (
+        COMPARED,
+        PRESETS,
+        _budget_overrides,
+        part_settings,
+        render,
+        swin_setting,
+    )
 
     assert set(COMPARED) == set(ATTENTION_CHOICES)
     assert {s.kind for s in part_settings("d")} >= {"agent", "polarity", "mlla"}

@@ -265,7 +265,12 @@ def _injectivity(args, out: pathlib.Path) -> int:
 
 
 def _injectivity_kinds(args, out: pathlib.Path) -> int:
-    from ..analysis.compare_kinds import injectivity_by_kind, injectivity_table, plot_injectivity_by_kind, split_by_weights
+    from ..analysis.compare_kinds import (
+        injectivity_by_kind,
+        injectivity_table,
+        plot_injectivity_by_kind,
+        split_by_weights,
+    )
     from ..analysis.confusion import DEFAULT_RTOL
 
     kinds, message = split_by_weights(args.kinds, "injectivity")
