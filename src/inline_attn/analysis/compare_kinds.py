@@ -60,8 +60,8 @@ def split_by_weights(kinds: Sequence[str], analysis: str) -> tuple[list[str], Op
 
 
 def kind_letter(kind: str) -> str:
-    """The pattern letter of ``kind`` (:data:`inline_attn.models._helpers.PATTERN_KINDS`)."""
-    from ..models._helpers import PATTERN_KINDS
+    """The pattern letter of ``kind`` (:data:`inline_attn.models.PATTERN_KINDS`)."""
+    from ..models import PATTERN_KINDS
 
     return next(letter for letter, k in PATTERN_KINDS.items() if k == kind)
 
@@ -69,15 +69,12 @@ def kind_letter(kind: str) -> str:
 def kind_pattern(name: str, kind: str, model_args: Optional[dict] = None) -> str:
     """A pattern giving every stage of model ``name`` the attention ``kind`` (built on the meta
     device to count the stages of its default pattern)."""
-    from ..models import create_model
-    from ..models._helpers import _PATTERN_RE
+    from ..models import create_model, pattern_stage_count
 
     kw = {k: v for k, v in (model_args or {}).items() if k != "pattern"}
     with torch.device("meta"):
         default = create_model(name, **kw).pattern
-    m = _PATTERN_RE.fullmatch(default)
-    stages = len(m.group(1)) if m else 1
-    return kind_letter(kind) * stages
+    return kind_letter(kind) * pattern_stage_count(default)
 
 
 def kind_models(name: str, kinds: Sequence[str], model_args: Optional[dict] = None) -> list:

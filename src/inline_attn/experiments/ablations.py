@@ -34,6 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
 from ..train.report import write_json
 from .reproduce import write_section
@@ -59,8 +60,7 @@ MASKED = ("softmax", "linear", "inline")
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 PARTS = "abcdefg"
 PLAN_ORDER = "deabcgf"  # training order: the comparison (and the masked models) first
-LETTER = {"inline": "I", "linear": "L", "softmax": "S", "hydra": "H", "efficient": "E", "angular": "A"}
-LETTER.update({"relu_msa": "V", "focused": "F", "agent": "G", "polarity": "P", "mlla": "R"})
+LETTER = {kind: letter for letter, kind in PATTERN_KINDS.items()}  # attention kind -> pattern letter
 NAMES = {
     "inline": "InLine",
     "linear": "linear",

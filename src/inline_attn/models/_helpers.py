@@ -29,8 +29,17 @@ PATTERN_KINDS = {
     "P": "polarity",
     "R": "mlla",
 }
-# stage letters, then the optional mixed-stage block count: "IIMS2" or "IIMSM2"
-_PATTERN_RE = re.compile(r"([ISLHEAVFGPRM]+?)(?:M?(\d+))?")
+# stage letters, then the optional mixed-stage block count: "IIMS2" or "IIMSM2" (the letter class is
+# built from PATTERN_KINDS, so a new kind is one entry there)
+_PATTERN_RE = re.compile(rf"([{''.join(PATTERN_KINDS)}M]+?)(?:M?(\d+))?")
+
+
+def pattern_stage_count(pattern: str) -> int:
+    """How many stages ``pattern`` names ("IIMS2" -> 4, "I" -> 1); ValueError for a malformed one."""
+    m = _PATTERN_RE.fullmatch(pattern)
+    if m is None:
+        raise ValueError(f"pattern {pattern!r}: expected stage letters from {'/'.join(PATTERN_KINDS)}/M")
+    return len(m.group(1))
 
 
 def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
