@@ -121,3 +121,37 @@ def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_ful
     assert "inline-attn reproduce ablations --preset gpu --seeds 3 --parts abd" in report
     assert "#### Verdicts at this budget (2 epoch(s) of 60000 training images per run, data.batch_size=256" in report
     assert "| MLLA's linear attention | | | | | not run |" in report
+
+
+def test_report_only_on_a_folder_without_runs_leaves_the_doc_alone(tmp_path):
+    # issue 26: a mistyped --output with --report-only overwrote the docs' table with "Runs finished: 0"
+    doc = tmp_path / "doc.md"
+    doc.write_text("the finished table\n")
+    with pytest.raises(ValueError, match=r"no finished runs in .*typo.*results"):
+        run_ablations("quick", output=str(tmp_path / "typo"), doc=str(doc), report_only=True, progress=False)
+    assert doc.read_text() == "the finished table\n"
+
+
+@pytest.mark.parametrize(
+    "argv, preset",
+    [([], "full"), (["--quick"], "quick"), (["--preset", "gpu"], "gpu"), (["--preset", "quick"], "quick")],
+)
+def test_reproduce_command_takes_the_preset(argv, preset, monkeypatch):
+    from inline_attn.cli import main
+
+    seen = []
+
+    def fake(p, **kw):
+        seen.append(p)
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+
+    monkeypatch.setattr(ablations, "run_ablations", fake)
+    assert main(["reproduce", "ablations", "--doc", "", *argv]) == 0
+    assert seen == [preset]
+
+
+def test_reproduce_command_refuses_quick_with_another_preset(capsys):
+    from inline_attn.cli import main
+
+    assert main(["reproduce", "ablations", "--quick", "--preset", "gpu"]) == 2
+    assert "--quick is --preset quick" in capsys.readouterr().err

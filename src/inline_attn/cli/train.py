@@ -159,8 +159,10 @@ def cmd_reproduce(args) -> int:
     if args.target == "ablations":
         from ..experiments.ablations import run_ablations
 
+        if args.quick and args.preset not in (None, "quick"):
+            raise ValueError(f"--quick is --preset quick: it cannot go with --preset {args.preset}")
         res = run_ablations(
-            "quick" if args.quick else "full",
+            args.preset or ("quick" if args.quick else "full"),
             output=args.output if args.output != "runs/fmnist" else None,
             parts=args.parts,
             seeds=args.seeds,
@@ -286,6 +288,11 @@ def register(subparsers) -> None:
         "--quick",
         action="store_true",
         help="ablations: the smoke preset (1,024 training images per run; its wall time is in docs/reproduction.md)",
+    )
+    p.add_argument(
+        "--preset",
+        help="ablations: full (default), quick (= --quick) or gpu (10x the full budget per run, on CUDA; "
+        "docs/reproduction.md)",
     )
     p.add_argument("--seeds", type=_positive(int, "--seeds"), default=3, help="ablations: seeds per setting")
     p.add_argument("--parts", default="abcdefg", help="ablations: letters of the parts to run (default abcdefg)")

@@ -306,6 +306,9 @@ def run_ablations(
     budget = budget or PRESETS[preset]
     out = pathlib.Path(output or f"runs/ablations/{preset}")
     res_dir = out / "results"
+    if report_only and not any(res_dir.glob("*.json")):
+        # a mistyped --output would otherwise overwrite the docs' table with "Runs finished: 0"
+        raise ValueError(f"--report-only: no finished runs in {res_dir} (is --output the run folder?)")
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     t0 = time.time()
     todo = plan(parts, range(seeds))
