@@ -142,6 +142,9 @@ def test_mosaic_training_loss_falls(tmp_path):
         f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, AP {s['AP']:.2f}, AP50 {s['AP50']:.2f}, "
         f"{s['train_time_s']:.0f} s"
     )
+    # measured (2026-11-24, issue 26's knife-edge check): last/first loss 0.631 and AP50 12.26 (seed 0);
+    # seeds 1-3 (train and mosaic seed) 0.630-0.644 and AP50 9.6-13.5; the same with oneDNN, MKL and
+    # ATen held to AVX2 (0.629-0.644, AP50 9.6-13.4). Both bars hold with a wide margin.
     assert s["last_loss"] < 0.75 * s["first_loss"]
     assert s["AP50"] > 0
 
