@@ -140,3 +140,68 @@ def test_mosaic_ground_truth_through_the_dataset_scores_100(tmp_path):
         r = {"boxes": t["boxes"], "labels": t["labels"], "scores": torch.ones(len(t["labels"]))}
         dets += to_coco_detections(r, ds.image_id(i), ds.cat_ids)
     assert coco_box_ap(ds.coco_gt(), dets)["AP"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[float("nan")] * 4, [10.0, 10.0, float("inf"), 20.0], [10.0, 10.0, 20.0]],
+    ids=["nan-box", "inf-width", "three-numbers"],
+)
+def test_non_finite_detection_boxes_are_refused(bad):
+    """pycocotools alone scores one NaN box against one ground-truth box as AP 100."""
+    gt = _gt([[(1, (10, 10, 20, 20))], [(1, (5, 5, 10, 10))]])
+    good = {"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "score": 0.9}
+    with pytest.raises(ValueError, match=r"1 of 2 detections have a non-finite .* #1 \(image 2\)"):
+        coco_box_ap(gt, [good, {"image_id": 2, "category_id": 1, "bbox": bad, "score": 0.5}])
+
+
+def test_non_finite_scores_and_missing_detection_keys_are_refused():
+    gt = _gt([[(1, (10, 10, 20, 20))]])
+    with pytest.raises(ValueError, match=r"1 of 1 detections .* #0 \(image 1\)"):
+        coco_box_ap(gt, [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "score": float("nan")}])
+    with pytest.raises(ValueError, match=r"detection 0 has no 'score'"):
+        coco_box_ap(gt, [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20]}])
+
+
+def test_non_finite_or_incomplete_ground_truth_is_refused():
+    gt = _gt([[(1, (10, 10, 20, 20)), (1, (30, 30, 5, 5))]])
+    gt["annotations"][1]["bbox"][2] = float("nan")
+    with pytest.raises(ValueError, match=r"annotations \[2\] \(1 in all\) have a bbox .* finite"):
+        coco_box_ap(gt, [])
+    gt = _gt([[(1, (10, 10, 20, 20))]])
+    del gt["annotations"][0]["area"]  # COCOeval reads it for the size ranges
+    with pytest.raises(ValueError, match=r"ground truth: annotations\[0\] \(id 1\) has no 'area'"):
+        coco_box_ap(gt, [])
+
+
+@pytest.mark.parametrize(
+    "section,key",
+    [
+        ("annotations", "bbox"),
+        ("annotations", "category_id"),
+        ("annotations", "image_id"),
+        ("images", "file_name"),
+        ("images", "height"),
+        ("images", "width"),
+        ("categories", "name"),
+    ],
+)
+def test_reader_names_a_missing_key_and_its_record(tmp_path, section, key):
+    gt = _gt([[(1, (10, 10, 20, 20)), (2, (30, 30, 5, 5))]])
+    del gt[section][-1][key]
+    (tmp_path / "a.json").write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=rf"a\.json: {section}\[{len(gt[section]) - 1}\] \(id \d+\) has no '{key}'"):
+        read_instances(tmp_path / "a.json")
+
+
+def test_reader_refuses_bad_sizes_and_duplicate_ids(tmp_path):
+    gt = _gt([[(1, (10, 10, 20, 20))], []])
+    gt["images"][1]["height"] = 0
+    (tmp_path / "a.json").write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=r"images\[1\] \(id 2\) has height=0, expected > 0"):
+        read_instances(tmp_path / "a.json")
+    gt = _gt([[(1, (10, 10, 20, 20))], []])
+    gt["images"][1]["id"] = 1
+    (tmp_path / "b.json").write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=r"id 1 appears twice in images"):
+        read_instances(tmp_path / "b.json")
