@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -205,3 +206,79 @@ def test_reader_refuses_bad_sizes_and_duplicate_ids(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(gt))
     with pytest.raises(ValueError, match=r"id 1 appears twice in images"):
         read_instances(tmp_path / "b.json")
+
+
+def _coco_folder(tmp_path, n=3, cats=(1, 2)):
+    """n 40x60 PNG images, one box each, and their instances JSON: (json path, image folder)."""
+    from PIL import Image
+
+    (tmp_path / "img").mkdir(exist_ok=True)
+    gt = _gt([[(cats[i % len(cats)], (5, 5, 10, 10))] for i in range(n)], cats=cats)
+    for im in gt["images"]:
+        im.update(height=40, width=60)
+        Image.fromarray(np.full((40, 60, 3), 10 * im["id"], np.uint8)).save(tmp_path / "img" / im["file_name"])
+    ann = tmp_path / f"ann{len(cats)}.json"
+    ann.write_text(json.dumps(gt))
+    return ann, tmp_path / "img"
+
+
+@pytest.mark.parametrize("how", ["truncated", "zero-byte", "garbage", "wrong-size"])
+def test_unusable_image_is_skipped_in_training_and_named_in_evaluation(tmp_path, caplog, how):
+    """Truncated, empty, garbage, or of another size than the JSON says (the boxes are in the
+    JSON's pixels, so a mismatch is refused rather than trusted or corrected)."""
+    from PIL import Image
+
+    ann, img_dir = _coco_folder(tmp_path)
+    victim = img_dir / "2.png"
+    if how == "wrong-size":
+        Image.fromarray(np.zeros((30, 60, 3), np.uint8)).save(victim)
+    else:
+        data = victim.read_bytes()
+        victim.write_bytes({"truncated": data[: len(data) // 2], "zero-byte": b"", "garbage": b"no png" * 50}[how])
+    ds = CocoDetection(ann, img_dir, short_size=40, max_size=100)
+    message = (
+        r"is 60x30 \(width x height\) but its annotation file says 60x40" if how == "wrong-size" else "cannot decode"
+    )
+    with pytest.raises(ValueError) as err:
+        ds[1]
+    assert str(victim) in str(err.value) and re.search(message, str(err.value)), str(err.value)
+    with caplog.at_level("WARNING", logger="inline_attn.data.unreadable"):
+        img, t = ds[(1, 5)]
+        ds[(1, 6)]
+    want_img, want_t = ds[2]  # image 3 and its own box stand in
+    torch.testing.assert_close((img, t), (want_img, want_t))
+    assert ds.unreadable.bad == {1}
+    warned = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
+    assert len(warned) == 1, caplog.records
+
+
+def test_validation_categories_must_match_training(tmp_path):
+    from inline_attn.dense.config import load_det_config
+    from inline_attn.dense.data import build_det_datasets
+
+    train_ann, img_dir = _coco_folder(tmp_path, cats=(1, 2, 3))
+    val_ann, _ = _coco_folder(tmp_path, cats=(1, 2))
+    over = [("data.dataset", "coco")] + [
+        (f"data.coco.{k}", str(v))
+        for k, v in (("train_ann", train_ann), ("train_images", img_dir), ("val_ann", val_ann), ("val_images", img_dir))
+    ]
+    with pytest.raises(
+        ValueError,
+        match=r"ann2.json have 2 categories, the training ones .*ann3.json 3: .*only in "
+        r"training \[3\]",
+    ):
+        build_det_datasets(load_det_config(overrides=over))
+    tr, va = build_det_datasets(
+        load_det_config(
+            overrides=[*over[:-2], ("data.coco.val_ann", str(train_ann)), ("data.coco.val_images", str(img_dir))]
+        )
+    )
+    assert tr.cat_ids == va.cat_ids == [1, 2, 3]
+
+
+@pytest.mark.parametrize("key,value", [("short_size", 0), ("max_size", -5), ("short_size", 2.5)])
+def test_reader_refuses_a_non_positive_size(tmp_path, key, value):
+    """--data.coco.short_size 0 used to scale every box by 0: NaN detections, AP 53."""
+    ann, img_dir = _coco_folder(tmp_path)
+    with pytest.raises(ValueError, match=rf"{key}={value}: expected a whole number of pixels >= 1"):
+        CocoDetection(ann, img_dir, **{key: value})

@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..data.unreadable import UnreadableFiles, decode_image
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
 
 __all__ = [
@@ -296,9 +297,18 @@ class CocoDetection:
 
     ``ds[i]`` / ``ds[(i, seed)]`` (flipped left-right with probability ``flip``): (image float
     [3, h, w] 0-255, ``{"boxes" [N, 4] xyxy, "labels" [N]}``).
+
+    An image that is missing, cannot be decoded, or whose size differs from the JSON's
+    ``width`` / ``height`` is a ValueError naming the file in evaluation (``ds[i]``); a training
+    item (``ds[(i, seed)]``) logs it once, counts it and takes the next usable image
+    (:mod:`inline_attn.data.unreadable`). A size mismatch is refused, not corrected: the boxes are
+    in the pixels the JSON describes, so the JSON and the folder disagree about the image.
     """
 
     def __init__(self, ann_file, image_dir, *, short_size: int = 800, max_size: int = 1333, flip: float = 0.0):
+        for name, v in (("short_size", short_size), ("max_size", max_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: expected a whole number of pixels >= 1")
         self.coco = read_instances(ann_file)
         self.image_dir = pathlib.Path(image_dir)
         if not self.image_dir.is_dir():
@@ -313,6 +323,11 @@ class CocoDetection:
         for a in self.coco["annotations"]:
             self._anns.setdefault(a["image_id"], []).append(a)
         self.short_size, self.max_size, self.flip = short_size, max_size, flip
+        self.unreadable = UnreadableFiles(
+            len(self.images),
+            lambda i: f"COCO image {self.image_dir / self.images[i]['file_name']}",
+            str(self.image_dir),
+        )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -328,17 +343,32 @@ class CocoDetection:
     def coco_gt(self) -> dict:
         return self.coco
 
-    def __getitem__(self, item):
-        import torch
-        import torch.nn.functional as F
-        from PIL import Image
-
-        index, seed = item if isinstance(item, tuple) else (item, None)
+    def read(self, index: int) -> np.ndarray:
+        """Image ``index`` as RGB uint8 [H, W, 3] at its JSON size, or a ValueError naming the file."""
         im = self.images[index]
         path = self.image_dir / im["file_name"]
         if not path.is_file():
             raise ValueError(f"image {im['file_name']} (id {im['id']}) not found in {self.image_dir}")
-        img = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)).permute(2, 0, 1)
+        img = np.asarray(decode_image(path, f"image (id {im['id']})").convert("RGB"))
+        if img.shape[:2] != (im["height"], im["width"]):
+            raise ValueError(
+                f"image {path} (id {im['id']}) is {img.shape[1]}x{img.shape[0]} (width x height) but its annotation "
+                f"file says {im['width']}x{im['height']}: the boxes would be scaled wrongly; fix the JSON's width / "
+                "height or point it at the images it was made for"
+            )
+        return img
+
+    def __getitem__(self, item):
+        import torch
+        import torch.nn.functional as F
+
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        if seed is None:  # evaluation: stop, naming the file
+            pixels = self.read(index)
+        else:  # training: an unusable image is logged, counted and replaced by the next usable one
+            index, pixels = self.unreadable.substitute(index, lambda j: (j, self.read(j)))
+        im = self.images[index]
+        img = torch.from_numpy(pixels.astype(np.float32)).permute(2, 0, 1)
         s = self.scale(index)
         size = (max(1, round(img.shape[1] * s)), max(1, round(img.shape[2] * s)))
         img = F.interpolate(img[None], size=size, mode="bilinear", align_corners=False)[0]
