@@ -274,6 +274,12 @@ def test_validation_categories_must_match_training(tmp_path):
         )
     )
     assert tr.cat_ids == va.cat_ids == [1, 2, 3]
+    # the validation file must also hold what COCOeval reads: told before training, not at the first evaluation
+    gt = json.loads(train_ann.read_text())
+    del gt["annotations"][0]["area"]
+    val_ann.write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=r"ann2.json: annotations\[0\] \(id 1\) has no 'area'"):
+        build_det_datasets(load_det_config(overrides=over))
 
 
 @pytest.mark.parametrize("key,value", [("short_size", 0), ("max_size", -5), ("short_size", 2.5)])

@@ -531,7 +531,7 @@ def _mosaic_sets(cfg: dict, train: bool, progress: bool, wrap):
 def build_det_datasets(cfg: dict, *, train: bool = True, progress: bool = False):
     """(train set or None, val set) for a detection config's ``data``: the mosaics or a COCO-layout
     folder (``data.coco.{train,val}_{ann,images}``)."""
-    from .coco import CocoDetection
+    from .coco import EVAL_KEYS, CocoDetection, check_instances
 
     d = cfg["data"]
     if d["dataset"] == "mosaic":
@@ -545,6 +545,7 @@ def build_det_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
     kw = dict(short_size=int(c["short_size"]), max_size=int(c["max_size"]))
     tr = CocoDetection(c["train_ann"], c["train_images"], flip=float(d["flip"]), **kw) if train else None
     va = CocoDetection(c["val_ann"], c["val_images"], **kw)
+    check_instances(va.coco, c["val_ann"], EVAL_KEYS)  # what COCOeval reads, before any training
     if tr is not None:
         check_same_categories(tr, va, c["train_ann"], c["val_ann"])
     return tr, va
