@@ -183,7 +183,7 @@ def check_instances(coco: dict, where: str = "COCO file", keys: dict = READ_KEYS
     bad = [
         a["id"]
         for a in coco["annotations"]
-        if not (isinstance(a["bbox"], list) and len(a["bbox"]) == 4 and _finite(a["bbox"]))
+        if not (isinstance(a["bbox"], (list, tuple)) and len(a["bbox"]) == 4 and _finite(a["bbox"]))
         or a["bbox"][2] < 0
         or a["bbox"][3] < 0
     ]
