@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import pickle
 import re
 import sys
 
@@ -236,6 +237,7 @@ def test_unusable_image_is_skipped_in_training_and_named_in_evaluation(tmp_path,
         data = victim.read_bytes()
         victim.write_bytes({"truncated": data[: len(data) // 2], "zero-byte": b"", "garbage": b"no png" * 50}[how])
     ds = CocoDetection(ann, img_dir, short_size=40, max_size=100)
+    assert pickle.loads(pickle.dumps(ds)).unreadable.name(1) == f"COCO image {victim}"  # spawned loader workers
     message = (
         r"is 60x30 \(width x height\) but its annotation file says 60x40" if how == "wrong-size" else "cannot decode"
     )

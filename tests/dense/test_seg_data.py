@@ -196,3 +196,12 @@ def test_no_readable_training_pair_is_an_error(tmp_path):
     train = ADE20K(tmp_path, "train")
     with pytest.raises(ValueError, match=r"no readable sample in .*training \(2 unreadable\)"):
         train[(0, 1)]
+
+
+def test_readers_stay_picklable_for_spawned_loader_workers(tmp_path):
+    import pickle
+
+    make_ade(tmp_path)
+    ds = ADE20K(tmp_path, "train")
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.describe(1) == ds.describe(1) and copy.unreadable.name(1) == ds.describe(1)

@@ -104,9 +104,7 @@ class ImageFolder(Dataset):
         self.seed = int(seed)
         self.epoch = 0
         self.skip_unreadable = (not train) if skip_unreadable is None else bool(skip_unreadable)
-        self.unreadable = UnreadableFiles(
-            len(self.samples), lambda j: f"image {self.samples[j][0]}", f"data folder {self.root}"
-        )
+        self.unreadable = UnreadableFiles(len(self.samples), self.describe, f"data folder {self.root}")
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next samples belong to (their random crops depend on it)."""
@@ -125,6 +123,9 @@ class ImageFolder(Dataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def describe(self, i: int) -> str:
+        return f"image {self.samples[i][0]}"
 
     def load(self, i: int) -> torch.Tensor:
         """Decode sample ``i`` to uint8 ``[3, S, S]`` (raises on a corrupt file)."""

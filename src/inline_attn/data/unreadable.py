@@ -34,8 +34,9 @@ def decode_image(path: Union[str, os.PathLike], what: str = "image") -> Image.Im
 
 class UnreadableFiles:
     """The unreadable samples of one dataset of ``n`` samples; ``name(i)`` says which file(s)
-    sample i is, for the log. ``bad`` holds the indices found unreadable so far (per process:
-    each loader worker keeps its own)."""
+    sample i is, for the log (a method of the dataset, not a lambda: the dataset must stay
+    picklable for loader workers started by spawn). ``bad`` holds the indices found unreadable so
+    far (per process: each loader worker keeps its own)."""
 
     def __init__(self, n: int, name: Callable[[int], str], where: str):
         self.n, self.name, self.where = n, name, where

@@ -323,11 +323,7 @@ class CocoDetection:
         for a in self.coco["annotations"]:
             self._anns.setdefault(a["image_id"], []).append(a)
         self.short_size, self.max_size, self.flip = short_size, max_size, flip
-        self.unreadable = UnreadableFiles(
-            len(self.images),
-            lambda i: f"COCO image {self.image_dir / self.images[i]['file_name']}",
-            str(self.image_dir),
-        )
+        self.unreadable = UnreadableFiles(len(self.images), self.describe, str(self.image_dir))
 
     def __len__(self) -> int:
         return len(self.images)
@@ -342,6 +338,9 @@ class CocoDetection:
 
     def coco_gt(self) -> dict:
         return self.coco
+
+    def describe(self, index: int) -> str:
+        return f"COCO image {self.image_dir / self.images[index]['file_name']}"
 
     def read(self, index: int) -> np.ndarray:
         """Image ``index`` as RGB uint8 [H, W, 3] at its JSON size, or a ValueError naming the file."""

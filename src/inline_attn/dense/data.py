@@ -335,12 +335,13 @@ class ADE20K(torch.utils.data.Dataset):
         self.pairs = pairs[:subset] if subset else pairs
         self.root, self.split, self.reduce_zero_label = root, split, reduce_zero_label
         self.pipeline = pipeline or _SegPipeline(train=split.startswith("train"))
-        self.unreadable = UnreadableFiles(
-            len(self.pairs), lambda i: f"ADE20K pair {self.pairs[i][0].name} / {self.pairs[i][1].name}", str(img_dir)
-        )
+        self.unreadable = UnreadableFiles(len(self.pairs), self.describe, str(img_dir))
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+    def describe(self, index: int) -> str:
+        return f"ADE20K pair {self.pairs[index][0].name} / {self.pairs[index][1].name}"
 
     def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(RGB uint8 [H, W, 3], labels uint8 [H, W] after ``reduce_zero_label``), checked: a
