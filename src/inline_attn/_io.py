@@ -4,6 +4,9 @@ A file is written to a temporary sibling (``.<name>.tmp<pid>``), flushed to disk
 the target (``os.replace`` is atomic on POSIX) and the folder is synced, so a reader, or a run
 resumed after a crash, sees the previous complete file or the new complete file, never a torn
 one. Temporary files left by killed writers are removed by the next write of the same target.
+
+:func:`writable_dir` checks an output folder before a command spends time on work it could not
+save: a clear ValueError naming the path instead of a raw traceback at the first write.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import contextlib
 import os
 import pathlib
 import re
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, TypeVar, Union
 
 PathLike = Union[str, os.PathLike]
 
-__all__ = ["atomic_path", "atomic_write_text", "remove_stale_temps"]
+__all__ = ["atomic_path", "atomic_write_text", "remove_stale_temps", "writable_dir"]
+
+P = TypeVar("P", str, os.PathLike)
 
 
 def _temp_name(path: pathlib.Path) -> pathlib.Path:
@@ -96,4 +101,26 @@ def atomic_write_text(path: PathLike, write: Union[str, Callable]) -> pathlib.Pa
                 write(f)
             else:
                 f.write(write)
+    return path
+
+
+def writable_dir(path: P, what: str = "output folder") -> P:
+    """Create the folder ``path`` (and its parents) if needed and write and remove a probe file
+    in it; a ValueError naming ``what`` and the path when a file stands in the way or the folder
+    cannot be written (no permission, a read-only filesystem). Returns ``path`` unchanged, so a
+    command can wrap its argument: ``output=writable_dir(args.output, "--output")``."""
+    folder = pathlib.Path(path)
+    for p in (folder, *folder.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                at = "" if p == folder else f": {p} is a file"
+                raise ValueError(f"{what} {folder} is not a folder{at} (choose another path)")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = _temp_name(folder / ".write-test")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{what} {folder} cannot be written ({e.strerror or e}); choose a writable folder") from None
     return path

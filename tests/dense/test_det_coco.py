@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import pickle
+import re
 import sys
 
 import numpy as np
@@ -140,3 +142,151 @@ def test_mosaic_ground_truth_through_the_dataset_scores_100(tmp_path):
         r = {"boxes": t["boxes"], "labels": t["labels"], "scores": torch.ones(len(t["labels"]))}
         dets += to_coco_detections(r, ds.image_id(i), ds.cat_ids)
     assert coco_box_ap(ds.coco_gt(), dets)["AP"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[float("nan")] * 4, [10.0, 10.0, float("inf"), 20.0], [10.0, 10.0, 20.0]],
+    ids=["nan-box", "inf-width", "three-numbers"],
+)
+def test_non_finite_detection_boxes_are_refused(bad):
+    """pycocotools alone scores one NaN box against one ground-truth box as AP 100."""
+    gt = _gt([[(1, (10, 10, 20, 20))], [(1, (5, 5, 10, 10))]])
+    good = {"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "score": 0.9}
+    with pytest.raises(ValueError, match=r"1 of 2 detections have a non-finite .* #1 \(image 2\)"):
+        coco_box_ap(gt, [good, {"image_id": 2, "category_id": 1, "bbox": bad, "score": 0.5}])
+
+
+def test_non_finite_scores_and_missing_detection_keys_are_refused():
+    gt = _gt([[(1, (10, 10, 20, 20))]])
+    with pytest.raises(ValueError, match=r"1 of 1 detections .* #0 \(image 1\)"):
+        coco_box_ap(gt, [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "score": float("nan")}])
+    with pytest.raises(ValueError, match=r"detection 0 has no 'score'"):
+        coco_box_ap(gt, [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20]}])
+
+
+def test_non_finite_or_incomplete_ground_truth_is_refused():
+    gt = _gt([[(1, (10, 10, 20, 20)), (1, (30, 30, 5, 5))]])
+    gt["annotations"][1]["bbox"][2] = float("nan")
+    with pytest.raises(ValueError, match=r"annotations \[2\] \(1 in all\) have a bbox .* finite"):
+        coco_box_ap(gt, [])
+    gt = _gt([[(1, (10, 10, 20, 20))]])
+    del gt["annotations"][0]["area"]  # COCOeval reads it for the size ranges
+    with pytest.raises(ValueError, match=r"ground truth: annotations\[0\] \(id 1\) has no 'area'"):
+        coco_box_ap(gt, [])
+
+
+@pytest.mark.parametrize(
+    "section,key",
+    [
+        ("annotations", "bbox"),
+        ("annotations", "category_id"),
+        ("annotations", "image_id"),
+        ("images", "file_name"),
+        ("images", "height"),
+        ("images", "width"),
+        ("categories", "name"),
+    ],
+)
+def test_reader_names_a_missing_key_and_its_record(tmp_path, section, key):
+    gt = _gt([[(1, (10, 10, 20, 20)), (2, (30, 30, 5, 5))]])
+    del gt[section][-1][key]
+    (tmp_path / "a.json").write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=rf"a\.json: {section}\[{len(gt[section]) - 1}\] \(id \d+\) has no '{key}'"):
+        read_instances(tmp_path / "a.json")
+
+
+def test_reader_refuses_bad_sizes_and_duplicate_ids(tmp_path):
+    gt = _gt([[(1, (10, 10, 20, 20))], []])
+    gt["images"][1]["height"] = 0
+    (tmp_path / "a.json").write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=r"images\[1\] \(id 2\) has height=0, expected > 0"):
+        read_instances(tmp_path / "a.json")
+    gt = _gt([[(1, (10, 10, 20, 20))], []])
+    gt["images"][1]["id"] = 1
+    (tmp_path / "b.json").write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=r"id 1 appears twice in images"):
+        read_instances(tmp_path / "b.json")
+
+
+def _coco_folder(tmp_path, n=3, cats=(1, 2)):
+    """n 40x60 PNG images, one box each, and their instances JSON: (json path, image folder)."""
+    from PIL import Image
+
+    (tmp_path / "img").mkdir(exist_ok=True)
+    gt = _gt([[(cats[i % len(cats)], (5, 5, 10, 10))] for i in range(n)], cats=cats)
+    for im in gt["images"]:
+        im.update(height=40, width=60)
+        Image.fromarray(np.full((40, 60, 3), 10 * im["id"], np.uint8)).save(tmp_path / "img" / im["file_name"])
+    ann = tmp_path / f"ann{len(cats)}.json"
+    ann.write_text(json.dumps(gt))
+    return ann, tmp_path / "img"
+
+
+@pytest.mark.parametrize("how", ["truncated", "zero-byte", "garbage", "wrong-size"])
+def test_unusable_image_is_skipped_in_training_and_named_in_evaluation(tmp_path, caplog, how):
+    """Truncated, empty, garbage, or of another size than the JSON says (the boxes are in the
+    JSON's pixels, so a mismatch is refused rather than trusted or corrected)."""
+    from PIL import Image
+
+    ann, img_dir = _coco_folder(tmp_path)
+    victim = img_dir / "2.png"
+    if how == "wrong-size":
+        Image.fromarray(np.zeros((30, 60, 3), np.uint8)).save(victim)
+    else:
+        data = victim.read_bytes()
+        victim.write_bytes({"truncated": data[: len(data) // 2], "zero-byte": b"", "garbage": b"no png" * 50}[how])
+    ds = CocoDetection(ann, img_dir, short_size=40, max_size=100)
+    assert pickle.loads(pickle.dumps(ds)).unreadable.name(1) == f"COCO image {victim}"  # spawned loader workers
+    message = (
+        r"is 60x30 \(width x height\) but its annotation file says 60x40" if how == "wrong-size" else "cannot decode"
+    )
+    with pytest.raises(ValueError) as err:
+        ds[1]
+    assert str(victim) in str(err.value) and re.search(message, str(err.value)), str(err.value)
+    with caplog.at_level("WARNING", logger="inline_attn.data.unreadable"):
+        img, t = ds[(1, 5)]
+        ds[(1, 6)]
+    want_img, want_t = ds[2]  # image 3 and its own box stand in
+    torch.testing.assert_close((img, t), (want_img, want_t))
+    assert ds.unreadable.bad == {1}
+    warned = [r.getMessage() for r in caplog.records if str(victim) in r.getMessage()]
+    assert len(warned) == 1, caplog.records
+
+
+def test_validation_categories_must_match_training(tmp_path):
+    from inline_attn.dense.config import load_det_config
+    from inline_attn.dense.data import build_det_datasets
+
+    train_ann, img_dir = _coco_folder(tmp_path, cats=(1, 2, 3))
+    val_ann, _ = _coco_folder(tmp_path, cats=(1, 2))
+    over = [("data.dataset", "coco")] + [
+        (f"data.coco.{k}", str(v))
+        for k, v in (("train_ann", train_ann), ("train_images", img_dir), ("val_ann", val_ann), ("val_images", img_dir))
+    ]
+    with pytest.raises(
+        ValueError,
+        match=r"ann2.json have 2 categories, the training ones .*ann3.json 3: .*only in "
+        r"training \[3\]",
+    ):
+        build_det_datasets(load_det_config(overrides=over))
+    tr, va = build_det_datasets(
+        load_det_config(
+            overrides=[*over[:-2], ("data.coco.val_ann", str(train_ann)), ("data.coco.val_images", str(img_dir))]
+        )
+    )
+    assert tr.cat_ids == va.cat_ids == [1, 2, 3]
+    # the validation file must also hold what COCOeval reads: told before training, not at the first evaluation
+    gt = json.loads(train_ann.read_text())
+    del gt["annotations"][0]["area"]
+    val_ann.write_text(json.dumps(gt))
+    with pytest.raises(ValueError, match=r"ann2.json: annotations\[0\] \(id 1\) has no 'area'"):
+        build_det_datasets(load_det_config(overrides=over))
+
+
+@pytest.mark.parametrize("key,value", [("short_size", 0), ("max_size", -5), ("short_size", 2.5)])
+def test_reader_refuses_a_non_positive_size(tmp_path, key, value):
+    """--data.coco.short_size 0 used to scale every box by 0: NaN detections, AP 53."""
+    ann, img_dir = _coco_folder(tmp_path)
+    with pytest.raises(ValueError, match=rf"{key}={value}: expected a whole number of pixels >= 1"):
+        CocoDetection(ann, img_dir, **{key: value})

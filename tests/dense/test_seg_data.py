@@ -151,3 +151,57 @@ def test_step_sampler_is_a_function_of_the_step():
     assert s.batch(3) == StepSampler(10, 4, seed=1, rank=0, world_size=2).batch(3)
     first_pass = [i for step in range(2) for smp in (s, t) for i, _ in smp.batch(step)][:10]
     assert sorted(first_pass) == list(range(10))  # one permutation per pass, split over ranks
+
+
+def _damage(path, how):
+    """Make ``path`` unreadable: cut to half its size, emptied, or overwritten by non-image bytes."""
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "zero-byte": b"", "garbage": b"not an image\n" * 20}[how])
+
+
+@pytest.mark.parametrize("how", ["truncated", "zero-byte", "garbage"])
+@pytest.mark.parametrize("which", ["image", "label"])
+def test_bad_file_is_skipped_and_counted_in_training_and_named_in_evaluation(tmp_path, caplog, which, how):
+    """One bad file (of 3 training / 2 validation pairs) neither crashes an epoch with a raw
+    traceback nor is scored silently: training logs it once and takes the next pair; evaluation
+    stops with a ValueError naming the file."""
+    make_ade(tmp_path)
+    base = tmp_path / "ADEChallengeData2016"
+    folder = {"image": "images", "label": "annotations"}[which]
+    bad_train = sorted((base / folder / "training").iterdir())[1]
+    bad_val = sorted((base / folder / "validation").iterdir())[0]
+    _damage(bad_train, how)
+    _damage(bad_val, how)
+    cfg = load_seg_config(
+        overrides=[("data.path", str(tmp_path)), ("data.scale", [64, 32]), ("data.crop_size", [24, 24])]
+    )
+    train, val = build_seg_datasets(cfg)
+    with caplog.at_level("WARNING", logger="inline_attn.data.unreadable"):
+        for _ in range(2):  # logged and counted once
+            img, lab = train[(1, 7)]
+    torch.testing.assert_close((img, lab), train[(2, 7)])  # the next readable pair stands in
+    assert train.unreadable.bad == {1}
+    warned = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(warned) == 1 and bad_train.name in warned[0], warned
+    kind = {"image": "image", "label": "label file"}[which]
+    with pytest.raises(ValueError, match=rf"cannot decode {kind} {bad_val}"):
+        val[0]
+    val[1]  # the other validation pair still reads
+
+
+def test_no_readable_training_pair_is_an_error(tmp_path):
+    make_ade(tmp_path, n_train=2)
+    for p in (tmp_path / "ADEChallengeData2016" / "images" / "training").iterdir():
+        _damage(p, "zero-byte")
+    train = ADE20K(tmp_path, "train")
+    with pytest.raises(ValueError, match=r"no readable sample in .*training \(2 unreadable\)"):
+        train[(0, 1)]
+
+
+def test_readers_stay_picklable_for_spawned_loader_workers(tmp_path):
+    import pickle
+
+    make_ade(tmp_path)
+    ds = ADE20K(tmp_path, "train")
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.describe(1) == ds.describe(1) and copy.unreadable.name(1) == ds.describe(1)

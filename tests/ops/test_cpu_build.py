@@ -7,6 +7,7 @@ killed midway. Each scenario that involves "a later process" runs real subproces
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -227,3 +228,68 @@ def test_build_kernel_command_prints_the_library_path(capsys):
     assert main(["build-kernel"]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed == str(cpu_build.kernel_spec().library()) and os.path.isfile(printed)
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_truncated_library_is_rebuilt_not_a_bus_error(probe):
+    """A library cut to half its size keeps valid ELF headers whose segments reach past the end
+    of the file: dlopen maps them and the process dies of SIGBUS (exit 135, no message). The
+    size and sha256 recorded at build time catch it before the load, so it is rebuilt."""
+    _, _, cache, log = probe
+    spec = _spec(probe)
+    path = cpu_build.build_cpu_kernel(spec=spec, cache=cache)
+    _truncate(path)
+    proc = _child(probe)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (proc.returncode, out, err)  # -7 / 135 is SIGBUS: the regression
+    assert "ok None" in out and "probe 42" in out, (out, err)
+    assert str(path) in err and "does not match its build" in err and "rebuilding" in err, err
+    assert _compiles(log) == 2 and cpu_build.library_mismatch(spec, cache) is None
+    record = json.loads((cache / f"{spec.name}.json").read_text())  # the record beside the rebuilt library
+    assert record["size"] == path.stat().st_size and len(record["sha256"]) == 64
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no-record"])
+def test_damaged_library_in_a_read_only_cache_is_skipped_with_a_warning(probe, damage):
+    """Nothing can be rebuilt: the process goes on with the eager path, told the file and the fix."""
+    _, _, cache, log = probe
+    spec = _spec(probe)
+    path = cpu_build.build_cpu_kernel(spec=spec, cache=cache)
+    if damage == "truncated":
+        _truncate(path)
+    else:  # a library built before the records existed is not trusted either
+        spec.record(cache).unlink()
+    # read-only to this process even when it runs as root (chmod does not stop root)
+    read_only = (
+        "import os; from inline_attn.ops.fused import cpu_build; real = os.access; "
+        f"cpu_build.os.access = lambda p, m: False if str(p) == {str(cache)!r} else real(p, m)\n"
+    )
+    src, cxx, _, _ = probe
+    proc = subprocess.run(
+        [sys.executable, "-c", read_only + CHILD, str(src), str(cxx), str(cache), "60"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert out.startswith("failed") and str(path) in out and "build-kernel --force" in out, out
+    assert _compiles(log) == 1
+
+
+def test_messages_name_only_settings_that_exist():
+    """Every INLINE_ATTN_* setting the package mentions (in a warning, an error, a docstring) is
+    one it reads: the kernel lock timeout once recommended INLINE_ATTN_CPU_KERNEL=0, read by nothing."""
+    import pathlib
+    import re
+
+    code = "\n".join(p.read_text() for p in pathlib.Path(cpu_build.__file__).parents[2].rglob("*.py"))
+    read = set(re.findall(r"(?:\.get|getenv)\(\s*\"(INLINE_ATTN_\w+)\"", code))  # os.environ.get, env.get, getenv
+    read |= set(re.findall(r"environ\[\"(INLINE_ATTN_\w+)\"\]", code))
+    named = set(re.findall(r"INLINE_ATTN_\w+", code))
+    assert {"INLINE_ATTN_IMPL", "INLINE_ATTN_KERNEL_LOCK_TIMEOUT", "INLINE_ATTN_KERNEL_CACHE"} <= read, read
+    assert named <= read, f"the package names settings nothing reads: {sorted(named - read)}"

@@ -7,6 +7,7 @@ import pathlib
 
 import torch
 
+from .._io import writable_dir
 from ..compile import COMPILE_MODES
 from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
 from ..bench.model import PRESETS
@@ -19,6 +20,7 @@ def _threads() -> str:
 
 
 def _setup(args) -> None:
+    writable_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from .._io import writable_dir
 from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, flat_keys, load_det_config, load_seg_config, parse_value
 
 
@@ -122,7 +123,7 @@ def cmd_train(args) -> int:
     if args.resume:
         ov.append(("train.resume", args.resume))
     if args.output:
-        ov.append(("train.output", args.output))
+        ov.append(("train.output", writable_dir(args.output, "--output")))
     summary = task.train(task.load_config(args.config, ov))
     if summary.get("stopped") is None and task.metric in summary:
         print(
@@ -135,7 +136,7 @@ def cmd_train(args) -> int:
 def cmd_demo(args) -> int:
     task = TASKS[args.task]
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / task.demo_config
-    cfg = task.load_config(cfg_path, [("train.output", args.output)] + _overrides(args))
+    cfg = task.load_config(cfg_path, [("train.output", writable_dir(args.output, "--output"))] + _overrides(args))
     print(
         f"{task.demo_line(cfg['model'])} on Fashion-MNIST mosaics ({cfg['sched']['iters']} iterations, "
         f"config {cfg_path})",
@@ -175,7 +176,7 @@ def cmd_compare(args) -> int:
             cfg_path,
             patterns=args.patterns,
             seeds=args.seeds,
-            output=args.output,
+            output=writable_dir(args.output, "--output"),
             doc=args.doc,
             command=command,
             overrides=_overrides(args),

@@ -12,14 +12,13 @@ stacked and augmented on the training device (:mod:`inline_attn.data.transforms`
 - evaluation: :func:`~inline_attn.data.crop.eval_resize_pil` (``eval_resize`` "shorter" or
   "squash") and the centre ``img_size`` square.
 
-An image that fails to decode is logged once. Training substitutes the next readable sample, so
-a corrupt file never stops an epoch; evaluation returns ``(None, label)`` for it, so the caller
-skips it and counts it (a substitute would be scored twice).
+An image that fails to decode is logged once (:mod:`.unreadable`). Training substitutes the next
+readable sample, so a corrupt file never stops an epoch; evaluation returns ``(None, label)`` for
+it, so the caller skips it and counts it (a substitute would be scored twice).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .crop import EVAL_RESIZE, RESAMPLE, eval_resize_pil, random_resized_crop_pil
+from .unreadable import UnreadableFiles
 
-log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
@@ -105,7 +104,7 @@ class ImageFolder(Dataset):
         self.seed = int(seed)
         self.epoch = 0
         self.skip_unreadable = (not train) if skip_unreadable is None else bool(skip_unreadable)
-        self.bad: set[int] = set()
+        self.unreadable = UnreadableFiles(len(self.samples), self.describe, f"data folder {self.root}")
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next samples belong to (their random crops depend on it)."""
@@ -125,6 +124,9 @@ class ImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def describe(self, i: int) -> str:
+        return f"image {self.samples[i][0]}"
+
     def load(self, i: int) -> torch.Tensor:
         """Decode sample ``i`` to uint8 ``[3, S, S]`` (raises on a corrupt file)."""
         with Image.open(self.samples[i][0]) as img:
@@ -141,24 +143,11 @@ class ImageFolder(Dataset):
             arr = np.asarray(img, dtype=np.uint8)
         return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
-    def _unreadable(self, j: int, e: Exception) -> None:
-        if j not in self.bad:
-            self.bad.add(j)
-            log.warning("unreadable image %s (%s: %s)", self.samples[j][0], type(e).__name__, e)
-
     def __getitem__(self, i: int):
         if self.skip_unreadable:
             try:
                 return self.load(i), self.samples[i][1]
             except Exception as e:  # corrupt/truncated/unreadable: the caller skips and counts it
-                self._unreadable(i, e)
+                self.unreadable.note(i, e)
                 return None, self.samples[i][1]
-        for k in range(len(self.samples)):
-            j = (i + k) % len(self.samples)
-            if j in self.bad:
-                continue
-            try:
-                return self.load(j), self.samples[j][1]
-            except Exception as e:  # corrupt/truncated/unreadable: substitute, never stop the epoch
-                self._unreadable(j, e)
-        raise ValueError(f"no readable image in {self.root}")
+        return self.unreadable.substitute(i, lambda j: (self.load(j), self.samples[j][1]))

@@ -15,10 +15,12 @@ from typing import Optional
 
 import numpy as np
 
+from ..data.unreadable import UnreadableFiles, decode_image
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
 
 __all__ = [
     "CocoDetection",
+    "check_detections",
     "check_instances",
     "coco_box_ap",
     "mask_to_rle",
@@ -120,12 +122,53 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
 # ---- reading COCO instances files and box AP through pycocotools ------------------------------
 
 
-def check_instances(coco: dict, where: str = "COCO file") -> dict:
-    """ValueError unless ``coco`` has images, annotations and categories, and every annotation
-    names a known image and category with a box ``[x, y, w, h]`` of w, h >= 0. Returns ``coco``."""
+# The keys each record must have: those the reader uses (``READ_KEYS``) and those pycocotools'
+# COCOeval reads (``EVAL_KEYS``); a missing one would otherwise surface as a bare KeyError.
+READ_KEYS = {
+    "images": ("id", "file_name", "height", "width"),
+    "annotations": ("id", "image_id", "category_id", "bbox"),
+    "categories": ("id", "name"),
+}
+EVAL_KEYS = {"images": ("id",), "annotations": ("id", "image_id", "category_id", "bbox", "area"), "categories": ("id",)}
+
+
+def _finite(values) -> bool:
+    try:
+        return bool(np.isfinite(np.asarray(values, dtype=np.float64)).all())
+    except (TypeError, ValueError):  # not numbers at all
+        return False
+
+
+def check_instances(coco: dict, where: str = "COCO file", keys: dict = READ_KEYS) -> dict:
+    """ValueError unless ``coco`` has images, annotations and categories lists whose records have
+    ``keys`` (default: what :class:`CocoDetection` reads) and unique ids, images have positive
+    ``height`` / ``width``, and every annotation names a known image and category with a finite
+    box ``[x, y, w, h]`` of w, h >= 0. The error names the file (``where``), the record and the
+    key. Returns ``coco``."""
+    if not isinstance(coco, dict):
+        raise ValueError(f"{where}: not a JSON object (is it a COCO instances_*.json?)")
     for key in ("images", "annotations", "categories"):
         if not isinstance(coco.get(key), list):
             raise ValueError(f"{where}: no {key!r} list (is it a COCO instances_*.json?)")
+    for section, need in keys.items():
+        seen = set()
+        for i, rec in enumerate(coco[section]):
+            name = f"{where}: {section}[{i}]" + (
+                f" (id {rec['id']!r})" if isinstance(rec, dict) and "id" in rec else ""
+            )
+            if not isinstance(rec, dict):
+                raise ValueError(f"{name} is {type(rec).__name__}, expected an object")
+            missing = [k for k in need if k not in rec]
+            if missing:
+                raise ValueError(f"{name} has no {', '.join(map(repr, missing))} (keys: {sorted(rec)})")
+            if "id" in rec:
+                if rec["id"] in seen:
+                    raise ValueError(f"{name}: id {rec['id']!r} appears twice in {section}")
+                seen.add(rec["id"])
+    for i, im in enumerate(coco["images"]):
+        for k in ("height", "width"):
+            if k in im and not (isinstance(im[k], (int, float)) and _finite(im[k]) and im[k] > 0):
+                raise ValueError(f"{where}: images[{i}] (id {im.get('id')!r}) has {k}={im[k]!r}, expected > 0")
     cats = {c["id"] for c in coco["categories"]}
     imgs = {im["id"] for im in coco["images"]}
     unknown = sorted({a["category_id"] for a in coco["annotations"]} - cats)
@@ -137,9 +180,18 @@ def check_instances(coco: dict, where: str = "COCO file") -> dict:
     missing = sorted({a["image_id"] for a in coco["annotations"]} - imgs)
     if missing:
         raise ValueError(f"{where}: annotations refer to image ids {missing[:10]} absent from its images")
-    bad = [a["id"] for a in coco["annotations"] if len(a["bbox"]) != 4 or a["bbox"][2] < 0 or a["bbox"][3] < 0]
+    bad = [
+        a["id"]
+        for a in coco["annotations"]
+        if not (isinstance(a["bbox"], (list, tuple)) and len(a["bbox"]) == 4 and _finite(a["bbox"]))
+        or a["bbox"][2] < 0
+        or a["bbox"][3] < 0
+    ]
     if bad:
-        raise ValueError(f"{where}: annotations {bad[:10]} have a bbox that is not [x, y, w >= 0, h >= 0]")
+        raise ValueError(
+            f"{where}: annotations {bad[:10]} ({len(bad)} in all) have a bbox that is not "
+            "[x, y, w >= 0, h >= 0] of finite numbers"
+        )
     return coco
 
 
@@ -154,12 +206,37 @@ def read_instances(path) -> dict:
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 
+def check_detections(detections: list[dict]) -> None:
+    """ValueError unless every detection has ``image_id``, ``category_id``, a finite ``bbox``
+    ``[x, y, w, h]`` and a finite ``score``. The error gives how many fail and the first few
+    (their index in ``detections`` and image id): pycocotools would score a NaN box as a hit."""
+    need = ("image_id", "category_id", "bbox", "score")
+    for i, d in enumerate(detections):
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise ValueError(f"detection {i} has no {', '.join(map(repr, missing))} (keys: {sorted(d)})")
+    bad = [
+        i
+        for i, d in enumerate(detections)
+        if not (isinstance(d["bbox"], (list, tuple)) and len(d["bbox"]) == 4 and _finite(d["bbox"]))
+        or not _finite(d["score"])
+    ]
+    if bad:
+        first = ", ".join(f"#{i} (image {detections[i]['image_id']})" for i in bad[:5])
+        raise ValueError(
+            f"{len(bad)} of {len(detections)} detections have a non-finite (NaN / inf) or malformed box or score: "
+            f"{first}{', ...' if len(bad) > 5 else ''}; the model diverged, or the boxes were scaled by a zero size"
+        )
+
+
 def coco_box_ap(gt: dict, detections: list[dict]) -> dict:
     """COCO box AP (pycocotools' COCOeval, iouType "bbox"), in percent.
 
     gt: a COCO instances dict; detections: ``{"image_id", "category_id", "bbox": [x, y, w, h],
     "score"}`` each. Returns AP (IoU 0.5:0.95), AP50, AP75, APs, APm, APl; a size range without
     ground truth gives -1 (pycocotools' value for "undefined"); no detections give AP 0.
+    A NaN or infinite box or score, in a detection or the ground truth, is a ValueError (naming
+    how many and which): pycocotools itself would count a NaN box as a perfect hit.
     """
     import contextlib
     import copy
@@ -168,7 +245,8 @@ def coco_box_ap(gt: dict, detections: list[dict]) -> dict:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    check_instances(gt, "ground truth")
+    check_instances(gt, "ground truth", EVAL_KEYS)
+    check_detections(detections)
     cats, imgs = {c["id"] for c in gt["categories"]}, {im["id"] for im in gt["images"]}
     bad_cat = sorted({d["category_id"] for d in detections} - cats)
     bad_img = sorted({d["image_id"] for d in detections} - imgs)
@@ -219,9 +297,18 @@ class CocoDetection:
 
     ``ds[i]`` / ``ds[(i, seed)]`` (flipped left-right with probability ``flip``): (image float
     [3, h, w] 0-255, ``{"boxes" [N, 4] xyxy, "labels" [N]}``).
+
+    An image that is missing, cannot be decoded, or whose size differs from the JSON's
+    ``width`` / ``height`` is a ValueError naming the file in evaluation (``ds[i]``); a training
+    item (``ds[(i, seed)]``) logs it once, counts it and takes the next usable image
+    (:mod:`inline_attn.data.unreadable`). A size mismatch is refused, not corrected: the boxes are
+    in the pixels the JSON describes, so the JSON and the folder disagree about the image.
     """
 
     def __init__(self, ann_file, image_dir, *, short_size: int = 800, max_size: int = 1333, flip: float = 0.0):
+        for name, v in (("short_size", short_size), ("max_size", max_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: expected a whole number of pixels >= 1")
         self.coco = read_instances(ann_file)
         self.image_dir = pathlib.Path(image_dir)
         if not self.image_dir.is_dir():
@@ -236,6 +323,7 @@ class CocoDetection:
         for a in self.coco["annotations"]:
             self._anns.setdefault(a["image_id"], []).append(a)
         self.short_size, self.max_size, self.flip = short_size, max_size, flip
+        self.unreadable = UnreadableFiles(len(self.images), self.describe, str(self.image_dir))
 
     def __len__(self) -> int:
         return len(self.images)
@@ -251,17 +339,35 @@ class CocoDetection:
     def coco_gt(self) -> dict:
         return self.coco
 
-    def __getitem__(self, item):
-        import torch
-        import torch.nn.functional as F
-        from PIL import Image
+    def describe(self, index: int) -> str:
+        return f"COCO image {self.image_dir / self.images[index]['file_name']}"
 
-        index, seed = item if isinstance(item, tuple) else (item, None)
+    def read(self, index: int) -> np.ndarray:
+        """Image ``index`` as RGB uint8 [H, W, 3] at its JSON size, or a ValueError naming the file."""
         im = self.images[index]
         path = self.image_dir / im["file_name"]
         if not path.is_file():
             raise ValueError(f"image {im['file_name']} (id {im['id']}) not found in {self.image_dir}")
-        img = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)).permute(2, 0, 1)
+        img = np.asarray(decode_image(path, f"image (id {im['id']})").convert("RGB"))
+        if img.shape[:2] != (im["height"], im["width"]):
+            raise ValueError(
+                f"image {path} (id {im['id']}) is {img.shape[1]}x{img.shape[0]} (width x height) but its annotation "
+                f"file says {im['width']}x{im['height']}: the boxes would be scaled wrongly; fix the JSON's width / "
+                "height or point it at the images it was made for"
+            )
+        return img
+
+    def __getitem__(self, item):
+        import torch
+        import torch.nn.functional as F
+
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        if seed is None:  # evaluation: stop, naming the file
+            pixels = self.read(index)
+        else:  # training: an unusable image is logged, counted and replaced by the next usable one
+            index, pixels = self.unreadable.substitute(index, lambda j: (j, self.read(j)))
+        im = self.images[index]
+        img = torch.from_numpy(pixels.astype(np.float32)).permute(2, 0, 1)
         s = self.scale(index)
         size = (max(1, round(img.shape[1] * s)), max(1, round(img.shape[2] * s)))
         img = F.interpolate(img[None], size=size, mode="bilinear", align_corners=False)[0]

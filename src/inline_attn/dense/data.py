@@ -7,6 +7,12 @@ same after a resume and under any number of loader workers.
 
 Every dataset returns float32 images ``[3, H, W]`` in 0-255 units (RGB, not normalised) and
 int64 labels ``[H, W]`` (``ignore_index`` = 255 where unlabelled or padded).
+
+A file that cannot be used (truncated, zero-byte or garbage image or label, labels of another
+size or out of range) is handled as the classification reader handles one
+(:mod:`inline_attn.data.unreadable`): a training item logs it once, counts it and takes the next
+readable sample instead; an evaluation item stops with a ValueError naming the file, since a
+skipped or substituted image would change the score.
 """
 
 from __future__ import annotations
@@ -17,8 +23,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
-from PIL import Image
-
+from ..data.unreadable import UnreadableFiles, decode_image
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
 from .transforms import (
     pad_to,
@@ -330,19 +335,23 @@ class ADE20K(torch.utils.data.Dataset):
         self.pairs = pairs[:subset] if subset else pairs
         self.root, self.split, self.reduce_zero_label = root, split, reduce_zero_label
         self.pipeline = pipeline or _SegPipeline(train=split.startswith("train"))
+        self.unreadable = UnreadableFiles(len(self.pairs), self.describe, str(img_dir))
 
     def __len__(self) -> int:
         return len(self.pairs)
 
+    def describe(self, index: int) -> str:
+        return f"ADE20K pair {self.pairs[index][0].name} / {self.pairs[index][1].name}"
+
     def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(RGB uint8 [H, W, 3], labels uint8 [H, W] after ``reduce_zero_label``), checked."""
+        """(RGB uint8 [H, W, 3], labels uint8 [H, W] after ``reduce_zero_label``), checked: a
+        ValueError naming the file when it cannot be decoded or does not fit its pair."""
         img_path, ann_path = self.pairs[index]
-        with Image.open(img_path) as im:
-            img = np.asarray(im.convert("RGB"))
-        with Image.open(ann_path) as im:
-            if im.mode not in ("L", "P"):
-                raise ValueError(f"label file {ann_path} has mode {im.mode}: expected a single-channel PNG (L or P)")
-            label = np.array(im)
+        img = np.asarray(decode_image(img_path, "image").convert("RGB"))
+        im = decode_image(ann_path, "label file")
+        if im.mode not in ("L", "P"):
+            raise ValueError(f"label file {ann_path} has mode {im.mode}: expected a single-channel PNG (L or P)")
+        label = np.array(im)
         if img.shape[:2] != label.shape:
             raise ValueError(
                 f"image {img_path} is {img.shape[1]}x{img.shape[0]} but its labels {ann_path} are "
@@ -364,7 +373,10 @@ class ADE20K(torch.utils.data.Dataset):
 
     def __getitem__(self, item):
         index, seed = item if isinstance(item, tuple) else (item, None)
-        img, label = self.read(index)
+        if seed is None:  # evaluation: stop, naming the file
+            img, label = self.read(index)
+        else:  # training: an unreadable pair is logged, counted and replaced by the next readable one
+            img, label = self.unreadable.substitute(index, self.read)
         return self.pipeline(img, label, seed)
 
 
@@ -520,7 +532,7 @@ def _mosaic_sets(cfg: dict, train: bool, progress: bool, wrap):
 def build_det_datasets(cfg: dict, *, train: bool = True, progress: bool = False):
     """(train set or None, val set) for a detection config's ``data``: the mosaics or a COCO-layout
     folder (``data.coco.{train,val}_{ann,images}``)."""
-    from .coco import CocoDetection
+    from .coco import EVAL_KEYS, CocoDetection, check_instances
 
     d = cfg["data"]
     if d["dataset"] == "mosaic":
@@ -533,4 +545,24 @@ def build_det_datasets(cfg: dict, *, train: bool = True, progress: bool = False)
         raise ValueError(f"data.dataset=coco needs data.coco.{{{', '.join(need)}}} (instances JSON and image folder)")
     kw = dict(short_size=int(c["short_size"]), max_size=int(c["max_size"]))
     tr = CocoDetection(c["train_ann"], c["train_images"], flip=float(d["flip"]), **kw) if train else None
-    return tr, CocoDetection(c["val_ann"], c["val_images"], **kw)
+    va = CocoDetection(c["val_ann"], c["val_images"], **kw)
+    check_instances(va.coco, c["val_ann"], EVAL_KEYS)  # what COCOeval reads, before any training
+    if tr is not None:
+        check_same_categories(tr, va, c["train_ann"], c["val_ann"])
+    return tr, va
+
+
+def check_same_categories(train_set, val_set, train_name, val_name) -> None:
+    """ValueError unless both sets have the same categories (ids and names): the model's label k
+    is category ``train_set.cat_ids[k]``, so any difference would score label k as another class."""
+    a = dict(zip(train_set.cat_ids, train_set.classes))
+    b = dict(zip(val_set.cat_ids, val_set.classes))
+    if a == b:
+        return
+    only_train, only_val = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    renamed = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    raise ValueError(
+        f"the validation annotations {val_name} have {len(b)} categories, the training ones {train_name} {len(a)}: "
+        f"ids only in training {only_train[:10]}, only in validation {only_val[:10]}, named differently "
+        f"{renamed[:10]}; both must list the same categories (COCO's instances_*.json all list the 80)"
+    )

@@ -27,11 +27,17 @@ DECODE_TYPES = ("semantic_fpn", "upernet")
 
 def slide_windows(h: int, w: int, crop: Sequence[int], stride: Sequence[int]) -> list[tuple[int, int, int, int]]:
     """mmseg's sliding-window grid over an h x w image: (y1, y2, x1, x2) windows of at most
-    ``crop`` size, ``stride`` apart, the last window of each row/column flush with the border."""
+    ``crop`` size, ``stride`` apart, the last window of each row/column flush with the border.
+    A stride larger than the crop is a ValueError (it would leave uncovered gaps)."""
     ch, cw = crop
     sh, sw = stride
     if min(ch, cw, sh, sw) <= 0:
         raise ValueError(f"crop {tuple(crop)} and stride {tuple(stride)} must be positive")
+    if sh > ch or sw > cw:  # windows further apart than their size leave pixels no window covers
+        raise ValueError(
+            f"slide stride {tuple(stride)} is larger than the crop {tuple(crop)}: the pixels between windows "
+            "would get no prediction; use a stride <= the crop (mmseg's ADE20K recipes: crop 512, stride 341)"
+        )
     rows = max(h - ch + sh - 1, 0) // sh + 1
     cols = max(w - cw + sw - 1, 0) // sw + 1
     out = []

@@ -15,8 +15,15 @@ Safety against interrupted and concurrent builds:
   releases it when its holder dies, so a killed build never blocks a later one. A process that
   waits longer than the lock timeout gives up with an error naming the lock, and the caller
   falls back to the eager path;
-- a library already in the cache is loaded as it is: nothing is written and no lock is taken, so
-  the cache may be read-only (build it ahead with ``inline-attn build-kernel``).
+- a build records the library's size and sha256 in its build record ``<name>.json`` beside it
+  (written atomically before the library is moved in). A library is loaded only when it matches
+  its record: a truncated library would otherwise kill the process with SIGBUS inside ``dlopen``
+  (exit 135, no message). One that does not match, or has no record, is rebuilt with a warning
+  naming it; in a read-only cache the kernel is skipped (eager path) with a warning saying how to
+  rebuild it;
+- a library already in the cache that matches its record is loaded as it is: nothing is written
+  and no lock is taken, so the cache may be read-only (build it ahead with
+  ``inline-attn build-kernel``).
 
 Cache folder: ``$INLINE_ATTN_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/inline_attn/kernels``, else
 ``~/.cache/inline_attn/kernels``. Lock timeout: ``$INLINE_ATTN_KERNEL_LOCK_TIMEOUT`` seconds
@@ -56,6 +63,7 @@ __all__ = [
     "cache_dir",
     "cpu_kernel_error",
     "kernel_spec",
+    "library_mismatch",
     "load_cpu_kernel",
 ]
 
@@ -102,6 +110,10 @@ class KernelSpec:
 
     def lock(self, folder: Optional[PathLike] = None) -> Path:
         return Path(folder or cache_dir()) / f"{self.name}.lock"
+
+    def record(self, folder: Optional[PathLike] = None) -> Path:
+        """The build record beside the library: its command, size and sha256 (JSON)."""
+        return Path(folder or cache_dir()) / f"{self.name}.json"
 
     def command(self, output: PathLike) -> list[str]:
         """The compiler command line writing the library to ``output``."""
@@ -211,7 +223,7 @@ class _BuildLock:
                 raise KernelBuildError(
                     f"gave up after {waited:.0f} s waiting for the kernel build lock {self.path}: another process "
                     "holds it (building the kernel, or stuck); the lock is released when that process exits. "
-                    "INLINE_ATTN_KERNEL_LOCK_TIMEOUT=SECONDS waits longer, INLINE_ATTN_CPU_KERNEL=0 skips the kernel"
+                    "INLINE_ATTN_KERNEL_LOCK_TIMEOUT=SECONDS waits longer, INLINE_ATTN_IMPL=eager skips the kernel"
                 )
             if not noticed and waited >= min(_WAIT_NOTICE_S, self.timeout / 2):
                 log.warning(
@@ -270,22 +282,58 @@ def _compile(spec: KernelSpec, folder: Path, verbose: bool) -> Path:
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
             raise KernelBuildError(f"compiling {spec.source} failed (exit {proc.returncode}):\n{tail}")
+        with open(out, "rb") as f:
+            os.fsync(f.fileno())
         manifest = {
             "source": str(spec.source),
             "key": spec.key,
             "torch": torch.__version__,
             "command": cmd,
             "build_s": round(time.monotonic() - t0, 1),
+            "size": out.stat().st_size,
+            "sha256": _sha256(out),
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        os.replace(tmp / "manifest.json", folder / f"{spec.name}.json")
-        with open(out, "rb") as f:
+        with open(tmp / "manifest.json", "w") as f:
+            f.write(json.dumps(manifest, indent=2))
+            f.flush()
             os.fsync(f.fileno())
+        # record first, then the library: a reader between the two sees a mismatch and rebuilds
+        # (under the lock, where it finds this build finished), never an unchecked library
+        os.replace(tmp / "manifest.json", spec.record(folder))
         os.replace(out, final)  # atomic: readers see no library or the whole one
         log.info("built %s in %.1f s", final, manifest["build_s"])
         return final
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def library_mismatch(spec: KernelSpec, folder: Optional[PathLike] = None) -> Optional[str]:
+    """Why the cached library of ``spec`` must not be loaded, or None when it matches the size and
+    sha256 its build recorded. A missing library gives "missing"."""
+    folder = Path(folder) if folder is not None else cache_dir()
+    lib, rec = spec.library(folder), spec.record(folder)
+    try:
+        size = lib.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    try:
+        record = json.loads(rec.read_text())
+        want_size, want_sha = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its build record {rec} is missing, unreadable or from an older inline-attn (no size / sha256)"
+    if size != want_size:
+        return f"it is {size} bytes but its build recorded {want_size} (truncated or overwritten)"
+    if _sha256(lib) != want_sha:
+        return "its sha256 differs from the one its build recorded (overwritten or corrupted)"
+    return None
 
 
 def build_cpu_kernel(
@@ -307,14 +355,18 @@ def build_cpu_kernel(
         lock_timeout: seconds to wait for another process building the same key.
         spec: a :func:`kernel_spec` to build instead of the default one for ``source``.
 
+    A library that does not match its build record (:func:`library_mismatch`) is rebuilt, with a
+    warning naming it.
+
     Raises:
-        KernelBuildError: no compiler, a compile error, a read-only cache without the library,
+        KernelBuildError: no compiler, a compile error, a read-only cache without a good library,
             or the lock wait timed out (the message names the file or lock).
     """
     spec = spec or kernel_spec(source)
     folder = Path(cache) if cache is not None else cache_dir()
     final = spec.library(folder)
-    if final.is_file() and not force:
+    why = library_mismatch(spec, folder)
+    if why is None and not force:
         return final
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -323,6 +375,12 @@ def build_cpu_kernel(
             f"cannot create the kernel cache {folder} ({e}); set INLINE_ATTN_KERNEL_CACHE to a writable folder"
         ) from None
     if not os.access(folder, os.W_OK):
+        if why != "missing":
+            raise KernelBuildError(
+                f"the kernel library {final} does not match its build ({why}) and the cache {folder} is "
+                "read-only; rebuild it with `inline-attn build-kernel --force` where the cache is writable, or "
+                "set INLINE_ATTN_KERNEL_CACHE to a writable folder"
+            )
         raise KernelBuildError(
             f"the kernel cache {folder} is read-only and holds no {final.name}; build it with "
             "`inline-attn build-kernel` where it is writable, or set INLINE_ATTN_KERNEL_CACHE"
@@ -333,8 +391,13 @@ def build_cpu_kernel(
     else:
         log.info("building the fused CPU kernel into %s (once per install)", final)
     with _BuildLock(spec.lock(folder), timeout):
-        if final.is_file() and not force:  # another process built it while we waited
+        why = library_mismatch(spec, folder)
+        if why is None and not force:  # another process built it while we waited
             return final
+        if why != "missing" and not force:
+            log.warning(
+                "inline-attn: the CPU kernel library %s does not match its build (%s): rebuilding it", final, why
+            )
         _remove_stale_builds(folder, spec.name)
         return _compile(spec, folder, verbose)
 
@@ -386,7 +449,7 @@ def _fail(memo: str, msg: str, warn: bool) -> bool:
     if warn:
         warnings.warn(
             f"inline-attn: the fused CPU kernel is not available ({msg[:600]}); using the eager path "
-            "(correct, slower at small N)",
+            "(correct, slower at small N; INLINE_ATTN_IMPL=eager chooses it without trying the kernel)",
             RuntimeWarning,
             stacklevel=3,
         )
