@@ -28,7 +28,7 @@ from ..models.profile import count_params
 from ..runtime.amp import grad_scaler, resolve_amp
 from ..runtime.checkpoint import LAST, check_resume, load_module, load_optimizer, load_resume, save_rotating
 from ..runtime.config import TypedConfig
-from ..runtime.distributed import SEED_STRIDE, DistInfo, barrier, cleanup, init_distributed
+from ..runtime.distributed import SEED_STRIDE, DistInfo, barrier, run_session
 from ..runtime.loop import (
     Cadence,
     LogWindow,
@@ -181,20 +181,12 @@ def train_dense(
     process group explicitly (tests); under torchrun they come from the environment."""
     if not isinstance(cfg, task.config):
         raise ValueError(f"{task.kind} training takes a {task.config.__name__}, got {type(cfg).__name__}")
-    threads = torch.get_num_threads()
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    info = init_distributed(cfg.train.device, rank=rank, world_size=world_size, init_method=init_method)
-    # deterministic mode is process-global: put it back afterwards (tests share one process)
-    det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
+    with run_session(
+        cfg.train.device, cfg.train.threads, rank=rank, world_size=world_size, init_method=init_method
+    ) as info:
         if info.enabled and not task.distributed:
             raise ValueError(f"{task.kind} training runs in one process (got world size {info.world_size})")
         return _Run(task, cfg, info).train()
-    finally:
-        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
-        torch.set_num_threads(threads)
-        cleanup(info)
 
 
 class _Run:

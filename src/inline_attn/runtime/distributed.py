@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -105,3 +106,30 @@ def barrier(info: DistInfo) -> None:
 def cleanup(info: DistInfo) -> None:
     if info.initialized_here and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def run_session(
+    device: str,
+    threads: int = 0,
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    init_method: Optional[str] = None,
+) -> Iterator[DistInfo]:
+    """A training run's process set-up: ``threads`` torch threads (0: as is), the process group
+    (:func:`init_distributed`); on exit the group is left and the thread count and the
+    process-global deterministic mode are put back (tests run many trainings in one process)."""
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    info = None
+    try:
+        info = init_distributed(device, rank=rank, world_size=world_size, init_method=init_method)
+        yield info
+    finally:
+        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
+        torch.set_num_threads(old_threads)
+        if info is not None:
+            cleanup(info)

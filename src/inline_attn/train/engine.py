@@ -31,7 +31,7 @@ from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import count_params, profile
 from ..runtime.amp import grad_scaler, resolve_amp
-from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
+from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum, barrier, run_session
 from ..runtime.ema import ModelEma
 from ..runtime.loop import OutputLock, StopFlag
 from ..runtime.optim import CosineSchedule, build_optimizer
@@ -110,18 +110,10 @@ def train(
     """
     if not isinstance(cfg, Config):
         raise ValueError(f"train() takes a Config (inline_attn.train.load_config), got {type(cfg).__name__}")
-    threads = torch.get_num_threads()
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    info = init_distributed(cfg.train.device, rank=rank, world_size=world_size, init_method=init_method)
-    # deterministic mode is process-global: put it back afterwards (tests share one process)
-    det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
+    with run_session(
+        cfg.train.device, cfg.train.threads, rank=rank, world_size=world_size, init_method=init_method
+    ) as info:
         return _train(cfg, info)
-    finally:
-        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
-        torch.set_num_threads(threads)
-        cleanup(info)
 
 
 def _set_determinism(cfg: Config, device: torch.device) -> None:
