@@ -181,3 +181,42 @@ def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatc
     assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["iterations"] == 1
     assert torch.load(tmp_path / "run" / LAST, weights_only=False)["step"] == 1
     assert exit_code(s["signal"]) == 128 + signal.SIGTERM
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, str]]:
+    """(module as written, imported name) of every ``from X import name`` in ``path`` (lazy ones too)."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            mod = "." * node.level + (node.module or "")
+            out += [(mod, a.name) for a in node.names]
+    return out
+
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "inline_attn"
+
+
+def test_runtime_imports_no_task_and_dense_no_private_train_names():
+    """runtime/ sits below the tasks; dense/ takes nothing private from train/ nor det from seg."""
+    for path in (SRC / "runtime").glob("*.py"):
+        for mod, _ in _imports(path):
+            top = mod.lstrip(".").split(".")[0] if mod.startswith("..") else ""
+            assert top not in {"train", "dense", "analysis", "bench", "experiments", "cli"}, (path.name, mod)
+    for path in (SRC / "dense").glob("*.py"):
+        for mod, name in _imports(path):
+            if mod.startswith("..train"):
+                assert not name.startswith("_"), (path.name, mod, name)
+    det = [(m, n) for m, n in _imports(SRC / "dense" / "det_engine.py") if m == ".engine"]
+    assert det == [], det
+
+
+def test_a_dict_config_of_earlier_versions_is_checked_and_trains(tmp_path, ade):
+    data = _seg(tmp_path / "run", ade).to_dict()
+    assert train_seg(data)["iterations"] == 2
+    data["optim"]["clip_grad"] = -1
+    with pytest.raises(ValueError, match="optim.clip_grad=-1.0: must be >= 0"):
+        train_seg(data)
+    with pytest.raises(ValueError, match="segmentation training takes a SegConfig, got DetConfig"):
+        train_seg(DetConfig())

@@ -169,7 +169,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from ..train.distributed import cleanup, init_distributed
+    from ..runtime.distributed import cleanup, init_distributed
     from .data import build_seg_datasets
     from .engine import evaluate_seg, load_segmentor, save_predictions_png
 

@@ -10,7 +10,7 @@ did-you-mean, types, ranges: a ValueError naming the key, the value and what was
 
 The model sections split in two: the backbone's settings (:data:`BACKBONE_SETTINGS`) and
 everything else, which goes by name to :func:`~inline_attn.dense.build_segmentor` or
-:func:`~inline_attn.dense.build_detector` (:meth:`SegModelCfg.head_kwargs`): a new head setting
+:func:`~inline_attn.dense.build_detector` (:meth:`DenseModelCfg.head_kwargs`): a new head setting
 is one field here.
 
 The segmentation defaults are the paper's ADE20K Semantic FPN recipe (PVT's: 512 x 512 crops, 16

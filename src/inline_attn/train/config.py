@@ -250,7 +250,7 @@ class Config(TypedConfig):
         return SECTIONS
 
 
-SECTIONS: dict[str, type] = TypedConfig.sections.__func__(Config)  # the section classes, by name
+SECTIONS: dict[str, type] = {f.name: tp for f, tp in fields_of(Config)}  # the section classes, by name
 FREEFORM = ("model.kwargs",)  # settings that take a mapping
 
 
