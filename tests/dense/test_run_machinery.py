@@ -220,3 +220,9 @@ def test_a_dict_config_of_earlier_versions_is_checked_and_trains(tmp_path, ade):
         train_seg(data)
     with pytest.raises(ValueError, match="segmentation training takes a SegConfig, got DetConfig"):
         train_seg(DetConfig())
+
+
+def test_an_output_under_a_file_is_a_clear_error(tmp_path, ade):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"cannot write the run's outputs into .*file/run \(NotADirectoryError"):
+        train_seg(_seg(tmp_path / "file" / "run", ade))

@@ -129,9 +129,15 @@ class OutputLock:
             return self
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only place, or a file where a folder should be
+            raise ValueError(
+                f"cannot write the run's outputs into {self.folder} ({type(e).__name__}: {e.strerror or e}): "
+                "choose a writable --output folder"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
