@@ -37,8 +37,6 @@ FORBIDDEN = {
 # is a debt of issue 24 owned by the work named beside it; delete the entry with the import. The test
 # fails on an entry that no longer occurs, so the list can only shrink.
 ALLOWED_PRIVATE = {
-    # the --section.key flag generation moves into the shared config machinery (issue 24, config part)
-    ("inline_attn.cli.train", "inline_attn.train.config", "_FREEFORM"),
     # layers take the token-grid check from a private ops module; ops should export it (issue 24, ops part)
     ("inline_attn.layers.attention", "inline_attn.ops._checks", "check_feat_size"),
 }

@@ -49,11 +49,36 @@ def test_unreadable_last_falls_back_to_previous(interrupted, tmp_path, caplog):
     out = _copy_run(src, tmp_path / "run")
     data = (out / "last.pth").read_bytes()
     (out / "last.pth").write_bytes(data[: len(data) // 2])  # a torn file
-    with caplog.at_level(logging.WARNING, logger="inline_attn.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="inline_attn.runtime.checkpoint"):
         s = _resume(out, common, **{"data.workers": 0, "train.max_steps": 0})  # both may change
     assert "last.pth" in caplog.text and "truncated or corrupted" in caplog.text
     assert "resuming from" in caplog.text and "previous.pth" in caplog.text
     assert s["steps"] == 4 and s["interrupted"] is None
+
+
+def test_fallback_is_not_overwritten_by_the_unreadable_checkpoint(interrupted, tmp_path):
+    """After a resume from previous.pth, the next save must not rotate the torn last.pth over it."""
+    _, src, common = interrupted
+    out = _copy_run(src, tmp_path / "run")
+    data = (out / "last.pth").read_bytes()
+    (out / "last.pth").write_bytes(data[: len(data) // 2])
+    s = _resume(out, common, **{"data.workers": 0, "train.max_steps": 0})
+    assert s["steps"] == 4
+    assert ckpt_io.load(out / "previous.pth")["step"] == 2  # the fallback, still readable
+    assert ckpt_io.load(out / "last.pth")["step"] == 4
+    assert (out / "last.pth.unreadable").read_bytes() == data[: len(data) // 2]  # kept aside, not deleted
+
+
+def test_a_second_run_on_the_same_output_is_refused(interrupted, tmp_path):
+    from inline_attn.runtime.loop import OutputLock
+
+    _, src, common = interrupted
+    out = _copy_run(src, tmp_path / "run")
+    before = (out / "last.pth").read_bytes()
+    with OutputLock(out):
+        with pytest.raises(ValueError, match=f"output folder {out} is in use by another run"):
+            _resume(out, common)
+    assert (out / "last.pth").read_bytes() == before
 
 
 def test_no_readable_checkpoint_is_an_error_naming_both(interrupted, tmp_path):

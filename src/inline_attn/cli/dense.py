@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .._io import writable_dir
-from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, flat_keys, load_det_config, load_seg_config, parse_value
+from ..runtime.config import add_override_options, collect_overrides
+from ..runtime.loop import exit_code
+from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, DetConfig, SegConfig, load_det_config, load_seg_config
 
 
 def _configs_dir() -> pathlib.Path:
@@ -20,31 +22,12 @@ def _configs_dir() -> pathlib.Path:
     return configs_dir()
 
 
-def _add_overrides(p: argparse.ArgumentParser, defaults: dict = SEG_DEFAULTS) -> None:
-    g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
-    for key, default in flat_keys(defaults):
-        g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="V", help=f"default: {default!r}")
-    g.add_argument(
-        "--set",
-        dest="ov_set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any dotted key, e.g. --set model.backbone_kwargs.pattern=SSSS (repeatable)",
-    )
+def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig) -> None:
+    add_override_options(p, config, "model.backbone_kwargs.pattern=SSSS")
 
 
 def _overrides(args: argparse.Namespace) -> list:
-    out = []
-    for k, v in vars(args).items():
-        if k.startswith("ov:") and v is not None:
-            out.append((k[3:], parse_value(v)))
-    for item in getattr(args, "ov_set", []):
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out.append((k, parse_value(v)))
-    return out
+    return collect_overrides(args, ("model.backbone_kwargs",))
 
 
 def _fmt(res: dict) -> str:
@@ -73,7 +56,7 @@ class DenseTask:
     written once against it."""
 
     name: str  # the subcommand: "seg" or "det"
-    defaults: dict  # every config key with its default (the --section.key overrides)
+    config: type  # the typed config (its settings are the --section.key overrides)
     load_config: Callable  # (path, overrides) -> config dict
     train: Callable  # config -> summary dict
     metric: str  # the summary key that is present when a run finished with an evaluation
@@ -87,7 +70,7 @@ class DenseTask:
 
 SEG = DenseTask(
     name="seg",
-    defaults=SEG_DEFAULTS,
+    config=SegConfig,
     load_config=load_seg_config,
     train=_train_seg,
     metric="mIoU",
@@ -103,7 +86,7 @@ SEG = DenseTask(
 )
 DET = DenseTask(
     name="det",
-    defaults=DET_DEFAULTS,
+    config=DetConfig,
     load_config=load_det_config,
     train=_train_det,
     metric="AP",
@@ -130,7 +113,7 @@ def cmd_train(args) -> int:
             f"done: {task.fmt(summary)}  ({summary['iterations']} iterations, "
             f"{summary['train_time_s'] / 60:.1f} min); outputs in {summary['output']}"
         )
-    return 0
+    return exit_code(summary.get("signal"))
 
 
 def cmd_demo(args) -> int:
@@ -187,16 +170,14 @@ def cmd_compare(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from ..train.distributed import cleanup, init_distributed
+    from ..runtime.distributed import cleanup, init_distributed
     from ..dense.data import build_seg_datasets
     from ..dense.engine import evaluate_seg, load_segmentor, save_predictions_png
-    from ..dense.config import set_key
 
     info = init_distributed(args.device)
     try:
         model, cfg = load_segmentor(args.checkpoint, info.device)
-        for k, v in _overrides(args):
-            set_key(cfg, k, v)
+        cfg = cfg.replace(**dict(_overrides(args)))
         _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
         t0 = time.time()
         res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
@@ -220,7 +201,6 @@ def cmd_eval(args) -> int:
 def cmd_det_eval(args) -> int:
     import torch
 
-    from ..dense.config import set_key
     from ..dense.data import build_det_datasets
     from ..dense.det_engine import evaluate_det, load_detector, save_detections_png
 
@@ -228,8 +208,7 @@ def cmd_det_eval(args) -> int:
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     )
     model, cfg = load_detector(args.checkpoint, device)
-    for k, v in _overrides(args):
-        set_key(cfg, k, v)
+    cfg = cfg.replace(**dict(_overrides(args)))
     if cfg["train"]["threads"]:  # the run's thread count (small ops: a second thread may only contend)
         torch.set_num_threads(int(cfg["train"]["threads"]))
     _, val = build_det_datasets(cfg, train=False, progress=True)
@@ -275,7 +254,7 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
 
     cfg = load_seg_config(config, overrides)
     n = num_classes or cfg["model"]["num_classes"] or (11 if cfg["data"]["dataset"] == "mosaic" else 150)
-    model = build_from_config(dict(cfg, model=dict(cfg["model"], pretrained=None, checkpoint=None)), int(n))
+    model = build_from_config(cfg.replace(**{"model.pretrained": None, "model.checkpoint": None}), int(n))
     parts = {
         name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
         for name in ("backbone", "neck", "decode_head", "aux_head")
@@ -329,7 +308,7 @@ def _task_parsers(subparsers, task: DenseTask, *, help: str, description: str, t
     p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
     p.add_argument("--output", help="output folder (= --train.output)")
-    _add_overrides(p, task.defaults)
+    _add_overrides(p, task.config)
     p.set_defaults(func=cmd_train, task=task.name)
     return sub
 
@@ -343,7 +322,7 @@ def _demo_and_compare(sub, task: DenseTask, *, demo_desc: str, metric_name: str)
     )
     p.add_argument("--output", default=f"runs/{task.name}_demo")
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
-    _add_overrides(p, task.defaults)
+    _add_overrides(p, task.config)
     p.set_defaults(func=cmd_demo, task=task.name)
 
     p = sub.add_parser(
@@ -359,7 +338,7 @@ def _demo_and_compare(sub, task: DenseTask, *, demo_desc: str, metric_name: str)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--output", default=f"runs/{task.name}_compare")
     p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
-    _add_overrides(p, task.defaults)
+    _add_overrides(p, task.config)
     p.set_defaults(func=cmd_compare, task=task.name)
 
 
@@ -449,7 +428,7 @@ def register_det(subparsers) -> None:
     )
     _eval_args(p)
     p.add_argument("--png", help="write a PNG of a few images: ground truth beside the detections")
-    _add_overrides(p, DET_DEFAULTS)
+    _add_overrides(p, DetConfig)
     p.set_defaults(func=cmd_det_eval)
 
     _demo_and_compare(

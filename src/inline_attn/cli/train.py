@@ -8,48 +8,18 @@ import pathlib
 import time
 
 from .._io import atomic_write_text
-from ..train.config import _FREEFORM, DEMO_CONFIG, SECTIONS, configs_dir, fields_of, load_config, parse_value
+from ..runtime.config import add_override_options, collect_overrides as _collect
+from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
 
 def _add_override_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
-    for section, cls in SECTIONS.items():
-        for f, _ in fields_of(cls):
-            dest = f"{section}.{f.name}"
-            doc = f.metadata.get("doc", "")
-            if (section, f.name) in _FREEFORM:
-                g.add_argument(f"--{dest}", dest=f"ov:{dest}", metavar="MAPPING", help=doc)
-            else:
-                default = cls().__getattribute__(f.name)
-                g.add_argument(
-                    f"--{dest}", dest=f"ov:{dest}", metavar="V", help=f"{doc} (default: {default!r})".replace("%", "%%")
-                )
-    g.add_argument(
-        "--set",
-        dest="ov_set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any dotted key, e.g. --set model.kwargs.embed_dim=64 (repeatable)",
-    )
+    add_override_options(p, Config, "model.kwargs.embed_dim=64")
 
 
 def collect_overrides(args: argparse.Namespace) -> list:
-    out = []
-    for k, v in vars(args).items():
-        if k.startswith("ov:") and v is not None:
-            val = parse_value(v)
-            if k == "ov:model.kwargs" and not isinstance(val, dict):
-                raise ValueError(f"--model.kwargs expects a YAML mapping such as '{{depth: 4}}', got {v!r}")
-            out.append((k[3:], val))
-    for item in args.ov_set:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out.append((k, parse_value(v)))
-    return out
+    return _collect(args, FREEFORM)
 
 
 def _exit_code(summary: dict) -> int:

@@ -1,253 +1,358 @@
-"""Segmentation configs: the defaults below, a YAML file on top (``_base_`` chains), then
-``--section.key VALUE`` overrides. Unknown keys are errors; ``model.backbone_kwargs`` is free-form
-(arguments of :class:`~inline_attn.dense.DenseBackbone` / :func:`inline_attn.create_model`).
+"""Segmentation and detection configs: typed sections on :mod:`inline_attn.runtime.config`.
 
-The defaults are the paper's ADE20K Semantic FPN recipe (PVT's: 512 x 512 crops, 16 images per
-step over 8 GPUs, AdamW lr 2e-4, weight decay 1e-4, poly decay of power 0.9 over 40k iterations).
+:class:`SegConfig` and :class:`DetConfig` hold one dataclass per section (``model``, ``data``,
+``optim``, ``sched``, ``eval``, ``train``); ``data.mosaic`` and ``data.coco`` are nested sections.
+A config is the defaults below, a YAML file on top (``_base_`` chains), then ``--section.key
+VALUE`` overrides; every value is checked before any work starts (unknown keys with
+did-you-mean, types, ranges: a ValueError naming the key, the value and what was expected).
+``model.backbone_kwargs`` is free-form (arguments of :class:`~inline_attn.dense.DenseBackbone` /
+:func:`inline_attn.create_model`).
+
+The model sections split in two: the backbone's settings (:data:`BACKBONE_SETTINGS`) and
+everything else, which goes by name to :func:`~inline_attn.dense.build_segmentor` or
+:func:`~inline_attn.dense.build_detector` (:meth:`DenseModelCfg.head_kwargs`): a new head setting
+is one field here.
+
+The segmentation defaults are the paper's ADE20K Semantic FPN recipe (PVT's: 512 x 512 crops, 16
+images per step over 8 GPUs, AdamW lr 2e-4, weight decay 1e-4, poly decay of power 0.9 over 40k
+iterations); detection's is FCOS (Tian et al. 2019) on the same backbone, optimiser and schedule.
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
+import dataclasses
 import os
-from typing import Any, Iterable, Optional, Union
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Optional, Union
 
-import yaml
-
-from .._io import atomic_write_text
-from ..train.config import parse_value, read_yaml
+from ..runtime.config import (
+    Subscriptable,
+    TypedConfig,
+    check_device,
+    check_mean_std,
+    check_output,
+    parse_value,
+    setting,
+)
+from ..runtime.optim import OPTIMIZERS
 
 __all__ = [
+    "BACKBONE_SETTINGS",
     "DET_DEFAULTS",
     "SEG_DEFAULTS",
+    "DetConfig",
+    "SegConfig",
     "load_det_config",
     "load_seg_config",
     "parse_value",
     "save_config",
-    "set_key",
 ]
 
-ADE_MEAN = [123.675, 116.28, 103.53]  # ImageNet mean / std in 0-255 units (RGB), as mmseg
-ADE_STD = [58.395, 57.12, 57.375]
-
-SEG_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {
-        "decode": "semantic_fpn",  # semantic_fpn | upernet
-        "backbone": "inline_pvt_tiny",
-        "backbone_kwargs": {},  # free-form: pattern, embed_dims, depths, out_norms, ...
-        "pretrained": None,  # classification checkpoint (ours or the authors') for the backbone
-        "checkpoint": None,  # whole-segmentor weights to start from
-        "drop_path": None,  # backbone stochastic depth (None: the variant's default)
-        "frozen_stages": -1,
-        "norm_eval": False,
-        "channels": None,  # decode head width (None: 128 semantic_fpn, 512 upernet)
-        "neck_channels": 256,
-        "aux_weight": None,  # None: 0 for semantic_fpn, 0.4 for upernet (FCN head on stride 16)
-        "aux_channels": 256,
-        "dropout": 0.1,
-        "num_classes": None,  # None: the dataset's (150 ADE20K, 11 mosaics)
-        "ignore_index": 255,
-        "avg_non_ignore": False,
-    },
-    "data": {
-        "dataset": "ade20k",  # ade20k (ADEChallengeData2016 layout) | mosaic (Fashion-MNIST mosaics)
-        "path": None,  # ADE20K root, or the Fashion-MNIST folder for mosaics (None: Debian's)
-        "reduce_zero_label": True,
-        "crop_size": [512, 512],
-        "scale": [2048, 512],  # RandomResize / test Resize target (long, short) edge
-        "ratio_range": [0.5, 2.0],
-        "cat_max_ratio": 0.75,
-        "flip": 0.5,
-        "photometric": True,
-        "mean": ADE_MEAN,
-        "std": ADE_STD,
-        "batch_size": 2,  # per process
-        "workers": 2,
-        "val_subset": 0,  # evaluate on the first N validation images (0: all)
-        "mosaic": {
-            "size": 64,
-            "train": 4000,
-            "val": 300,
-            "seed": 0,
-            "pool": 0,
-            "objects": [2, 3],
-            "scale": [1.0, 1.0],
-            "noise": 0.05,
-            "max_overlap": 0.15,
-        },
-    },
-    "optim": {
-        "opt": "adamw",
-        "lr": 2.0e-4,
-        "weight_decay": 1.0e-4,
-        "betas": [0.9, 0.999],
-        "eps": 1.0e-8,
-        "clip_grad": None,
-    },
-    "sched": {
-        "iters": 40000,
-        "warmup_iters": 0,
-        "warmup_ratio": 1.0e-6,  # warm-up starts at lr * warmup_ratio (linear)
-        "power": 0.9,
-        "min_lr": 0.0,
-    },
-    "eval": {
-        "mode": "whole",  # whole | slide
-        "crop_size": [512, 512],
-        "stride": [341, 341],
-        "flip": False,
-        "interval": 4000,  # evaluate every N iterations (and at the end); 0: only at the end
-        "batch_size": 1,
-    },
-    "train": {
-        "output": "runs/seg",
-        "seed": 0,
-        "device": "auto",
-        "amp": "none",  # none | bf16 | fp16 (CUDA) | auto (fp16 on CUDA)
-        "resume": None,  # None | auto | path
-        "checkpoint_interval": 4000,
-        "max_steps": 0,  # stop (with a checkpoint) after this many iterations (0: no limit)
-        "log_interval": 50,
-        "progress": True,
-        "threads": 0,
-        "deterministic": False,
-        "predictions_png": True,  # a PNG of validation predictions beside the ground truth
-    },
-}
-
-# The detector's recipe (FCOS, Tian et al. 2019: 4 tower convs, centre sampling radius 1.5,
-# focal alpha 0.25 / gamma 2, NMS 0.6, 100 detections) on the same backbone, data, optimiser,
-# schedule and run settings as segmentation; data.dataset "coco" reads an instances JSON.
-DET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {
-        "backbone": "inline_pvt_tiny",
-        "backbone_kwargs": {},
-        "pretrained": None,
-        "checkpoint": None,
-        "drop_path": None,
-        "frozen_stages": -1,
-        "norm_eval": False,
-        "neck_channels": 256,
-        "head_channels": None,  # None: neck_channels
-        "num_convs": 4,
-        "range_scale": 8.0,  # level l takes objects whose largest point-to-side distance is in [8 s_{l-1}, 8 s_l)
-        "center_radius": 1.5,
-        "focal_alpha": 0.25,
-        "focal_gamma": 2.0,
-        "score_threshold": 0.05,
-        "pre_nms": 1000,
-        "nms_iou": 0.6,
-        "max_per_image": 100,
-        "num_classes": None,  # None: the dataset's (10 mosaics, the JSON's categories for COCO)
-    },
-    "data": {
-        "dataset": "mosaic",  # mosaic | coco
-        "path": None,  # the Fashion-MNIST folder for mosaics (None: Debian's)
-        "coco": {
-            "train_ann": None,  # instances_train2017.json
-            "train_images": None,  # its image folder
-            "val_ann": None,
-            "val_images": None,
-            "short_size": 800,  # images resized to short side 800, long side <= 1333 (mmdet's 1x scale)
-            "max_size": 1333,
-        },
-        "flip": 0.5,
-        "mean": ADE_MEAN,
-        "std": ADE_STD,
-        "batch_size": 2,
-        "workers": 0,
-        "val_subset": 0,
-        "mosaic": copy.deepcopy(SEG_DEFAULTS["data"]["mosaic"]),
-    },
-    "optim": copy.deepcopy(SEG_DEFAULTS["optim"]),
-    "sched": copy.deepcopy(SEG_DEFAULTS["sched"]),
-    "eval": {"interval": 4000, "batch_size": 8},
-    "train": dict(copy.deepcopy(SEG_DEFAULTS["train"]), output="runs/det"),
-}
-
-_FREEFORM = {("model", "backbone_kwargs")}
+PathLike = Union[str, os.PathLike]
+ADE_MEAN = (123.675, 116.28, 103.53)  # ImageNet mean / std in 0-255 units (RGB), as mmseg
+ADE_STD = (58.395, 57.12, 57.375)
 
 
-def _suggest(key: str, options) -> str:
-    close = difflib.get_close_matches(key, list(options), n=3)
-    return f" (did you mean {', '.join(close)}?)" if close else f" (known: {', '.join(sorted(options))})"
+def _positive_pair(key: str, value) -> None:
+    if value is not None and min(value) < 1:
+        raise ValueError(f"{key}={list(value)}: expected two integers >= 1")
 
 
-def _merge(base: dict, update: dict, prefix: tuple = ()) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in (update or {}).items():
-        path = prefix + (k,)
-        if k not in out:
-            raise ValueError(f"unknown config key {'.'.join(path)!r}{_suggest(k, out)}")
-        if path in _FREEFORM:
-            if not isinstance(v, dict):
-                raise ValueError(f"config key {'.'.join(path)!r} expects a mapping, got {v!r}")
-            out[k] = {**out[k], **v}
-        elif isinstance(out[k], dict):
-            if not isinstance(v, dict):
-                raise ValueError(f"config key {'.'.join(path)!r} is a section: expected a mapping, got {v!r}")
-            out[k] = _merge(out[k], v, path)
-        else:
-            out[k] = v
-    return out
+# --- model
 
 
-def set_key(cfg: dict, key: str, value: Any) -> None:
-    """``cfg[a][b] = value`` for ``key = "a.b"`` (keys under ``model.backbone_kwargs`` may be new)."""
-    parts = tuple(key.split("."))
-    node = cfg
-    for i, p in enumerate(parts[:-1]):
-        if parts[: i + 1] in _FREEFORM:
-            node = node.setdefault(p, {})
-            for q in parts[i + 1 : -1]:
-                node = node.setdefault(q, {})
-            node[parts[-1]] = value
-            return
-        if not isinstance(node.get(p), dict):
+@dataclass
+class DenseModelCfg(Subscriptable):
+    """The backbone's settings, shared by segmentation and detection."""
+
+    backbone: str = setting("inline_pvt_tiny", doc="registered backbone model name")
+    backbone_kwargs: dict = setting(factory=dict, doc="free-form: pattern, embed_dims, depths, out_norms, ...")
+    pretrained: Optional[str] = setting(None, doc="classification checkpoint (ours or the authors') for the backbone")
+    checkpoint: Optional[str] = setting(None, doc="whole-model weights to start from")
+    drop_path: Optional[float] = setting(None, ge=0, lt=1, doc="backbone stochastic depth (null: the variant's)")
+    frozen_stages: int = setting(-1, ge=-1, doc="stages kept frozen (-1: none)")
+    norm_eval: bool = setting(False, doc="backbone norms in eval mode")
+    num_classes: Optional[int] = setting(None, ge=1, doc="null: the dataset's")
+
+    def backbone_kwargs_for_build(self) -> dict:
+        """:class:`~inline_attn.dense.DenseBackbone`'s arguments: ``backbone_kwargs`` and the
+        backbone settings (a checkpoint named in a config is trusted, as classification's)."""
+        kw = dict(self.backbone_kwargs)
+        kw.update(
+            frozen_stages=self.frozen_stages, norm_eval=self.norm_eval, pretrained=self.pretrained, weights_only=False
+        )
+        if self.drop_path is not None:
+            kw["drop_path_rate"] = self.drop_path
+        return kw
+
+    def head_kwargs(self) -> dict:
+        """Every setting that is not the backbone's, by name (the builder's keyword arguments)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in BACKBONE_SETTINGS}
+
+
+BACKBONE_SETTINGS = frozenset(f.name for f in dataclasses.fields(DenseModelCfg))
+
+
+@dataclass
+class SegModelCfg(DenseModelCfg):
+    decode: Literal["semantic_fpn", "upernet"] = setting("semantic_fpn", doc="decode head")
+    channels: Optional[int] = setting(None, ge=1, doc="decode head width (null: 128 semantic_fpn, 512 upernet)")
+    neck_channels: int = setting(256, ge=1, doc="FPN neck width")
+    aux_weight: Optional[float] = setting(
+        None, ge=0, doc="auxiliary FCN head loss weight (null: 0 semantic_fpn, 0.4 upernet)"
+    )
+    aux_channels: int = setting(256, ge=1, doc="auxiliary head width")
+    dropout: float = setting(0.1, ge=0, lt=1, doc="dropout before the classifier")
+    ignore_index: int = setting(255, ge=0, doc="label value ignored by the loss and the metrics")
+    avg_non_ignore: bool = setting(False, doc="average the loss over non-ignored pixels only")
+
+
+@dataclass
+class DetModelCfg(DenseModelCfg):
+    neck_channels: int = setting(256, ge=1, doc="FPN neck width")
+    head_channels: Optional[int] = setting(None, ge=1, doc="FCOS tower width (null: neck_channels)")
+    num_convs: int = setting(4, ge=0, doc="convolutions per FCOS tower")
+    range_scale: float = setting(
+        8.0, gt=0, doc="level l takes objects whose largest point-to-side distance is in [r s_{l-1}, r s_l)"
+    )
+    center_radius: float = setting(1.5, gt=0, doc="centre sampling radius (in strides)")
+    focal_alpha: float = setting(0.25, ge=0, le=1, doc="focal loss alpha")
+    focal_gamma: float = setting(2.0, ge=0, doc="focal loss gamma")
+    score_threshold: float = setting(0.05, ge=0, le=1, doc="detections below this score are dropped")
+    pre_nms: int = setting(1000, ge=1, doc="top candidates per level before NMS")
+    nms_iou: float = setting(0.6, gt=0, le=1, doc="NMS IoU threshold")
+    max_per_image: int = setting(100, ge=1, doc="detections kept per image")
+
+
+# --- data
+
+
+@dataclass
+class MosaicCfg(Subscriptable):
+    """Fashion-MNIST mosaics (:class:`~inline_attn.dense.MosaicSpec`)."""
+
+    size: int = setting(64, ge=8, doc="canvas side in pixels")
+    train: int = setting(4000, ge=1, doc="training mosaics")
+    val: int = setting(300, ge=1, doc="validation mosaics")
+    seed: int = setting(0, ge=0, doc="mosaic seed")
+    pool: int = setting(0, ge=0, doc="garments drawn from the first N of a split (0: all)")
+    objects: tuple[int, int] = setting((2, 3), doc="garments per mosaic, [min, max]")
+    scale: tuple[float, float] = setting((1.0, 1.0), doc="garment scale range")
+    noise: float = setting(0.05, ge=0, doc="canvas noise")
+    max_overlap: float = setting(0.15, ge=0, le=1, doc="largest overlap between garments")
+
+    def check(self) -> None:
+        lo, hi = self.objects
+        if not 1 <= lo <= hi:
+            raise ValueError(f"data.mosaic.objects={list(self.objects)}: expected 1 <= min <= max")
+        lo, hi = self.scale
+        if not 0 < lo <= hi:
+            raise ValueError(f"data.mosaic.scale={list(self.scale)}: expected 0 < low <= high")
+
+
+@dataclass
+class CocoCfg(Subscriptable):
+    """A COCO-layout folder: instances JSON and image folder per split."""
+
+    train_ann: Optional[str] = setting(None, doc="instances_train2017.json")
+    train_images: Optional[str] = setting(None, doc="its image folder")
+    val_ann: Optional[str] = setting(None, doc="instances_val2017.json")
+    val_images: Optional[str] = setting(None, doc="its image folder")
+    short_size: int = setting(800, ge=1, doc="images resized to this short side (mmdet's 1x scale)")
+    max_size: int = setting(1333, ge=1, doc="... and a long side at most this")
+
+    def check(self) -> None:
+        if self.max_size < self.short_size:
             raise ValueError(
-                f"unknown config key {key!r}{_suggest(p, [k for k, v in node.items() if isinstance(v, dict)])}"
+                f"data.coco.max_size={self.max_size} is below data.coco.short_size={self.short_size}: "
+                "expected max_size >= short_size"
             )
-        node = node[p]
-    if parts[-1] not in node:
-        raise ValueError(f"unknown config key {key!r}{_suggest(parts[-1], node)}")
-    if isinstance(node[parts[-1]], dict) and parts not in _FREEFORM:
-        raise ValueError(f"config key {key!r} is a section; set one of its keys ({', '.join(node[parts[-1]])})")
-    node[parts[-1]] = value
 
 
-def load_seg_config(path: Optional[Union[str, os.PathLike]] = None, overrides: Iterable[tuple[str, Any]] = ()) -> dict:
-    """SEG_DEFAULTS <- YAML file (following ``_base_``) <- overrides (dotted keys)."""
-    return load_config(SEG_DEFAULTS, path, overrides)
+@dataclass
+class DenseDataCfg(Subscriptable):
+    path: Optional[str] = setting(None, doc="dataset root, or the Fashion-MNIST folder for mosaics (null: Debian's)")
+    flip: float = setting(0.5, ge=0, le=1, doc="horizontal flip probability")
+    mean: tuple[float, ...] = setting(ADE_MEAN, doc="per-channel mean, 0-255 units")
+    std: tuple[float, ...] = setting(ADE_STD, doc="per-channel std, 0-255 units")
+    batch_size: int = setting(2, ge=1, doc="images per process and iteration")
+    workers: int = setting(2, ge=0, doc="data loader processes")
+    val_subset: int = setting(0, ge=0, doc="evaluate on the first N validation images (0: all)")
+    mosaic: MosaicCfg = setting(factory=MosaicCfg, doc="Fashion-MNIST mosaics")
+
+    def check(self) -> None:
+        check_mean_std("data", self.mean, self.std)
 
 
-def load_det_config(path: Optional[Union[str, os.PathLike]] = None, overrides: Iterable[tuple[str, Any]] = ()) -> dict:
-    """DET_DEFAULTS <- YAML file (following ``_base_``) <- overrides (dotted keys)."""
-    return load_config(DET_DEFAULTS, path, overrides)
+@dataclass
+class SegDataCfg(DenseDataCfg):
+    dataset: Literal["ade20k", "mosaic"] = setting(
+        "ade20k", doc="ade20k (ADEChallengeData2016 layout) | mosaic (Fashion-MNIST mosaics)"
+    )
+    reduce_zero_label: bool = setting(True, doc="ADE20K: label 0 (other) ignored, classes shift down by one")
+    crop_size: tuple[int, int] = setting((512, 512), doc="training crop (h, w)")
+    scale: Optional[tuple[int, int]] = setting((2048, 512), doc="RandomResize / test Resize (long, short) edge")
+    ratio_range: Optional[tuple[float, float]] = setting((0.5, 2.0), doc="random resize ratio range (null: none)")
+    cat_max_ratio: float = setting(0.75, gt=0, le=1, doc="largest share of one class in a random crop")
+    photometric: bool = setting(True, doc="photometric distortion")
+
+    def check(self) -> None:
+        super().check()
+        _positive_pair("data.crop_size", self.crop_size)
+        _positive_pair("data.scale", self.scale)
+        if self.ratio_range is not None and not 0 < self.ratio_range[0] <= self.ratio_range[1]:
+            raise ValueError(f"data.ratio_range={list(self.ratio_range)}: expected 0 < low <= high")
 
 
-def load_config(defaults: dict, path=None, overrides: Iterable[tuple[str, Any]] = ()) -> dict:
-    """``defaults`` <- YAML file (following ``_base_``) <- overrides (dotted keys)."""
-    cfg = copy.deepcopy(defaults)
-    if path is not None:
-        cfg = _merge(cfg, read_yaml(path))
-    for key, value in overrides:
-        set_key(cfg, key, value)
-    return cfg
+@dataclass
+class DetDataCfg(DenseDataCfg):
+    dataset: Literal["mosaic", "coco"] = setting("mosaic", doc="mosaic | coco (data.coco.*)")
+    workers: int = setting(0, ge=0, doc="data loader processes")
+    coco: CocoCfg = setting(factory=CocoCfg, doc="a COCO-layout folder")
 
 
-def flat_keys(tree: dict = SEG_DEFAULTS, prefix: str = "") -> list[tuple[str, Any]]:
-    """Every settable dotted key with its default (for the command line's help)."""
-    out = []
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and tuple(key.split(".")) not in _FREEFORM:
-            out += flat_keys(v, key + ".")
-        else:
-            out.append((key, v))
-    return out
+# --- optimisation and run
 
 
-def save_config(cfg: dict, path) -> None:
+@dataclass
+class DenseOptimCfg(Subscriptable):
+    opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw (the paper's dense recipes) | sgd (momentum 0.9, Nesterov)")
+    lr: float = setting(2.0e-4, gt=0, doc="learning rate (not scaled with the batch)")
+    weight_decay: float = setting(1.0e-4, ge=0, doc="weight decay (not on norms, biases, position tables)")
+    betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
+    eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
+    clip_grad: Optional[float] = setting(None, ge=0, doc="max gradient norm (null or 0: off)")
+
+    def check(self) -> None:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas={list(self.betas)}: each must be in [0, 1)")
+
+
+@dataclass
+class PolySchedCfg(Subscriptable):
+    iters: int = setting(40000, ge=1, doc="training iterations")
+    warmup_iters: int = setting(0, ge=0, doc="linear warm-up iterations")
+    warmup_ratio: float = setting(1.0e-6, gt=0, le=1, doc="warm-up starts at lr * warmup_ratio")
+    power: float = setting(0.9, ge=0, doc="poly decay power (0: constant lr)")
+    min_lr: float = setting(0.0, ge=0, doc="lr at the end")
+
+    def check(self) -> None:
+        if self.warmup_iters > self.iters:
+            raise ValueError(f"sched.warmup_iters={self.warmup_iters} exceeds sched.iters={self.iters}")
+
+
+@dataclass
+class DetEvalCfg(Subscriptable):
+    interval: int = setting(4000, ge=0, doc="evaluate every N iterations (and at the end); 0: only at the end")
+    batch_size: int = setting(8, ge=1, doc="validation images per forward")
+
+
+@dataclass
+class SegEvalCfg(DetEvalCfg):
+    mode: Literal["whole", "slide"] = setting("whole", doc="whole-image or sliding-window inference")
+    crop_size: tuple[int, int] = setting((512, 512), doc="slide window (h, w)")
+    stride: tuple[int, int] = setting((341, 341), doc="slide stride (h, w)")
+    flip: bool = setting(False, doc="average with the flipped image's prediction")
+    batch_size: int = setting(1, ge=1, doc="validation images per forward")
+
+    def check(self) -> None:
+        _positive_pair("eval.crop_size", self.crop_size)
+        _positive_pair("eval.stride", self.stride)
+        if self.mode == "slide" and any(s > c for s, c in zip(self.stride, self.crop_size)):
+            raise ValueError(
+                f"eval.stride={list(self.stride)} exceeds eval.crop_size={list(self.crop_size)}: "
+                "sliding windows would leave pixels unpredicted (expected stride <= crop)"
+            )
+
+
+@dataclass
+class DenseTrainCfg(Subscriptable):
+    output: str = setting("runs/seg", doc="output folder")
+    seed: int = setting(0, ge=0, doc="random seed")
+    device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
+    amp: Literal["none", "bf16", "fp16", "auto"] = setting("none", doc="none | bf16 | fp16 (CUDA) | auto")
+    resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
+    checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)")
+    max_steps: int = setting(0, ge=0, doc="stop (with a checkpoint) after N iterations (0: no limit)")
+    log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations")
+    progress: bool = setting(True, doc="progress bar")
+    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)")
+    deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
+    predictions_png: bool = setting(True, doc="a PNG of validation predictions beside the ground truth")
+
+    def check(self) -> None:
+        check_device("train.device", self.device)
+        check_output("train.output", self.output)
+
+
+@dataclass
+class DetTrainCfg(DenseTrainCfg):
+    output: str = setting("runs/det", doc="output folder")
+
+
+@dataclass
+class SegConfig(TypedConfig):
+    """A whole segmentation config; ``SegConfig()`` holds the defaults."""
+
+    model: SegModelCfg = field(default_factory=SegModelCfg)
+    data: SegDataCfg = field(default_factory=SegDataCfg)
+    optim: DenseOptimCfg = field(default_factory=DenseOptimCfg)
+    sched: PolySchedCfg = field(default_factory=PolySchedCfg)
+    eval: SegEvalCfg = field(default_factory=SegEvalCfg)
+    train: DenseTrainCfg = field(default_factory=DenseTrainCfg)
+
+
+@dataclass
+class DetConfig(TypedConfig):
+    """A whole detection config; ``DetConfig()`` holds the defaults."""
+
+    model: DetModelCfg = field(default_factory=DetModelCfg)
+    data: DetDataCfg = field(default_factory=DetDataCfg)
+    optim: DenseOptimCfg = field(default_factory=DenseOptimCfg)
+    sched: PolySchedCfg = field(default_factory=PolySchedCfg)
+    eval: DetEvalCfg = field(default_factory=DetEvalCfg)
+    train: DetTrainCfg = field(default_factory=DetTrainCfg)
+
+
+SEG_DEFAULTS: dict[str, dict[str, Any]] = SegConfig().to_dict()
+DET_DEFAULTS: dict[str, dict[str, Any]] = DetConfig().to_dict()
+
+# settings a resume may change: where the data and outputs are, how the run is watched and
+# evaluated, when it stops; everything else (model, data pipeline, batch, optimizer, schedule,
+# seed, precision) shapes the training, so a resume refuses a change to it
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "data.path",
+        "data.workers",
+        "data.val_subset",
+        "data.coco.train_ann",
+        "data.coco.train_images",
+        "data.coco.val_ann",
+        "data.coco.val_images",
+        "train.output",
+        "train.resume",
+        "train.progress",
+        "train.threads",
+        "train.max_steps",
+        "train.log_interval",
+        "train.checkpoint_interval",
+        "train.predictions_png",
+    }
+    | {f"eval.{f.name}" for f in dataclasses.fields(SegEvalCfg)}
+)
+
+
+def load_seg_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> SegConfig:
+    """The segmentation defaults <- YAML file (following ``_base_``) <- overrides (dotted keys), checked."""
+    return SegConfig.load(path, overrides)
+
+
+def load_det_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> DetConfig:
+    """The detection defaults <- YAML file (following ``_base_``) <- overrides (dotted keys), checked."""
+    return DetConfig.load(path, overrides)
+
+
+def save_config(cfg: TypedConfig, path: PathLike) -> None:
     """Write the resolved config as YAML, atomically."""
-    atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None))
+    cfg.save(pathlib.Path(path))

@@ -1,4 +1,4 @@
-"""Training configs: typed sections with their defaults, a YAML file on top, overrides last.
+"""Classification configs: the typed sections of a training run on :mod:`inline_attn.runtime.config`.
 
 :class:`Config` holds one dataclass per section (``model``, ``data``, ``aug``, ``optim``,
 ``sched``, ``train``); each field's default, allowed range and help text are declared once, on
@@ -14,44 +14,49 @@ saved ``config.yaml`` and the resume check pick it up.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import pathlib
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Union
 
-import yaml
-
-from .._io import atomic_write_text
 from ..compile import COMPILE_MODES
+from ..runtime.config import (
+    TypedConfig,
+    check_device,
+    check_mean_std,
+    check_output,
+    fields_of,
+    parse_value,
+    read_yaml,
+    set_dotted,
+    setting,
+)
+from ..runtime.optim import OPTIMIZERS
+
+__all__ = [
+    "AugCfg",
+    "Config",
+    "DataCfg",
+    "ModelCfg",
+    "OptimCfg",
+    "SchedCfg",
+    "TrainCfg",
+    "configs_dir",
+    "fields_of",
+    "load_config",
+    "parse_value",
+    "read_yaml",
+    "resume_differences",
+    "save_config",
+    "set_dotted",
+    "setting",
+]
 
 PathLike = Union[str, os.PathLike]
 
 # the learning rate scales with the total batch: lr = base_lr * total_batch / LR_REFERENCE_BATCH
 LR_REFERENCE_BATCH = 512
 DEMO_CONFIG = "fmnist/demo.yaml"
-_SCI_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")
-
-
-def setting(
-    default: Any = dataclasses.MISSING,
-    *,
-    doc: str = "",
-    ge: Optional[float] = None,
-    gt: Optional[float] = None,
-    le: Optional[float] = None,
-    lt: Optional[float] = None,
-    factory: Any = dataclasses.MISSING,
-):
-    """A config field: its default, its help text and the range a number must lie in."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt}
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -102,14 +107,7 @@ class DataCfg:
     val_subset: int = setting(0, ge=0, doc="use only the first N validation images (0: all)")
 
     def check(self) -> None:
-        for key in ("mean", "std"):
-            value = getattr(self, key)
-            if value is not None and not value:
-                raise ValueError(f"data.{key}=[]: expected one number per channel, or null")
-        if self.std is not None and min(self.std) <= 0:
-            raise ValueError(f"data.std={list(self.std)}: every value must be > 0")
-        if self.mean is not None and self.std is not None and len(self.mean) != len(self.std):
-            raise ValueError(f"data.mean has {len(self.mean)} channels but data.std {len(self.std)}")
+        check_mean_std("data", self.mean, self.std)
 
 
 @dataclass
@@ -146,7 +144,7 @@ class AugCfg:
 
 @dataclass
 class OptimCfg:
-    opt: Literal["adamw", "sgd"] = setting("adamw", doc="optimizer")
+    opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw | sgd (momentum 0.9, Nesterov)")
     lr: Optional[float] = setting(
         None,
         gt=0,
@@ -232,26 +230,12 @@ class TrainCfg:
     tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed")
 
     def check(self) -> None:
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"train.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
-        out = pathlib.Path(self.output)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"train.output={self.output!r} is a file: expected a folder for the run's outputs")
-
-
-SECTIONS: dict[str, type] = {
-    "model": ModelCfg,
-    "data": DataCfg,
-    "aug": AugCfg,
-    "optim": OptimCfg,
-    "sched": SchedCfg,
-    "train": TrainCfg,
-}
-_FREEFORM = {("model", "kwargs")}
+        check_device("train.device", self.device)
+        check_output("train.output", self.output)
 
 
 @dataclass
-class Config:
+class Config(TypedConfig):
     """A whole training config; ``Config()`` holds the defaults."""
 
     model: ModelCfg = field(default_factory=ModelCfg)
@@ -262,225 +246,22 @@ class Config:
     train: TrainCfg = field(default_factory=TrainCfg)
 
     @classmethod
-    def from_dict(cls, data: Optional[dict]) -> "Config":
-        """Defaults updated by a (partial) nested dict; every value checked (ValueError naming the key)."""
-        data = data or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"a config must be a mapping of sections, got {type(data).__name__}")
-        for name in data:
-            if name not in SECTIONS:
-                raise ValueError(f"unknown config section {name!r}{_suggest(str(name), SECTIONS)}")
-        return cls(**{name: _section(name, sec, data.get(name)) for name, sec in SECTIONS.items()})
-
-    def to_dict(self) -> dict:
-        """Plain nested dict (lists, not tuples), as written to ``config.yaml``."""
-        return {
-            name: {f.name: _plain(getattr(getattr(self, name), f.name)) for f in dataclasses.fields(sec)}
-            for name, sec in SECTIONS.items()
-        }
-
-    def get(self, key: str) -> Any:
-        """The value at a dotted key (``"optim.lr"``)."""
-        section, _, name = key.partition(".")
-        return getattr(getattr(self, section), name)
+    def sections(cls) -> dict[str, type]:
+        return SECTIONS
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _suggest(key: str, options: Iterable[str]) -> str:
-    options = list(options)
-    close = difflib.get_close_matches(key, options, n=3)
-    return f" (did you mean {', '.join(close)}?)" if close else f" (known: {', '.join(sorted(options))})"
-
-
-def fields_of(section: type) -> list[tuple[dataclasses.Field, Any]]:
-    """``(field, type)`` of a section's settings, types resolved."""
-    hints = typing.get_type_hints(section)
-    return [(f, hints[f.name]) for f in dataclasses.fields(section)]
-
-
-def _section(name: str, section: type, values: Any):
-    if values is None:
-        values = {}
-    if not isinstance(values, dict):
-        raise ValueError(f"config key {name!r} is a section: expected a mapping of its keys, got {values!r}")
-    known = {f.name: (f, tp) for f, tp in fields_of(section)}
-    for key in values:
-        if key not in known:
-            raise ValueError(f"unknown config key '{name}.{key}'{_suggest(str(key), known)}")
-    kwargs = {
-        key: _convert(f"{name}.{key}", values[key], tp, f.metadata) for key, (f, tp) in known.items() if key in values
-    }
-    cfg = section(**kwargs)
-    if hasattr(cfg, "check"):
-        cfg.check()
-    return cfg
-
-
-class _WrongType(ValueError):
-    """A value of the wrong type (a range error is a plain ValueError)."""
-
-
-_PLURAL = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
-
-
-def _describe(tp) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return " or ".join(_describe(a) for a in inner) + " or null"
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_PLURAL[args[0]]}"
-        return f"a list of {len(args)} {_PLURAL[args[0]]}"
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a non-empty string", dict: "a mapping"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _convert(key: str, value: Any, tp, meta) -> Any:
-    """``value`` as type ``tp`` within the field's range, else ValueError naming ``key``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    bad = _WrongType(f"{key}={value!r}: expected {_describe(tp)}")
-    if origin in (Union, types.UnionType):
-        if value is None:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        try:
-            return _convert(key, value, inner[0], meta)
-        except _WrongType:
-            raise bad from None
-    if origin is Literal:
-        if value not in args:
-            raise _WrongType(f"{key}={value!r}: expected one of {', '.join(repr(a) for a in args)}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise bad
-        fixed = not (len(args) == 2 and args[1] is Ellipsis)
-        if fixed and len(value) != len(args):
-            raise bad
-        try:
-            return tuple(_convert(key, v, args[0], {}) for v in value)
-        except _WrongType:
-            raise bad from None
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-        return _in_range(key, value, meta)
-    if tp is float:
-        if isinstance(value, str) and _SCI_FLOAT.fullmatch(value.strip()):  # YAML 1.1 reads 1e-3 as a string
-            value = float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise bad
-        return _in_range(key, float(value), meta)
-    if tp is str:
-        if not isinstance(value, str) or not value:
-            raise bad
-        return value
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return dict(value)
-    raise TypeError(f"config field {key} has an unsupported type {tp}")
-
-
-def _in_range(key: str, value, meta) -> Any:
-    checks = (
-        ("ge", lambda v, b: v >= b, ">="),
-        ("gt", lambda v, b: v > b, ">"),
-        ("le", lambda v, b: v <= b, "<="),
-        ("lt", lambda v, b: v < b, "<"),
-    )
-    for name, ok, sign in checks:
-        bound = (meta or {}).get(name)
-        if bound is not None and not ok(value, bound):
-            raise ValueError(f"{key}={value!r}: must be {sign} {bound:g}")
-    return value
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value as YAML (so ``0.1``, ``true``, ``[1, 2]``, ``null`` work), with
-    YAML 1.1's gap fixed: ``1e-3`` (no dot) is read as a float, not a string."""
-    if _SCI_FLOAT.fullmatch(text.strip()):
-        return float(text)
-    try:
-        return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:  # not YAML (e.g. an unbalanced bracket): the plain string, checked later
-        return text
-
-
-def set_dotted(data: dict, key: str, value: Any) -> None:
-    """``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed (checked later)."""
-    parts = key.split(".")
-    if len(parts) < 2 or not all(parts):
-        raise ValueError(f"config key {key!r}: expected section.key, e.g. optim.lr")
-    node = data
-    for i, p in enumerate(parts[:-1]):
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} holds {node!r}, not a section")
-    node[parts[-1]] = value
+SECTIONS: dict[str, type] = {f.name: tp for f, tp in fields_of(Config)}  # the section classes, by name
+FREEFORM = ("model.kwargs",)  # settings that take a mapping
 
 
 def load_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> Config:
     """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked."""
-    data = read_yaml(path) if path is not None else {}
-    for key, value in overrides:
-        set_dotted(data, key, value)
-    return Config.from_dict(data)
-
-
-def read_yaml(path: PathLike, _chain: tuple = ()) -> dict:
-    """A YAML config as a dict, following ``_base_`` (a path relative to this file) recursively."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {path} does not exist")
-    if path.resolve() in _chain:
-        loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
-        raise ValueError(f"config file {path}: its _base_ chain loops ({loop})")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"config file {path}: YAML syntax error{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping, got {type(data).__name__}")
-    base = data.pop("_base_", None)
-    if base is not None:
-        if not isinstance(base, str):
-            raise ValueError(f"config file {path}: _base_ must be a file name, got {base!r}")
-        data = _merge(read_yaml(path.parent / base, (*_chain, path.resolve())), data)
-    return data
-
-
-def _merge(base: dict, update: dict) -> dict:
-    """Recursive dict merge (``update`` wins); keys are checked later by :meth:`Config.from_dict`."""
-    out = dict(base)
-    for k, v in update.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    return Config.load(path, overrides)
 
 
 def save_config(cfg: Config, path: PathLike) -> None:
     """Write the resolved config as YAML (floats keep a dot so YAML 1.1 reads them back as floats)."""
-    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None))
+    cfg.save(path)
 
 
 def configs_dir() -> pathlib.Path:
@@ -523,15 +304,4 @@ to it."""
 
 def resume_differences(saved: dict, current: Config) -> list[str]:
     """``"key: saved -> current"`` for every setting outside :data:`RESUME_MAY_CHANGE` that differs."""
-    try:
-        before = Config.from_dict(saved).to_dict()
-    except ValueError as e:
-        return [f"the checkpoint's config is not valid here ({e})"]
-    now = current.to_dict()
-    out = []
-    for section, values in now.items():
-        for key, value in values.items():
-            dotted = f"{section}.{key}"
-            if dotted not in RESUME_MAY_CHANGE and before[section][key] != value:
-                out.append(f"{dotted}: {before[section][key]!r} -> {value!r}")
-    return out
+    return current.differences(saved, RESUME_MAY_CHANGE)

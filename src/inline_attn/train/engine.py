@@ -17,7 +17,6 @@ import logging
 import os
 import pathlib
 import random
-import signal
 import sys
 import time
 from typing import Optional
@@ -31,23 +30,22 @@ from ..compile import compile_module
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import count_params, profile
+from ..runtime.amp import grad_scaler, resolve_amp
+from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum, barrier, run_session
+from ..runtime.ema import ModelEma
+from ..runtime.loop import OutputLock, StopFlag
+from ..runtime.optim import CosineSchedule, build_optimizer
 from . import checkpoint as ckpt_io
 from .config import Config, save_config
 from .data import Batches, build_datasets, data_info, loader_crops
-from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
-from .ema import ModelEma
 from .finetune import load_initial_weights
-from .loop import EpochRunner, autocast, evaluate
-from .optim import CosineSchedule, build_optimizer
+from .loop import EpochRunner, evaluate
 from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_json, write_metrics
 from .state import TrainState
 
 log = logging.getLogger(__name__)
 
-# rank r seeds its augmentation with seed + r * SEED_STRIDE (a large prime: no two ranks of any
-# run, nor two seeds a user is likely to try, share a stream)
-SEED_STRIDE = 1000003
 MIN_VAL_BATCH = 64
 
 
@@ -101,36 +99,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class _StopFlag:
-    """Set by SIGINT/SIGTERM: the loop saves a checkpoint at the next step boundary and returns."""
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-        self._old = {}
-
-    def install(self) -> None:
-        if not hasattr(signal, "SIGTERM"):
-            return
-        try:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        except ValueError:  # not the main thread: no handlers
-            self._old = {}
-
-    def _handle(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self.signum = signum
-
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    def restore(self) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._old = {}
-
-
 def train(
     cfg: Config, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
 ) -> dict:
@@ -142,18 +110,10 @@ def train(
     """
     if not isinstance(cfg, Config):
         raise ValueError(f"train() takes a Config (inline_attn.train.load_config), got {type(cfg).__name__}")
-    threads = torch.get_num_threads()
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    info = init_distributed(cfg.train.device, rank=rank, world_size=world_size, init_method=init_method)
-    # deterministic mode is process-global: put it back afterwards (tests share one process)
-    det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
+    with run_session(
+        cfg.train.device, cfg.train.threads, rank=rank, world_size=world_size, init_method=init_method
+    ) as info:
         return _train(cfg, info)
-    finally:
-        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
-        torch.set_num_threads(threads)
-        cleanup(info)
 
 
 def _set_determinism(cfg: Config, device: torch.device) -> None:
@@ -162,13 +122,6 @@ def _set_determinism(cfg: Config, device: torch.device) -> None:
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = False
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-
-def _resolve_amp(amp: str, device: torch.device) -> str:
-    if amp == "auto":  # the authors' --amp on GPUs; full precision on CPU
-        amp = "fp16" if device.type == "cuda" else "none"
-    autocast(device, amp)  # refuses fp16 without CUDA before any work
-    return amp
 
 
 def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: int, amp: str) -> TrainState:
@@ -184,7 +137,7 @@ def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: i
         warmup_lr=recipe.warmup_lr,
         min_lr=recipe.min_lr,
     )
-    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    scaler = grad_scaler(amp)
     ema = ModelEma(model, recipe.ema_decay) if recipe.ema_decay is not None else None
     return TrainState(model, optimizer, sched, scaler, ema)
 
@@ -215,7 +168,7 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     check_model_args(cfg, data)
     train_set, val_set, data = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
     model = build_model(cfg, data).to(device)
-    amp = _resolve_amp(cfg.train.amp, device)
+    amp = resolve_amp(cfg.train.amp, device)
     bs, accum, workers = cfg.data.batch_size, recipe.accum_steps, cfg.data.workers
     pin = device.type == "cuda"
     train_batches = Batches(
@@ -254,43 +207,13 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
         ddp_model = compile_module(ddp_model, cfg.train.compile_mode)
     # the handlers go in before config.yaml appears (the sign that a run has started), so a signal
-    # from then on always ends in a checkpoint and the 128 + signum exit
-    stop = _StopFlag()
-    stop.install()
-    try:
+    # from then on always ends in a checkpoint and the 128 + signum exit; the lock keeps a second
+    # run out of this output folder
+    with StopFlag() as stop, OutputLock(out, enabled=info.is_main):
         if info.is_main:
             out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, out / "config.yaml")
-        a = cfg.aug
-        runner = EpochRunner(
-            model=ddp_model,
-            batches=train_batches,
-            device=device,
-            info=info,
-            amp=amp,
-            accum=accum,
-            clip_grad=cfg.optim.clip_grad,
-            steps_per_epoch=steps_per_epoch,
-            channels_last=cfg.train.channels_last,
-            total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs,
-            max_steps=cfg.train.max_steps,
-            progress=cfg.train.progress,
-            train_aug=TrainAugment(
-                data.img_size,
-                data.mean,
-                data.std,
-                crop="none" if loader_crops(cfg.data, a) else a.crop,
-                scale=a.scale,
-                ratio=a.ratio,
-                padding=a.padding,
-                hflip=a.hflip,
-                auto_augment=a.auto_augment,
-                color_jitter=a.color_jitter,
-                re_prob=a.re_prob,
-                interpolation=data.interpolation,
-            ).to(device),
-            mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
-        )
+        runner = _epoch_runner(cfg, ddp_model, train_batches, data, info, amp, accum, steps_per_epoch)
         run = _Run(
             cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch, model_kwargs(cfg, data), recipe
         )
@@ -298,8 +221,42 @@ def _train(cfg: Config, info: DistInfo) -> dict:
             data.img_size, data.mean, data.std, data.crop_pct, data.interpolation, data.eval_resize
         ).to(device)
         return run.epochs(state, runner, val_batches, eval_tf, stop)
-    finally:
-        stop.restore()
+
+
+def _epoch_runner(
+    cfg: Config, model: nn.Module, batches: Batches, data: DataInfo, info: DistInfo, amp: str, accum: int, steps: int
+) -> EpochRunner:
+    """The steps of an epoch: the model to call, the on-device augmentation and mixup."""
+    a = cfg.aug
+    return EpochRunner(
+        model=model,
+        batches=batches,
+        device=info.device,
+        info=info,
+        amp=amp,
+        accum=accum,
+        clip_grad=cfg.optim.clip_grad,
+        steps_per_epoch=steps,
+        channels_last=cfg.train.channels_last,
+        total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs,
+        max_steps=cfg.train.max_steps,
+        progress=cfg.train.progress,
+        train_aug=TrainAugment(
+            data.img_size,
+            data.mean,
+            data.std,
+            crop="none" if loader_crops(cfg.data, a) else a.crop,
+            scale=a.scale,
+            ratio=a.ratio,
+            padding=a.padding,
+            hflip=a.hflip,
+            auto_augment=a.auto_augment,
+            color_jitter=a.color_jitter,
+            re_prob=a.re_prob,
+            interpolation=data.interpolation,
+        ).to(info.device),
+        mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
+    )
 
 
 def _best(history: list[dict], key: str) -> Optional[dict]:
@@ -332,7 +289,7 @@ class _Run:
         self.t_start = time.time()
 
     def epochs(
-        self, state: TrainState, runner: EpochRunner, val_batches: Batches, eval_tf: nn.Module, stop: _StopFlag
+        self, state: TrainState, runner: EpochRunner, val_batches: Batches, eval_tf: nn.Module, stop: StopFlag
     ) -> dict:
         """Train until the schedule ends or ``stop`` (installed by the caller) is set."""
         tb = TensorBoard(self.out / "tb" if (self.info.is_main and self.cfg.train.tensorboard) else None)

@@ -9,13 +9,16 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime.amp import autocast
+from ..runtime.distributed import DistInfo, all_reduce_sum
+from ..runtime.loop import backward, check_finite, optimizer_step, stop_everywhere
 from .data import Batches
-from .distributed import DistInfo, all_reduce, all_reduce_sum
 from .state import TrainState
+
+__all__ = ["EpochRunner", "accuracy_counts", "autocast", "evaluate", "soft_cross_entropy"]
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -29,19 +32,6 @@ def accuracy_counts(logits: torch.Tensor, target: torch.Tensor, topk=(1, 5)) -> 
     pred = logits.topk(maxk, dim=-1).indices  # [B, maxk]
     hit = pred.eq(target.view(-1, 1))
     return [int(hit[:, : min(k, maxk)].any(dim=1).sum()) for k in topk]
-
-
-def autocast(device: torch.device, amp: str):
-    """The autocast context for ``amp`` (none | bf16 | fp16); fp16 needs CUDA."""
-    if amp in (None, "none", False):
-        return contextlib.nullcontext()
-    if amp == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if amp == "fp16":
-        if device.type != "cuda":
-            raise ValueError("train.amp=fp16 needs CUDA; use bf16 on CPU")
-        return torch.autocast("cuda", dtype=torch.float16)
-    raise ValueError(f"train.amp={amp!r}: expected auto, none, bf16 or fp16")
 
 
 @torch.no_grad()
@@ -128,9 +118,7 @@ class EpochRunner:
                         refresh=False,
                     )
                     pbar.update(1)
-                # every rank stops at the same step (torchrun signals each worker separately)
-                flag = torch.tensor([1.0 if stop_requested() else 0.0])
-                if all_reduce(flag, self.info, dist.ReduceOp.MAX).item() > 0:
+                if stop_everywhere(stop_requested(), self.info):
                     return "signal", seen
                 if self.max_steps and state.step >= self.max_steps:
                     return "max_steps", seen
@@ -155,20 +143,10 @@ class EpochRunner:
                 with autocast(self.device, self.amp):
                     logits = self.model(x)
                 loss = soft_cross_entropy(logits, target)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss.item()} at epoch {state.epoch}, step {state.step}")
-                scaled = loss / self.accum
-                (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+                check_finite(loss, f"epoch {state.epoch}, step {state.step}")
+                backward(loss / self.accum, state.scaler)
             step_loss += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
-        if state.scaler is not None:
-            state.scaler.unscale_(state.optimizer)
-        if self.clip_grad:
-            nn.utils.clip_grad_norm_(state.model.parameters(), float(self.clip_grad))
-        if state.scaler is not None:
-            state.scaler.step(state.optimizer)
-            state.scaler.update()
-        else:
-            state.optimizer.step()
+        optimizer_step(state.model.parameters(), state.optimizer, state.scaler, self.clip_grad)
         state.sched.step()
         if state.ema is not None:
             state.ema.update(state.model)

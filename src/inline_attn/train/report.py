@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import json
 import pathlib
 from typing import Optional
 
-from .._io import atomic_path, atomic_write_text
+from .._io import atomic_path
+from ..runtime.report import write_csv, write_json
+
+__all__ = ["METRIC_COLUMNS", "TensorBoard", "plot_curves", "write_json", "write_metrics"]
 
 METRIC_COLUMNS = [
     "epoch",
@@ -25,18 +26,7 @@ METRIC_COLUMNS = [
 
 def write_metrics(history: list[dict], path: pathlib.Path) -> None:
     """The whole history (one row per finished epoch; rewritten so a resume never duplicates rows)."""
-
-    def w(f):
-        wr = csv.DictWriter(f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-        wr.writeheader()
-        for row in history:
-            wr.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in METRIC_COLUMNS})
-
-    atomic_write_text(path, w)
-
-
-def write_json(obj: dict, path: pathlib.Path) -> None:
-    atomic_write_text(path, lambda f: json.dump(obj, f, indent=2, default=str))
+    write_csv(history, path, METRIC_COLUMNS)
 
 
 def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> None:

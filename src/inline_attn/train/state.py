@@ -8,8 +8,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .ema import ModelEma
-from .optim import CosineSchedule
+from ..runtime.ema import ModelEma
+from ..runtime.optim import CosineSchedule
 
 
 @dataclass

@@ -1,0 +1,13 @@
+"""What every run needs whatever the task (classification, segmentation, detection).
+
+- :mod:`~inline_attn.runtime.config`: typed config sections, YAML with ``_base_``, dotted
+  overrides, did-you-mean, type and range checks, ``--section.key`` flag generation;
+- :mod:`~inline_attn.runtime.checkpoint`: atomic rotating checkpoints, one resume path;
+- :mod:`~inline_attn.runtime.loop`: the optimizer step (amp, GradScaler, clipping), signals,
+  the output-folder lock, the log window and the cadence of an iteration loop;
+- :mod:`~inline_attn.runtime.optim`, :mod:`~inline_attn.runtime.amp`,
+  :mod:`~inline_attn.runtime.distributed`, :mod:`~inline_attn.runtime.ema`,
+  :mod:`~inline_attn.runtime.report`.
+
+It imports nothing from the task packages (``train``, ``dense``) above it.
+"""

@@ -1,0 +1,34 @@
+"""Run records written by rank 0: a metrics CSV rewritten whole, a JSON summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import pathlib
+from typing import Sequence
+
+from .._io import atomic_write_text
+
+
+def write_csv(history: list[dict], path: pathlib.Path, columns: Sequence[str]) -> None:
+    """The whole history, one row per dict (rewritten so a resume never duplicates rows; a
+    missing or None value is an empty cell)."""
+
+    def w(f):
+        wr = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        wr.writeheader()
+        for row in history:
+            wr.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+
+    atomic_write_text(path, w)
+
+
+def write_json(obj: dict, path: pathlib.Path) -> None:
+    """``obj`` as indented JSON, atomically (values JSON cannot hold written with ``str``)."""
+    atomic_write_text(path, lambda f: json.dump(obj, f, indent=2, default=str))
+
+
+def nan_to_none(summary: dict) -> dict:
+    """The summary with NaN floats as None (JSON null: a metric that could not be computed)."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
