@@ -48,3 +48,41 @@ def test_compare_writes_its_table(tmp_path, capsys):
     text = doc.read_text()
     assert text.startswith("# dense") and "inline-attn det compare --seeds 0 --patterns IIII" in text
     assert "IIII" in text and "box AP" in capsys.readouterr().out + text
+
+
+@pytest.fixture(scope="module")
+def demo_checkpoints(tmp_path_factory):
+    """A seg and a det demo checkpoint, trained once for the eval checks below."""
+    out = {}
+    for task in ("seg", "det"):
+        folder = tmp_path_factory.mktemp(task)
+        assert main([task, "demo", "--output", str(folder), *tiny_args(task)]) == 0
+        out[task] = folder / "last.pth"
+    return out
+
+
+@pytest.mark.parametrize("task", ["seg", "det"])
+def test_eval_refuses_model_overrides_it_cannot_apply(task, demo_checkpoints, capsys):
+    # issue 26: seg eval accepted --model.* overrides, ignored them and printed them as applied
+    ckpt = demo_checkpoints[task]
+    assert main([task, "eval", "--checkpoint", str(ckpt), "--model.backbone", "inline_swin_tiny"]) == 2
+    assert "builds the model from the checkpoint: --model.backbone cannot change it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task,other", [("seg", "det"), ("det", "seg")])
+def test_eval_names_a_checkpoint_of_the_other_task(task, other, demo_checkpoints, capsys):
+    # issue 26: a detection checkpoint in seg eval was a raw KeyError: 'decode'
+    assert main([task, "eval", "--checkpoint", str(demo_checkpoints[other])]) == 2
+    err = capsys.readouterr().err
+    kind = {"seg": "segmentation", "det": "detection"}[other]
+    assert f"is a {kind} checkpoint: evaluate it with `inline-attn {other} eval`" in err
+
+
+def test_seg_eval_refuses_data_with_another_class_count(demo_checkpoints, tmp_path, capsys):
+    # issue 26: an 11-class checkpoint was scored on 150-class ADE20K without a word
+    from seg_helpers import make_ade
+
+    ade = make_ade(tmp_path / "ade")
+    argv = ["seg", "eval", "--checkpoint", str(demo_checkpoints["seg"]), "--data.dataset", "ade20k"]
+    assert main([*argv, "--data.path", str(ade)]) == 2
+    assert "predicts 11 classes, the evaluation data has 150" in capsys.readouterr().err

@@ -30,6 +30,29 @@ def _overrides(args: argparse.Namespace) -> list:
     return collect_overrides(args, ("model.backbone_kwargs",))
 
 
+def _eval_overrides(args: argparse.Namespace, task: str) -> list:
+    """The overrides of ``seg|det eval``: the model is the checkpoint's, so no ``--model.*``
+    (they used to be accepted, ignored and printed as if they had been applied)."""
+    overrides = _overrides(args)
+    model_keys = [key for key, _ in overrides if key.split(".")[0] == "model"]
+    if model_keys:
+        raise ValueError(
+            f"{task} eval builds the model from the checkpoint: --{', --'.join(model_keys)} cannot change it "
+            "(train or fine-tune with --model.checkpoint for another model)"
+        )
+    return overrides
+
+
+def _check_class_count(model, val, checkpoint) -> None:
+    """A checkpoint scores only data with its own class count (an 11-class model on 150-class
+    ADE20K used to be scored without a word)."""
+    if int(model.num_classes) != int(val.num_classes):
+        raise ValueError(
+            f"checkpoint {checkpoint} predicts {model.num_classes} classes, the evaluation data has "
+            f"{val.num_classes}: evaluate it on the data it was trained for (--data.dataset / --data.path)"
+        )
+
+
 def _fmt(res: dict) -> str:
     return f"mIoU {res['mIoU']:.2f}  mAcc {res['mAcc']:.2f}  aAcc {res['aAcc']:.2f}"
 
@@ -177,8 +200,9 @@ def cmd_eval(args) -> int:
     info = init_distributed(args.device)
     try:
         model, cfg = load_segmentor(args.checkpoint, info.device)
-        cfg = cfg.replace(**dict(_overrides(args)))
+        cfg = cfg.replace(**dict(_eval_overrides(args, "seg")))
         _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
+        _check_class_count(model, val, args.checkpoint)
         t0 = time.time()
         res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
         if info.is_main:
@@ -208,10 +232,11 @@ def cmd_det_eval(args) -> int:
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     )
     model, cfg = load_detector(args.checkpoint, device)
-    cfg = cfg.replace(**dict(_overrides(args)))
+    cfg = cfg.replace(**dict(_eval_overrides(args, "det")))
     if cfg["train"]["threads"]:  # the run's thread count (small ops: a second thread may only contend)
         torch.set_num_threads(int(cfg["train"]["threads"]))
     _, val = build_det_datasets(cfg, train=False, progress=True)
+    _check_class_count(model, val, args.checkpoint)
     t0 = time.time()
     res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
     print(

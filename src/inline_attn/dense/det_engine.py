@@ -40,8 +40,13 @@ def build_det_from_config(cfg: DetConfig, num_classes: int) -> FCOS:
 
 
 def load_det_checkpoint(path) -> dict:
-    """A checkpoint written by :func:`train_det` (ValueError naming the file when it is not one)."""
-    return load_run_checkpoint(path, DET_CHECKPOINT_KEYS, "detection")
+    """A checkpoint written by :func:`train_det` (ValueError naming the file when it is not one;
+    a segmentation checkpoint is named as such)."""
+    try:
+        return load_run_checkpoint(path, DET_CHECKPOINT_KEYS, "detection")
+    except ValueError:
+        load_run_checkpoint(path, DET_CHECKPOINT_KEYS[:-1], "detection")  # not even a dense run: its own message
+        raise ValueError(f"{path} is a segmentation checkpoint: evaluate it with `inline-attn seg eval`") from None
 
 
 def load_detector(path, device="cpu") -> tuple[FCOS, DetConfig]:

@@ -138,8 +138,12 @@ def save_predictions_png(
 
 
 def load_seg_checkpoint(path) -> dict:
-    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one)."""
-    return load_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
+    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one,
+    or when it is a detection checkpoint, which holds every key of ours and more)."""
+    state = load_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
+    if "detector" in state:
+        raise ValueError(f"{path} is a detection checkpoint: evaluate it with `inline-attn det eval`")
+    return state
 
 
 def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
