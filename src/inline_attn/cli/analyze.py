@@ -22,6 +22,21 @@ def register(subparsers) -> None:
         "CSV/JSON numbers and PNG figures to --out.",
     )
     p.add_argument("analysis", choices=ANALYSES, help="which analysis to run")
+    _add_model_options(p)
+    _add_data_options(p)
+    _add_analysis_options(p)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: leave as is; 1 is fastest on a machine shared with other jobs)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=run)
+
+
+def _add_model_options(p) -> None:
+    """Which models: names, checkpoints or attention kinds."""
     p.add_argument(
         "--model",
         nargs="+",
@@ -54,6 +69,10 @@ def register(subparsers) -> None:
         metavar="KEY=VALUE",
         help="constructor overrides applied to every model (e.g. img_size=28 depth=2)",
     )
+
+
+def _add_data_options(p) -> None:
+    """Which images and layers, and where the results go."""
     p.add_argument("--data", default=None, help="'fmnist' (Fashion-MNIST test split) or an ImageNet-layout folder")
     p.add_argument(
         "--layers",
@@ -79,6 +98,10 @@ def register(subparsers) -> None:
         help="analyse exactly these images (indices into the data) instead of the first N",
     )
     p.add_argument("--batch-size", type=int, default=64)
+
+
+def _add_analysis_options(p) -> None:
+    """Settings of single analyses."""
     p.add_argument(
         "--queries",
         nargs="+",
@@ -93,14 +116,6 @@ def register(subparsers) -> None:
         help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch threads (0: leave as is; 1 is fastest on a machine shared with other jobs)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.set_defaults(func=run)
 
 
 def _parse_layers(items: Optional[list]) -> Optional[list]:

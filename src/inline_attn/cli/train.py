@@ -185,6 +185,13 @@ def _non_negative_int(text: str) -> int:
 
 
 def register(subparsers) -> None:
+    _register_train(subparsers)
+    _register_eval(subparsers)
+    _register_demo(subparsers)
+    _register_reproduce(subparsers)
+
+
+def _register_train(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
         allow_abbrev=False,
@@ -200,6 +207,8 @@ def register(subparsers) -> None:
     _add_override_options(p)
     p.set_defaults(func=cmd_train)
 
+
+def _register_eval(subparsers) -> None:
     p = subparsers.add_parser(
         "eval",
         allow_abbrev=False,
@@ -228,6 +237,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(func=cmd_eval)
 
+
+def _register_demo(subparsers) -> None:
     p = subparsers.add_parser("demo", help="train the default InLine model on Fashion-MNIST and evaluate it")
     p.add_argument("--output", default="runs/demo")
     p.add_argument("--epochs", type=_positive(int, "--epochs"), help="override the config's epochs")
@@ -235,6 +246,8 @@ def register(subparsers) -> None:
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")
     p.set_defaults(func=cmd_demo)
 
+
+def _register_reproduce(subparsers) -> None:
     p = subparsers.add_parser(
         "reproduce",
         help="fmnist: train the four Fashion-MNIST variants and tabulate them; ablations: the paper's "
