@@ -145,6 +145,14 @@ def check_instances(coco: dict, where: str = "COCO file", keys: dict = READ_KEYS
     ``height`` / ``width``, and every annotation names a known image and category with a finite
     box ``[x, y, w, h]`` of w, h >= 0. The error names the file (``where``), the record and the
     key. Returns ``coco``."""
+    _check_records(coco, where, keys)
+    _check_references(coco, where)
+    return coco
+
+
+def _check_records(coco, where: str, keys: dict) -> None:
+    """The three lists exist; their records are objects with ``keys`` and unique ids; images have
+    positive sizes."""
     if not isinstance(coco, dict):
         raise ValueError(f"{where}: not a JSON object (is it a COCO instances_*.json?)")
     for key in ("images", "annotations", "categories"):
@@ -169,6 +177,10 @@ def check_instances(coco: dict, where: str = "COCO file", keys: dict = READ_KEYS
         for k in ("height", "width"):
             if k in im and not (isinstance(im[k], (int, float)) and _finite(im[k]) and im[k] > 0):
                 raise ValueError(f"{where}: images[{i}] (id {im.get('id')!r}) has {k}={im[k]!r}, expected > 0")
+
+
+def _check_references(coco: dict, where: str) -> None:
+    """Annotations name known images and categories and have finite, non-negative boxes."""
     cats = {c["id"] for c in coco["categories"]}
     imgs = {im["id"] for im in coco["images"]}
     unknown = sorted({a["category_id"] for a in coco["annotations"]} - cats)
@@ -192,7 +204,6 @@ def check_instances(coco: dict, where: str = "COCO file", keys: dict = READ_KEYS
             f"{where}: annotations {bad[:10]} ({len(bad)} in all) have a bbox that is not "
             "[x, y, w >= 0, h >= 0] of finite numbers"
         )
-    return coco
 
 
 def read_instances(path) -> dict:
