@@ -74,7 +74,7 @@ def _train_det(cfg: dict) -> dict:
 
 
 @dataclass(frozen=True)
-class DenseTask:
+class DenseCommand:
     """What differs between ``seg`` and ``det``; train / demo / compare and their arguments are
     written once against it."""
 
@@ -91,7 +91,7 @@ class DenseTask:
     demo_extras: Callable  # summary -> extra lines of the demo's result
 
 
-SEG = DenseTask(
+SEG = DenseCommand(
     name="seg",
     config=SegConfig,
     load_config=load_seg_config,
@@ -107,7 +107,7 @@ SEG = DenseTask(
         + [f"  predictions: {s.get('predictions_png')}"]
     ),
 )
-DET = DenseTask(
+DET = DenseCommand(
     name="det",
     config=DetConfig,
     load_config=load_det_config,
@@ -322,7 +322,7 @@ def register(subparsers) -> None:
     register_det(subparsers)
 
 
-def _task_parsers(subparsers, task: DenseTask, *, help: str, description: str, train_help: str, train_desc: str):
+def _task_parsers(subparsers, task: DenseCommand, *, help: str, description: str, train_help: str, train_desc: str):
     """The ``task`` command with its train, demo and compare subcommands; returns the subparsers
     (for eval and the task's own commands)."""
     top = subparsers.add_parser(task.name, help=help, description=description)
@@ -338,7 +338,7 @@ def _task_parsers(subparsers, task: DenseTask, *, help: str, description: str, t
     return sub
 
 
-def _demo_and_compare(sub, task: DenseTask, *, demo_desc: str, metric_name: str) -> None:
+def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: str) -> None:
     p = sub.add_parser(
         "demo",
         allow_abbrev=False,

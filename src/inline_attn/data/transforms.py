@@ -28,6 +28,9 @@ def to_float(x: torch.Tensor) -> torch.Tensor:
 
 
 class Normalize(nn.Module):
+    """images [B, C, H, W] -> ``(x - mean) / std`` per channel (the scale of mean / std is the
+    images': 0-1 for classification, 0-255 for the dense tasks)."""
+
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         super().__init__()
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)

@@ -23,7 +23,8 @@ from .coco import coco_box_ap, to_coco_detections
 from .config import DetConfig
 from .data import StepSampler, build_det_datasets, det_collate
 from .detector import FCOS, build_detector
-from .run import DenseTask, Normalize, build_dense_model, load_run_checkpoint, load_weights, train_dense
+from ..data.transforms import Normalize
+from .run import DenseTask, build_dense_model, load_run_checkpoint, load_weights, train_dense
 
 __all__ = ["build_det_from_config", "evaluate_det", "load_detector", "predict_det", "train_det"]
 

@@ -24,7 +24,8 @@ from .config import SegConfig
 from .data import StepSampler, build_seg_datasets, collate
 from .heads import resize
 from .metrics import SegMetric
-from .run import DenseTask, Normalize, build_dense_model, load_run_checkpoint, load_weights, train_dense
+from ..data.transforms import Normalize
+from .run import DenseTask, build_dense_model, load_run_checkpoint, load_weights, train_dense
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..data.transforms import Normalize
 from ..models.checkpoint import read_checkpoint, unwrap_state_dict
 from ..models.profile import count_params
 from ..runtime.amp import grad_scaler, resolve_amp
@@ -45,19 +46,7 @@ from .config import RESUME_MAY_CHANGE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DenseTask", "Normalize", "build_dense_model", "load_run_checkpoint", "load_weights", "train_dense"]
-
-
-class Normalize(nn.Module):
-    """images [B, C, H, W] in 0-255 -> ``(x - mean) / std`` per channel."""
-
-    def __init__(self, mean, std):
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
+__all__ = ["DenseTask", "build_dense_model", "load_run_checkpoint", "load_weights", "train_dense"]
 
 
 def build_dense_model(cfg: TypedConfig, num_classes: int, builder: Callable, head_key: str) -> nn.Module:
