@@ -380,6 +380,14 @@ class ADE20K(torch.utils.data.Dataset):
         return self.pipeline(img, label, seed)
 
 
+def _render_all(mosaics: FashionMosaics, progress: bool) -> list[dict]:
+    """Every mosaic of ``mosaics`` drawn once (they are small: the sets keep them in memory)."""
+    from tqdm import tqdm
+
+    desc = f"mosaics ({mosaics.split})"
+    return [mosaics[i] for i in tqdm(range(len(mosaics)), desc=desc, disable=not progress, leave=False)]
+
+
 class MosaicSeg(torch.utils.data.Dataset):
     """Fashion-MNIST mosaics as a segmentation set (11 classes, nothing ignored), held in memory.
 
@@ -391,13 +399,8 @@ class MosaicSeg(torch.utils.data.Dataset):
     num_classes = len(MOSAIC_CLASSES)
 
     def __init__(self, mosaics: FashionMosaics, *, flip: float = 0.5, progress: bool = False):
-        from tqdm import tqdm
-
         self.mosaics = mosaics
-        items = [
-            mosaics[i]
-            for i in tqdm(range(len(mosaics)), desc=f"mosaics ({mosaics.split})", disable=not progress, leave=False)
-        ]
+        items = _render_all(mosaics, progress)
         self.images = torch.stack([it["image"] for it in items])
         self.labels = torch.stack([it["label"] for it in items])
         self.flip = flip
@@ -459,13 +462,8 @@ class MosaicDet(torch.utils.data.Dataset):
     cat_ids = list(range(1, len(MOSAIC_CLASSES)))
 
     def __init__(self, mosaics: FashionMosaics, *, flip: float = 0.5, progress: bool = False):
-        from tqdm import tqdm
-
         self.mosaics = mosaics
-        items = [
-            mosaics[i]
-            for i in tqdm(range(len(mosaics)), desc=f"mosaics ({mosaics.split})", disable=not progress, leave=False)
-        ]
+        items = _render_all(mosaics, progress)
         self.images = torch.stack([it["image"] for it in items])
         self.boxes = [it["boxes"] for it in items]
         self.labels = [it["classes"] - 1 for it in items]

@@ -76,15 +76,7 @@ def save_predictions(
             ax.set_xticks([]), ax.set_yticks([])
             if i == 0:
                 ax.set_title(name, fontsize=9)
-    _legend(fig, class_names)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, class_names, title, path)
 
 
 def save_mosaic_samples(dataset, path, n: int = 4, title: Optional[str] = None) -> pathlib.Path:
@@ -116,7 +108,14 @@ def save_mosaic_samples(dataset, path, n: int = 4, title: Optional[str] = None) 
             x1, y1, x2, y2 = box
             axes[i][2].add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color="w", lw=0.8))
             axes[i][2].text(x1, y1 - 1, names[c], color="w", fontsize=5, va="bottom")
-    _legend(fig, names)
+    return _finish(fig, names, title, path)
+
+
+def _finish(fig, class_names, title: Optional[str], path) -> pathlib.Path:
+    """The class legend and the optional title under / over ``fig``, saved as PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    _legend(fig, class_names)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
