@@ -70,6 +70,8 @@ class TokenAttention(RecordableAttention):
         proj_drop: dropout after the output projection.
         split_qkv: separate ``q`` and ``kv`` projections (PVT's state-dict layout) instead of
             the fused ``qkv``; the same computation.
+        impl: this layer's implementation, one of :data:`inline_attn.ops.IMPLS` (None = the
+            process default, :func:`inline_attn.ops.use_impl`); see :class:`RecordableAttention`.
     """
 
     def __init__(
@@ -85,8 +87,9 @@ class TokenAttention(RecordableAttention):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         split_qkv: bool = False,
+        impl: Optional[str] = None,
     ):
-        super().__init__()
+        super().__init__(impl)
         check_kind(kind, kernel)
         head_dim = check_heads(dim, num_heads)
         if num_prefix_tokens < 0:

@@ -45,7 +45,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import init_weights_
+from ..layers import attention_layers, init_weights_
+from ..ops.dispatch import check_impl
 from ._helpers import take_indices
 
 __all__ = ["OUTPUT_FORMATS", "InLineModel"]
@@ -296,6 +297,15 @@ class InLineModel(nn.Module):
         ref = next(self.parameters())
         self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
         init_weights_(self.head)
+
+    def set_impl(self, impl: Optional[str]) -> None:
+        """Set the implementation of every attention layer (their ``impl``): one of
+        :data:`inline_attn.ops.IMPLS`, or None for the process default (:func:`inline_attn.ops.use_impl`).
+        The families' ``impl`` argument and ``create_model(name, impl=...)`` come here."""
+        if impl is not None:
+            check_impl(impl)
+        for _, layer in attention_layers(self):
+            layer.impl = impl
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -76,6 +76,8 @@ class InLineDeiT(InLineModel):
         kernel: phi of InLine/linear attention (None = the kind's default).
         local_residual: the 3x3 local residual (None = on for InLine only).
         global_pool: "token" (the cls token, as the reference) or "avg" (mean of patch tokens).
+        impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
+            (None = the process default, :func:`inline_attn.ops.use_impl`).
 
     The levels of :meth:`forward_intermediates` are the blocks (all at stride ``patch_size``).
     """
@@ -101,6 +103,7 @@ class InLineDeiT(InLineModel):
         kernel: Optional[str] = None,
         local_residual: Optional[bool] = None,
         global_pool: str = "token",
+        impl: Optional[str] = None,
     ):
         super().__init__()
         if depth <= 0:
@@ -142,6 +145,7 @@ class InLineDeiT(InLineModel):
 
         reduction = self.patch_embed.patch_size[0]
         self.init_contract([dict(num_chs=embed_dim, reduction=reduction, module=f"blocks.{i}") for i in range(depth)])
+        self.set_impl(impl)
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -171,6 +171,7 @@ class WindowAttention(RecordableAttention):
             time (a map smaller than the window) reuses the table.
         qkv_bias: bias of the fused qkv projection.
         attn_drop, proj_drop: dropout on the weights / after the output projection.
+        impl: as :class:`~inline_attn.layers.TokenAttention`'s ("naive": explicit weights).
     """
 
     kind = "softmax"
@@ -184,8 +185,9 @@ class WindowAttention(RecordableAttention):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        impl: Optional[str] = None,
     ):
-        super().__init__()
+        super().__init__(impl)
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5
@@ -477,6 +479,8 @@ class InLineSwin(InLineModel):
         drop_rate: dropout after the patch embedding, in attention projections and MLPs (as the reference).
         attn_drop_rate: dropout on softmax weights. drop_path_rate: stochastic depth, linear in depth.
         global_pool: "avg" only (the token mean).
+        impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
+            (None = the process default, :func:`inline_attn.ops.use_impl`).
 
     The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32); a stage's
     map is taken before its patch merging.
@@ -504,6 +508,7 @@ class InLineSwin(InLineModel):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         global_pool: str = "avg",
+        impl: Optional[str] = None,
     ):
         super().__init__()
         if len(depths) != len(num_heads):
@@ -553,6 +558,7 @@ class InLineSwin(InLineModel):
         self.norm = nn.LayerNorm(self.num_features)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.init_contract(feature_info)
+        self.set_impl(impl)
         init_weights_(self)
         for m in self.modules():  # and the relative position tables, as the reference
             if isinstance(m, WindowAttention):
