@@ -67,6 +67,17 @@ def attention_path(impl: str | None, kind: str = "inline") -> str:
     return "naive" if kind == "softmax" and in_onnx_export() else "eager"
 
 
+def residual_path(impl: str | None) -> str:
+    """``"naive"`` (nine shifted multiply-adds) or ``"eager"`` (one grouped convolution): the form
+    of the local residual outside the fused op, for a layer's ``impl`` (as :func:`attention_path`).
+
+    While a model is exported (``torch.export``, ``torch.onnx.export``) the multiply-adds: the
+    convolution folds the batch into its groups, and ONNX's Conv takes a static group count, so a
+    program with a dynamic batch could not become ONNX.
+    """
+    return "naive" if attention_path(impl) == "naive" or torch.compiler.is_exporting() else "eager"
+
+
 def default_impl() -> str:
     """The implementation layers use when they are given none (see the module docstring)."""
     return _state["default"]
