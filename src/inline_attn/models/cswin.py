@@ -328,6 +328,8 @@ class InLineCSwin(InLineModel):
     The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32).
     """
 
+    dense_out_norms = True  # as CSwin's detection / segmentation code
+
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -439,6 +441,9 @@ class InLineCSwin(InLineModel):
 
     def _level_modules(self, i: int) -> list[str]:
         return [f"stage{i + 1}"] + ([f"merge{i}"] if i > 0 else [])
+
+    def _stem_modules(self) -> list[str]:
+        return ["stage1_conv_embed"]
 
 
 # alias: the class name of the authors' code

@@ -84,6 +84,7 @@ class InLineDeiT(InLineModel):
 
     global_pools = ("token", "avg")
     no_weight_decay_patterns = ("pos_embed", "cls_token")
+    single_scale = True
 
     def __init__(
         self,
@@ -190,6 +191,16 @@ class InLineDeiT(InLineModel):
 
     def _level_modules(self, i: int) -> list[str]:
         return [f"blocks.{i}"]
+
+    def _stem_modules(self) -> list[str]:
+        return ["patch_embed", "cls_token", "pos_embed"]
+
+    def stage_prefixes(self, num_stages: int = 4) -> tuple[list[str], list[list[str]]]:
+        """As :meth:`InLineModel.stage_prefixes`, the blocks split into ``num_stages`` equal groups."""
+        depth = len(self.blocks)
+        bounds = [round(depth * i / num_stages) for i in range(num_stages + 1)]
+        stages = [[f"blocks.{j}." for j in range(bounds[i], bounds[i + 1])] for i in range(num_stages)]
+        return ["patch_embed.", "cls_token", "pos_embed"], stages
 
 
 def checkpoint_filter_fn(state_dict: dict, model: InLineDeiT) -> dict:

@@ -316,6 +316,9 @@ class InLinePVT(InLineModel):
     def _level_modules(self, i: int) -> list[str]:
         return [f"block{i + 1}", f"pos_drop{i + 1}", f"pos_embed{i + 1}", f"patch_embed{i + 1}"]
 
+    def _stem_modules(self) -> list[str]:
+        return ["patch_embed1", "pos_embed1"]
+
 
 def checkpoint_filter_fn(state_dict: dict, model: InLinePVT) -> dict:
     """Map a reference PVT state dict onto ``model`` (used by load_checkpoint).

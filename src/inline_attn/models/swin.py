@@ -488,6 +488,7 @@ class InLineSwin(InLineModel):
 
     no_weight_decay_patterns = ("relative_position_bias_table",)
     _map_fmt = "NHWC"
+    dense_out_norms = True  # as Swin's detection / segmentation code
 
     def __init__(
         self,
@@ -597,6 +598,9 @@ class InLineSwin(InLineModel):
     def _level_modules(self, i: int) -> list[str]:
         # stage i's input comes from the previous stage's patch merging
         return [f"layers.{i}"] + ([f"layers.{i - 1}.downsample"] if i > 0 else [])
+
+    def _stem_modules(self) -> list[str]:
+        return ["patch_embed"]
 
 
 InLineSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
