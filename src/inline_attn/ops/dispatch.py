@@ -121,8 +121,9 @@ def _feature_map_name(feature_map) -> str | None:
 
 
 def in_onnx_export() -> bool:
-    """True while ``torch.onnx.export`` traces a model."""
-    return torch.onnx.is_in_onnx_export()
+    """True while ``torch.onnx.export`` traces a model (through ``torch.export``, or the legacy
+    exporter's ``torch.jit`` trace; checked first: they cost ~0.1 us a call, the ONNX flag ~2 us)."""
+    return (torch.compiler.is_exporting() or torch.jit.is_tracing()) and torch.onnx.is_in_onnx_export()
 
 
 def _in_functorch_transform() -> bool:
