@@ -10,7 +10,9 @@ ONNX operators (:func:`inline_forward_onnx`: the InLine output of paper Eq. 5 pe
 reference's scale, plus the 3x3 local residual of Sec. 4.2 as nine shifted multiply-adds), so the
 ONNX graph computes what the fused kernel computes and runs on any ONNX runtime, with a dynamic
 batch dimension if asked. ``torch.onnx.export(..., custom_translation_table=onnx_translation_table())``
-does the same by hand.
+does the same by hand. A plain ``torch.onnx.export(model, ...)`` of a module works too: while it
+traces, the one dispatch decision (:func:`inline_attn.ops.dispatch.tracing_reason`) keeps the
+layers off the fused op, so the graph is the eager path's standard operators.
 
 Requires ``onnx`` and ``onnxscript`` (``pip install 'inline-attn[export]'``; ``onnxruntime`` to run
 the result).

@@ -165,3 +165,47 @@ def test_training_checkpoint_of_ours_initialises_backbone(tmp_path):
     assert torch.equal(bb.body.pos_embed1, cls.pos_embed1) and torch.equal(
         bb.body.block4[0].mlp.fc1.weight, cls.block4[0].mlp.fc1.weight
     )
+
+
+# what the adapter's own per-family table said before the families stated it (stem, stage prefixes)
+OLD_TABLE = {
+    "pvt": (
+        ["patch_embed1.", "pos_embed1"],
+        lambda i: [f"block{i + 1}."] + ([f"patch_embed{i + 1}.", f"pos_embed{i + 1}"] if i else []),
+    ),
+    "swin": (["patch_embed."], lambda i: [f"layers.{i}."]),
+    "cswin": (["stage1_conv_embed."], lambda i: [f"stage{i + 1}."] + ([f"merge{i}."] if i else [])),
+}
+
+
+def _owned(model, prefixes):
+    return {
+        n for n, _ in model.named_parameters() if any(n.startswith(p) and (p.endswith(".") or n == p) for p in prefixes)
+    }
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_the_models_state_what_frozen_stages_freeze(family):
+    name, kw = TINY[family]
+    body = DenseBackbone(name, **kw).body
+    stem, stages = body.stage_prefixes()
+    assert len(stages) == 4 and all(stages)
+    if family == "deit":  # four equal groups of blocks
+        depth = len(body.blocks)
+        assert [len(s) for s in stages] == [round(depth * (i + 1) / 4) - round(depth * i / 4) for i in range(4)]
+        return
+    old_stem, old_stage = OLD_TABLE[family]
+    assert _owned(body, stem) == _owned(body, old_stem)
+    for k in range(5):  # freezing the first k stages: the same parameters as the old table
+        new = _owned(body, [p for s in stages[:k] for p in s])
+        old = _owned(body, [p for i in range(k) for p in old_stage(i)])
+        assert new == old, k
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_out_norms_and_pyramid_come_from_the_model(family):
+    name, kw = TINY[family]
+    backbone = DenseBackbone(name, **kw)
+    assert (backbone.pyramid is not None) == (family == "deit") == backbone.body.single_scale
+    has_norms = not isinstance(backbone.norms[0], nn.Identity)
+    assert has_norms == (family in ("swin", "cswin")) == backbone.body.dense_out_norms

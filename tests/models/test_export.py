@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inline_attn import create_model
 from inline_attn.export import export_onnx, export_program, inline_forward_onnx, onnx_translation_table
-from inline_attn.ops import why_not_fused
+from inline_attn.ops import dispatch, use_impl, why_not_fused
 
 onnx = pytest.importorskip("onnx", reason="the export extra: pip install 'inline-attn[export]'")
 ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install 'inline-attn[export]'")
@@ -111,3 +111,62 @@ def test_bad_arguments_are_clear_errors():
     program = export_program(model, images("deit", 1))
     with pytest.raises(ValueError, match="ExportedProgram has its example and dynamic shapes already"):
         export_onnx(program, images("deit", 1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plain_torch_onnx_export_traces_the_eager_path(family, tmp_path):
+    # the user's own call, no translation table: ONNX has no fused op, so the layers run eagerly
+    # while torch.onnx.export traces (softmax in its explicit-weights form)
+    model, x = small_model(family), images(family, 2)
+    path = tmp_path / f"{family}.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=True, optimize=False, verbose=False)
+    proto = onnx.load(str(path))
+    assert {node.domain for node in proto.graph.node} <= {"", "ai.onnx"}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plain_torch_export_keeps_the_fused_core(family):
+    model, x = small_model(family), images(family, 2)
+    program = torch.export.export(model, (x,))
+    assert any(n.target == FUSED_OP for n in program.graph.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_why_not_fused_names_an_onnx_export(monkeypatch):
+    monkeypatch.setattr(dispatch, "in_onnx_export", lambda: True)
+    q = torch.randn(1, 4, 8)
+    assert why_not_fused(q) == "torch.onnx.export is tracing the model and ONNX has no fused InLine op"
+    assert dispatch.attention_path("auto", "softmax") == "naive"
+    assert dispatch.attention_path("auto", "linear") == "eager"
+
+
+@pytest.mark.parametrize(
+    "case", ["use_impl-eager", "relu-kernel", "use_impl-naive", "plain-torch-onnx"], ids=lambda c: c
+)
+def test_dynamic_batch_onnx_on_the_eager_paths(case, tmp_path):
+    # the eager residual is a grouped convolution over batch x channels, which ONNX cannot take
+    # with a dynamic batch: while exporting it is the nine shifted multiply-adds instead
+    torch.manual_seed(0)
+    kernel = {"kernel": "relu"} if case == "relu-kernel" else {}
+    model = create_model("inline_deit_tiny", **{**SMALL_OVERRIDES["deit"], **kernel}).eval()
+    x = images("deit", 2)
+    impl = {"use_impl-eager": "eager", "use_impl-naive": "naive"}.get(case, "auto")
+    path = tmp_path / "model.onnx"
+    with use_impl(impl):
+        if case == "plain-torch-onnx":
+            shapes = ({0: torch.export.Dim("batch", min=1, max=64)},)
+            torch.onnx.export(model, (x,), str(path), dynamo=True, dynamic_shapes=shapes, optimize=False)
+        else:
+            export_onnx(model, x, path, dynamic_batch=True, optimize=False)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for b in (2, 3):
+        xb = images("deit", b)
+        (out,) = session.run(None, {name: xb.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(out), model(xb), rtol=1e-4, atol=1e-4)

@@ -7,8 +7,9 @@ import warnings
 import pytest
 import torch
 
-from inline_attn.layers import InLineAttention, LinearAttention, record_attention
-from inline_attn.ops import IMPLS, default_impl, dispatch, inline_tokens, use_impl, why_not_fused
+import inline_attn.ops as ops
+from inline_attn.layers import InLineAttention, LinearAttention, SoftmaxAttention, record_attention
+from inline_attn.ops import IMPLS, attention, default_impl, dispatch, inline_tokens, use_impl, why_not_fused
 from inline_attn.ops import tokens as tokens_mod
 
 
@@ -190,3 +191,51 @@ def test_empty_batch_forward_and_backward(impl):
     assert out.shape == (0, 13, 12)
     out.sum().backward()
     assert q.grad.shape == q.shape and taps.grad.shape == taps.shape
+
+
+def test_attention_impls_are_the_unfused_subset_of_impls():
+    assert dispatch.ATTENTION_IMPLS == ("auto", "naive", "eager")
+    assert set(dispatch.ATTENTION_IMPLS) | set(dispatch.FUSED_IMPLS) == set(IMPLS)
+    assert [dispatch.attention_path(i) for i in IMPLS] == ["eager", "naive", "eager", "eager", "eager"]
+    with use_impl("naive"):
+        assert dispatch.attention_path(None) == "naive"
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"impl='cpu' is a fused kernel of the whole InLine layer core"):
+        attention(q, q, q, impl="cpu")
+
+
+@pytest.fixture
+def naive_calls(monkeypatch):
+    """Kinds that ran the per-head naive reference (:func:`inline_attn.ops.attention`'s naive path)."""
+    calls = []
+    real = ops.naive_attention
+    monkeypatch.setattr(ops, "naive_attention", lambda *a, **kw: calls.append(kw["kind"]) or real(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("cls", [SoftmaxAttention, LinearAttention])
+def test_layer_impl_is_honoured_by_softmax_and_linear_layers(cls, naive_calls):
+    torch.manual_seed(0)
+    layer = cls(12, 3, num_prefix_tokens=1, local_residual=True).eval()
+    x = torch.randn(2, 13, 12)
+    with torch.no_grad():
+        eager = layer(x, (3, 4))
+        assert naive_calls == []
+        layer.impl = "naive"
+        naive = layer(x, (3, 4))
+        assert naive_calls == [layer.kind]
+        layer.impl = None
+        with use_impl("naive"):
+            layer(x, (3, 4))
+        assert naive_calls == [layer.kind] * 2
+        layer.impl = "cpu"  # no fused kernel for these kinds: the eager path
+        layer(x, (3, 4))
+    assert naive_calls == [layer.kind] * 2
+    torch.testing.assert_close(naive, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_layers_take_impl_at_construction():
+    assert SoftmaxAttention(12, 3, impl="naive").impl == "naive"
+    assert InLineAttention(12, 3).impl is None
+    with pytest.raises(ValueError, match="unknown impl 'fast'"):
+        InLineAttention(12, 3, impl="fast")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inline_attn.layers import LocalResidual, build_attention
-from inline_attn.ops import attention, attention_weights, local_residual
+from inline_attn.layers import InLineAttention, LocalResidual, build_attention
+from inline_attn.ops import attention, attention_weights, inline_tokens, local_residual
 
 
 def test_wrong_rank():
@@ -71,3 +71,41 @@ def test_residual_weight_shapes():
         local_residual(torch.randn(1, 4, 5, 5), torch.randn(1, 4, 9))
     with pytest.raises(ValueError, match=r"context must be \[B, 8\]"):
         LocalResidual(8, 2).predict(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("hw", [(4.5, 4), (4.0, 4), (4, "4"), (16,), 16])
+def test_feat_size_must_be_a_pair_of_ints_not_truncated(hw):
+    layer = build_attention("inline", 12, 3)
+    with pytest.raises(ValueError, match=r"feat_size must be a pair \(H, W\) of ints, got "):
+        layer(torch.randn(1, 16, 12), hw)
+    q = torch.randn(1, 16, 12)
+    with pytest.raises(ValueError, match=r"feat_size must be a pair \(H, W\) of ints"):
+        inline_tokens(q, q, q, num_heads=3, feat_size=hw)
+
+
+def test_num_prefix_tokens_must_be_an_int():
+    with pytest.raises(ValueError, match=r"num_prefix_tokens must be an int >= 0, got 0.0 \(float\)"):
+        build_attention("inline", 12, 3, num_prefix_tokens=0.0)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens must be >= 0, got -1"):
+        build_attention("softmax", 12, 3, num_prefix_tokens=-1)
+    q = torch.randn(1, 17, 12)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens must be an int >= 0, got 1.0"):
+        inline_tokens(q, q, q, num_heads=3, feat_size=(4, 4), num_prefix_tokens=1.0)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((12.0, 3), r"dim must be an int >= 1, got 12.0 \(float\)"),
+        ((12, 3.0), r"num_heads must be an int >= 1, got 3.0"),
+    ],
+)
+def test_layer_sizes_must_be_ints(args, match):
+    with pytest.raises(ValueError, match=match):
+        InLineAttention(*args)
+
+
+def test_integer_likes_are_sizes():
+    np = pytest.importorskip("numpy")
+    layer = build_attention("inline", 12, 3, num_prefix_tokens=np.int64(1))
+    assert layer(torch.randn(1, 17, 12), (np.int64(4), 4)).shape == (1, 17, 12)

@@ -9,6 +9,10 @@ NCHW maps at strides 4, 8, 16, 32 for every family:
   pyramid", Li et al. 2022) turns it into four: 2 transposed convs (stride 4), 1 (stride 8),
   identity (stride 16), 2x2 max-pool (stride 32).
 
+What differs between the families is stated by the models themselves
+(:class:`~inline_attn.models._base.InLineModel`'s ``single_scale``, ``dense_out_norms`` and
+``stage_prefixes``); this module names no family.
+
 It adds the OpenMMLab backbone options: ``frozen_stages`` (-1: none; 0: the stem; k: the stem and
 the first k stages, kept in eval mode and without gradients), ``norm_eval`` (BatchNorm layers
 stay in eval mode while training; the families here use LayerNorm, which has no running
@@ -17,16 +21,15 @@ statistics, so this only matters for BatchNorm added around them) and ``drop_pat
 
 from __future__ import annotations
 
-import re
 from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models import create_model, get_model_config
+from ..models import create_model
 
-__all__ = ["DenseBackbone", "LayerNorm2d", "SimpleFeaturePyramid", "stage_prefixes"]
+__all__ = ["DenseBackbone", "LayerNorm2d", "SimpleFeaturePyramid"]
 
 
 class LayerNorm2d(nn.LayerNorm):
@@ -62,34 +65,6 @@ class SimpleFeaturePyramid(nn.Module):
         return [self.fpn1(x), self.fpn2(x), x, self.fpn4(x)]
 
 
-def stage_prefixes(family: str, model: nn.Module, num_stages: int = 4) -> tuple[list[str], list[list[str]]]:
-    """Parameter-name prefixes of the stem and of each stage, for ``frozen_stages``.
-
-    Returns (stem prefixes, [prefixes of stage 0, ..., stage 3]). A stage owns the layers that
-    compute its output (PVT's and CSwin's downsampling of the stage input; Swin's patch merging
-    at the end of a stage, as in Swin's own code). DeiT's blocks are split into four equal groups.
-    """
-    if family == "pvt":
-        stem = ["patch_embed1.", "pos_embed1"]
-        stages = [
-            [f"block{i + 1}."] + ([f"patch_embed{i + 1}.", f"pos_embed{i + 1}"] if i else []) for i in range(num_stages)
-        ]
-    elif family == "swin":
-        stem = ["patch_embed."]
-        stages = [[f"layers.{i}."] for i in range(num_stages)]
-    elif family == "cswin":
-        stem = ["stage1_conv_embed."]
-        stages = [[f"stage{i + 1}."] + ([f"merge{i}."] if i else []) for i in range(num_stages)]
-    elif family == "deit":
-        stem = ["patch_embed.", "cls_token", "pos_embed"]
-        depth = len(model.blocks)
-        bounds = [round(depth * i / num_stages) for i in range(num_stages + 1)]
-        stages = [[f"blocks.{j}." for j in range(bounds[i], bounds[i + 1])] for i in range(num_stages)]
-    else:
-        raise ValueError(f"unknown model family {family!r}: expected deit, pvt, swin or cswin")
-    return stem, stages
-
-
 class DenseBackbone(nn.Module):
     """Four feature maps (strides 4, 8, 16, 32) from a registered InLine / softmax model.
 
@@ -104,8 +79,9 @@ class DenseBackbone(nn.Module):
         weights_only: refuse pickled non-tensor objects in ``pretrained`` (torch.load's rule);
             False for files you trust, e.g. ``last.pth`` of ``inline-attn train`` (it stores a
             config and RNG states beside the weights).
-        out_norms: a LayerNorm on each returned map (None: on for Swin and CSwin, as their
-            dense-prediction code; the DeiT pyramid has its own input norm).
+        out_norms: a LayerNorm on each returned map (None: the model's ``dense_out_norms``, on
+            for Swin and CSwin, as their dense-prediction code; the DeiT pyramid has its own
+            input norm).
         **model_kwargs: passed to :func:`inline_attn.create_model` (pattern, embed_dims, img_size, ...).
 
     forward: images [B, C_in, H, W] -> list of [B, C_i, H / s_i, W / s_i] for the strides s_i of
@@ -127,8 +103,7 @@ class DenseBackbone(nn.Module):
         **model_kwargs,
     ):
         super().__init__()
-        cfg = get_model_config(name)
-        self.name, self.family = name, cfg.family
+        self.name = name
         self.out_indices = tuple(int(i) for i in out_indices)
         if not self.out_indices or any(i not in range(4) for i in self.out_indices):
             raise ValueError(f"out_indices={tuple(out_indices)} must be a non-empty subset of (0, 1, 2, 3)")
@@ -139,15 +114,17 @@ class DenseBackbone(nn.Module):
         if drop_path_rate is not None:
             kwargs["drop_path_rate"] = float(drop_path_rate)
         self.pyramid: Optional[SimpleFeaturePyramid] = None
-        if cfg.family == "deit":
-            body = create_model(name, features_only=True, **kwargs)  # the last block, stride 16
-            dim = body.feature_info[-1]["num_chs"]
+        body = create_model(name, features_only=True, **kwargs)  # every level's map
+        if body.single_scale:  # a pyramid from the last map (DeiT: the last block, stride 16)
+            dim, stride = body.feature_info[-1]["num_chs"], body.feature_info[-1]["reduction"]
             self.pyramid = SimpleFeaturePyramid(dim)
             self.channels_all = [dim] * 4
-            patch = body.patch_embed.patch_size[0]
-            self.strides_all = [patch // 4, patch // 2, patch, patch * 2]
+            self.strides_all = [stride // 4, stride // 2, stride, stride * 2]
         else:
-            body = create_model(name, features_only=True, out_indices=(0, 1, 2, 3), **kwargs)
+            if len(body.feature_info) != 4:
+                raise ValueError(
+                    f"{name} has {len(body.feature_info)} levels: a dense backbone takes 4 (or one stride)"
+                )
             self.channels_all = [f["num_chs"] for f in body.feature_info]
             self.strides_all = [f["reduction"] for f in body.feature_info]
         self.body = body
@@ -156,7 +133,7 @@ class DenseBackbone(nn.Module):
 
             load_checkpoint(body, pretrained, strict=True, weights_only=weights_only)
         if out_norms is None:
-            out_norms = cfg.family in ("swin", "cswin")
+            out_norms = body.dense_out_norms
         self.norms = nn.ModuleList(
             [LayerNorm2d(self.channels_all[i]) if out_norms else nn.Identity() for i in self.out_indices]
         )
@@ -169,7 +146,7 @@ class DenseBackbone(nn.Module):
     def _frozen_prefixes(self) -> list[str]:
         if self.frozen_stages < 0:
             return []
-        stem, stages = stage_prefixes(self.family, self.body)
+        stem, stages = self.body.stage_prefixes()
         out = ["body." + p for p in stem]
         for i in range(self.frozen_stages):
             out += ["body." + p for p in stages[i]]
@@ -222,9 +199,3 @@ class DenseBackbone(nn.Module):
             f"name={self.name}, out_channels={self.out_channels}, strides={self.strides}, "
             f"frozen_stages={self.frozen_stages}, norm_eval={self.norm_eval}"
         )
-
-
-def strip_prefix(state_dict: dict, prefix: str) -> dict:
-    """Keys starting with ``prefix`` with it removed (e.g. ``backbone.`` of a whole segmentor)."""
-    pat = re.compile("^" + re.escape(prefix))
-    return {pat.sub("", k): v for k, v in state_dict.items() if k.startswith(prefix)}

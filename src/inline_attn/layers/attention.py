@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import ATTENTION_KINDS, KERNELS
-from ..ops._checks import check_feat_size
+from ..ops._checks import check_count, check_feat_size
 from .feature_maps import AffineReLUKernel
 from .linear_family import LINEAR_CORES, make_core
 from .local_residual import LocalResidual
@@ -35,8 +35,10 @@ def check_kind(kind: str, kernel: Optional[str] = None) -> str:
 
 
 def check_heads(dim: int, num_heads: int) -> int:
-    """Validate ``dim % num_heads == 0`` and return the head dim."""
-    if num_heads <= 0 or dim <= 0 or dim % num_heads != 0:
+    """Validate integer ``dim`` and ``num_heads`` with ``dim % num_heads == 0``; return the head dim."""
+    check_count("dim", dim, 1)
+    check_count("num_heads", num_heads, 1)
+    if dim % num_heads != 0:
         raise ValueError(f"dim={dim} must be a positive multiple of num_heads={num_heads}")
     return dim // num_heads
 
@@ -71,6 +73,8 @@ class TokenAttention(RecordableAttention):
         proj_drop: dropout after the output projection.
         split_qkv: separate ``q`` and ``kv`` projections (PVT's state-dict layout) instead of
             the fused ``qkv``; the same computation.
+        impl: this layer's implementation, one of :data:`inline_attn.ops.IMPLS` (None = the
+            process default, :func:`inline_attn.ops.use_impl`); see :class:`RecordableAttention`.
     """
 
     def __init__(
@@ -86,12 +90,12 @@ class TokenAttention(RecordableAttention):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         split_qkv: bool = False,
+        impl: Optional[str] = None,
     ):
-        super().__init__()
+        super().__init__(impl)
         check_kind(kind, kernel)
         head_dim = check_heads(dim, num_heads)
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+        num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
         self.kind = kind
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_prefix_tokens = num_prefix_tokens

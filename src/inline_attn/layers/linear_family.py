@@ -3,10 +3,10 @@
 A core turns the projected ``q, k, v: [B, N, C]`` (``N = P + H*W``, P prefix tokens first) into the
 attention output ``[B, N, C]`` before the shared output projection, so every family takes these
 kinds wherever it takes ``"inline"`` (pattern letters in :mod:`inline_attn.models._helpers`).
-Equations and the op-level fast / naive pairs: :mod:`inline_attn.ops.linear_family`.
+Equations and the op-level eager / naive pairs: :mod:`inline_attn.ops.linear_family`.
 
 Each core runs in three steps: ``prepare`` (feature maps and spatial mixing on [B, N, C]),
-the attention (linear-time ``fast``, or explicit ``weights`` then ``weights @ v`` for the naive
+the attention (linear-time ``eager``, or explicit ``weights`` then ``weights @ v`` for the naive
 reference and for attention hooks), ``finish`` (the terms added after the attention). Spatial
 operators act on the H x W grid tokens only; prefix tokens (a cls token) have no neighbours.
 
@@ -66,9 +66,14 @@ def _depthwise(x: torch.Tensor, conv: nn.Conv2d, naive: bool) -> torch.Tensor:
 
 
 class LinearCore(nn.Module):
-    """Base of the cores: ``prepare -> (fast | weights @ v) -> finish``; see the module docstring."""
+    """Base of the cores: ``prepare -> (eager | weights @ v) -> finish``; see the module docstring."""
 
     kind: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "fast" in cls.__dict__:  # the linear-time step was called fast() before the eager / naive vocabulary
+            raise TypeError(f"{cls.__name__}.fast(q, k, v) is now named eager(q, k, v)")
 
     def __init__(self, dim: int, num_heads: int):
         super().__init__()
@@ -84,7 +89,8 @@ class LinearCore(nn.Module):
     def weights(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def fast(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The linear-time attention step: per head q, k: [B, h, N, d], v: [B, h, N, dv] -> [B, h, N, dv]."""
         raise NotImplementedError
 
     def finish(self, out, v, feat_size, p, naive):
@@ -98,15 +104,19 @@ class LinearCore(nn.Module):
         feat_size: tuple[int, int],
         num_prefix_tokens: int = 0,
         *,
-        naive: bool = False,
+        impl: str = "eager",
         weight_hook=None,
     ) -> torch.Tensor:
         """q, k, v: [B, N, C] -> [B, N, C].
 
-        naive: explicit weights and shifted multiply-add convolutions (the float64 reference).
+        impl: "eager" (linear-time attention, convolution ops) or "naive" (explicit weights and
+            shifted multiply-add convolutions: the float64 reference).
         weight_hook: None, or ``f(weights [B, heads, N, N]) -> weights`` (explicit weights are
-            then formed, as for ``naive``; the convolutions keep the fast form unless ``naive``).
+            then formed, as for ``naive``; the convolutions keep the eager form unless ``naive``).
         """
+        if impl not in ("eager", "naive"):
+            raise ValueError(f"impl={impl!r}: a linear attention core runs 'eager' or 'naive'")
+        naive = impl == "naive"
         p = num_prefix_tokens
         q2, k2, v2 = self.prepare(q, k, v, feat_size, p, naive)
         h = self.attn_heads()
@@ -117,7 +127,7 @@ class LinearCore(nn.Module):
                 w = weight_hook(w)
             out = w @ vh
         else:
-            out = self.fast(qh, kh, vh)
+            out = self.eager(qh, kh, vh)
         return self.finish(_tokens(out), v, feat_size, p, naive)
 
 
@@ -136,7 +146,7 @@ class HydraCore(LinearCore):
     def weights(self, q, k):
         return lf.hydra_weights(q, k)
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return lf.hydra_attention(q, k, v)
 
 
@@ -149,7 +159,7 @@ class EfficientCore(LinearCore):
     def weights(self, q, k):
         return lf.efficient_weights(q, k)
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return lf.efficient_attention(q, k, v)
 
 
@@ -170,7 +180,7 @@ class AngularCore(LinearCore):
     def weights(self, q, k):
         return lf.angular_weights(q, k)
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return lf.angular_attention(q, k, v)
 
     def finish(self, out, v, feat_size, p, naive):
@@ -213,7 +223,7 @@ class ReLUMultiScaleCore(LinearCore):
     def weights(self, q, k):
         return attention_weights(q, k, kind="linear", kernel="relu")
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return linear_attention(q, k, v, kernel="relu")
 
     def finish(self, out, v, feat_size, p, naive):
@@ -241,7 +251,7 @@ class FocusedCore(LinearCore):
     def weights(self, q, k):
         return attention_weights(q, k, kind="linear", kernel="identity")
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return linear_attention(q, k, v, kernel="identity")
 
     def finish(self, out, v, feat_size, p, naive):

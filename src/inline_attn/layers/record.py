@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import attention, attention_weights, inline_tokens
-from ..ops.dispatch import default_impl
+from ..ops.dispatch import attention_path, check_impl
 from ..ops.tokens import add_to_grid_tokens, grid_residual
 from .linear_family import LINEAR_CORES
 
@@ -65,16 +65,20 @@ class RecordableAttention(nn.Module):
         kind: "inline", "linear", "softmax" or one of the other linear attentions
             (:data:`~inline_attn.layers.linear_family.LINEAR_CORES`, computed by ``self.core``).
         num_heads: heads of the module (set by subclasses).
-        impl: the InLine layer core's implementation for this module (see
-            :mod:`inline_attn.ops.dispatch`); None = the process default.
+        impl: this module's implementation, one of :data:`inline_attn.ops.IMPLS` (see
+            :mod:`inline_attn.ops.dispatch`); None = the process default. The InLine layer core
+            takes any of them; the other kinds have no fused kernel and run naive for "naive",
+            eager otherwise (:func:`~inline_attn.ops.dispatch.attention_path`).
     """
 
     kind: str = "inline"
     num_heads: int = 1
     impl: Optional[str] = None
 
-    def __init__(self):
+    def __init__(self, impl: Optional[str] = None):
         super().__init__()
+        if impl is not None:
+            self.impl = check_impl(impl)
         self._attention_hook: Optional[Hook] = None
         self._record_name = ""
         self._record_index = -1
@@ -144,12 +148,12 @@ class RecordableAttention(nn.Module):
                 def hook(w):
                     return self.hook_weights(w, kind, feat_size, p, token_coords)
 
-            naive = (self.impl or default_impl()) == "naive"
-            out = self.core(q, k, v, feat_size, p, naive=naive, weight_hook=hook)
+            out = self.core(q, k, v, feat_size, p, impl=attention_path(self.impl), weight_hook=hook)
         else:
             out = self._attend_heads(q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop)
         if residual_weights is not None:
-            out = add_to_grid_tokens(out, grid_residual(v, residual_weights, feat_size, p).to(out.dtype), p)
+            res = grid_residual(v, residual_weights, feat_size, p, impl=attention_path(self.impl))
+            out = add_to_grid_tokens(out, res.to(out.dtype), p)
         return out
 
     def _attend_heads(self, q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop):
@@ -201,7 +205,8 @@ class RecordableAttention(nn.Module):
             if kind == "softmax" and attn_drop is not None and attn_drop.p > 0 and self.training:
                 w = attention_weights(q, k, kind=kind, scale=scale, bias=bias, mask=mask)
                 return attn_drop(w) @ v
-            return attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
+            impl = attention_path(self.impl)
+            return attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask, impl=impl)
         weights = attention_weights(q, k, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
         weights = self.hook_weights(weights, kind, feat_size, num_prefix_tokens, token_coords)
         if attn_drop is not None and kind == "softmax":

@@ -27,7 +27,13 @@ names follow the authors' code, so each family stores its levels differently):
 - ``_level_map(i, state, norm)``: the state after level ``i`` as a map in ``_map_fmt`` layout;
 - ``_final(state, i)``: ``forward_features``' output from the state after level ``i``;
 - ``_pool(x)``: ``forward_features``' output -> ``[B, C]``;
-- ``_level_modules(i)``: the dotted names of the modules and parameters only level ``i`` uses.
+- ``_level_modules(i)``: the dotted names of the modules and parameters only level ``i`` uses;
+- ``_stem_modules()``: the same for the stem.
+
+Facts a dense-prediction adapter (:class:`inline_attn.dense.DenseBackbone`) needs are stated here
+too, so that it names no family: :meth:`InLineModel.stage_prefixes` (what ``frozen_stages``
+freezes), :attr:`InLineModel.single_scale` (a plain ViT: one stride, a feature pyramid is built
+from its last map) and :attr:`InLineModel.dense_out_norms` (a LayerNorm on each returned map).
 
 ``features_only`` is not a constructor argument: :func:`inline_attn.create_model` builds the full
 model, loads a checkpoint into it, then calls :meth:`InLineModel.to_features_only` (timm's builder
@@ -45,7 +51,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import init_weights_
+from ..layers import attention_layers, init_weights_
+from ..ops.dispatch import check_impl
 from ._helpers import take_indices
 
 __all__ = ["OUTPUT_FORMATS", "InLineModel"]
@@ -72,6 +79,11 @@ class InLineModel(nn.Module):
     no_weight_decay_patterns: tuple[str, ...] = ()
     #: layout of the maps ``_level_map`` returns
     _map_fmt: str = "NCHW"
+    #: every level has one stride (a plain ViT): dense prediction builds a pyramid from the last map
+    single_scale: bool = False
+    #: dense prediction adds a LayerNorm on each returned map, as the family's own detection /
+    #: segmentation code does
+    dense_out_norms: bool = False
 
     def __init_subclass__(cls, **kwargs):
         # torch.compile keys its automatic-dynamic-shape state on the compiled frame's code
@@ -127,6 +139,28 @@ class InLineModel(nn.Module):
 
     def _level_modules(self, i: int) -> list[str]:
         raise NotImplementedError
+
+    def _stem_modules(self) -> list[str]:
+        raise NotImplementedError
+
+    def stage_prefixes(self, num_stages: int = 4) -> tuple[list[str], list[list[str]]]:
+        """Parameter-name prefixes of the stem and of each stage, for freezing the first stages.
+
+        Returns (stem prefixes, [prefixes of stage 0, ..., stage ``num_stages - 1``]); a module's
+        prefix ends with ``"."``, a parameter's is its name. A stage is a level here: the modules
+        of :meth:`_level_modules` that the stem does not use, its downsampling of the stage input
+        included (Swin's patch merging ends the previous stage, ``layers.{i-1}.downsample``, so
+        freezing the first k stages freezes ``layers.0`` .. ``layers.{k-1}`` whole, as Swin's own
+        code). DeiT splits its blocks into ``num_stages`` equal groups.
+        """
+        stem = self._stem_modules()
+        params = dict(self.named_parameters())
+
+        def prefix(name: str) -> str:
+            return name if name in params else name + "."
+
+        stages = [[prefix(n) for n in self._level_modules(i) if n not in stem] for i in range(num_stages)]
+        return [prefix(n) for n in stem], stages
 
     # ---- forward
 
@@ -296,6 +330,15 @@ class InLineModel(nn.Module):
         ref = next(self.parameters())
         self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
         init_weights_(self.head)
+
+    def set_impl(self, impl: Optional[str]) -> None:
+        """Set the implementation of every attention layer (their ``impl``): one of
+        :data:`inline_attn.ops.IMPLS`, or None for the process default (:func:`inline_attn.ops.use_impl`).
+        The families' ``impl`` argument and ``create_model(name, impl=...)`` come here."""
+        if impl is not None:
+            check_impl(impl)
+        for _, layer in attention_layers(self):
+            layer.impl = impl
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -106,6 +106,7 @@ class StripeAttention(RecordableAttention):
         kernel: phi for inline / linear (default identity / relu).
         local_residual: add InLine's predicted 3x3 residual on V (default: on for InLine only).
         attn_drop: dropout on softmax weights.
+        impl: as :class:`~inline_attn.layers.TokenAttention`'s.
 
     State-dict names: ``get_v`` (LePE), ``residual.0`` / ``residual.2`` (as the reference).
     """
@@ -121,8 +122,9 @@ class StripeAttention(RecordableAttention):
         kernel: Optional[str] = None,
         local_residual: Optional[bool] = None,
         attn_drop: float = 0.0,
+        impl: Optional[str] = None,
     ):
-        super().__init__()
+        super().__init__(impl)
         if mode not in ("global", "vertical", "horizontal"):
             raise ValueError(f"unknown stripe mode {mode!r}: expected global, vertical or horizontal")
         if split_size < 1:
@@ -320,9 +322,13 @@ class InLineCSwin(InLineModel):
             blocks only); softmax blocks never have one.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
         global_pool: "avg" only (the token mean).
+        impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
+            (None = the process default, :func:`inline_attn.ops.use_impl`).
 
     The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32).
     """
+
+    dense_out_norms = True  # as CSwin's detection / segmentation code
 
     def __init__(
         self,
@@ -343,6 +349,7 @@ class InLineCSwin(InLineModel):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         global_pool: str = "avg",
+        impl: Optional[str] = None,
     ):
         super().__init__()
         if len(depths) != NUM_STAGES or len(num_heads) != NUM_STAGES:
@@ -392,6 +399,7 @@ class InLineCSwin(InLineModel):
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.init_contract(feature_info)
+        self.set_impl(impl)
         init_weights_(self)
 
     def forward(self, x: torch.Tensor):
@@ -433,6 +441,9 @@ class InLineCSwin(InLineModel):
 
     def _level_modules(self, i: int) -> list[str]:
         return [f"stage{i + 1}"] + ([f"merge{i}"] if i > 0 else [])
+
+    def _stem_modules(self) -> list[str]:
+        return ["stage1_conv_embed"]
 
 
 # alias: the class name of the authors' code

@@ -76,12 +76,15 @@ class InLineDeiT(InLineModel):
         kernel: phi of InLine/linear attention (None = the kind's default).
         local_residual: the 3x3 local residual (None = on for InLine only).
         global_pool: "token" (the cls token, as the reference) or "avg" (mean of patch tokens).
+        impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
+            (None = the process default, :func:`inline_attn.ops.use_impl`).
 
     The levels of :meth:`forward_intermediates` are the blocks (all at stride ``patch_size``).
     """
 
     global_pools = ("token", "avg")
     no_weight_decay_patterns = ("pos_embed", "cls_token")
+    single_scale = True
 
     def __init__(
         self,
@@ -101,6 +104,7 @@ class InLineDeiT(InLineModel):
         kernel: Optional[str] = None,
         local_residual: Optional[bool] = None,
         global_pool: str = "token",
+        impl: Optional[str] = None,
     ):
         super().__init__()
         if depth <= 0:
@@ -142,6 +146,7 @@ class InLineDeiT(InLineModel):
 
         reduction = self.patch_embed.patch_size[0]
         self.init_contract([dict(num_chs=embed_dim, reduction=reduction, module=f"blocks.{i}") for i in range(depth)])
+        self.set_impl(impl)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -186,6 +191,16 @@ class InLineDeiT(InLineModel):
 
     def _level_modules(self, i: int) -> list[str]:
         return [f"blocks.{i}"]
+
+    def _stem_modules(self) -> list[str]:
+        return ["patch_embed", "cls_token", "pos_embed"]
+
+    def stage_prefixes(self, num_stages: int = 4) -> tuple[list[str], list[list[str]]]:
+        """As :meth:`InLineModel.stage_prefixes`, the blocks split into ``num_stages`` equal groups."""
+        depth = len(self.blocks)
+        bounds = [round(depth * i / num_stages) for i in range(num_stages + 1)]
+        stages = [[f"blocks.{j}." for j in range(bounds[i], bounds[i + 1])] for i in range(num_stages)]
+        return ["patch_embed.", "cls_token", "pos_embed"], stages
 
 
 def checkpoint_filter_fn(state_dict: dict, model: InLineDeiT) -> dict:

@@ -77,8 +77,9 @@ class SpatialReductionAttention(RecordableAttention):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        impl: Optional[str] = None,
     ):
-        super().__init__()
+        super().__init__(impl)
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5
@@ -174,6 +175,8 @@ class InLinePVT(InLineModel):
             always use 1e-5, as in the reference.
         kernel, local_residual: InLine / linear options (None = the kind's default).
         global_pool: "avg" only (PVT has no cls token).
+        impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
+            (None = the process default, :func:`inline_attn.ops.use_impl`).
 
     The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32).
     """
@@ -199,6 +202,7 @@ class InLinePVT(InLineModel):
         kernel: Optional[str] = None,
         local_residual: Optional[bool] = None,
         global_pool: str = "avg",
+        impl: Optional[str] = None,
         norm_eps: float = 1e-6,
     ):
         super().__init__()
@@ -270,6 +274,7 @@ class InLinePVT(InLineModel):
         self.norm = nn.Identity()  # PVT has no final norm (the reference pools the last stage directly)
         self.head = nn.Linear(embed_dims[-1], num_classes) if num_classes > 0 else nn.Identity()
         self.init_contract(feature_info)
+        self.set_impl(impl)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -310,6 +315,9 @@ class InLinePVT(InLineModel):
 
     def _level_modules(self, i: int) -> list[str]:
         return [f"block{i + 1}", f"pos_drop{i + 1}", f"pos_embed{i + 1}", f"patch_embed{i + 1}"]
+
+    def _stem_modules(self) -> list[str]:
+        return ["patch_embed1", "pos_embed1"]
 
 
 def checkpoint_filter_fn(state_dict: dict, model: InLinePVT) -> dict:

@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 import torch.nn as nn
 
+from ..ops.dispatch import IMPLS
+
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
 
@@ -98,6 +100,8 @@ def _check_overrides(name: str, overrides: dict) -> None:
         sides = size if isinstance(size, (list, tuple)) else (size,)
         if not (1 <= len(sides) <= 2 and all(_is_int(v) and v >= 1 for v in sides)):
             fail("img_size", "a positive integer or a (height, width) pair")
+    if overrides.get("impl") is not None and overrides["impl"] not in IMPLS:
+        fail("impl", f"one of {IMPLS}, or None for the process default")
     for key in ("drop_rate", "drop_path_rate"):
         if key in overrides:
             v = overrides[key]
@@ -119,8 +123,11 @@ def create_model(
     other families' stages) and what those maps do not use is pruned
     (:meth:`~inline_attn.models._base.InLineModel.to_features_only`).
 
+    ``impl`` (one of :data:`inline_attn.ops.IMPLS`) sets every attention layer's implementation
+    (:meth:`~inline_attn.models._base.InLineModel.set_impl`); it is not recorded in ``model_args``.
+
     A bad value of a common argument (``num_classes``, ``in_chans``, ``depth``/``depths``,
-    ``img_size``, the drop rates, ``out_indices`` without ``features_only``) or an argument the
+    ``img_size``, ``impl``, the drop rates, ``out_indices`` without ``features_only``) or an argument the
     family does not take is a ValueError naming it.
     """
     fn, cfg = _lookup(name)
@@ -138,7 +145,8 @@ def create_model(
             raise
         raise ValueError(f"model {name!r} takes no argument {unknown.group(1)!r}") from e
     model.pretrained_cfg = cfg
-    model.model_args = dict(overrides)
+    # impl says how the model computes, not what it is: a saved model does not pin it
+    model.model_args = {k: v for k, v in overrides.items() if k != "impl"}
     if checkpoint_path is not None:
         from .checkpoint import load_checkpoint
 

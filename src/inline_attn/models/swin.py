@@ -171,6 +171,7 @@ class WindowAttention(RecordableAttention):
             time (a map smaller than the window) reuses the table.
         qkv_bias: bias of the fused qkv projection.
         attn_drop, proj_drop: dropout on the weights / after the output projection.
+        impl: as :class:`~inline_attn.layers.TokenAttention`'s ("naive": explicit weights).
     """
 
     kind = "softmax"
@@ -184,8 +185,9 @@ class WindowAttention(RecordableAttention):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        impl: Optional[str] = None,
     ):
-        super().__init__()
+        super().__init__(impl)
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5
@@ -477,6 +479,8 @@ class InLineSwin(InLineModel):
         drop_rate: dropout after the patch embedding, in attention projections and MLPs (as the reference).
         attn_drop_rate: dropout on softmax weights. drop_path_rate: stochastic depth, linear in depth.
         global_pool: "avg" only (the token mean).
+        impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
+            (None = the process default, :func:`inline_attn.ops.use_impl`).
 
     The levels of :meth:`forward_intermediates` are the stages (strides 4, 8, 16, 32); a stage's
     map is taken before its patch merging.
@@ -484,6 +488,7 @@ class InLineSwin(InLineModel):
 
     no_weight_decay_patterns = ("relative_position_bias_table",)
     _map_fmt = "NHWC"
+    dense_out_norms = True  # as Swin's detection / segmentation code
 
     def __init__(
         self,
@@ -504,6 +509,7 @@ class InLineSwin(InLineModel):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         global_pool: str = "avg",
+        impl: Optional[str] = None,
     ):
         super().__init__()
         if len(depths) != len(num_heads):
@@ -553,6 +559,7 @@ class InLineSwin(InLineModel):
         self.norm = nn.LayerNorm(self.num_features)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self.init_contract(feature_info)
+        self.set_impl(impl)
         init_weights_(self)
         for m in self.modules():  # and the relative position tables, as the reference
             if isinstance(m, WindowAttention):
@@ -591,6 +598,9 @@ class InLineSwin(InLineModel):
     def _level_modules(self, i: int) -> list[str]:
         # stage i's input comes from the previous stage's patch merging
         return [f"layers.{i}"] + ([f"layers.{i - 1}.downsample"] if i > 0 else [])
+
+    def _stem_modules(self) -> list[str]:
+        return ["patch_embed"]
 
 
 InLineSwin.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)

@@ -2,9 +2,10 @@
 
 - :func:`inline_tokens`: the InLine layer core on token-major [B, N, C] tensors (all heads plus
   the local residual), the op every model family calls; its implementation is chosen in one place,
-  :mod:`.dispatch` (``impl``: auto, naive, eager, cpu, triton; :func:`why_not_fused`).
+  :mod:`.dispatch` (``impl``: :data:`IMPLS` = auto, naive, eager, cpu, triton; :func:`why_not_fused`).
 - :func:`attention`: one attention kind (inline, linear, softmax) on [B, H, N, D] tensors, by the
-  naive reference (explicit weights, :mod:`.naive`) or the eager fast path (:mod:`.fast`).
+  naive reference (explicit weights, :mod:`.naive`) or the eager path (:mod:`.eager`): the impls of
+  :data:`ATTENTION_IMPLS`, the subset of :data:`IMPLS` without the fused kernels.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from .eager import inline_attention, linear_attention, local_residual, softmax_a
 from .feature_maps import KERNELS, get_kernel
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
 from .fused.cpu import cpu_kernel_available, cpu_kernel_error
-from .dispatch import IMPLS, default_impl, use_impl, why_not_fused
+from . import dispatch
+from .dispatch import ATTENTION_IMPLS, IMPLS, default_impl, use_impl, why_not_fused
 from .tokens import grid_residual, inline_tokens
-
-ATTENTION_IMPLS = ("auto", "eager", "naive")
 
 
 def attention(
@@ -43,18 +43,25 @@ def attention(
         kernel: phi for inline (default identity) / linear (default relu).
         scale: inline / softmax scale, default ``D**-0.5``.
         bias, mask: softmax only.
-        impl: "auto" or "eager" (linear-time / SDPA) or "naive" (explicit weights). The fused
-            kernels compute the whole layer core: use :func:`inline_tokens` for them.
+        impl: one of :data:`ATTENTION_IMPLS`: "auto" or "eager" (linear-time / SDPA) or "naive"
+            (explicit weights; softmax takes them while ``torch.onnx.export`` traces, see
+            :func:`.dispatch.attention_path`). The fused kernels compute the whole layer core: use
+            :func:`inline_tokens` for them.
     Returns:
         [B, H, Nq, Dv].
     """
     if impl not in ATTENTION_IMPLS:
+        if impl in IMPLS:
+            raise ValueError(
+                f"impl={impl!r} is a fused kernel of the whole InLine layer core (inline_tokens): "
+                f"attention() takes one of {ATTENTION_IMPLS}"
+            )
         raise ValueError(f"unknown impl {impl!r} for attention(): expected one of {ATTENTION_IMPLS}")
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
     if kind != "softmax" and (bias is not None or mask is not None):
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
-    if impl == "naive":
+    if dispatch.attention_path(impl, kind) == "naive":
         return naive_attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
     if kind == "inline":
         return inline_attention(q, k, v, kernel="identity" if kernel is None else kernel, scale=scale)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -42,16 +44,41 @@ def check_residual(v, weights) -> None:
         )
 
 
-def check_feat_size(feat_size, num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
-    """Validate ``feat_size=(H, W)`` against a token count ``N = num_prefix_tokens + H*W``."""
+def as_int(value):
+    """``value`` as an int when it is an integer (Python, numpy, a symbolic size; never a bool or a
+    float, which a size must not be silently truncated from), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, torch.SymInt):
+        return value
     try:
-        h, w = (int(s) for s in feat_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"feat_size must be a pair (H, W) of ints, got {feat_size!r}") from None
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_count(name: str, value, minimum: int = 0) -> int:
+    """An integer ``value >= minimum`` (see :func:`as_int`), or a ValueError naming it."""
+    n = as_int(value)
+    if n is None:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return n
+
+
+def check_feat_size(feat_size, num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
+    """Validate ``feat_size=(H, W)`` (ints) against a token count ``N = num_prefix_tokens + H*W``."""
+    try:
+        sides = tuple(as_int(s) for s in feat_size)
+    except TypeError:
+        sides = ()
+    if len(sides) != 2 or None in sides:
+        raise ValueError(f"feat_size must be a pair (H, W) of ints, got {feat_size!r}")
+    h, w = sides
     if h <= 0 or w <= 0:
         raise ValueError(f"feat_size must be positive, got H={h}, W={w}")
-    if num_prefix_tokens < 0:
-        raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+    num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
     if num_tokens != num_prefix_tokens + h * w:
         raise ValueError(
             f"token count N={num_tokens} does not match num_prefix_tokens + H*W = "

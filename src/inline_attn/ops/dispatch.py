@@ -13,6 +13,12 @@ An explicit ``"cpu"`` / ``"triton"`` is honoured on any tensors it can run, and 
 ``ValueError`` (naming what it needs) on tensors it cannot. The process default, used when a layer
 passes ``impl=None``, is ``"auto"``, or ``INLINE_ATTN_IMPL`` from the environment, or the value set
 by the :func:`use_impl` context manager.
+
+Where each value applies: the fused impls compute InLine's whole layer core only
+(:func:`inline_attn.ops.inline_tokens`). Every other attention (softmax, vanilla linear, the other
+linear attentions, and InLine on [B, H, N, D] tensors through :func:`inline_attn.ops.attention`)
+has two paths, :data:`ATTENTION_IMPLS`; :func:`attention_path` maps a layer's ``impl`` onto them
+(``"naive"`` stays naive, anything else is eager).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from .fused import cpu as cpu_kernel
 
 IMPLS = ("auto", "naive", "eager", "cpu", "triton")
 FUSED_IMPLS = ("cpu", "triton")
+#: the impls of :func:`inline_attn.ops.attention` (per-head attention of every kind): no fused kernel there
+ATTENTION_IMPLS = tuple(i for i in IMPLS if i not in FUSED_IMPLS)
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -44,6 +52,30 @@ def check_impl(impl: str) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}: expected one of {IMPLS}")
     return impl
+
+
+def attention_path(impl: str | None, kind: str = "inline") -> str:
+    """``"naive"`` or ``"eager"``: the path an attention without a fused kernel takes for a layer's
+    ``impl`` (None = :func:`default_impl`); "auto", "cpu" and "triton" mean eager there.
+
+    Softmax attention takes the naive path (its explicit weights: SDPA's math form) while
+    ``torch.onnx.export`` traces: the exporter decomposes SDPA by replaying the CPU flash kernel's
+    output strides, and views traced on them fail there.
+    """
+    if check_impl(default_impl() if impl is None else impl) == "naive":
+        return "naive"
+    return "naive" if kind == "softmax" and in_onnx_export() else "eager"
+
+
+def residual_path(impl: str | None) -> str:
+    """``"naive"`` (nine shifted multiply-adds) or ``"eager"`` (one grouped convolution): the form
+    of the local residual outside the fused op, for a layer's ``impl`` (as :func:`attention_path`).
+
+    While a model is exported (``torch.export``, ``torch.onnx.export``) the multiply-adds: the
+    convolution folds the batch into its groups, and ONNX's Conv takes a static group count, so a
+    program with a dynamic batch could not become ONNX.
+    """
+    return "naive" if attention_path(impl) == "naive" or torch.compiler.is_exporting() else "eager"
 
 
 def default_impl() -> str:
@@ -88,8 +120,40 @@ def _feature_map_name(feature_map) -> str | None:
     return feature_map if isinstance(feature_map, str) else type(feature_map).__name__
 
 
+def in_onnx_export() -> bool:
+    """True while ``torch.onnx.export`` traces a model (through ``torch.export``, or the legacy
+    exporter's ``torch.jit`` trace; checked first: they cost ~0.1 us a call, the ONNX flag ~2 us)."""
+    return (torch.compiler.is_exporting() or torch.jit.is_tracing()) and torch.onnx.is_in_onnx_export()
+
+
+def _in_functorch_transform() -> bool:
+    # under torch.compile dynamo runs the transforms itself (and this query would break the graph)
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
+
+def tracing_reason() -> str | None:
+    """Why no fused kernel may run in the trace or transform under way, or None.
+
+    - ``torch.onnx.export(model, ...)``: ONNX has no fused InLine op, so the model is traced on the
+      eager path, in standard operators (:func:`inline_attn.export.export_onnx` instead keeps the op
+      in a ``torch.export`` program and translates it, :func:`inline_attn.export.inline_forward_onnx`);
+    - a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ...): the fused op has no
+      functorch rules, while the eager path is plain PyTorch ops that every transform supports.
+
+    ``torch.export.export`` and ``torch.compile`` keep the fused op (it has a fake rule).
+    """
+    if in_onnx_export():
+        return "torch.onnx.export is tracing the model and ONNX has no fused InLine op"
+    if _in_functorch_transform():
+        return "a torch.func transform (grad, vmap, ...) is active and the fused op has no functorch rule"
+    return None
+
+
 def unsupported(backend: str, q: torch.Tensor, feature_map=None) -> str | None:
     """Why ``backend`` ("cpu" or "triton") cannot run these tensors, or None when it can."""
+    traced = tracing_reason()
+    if traced is not None:
+        return traced
     name = _feature_map_name(feature_map)
     if name is not None:
         return f"the feature map {name!r} is not fused (only the identity feature map is)"

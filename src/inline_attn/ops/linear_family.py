@@ -96,11 +96,12 @@ def focused_features(x: torch.Tensor, scale: torch.Tensor, power: float) -> torc
 
     ``y = relu(x) / scale + 1e-6`` (the offset keeps every norm positive), then
     ``f_p(y) = ||y|| / ||y**p|| * y**p``: the direction sharpened towards the largest features,
-    the length kept.
+    the length kept. Computed in the wider of x's and scale's dtypes (the power and the norms in
+    float32 under autocast), returned in x's dtype, as the other kinds' features.
     """
     y = F.relu(x) / scale + 1e-6
     yp = y**power
-    return yp * (y.norm(dim=-1, keepdim=True) / yp.norm(dim=-1, keepdim=True))
+    return (yp * (y.norm(dim=-1, keepdim=True) / yp.norm(dim=-1, keepdim=True))).to(x.dtype)
 
 
 def naive_depthwise_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

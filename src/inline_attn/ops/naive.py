@@ -72,7 +72,9 @@ def attention_weights(
     if kind == "linear":
         phi = get_kernel("relu" if kernel is None else kernel)
         sim = phi(q) @ phi(k).transpose(-2, -1)
-        return sim / (sim.sum(dim=-1, keepdim=True) + eps)
+        # the normaliser in float32 at least: in fp16 its square (the division's gradient) underflows
+        wide = torch.promote_types(sim.dtype, torch.float32)
+        return (sim / (sim.sum(dim=-1, keepdim=True, dtype=wide) + eps)).to(sim.dtype)
     if kind == "inline":
         phi = get_kernel(kernel)
         s = d**-0.5 if scale is None else scale

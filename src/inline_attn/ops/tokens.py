@@ -28,8 +28,9 @@ def add_to_grid_tokens(out: torch.Tensor, res: torch.Tensor, num_prefix_tokens: 
 
 def apply_local_residual(v_img: torch.Tensor, weights: torch.Tensor, impl: str = "eager") -> torch.Tensor:
     """v_img [B, C, H, W], weights [B, C, 3, 3] -> [B, C, H, W]: the nine shifted multiply-adds for
-    ``impl="naive"``, the grouped convolution otherwise; weights are cast to V's dtype."""
-    fn = naive_local_residual if dispatch.check_impl(impl) == "naive" else local_residual
+    ``impl="naive"`` and while exporting, the grouped convolution otherwise
+    (:func:`.dispatch.residual_path`); weights are cast to V's dtype."""
+    fn = naive_local_residual if dispatch.residual_path(impl) == "naive" else local_residual
     return fn(v_img, weights.to(v_img.dtype))
 
 
@@ -42,8 +43,8 @@ def grid_residual(
 ) -> torch.Tensor:
     """The 3x3 local residual of token-major values: v [B, P + H*W, C] -> [B, H*W, C] (a view).
 
-    weights: [B, C, 3, 3]. ``impl="naive"`` uses the nine shifted multiply-adds, any other value
-    the grouped convolution.
+    weights: [B, C, 3, 3]. ``impl="naive"`` (and any impl while exporting) uses the nine shifted
+    multiply-adds, any other value the grouped convolution.
     """
     check_tensor("v", v)
     check_tensor("weights", weights)
