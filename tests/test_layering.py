@@ -36,10 +36,7 @@ FORBIDDEN = {
 # Private names that still cross a package, as (importing module, imported module, name). Each entry
 # is a debt of issue 24 owned by the work named beside it; delete the entry with the import. The test
 # fails on an entry that no longer occurs, so the list can only shrink.
-ALLOWED_PRIVATE = {
-    # layers take the token-grid check from a private ops module; ops should export it (issue 24, ops part)
-    ("inline_attn.layers.attention", "inline_attn.ops._checks", "check_feat_size"),
-}
+ALLOWED_PRIVATE = {}
 
 
 @dataclass(frozen=True)

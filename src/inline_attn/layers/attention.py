@@ -14,8 +14,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..ops import ATTENTION_KINDS, KERNELS
-from ..ops._checks import check_count, check_feat_size
+from ..ops import ATTENTION_KINDS, KERNELS, check_count, check_feat_size
 from .feature_maps import AffineReLUKernel
 from .linear_family import LINEAR_CORES, make_core
 from .local_residual import LocalResidual

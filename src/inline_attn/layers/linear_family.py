@@ -341,7 +341,7 @@ class AgentCore(LinearCore):
     def weights(self, q, k):
         return lf.agent_weights(*self._unpack(q, k), self.scale)
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         qh, kh, agents, b1, b2 = self._unpack(q, k)
         return lf.agent_attention(qh, kh, v, agents, b1, b2, self.scale)
 
@@ -400,7 +400,7 @@ class PolarityCore(FocusedCore):
     def weights(self, q, k):
         return lf.dot_weights(q, k)
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return lf.dot_attention(q, k, v)
 
     def finish(self, out, v, feat_size, p, naive):
@@ -442,7 +442,7 @@ class MLLACore(LinearCore):
     def weights(self, q, k):
         return lf.dot_weights(q, k)
 
-    def fast(self, q, k, v):
+    def eager(self, q, k, v):
         return lf.dot_attention(q, k, v)
 
     def finish(self, out, v, feat_size, p, naive):

@@ -21,6 +21,7 @@ from .fused.cpu import cpu_kernel_available, cpu_kernel_error
 from . import dispatch
 from .dispatch import ATTENTION_IMPLS, IMPLS, default_impl, use_impl, why_not_fused
 from .tokens import grid_residual, inline_tokens
+from ._checks import check_count, check_feat_size
 
 
 def attention(
@@ -72,6 +73,8 @@ def attention(
 
 __all__ = [
     "ATTENTION_IMPLS",
+    "check_count",
+    "check_feat_size",
     "cpu_kernel_available",
     "cpu_kernel_error",
     "default_impl",
