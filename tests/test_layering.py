@@ -33,11 +33,6 @@ FORBIDDEN = {
     **{p: TOP for p in APPS},
 }
 
-# Private names that still cross a package, as (importing module, imported module, name). Each entry
-# is a debt of issue 24 owned by the work named beside it; delete the entry with the import. The test
-# fails on an entry that no longer occurs, so the list can only shrink.
-ALLOWED_PRIVATE = {}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -158,10 +153,7 @@ def test_no_private_name_crosses_a_package():
         and targets(i) != package_of(i.importer)
         and private_part(i) is not None
     }
-    new = [why for key, why in crossing.items() if key not in ALLOWED_PRIVATE]
-    assert not new, "private names imported across packages (make them public):\n" + "\n".join(new)
-    stale = ALLOWED_PRIVATE - set(crossing)
-    assert not stale, f"allowed private imports that no longer occur (delete them from ALLOWED_PRIVATE): {stale}"
+    assert not crossing, "private names imported across packages (make them public):\n" + "\n".join(crossing.values())
 
 
 def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
