@@ -49,7 +49,7 @@ from ..layers import (
 )
 from ._base import InLineModel
 from ._helpers import parse_pattern
-from .registry import ModelConfig, register_model
+from .registry import ModelConfig, register_model, variant_config
 
 __all__ = ["NUM_STAGES", "CSWinTransformer", "CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
 
@@ -470,19 +470,14 @@ _BASE384 = dict(_BASE, img_size=384, split_size=(1, 2, 12, 12), inline_split_siz
 
 
 def _cfg(name: str, defaults: dict, crop_pct: float = 0.9, **facts) -> ModelConfig:
-    size = defaults.get("img_size", 224)
-    return ModelConfig(
-        name=name,
-        family="cswin",
-        input_size=(3, size, size),
-        crop_pct=crop_pct,
-        interpolation="bicubic",
-        classifier="head",
+    return variant_config(
+        name,
+        "cswin",
+        defaults,
+        reference=_REFERENCE,
         first_conv="stage1_conv_embed.0",
-        extra=dict(
-            reference=_REFERENCE,
-            **{k: defaults[k] for k in ("pattern", "split_size", "inline_split_size", "drop_path_rate")},
-        ),
+        recorded=("pattern", "split_size", "inline_split_size", "drop_path_rate"),
+        crop_pct=crop_pct,
         **facts,
     )
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..layers import PatchEmbed, PreNormBlock, TokenAttention, init_weights_, resize_pos_embed, tokens_to_nchw
 from ._base import InLineModel
 from ._helpers import parse_pattern
-from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
+from .registry import ModelConfig, register_model, variant_config
 
 __all__ = ["Block", "DeiTBlock", "InLineDeiT", "VisionTransformer", "checkpoint_filter_fn"]
 
@@ -238,20 +238,7 @@ _BASE = dict(_TINY, img_size=448, embed_dim=384, num_heads=12)
 def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
     # the authors evaluate with the Swin codebase's pipeline: resize 256/224 of the side, centre
     # crop 0.875, bicubic, ImageNet mean/std (their timm _cfg metadata says crop 0.9; not what they ran)
-    size = defaults["img_size"]
-    return ModelConfig(
-        name=name,
-        family="deit",
-        input_size=(3, size, size),
-        crop_pct=0.875,
-        interpolation="bicubic",
-        mean=IMAGENET_DEFAULT_MEAN,
-        std=IMAGENET_DEFAULT_STD,
-        classifier="head",
-        first_conv="patch_embed.proj",
-        extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], drop_path_rate=defaults["drop_path_rate"]),
-        **facts,
-    )
+    return variant_config(name, "deit", defaults, reference=_REFERENCE, first_conv="patch_embed.proj", **facts)
 
 
 def _create(defaults: dict, overrides: dict) -> InLineDeiT:

@@ -33,7 +33,7 @@ from ..layers import (
 )
 from ._base import InLineModel
 from ._helpers import parse_pattern
-from .registry import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ModelConfig, register_model
+from .registry import ModelConfig, register_model, variant_config
 
 __all__ = [
     "InLinePVT",
@@ -367,19 +367,7 @@ _LARGE = dict(_TINY, depths=(3, 8, 27, 3), drop_path_rate=0.3)
 def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
     # evaluated with the Swin codebase's pipeline (crop 0.875, ImageNet mean/std); the reference's
     # timm _cfg metadata says crop 0.9 and mean/std 0.5, not what the authors ran
-    return ModelConfig(
-        name=name,
-        family="pvt",
-        input_size=(3, 224, 224),
-        crop_pct=0.875,
-        interpolation="bicubic",
-        mean=IMAGENET_DEFAULT_MEAN,
-        std=IMAGENET_DEFAULT_STD,
-        classifier="head",
-        first_conv="patch_embed1.proj",
-        extra=dict(reference=_REFERENCE, pattern=defaults["pattern"], drop_path_rate=defaults["drop_path_rate"]),
-        **facts,
-    )
+    return variant_config(name, "pvt", defaults, reference=_REFERENCE, first_conv="patch_embed1.proj", **facts)
 
 
 def _create(defaults: dict, overrides: dict) -> InLinePVT:

@@ -10,7 +10,7 @@ import difflib
 import fnmatch
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch.nn as nn
 
@@ -41,6 +41,34 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def variant_config(
+    name: str,
+    family: str,
+    defaults: dict,
+    *,
+    reference: str,
+    first_conv: str,
+    recorded: Sequence[str] = ("pattern", "drop_path_rate"),
+    crop_pct: float = 0.875,
+    **facts,
+) -> ModelConfig:
+    """The :class:`ModelConfig` of a registered variant built from its constructor ``defaults``:
+    a square input of ``defaults["img_size"]`` (224 when absent) and the authors' evaluation
+    pipeline otherwise (bicubic, ImageNet mean / std, ``crop_pct``); ``extra`` records the
+    reference class and the ``recorded`` defaults that define the variant; ``facts`` are the
+    paper's numbers (``paper_top1``, ``num_params``, ``macs_g``)."""
+    size = defaults.get("img_size", 224)
+    return ModelConfig(
+        name=name,
+        family=family,
+        input_size=(3, size, size),
+        crop_pct=crop_pct,
+        first_conv=first_conv,
+        extra=dict(reference=reference, **{k: defaults[k] for k in recorded}),
+        **facts,
+    )
 
 
 _REGISTRY: dict[str, tuple[Callable[..., nn.Module], ModelConfig]] = {}

@@ -43,7 +43,7 @@ from ..layers import (
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .checkpoint import RECOMPUTED_BUFFERS
-from .registry import ModelConfig, register_model
+from .registry import ModelConfig, register_model, variant_config
 
 __all__ = [
     "SOFTMAX_MIN_WINDOW",
@@ -618,21 +618,14 @@ _BASE384 = dict(_BASE, img_size=384, window_size=96)
 
 
 def _cfg(name: str, defaults: dict, crop_pct: float = 0.875, **facts) -> ModelConfig:
-    size = defaults.get("img_size", 224)
-    return ModelConfig(
-        name=name,
-        family="swin",
-        input_size=(3, size, size),
-        crop_pct=crop_pct,
-        interpolation="bicubic",
-        classifier="head",
+    return variant_config(
+        name,
+        "swin",
+        defaults,
+        reference=_REFERENCE,
         first_conv="patch_embed.proj",
-        extra=dict(
-            reference=_REFERENCE,
-            pattern=defaults["pattern"],
-            window_size=defaults["window_size"],
-            drop_path_rate=defaults["drop_path_rate"],
-        ),
+        recorded=("pattern", "window_size", "drop_path_rate"),
+        crop_pct=crop_pct,
         **facts,
     )
 
