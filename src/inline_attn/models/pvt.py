@@ -29,6 +29,7 @@ from ..layers import (
     check_heads,
     init_weights_,
     resize_pos_embed,
+    to_2tuple,
     tokens_to_nchw,
 )
 from ._base import InLineModel
@@ -157,6 +158,13 @@ class PVTBlock(PreNormBlock):
         super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
 
 
+def _check_per_stage(num_stages: int, **per_stage) -> None:
+    """ValueError naming the first per-stage argument whose length is not ``num_stages``."""
+    for arg, val in per_stage.items():
+        if len(val) != num_stages:
+            raise ValueError(f"{arg}={tuple(val)} must have one entry per stage ({num_stages} stages)")
+
+
 class InLinePVT(InLineModel):
     """PVT (v1) with InLine, softmax (spatial reduction) or linear attention per stage.
 
@@ -207,14 +215,9 @@ class InLinePVT(InLineModel):
     ):
         super().__init__()
         num_stages = len(depths)
-        for arg, val in (
-            ("embed_dims", embed_dims),
-            ("num_heads", num_heads),
-            ("mlp_ratios", mlp_ratios),
-            ("sr_ratios", sr_ratios),
-        ):
-            if len(val) != num_stages:
-                raise ValueError(f"{arg}={tuple(val)} must have one entry per stage ({num_stages} stages)")
+        _check_per_stage(
+            num_stages, embed_dims=embed_dims, num_heads=num_heads, mlp_ratios=mlp_ratios, sr_ratios=sr_ratios
+        )
         kinds = parse_pattern(pattern, depths)
         norm_layer = partial(nn.LayerNorm, eps=norm_eps)
         self.num_classes = num_classes
@@ -227,48 +230,35 @@ class InLinePVT(InLineModel):
 
         total = sum(depths)
         dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
-        img_size = tuple(int(s) for s in (img_size if isinstance(img_size, (tuple, list)) else (img_size, img_size)))
-        feature_info = []
-        cur, stride = 0, 1
-        grid = img_size  # each stage embeds the previous stage's grid (stage 1: the image)
+        feature_info, cur, stride = [], 0, 1
+        grid = to_2tuple(img_size)  # each stage embeds the previous stage's grid (stage 1: the image)
         for i in range(num_stages):
             p = patch_size if i == 0 else 2
-            embed = PatchEmbed(
-                grid,
-                p,
-                in_chans if i == 0 else embed_dims[i - 1],
-                embed_dims[i],
-                norm_layer=nn.LayerNorm,
-                is_stem=i == 0,
-            )  # default eps here, as the reference
+            in_dim = in_chans if i == 0 else embed_dims[i - 1]  # the patch norm keeps the default eps (reference)
+            embed = PatchEmbed(grid, p, in_dim, embed_dims[i], norm_layer=nn.LayerNorm, is_stem=i == 0)
             grid = embed.grid_size
             stride *= p
             setattr(self, f"patch_embed{i + 1}", embed)
             setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, embed.num_patches, embed_dims[i])))
             setattr(self, f"pos_drop{i + 1}", nn.Dropout(drop_rate))
-            setattr(
-                self,
-                f"block{i + 1}",
-                nn.ModuleList(
-                    [
-                        PVTBlock(
-                            embed_dims[i],
-                            num_heads[i],
-                            kind=kinds[i][j],
-                            mlp_ratio=mlp_ratios[i],
-                            qkv_bias=qkv_bias,
-                            kernel=kernel,
-                            local_residual=local_residual if kinds[i][j] != "softmax" else None,
-                            sr_ratio=sr_ratios[i],
-                            drop=drop_rate,
-                            attn_drop=attn_drop_rate,
-                            drop_path=dpr[cur + j],
-                            norm_layer=norm_layer,
-                        )
-                        for j in range(depths[i])
-                    ]
-                ),
-            )
+            blocks = [
+                PVTBlock(
+                    embed_dims[i],
+                    num_heads[i],
+                    kind=kind,
+                    mlp_ratio=mlp_ratios[i],
+                    qkv_bias=qkv_bias,
+                    kernel=kernel,
+                    local_residual=local_residual if kind != "softmax" else None,
+                    sr_ratio=sr_ratios[i],
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[cur + j],
+                    norm_layer=norm_layer,
+                )
+                for j, kind in enumerate(kinds[i])
+            ]
+            setattr(self, f"block{i + 1}", nn.ModuleList(blocks))
             cur += depths[i]
             feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"block{i + 1}"))
         self.norm = nn.Identity()  # PVT has no final norm (the reference pools the last stage directly)
