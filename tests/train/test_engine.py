@@ -77,6 +77,25 @@ def test_two_steps_on_fmnist_format_files(tmp_path):
     assert res["n"] == 6 and abs(res["top1"] - s["final"]["val_top1"]) < 1e-9
 
 
+def test_data_on_device_trains_as_from_host_memory(tmp_path):
+    # issue 25's GPU preset keeps Fashion-MNIST on the device; on the CPU the run must not change
+    root = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    runs = {}
+    for on_device in (False, True):
+        out = tmp_path / f"run_{on_device}"
+        ov = {"data.dataset": "fmnist", "data.path": str(root), "aug.crop": "pad", "data.on_device": on_device}
+        runs[on_device] = (train(load_config(None, base_overrides(out, **ov))), out)
+    (a, out_a), (b, out_b) = runs[False], runs[True]
+    assert a["final"] == b["final"]
+    weights = [torch.load(o / "last.pth", weights_only=False)["model"] for o in (out_a, out_b)]
+    _states_equal(*weights)
+
+
+def test_data_on_device_is_for_in_memory_sets_only(tmp_path):
+    with pytest.raises(ValueError, match="data.on_device=true keeps an in-memory dataset on the device"):
+        load_config(None, base_overrides(tmp_path, **{"data.on_device": True}))
+
+
 def _states_equal(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:

@@ -28,7 +28,12 @@ class TensorImageDataset(Dataset):
 
     def batch(self, idx: torch.Tensor):
         """images ``[b, C, H, W]`` and labels ``[b]`` for the indices ``idx``."""
-        return self.images[idx], self.labels[idx]
+        return self.images[idx], self.labels[idx.to(self.labels.device)]
+
+    def to(self, device) -> "TensorImageDataset":
+        """The same samples on ``device`` (Fashion-MNIST's 60k images are 47 MB: a GPU holds them and
+        gathers each batch without a host copy)."""
+        return TensorImageDataset(self.images.to(device), self.labels.to(device), self.classes)
 
     def subset(self, n: int) -> "TensorImageDataset":
         """The first ``n`` samples (``n <= 0``: all)."""

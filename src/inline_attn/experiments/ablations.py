@@ -103,7 +103,7 @@ class Budget:
 # with 3 seeds are 72 runs of 469 steps, an estimated ~20 min on one H100, not a measurement.
 # Fashion-MNIST stays uint8 in host memory; each batch (256 x 784 bytes) is copied pinned and
 # non-blocking, and the resize, flip and normalisation run on the device.
-GPU_OVERRIDES = (("data.batch_size", 256), ("train.device", "cuda"))
+GPU_OVERRIDES = (("data.batch_size", 256), ("train.device", "cuda"), ("data.on_device", True))
 PRESETS = {
     "full": Budget(12000, 0, 1, 0, 0, 1000, 128, 10),
     "quick": Budget(1024, 500, 1, 1, 2048, 100, 32, 3),

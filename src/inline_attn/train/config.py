@@ -105,9 +105,17 @@ class DataCfg:
     workers: int = setting(4, ge=0, doc="data loader processes")
     subset: int = setting(0, ge=0, doc="use only the first N training images (0: all)")
     val_subset: int = setting(0, ge=0, doc="use only the first N validation images (0: all)")
+    on_device: bool = setting(
+        False, doc="keep an in-memory dataset (fmnist) on the training device: batches are gathered there"
+    )
 
     def check(self) -> None:
         check_mean_std("data", self.mean, self.std)
+        if self.on_device and self.dataset != "fmnist":
+            raise ValueError(
+                f"data.on_device=true keeps an in-memory dataset on the device: data.dataset must be fmnist, "
+                f"got {self.dataset!r} (image folders are decoded by loader processes)"
+            )
 
 
 @dataclass

@@ -131,10 +131,11 @@ class Batches:
             self.dataset.set_epoch(epoch)
         batches = self.index_batches(epoch, skip)
         if isinstance(self.dataset, TensorImageDataset):
+            on_host = self.dataset.images.device.type == "cpu"
             for b in batches:
-                x, y = self.dataset.batch(torch.tensor(b))
+                x, y = self.dataset.batch(torch.tensor(b, device=self.dataset.images.device))
                 # page-locked batches let the copy to a CUDA device overlap the previous step
-                yield (x.pin_memory(), y.pin_memory()) if self.pin_memory else (x, y)
+                yield (x.pin_memory(), y.pin_memory()) if self.pin_memory and on_host else (x, y)
             return
         # a private generator: creating the loader must not consume the global RNG (exact resume)
         gen = torch.Generator().manual_seed(self.seed + epoch)

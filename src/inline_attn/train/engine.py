@@ -167,6 +167,8 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     data = data_info(cfg.data, model_cfg)
     check_model_args(cfg, data)
     train_set, val_set, data = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
+    if cfg.data.on_device:  # gathered on the device: no host copy a step (the GPU preset, issue 25)
+        train_set, val_set = train_set.to(device), val_set.to(device)
     model = build_model(cfg, data).to(device)
     amp = resolve_amp(cfg.train.amp, device)
     bs, accum, workers = cfg.data.batch_size, recipe.accum_steps, cfg.data.workers
