@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -22,3 +24,45 @@ class OpLog(TorchDispatchMode):
         tensors = [(tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor)]
         self.calls.append((func.overloadpacket.__name__, tensors))
         return func(*args, **(kwargs or {}))
+
+
+# ops that only make views or allocate: no kernel launch on a GPU
+NO_LAUNCH = {
+    "detach",
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "expand",
+    "as_strided",
+    "unsqueeze",
+    "squeeze",
+    "permute",
+    "slice",
+    "split",
+    "select",
+    "alias",
+    "split_with_sizes",
+    "reshape",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "promote_types",
+}
+
+
+class LaunchCount(TorchDispatchMode):
+    """Counts the aten ops that launch a kernel (views and allocations do not), by name. An op that
+    returns its input unchanged (a ``to`` to the same dtype) launches nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in NO_LAUNCH and not any(out is a for a in args):
+            self.counts[func.overloadpacket.__name__] += 1
+        return out
