@@ -13,18 +13,23 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import json
 import os
+from pathlib import Path
 
 import torch
 
 _KERNELS_MODULE = "inline_attn.ops.fused.triton_kernels"
-_state: dict = {"module": None, "interpret": None}
+_state: dict = {"module": None, "interpret": None, "tiling": None}
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
 # for head dims over 32), the number of (sample, head) programs per multiprocessor below which the
 # reductions are split over token chunks, and the most row tiles one token-pass program takes.
+# Tiles and warps found by gpu-check's autotune step for a (GPU, token bucket, head dim, heads,
+# dtype) take precedence (:func:`tiling`), read from TUNING_FILE without re-tuning.
 BLOCK_N = int(os.environ.get("INLINE_ATTN_TRITON_BLOCK_N", 64))
 NUM_WARPS = int(os.environ.get("INLINE_ATTN_TRITON_WARPS", 2))
+TUNING_FILE = Path(__file__).with_name("triton_tuning.json")
 _PROGRAMS_PER_SM = int(os.environ.get("INLINE_ATTN_TRITON_PROGRAMS_PER_SM", 8))
 ROW_BLOCKS_MAX = 8
 _SPLIT_MIN_BLOCKS = 8  # split the reductions only from 8 row tiles (512 tokens) up
@@ -91,6 +96,57 @@ def record_launches():
         _launch_logs.remove(log)
 
 
+def token_bucket(n: int) -> int:
+    """Tokens per sample -> the tuning table's bucket: the next power of two (at least 64)."""
+    return max(64, triton_next_pow2(n))
+
+
+def tuning_key(device_name: str, n: int, d: int, heads: int, dtype: torch.dtype) -> str:
+    """The tuning table's key of a launch: ``"NVIDIA H100 80GB HBM3|256|32|3|bfloat16"``."""
+    return f"{device_name}|{token_bucket(n)}|{d}|{heads}|{str(dtype).replace('torch.', '')}"
+
+
+@functools.lru_cache(maxsize=None)
+def _tuning_table(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    table = json.loads(p.read_text()).get("winners", {})
+    for key, entry in table.items():
+        if not {"BLOCK_N", "num_warps"} <= set(entry) or entry["BLOCK_N"] not in (16, 32, 64, 128):
+            raise ValueError(f"{p}: entry {key!r} = {entry} needs BLOCK_N in (16, 32, 64, 128) and num_warps")
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "interpreter"
+
+
+def tiling(q: torch.Tensor, n: int, d: int, heads: int) -> tuple[int, int]:
+    """(rows per tile, warps per program) of a launch on tensors like ``q``: the tuned winner of
+    its (GPU, token bucket, head dim, heads, dtype) when TUNING_FILE has one (head dim 32, the
+    paper's Swin / PVT heads, is its own key), else BLOCK_N and NUM_WARPS (doubled over 32)."""
+    if _state["tiling"] is not None:
+        return _state["tiling"]
+    entry = _tuning_table(str(TUNING_FILE)).get(tuning_key(_device_name(q.device), n, d, heads, q.dtype))
+    if entry is not None:
+        return int(entry["BLOCK_N"]), int(entry["num_warps"])
+    return BLOCK_N, NUM_WARPS if _block_d(d) <= 32 else 2 * NUM_WARPS
+
+
+@contextlib.contextmanager
+def forced_tiling(block_n: int, num_warps: int):
+    """Every launch inside the block uses this tile and these warps (the autotune sweep's candidates)."""
+    if block_n not in (16, 32, 64, 128) or num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"tiling ({block_n}, {num_warps}): BLOCK_N in (16, 32, 64, 128), num_warps a power of 2 <= 16")
+    _state["tiling"] = (block_n, num_warps)
+    try:
+        yield
+    finally:
+        _state["tiling"] = None
+
+
 def _block_d(d: int) -> int:
     return max(16, triton_next_pow2(d))
 
@@ -130,33 +186,26 @@ def _out_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float32 if interpreting() and q.dtype != torch.float32 else q.dtype
 
 
-def _launch_shape(q: torch.Tensor, pairs: int, n: int, split: int | None) -> tuple[int, int]:
+def _launch_shape(q: torch.Tensor, pairs: int, n: int, split: int | None, block_n: int = BLOCK_N) -> tuple[int, int]:
     """(chunks, chunk length): the reduction's token chunks per (sample, head)."""
-    blocks = -(-n // BLOCK_N)
-    s = _split(q.device, pairs, n, BLOCK_N) if split is None else max(1, min(int(split), blocks))
-    chunk = -(-blocks // s) * BLOCK_N
+    blocks = -(-n // block_n)
+    s = _split(q.device, pairs, n, block_n) if split is None else max(1, min(int(split), blocks))
+    chunk = -(-blocks // s) * block_n
     return -(-n // chunk), chunk
 
 
-def _rows_per_program(q: torch.Tensor, pairs: int, n: int) -> int:
+def _rows_per_program(q: torch.Tensor, pairs: int, n: int, block_n: int = BLOCK_N) -> int:
     """Rows of one token-pass program in the split launch: enough programs to fill the device,
     each loading the finalized d x d matrices once for several row blocks."""
     target = 4 * _PROGRAMS_PER_SM * _num_sms(q.device)
-    blocks = -(-n // BLOCK_N)
+    blocks = -(-n // block_n)
     per = max(1, min(ROW_BLOCKS_MAX, (pairs * blocks) // target))
-    return per * BLOCK_N
+    return per * block_n
 
 
-def _meta(q: torch.Tensor, d: int, has_res: bool) -> dict:
-    bd = _block_d(d)
-    return dict(
-        D=d,
-        BD=bd,
-        BLOCK_N=BLOCK_N,
-        HAS_RES=has_res,
-        PREC=_precision(q.dtype),
-        num_warps=NUM_WARPS if bd <= 32 else 2 * NUM_WARPS,
-    )
+def _meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -> dict:
+    block_n, warps = tiling(q, n, d, heads)
+    return dict(D=d, BD=_block_d(d), BLOCK_N=block_n, HAS_RES=has_res, PREC=_precision(q.dtype), num_warps=warps)
 
 
 def inline_forward_triton(
@@ -184,9 +233,9 @@ def inline_forward_triton(
     has_res = w9 is not None
     w9_arg = w9.contiguous() if has_res else out  # a placeholder pointer when there is no residual
     pairs = b * num_heads
-    meta = _meta(q, c // num_heads, has_res)
+    meta = _meta(q, n, c // num_heads, num_heads, has_res)
     bd = meta["BD"]
-    chunks, chunk = _launch_shape(q, pairs, n, split)
+    chunks, chunk = _launch_shape(q, pairs, n, split, meta["BLOCK_N"])
     if chunks == 1:
         _launch(
             mod.inline_fwd_fused,
@@ -224,7 +273,7 @@ def inline_forward_triton(
         chunk,
         D=meta["D"],
         BD=bd,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=meta["BLOCK_N"],
         PREC=meta["PREC"],
         num_warps=meta["num_warps"],
     )
@@ -245,7 +294,7 @@ def inline_forward_triton(
         BD=bd,
         num_warps=meta["num_warps"],
     )
-    rows = _rows_per_program(q, pairs, n)
+    rows = _rows_per_program(q, pairs, n, meta["BLOCK_N"])
     _launch(
         mod.inline_fwd_rows,
         (pairs, -(-n // rows)),
@@ -301,9 +350,9 @@ def inline_backward_triton(
         w9_arg = w9.contiguous() if has_res else dq
         dw_arg = dw if has_res else dq
         pairs = b * num_heads
-        meta = _meta(q, c // num_heads, has_res)
+        meta = _meta(q, n, c // num_heads, num_heads, has_res)
         bd = meta["BD"]
-        chunks, chunk = _launch_shape(q, pairs, n, split)
+        chunks, chunk = _launch_shape(q, pairs, n, split, meta["BLOCK_N"])
         if chunks == 1:
             _launch(
                 mod.inline_bwd_fused,
@@ -376,7 +425,7 @@ def inline_backward_triton(
                 HAS_RES=has_res,
                 num_warps=meta["num_warps"],
             )
-            rows = _rows_per_program(q, pairs, n)
+            rows = _rows_per_program(q, pairs, n, meta["BLOCK_N"])
             _launch(
                 mod.inline_bwd_rows,
                 (pairs, -(-n // rows)),
@@ -419,7 +468,7 @@ def predictor_forward_triton(
     ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
     taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
     if b > 0 and n > 0:
-        bd = _block_d(d)
+        block_n, warps = tiling(x, n, d, num_heads)
         _launch(
             mod.predictor_fwd,
             (b * num_heads,),
@@ -435,9 +484,9 @@ def predictor_forward_triton(
             c,
             num_heads,
             D=d,
-            BD=bd,
-            BLOCK_N=BLOCK_N,
-            num_warps=NUM_WARPS if bd <= 32 else 2 * NUM_WARPS,
+            BD=_block_d(d),
+            BLOCK_N=block_n,
+            num_warps=warps,
         )
     return ctx, taps
 
