@@ -66,3 +66,20 @@ class LaunchCount(TorchDispatchMode):
         if func.overloadpacket.__name__ not in NO_LAUNCH and not any(out is a for a in args):
             self.counts[func.overloadpacket.__name__] += 1
         return out
+
+
+def naive_inline_layer(layer, x, feat, p):
+    """The InLine layer written with naive ops only: explicit weights, the reference's Conv1d
+    predictor (``nn.Sequential.forward`` of the residual), the nine shifted multiply-adds."""
+    from inline_attn.ops import naive_attention, naive_local_residual
+
+    b, n, c = x.shape
+    h, w = feat
+    qkv = layer.qkv(x).view(b, n, 3, layer.num_heads, layer.head_dim)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    out = naive_attention(q, k, v, kind="inline", scale=layer.scale).transpose(1, 2).reshape(b, n, c)
+    v_img = v[:, :, p:].transpose(1, 2).reshape(b, h, w, c).permute(0, 3, 1, 2)
+    weights = torch.nn.Sequential.forward(layer.residual, x.mean(1).unsqueeze(-1)).view(b, c, 3, 3)
+    res = naive_local_residual(v_img, weights)
+    res = torch.cat([out.new_zeros(b, p, c), res.flatten(2).transpose(1, 2)], dim=1)
+    return layer.proj(out + res)

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from inline_attn.layers import build_attention
-from inline_attn.ops import naive_attention, naive_local_residual, use_impl
+from inline_attn.ops import use_impl
 from inline_attn.ops.fused import triton as triton_core
 from inline_attn.ops.predictor import predict_residual, predictor_backward, predictor_forward
+from op_helpers import naive_inline_layer
 
 pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,19 +78,6 @@ def test_predictor_forward_and_backward_match_float64(backend, shape):
     assert max(errs) < 1e-5, errs
 
 
-def _naive_layer(layer, x, feat, p):
-    """The InLine layer on naive ops: explicit weights, the reference's Conv1d predictor, shifted adds."""
-    b, n, c = x.shape
-    h, w = feat
-    qkv = layer.qkv(x).view(b, n, 3, layer.num_heads, layer.head_dim)
-    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
-    out = naive_attention(q, k, v, kind="inline", scale=layer.scale).transpose(1, 2).reshape(b, n, c)
-    v_img = v[:, :, p:].transpose(1, 2).reshape(b, h, w, c).permute(0, 3, 1, 2)
-    weights = torch.nn.Sequential.forward(layer.residual, x.mean(1).unsqueeze(-1)).view(b, c, 3, 3)
-    res = torch.cat([out.new_zeros(b, p, c), naive_local_residual(v_img, weights).flatten(2).transpose(1, 2)], 1)
-    return layer.proj(out + res)
-
-
 # (B, (H, W), prefix, heads, head_dim)
 LAYER_SHAPES = [(1, (5, 7), 1, 3, 24), (2, (4, 4), 0, 2, 32), (1, (3, 5), 2, 1, 48)]
 
@@ -108,7 +96,7 @@ def test_inline_layer_with_fused_predictor_matches_float64(backend, shape):
     x = x64.detach().float().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
     with use_impl(backend):
         out = layer(x, (h, w))
-    ref = _naive_layer(layer64, x64, (h, w), p)
+    ref = naive_inline_layer(layer64, x64, (h, w), p)
     assert _rel(out, ref) < 5e-6, _rel(out, ref)
     g = torch.randn_like(ref)
     got = torch.autograd.grad(out, (x, *layer.parameters()), g.float())
@@ -148,7 +136,7 @@ def test_inline_layer_under_bf16_autocast_within_twice_eager(backend):
     layer64.load_state_dict(layer.state_dict())
     x = torch.randn(2, 1 + 5 * 6, 64, device=DEVICE)
     x64 = x.double().requires_grad_()
-    ref = _naive_layer(layer64, x64, (5, 6), 1)
+    ref = naive_inline_layer(layer64, x64, (5, 6), 1)
     g = torch.randn_like(ref)
     want = torch.autograd.grad(ref, (x64, *layer64.parameters()), g)
     errs = {}

@@ -511,6 +511,18 @@ def sdpa_backend(step) -> str:
     return "math"
 
 
+def _eager_and_graphed(run) -> list[dict]:
+    """The rows of ``run(graphed)`` for graphed False and True, each marked with whether its steps
+    were captured (False where the benchmark fell back)."""
+    rows = []
+    for graphed in (False, True):
+        res = run(graphed)
+        for r in res["rows"]:
+            r["graphed"] = graphed and res["meta"]["why_not_graphed"] is None
+        rows += res["rows"]
+    return rows
+
+
 def step_graphs(out: pathlib.Path, quick: bool) -> dict:
     """The same mode on both sides, eager and CUDA-graphed (:mod:`inline_attn.cuda_graphs`): the
     attention layers fwd+bwd (14 x 14, B 1024 and 56 x 56, B 64; C 96, 3 heads, bf16 autocast):
@@ -523,10 +535,10 @@ def step_graphs(out: pathlib.Path, quick: bool) -> dict:
     from .model import MODEL_COLUMNS, bench_models, preset_cases
     from .report import format_table
 
-    layer_rows, model_rows, tables = [], [], []
+    tables = []
     kinds = ("inline", "softmax", "softmax-flash", "softmax-cudnn", "softmax-math")
-    for graphed in (False, True):
-        res = bench_attention(
+    layer_rows = _eager_and_graphed(
+        lambda graphed: bench_attention(
             sizes=(14, 56),
             kinds=kinds,
             token_budget=64 * 56 * 56,
@@ -539,9 +551,7 @@ def step_graphs(out: pathlib.Path, quick: bool) -> dict:
             memory=False,
             cuda_graphs=graphed,
         )
-        for r in res["rows"]:
-            r["graphed"] = graphed and res["meta"]["why_not_graphed"] is None
-        layer_rows += res["rows"]
+    )
     backends = {}
     for side, batch in ((14, 1024), (56, 64)):
         layer = build_attention("softmax", 96, 3).cuda().eval()
@@ -551,8 +561,8 @@ def step_graphs(out: pathlib.Path, quick: bool) -> dict:
         if r["kind"] == "softmax":
             r["sdpa_backend"] = backends.get(r["grid"], "")
     cases, _ = preset_cases("resolution", (224,))
-    for graphed in (False, True):
-        res = bench_models(
+    model_rows = _eager_and_graphed(
+        lambda graphed: bench_models(
             cases,
             batch=128,
             device="cuda",
@@ -565,10 +575,7 @@ def step_graphs(out: pathlib.Path, quick: bool) -> dict:
             macs=False,
             cuda_graphs=graphed,
         )
-        for r in res["rows"]:
-            r["graphed"] = graphed and res["meta"]["why_not_graphed"] is None
-            r["batch"] = 128
-        model_rows += res["rows"]
+    )
     layer_cols = (("graphed", "graphed", ""), *LAYER_COLUMNS, ("sdpa_backend", "SDPA backend", ""))
     tables.append(format_table(layer_rows, layer_cols))
     tables.append(format_table(model_rows, (("graphed", "graphed", ""), *MODEL_COLUMNS)))

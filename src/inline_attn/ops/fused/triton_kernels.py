@@ -879,6 +879,12 @@ def _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC: tl.constexpr):
 
 
 @triton.jit
+def _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask):
+    """Tap t's gradient for samples rb and the head's channels: [BLOCK_B, BD], zero on padding."""
+    return tl.load(DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
+
+
+@triton.jit
 def predictor_bwd(
     CTX,
     DTAPS,
@@ -917,9 +923,7 @@ def predictor_bwd(
             ctx, y1 = _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC)
             da = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
             for t in tl.static_range(9):
-                g = tl.load(
-                    DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0
-                )
+                g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
                 da += tl.dot(g, _head_block(W2, (9 * ch + t) * D, i, cmask), input_precision=PREC)
             dy1 = da * _gelu_grad(y1)  # zero on padded rows: their dtaps were loaded as zeros
             dw1 += tl.dot(tl.trans(dy1), ctx, input_precision=PREC)
@@ -936,9 +940,7 @@ def predictor_bwd(
             rb = start + tl.arange(0, BLOCK_B)
             bmask = rb < B
             ctx, y1 = _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC)
-            g = tl.load(
-                DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0
-            )
+            g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
             dw2 += tl.dot(tl.trans(g), _gelu(y1), input_precision=PREC)
             db2 += tl.sum(g, axis=0)
         tl.store(DW2 + ((9 * ch + t) * D)[:, None] + i[None, :], dw2, mask=cmask[:, None] & cmask[None, :])
