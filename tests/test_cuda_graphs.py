@@ -3,7 +3,7 @@
 A CUDA graph replays kernels; anything that reads the device on the host inside the step (a
 ``.item()``, a ``nonzero``, a device-to-host copy) breaks the capture or freezes a value, and a
 step whose op sequence changes between calls cannot be replayed. Two steps of a tiny InLine model
-(forward, backward, AdamW with ``capturable=True``, EMA) are recorded under a dispatch mode and
+(forward, backward, gradient clipping, AdamW with ``capturable=True``, EMA) are recorded under a dispatch mode and
 checked for both. On the CPU the capturable optimizer path is what runs (its device allowlist is
 widened for the test) and the fused op runs its Triton kernels under the interpreter; on a GPU
 the same test runs natively.
@@ -87,7 +87,7 @@ def test_training_step_is_capture_safe(capturable_on_cpu, monkeypatch):
         train_step(model, opt, F.cross_entropy, x, y, ema=ema)  # the first step creates the optimizer state
         for _ in range(2):
             with StepLog() as log:
-                loss = train_step(model, opt, F.cross_entropy, x, y, ema=ema, amp=torch.bfloat16)
+                loss = train_step(model, opt, F.cross_entropy, x, y, ema=ema, amp=torch.bfloat16, clip_grad=5.0)
             logs.append(log)
     assert torch.isfinite(loss)
     assert "inline_fwd_fused" not in logs[0].names  # launches are not aten ops; the cores ran as Functions

@@ -137,13 +137,17 @@ def train_step(
     *,
     ema: Optional[nn.Module] = None,
     amp: Optional[torch.dtype] = None,
+    clip_grad: Optional[float] = None,
 ) -> torch.Tensor:
-    """One plain training step: forward (under autocast when ``amp``), backward, optimizer step,
-    EMA update; returns the loss (a 0-dim tensor, not read on the host)."""
+    """One plain training step: forward (under autocast when ``amp``), backward, gradient-norm
+    clipping (when ``clip_grad``; on the device, no host read), optimizer step, EMA update;
+    returns the loss (a 0-dim tensor, not read on the host)."""
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(inputs.device.type, dtype=amp, enabled=amp is not None):
         loss = loss_fn(model(inputs), targets)
     loss.backward()
+    if clip_grad:
+        nn.utils.clip_grad_norm_(model.parameters(), float(clip_grad))
     optimizer.step()
     if ema is not None:
         ema.update(model)
@@ -171,9 +175,11 @@ class GraphedTrainStep:
         *,
         ema: Optional[nn.Module] = None,
         amp: Optional[torch.dtype] = None,
+        clip_grad: Optional[float] = None,
         warmup: int = 3,
     ):
         self.model, self.optimizer, self.loss_fn, self.ema, self.amp = model, optimizer, loss_fn, ema, amp
+        self.clip_grad = clip_grad
         self.shape = (tuple(example_inputs.shape), tuple(example_targets.shape))
         self.why_not = why_not_graphed(example_inputs.device, model=model, optimizer=optimizer)
         self._replay = None
@@ -186,7 +192,8 @@ class GraphedTrainStep:
     def _plain_step(self, inputs=None, targets=None) -> torch.Tensor:
         inputs = self._inputs if inputs is None else inputs
         targets = self._targets if targets is None else targets
-        return train_step(self.model, self.optimizer, self.loss_fn, inputs, targets, ema=self.ema, amp=self.amp)
+        parts = dict(ema=self.ema, amp=self.amp, clip_grad=self.clip_grad)
+        return train_step(self.model, self.optimizer, self.loss_fn, inputs, targets, **parts)
 
     def _states(self) -> tuple:
         return (
