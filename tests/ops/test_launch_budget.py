@@ -23,6 +23,7 @@ from inline_attn.ops.fused import triton as triton_core
 from op_helpers import LaunchCount
 
 pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GOAL = 1.15  # issue 23: InLine layer fwd + bwd at most 1.15x the SDPA layer's launches
 
 
@@ -40,10 +41,10 @@ def _launches(kind: str, monkeypatch) -> Counter:
     # custom op a dispatch mode otherwise gets
     monkeypatch.setattr(tokens_mod, "runs_as_custom_op", lambda: False)
     torch.manual_seed(0)
-    layer = build_attention(kind, 96, 3)
-    x = torch.randn(2, 196, 96, requires_grad=True)
+    layer = build_attention(kind, 96, 3).to(DEVICE)
+    x = torch.randn(2, 196, 96, device=DEVICE, requires_grad=True)
     with use_impl("triton"), triton_core.record_launches() as kernels, LaunchCount() as mode:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
             out = layer(x, (14, 14))
         out.float().sum().backward()
     return mode.counts + Counter(f"triton:{k}" for k in kernels)

@@ -192,9 +192,9 @@ def inline_core(
 
 
 # The layer core with its residual predictor: ``O = InLine(q, k, v) + R(v, P(mean_n x))`` in one
-# autograd.Function, so that eager mode crosses one autograd boundary per layer and the Triton backend runs the
-# predictor in one kernel each way (forward: predictor_fwd + the core's; backward: the core's +
-# predictor_bwd) instead of a dozen aten launches.
+# autograd.Function, so that eager mode crosses one autograd boundary per layer and the Triton
+# backend runs the predictor in one kernel each way (forward: predictor_fwd + the core's;
+# backward: the core's + predictor_bwd) instead of a dozen aten launches.
 
 
 def _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend):
