@@ -149,3 +149,23 @@ def test_inline_layer_under_bf16_autocast_within_twice_eager(backend):
     print(f"{backend}: {errs[backend]}\neager: {errs['eager']}")
     for e_fused, e_eager in zip(errs[backend], errs["eager"]):
         assert e_fused <= 2 * e_eager + 1e-3, (e_fused, e_eager)  # 1e-3: below bf16's rounding of one value
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(x=torch.randn(2, 12, 16)), "x must have q's shape"),
+        (dict(w1=torch.randn(16, 4, 1)), "predictor weights"),
+        (dict(w2=torch.randn(16 * 8, 8, 1)), "predictor weights"),
+    ],
+    ids=["x-tokens", "w1-groups", "w2-rows"],
+)
+def test_layer_tokens_bad_input_is_a_clear_error(change, match):
+    from inline_attn.ops.tokens import inline_layer_tokens
+
+    q, k, v = torch.randn(2, 13, 48).chunk(3, dim=-1)
+    args = dict(x=torch.randn(2, 13, 16), w1=torch.randn(16, 8, 1), w2=torch.randn(16 * 9, 8, 1))
+    args.update(change)
+    predictor = (args["w1"], torch.randn(16), args["w2"], torch.randn(16 * 9))
+    with pytest.raises(ValueError, match=match):
+        inline_layer_tokens(args["x"], q, k, v, predictor=predictor, num_heads=2, feat_size=(3, 4), num_prefix_tokens=1)
