@@ -169,3 +169,19 @@ def test_layer_tokens_bad_input_is_a_clear_error(change, match):
     predictor = (args["w1"], torch.randn(16), args["w2"], torch.randn(16 * 9))
     with pytest.raises(ValueError, match=match):
         inline_layer_tokens(args["x"], q, k, v, predictor=predictor, num_heads=2, feat_size=(3, 4), num_prefix_tokens=1)
+
+
+def test_predictor_backward_with_large_sample_blocks_matches_aten():
+    # many samples (Swin's windows) take blocks of 32 / 64 samples in the backward loop
+    heads, d, n = 2, 16, 5
+    c = heads * d
+    params = [p.float() for p in _params(c, d)]
+    flat = [p.reshape(p.shape[0], -1) for p in params[:3]]
+    for b in (100, 600):
+        assert triton_core._block_b(b) > 16
+        ctx = torch.randn(b, c, device=DEVICE)
+        dtaps = torch.randn(b, 9, c, device=DEVICE)
+        got = triton_core.predictor_backward_triton(ctx, dtaps, *flat, n=n, num_heads=heads)
+        want = predictor_backward(ctx.double(), dtaps.double(), *(p.double() for p in params[:3]), heads, n)
+        errs = [_rel(a.reshape(r.shape), r) for a, r in zip(got, want)]
+        assert max(errs) < 1e-5, (b, errs)
