@@ -280,8 +280,9 @@ def test_model_spec_impl_eager_runs_without_the_fused_op(monkeypatch):
     from inline_attn.ops import tokens
 
     calls = []
-    real = tokens.inline_core
-    monkeypatch.setattr(tokens, "inline_core", lambda *a: calls.append(a[-1]) or real(*a))
+    for fused in ("inline_core", "inline_layer_core"):  # the core alone, and with the layer's residual predictor
+        real = getattr(tokens, fused)
+        monkeypatch.setattr(tokens, fused, lambda *a, real=real: calls.append(a[-1]) or real(*a))
     label, name, overrides = parse_model_spec("eager=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3,impl=eager")
     assert overrides["impl"] == "eager"
     case = ModelCase(label, name, 32, 32, overrides)
@@ -290,3 +291,21 @@ def test_model_spec_impl_eager_runs_without_the_fused_op(monkeypatch):
     on = ModelCase("fused", name, 32, 32, {k: v for k, v in overrides.items() if k != "impl"})
     bench_models([on], batch=2, repeats=1, macs=False, memory=False)
     assert calls and set(calls) == {"cpu"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback")
+@pytest.mark.parametrize("bench", ["attention", "model"])
+def test_cuda_graphs_flag_on_cpu_says_why_and_times_ungraphed(bench, tmp_path, capsys):
+    args = ["--repeats", "2", "--no-memory", "--no-plot", "--out", str(tmp_path), "--name", "g", "--cuda-graphs"]
+    if bench == "attention":
+        args += ["--sizes", "3", "--dim", "12", "--heads", "3", "--tokens", "18", "--kinds", "inline", "softmax"]
+    else:
+        args += ["--models", "tiny=inline_deit_tiny:depth=1,embed_dim=24,num_heads=3", "--resolutions", "32"]
+        args += ["--batch", "2", "--no-macs", "--mode", "train"]
+    assert main(["bench", bench, *args]) == 0
+    out = capsys.readouterr().out
+    assert "--cuda-graphs: CUDA graphs need a CUDA device, the step runs on cpu; those steps were timed" in out
+    data = json.load(open(tmp_path / "g.json"))
+    assert data["meta"]["cuda_graphs"] is True
+    assert data["meta"]["why_not_graphed"] == "CUDA graphs need a CUDA device, the step runs on cpu"
+    assert data["rows"] and all(r["status"] == "ok" for r in data["rows"])

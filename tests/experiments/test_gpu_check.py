@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
+import tempfile
 
 import torch
 
@@ -187,3 +189,50 @@ def test_main_runs_the_steps_in_order_within_the_budget(tmp_path, monkeypatch):
     assert saved["window"]["summary"].endswith("s of the 3 s budget left")
     assert saved["train"]["ok"] is False and code == 1  # a failed step fails the check
     assert (tmp_path / "gc.tar.gz").is_file()
+
+
+def test_goal_table_names_the_device_and_marks_each_goal():
+    results = {
+        "resolution": {
+            "rows": [
+                {"x": 224, "label": "DeiT-T", "mode": "train", "throughput": 100.0},
+                {"x": 224, "label": "InLine-DeiT-T", "mode": "train", "throughput": 80.0},
+            ]
+        },
+        "graphs": {
+            "rows": [{"side": 14, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 1.2, "graphed": True}],
+            "model_rows": [
+                {"x": 224, "label": "DeiT-T", "throughput": 100.0, "graphed": True},
+                {"x": 224, "label": "InLine-DeiT-T", "throughput": 104.0, "graphed": True},
+            ],
+        },
+        "core": {"rows": [{"grid": "56x56", "pct_of_copy": 21.0}]},
+    }
+    table = gpu_check.goal_table(results, "NVIDIA H100 80GB HBM3")
+    assert table.startswith("Goals of issue 23 on NVIDIA H100 80GB HBM3 (bf16):")
+    assert "| InLine-DeiT-T / DeiT-T training, 224 px (B 64) | eager | 0.80x | >= 1x | FAIL |" in table
+    assert "| InLine-DeiT-T / DeiT-T training, 224 px (B 128) | graphed | 1.04x | >= 1x | pass |" in table
+    assert "| layer fwd+bwd / SDPA, 14x14 | graphed | 1.20x | >= 1x | pass |" in table
+    assert "| InLine-Swin-T / Swin-T training, window 7 | eager | not measured | >= 1.15x | - |" in table
+    assert "| Triton core fwd+bwd at 56x56, share of copy | eager | 21 % | >= 40 % | FAIL |" in table
+    text = gpu_check.write_summary(pathlib.Path(tempfile.mkdtemp()), {"device": "H100"}, results, [], [])
+    assert "Goals of issue 23 on H100" in text
+
+
+def test_autotune_runs_on_demand_within_its_budget_before_the_tests():
+    order = list(gpu_check.all_steps())
+    assert order[-1] == "tests" and order.index("autotune") > order.index("graphs")
+    assert "autotune" not in gpu_check.STEPS  # the default run keeps to the budget without the sweep
+    start, kwargs = gpu_check.plan_step("autotune", gpu_check.ON_DEMAND_SECONDS["autotune"])
+    assert start and kwargs["budget_s"] < gpu_check.ON_DEMAND_SECONDS["autotune"]
+    assert gpu_check.plan_step("autotune", gpu_check.ON_DEMAND_SECONDS["autotune"] - 1)[0] is False
+
+
+def test_autotune_winners_are_the_fastest_tiling_per_key():
+    inf = float("inf")
+    timings = {
+        (196, 32, 3): {"default": 2e-3, (32, 2): 3e-3, (64, 4): 1e-3, (128, 8): inf},
+        (49, 32, 3): {"default": 1e-3, (32, 2): inf},  # nothing compiled: no entry, the defaults stay
+    }
+    winners = gpu_check.pick_winners(timings, "NVIDIA H100", torch.bfloat16)
+    assert winners == {"NVIDIA H100|256|32|3|bfloat16": {"BLOCK_N": 64, "num_warps": 4, "ms": 1.0, "default_ms": 2.0}}

@@ -23,8 +23,9 @@ KW = dict(num_heads=3, feat_size=(3, 4), num_prefix_tokens=1)
 @pytest.fixture
 def fused_calls(monkeypatch):
     calls = []
-    real = tokens_mod.inline_core
-    monkeypatch.setattr(tokens_mod, "inline_core", lambda *a: calls.append(a[-1]) or real(*a))
+    for name in ("inline_core", "inline_layer_core"):  # the core alone, and with the layer's residual predictor
+        real = getattr(tokens_mod, name)
+        monkeypatch.setattr(tokens_mod, name, lambda *a, real=real: calls.append(a[-1]) or real(*a))
     return calls
 
 

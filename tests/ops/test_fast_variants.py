@@ -15,8 +15,8 @@ import torch
 
 from inline_attn.layers import build_attention
 from inline_attn.layers.local_residual import LocalResidual
-from inline_attn.ops import local_residual, naive_attention, naive_local_residual
-from op_helpers import OpLog
+from inline_attn.ops import local_residual, naive_local_residual
+from op_helpers import OpLog, naive_inline_layer
 
 SHAPES = [(1, 5, 3, 7), (2, 24, 7, 7), (3, 6, 1, 9), (2, 9, 8, 5)]
 
@@ -78,20 +78,6 @@ def test_predictor_gives_its_context_a_contiguous_gradient():
     assert seen == [(24, 1)]
 
 
-def _naive_inline_layer(layer, x, feat, p):
-    """The InLine layer written with naive ops only (explicit weights, grouped-conv residual)."""
-    b, n, c = x.shape
-    h, w = feat
-    qkv = layer.qkv(x).view(b, n, 3, layer.num_heads, layer.head_dim)
-    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
-    out = naive_attention(q, k, v, kind="inline", scale=layer.scale).transpose(1, 2).reshape(b, n, c)
-    v_img = v[:, :, p:].transpose(1, 2).reshape(b, h, w, c).permute(0, 3, 1, 2)
-    weights = torch.nn.Sequential.forward(layer.residual, x.mean(1).unsqueeze(-1)).view(b, c, 3, 3)
-    res = naive_local_residual(v_img, weights)
-    res = torch.cat([out.new_zeros(b, p, c), res.flatten(2).transpose(1, 2)], dim=1)
-    return layer.proj(out + res)
-
-
 @pytest.mark.parametrize(
     "b,feat,p,dim,heads",
     [(1, (7, 9), 1, 24, 3), (2, (4, 4), 0, 60, 2), (3, (3, 21), 0, 12, 3)],
@@ -101,7 +87,7 @@ def test_inline_layer_matches_naive_composition(b, feat, p, dim, heads):
     layer = build_attention("inline", dim, heads, num_prefix_tokens=p).double()
     x = torch.randn(b, p + feat[0] * feat[1], dim, dtype=torch.float64, requires_grad=True)
     out = layer(x, feat)
-    ref = _naive_inline_layer(layer, x, feat, p)
+    ref = naive_inline_layer(layer, x, feat, p)
     print(f"max |layer - naive| {(out - ref).abs().max().item():.3g}")
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     params = (x, *layer.parameters())

@@ -53,13 +53,13 @@ def _inputs(shape, layout, dtype=torch.float64, requires_grad=False):
 def kernel_calls(monkeypatch):
     """Records the backend of every call that reaches the fused op."""
     calls = []
-    real = tokens_mod.inline_core
+    for name in ("inline_core", "inline_layer_core"):  # the core alone, and with the layer's residual predictor
 
-    def spy(*args):
-        calls.append(args[-1])
-        return real(*args)
+        def spy(*args, real=getattr(tokens_mod, name)):
+            calls.append(args[-1])
+            return real(*args)
 
-    monkeypatch.setattr(tokens_mod, "inline_core", spy)
+        monkeypatch.setattr(tokens_mod, name, spy)
     return calls
 
 

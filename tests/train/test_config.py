@@ -197,6 +197,7 @@ def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     assert (site / "inline_attn" / "ops" / "fused" / "csrc" / "inline_cpu.cpp").is_file()
+    assert (site / "inline_attn" / "ops" / "fused" / "triton_tuning.json").is_file()  # the launch-shape table
     code = "from inline_attn.train import configs_dir; print(configs_dir())"
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -23,7 +23,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..compile import check_compile_mode, compile_module
+from ..compile import compile_module
+from ..cuda_graphs import compile_mode_for, graph_steps
 from ..layers import build_attention
 from ..layers.linear_family import LINEAR_CORES
 from ..ops import use_impl
@@ -68,7 +69,8 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 DEFAULT_LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax", "softmax-math")
-LAYER_KINDS = DEFAULT_LAYER_KINDS + tuple(LINEAR_CORES)
+# softmax-flash / softmax-cudnn: SDPA held to one backend (an error where it cannot run)
+LAYER_KINDS = DEFAULT_LAYER_KINDS + ("softmax-flash", "softmax-cudnn") + tuple(LINEAR_CORES)
 ANALYTIC_KINDS = ("inline", "linear", "softmax")
 
 
@@ -83,16 +85,20 @@ def parse_layer_kind(spec: str) -> tuple[str, str, bool]:
     return kind, variant, bool(plus)
 
 
+SDPA_VARIANTS = {"math": "MATH", "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+
 @contextlib.contextmanager
 def _variant(variant: str):
-    """eager: InLine without the fused kernels; math: SDPA's explicit N x N softmax."""
+    """eager: InLine without the fused kernels; math: SDPA's explicit N x N softmax; flash /
+    cudnn: SDPA held to that backend."""
     with contextlib.ExitStack() as stack:
         if variant == "eager":
             stack.enter_context(use_impl("eager"))
-        elif variant == "math":
+        elif variant in SDPA_VARIANTS:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+            stack.enter_context(sdpa_kernel(getattr(SDPBackend, SDPA_VARIANTS[variant])))
         yield
 
 
@@ -144,6 +150,7 @@ def bench_attention(
     compile: bool = False,
     compile_mode: str = "default",
     amp: Optional[str] = None,
+    cuda_graphs: bool = False,
     seed: int = 0,
 ) -> dict:
     """Time the attention layers; returns ``{"meta": ..., "rows": [...]}`` (one row per case).
@@ -162,11 +169,16 @@ def bench_attention(
         compile_mode: the mode of every compiled layer (:data:`inline_attn.compile.COMPILE_MODES`;
             "reduce-overhead": CUDA graphs).
         amp: "bf16" / "fp16": run the layers under autocast (float32 parameters and inputs).
+        cuda_graphs: capture every step in a CUDA graph and time its replay
+            (:func:`inline_attn.cuda_graphs.graph_steps`); compiled layers take
+            ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
+            ungraphed and ``meta["why_not_graphed"]`` says why.
     """
     amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if amp not in amp_dtype:
         raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
-    check_compile_mode(compile_mode)
+    compile_mode = compile_mode_for(compile_mode, cuda_graphs)
+    why_not = None
     kinds = [k if not compile or k.endswith("+compile") else f"{k}+compile" for k in kinds]
     parsed = {k: parse_layer_kind(k) for k in kinds}
     for m in modes:
@@ -205,6 +217,9 @@ def bench_attention(
                 flops_fwd[kind] = counted_layer_flops(module, x.detach(), feat)
             for mode in modes:
                 cases[(kind, mode)] = layer_step(module, x, feat, mode, variant, amp_dtype[amp])
+        if cuda_graphs:
+            compiled_cases = tuple(key for key in cases if parsed[key[0]][2])
+            cases, why_not = graph_steps(cases, dev, skip=compiled_cases)
         timings = time_interleaved(
             {f"{k}|{m}": fn for (k, m), fn in cases.items()},
             warmup=warmup,
@@ -269,6 +284,8 @@ def bench_attention(
             "compile": compile,
             "compile_mode": compile_mode,
             "amp": amp or "none",
+            "cuda_graphs": cuda_graphs,
+            "why_not_graphed": why_not,
             "device": str(dev),
         },
         "rows": rows,

@@ -20,7 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import _dtype
-from ..compile import check_compile_mode, compile_module
+from ..compile import compile_module
+from ..cuda_graphs import compile_mode_for, graph_steps
 from ..models.swin import SOFTMAX_WINDOW_DIVISOR
 from ..ops import use_impl
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
@@ -223,6 +224,7 @@ def bench_models(
     amp: Optional[str] = None,
     channels_last: bool = False,
     compile_mode: str = "default",
+    cuda_graphs: bool = False,
     seed: int = 0,
 ) -> dict:
     """Benchmark models; returns ``{"meta": ..., "rows": [...]}``, one row per case.
@@ -243,6 +245,10 @@ def bench_models(
         amp: "bf16" / "fp16": autocast around each step (weights and input stay in ``dtype``).
         channels_last: the input images (and the models' convolutions) in channels-last layout.
         compile_mode: the mode of the cases with ``compile=1`` (:data:`inline_attn.compile.COMPILE_MODES`).
+        cuda_graphs: capture every step in a CUDA graph and time its replay
+            (:func:`inline_attn.cuda_graphs.graph_steps`); compiled cases take
+            ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
+            ungraphed and ``meta["why_not_graphed"]`` says why.
     """
     amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if amp not in amp_dtype:
@@ -253,7 +259,8 @@ def bench_models(
         raise ValueError(f"unknown sdpa {sdpa!r}: expected None or 'math'")
     if batch <= 0:
         raise ValueError(f"batch must be positive, got {batch}")
-    check_compile_mode(compile_mode)
+    compile_mode = compile_mode_for(compile_mode, cuda_graphs)
+    why_not = None
     dt = _dtype(dtype)
     dev = torch.device(device)
     labels = list(dict.fromkeys(c.label for c in cases))
@@ -287,6 +294,9 @@ def bench_models(
                     model.train(mode == "train")
             except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
                 status[key] = _failure(err)
+        if cuda_graphs:
+            compiled_keys = tuple(f"{i}:{c.label}" for i, c in enumerate(group) if c.compile)
+            steps, why_not = graph_steps(steps, dev, skip=compiled_keys)
         timings = time_interleaved(steps, warmup=warmup, repeats=repeats, budget_s=budget_s, device=dev)
         for i, c in enumerate(group):
             key = f"{i}:{c.label}"
@@ -345,6 +355,8 @@ def bench_models(
             "amp": amp or "none",
             "channels_last": channels_last,
             "compile_mode": compile_mode,
+            "cuda_graphs": cuda_graphs,
+            "why_not_graphed": why_not,
             "device": str(dev),
             "baseline": base,
             "matmul_gflops": rate / 1e9,

@@ -27,6 +27,7 @@ def _setup(args) -> None:
 
 def _finish(result: dict, args, columns, plot_kw: dict) -> int:
     result["meta"]["machine"] = machine_info(args.device)
+    _report_graphs(result["meta"])
     rows = result["rows"]
     print(format_table(rows, columns))
     if "matmul_gflops" in result["meta"]:
@@ -36,6 +37,12 @@ def _finish(result: dict, args, columns, plot_kw: dict) -> int:
         paths["png"] = plot_sweep(rows, pathlib.Path(args.out) / f"{args.name}.png", **plot_kw)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _report_graphs(meta: dict) -> None:
+    """One line when --cuda-graphs was asked for and the steps ran ungraphed (or some of them)."""
+    if meta.get("cuda_graphs") and meta.get("why_not_graphed"):
+        print(f"--cuda-graphs: {meta['why_not_graphed']}; those steps were timed without CUDA graphs")
 
 
 def _run_attention(args, name: str | None = None) -> int:
@@ -59,6 +66,7 @@ def _run_attention(args, name: str | None = None) -> int:
         compile=args.compile,
         compile_mode=args.compile_mode,
         amp=args.amp,
+        cuda_graphs=args.cuda_graphs,
     )
     args.name = name or args.name
     sides = sorted({r["side"] for r in result["rows"]})
@@ -146,6 +154,7 @@ def _cmd_model(args) -> int:
         breakdown=args.breakdown,
         amp=args.amp,
         channels_last=args.channels_last,
+        cuda_graphs=args.cuda_graphs,
     )
     result["meta"]["preset"] = args.preset
     args.name = name
@@ -230,6 +239,12 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_mode_arg(p) -> None:
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture each step in a CUDA graph and time its replay (compiled cases: mode reduce-overhead); "
+        "on a device without CUDA graphs the steps run ungraphed and the reason is printed",
+    )
     p.add_argument(
         "--compile-mode",
         default="default",

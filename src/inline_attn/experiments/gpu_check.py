@@ -18,7 +18,12 @@ Steps (each recorded, a failing step does not stop the rest), in the order they 
    ``torch.compile``.
 6. ``profile``: how much of a layer's and a model's step the GPU is busy (``torch.profiler``),
    against the step's time: where the time goes when the kernels are not the bottleneck.
-7. ``tests``: the CUDA tests (the Triton kernels natively, the custom ops, compile, whole models
+7. ``graphs``: eager against CUDA-graphed steps, the same mode on both sides (layers with the SDPA
+   backend that ran, flash and cuDNN held, explicit softmax; InLine-DeiT-T vs DeiT-T training at
+   batch 128); :func:`goal_table` prints issue 23's goals pass / FAIL with the device named.
+   ``autotune`` (only when named in ``--steps``): the Triton core's tile sweep, whose winners go to
+   ``triton_tuning.json`` (copied to ``src/inline_attn/ops/fused/`` for later runs).
+8. ``tests``: the CUDA tests (the Triton kernels natively, the custom ops, compile, whole models
    under autocast) and the RandAugment comparison with timm (importable there), through pytest.
 
 The whole check keeps to a time budget (``--budget-s``, default :data:`BUDGET_S`: the 8 minutes
@@ -58,6 +63,7 @@ BUDGET_S = 460.0  # seconds for all steps: 8 minutes, less about 20 s of start-u
 # window 31, resolution 49, compile about 90, profile about 45 as a script); a step is started only
 # when this much of the budget is left.
 STEP_SECONDS = {"train": 30, "core": 15, "layer": 15, "window": 35, "resolution": 55, "compile": 90, "profile": 45}
+STEP_SECONDS["graphs"] = 20  # not yet run on a GPU: 20 case budgets of 0.5-1 s, graph captures, two SDPA profiles
 TESTS_MIN_S = 30.0  # below this the tests step is not started: too little to pass the JIT compiles
 
 
@@ -137,6 +143,10 @@ def step_tests(out: pathlib.Path, quick: bool, timeout_s: float = BUDGET_S) -> d
     files = [
         "tests/ops/test_triton.py",
         "tests/ops/test_custom_ops.py",
+        "tests/ops/test_fused_predictor.py",
+        "tests/ops/test_triton_tuning.py",
+        "tests/ops/test_launch_budget.py",
+        "tests/test_cuda_graphs.py",
         "tests/gpu",
         "tests/train/test_rand_augment.py::test_against_timm_itself",
     ]
@@ -490,6 +500,237 @@ def step_profile(out: pathlib.Path, quick: bool) -> dict:
     return {"ok": True, "rows": rows, "summary": f"GPU busy share: {summary}", "table": format_table(rows, cols)}
 
 
+def sdpa_backend(step) -> str:
+    """Which SDPA backend a step's softmax ran (flash, cudnn, efficient or math), from the names
+    of the kernels in one profiled call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    names = " ".join(e.name.lower() for e in prof.events())
+    for backend, marks in (("cudnn", ("cudnn",)), ("flash", ("flash",)), ("efficient", ("fmha", "efficient"))):
+        if any(m in names for m in marks):
+            return backend
+    return "math"
+
+
+def _eager_and_graphed(run) -> list[dict]:
+    """The rows of ``run(graphed)`` for graphed False and True, each marked with whether its steps
+    were captured (False where the benchmark fell back)."""
+    rows = []
+    for graphed in (False, True):
+        res = run(graphed)
+        for r in res["rows"]:
+            r["graphed"] = graphed and res["meta"]["why_not_graphed"] is None
+        rows += res["rows"]
+    return rows
+
+
+def step_graphs(out: pathlib.Path, quick: bool) -> dict:
+    """The same mode on both sides, eager and CUDA-graphed (:mod:`inline_attn.cuda_graphs`): the
+    attention layers fwd+bwd (14 x 14, B 1024 and 56 x 56, B 64; C 96, 3 heads, bf16 autocast):
+    InLine fused, softmax through SDPA (PyTorch's choice, with the backend that ran, and flash /
+    cuDNN held where they run), softmax explicit (the authors'); and a training step (fwd+bwd) of
+    InLine-DeiT-T and DeiT-T at 224 px, batch 128 (the recipes' per-GPU batch). Each case has its
+    own time budget, so the step stays within STEP_SECONDS."""
+    from ..layers import build_attention
+    from ..bench.attention import LAYER_COLUMNS, bench_attention, layer_step
+    from ..bench.model import MODEL_COLUMNS, bench_models, preset_cases
+    from ..bench.report import format_table
+
+    tables = []
+    kinds = ("inline", "softmax", "softmax-flash", "softmax-cudnn", "softmax-math")
+    layer_rows = _eager_and_graphed(
+        lambda graphed: bench_attention(
+            sizes=(14, 56),
+            kinds=kinds,
+            token_budget=64 * 56 * 56,
+            modes=("fwd+bwd",),
+            device="cuda",
+            amp="bf16",
+            warmup=3,
+            repeats=5,
+            budget_s=0.5,
+            memory=False,
+            cuda_graphs=graphed,
+        )
+    )
+    backends = {}
+    for side, batch in ((14, 1024), (56, 64)):
+        layer = build_attention("softmax", 96, 3).cuda().eval()
+        x = torch.randn(batch, side * side, 96, device="cuda", requires_grad=True)
+        backends[f"{side}x{side}"] = sdpa_backend(layer_step(layer, x, (side, side), "fwd+bwd", "", torch.bfloat16))
+    for r in layer_rows:
+        if r["kind"] == "softmax":
+            r["sdpa_backend"] = backends.get(r["grid"], "")
+    cases, _ = preset_cases("resolution", (224,))
+    model_rows = _eager_and_graphed(
+        lambda graphed: bench_models(
+            cases,
+            batch=128,
+            device="cuda",
+            mode="train",
+            amp="bf16",
+            warmup=2,
+            repeats=3,
+            budget_s=1.0,
+            memory=False,
+            macs=False,
+            cuda_graphs=graphed,
+        )
+    )
+    layer_cols = (("graphed", "graphed", ""), *LAYER_COLUMNS, ("sdpa_backend", "SDPA backend", ""))
+    tables.append(format_table(layer_rows, layer_cols))
+    tables.append(format_table(model_rows, (("graphed", "graphed", ""), *MODEL_COLUMNS)))
+    (out / "graphs.json").write_text(json.dumps({"layer": layer_rows, "model": model_rows}, indent=1, default=str))
+    return {
+        "ok": True,
+        "rows": layer_rows,
+        "model_rows": model_rows,
+        "table": "\n\n".join(tables),
+        "summary": f"SDPA backend (PyTorch's choice): {backends}",
+    }
+
+
+# The autotune sweep's candidates and shapes: (tokens per sample, head dim, heads, batch) as the
+# paper's models run them (Swin / PVT windows with head dim 32, DeiT-T's 14 x 14 with 64, large grids).
+AUTOTUNE_TILINGS = [(bn, w) for bn in (32, 64, 128) for w in (2, 4, 8)]
+AUTOTUNE_SHAPES = [(49, 32, 3, 4096), (196, 32, 3, 1024), (196, 64, 3, 256), (3136, 32, 3, 64), (3136, 64, 3, 16)]
+
+
+def pick_winners(timings: dict, device_name: str, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """{(n, d, heads): {(BLOCK_N, warps): seconds, "default": seconds}} -> the tuning table's
+    winners ``{key: {"BLOCK_N", "num_warps", "ms", "default_ms"}}`` (the fastest candidate; shapes
+    with no timed candidate are left out)."""
+    from ..ops.fused.triton import tuning_key
+
+    winners = {}
+    for (n, d, heads), by_tiling in timings.items():
+        timed = {t: v for t, v in by_tiling.items() if t != "default" and math.isfinite(v)}
+        if not timed:
+            continue
+        (block_n, warps), best = min(timed.items(), key=lambda kv: kv[1])
+        winners[tuning_key(device_name, n, d, heads, dtype)] = {
+            "BLOCK_N": block_n,
+            "num_warps": warps,
+            "ms": round(best * 1e3, 4),
+            "default_ms": round(by_tiling.get("default", math.nan) * 1e3, 4),
+        }
+    return winners
+
+
+def step_autotune(out: pathlib.Path, quick: bool, budget_s: float = 110.0) -> dict:
+    """Sweep the Triton core's tile rows and warps (:data:`AUTOTUNE_TILINGS`) over
+    :data:`AUTOTUNE_SHAPES` (fwd+bwd, bf16) and write the winners per (GPU, token bucket, head dim,
+    heads, dtype), merged with the committed table, to ``triton_tuning.json``: copy it to
+    ``src/inline_attn/ops/fused/`` for later runs to read without re-tuning. Stops at its own
+    budget; shapes not reached keep the committed entries."""
+    from ..ops.fused import triton as tc
+    from ..bench.timing import time_interleaved
+
+    deadline = time.time() + budget_s
+    name = torch.cuda.get_device_name(0)
+    timings: dict = {}
+    for n, d, heads, b in AUTOTUNE_SHAPES[:2] if quick else AUTOTUNE_SHAPES:
+        if time.time() > deadline:
+            break
+        c = heads * d
+        side = int(math.isqrt(n))
+        q, k, v = torch.randn(b, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
+        w9 = torch.randn(b, 9, c, device="cuda", dtype=torch.float32)
+        g = torch.randn(b, n, c, device="cuda", dtype=torch.bfloat16)
+        args = (heads, d**-0.5, side, side, 0)
+
+        def fwd_bwd():
+            tc.inline_forward_triton(q, k, v, w9, *args)
+            tc.inline_backward_triton(q, k, v, w9, g, *args)
+
+        by_tiling = {"default": time_interleaved({"d": fwd_bwd}, warmup=2, repeats=5, device="cuda")["d"].median}
+        for tiling in AUTOTUNE_TILINGS:
+            if time.time() > deadline:
+                break
+            try:
+                with tc.forced_tiling(*tiling):
+                    by_tiling[tiling] = time_interleaved({"t": fwd_bwd}, warmup=2, repeats=5, device="cuda")["t"].median
+            except Exception:  # noqa: BLE001 - a tiling the compiler refuses (registers, shared memory) loses
+                by_tiling[tiling] = math.inf
+        timings[(n, d, heads)] = by_tiling
+        q = k = v = w9 = g = None
+    winners = pick_winners(timings, name)
+    committed = json.loads(tc.TUNING_FILE.read_text()) if tc.TUNING_FILE.is_file() else {"winners": {}}
+    table = {**committed, "winners": {**committed.get("winners", {}), **winners}}
+    (out / "triton_tuning.json").write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    gains = [f"{k.split('|', 1)[1]}: {w['default_ms'] / w['ms']:.2f}x" for k, w in winners.items() if w["ms"] > 0]
+    return {
+        "ok": bool(winners),
+        "winners": winners,
+        "summary": f"{len(winners)} of {len(AUTOTUNE_SHAPES)} shapes tuned on {name} (triton_tuning.json; "
+        f"gain over the defaults {', '.join(gains)})",
+    }
+
+
+def _goal_row(what: str, value: float, goal: float, unit: str = "x", mode: str = "eager") -> str:
+    if math.isnan(value):
+        return f"| {what} | {mode} | not measured | >= {goal:g}{unit} | - |"
+    shown = f"{value:.2f}{unit}" if unit == "x" else f"{value:.0f}{unit}"
+    return f"| {what} | {mode} | {shown} | >= {goal:g}{unit} | {'pass' if value >= goal else 'FAIL'} |"
+
+
+def goal_table(results: dict, device: str) -> str:
+    """Issue 23's goal table, one row per goal and mode (the same mode on both sides), pass / FAIL
+    against the measured value on ``device``."""
+    lines = [f"Goals of issue 23 on {device} (bf16):", "", "| what | mode | measured | goal | verdict |"]
+    lines.append("|---|---|---|---|---|")
+    res = results.get("resolution", {}).get("rows", [])
+    win = results.get("window", {}).get("rows", [])
+    graphs = results.get("graphs", {})
+    for px, goal in ((224, 1.0), (1024, 2.5)):
+        v = _ratio(res, px, "InLine-DeiT-T", "DeiT-T", mode="train")
+        lines.append(_goal_row(f"InLine-DeiT-T / DeiT-T training, {px} px (B 64)", v, goal))
+    for graphed in (False, True):
+        rows = [r for r in graphs.get("model_rows", []) if r.get("graphed") == graphed]
+        v = _ratio(rows, 224, "InLine-DeiT-T", "DeiT-T")
+        lines.append(_goal_row("InLine-DeiT-T / DeiT-T training, 224 px (B 128)", v, 1.0, mode=_mode(graphed)))
+    for w, goal in ((7, 1.15), (56, 4.0)):
+        v = _ratio(win, w, "InLine-Swin-T", "Swin-T", mode="train")
+        lines.append(_goal_row(f"InLine-Swin-T / Swin-T training, window {w}", v, goal))
+    layer = results.get("layer", {}).get("rows", [])
+    for side, goal in ((14, 1.0), (56, 3.0)):
+        for mode, rows in (("eager", layer), *((_mode(g), _graph_rows(graphs, g)) for g in (False, True))):
+            r = next((r for r in rows if r["side"] == side and r["kind"] == "inline" and r["mode"] == "fwd+bwd"), None)
+            v = r["speedup_vs_softmax"] if r else math.nan
+            lines.append(_goal_row(f"layer fwd+bwd / SDPA, {side}x{side}", v, goal, mode=mode))
+    prof = results.get("profile", {}).get("rows", [])
+    r = next((r for r in prof if r["case"].startswith("inline layer 56x56")), None)
+    busy = r["busy_pct"] if r else math.nan
+    lines.append(_goal_row("GPU-busy share of the InLine layer step, 56x56", busy, 85, " %"))
+    r = next((r for r in results.get("core", {}).get("rows", []) if r["grid"] == "56x56"), None)
+    lines.append(
+        _goal_row("Triton core fwd+bwd at 56x56, share of copy", r["pct_of_copy"] if r else math.nan, 40, " %")
+    )
+    return "\n".join(lines)
+
+
+def _mode(graphed: bool) -> str:
+    return "graphed" if graphed else "eager (graphs step)"
+
+
+def _graph_rows(graphs: dict, graphed: bool) -> list[dict]:
+    return [r for r in graphs.get("rows", []) if r.get("graphed") == graphed]
+
+
+# steps that run only when named in --steps (each within its own budget); the default run is STEPS
+ON_DEMAND_STEPS = {"autotune": step_autotune}
+ON_DEMAND_SECONDS = {"autotune": 120}
+
+
+def all_steps() -> dict:
+    """Every step in the order they run: the benchmarks, the on-demand ones, the tests last."""
+    bench = {k: v for k, v in STEPS.items() if k != "tests"}
+    return {**bench, **ON_DEMAND_STEPS, "tests": STEPS["tests"]}
+
+
 STEPS = {
     "train": step_train,
     "core": step_core,
@@ -498,6 +739,7 @@ STEPS = {
     "resolution": step_resolution,
     "compile": step_compile,
     "profile": step_profile,
+    "graphs": step_graphs,
     "tests": step_tests,
 }
 
@@ -507,6 +749,9 @@ def plan_step(name: str, seconds_left: float) -> tuple[bool, dict]:
     arguments (the tests' time box is what is left)."""
     if name == "tests":
         return seconds_left >= TESTS_MIN_S, {"timeout_s": seconds_left}
+    if name in ON_DEMAND_SECONDS:
+        usual = ON_DEMAND_SECONDS[name]
+        return seconds_left >= usual, {"budget_s": usual - 10}
     return seconds_left >= STEP_SECONDS[name], {}
 
 
@@ -582,7 +827,8 @@ def write_summary(out: pathlib.Path, env: dict, results: dict, goal_lines: list[
         mark = {True: "pass", False: "FAIL", None: "skipped"}[r.get("ok")]
         lines.append(f"| {name} | {mark} | {r.get('seconds', 0):.0f} | {r.get('summary', '').replace('|', '/')} |")
     lines += ["", "## Performance goals", ""] + [f"- {g}" for g in goal_lines]
-    for name in ("core", "layer", "window", "resolution", "compile", "profile"):
+    lines += ["", goal_table(results, env.get("device", "unknown device"))]
+    for name in ("core", "layer", "window", "resolution", "compile", "profile", "graphs"):
         if results.get(name, {}).get("table"):
             lines += ["", f"## {name}", "", "```", results[name]["table"], "```"]
     text = "\n".join(lines) + "\n"
@@ -611,7 +857,9 @@ def save_results(out: pathlib.Path, env: dict, results: dict, argv: list[str]) -
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu_check_results", help="output folder (default gpu_check_results)")
-    parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
+    parser.add_argument(
+        "--steps", nargs="+", default=list(STEPS), choices=list(all_steps()), help="default: all but autotune"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a smoke run of the check)")
     parser.add_argument(
         "--budget-s",
@@ -640,7 +888,7 @@ def main(argv=None) -> int:
     results: dict = {}
     text = save_results(out, env, results, argv or sys.argv[1:])
     deadline = time.time() + args.budget_s
-    for name in sorted(set(args.steps), key=list(STEPS).index):  # each step once, in the check's order
+    for name in sorted(set(args.steps), key=list(all_steps()).index):  # each step once, in the check's order
         t0 = time.time()
         start, kwargs = plan_step(name, deadline - t0)
         if not start:
@@ -654,7 +902,7 @@ def main(argv=None) -> int:
             continue
         print(f"== {name}", flush=True)
         try:
-            r = STEPS[name](out, args.quick, **kwargs)
+            r = all_steps()[name](out, args.quick, **kwargs)
         except Exception as err:  # noqa: BLE001 - record and go on with the other steps
             r = {"ok": False, "summary": f"{type(err).__name__}: {err}"[:400]}
             (out / f"{name}.error.txt").write_text(traceback.format_exc())

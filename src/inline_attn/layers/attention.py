@@ -135,15 +135,8 @@ class TokenAttention(RecordableAttention):
         p = self.num_prefix_tokens
         h, w = check_feat_size(feat_size, x.shape[1], p)
         q, k, v = self._project(x)  # [B, N, C] views of the projection outputs
-        weights = None
-        if self.residual is not None:
-            weights = self.residual.predict(x.mean(dim=1))  # [B, C, 3, 3]
-        out = self.attend_tokens(
-            q,
-            k,
-            v,
+        attend = dict(
             feat_size=(h, w),
-            residual_weights=weights,
             num_prefix_tokens=p,
             kernel=self.kernel,
             scale=self.scale,
@@ -152,6 +145,10 @@ class TokenAttention(RecordableAttention):
             token_coords=token_coords,
             attn_drop=self.attn_drop,
         )
+        if self.residual is None:
+            out = self.attend_tokens(q, k, v, **attend)
+        else:  # weights predicted from x's token mean, inside the fused layer core where it runs
+            out = self.attend_predicted(x, q, k, v, residual=self.residual, **attend)
         return self.proj_drop(self.proj(out))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from ..ops import attention, attention_weights, inline_tokens
 from ..ops.dispatch import attention_path, check_impl
+from ..ops.tokens import inline_layer_tokens
 from ..ops.tokens import add_to_grid_tokens, grid_residual
 from .linear_family import LINEAR_CORES
 
@@ -155,6 +156,32 @@ class RecordableAttention(nn.Module):
             res = grid_residual(v, residual_weights, feat_size, p, impl=attention_path(self.impl))
             out = add_to_grid_tokens(out, res.to(out.dtype), p)
         return out
+
+    def attend_predicted(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, residual: nn.Module, **kwargs
+    ) -> torch.Tensor:
+        """:meth:`attend_tokens` with the residual weights predicted by ``residual`` (a
+        :class:`~inline_attn.layers.LocalResidual`) from the token mean of the layer input x
+        [B, N, C]; keyword arguments as :meth:`attend_tokens`.
+
+        InLine without a hook, bias or mask goes to :func:`inline_attn.ops.tokens.inline_layer_tokens`,
+        which runs the prediction inside the fused layer core where it applies."""
+        kind = kwargs.get("kind") or self.kind
+        if kind == "inline" and not self.hooked and kwargs.get("bias") is None and kwargs.get("mask") is None:
+            return inline_layer_tokens(
+                x,
+                q,
+                k,
+                v,
+                predictor=residual.predictor_params(),
+                num_heads=self.num_heads,
+                feat_size=kwargs["feat_size"],
+                num_prefix_tokens=kwargs.get("num_prefix_tokens", 0),
+                kernel=kwargs.get("kernel"),
+                scale=kwargs.get("scale"),
+                impl=self.impl,
+            )
+        return self.attend_tokens(q, k, v, residual_weights=residual.predict(x.mean(dim=1)), **kwargs)
 
     def _attend_heads(self, q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop):
         """[B, N, C] tensors -> heads -> :meth:`attend` -> [B, N, C]."""

@@ -14,9 +14,10 @@ import torch
 from . import dispatch
 from ._checks import check_tensor, check_feat_size, check_num_heads, check_tokens
 from .eager import inline_attention, local_residual
-from .fused.op import inline_core
+from .fused.op import inline_core, inline_layer_core, runs_as_custom_op
 from .feature_maps import Kernel
 from .naive import naive_attention, naive_local_residual
+from .predictor import predict_residual
 
 
 def add_to_grid_tokens(out: torch.Tensor, res: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
@@ -125,3 +126,66 @@ def inline_tokens(
         return out
     res = grid_residual(v, residual_weights, (h, w), num_prefix_tokens, impl=chosen)
     return add_to_grid_tokens(out, res.to(out.dtype), num_prefix_tokens)
+
+
+def inline_layer_tokens(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    predictor: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    num_heads: int,
+    feat_size: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    kernel: Kernel = None,
+    scale: float | None = None,
+    impl: str | None = None,
+) -> torch.Tensor:
+    """The InLine layer core with the residual predicted from the layer input (paper Sec. 4.2):
+    :func:`inline_tokens` with ``residual_weights = P(mean_n x)``.
+
+    Args:
+        x: [B, N, C] the layer input; its token mean (prefix tokens included, as the reference)
+            is the predictor's context.
+        predictor: (w1, b1, w2, b2) of the predictor's grouped products, one group per head
+            (:meth:`inline_attn.layers.LocalResidual.predictor_params`).
+        the rest: as :func:`inline_tokens`.
+
+    On the fused implementations in eager mode the prediction runs inside the layer core's
+    ``autograd.Function`` (:func:`~inline_attn.ops.fused.op.inline_layer_core`; on Triton one kernel
+    each way); otherwise (and while compiling, exporting or under a dispatch mode) it is
+    :func:`predict_residual` under autograd beside the core.
+    """
+    check_tokens(q, k, v)
+    check_tensor("x", x)
+    if x.shape != q.shape or x.device != q.device:
+        raise ValueError(
+            f"x must have q's shape {tuple(q.shape)} and device {q.device}, got {tuple(x.shape)} on {x.device}"
+        )
+    w1, b1, w2, b2 = predictor
+    c = q.shape[-1]
+    check_num_heads(num_heads, c)
+    if w1.shape[0] != c or w1[0].numel() != c // num_heads or w2.shape[0] != 9 * c:
+        raise ValueError(
+            f"predictor weights {tuple(w1.shape)} and {tuple(w2.shape)} do not match {num_heads} groups of "
+            f"C={c}: expected [{c}, {c // num_heads}(, 1)] and [{9 * c}, {c // num_heads}(, 1)]"
+        )
+    chosen, _ = dispatch.choose(q, kernel, impl)
+    if chosen not in dispatch.FUSED_IMPLS or runs_as_custom_op():
+        weights = predict_residual(x.mean(dim=1), w1, b1, w2, b2, groups=num_heads)
+        return inline_tokens(
+            q,
+            k,
+            v,
+            num_heads=num_heads,
+            feat_size=feat_size,
+            residual_weights=weights,
+            num_prefix_tokens=num_prefix_tokens,
+            kernel=kernel,
+            scale=scale,
+            impl=chosen,
+        )
+    h, w = check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
+    s = (c // num_heads) ** -0.5 if scale is None else float(scale)
+    return inline_layer_core(x, q, k, v, w1, b1, w2, b2, num_heads, s, h, w, num_prefix_tokens, chosen)

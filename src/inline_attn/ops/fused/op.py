@@ -13,6 +13,11 @@ in the graph as one opaque node (``fullgraph=True`` works); autograd through
 ``register_autograd`` (first order: the backward op has no derivative, so a double backward
 raises instead of silently dropping terms); FLOP formulas for ``FlopCounterMode``.
 
+:func:`inline_layer_core` adds the residual predictor (the layer input's token mean, two grouped
+products, GELU: :mod:`inline_attn.ops.predictor`) inside the same ``autograd.Function`` in eager
+mode, so that a layer crosses one autograd boundary and, on Triton, its predictor costs one kernel
+each way.
+
 :func:`inline_core` is what callers use: the custom op while ``torch.compile`` traces, and outside
 it the same two functions through one ``torch.autograd.Function``, which skips the custom op's
 Python dispatch (~60-100 us a call on these CPUs, as much as a small layer's whole core).
@@ -27,6 +32,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
 
+from ..predictor import predictor_backward, predictor_dtype, predictor_forward
 from . import cpu as cpu_kernel
 
 BACKENDS = ("cpu", "triton")
@@ -143,6 +149,14 @@ def _flops_backward(q_shape, k_shape, v_shape, w9_shape, g_shape, num_heads, *ar
     return 2 * macs
 
 
+def _no_double_backward() -> None:
+    if torch.is_grad_enabled():  # create_graph=True: the kernels' backward has no derivative
+        raise RuntimeError(
+            "inline_attn::inline_backward has no derivative: second-order gradients of the fused InLine "
+            "kernels are not implemented (use impl='eager' for double backward)"
+        )
+
+
 class _InLineCore(torch.autograd.Function):
     """The custom op's forward and backward without its dispatch overhead (eager mode only)."""
 
@@ -154,14 +168,16 @@ class _InLineCore(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if torch.is_grad_enabled():  # create_graph=True: the kernels' backward has no derivative
-            raise RuntimeError(
-                "inline_attn::inline_backward has no derivative: second-order gradients of the fused InLine "
-                "kernels are not implemented (use impl='eager' for double backward)"
-            )
+        _no_double_backward()
         q, k, v, w9 = ctx.saved_tensors
         dq, dk, dv, dw = _backward_impl(q, k, v, w9, grad, *ctx.args)
         return dq, dk, dv, (dw if w9 is not None else None), None, None, None, None, None, None
+
+
+def runs_as_custom_op() -> bool:
+    """True while ``torch.compile`` / ``torch.export`` traces or a dispatch mode records: then the
+    fused core is called as its custom op (one graph node with a fake rule and a FLOP formula)."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
 
 
 def inline_core(
@@ -170,6 +186,102 @@ def inline_core(
     """The fused layer core (arguments as :func:`inline_forward`): the custom op under
     ``torch.compile`` or a dispatch mode (``FlopCounterMode``, memory trackers: they see one op
     with its FLOP formula), the same kernels through :class:`_InLineCore` otherwise."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    if runs_as_custom_op():
         return inline_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
     return _InLineCore.apply(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
+
+
+# The layer core with its residual predictor: ``O = InLine(q, k, v) + R(v, P(mean_n x))`` in one
+# autograd.Function, so that eager mode crosses one autograd boundary per layer and the Triton
+# backend runs the predictor in one kernel each way (forward: predictor_fwd + the core's;
+# backward: the core's + predictor_bwd) instead of a dozen aten launches.
+
+
+def _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend):
+    if backend == "cpu":
+        return predictor_forward(x, w1, b1, w2, b2, num_heads)
+    from .triton import predictor_forward_triton
+
+    dtype = predictor_dtype(w1)
+    ctx, taps = predictor_forward_triton(x, *_flat_params(w1, b1, w2, b2), num_heads)
+    return ctx.to(dtype), taps.to(dtype)
+
+
+def _predictor_backward_impl(ctx, dtaps, w1, b1, w2, n, num_heads, backend):
+    if backend == "cpu":
+        return predictor_backward(ctx, dtaps, w1, b1, w2, num_heads, n)
+    from .triton import predictor_backward_triton
+
+    grads = predictor_backward_triton(
+        ctx.float(), dtaps.float().contiguous(), *_flat_params(w1, b1, w2), n=n, num_heads=num_heads
+    )
+    return tuple(g.to(ctx.dtype) for g in grads)
+
+
+def _flat_params(*params):
+    """The predictor's parameters as the kernels read them: [rows, C/g] fp32 weights, contiguous."""
+    return tuple((p.reshape(p.shape[0], -1) if p.dim() > 1 else p).float().contiguous() for p in params)
+
+
+def _layer_forward_impl(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens, backend):
+    _check_backend(backend)
+    ctx, taps = _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend)
+    out = _forward_impl(q, k, v, taps, num_heads, scale, H, W, num_prefix_tokens, backend)
+    return out, ctx, taps
+
+
+def _layer_backward_impl(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads, scale, H, W, num_prefix_tokens, backend):
+    _check_backend(backend)
+    dq, dk, dv, dtaps = _backward_impl(q, k, v, taps, grad, num_heads, scale, H, W, num_prefix_tokens, backend)
+    dctx, dw1, db1, dw2, db2 = _predictor_backward_impl(ctx, dtaps, w1, b1, w2, q.shape[1], num_heads, backend)
+    return dctx, dq, dk, dv, dw1, db1, dw2, db2
+
+
+def _layer_grads(saved, x_meta, grad, args):
+    """The layer core's input gradients from its saved tensors: dx is dctx / N broadcast over the
+    tokens (an expanded view: autograd adds it to the projection's gradient of x)."""
+    q, k, v, ctx, taps, w1, b1, w2 = saved
+    x_shape, x_dtype, b2_dtype = x_meta
+    dctx, dq, dk, dv, dw1, db1, dw2, db2 = _layer_backward_impl(q, k, v, ctx, taps, w1, b1, w2, grad, *args)
+    dx = dctx.to(x_dtype).unsqueeze(1).expand(x_shape)
+    return (
+        dx,
+        dq,
+        dk,
+        dv,
+        dw1.view(w1.shape).to(w1.dtype),
+        db1.to(b1.dtype),
+        dw2.view(w2.shape).to(w2.dtype),
+        db2.to(b2_dtype),
+    )
+
+
+class _InLineLayerCore(torch.autograd.Function):
+    """The layer op's forward and backward without its dispatch overhead (eager mode only)."""
+
+    @staticmethod
+    def forward(ctx, x, q, k, v, w1, b1, w2, b2, *args):
+        out, c, taps = _layer_forward_impl(x, q, k, v, w1, b1, w2, b2, *args)
+        ctx.save_for_backward(q, k, v, c, taps, w1, b1, w2)
+        ctx.x_meta = (x.shape, x.dtype, b2.dtype)
+        ctx.args = args
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        _no_double_backward()
+        return *_layer_grads(ctx.saved_tensors, ctx.x_meta, grad, ctx.args), None, None, None, None, None, None
+
+
+def inline_layer_core(
+    x, q, k, v, w1, b1, w2, b2, num_heads: int, scale: float, H: int, W: int, num_prefix_tokens: int, backend: str
+) -> Tensor:
+    """The fused layer core with its residual predictor, eager mode only -> O [B, N, C].
+
+    x: [B, N, C] the layer input (its token mean is the predictor's context); q, k, v as
+    :func:`inline_forward`; w1 [C, C/h(, 1)], b1 [C], w2 [9C, C/h(, 1)], b2 [9C] the predictor's
+    grouped products (one group per head). While :func:`runs_as_custom_op`, callers predict the
+    weights on aten ops and call :func:`inline_core` instead (one ``inline_forward`` node per layer
+    for export and its ONNX translation, the FLOP formula for ``FlopCounterMode``, and inductor
+    fuses the predictor's small ops itself)."""
+    return _InLineLayerCore.apply(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens, backend)

@@ -798,3 +798,150 @@ def inline_bwd_rows(
         BLOCK_N,
         PREC,
     )
+
+
+# The residual predictor (paper Sec. 4.2): per sample b and head h (the predictor's groups are the
+# heads), with x the layer input and d channels ``ch = [h*d, (h+1)*d)``:
+#
+#     forward    ctx = mean_n x[b, n, ch];  y1 = W1_h ctx + b1;  a = GELU(y1)
+#                taps[t] = W2_{h,t} a + b2_t       (W2_{h,t}[j, i] = W2[9 * ch_j + t, i], t < 9)
+#     backward   da = sum_t W2_{h,t}^T dtaps[t];  dy1 = da * GELU'(y1);  dctx = W1_h^T dy1 / N
+#                dW1_h = sum_b dy1 ctx^T,  dW2_{h,t} = sum_b dtaps[t] a^T  (and the biases' sums)
+#
+# W1 is [C, d] and W2 [9C, d] (the grouped 1x1 convolutions' weights, contiguous); everything in fp32.
+
+_SQRT1_2 = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+@triton.jit
+def _gelu(y):
+    """Exact GELU (``nn.GELU()``): y * Phi(y)."""
+    return 0.5 * y * (1.0 + tl.math.erf(y * _SQRT1_2))
+
+
+@triton.jit
+def _gelu_grad(y):
+    """d GELU / dy = Phi(y) + y * phi(y)."""
+    return 0.5 * (1.0 + tl.math.erf(y * _SQRT1_2)) + y * tl.exp(-0.5 * y * y) * _INV_SQRT_2PI
+
+
+@triton.jit
+def _head_block(ptr, rows, cols, cmask):
+    """A [BD, BD] fp32 block: rows given as row offsets, columns as column indices (both masked by cmask)."""
+    return tl.load(ptr + rows[:, None] + cols[None, :], mask=cmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def predictor_fwd(
+    X,
+    W1,
+    B1,
+    W2,
+    B2,
+    CTX,
+    TAPS,
+    x_sb,
+    x_sn,
+    x_sc,
+    N,
+    C,
+    heads,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per (sample, head): the token mean of x over the head's channels, then the
+    head's two products and the GELU; writes ctx [B, C] and the taps [B, 9, C] (fp32)."""
+    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
+    i = tl.arange(0, BD)
+    xb = X + b * x_sb
+    acc = tl.zeros([BD], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        acc += tl.sum(_tile(xb, n, x_sn, ch * x_sc, (n < N)[:, None] & cmask[None, :]), axis=0)
+    ctx = acc / N
+    tl.store(CTX + b * C + ch, ctx, mask=cmask)
+    w1 = _head_block(W1, ch * D, i, cmask)  # [j, i]
+    y1 = tl.sum(w1 * ctx[None, :], axis=1) + tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
+    a = _gelu(y1)
+    for t in tl.static_range(9):
+        w2 = _head_block(W2, (9 * ch + t) * D, i, cmask)
+        tap = tl.sum(w2 * a[None, :], axis=1) + tl.load(B2 + 9 * ch + t, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(TAPS + b * 9 * C + t * C + ch, tap, mask=cmask)
+
+
+@triton.jit
+def _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC: tl.constexpr):
+    """ctx rows rb [BLOCK_B, BD] and the first product's pre-activation y1 [BLOCK_B, BD]."""
+    ctx = tl.load(CTX + rb[:, None] * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
+    return ctx, tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
+
+
+@triton.jit
+def _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask):
+    """Tap t's gradient for samples rb and the head's channels: [BLOCK_B, BD], zero on padding."""
+    return tl.load(DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
+
+
+@triton.jit
+def predictor_bwd(
+    CTX,
+    DTAPS,
+    W1,
+    B1,
+    W2,
+    DCTX,
+    DW1,
+    DB1,
+    DW2,
+    DB2,
+    B,
+    N,
+    C,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Programs (head, part): part 0 takes the gradient back through both products to ctx (dctx / N
+    [B, C], dW1, db1); part 1 + t sums tap t's weight gradient (dW2 rows ``9 * ch + t``, db2) over
+    the samples. Each loops over the samples in blocks of BLOCK_B, in a fixed order (no atomics)."""
+    head = tl.program_id(0)
+    part = tl.program_id(1)
+    i = tl.arange(0, BD)
+    ch = head * D + i
+    cmask = i < D
+    w1 = _head_block(W1, ch * D, i, cmask)  # [j, i]
+    b1 = tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
+    if part == 0:
+        dw1 = tl.zeros([BD, BD], dtype=tl.float32)
+        db1 = tl.zeros([BD], dtype=tl.float32)
+        for start in range(0, B, BLOCK_B):
+            rb = start + tl.arange(0, BLOCK_B)
+            bmask = rb < B
+            ctx, y1 = _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC)
+            da = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
+            for t in tl.static_range(9):
+                g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
+                da += tl.dot(g, _head_block(W2, (9 * ch + t) * D, i, cmask), input_precision=PREC)
+            dy1 = da * _gelu_grad(y1)  # zero on padded rows: their dtaps were loaded as zeros
+            dw1 += tl.dot(tl.trans(dy1), ctx, input_precision=PREC)
+            db1 += tl.sum(dy1, axis=0)
+            dctx = tl.dot(dy1, w1, input_precision=PREC) / N
+            tl.store(DCTX + rb[:, None] * C + ch[None, :], dctx, mask=bmask[:, None] & cmask[None, :])
+        tl.store(DW1 + (ch * D)[:, None] + i[None, :], dw1, mask=cmask[:, None] & cmask[None, :])
+        tl.store(DB1 + ch, db1, mask=cmask)
+    else:
+        t = part - 1
+        dw2 = tl.zeros([BD, BD], dtype=tl.float32)
+        db2 = tl.zeros([BD], dtype=tl.float32)
+        for start in range(0, B, BLOCK_B):
+            rb = start + tl.arange(0, BLOCK_B)
+            bmask = rb < B
+            ctx, y1 = _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC)
+            g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
+            dw2 += tl.dot(tl.trans(g), _gelu(y1), input_precision=PREC)
+            db2 += tl.sum(g, axis=0)
+        tl.store(DW2 + ((9 * ch + t) * D)[:, None] + i[None, :], dw2, mask=cmask[:, None] & cmask[None, :])
+        tl.store(DB2 + 9 * ch + t, db2, mask=cmask)

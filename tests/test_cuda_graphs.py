@@ -1,0 +1,160 @@
+"""Whole-step CUDA graphs: the capture-safety of a training step, and the fallbacks on CPU.
+
+A CUDA graph replays kernels; anything that reads the device on the host inside the step (a
+``.item()``, a ``nonzero``, a device-to-host copy) breaks the capture or freezes a value, and a
+step whose op sequence changes between calls cannot be replayed. Two steps of a tiny InLine model
+(forward, backward, gradient clipping, AdamW with ``capturable=True``, EMA) are recorded under a dispatch mode and
+checked for both. On the CPU the capturable optimizer path is what runs (its device allowlist is
+widened for the test) and the fused op runs its Triton kernels under the interpreter; on a GPU
+the same test runs natively.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from inline_attn import create_model
+from inline_attn.cuda_graphs import GraphedEvalStep, GraphedTrainStep, compile_mode_for, train_step, why_not_graphed
+from inline_attn.layers import record_attention
+from inline_attn.ops import tokens as tokens_mod
+from inline_attn.ops import use_impl
+from inline_attn.ops.fused import triton as triton_core
+from inline_attn.train.ema import ModelEma
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HOST_READS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal"}
+
+
+class StepLog(TorchDispatchMode):
+    """Every op of a step by name, and the ones that read the device on the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.names, self.host_reads = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        out = func(*args, **(kwargs or {}))
+        self.names.append(name)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        to_host = isinstance(out, torch.Tensor) and out.device.type == "cpu" and any(t.is_cuda for t in tensors)
+        if name in HOST_READS or to_host:
+            self.host_reads.append(name)
+        return out
+
+
+@pytest.fixture
+def capturable_on_cpu(monkeypatch):
+    """AdamW's capturable path (the one a CUDA graph captures: step counters and bias corrections
+    as device tensors) also on the CPU."""
+    if DEVICE == "cpu":
+        base, adam = (importlib.import_module(f"torch.optim.{m}") for m in ("optimizer", "adam"))
+        devices = base._get_capturable_supported_devices
+        widened = lambda supports_xla=True: devices(supports_xla) + ["cpu"]  # noqa: E731
+        monkeypatch.setattr(base, "_get_capturable_supported_devices", widened)
+        monkeypatch.setattr(adam, "_get_capturable_supported_devices", widened)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    model = create_model("inline_deit_tiny", img_size=32, num_classes=5, depth=2, embed_dim=48, num_heads=3)
+    return model.to(DEVICE)
+
+
+def test_training_step_is_capture_safe(capturable_on_cpu, monkeypatch):
+    # the eager step (the layer cores' autograd.Functions; a dispatch mode would otherwise get the
+    # custom op), with the Triton kernels; the interpreter's own tensor copies are not the step's
+    monkeypatch.setattr(tokens_mod, "runs_as_custom_op", lambda: False)
+    launch = triton_core._launch
+
+    def launch_unseen(*args, **kwargs):
+        with _disable_current_modes():
+            launch(*args, **kwargs)
+
+    monkeypatch.setattr(triton_core, "_launch", launch_unseen)
+    model = _tiny()
+    ema = ModelEma(model, decay=0.9)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    x = torch.randn(2, 3, 32, 32, device=DEVICE)
+    y = torch.tensor([1, 3], device=DEVICE)
+    logs = []
+    with use_impl("triton"):
+        train_step(model, opt, F.cross_entropy, x, y, ema=ema)  # the first step creates the optimizer state
+        for _ in range(2):
+            with StepLog() as log:
+                loss = train_step(model, opt, F.cross_entropy, x, y, ema=ema, amp=torch.bfloat16, clip_grad=5.0)
+            logs.append(log)
+    assert torch.isfinite(loss)
+    assert "inline_fwd_fused" not in logs[0].names  # launches are not aten ops; the cores ran as Functions
+    for log in logs:
+        assert log.host_reads == [], log.host_reads
+    assert logs[0].names == logs[1].names
+    assert len(logs[0].names) > 100  # the whole step was recorded: forward, backward, optimizer, EMA
+
+
+def test_why_not_graphed_reasons():
+    assert why_not_graphed("cpu") == "CUDA graphs need a CUDA device, the step runs on cpu"
+    if not torch.cuda.is_available():
+        assert "torch.cuda is not available" in why_not_graphed("cuda")
+        return
+    model = _tiny()
+    assert "dynamic shapes" in why_not_graphed("cuda", static_shapes=False)
+    with record_attention(model):
+        assert "Python hooks run every step" in why_not_graphed("cuda", model=model)
+    opt = torch.optim.AdamW(model.parameters())
+    assert "capturable=True" in why_not_graphed("cuda", optimizer=opt)
+    assert (
+        why_not_graphed("cuda", model=model, optimizer=torch.optim.AdamW(model.parameters(), capturable=True)) is None
+    )
+
+
+def test_compile_mode_for_cuda_graphs():
+    assert compile_mode_for("default", cuda_graphs=True) == "reduce-overhead"
+    assert compile_mode_for("max-autotune-no-cudagraphs", cuda_graphs=True) == "max-autotune"
+    assert compile_mode_for("default", cuda_graphs=False) == "default"
+    with pytest.raises(ValueError, match="unknown compile mode"):
+        compile_mode_for("fast", cuda_graphs=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU fallback")
+def test_graphed_steps_fall_back_on_cpu_and_train():
+    model = _tiny()
+    ref = _tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
+    step = GraphedTrainStep(model, opt, F.cross_entropy, x, y)
+    assert step.why_not == "CUDA graphs need a CUDA device, the step runs on cpu"
+    for i in range(2):
+        torch.manual_seed(i)  # the same stochastic-depth draws on both sides
+        loss = step(x, y)
+        torch.manual_seed(i)
+        ref_loss = train_step(ref, ref_opt, F.cross_entropy, x, y)
+    torch.testing.assert_close(loss, ref_loss)  # the plain step, nothing captured or skipped
+    evaluate = GraphedEvalStep(model.eval(), x)
+    assert evaluate.why_not is not None
+    torch.testing.assert_close(evaluate(x), model(x))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+def test_graphed_training_step_matches_the_plain_step_on_cuda():
+    model, ref = _tiny().eval(), _tiny().eval()  # no stochastic-depth draws: both sides compute the same
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, capturable=True)
+    ema, ref_ema = ModelEma(model, decay=0.9), ModelEma(ref, decay=0.9)
+    x = torch.randn(4, 3, 32, 32, device=DEVICE)
+    y = torch.tensor([1, 3, 0, 2], device=DEVICE)
+    step = GraphedTrainStep(model, opt, F.cross_entropy, x, y, ema=ema)
+    assert step.why_not is None
+    for i in range(3):
+        xi = x + 0.1 * i
+        loss = step(xi, y).clone()
+        ref_loss = train_step(ref, ref_opt, F.cross_entropy, xi, y, ema=ref_ema)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+    for p, q in zip(ema.parameters(), ref_ema.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
