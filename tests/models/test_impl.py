@@ -26,6 +26,7 @@ def paths(monkeypatch):
         monkeypatch.setattr(module, name, lambda *a, **kw: taken.append(label(kw)) or real(*a, **kw))
 
     spy(tokens_mod, "inline_core", lambda kw: "fused")
+    spy(tokens_mod, "inline_layer_core", lambda kw: "fused")  # the core with the layer's residual predictor
     spy(tokens_mod, "naive_attention", lambda kw: "naive-inline")
     spy(ops, "naive_attention", lambda kw: f"naive-{kw['kind']}")
     return taken
