@@ -3,7 +3,8 @@
 ``bench_attention`` (the layers over token grids) and ``bench_models`` (registered models at
 resolutions / windows, presets for the paper's Fig. 6) return ``{"meta", "rows"}`` results;
 :mod:`.report` prints and writes them; :mod:`.timing` holds the interleaved timer and the
-peak-memory measurement.
+peak-memory measurement; :mod:`.sweep` what both benchmarks share (a step's run context, timing
+one sweep point).
 """
 
 from .attention import bench_attention

@@ -17,19 +17,19 @@ budget (``batch = tokens // (H*W)``) unless a batch is fixed, so every size does
 
 from __future__ import annotations
 
-import contextlib
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from ..compile import compile_module
-from ..cuda_graphs import compile_mode_for, graph_steps
+from ..cuda_graphs import compile_mode_for
 from ..layers import build_attention
 from ..layers.linear_family import LINEAR_CORES
-from ..ops import use_impl
 from .flops import attention_layer_flops, counted_layer_flops
-from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
+from .sweep import Measured, PointTiming, amp_dtype, dtype_name, measure_point, resolve_dtype, run_context
+from .timing import _failure, measure_matmul_rate, time_interleaved
 
 __all__ = ["DEFAULT_LAYER_KINDS", "LAYER_COLUMNS", "LAYER_KINDS", "bench_attention", "parse_layer_kind"]
 
@@ -51,23 +51,6 @@ LAYER_COLUMNS = (
 )
 
 
-def _dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "float64": torch.float64,
-    }
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(table)}")
-    return table[name]
-
-
 DEFAULT_LAYER_KINDS = ("inline", "inline-eager", "linear", "softmax", "softmax-math")
 # softmax-flash / softmax-cudnn: SDPA held to one backend (an error where it cannot run)
 LAYER_KINDS = DEFAULT_LAYER_KINDS + ("softmax-flash", "softmax-cudnn") + tuple(LINEAR_CORES)
@@ -85,33 +68,16 @@ def parse_layer_kind(spec: str) -> tuple[str, str, bool]:
     return kind, variant, bool(plus)
 
 
-SDPA_VARIANTS = {"math": "MATH", "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-
-
-@contextlib.contextmanager
-def _variant(variant: str):
-    """eager: InLine without the fused kernels; math: SDPA's explicit N x N softmax; flash /
-    cudnn: SDPA held to that backend."""
-    with contextlib.ExitStack() as stack:
-        if variant == "eager":
-            stack.enter_context(use_impl("eager"))
-        elif variant in SDPA_VARIANTS:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            stack.enter_context(sdpa_kernel(getattr(SDPBackend, SDPA_VARIANTS[variant])))
-        yield
-
-
 def layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dtype] = None):
     """One timed call of an attention layer on ``x: [B, N, C]`` over the grid ``feat``: a closure that
-    runs the forward (``mode="fwd"``, no grad) or the forward and backward, under ``variant`` and ``amp``."""
+    runs the forward (``mode="fwd"``, no grad) or the forward and backward, under ``variant`` and ``amp``.
+
+    Variants: eager: InLine without the fused kernels; math: SDPA's explicit N x N softmax; flash /
+    cudnn: SDPA held to that backend."""
 
     def ctx():
-        stack = contextlib.ExitStack()
-        stack.enter_context(_variant(variant))
-        if amp is not None:
-            stack.enter_context(torch.autocast(x.device.type, dtype=amp))
-        return stack
+        impl = "eager" if variant == "eager" else None
+        return run_context(x.device.type, impl=impl, sdpa=variant or None, amp=amp)
 
     if mode == "fwd":
 
@@ -130,6 +96,125 @@ def layer_step(module, x, feat, mode, variant: str = "", amp: Optional[torch.dty
         out.backward(g.to(out.dtype))
 
     return step
+
+
+def _plan_kinds(
+    sizes: Sequence[int], kinds: Sequence[str], compile: bool, modes: Sequence[str], dim: int, heads: int
+) -> dict[str, tuple[str, str, bool]]:
+    """Check a sweep's arguments -> kind -> :func:`parse_layer_kind` of it (with ``+compile`` where
+    ``compile`` asks for it), in the order given."""
+    kinds = [k if not compile or k.endswith("+compile") else f"{k}+compile" for k in kinds]
+    parsed = {k: parse_layer_kind(k) for k in kinds}
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r}: expected one of {MODES}")
+    for s in sizes:
+        if int(s) <= 0:
+            raise ValueError(f"grid sizes must be positive, got {s}")
+    if dim <= 0 or heads <= 0 or dim % heads:
+        raise ValueError(f"dim={dim} must be a positive multiple of heads={heads}")
+    return parsed
+
+
+@dataclass(frozen=True)
+class _LayerSweep:
+    """What every grid of a ``bench_attention`` sweep shares."""
+
+    kinds: dict  # kind -> parse_layer_kind(kind): (attention kind, variant, compiled)
+    modes: Sequence[str]
+    dim: int
+    heads: int
+    device: torch.device
+    dtype: torch.dtype
+    amp: Optional[torch.dtype]
+    compile_mode: str
+
+    def cases(self, side: int, batch: int) -> tuple[dict, dict, dict]:
+        """Build every layer kind for the grid ``side x side`` -> (steps, failures, forward FLOPs per kind);
+        steps and failures are keyed by (kind, mode)."""
+        n, feat = side * side, (side, side)
+        steps, failures, flops_fwd = {}, {}, {}
+        for kind, (base, variant, compiled) in self.kinds.items():
+            try:
+                module = build_attention(base, self.dim, self.heads).to(self.device, self.dtype)
+                if compiled:
+                    module = compile_module(module, self.compile_mode)
+                x = torch.randn(
+                    batch, n, self.dim, device=self.device, dtype=self.dtype, requires_grad="fwd+bwd" in self.modes
+                )
+            except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
+                failures.update({(kind, mode): _failure(err) for mode in self.modes})
+                continue
+            module.eval()  # no dropout in these layers: eval and train compute the same
+            if base in ANALYTIC_KINDS:
+                flops_fwd[kind] = attention_layer_flops(base, batch, n, self.dim, self.heads)
+            else:
+                flops_fwd[kind] = counted_layer_flops(module, x.detach(), feat)
+            for mode in self.modes:
+                steps[(kind, mode)] = layer_step(module, x, feat, mode, variant, self.amp)
+        return steps, failures, flops_fwd
+
+    def row(self, side: int, batch: int, kind: str, mode: str, m: Measured, flops_fwd: float, rate: float) -> dict:
+        """The result row of one case; ``flops_fwd``: its forward FLOPs, ``rate``: the matmul FLOP/s."""
+        flops = flops_fwd * (1 if mode == "fwd" else 3)
+        return {
+            "grid": f"{side}x{side}",
+            "side": side,
+            "tokens": side * side,
+            "batch": batch,
+            "dim": self.dim,
+            "heads": self.heads,
+            "dtype": dtype_name(self.dtype),
+            "kind": kind,
+            "mode": mode,
+            "series": f"{kind} {mode}",
+            "median_ms": m.median * 1e3,
+            "min_ms": m.minimum * 1e3,
+            "repeats": m.repeats,
+            "gflop": flops / 1e9,
+            "achieved_gflops": flops / m.median / 1e9,
+            "pct_of_matmul": 100 * flops / m.median / rate,
+            "floor_ms": flops / rate * 1e3,
+            "peak_mib": m.peak / 2**20,
+            "status": m.status,
+        }
+
+    def measure(self, side: int, batch: int, rate: float, timing: PointTiming) -> tuple[list[dict], Optional[str]]:
+        """Time every case of one grid -> (its rows, why not graphed)."""
+        steps, failures, flops_fwd = self.cases(side, batch)
+        compiled = tuple(key for key in steps if self.kinds[key[0]][2])
+        _, measured, why_not = measure_point(steps, failures, timing, device=self.device, compiled=compiled)
+        rows = [
+            self.row(side, batch, kind, mode, measured[(kind, mode)], flops_fwd.get(kind, math.nan), rate)
+            for kind in self.kinds
+            for mode in self.modes
+        ]
+        return rows, why_not
+
+
+def _add_softmax_speedups(rows: list[dict], kinds: Sequence[str]) -> None:
+    """``speedup_vs_softmax``: softmax time / this layer's time, same grid and mode, within one run."""
+    for r in rows:
+        # the fused-SDPA softmax layer, compiled when this row's layer is compiled (if timed)
+        ref_kind = "softmax+compile" if r["kind"].endswith("+compile") and "softmax+compile" in kinds else "softmax"
+        ref = next(
+            (q for q in rows if q["kind"] == ref_kind and q["grid"] == r["grid"] and q["mode"] == r["mode"]), None
+        )
+        r["speedup_vs_softmax"] = ref["median_ms"] / r["median_ms"] if ref else math.nan
+
+
+def _measure_grids(
+    sweep: _LayerSweep, sizes: Sequence[int], batch: Optional[int], token_budget: int, rate: float, timing: PointTiming
+) -> tuple[list[dict], Optional[str]]:
+    """Every grid of the sweep in turn -> (rows with their speedups over softmax, why the last grid's
+    steps were not graphed). The batch holds ``token_budget`` tokens unless ``batch`` is fixed."""
+    rows, why_not = [], None
+    for s in sizes:
+        b = batch if batch is not None else max(1, token_budget // (s * s))
+        grid_rows, why_not = sweep.measure(s, b, rate, timing)
+        rows += grid_rows
+    _add_softmax_speedups(rows, list(sweep.kinds))
+    return rows, why_not
 
 
 def bench_attention(
@@ -174,101 +259,15 @@ def bench_attention(
             ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
             ungraphed and ``meta["why_not_graphed"]`` says why.
     """
-    amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if amp not in amp_dtype:
-        raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
+    autocast = amp_dtype(amp)
     compile_mode = compile_mode_for(compile_mode, cuda_graphs)
-    why_not = None
-    kinds = [k if not compile or k.endswith("+compile") else f"{k}+compile" for k in kinds]
-    parsed = {k: parse_layer_kind(k) for k in kinds}
-    for m in modes:
-        if m not in MODES:
-            raise ValueError(f"unknown mode {m!r}: expected one of {MODES}")
-    for s in sizes:
-        if int(s) <= 0:
-            raise ValueError(f"grid sizes must be positive, got {s}")
-    if dim <= 0 or heads <= 0 or dim % heads:
-        raise ValueError(f"dim={dim} must be a positive multiple of heads={heads}")
-    dt = _dtype(dtype)
-    dev = torch.device(device)
+    parsed = _plan_kinds(sizes, kinds, compile, modes, dim, heads)
+    dt, dev = resolve_dtype(dtype), torch.device(device)
+    sweep = _LayerSweep(parsed, modes, dim, heads, dev, dt, autocast, compile_mode)
+    timing = PointTiming(warmup, repeats, budget_s, memory, cuda_graphs)
     torch.manual_seed(seed)
-    rate = measure_matmul_rate(dtype=amp_dtype[amp] or dt, device=dev)
-    rows = []
-    for s in sizes:
-        n = s * s
-        b = batch if batch is not None else max(1, token_budget // n)
-        feat = (s, s)
-        cases, meta, flops_fwd = {}, {}, {}
-        for kind in kinds:
-            base, variant, compiled = parsed[kind]
-            try:
-                module = build_attention(base, dim, heads).to(dev, dt)
-                if compiled:
-                    module = compile_module(module, compile_mode)
-                x = torch.randn(b, n, dim, device=dev, dtype=dt, requires_grad="fwd+bwd" in modes)
-            except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
-                for mode in modes:
-                    meta[(kind, mode)] = _failure(err)
-                continue
-            module.eval()  # no dropout in these layers: eval and train compute the same
-            if base in ANALYTIC_KINDS:
-                flops_fwd[kind] = attention_layer_flops(base, b, n, dim, heads)
-            else:
-                flops_fwd[kind] = counted_layer_flops(module, x.detach(), feat)
-            for mode in modes:
-                cases[(kind, mode)] = layer_step(module, x, feat, mode, variant, amp_dtype[amp])
-        if cuda_graphs:
-            compiled_cases = tuple(key for key in cases if parsed[key[0]][2])
-            cases, why_not = graph_steps(cases, dev, skip=compiled_cases)
-        timings = time_interleaved(
-            {f"{k}|{m}": fn for (k, m), fn in cases.items()},
-            warmup=warmup,
-            repeats=repeats,
-            budget_s=budget_s,
-            device=dev,
-        )
-        for kind in kinds:
-            for mode in modes:
-                t = timings.get(f"{kind}|{mode}")
-                status = meta.get((kind, mode)) or (t.status if t else "error")
-                flops = flops_fwd.get(kind, math.nan) * (1 if mode == "fwd" else 3)
-                med = t.median if t is not None else math.nan
-                peak = math.nan
-                if memory and t is not None and t.ok:
-                    peak, mstatus = peak_memory(cases[(kind, mode)], dev)
-                    if mstatus != "ok":
-                        status = mstatus
-                rows.append(
-                    {
-                        "grid": f"{s}x{s}",
-                        "side": s,
-                        "tokens": n,
-                        "batch": b,
-                        "dim": dim,
-                        "heads": heads,
-                        "dtype": str(dt).replace("torch.", ""),
-                        "kind": kind,
-                        "mode": mode,
-                        "series": f"{kind} {mode}",
-                        "median_ms": med * 1e3,
-                        "min_ms": (t.minimum if t is not None else math.nan) * 1e3,
-                        "repeats": len(t.times) if t is not None else 0,
-                        "gflop": flops / 1e9,
-                        "achieved_gflops": flops / med / 1e9,
-                        "pct_of_matmul": 100 * flops / med / rate,
-                        "floor_ms": flops / rate * 1e3,
-                        "peak_mib": peak / 2**20,
-                        "status": status,
-                    }
-                )
-    # ratios within one run: softmax time / this layer's time, same grid and mode
-    for r in rows:
-        # the fused-SDPA softmax layer, compiled when this row's layer is compiled (if timed)
-        ref_kind = "softmax+compile" if r["kind"].endswith("+compile") and "softmax+compile" in kinds else "softmax"
-        ref = next(
-            (q for q in rows if q["kind"] == ref_kind and q["grid"] == r["grid"] and q["mode"] == r["mode"]), None
-        )
-        r["speedup_vs_softmax"] = ref["median_ms"] / r["median_ms"] if ref else math.nan
+    rate = measure_matmul_rate(dtype=autocast or dt, device=dev)
+    rows, why_not = _measure_grids(sweep, sizes, batch, token_budget, rate, timing)
     return {
         "meta": {
             "bench": "attention",
@@ -277,7 +276,7 @@ def bench_attention(
             "heads": heads,
             "token_budget": None if batch is not None else token_budget,
             "batch": batch,
-            "dtype": str(dt).replace("torch.", ""),
+            "dtype": dtype_name(dt),
             "warmup": warmup,
             "repeats": repeats,
             "budget_s": budget_s,

@@ -9,7 +9,6 @@ and its status instead of stopping the sweep. The presets reproduce the paper's 
 from __future__ import annotations
 
 import ast
-import contextlib
 import gc
 import math
 from dataclasses import dataclass, field
@@ -19,13 +18,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import _dtype
 from ..compile import compile_module
-from ..cuda_graphs import compile_mode_for, graph_steps
+from ..cuda_graphs import compile_mode_for
 from ..models.swin import SOFTMAX_WINDOW_DIVISOR
-from ..ops import use_impl
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
-from .timing import _failure, measure_matmul_rate, peak_memory, time_interleaved
+from .sweep import Measured, PointTiming, amp_dtype, dtype_name, measure_point, resolve_dtype, run_context
+from .timing import _failure, measure_matmul_rate
 
 __all__ = [
     "BREAKDOWN_COLUMNS",
@@ -169,17 +167,11 @@ def _step(
     impl: Optional[str] = None,
     amp: Optional[torch.dtype] = None,
 ):
-    def ctx():
-        stack = contextlib.ExitStack()
-        if impl is not None:
-            stack.enter_context(use_impl(impl))
-        if sdpa == "math":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+    """One timed step of ``model`` on the images ``x``: inference (no grad), or forward,
+    cross-entropy and backward (``mode="train"``), under ``impl``, ``sdpa`` and ``amp``."""
 
-            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        if amp is not None:
-            stack.enter_context(torch.autocast(x.device.type, dtype=amp))
-        return stack
+    def ctx():
+        return run_context(x.device.type, impl=impl, sdpa=sdpa, amp=amp)
 
     if mode == "infer":
 
@@ -203,6 +195,136 @@ def _macs(model: nn.Module, res: int, in_chans: int) -> float:
     from ..models.profile import profile
 
     return profile(model, (in_chans, res, res)).gmacs
+
+
+def _check_run(mode: str, sdpa: Optional[str], batch: int) -> None:
+    if mode not in ("infer", "train"):
+        raise ValueError(f"unknown mode {mode!r}: expected infer or train")
+    if sdpa not in (None, "math"):
+        raise ValueError(f"unknown sdpa {sdpa!r}: expected None or 'math'")
+    if batch <= 0:
+        raise ValueError(f"batch must be positive, got {batch}")
+
+
+def _by_point(cases: Sequence[ModelCase]) -> dict:
+    """Sweep value (``x``, else the resolution) -> its cases, in the order given: each is timed together."""
+    points = {}
+    for c in cases:
+        points.setdefault(c.x if c.x is not None else c.resolution, []).append(c)
+    return points
+
+
+def _keyed(group: Sequence[ModelCase]) -> list[tuple[str, ModelCase]]:
+    """The cases of one sweep point with their keys (``"i:label"``: labels may repeat)."""
+    return [(f"{i}:{c.label}", c) for i, c in enumerate(group)]
+
+
+def _add_breakdown(row: dict, step: Callable[[], None]) -> None:
+    """Profiled ms per operator category of ``step`` and the attention core's share, into ``row``."""
+    bd = profile_breakdown(step)
+    row.update({f"bd_{c.replace(' ', '_')}": ms for c, ms in bd.items()})
+    row["core_share"] = 100 * bd["attention core"] / max(sum(bd.values()), 1e-9)
+
+
+def _add_baseline_ratios(rows: list[dict], base: Optional[str]) -> None:
+    """Speedup and memory ratio over the ``base`` label at the same x, and (after a breakdown) ``bound``:
+    the baseline's latency over this case's latency without its attention core."""
+    for r in rows:
+        ref = next((q for q in rows if q["label"] == base and q["x"] == r["x"]), None)
+        r["speedup"] = r["throughput"] / ref["throughput"] if ref else math.nan
+        r["memory_ratio"] = r["peak_mib"] / ref["peak_mib"] if ref else math.nan
+        if "core_share" in r:
+            rest = r["latency_ms"] * (1 - r["core_share"] / 100)
+            r["bound"] = ref["latency_ms"] / rest if ref and rest > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class _ModelSweep:
+    """What every sweep point of a ``bench_models`` run shares."""
+
+    batch: int
+    in_chans: int
+    mode: str
+    device: torch.device
+    dtype: torch.dtype
+    amp: Optional[torch.dtype]
+    sdpa: Optional[str]
+    channels_last: bool
+    compile_mode: str
+    macs: bool
+    seed: int
+
+    def build(self, case: ModelCase) -> tuple[nn.Module, Callable[[], None], float]:
+        """The model of ``case`` on the device -> (model, its timed step, GMACs per image or nan)."""
+        torch.manual_seed(self.seed)
+        model = case.build().to(self.device, self.dtype)
+        model.train(self.mode == "train")
+        x = torch.randn(
+            self.batch, self.in_chans, case.resolution, case.resolution, device=self.device, dtype=self.dtype
+        )
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        runner = compile_module(model, self.compile_mode) if case.compile else model
+        step = _step(runner, x, self.mode, case.overrides.get("sdpa", self.sdpa), impl=case.impl, amp=self.amp)
+        gmacs = math.nan
+        if self.macs:
+            try:
+                gmacs = _macs(model, case.resolution, self.in_chans)
+            except Exception:  # noqa: BLE001 - MACs are extra information
+                gmacs = math.nan
+            model.train(self.mode == "train")
+        return model, step, gmacs
+
+    def cases(self, group: Sequence[ModelCase]) -> tuple[list[nn.Module], dict, dict, dict]:
+        """Build one point's cases -> (models, steps, failures, GMACs), keyed ``"i:label"``."""
+        models, steps, failures, gmacs = [], {}, {}, {}
+        for key, case in _keyed(group):
+            try:
+                model, steps[key], gmacs[key] = self.build(case)
+                models.append(model)
+            except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
+                failures[key] = _failure(err)
+        return models, steps, failures, gmacs
+
+    def row(self, x, case: ModelCase, m: Measured, gmacs: float, rate: float) -> dict:
+        """The result row of ``case`` at sweep value ``x``; ``rate``: the matmul FLOP/s."""
+        row = {
+            "x": x,
+            "label": case.label,
+            "model": case.name if isinstance(case.name, str) else getattr(case.name, "__name__", "factory"),
+            "overrides": dict(case.overrides),
+            "resolution": case.resolution,
+            "batch": self.batch,
+            "dtype": dtype_name(self.dtype),
+            "mode": self.mode,
+            "latency_ms": m.median * 1e3,
+            "throughput": self.batch / m.median,
+            "min_latency_ms": m.minimum * 1e3,
+            "repeats": m.repeats,
+            "gmacs": gmacs,
+            "peak_mib": m.peak / 2**20,
+            "status": m.status,
+        }
+        # forward MACs x 2 FLOPs; a training step counts forward + backward as 3 forwards
+        row["gflops"] = row["gmacs"] * 2 * (3 if self.mode == "train" else 1) * row["throughput"]
+        row["pct_matmul"] = 100 * row["gflops"] * 1e9 / rate
+        return row
+
+    def measure(self, x, group: Sequence[ModelCase], rate: float, timing: PointTiming, breakdown: bool):
+        """Time the cases of the sweep point ``x`` -> (their rows, why not graphed); ``breakdown``:
+        profile each timed step."""
+        models, steps, failures, gmacs = self.cases(group)
+        compiled = tuple(key for key, c in _keyed(group) if c.compile)
+        steps, measured, why_not = measure_point(steps, failures, timing, device=self.device, compiled=compiled)
+        rows = []
+        for key, c in _keyed(group):
+            rows.append(self.row(x, c, measured[key], gmacs.get(key, math.nan), rate))
+            if breakdown and measured[key].timed:
+                _add_breakdown(rows[-1], steps[key])
+        del models, steps
+        gc.collect()
+        return rows, why_not
 
 
 def bench_models(
@@ -250,103 +372,25 @@ def bench_models(
             ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
             ungraphed and ``meta["why_not_graphed"]`` says why.
     """
-    amp_dtype = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if amp not in amp_dtype:
-        raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
-    if mode not in ("infer", "train"):
-        raise ValueError(f"unknown mode {mode!r}: expected infer or train")
-    if sdpa not in (None, "math"):
-        raise ValueError(f"unknown sdpa {sdpa!r}: expected None or 'math'")
-    if batch <= 0:
-        raise ValueError(f"batch must be positive, got {batch}")
+    autocast = amp_dtype(amp)
+    _check_run(mode, sdpa, batch)
     compile_mode = compile_mode_for(compile_mode, cuda_graphs)
-    why_not = None
-    dt = _dtype(dtype)
-    dev = torch.device(device)
-    labels = list(dict.fromkeys(c.label for c in cases))
-    base = baseline or (labels[0] if labels else None)
+    dt, dev = resolve_dtype(dtype), torch.device(device)
+    sweep = _ModelSweep(batch, in_chans, mode, dev, dt, autocast, sdpa, channels_last, compile_mode, macs, seed)
+    timing = PointTiming(warmup, repeats, budget_s, memory, cuda_graphs)
+    base = baseline or next((c.label for c in cases), None)
     # achieved GFLOP/s against a large matmul measured in the same run: how far from the floor
     rate = measure_matmul_rate(dtype=dt, device=dev) if macs else math.nan
-    rows = []
-    points = list(dict.fromkeys((c.x if c.x is not None else c.resolution) for c in cases))
-    for pt in points:
-        group = [c for c in cases if (c.x if c.x is not None else c.resolution) == pt]
-        steps, status, gmacs = {}, {}, {}
-        models = []
-        for i, c in enumerate(group):
-            key = f"{i}:{c.label}"
-            try:
-                torch.manual_seed(seed)
-                model = c.build().to(dev, dt)
-                model.train(mode == "train")
-                x = torch.randn(batch, in_chans, c.resolution, c.resolution, device=dev, dtype=dt)
-                if channels_last:
-                    model = model.to(memory_format=torch.channels_last)
-                    x = x.contiguous(memory_format=torch.channels_last)
-                runner = compile_module(model, compile_mode) if c.compile else model
-                steps[key] = _step(runner, x, mode, c.overrides.get("sdpa", sdpa), impl=c.impl, amp=amp_dtype[amp])
-                models.append(model)
-                if macs:
-                    try:
-                        gmacs[key] = _macs(model, c.resolution, in_chans)
-                    except Exception:  # noqa: BLE001 - MACs are extra information
-                        gmacs[key] = math.nan
-                    model.train(mode == "train")
-            except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
-                status[key] = _failure(err)
-        if cuda_graphs:
-            compiled_keys = tuple(f"{i}:{c.label}" for i, c in enumerate(group) if c.compile)
-            steps, why_not = graph_steps(steps, dev, skip=compiled_keys)
-        timings = time_interleaved(steps, warmup=warmup, repeats=repeats, budget_s=budget_s, device=dev)
-        for i, c in enumerate(group):
-            key = f"{i}:{c.label}"
-            t = timings.get(key)
-            st = status.get(key) or t.status
-            med = t.median if t is not None else math.nan
-            peak = math.nan
-            if memory and t is not None and t.ok:
-                peak, mst = peak_memory(steps[key], dev)
-                st = st if mst == "ok" else mst
-            rows.append(
-                {
-                    "x": pt,
-                    "label": c.label,
-                    "model": c.name if isinstance(c.name, str) else getattr(c.name, "__name__", "factory"),
-                    "overrides": dict(c.overrides),
-                    "resolution": c.resolution,
-                    "batch": batch,
-                    "dtype": str(dt).replace("torch.", ""),
-                    "mode": mode,
-                    "latency_ms": med * 1e3,
-                    "throughput": batch / med,
-                    "min_latency_ms": (t.minimum if t is not None else math.nan) * 1e3,
-                    "repeats": len(t.times) if t is not None else 0,
-                    "gmacs": gmacs.get(key, math.nan),
-                    "peak_mib": peak / 2**20,
-                    "status": st,
-                }
-            )
-            # forward MACs x 2 FLOPs; a training step counts forward + backward as 3 forwards
-            rows[-1]["gflops"] = rows[-1]["gmacs"] * 2 * (3 if mode == "train" else 1) * rows[-1]["throughput"]
-            rows[-1]["pct_matmul"] = 100 * rows[-1]["gflops"] * 1e9 / rate
-            if breakdown and t is not None and t.ok:
-                bd = profile_breakdown(steps[key])
-                rows[-1].update({f"bd_{c.replace(' ', '_')}": ms for c, ms in bd.items()})
-                rows[-1]["core_share"] = 100 * bd["attention core"] / max(sum(bd.values()), 1e-9)
-        del models, steps
-        gc.collect()
-    for r in rows:
-        ref = next((q for q in rows if q["label"] == base and q["x"] == r["x"]), None)
-        r["speedup"] = r["throughput"] / ref["throughput"] if ref else math.nan
-        r["memory_ratio"] = r["peak_mib"] / ref["peak_mib"] if ref else math.nan
-        if "core_share" in r:
-            rest = r["latency_ms"] * (1 - r["core_share"] / 100)
-            r["bound"] = ref["latency_ms"] / rest if ref and rest > 0 else math.nan
+    rows, why_not = [], None
+    for pt, group in _by_point(cases).items():
+        point_rows, why_not = sweep.measure(pt, group, rate, timing, breakdown)
+        rows += point_rows
+    _add_baseline_ratios(rows, base)
     return {
         "meta": {
             "bench": "model",
             "batch": batch,
-            "dtype": str(dt).replace("torch.", ""),
+            "dtype": dtype_name(dt),
             "mode": mode,
             "warmup": warmup,
             "repeats": repeats,
