@@ -43,22 +43,24 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
 
 
-def _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend):
+def _kernels(backend: str):
+    """The (forward, backward) kernels of ``backend``; Triton's are imported only when chosen."""
     _check_backend(backend)
     if backend == "cpu":
-        return cpu_kernel.cpu_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
-    from .triton import inline_forward_triton
+        return cpu_kernel.cpu_forward, cpu_kernel.cpu_backward
+    from .triton import inline_backward_triton, inline_forward_triton
 
-    return inline_forward_triton(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
+    return inline_forward_triton, inline_backward_triton
+
+
+def _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend):
+    forward, _ = _kernels(backend)
+    return forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
 
 
 def _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens, backend):
-    _check_backend(backend)
-    if backend == "cpu":
-        return cpu_kernel.cpu_backward(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
-    from .triton import inline_backward_triton
-
-    return inline_backward_triton(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
+    _, backward = _kernels(backend)
+    return backward(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
 
 
 @torch.library.custom_op("inline_attn::inline_forward", mutates_args=())

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -177,8 +178,9 @@ def _split(device: torch.device, pairs: int, n: int, block_n: int) -> int:
     return max(1, min(blocks, -(-target // pairs)))
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The (batch, token, channel) strides of each of ``tensors`` in turn: the kernels' stride arguments."""
+    return tuple(s for t in tensors for s in (t.stride(0), t.stride(1), t.stride(2)))
 
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
@@ -208,6 +210,62 @@ def _meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -> dict:
     return dict(D=d, BD=_block_d(d), BLOCK_N=block_n, HAS_RES=has_res, PREC=_precision(q.dtype), num_warps=warps)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one forward or backward of the layer core is launched (host arithmetic only: no
+    synchronisation, so a CUDA graph can capture it).
+
+    pairs: (sample, head) programs; meta: the kernels' compile-time arguments (:func:`_meta`);
+    chunks, chunk: the reduction's token chunks per pair and their length (1 chunk = the fused
+    launch); rows: rows per token-pass program of the split launch; geometry: (N, C, H, W, prefix
+    tokens, heads), the token grid's arguments of the fused and token-pass kernels.
+    """
+
+    pairs: int
+    meta: dict
+    chunks: int
+    chunk: int
+    rows: int
+    geometry: tuple[int, int, int, int, int, int]
+
+    @property
+    def fused(self) -> bool:
+        return self.chunks == 1
+
+    @property
+    def rows_grid(self) -> tuple[int, int]:
+        """The token pass's grid: (pairs, row blocks of ``rows`` tokens)."""
+        return self.pairs, -(-self.geometry[0] // self.rows)
+
+    @property
+    def reduce_meta(self) -> dict:
+        """The meta-parameters of the split launch's partial-sum finalizers (no tiles: one program a pair)."""
+        return dict(D=self.meta["D"], BD=self.meta["BD"], num_warps=self.meta["num_warps"])
+
+
+def _plan(q: torch.Tensor, num_heads: int, h: int, w: int, p: int, split: int | None, has_res: bool) -> _Plan:
+    """The launch plan for q [B, N, C] (B, N > 0): the tuned tiling, then the chunks (``split``
+    forces their number, None chooses from the device size)."""
+    b, n, c = q.shape
+    pairs = b * num_heads
+    meta = _meta(q, n, c // num_heads, num_heads, has_res)
+    chunks, chunk = _launch_shape(q, pairs, n, split, meta["BLOCK_N"])
+    rows = _rows_per_program(q, pairs, n, meta["BLOCK_N"])
+    return _Plan(pairs, meta, chunks, chunk, rows, (n, c, h, w, p, num_heads))
+
+
+def _residual_arg(w9: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """The residual's taps as the kernels read them (contiguous), or a placeholder pointer that
+    the kernels never read when there is no residual (HAS_RES=False)."""
+    return w9.contiguous() if w9 is not None else placeholder
+
+
+def _workspace(pairs: int, *shape: int, like: torch.Tensor) -> torch.Tensor:
+    """An fp32 scratch buffer [pairs, *shape] for the split launch's partial sums (shape from the
+    launch plan alone, never from data: capture-safe)."""
+    return torch.empty((pairs, *shape), device=like.device, dtype=torch.float32)
+
+
 def inline_forward_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -228,93 +286,37 @@ def inline_forward_triton(
     mod = load_kernels(q.device)
     b, n, c = q.shape
     out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
-    if b == 0 or n == 0:
-        return out.to(q.dtype)
-    has_res = w9 is not None
-    w9_arg = w9.contiguous() if has_res else out  # a placeholder pointer when there is no residual
-    pairs = b * num_heads
-    meta = _meta(q, n, c // num_heads, num_heads, has_res)
-    bd = meta["BD"]
-    chunks, chunk = _launch_shape(q, pairs, n, split, meta["BLOCK_N"])
-    if chunks == 1:
-        _launch(
-            mod.inline_fwd_fused,
-            (pairs,),
-            q,
-            k,
-            v,
-            w9_arg,
-            out,
-            *_strides(q),
-            *_strides(k),
-            *_strides(v),
-            n,
-            c,
-            h,
-            w,
-            p,
-            num_heads,
-            float(scale),
-            **meta,
-        )
-        return out.to(q.dtype)
-    ws = torch.empty((pairs, chunks, bd * bd + 2 * bd), device=q.device, dtype=torch.float32)
-    fin = torch.empty((pairs, bd * bd + bd), device=q.device, dtype=torch.float32)
+    if b > 0 and n > 0:
+        plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
+        w9_arg = _residual_arg(w9, out)
+        if plan.fused:
+            args = (q, k, v, w9_arg, out, *_strides(q, k, v), *plan.geometry, float(scale))
+            _launch(mod.inline_fwd_fused, (plan.pairs,), *args, **plan.meta)
+        else:
+            _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
+    return out.to(q.dtype)
+
+
+def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
+    """The forward in three launches, for (sample, head) pairs too few to fill the device: each
+    token chunk's partial sums (k_bar, v_bar and K^T V of Eq. 5), their finalization into each
+    head's M and v_bar, then the token pass O = Q M + v_bar + R(V, w) over row blocks."""
+    n, num_heads, bd, meta = plan.geometry[0], plan.geometry[5], plan.meta["BD"], plan.meta
+    ws = _workspace(plan.pairs, plan.chunks, bd * bd + 2 * bd, like=q)
+    fin = _workspace(plan.pairs, bd * bd + bd, like=q)
+    partial_args = (k, v, ws, *_strides(k, v), n, num_heads, plan.chunk)
     _launch(
         mod.inline_fwd_partial,
-        (pairs, chunks),
-        k,
-        v,
-        ws,
-        *_strides(k),
-        *_strides(v),
-        n,
-        num_heads,
-        chunk,
-        D=meta["D"],
-        BD=bd,
+        (plan.pairs, plan.chunks),
+        *partial_args,
         BLOCK_N=meta["BLOCK_N"],
         PREC=meta["PREC"],
-        num_warps=meta["num_warps"],
+        **plan.reduce_meta,
     )
-    _launch(
-        mod.inline_fwd_finalize,
-        (pairs,),
-        v,
-        ws,
-        fin,
-        v.stride(0),
-        v.stride(2),
-        n,
-        chunk,
-        chunks,
-        num_heads,
-        float(scale),
-        D=meta["D"],
-        BD=bd,
-        num_warps=meta["num_warps"],
-    )
-    rows = _rows_per_program(q, pairs, n, meta["BLOCK_N"])
-    _launch(
-        mod.inline_fwd_rows,
-        (pairs, -(-n // rows)),
-        q,
-        v,
-        w9_arg,
-        out,
-        fin,
-        *_strides(q),
-        *_strides(v),
-        n,
-        c,
-        h,
-        w,
-        p,
-        num_heads,
-        rows,
-        **meta,
-    )
-    return out.to(q.dtype)
+    finalize_args = (v, ws, fin, v.stride(0), v.stride(2), n, plan.chunk, plan.chunks, num_heads, float(scale))
+    _launch(mod.inline_fwd_finalize, (plan.pairs,), *finalize_args, **plan.reduce_meta)
+    rows_args = (q, v, w9_arg, out, fin, *_strides(q, v), *plan.geometry, plan.rows)
+    _launch(mod.inline_fwd_rows, plan.rows_grid, *rows_args, **meta)
 
 
 def inline_backward_triton(
@@ -337,9 +339,9 @@ def inline_backward_triton(
     """
     mod = load_kernels(q.device)
     b, n, c = q.shape
+    has_res = w9 is not None
     dt = _out_dtype(q)
     dq, dk, dv = (torch.empty((b, n, c), device=q.device, dtype=dt) for _ in range(3))
-    has_res = w9 is not None
     # every (sample, head) program writes all nine taps of its channels: no fill needed
     dw = torch.empty(
         (b, 9, c) if has_res else (0,),
@@ -347,111 +349,34 @@ def inline_backward_triton(
         dtype=torch.float32 if interpreting() or not has_res else w9.dtype,
     )
     if b > 0 and n > 0:
-        w9_arg = w9.contiguous() if has_res else dq
-        dw_arg = dw if has_res else dq
-        pairs = b * num_heads
-        meta = _meta(q, n, c // num_heads, num_heads, has_res)
-        bd = meta["BD"]
-        chunks, chunk = _launch_shape(q, pairs, n, split, meta["BLOCK_N"])
-        if chunks == 1:
-            _launch(
-                mod.inline_bwd_fused,
-                (pairs,),
-                q,
-                k,
-                v,
-                w9_arg,
-                grad,
-                dq,
-                dk,
-                dv,
-                dw_arg,
-                *_strides(q),
-                *_strides(k),
-                *_strides(v),
-                *_strides(grad),
-                n,
-                c,
-                h,
-                w,
-                p,
-                num_heads,
-                float(scale),
-                **meta,
-            )
+        plan = _plan(q, num_heads, h, w, p, split, has_res)
+        grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
+        w9_arg = _residual_arg(w9, dq)
+        if plan.fused:
+            args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), *plan.geometry, float(scale))
+            _launch(mod.inline_bwd_fused, (plan.pairs,), *args, **plan.meta)
         else:
-            ws = torch.empty((pairs, chunks, 2 * bd * bd + 19 * bd), device=q.device, dtype=torch.float32)
-            fin = torch.empty((pairs, 2 * bd * bd + 3 * bd), device=q.device, dtype=torch.float32)
-            _launch(
-                mod.inline_bwd_partial,
-                (pairs, chunks),
-                q,
-                k,
-                v,
-                grad,
-                ws,
-                *_strides(q),
-                *_strides(k),
-                *_strides(v),
-                *_strides(grad),
-                n,
-                h,
-                w,
-                p,
-                num_heads,
-                chunk,
-                **meta,
-            )
-            _launch(
-                mod.inline_bwd_finalize,
-                (pairs,),
-                k,
-                v,
-                ws,
-                fin,
-                dw_arg,
-                k.stride(0),
-                k.stride(2),
-                v.stride(0),
-                v.stride(2),
-                n,
-                c,
-                num_heads,
-                chunk,
-                chunks,
-                float(scale),
-                D=meta["D"],
-                BD=bd,
-                HAS_RES=has_res,
-                num_warps=meta["num_warps"],
-            )
-            rows = _rows_per_program(q, pairs, n, meta["BLOCK_N"])
-            _launch(
-                mod.inline_bwd_rows,
-                (pairs, -(-n // rows)),
-                k,
-                v,
-                w9_arg,
-                grad,
-                dq,
-                dk,
-                dv,
-                fin,
-                *_strides(k),
-                *_strides(v),
-                *_strides(grad),
-                n,
-                c,
-                h,
-                w,
-                p,
-                num_heads,
-                float(scale),
-                rows,
-                **meta,
-            )
+            _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
     dw = dw.to(w9.dtype) if has_res else dw.to(q.dtype)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dw
+
+
+def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale: float) -> None:
+    """The backward in three launches, for (sample, head) pairs too few to fill the device: each
+    token chunk's partial sums (of M's and dM's products, the means and the residual's dw), their
+    finalization (M, dM, dw9), then the token pass (dQ, dK, dV) over row blocks."""
+    dq, dk, dv, dw_arg = grads
+    n, c, h, w, p, num_heads = plan.geometry
+    bd, meta = plan.meta["BD"], plan.meta
+    ws = _workspace(plan.pairs, plan.chunks, 2 * bd * bd + 19 * bd, like=q)
+    fin = _workspace(plan.pairs, 2 * bd * bd + 3 * bd, like=q)
+    partial_args = (q, k, v, grad, ws, *_strides(q, k, v, grad), n, h, w, p, num_heads, plan.chunk)
+    _launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), *partial_args, **meta)
+    kv_strides = (k.stride(0), k.stride(2), v.stride(0), v.stride(2))  # batch and channel strides
+    finalize_args = (k, v, ws, fin, dw_arg, *kv_strides, n, c, num_heads, plan.chunk, plan.chunks, float(scale))
+    _launch(mod.inline_bwd_finalize, (plan.pairs,), *finalize_args, HAS_RES=meta["HAS_RES"], **plan.reduce_meta)
+    rows_args = (k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k, v, grad), *plan.geometry, float(scale), plan.rows)
+    _launch(mod.inline_bwd_rows, plan.rows_grid, *rows_args, **meta)
 
 
 def _block_b(b: int) -> int:

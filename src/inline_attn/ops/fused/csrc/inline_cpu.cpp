@@ -82,6 +82,43 @@ void centre(const T* src, int64_t ld, int64_t N, int64_t cg, const T* mean, T* d
   }
 }
 
+// The task's key and value means and its centred keys and values (row-major [N, cg]): the
+// cancellation stays out of the product, and a large value mean cannot amplify the centred keys'
+// rounding. The backward recomputes them exactly as the forward did.
+template <typename T>
+void centre_keys_values(const T* kb, int64_t ksn, const T* vb, int64_t vsn, int64_t N, int64_t cg, T* kbar,
+                        T* vbar, T* kc, T* vc) {
+  column_means(kb, ksn, N, cg, kbar);
+  column_means(vb, vsn, N, cg, vbar);
+  centre(kb, ksn, N, cg, kbar, kc);
+  centre(vb, vsn, N, cg, vbar, vc);
+}
+
+// M[a][e] = alpha * sum_n kc[n][a] vc[n][e] (row-major [d, d]) for the head whose centred keys and
+// values start at kc, vc (row stride cg). Column-major that is M^T = Vc^T Kc: A = Vc (col-major
+// d x N, lda = cg), B = Kc^T.
+template <typename T>
+inline void key_value_product(const T* kc, const T* vc, int64_t N, int64_t d, int64_t cg, T alpha, T* m) {
+  gemm('N', 'T', int(d), int(d), int(N), alpha, vc, int(cg), kc, int(cg), T(0), m, int(d));
+}
+
+// Calls f(t, m) for each neighbour of token n's grid cell (y, x) = divmod(n - p, W) inside the H x W
+// map: m = p + (y + dy) * W + (x + dx) is the neighbour's token and t = 3 * (dy + 1) + (dx + 1) its
+// tap. Neighbours off the map are skipped (the residual's zero padding). n must be a grid token.
+template <typename F>
+inline void for_each_neighbour(int64_t n, int64_t p, int64_t H, int64_t W, F&& f) {
+  const int64_t y = (n - p) / W, x = (n - p) % W;
+  for (int64_t dy = -1; dy <= 1; ++dy) {
+    const int64_t yy = y + dy;
+    if (yy < 0 || yy >= H) continue;
+    for (int64_t dx = -1; dx <= 1; ++dx) {
+      const int64_t xx = x + dx;
+      if (xx < 0 || xx >= W) continue;
+      f(3 * (dy + 1) + (dx + 1), p + yy * W + xx);
+    }
+  }
+}
+
 template <typename T>
 void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const T* w9, at::Tensor& out, int64_t heads, double scale, int64_t H,
@@ -106,36 +143,22 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       const T* vb = vp + b * vsb + c0;
       T* ob = op + b * N * C + c0;
 
-      column_means(kb, ksn, N, cg, kbar.data());
-      column_means(vb, vsn, N, cg, vbar.data());
-      // Centred keys and values (row-major [N, cg]): the cancellation stays out of the product,
-      // and a large value mean cannot amplify the centred keys' rounding.
-      centre(kb, ksn, N, cg, kbar.data(), kc.data());
-      centre(vb, vsn, N, cg, vbar.data(), vc.data());
+      centre_keys_values(kb, ksn, vb, vsn, N, cg, kbar.data(), vbar.data(), kc.data(), vc.data());
       // O = v_bar, plus the 3x3 residual on grid tokens (zero padding at the map's border).
       for (int64_t n = 0; n < N; ++n) {
         T* on = ob + n * C;
         for (int64_t a = 0; a < cg; ++a) on[a] = vbar[a];
         if (w9 == nullptr || n < p) continue;
-        const int64_t y = (n - p) / W, x = (n - p) % W;
-        for (int64_t dy = -1; dy <= 1; ++dy) {
-          const int64_t yy = y + dy;
-          if (yy < 0 || yy >= H) continue;
-          for (int64_t dx = -1; dx <= 1; ++dx) {
-            const int64_t xx = x + dx;
-            if (xx < 0 || xx >= W) continue;
-            const T* wt = w9 + (b * 9 + 3 * (dy + 1) + (dx + 1)) * C + c0;
-            const T* vn = vb + (p + yy * W + xx) * vsn;
-            for (int64_t a = 0; a < cg; ++a) on[a] += wt[a] * vn[a];
-          }
-        }
+        for_each_neighbour(n, p, H, W, [&](int64_t t, int64_t m) {
+          const T* wt = w9 + (b * 9 + t) * C + c0;
+          const T* vm = vb + m * vsn;
+          for (int64_t a = 0; a < cg; ++a) on[a] += wt[a] * vm[a];
+        });
       }
       for (int64_t i = 0; i < g; ++i) {
         const int64_t ci = i * d;
-        // M[a][e] = scale / N * sum_n kc[n][a] vc[n][e]  (row-major [d, d]).
-        // Column-major that is M^T = Vc^T Kc: A = Vc (col-major d x N, lda = cg), B = Kc^T.
-        gemm('N', 'T', int(d), int(d), int(N), alpha, vc.data() + ci, int(cg), kc.data() + ci, int(cg), T(0),
-             m.data(), int(d));
+        // M = scale / N * Kc^T Vc (row-major [d, d]).
+        key_value_product(kc.data() + ci, vc.data() + ci, N, d, cg, alpha, m.data());
         // O^T += M^T Q^T (column-major): A = M (lda = d), B = Q (ldb = qsn), C = O (ldc = C).
         gemm('N', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), qb + ci, int(qsn), T(1), ob + ci, int(C));
       }
@@ -179,44 +202,31 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       T* dkb = dkp + b * N * C + c0;
       T* dvb = dvp + b * N * C + c0;
 
-      column_means(kb, ksn, N, cg, kbar.data());
-      column_means(vb, vsn, N, cg, vbar.data());
+      centre_keys_values(kb, ksn, vb, vsn, N, cg, kbar.data(), vbar.data(), kc.data(), vc.data());
       column_means(gb, gsn, N, cg, gbar.data());
-      centre(kb, ksn, N, cg, kbar.data(), kc.data());
-      centre(vb, vsn, N, cg, vbar.data(), vc.data());
 
-      // dV = mean(G) + R^T(G, w) (the residual's transpose: V at (y, x) fed the outputs at
-      // (y - dy, x - dx) with tap (dy, dx)); dw[t] = sum over outputs of G * shifted V. Tasks of
-      // one sample share dw9's row but each owns channels [c0, c0 + cg): the += cannot race.
+      // dV = mean(G) + R^T(G, w) (the residual's transpose: V at (y, x) fed the output at its
+      // neighbour (y + dy, x + dx) through the mirrored tap 8 - t, since that output read it at
+      // (-dy, -dx)); dw[t] = sum over outputs of G * V at the output's neighbour t. Tasks of one
+      // sample share dw9's row but each owns channels [c0, c0 + cg): the += cannot race.
       for (int64_t n = 0; n < N; ++n) {
         T* dn = dvb + n * C;
         for (int64_t a = 0; a < cg; ++a) dn[a] = gbar[a];
         if (w9 == nullptr || n < p) continue;
-        const int64_t y = (n - p) / W, x = (n - p) % W;
         const T* gn = gb + n * gsn;
-        for (int64_t dy = -1; dy <= 1; ++dy) {
-          for (int64_t dx = -1; dx <= 1; ++dx) {
-            const int64_t t = 3 * (dy + 1) + (dx + 1);
-            const int64_t yo = y - dy, xo = x - dx;  // output fed by this V through tap t
-            if (yo >= 0 && yo < H && xo >= 0 && xo < W) {
-              const T* wt = w9 + (b * 9 + t) * C + c0;
-              const T* go = gb + (p + yo * W + xo) * gsn;
-              for (int64_t a = 0; a < cg; ++a) dn[a] += wt[a] * go[a];
-            }
-            const int64_t yi = y + dy, xi = x + dx;  // V read by this output through tap t
-            if (yi >= 0 && yi < H && xi >= 0 && xi < W) {
-              T* dwt = dw9 + (b * 9 + t) * C + c0;
-              const T* vi = vb + (p + yi * W + xi) * vsn;
-              for (int64_t a = 0; a < cg; ++a) dwt[a] += gn[a] * vi[a];
-            }
-          }
-        }
+        for_each_neighbour(n, p, H, W, [&](int64_t t, int64_t m) {
+          const T* wt = w9 + (b * 9 + 8 - t) * C + c0;
+          const T* gm = gb + m * gsn;
+          for (int64_t a = 0; a < cg; ++a) dn[a] += wt[a] * gm[a];
+          T* dwt = dw9 + (b * 9 + t) * C + c0;
+          const T* vm = vb + m * vsn;
+          for (int64_t a = 0; a < cg; ++a) dwt[a] += gn[a] * vm[a];
+        });
       }
       for (int64_t i = 0; i < g; ++i) {
         const int64_t ci = i * d;
-        // M (row-major [d, d]) as in the forward; dM[a][e] = sum_n q[n][a] g[n][e], same pattern.
-        gemm('N', 'T', int(d), int(d), int(N), alpha, vc.data() + ci, int(cg), kc.data() + ci, int(cg), T(0),
-             m.data(), int(d));
+        // M (row-major [d, d]) as in the forward; dM[a][e] = sum_n q[n][a] g[n][e], the same pattern.
+        key_value_product(kc.data() + ci, vc.data() + ci, N, d, cg, alpha, m.data());
         gemm('N', 'T', int(d), int(d), int(N), T(1), gb + ci, int(gsn), qb + ci, int(qsn), T(0), dm.data(),
              int(d));
         // dQ[n][a] = sum_e g[n][e] M[a][e]: column-major dQ^T = M G^T (A = stored M^T, transposed).
