@@ -341,7 +341,7 @@ def step_layer(out: pathlib.Path, quick: bool) -> dict:
 
 
 def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick: bool) -> dict:
-    from ..bench.model import MODEL_COLUMNS, ModelCase, bench_models, preset_cases
+    from ..bench.model import MODEL_COLUMNS, ModelCase, preset_cases
 
     cases, xlabel = preset_cases(preset, values)
     fused_label = {"window": "InLine-Swin-T", "resolution": "InLine-DeiT-T"}[preset]
@@ -359,18 +359,7 @@ def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick
     ]
     tables, rows = [], []
     for mode in ("infer", "train"):
-        res = bench_models(
-            cases + extra,
-            batch=batch,
-            device="cuda",
-            mode=mode,
-            amp="bf16",
-            warmup=2,
-            repeats=3 if quick else 6,
-            budget_s=5.0,
-            memory=True,
-            macs=False,
-        )
+        res = _bench_bf16(cases + extra, batch=batch, mode=mode, warmup=2, quick=quick)
         rows += res["rows"]
         tables.append(
             f"{mode}:\n"
@@ -396,6 +385,26 @@ def _models(out: pathlib.Path, name: str, preset: str, values, batch: int, quick
     return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
 
 
+def _bench_bf16(cases, *, batch: int, mode: str, warmup: int, quick: bool) -> dict:
+    """:func:`~inline_attn.bench.model.bench_models` as the model steps run it: CUDA, bf16
+    autocast, 5 s a case, peak memory, no MAC count."""
+    from ..bench.model import bench_models
+
+    repeats = 3 if quick else 6
+    return bench_models(
+        cases,
+        batch=batch,
+        device="cuda",
+        mode=mode,
+        amp="bf16",
+        warmup=warmup,
+        repeats=repeats,
+        budget_s=5.0,
+        memory=True,
+        macs=False,
+    )
+
+
 def step_window(out: pathlib.Path, quick: bool) -> dict:
     return _models(out, "window", "window", (7, 56) if quick else (7, 14, 28, 56), 64, quick)
 
@@ -405,7 +414,7 @@ def step_resolution(out: pathlib.Path, quick: bool) -> dict:
 
 
 def step_compile(out: pathlib.Path, quick: bool) -> dict:
-    from ..bench.model import MODEL_COLUMNS, ModelCase, bench_models
+    from ..bench.model import MODEL_COLUMNS, ModelCase
 
     cases = []
     for label, name, ov in (
@@ -416,18 +425,7 @@ def step_compile(out: pathlib.Path, quick: bool) -> dict:
         cases.append(ModelCase(f"{label} compiled", name, 224, label, {**ov, "compile": 1}))
     rows, tables = [], []
     for case_pair in (cases[:2], cases[2:]):
-        res = bench_models(
-            case_pair,
-            batch=64,
-            device="cuda",
-            mode="train",
-            amp="bf16",
-            warmup=3,
-            repeats=3 if quick else 6,
-            budget_s=5.0,
-            memory=True,
-            macs=False,
-        )
+        res = _bench_bf16(case_pair, batch=64, mode="train", warmup=3, quick=quick)
         rows += res["rows"]
         tables.append(_write(res, out, f"compile_{len(tables)}", MODEL_COLUMNS, None))
     return {"ok": True, "rows": rows, "table": "\n\n".join(tables)}
