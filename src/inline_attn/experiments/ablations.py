@@ -695,10 +695,11 @@ def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, p
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     kinds = sorted({p[3] for p in pts})
+    colours, markers = plt.get_cmap("tab20"), "os^Dv<>P"  # eleven kinds: more than the default 10 colours
     for ci, kind in enumerate(kinds):
         sel = [p for p in pts if p[3] == kind]
-        ax.errorbar([p[0] for p in sel], [p[1] for p in sel], yerr=[p[2] for p in sel], fmt="o", color=f"C{ci}",
-                    label=NAMES[kind], capsize=3)  # fmt: skip
+        ax.errorbar([p[0] for p in sel], [p[1] for p in sel], yerr=[p[2] for p in sel], fmt=markers[ci % len(markers)],
+                    color=colours(ci % 20), label=NAMES[kind], capsize=3)  # fmt: skip
     ax.set_xlabel("inference time (ms per image, one thread)")
     ax.set_ylabel("top-1 (%)")
     ax.set_title("Accuracy vs runtime of every setting (cf. paper Fig. 6a)")
