@@ -14,7 +14,7 @@ from inline_attn.experiments import gpu_check
 
 
 # seconds a child process gets to start before it is interrupted (margin for a loaded machine)
-START_MARGIN_S = 5.0
+START_MARGIN_S = 3.0
 
 
 def test_exits_at_once_without_cuda(capsys, tmp_path):
@@ -129,9 +129,27 @@ def test_run_interruptible_interrupts_and_keeps_what_the_run_reports_on_ctrl_c(t
         "import time\ntry:\n    time.sleep(60)\n"
         "except KeyboardInterrupt:\n    print('2 passed, 1 failed (interrupted)')"
     )
-    # the interrupt must come after the child's handler is installed: Python's start-up took over
-    # 1.5 s on a loaded 2-core machine (the first version of this test failed there), so 5 s
+    # the interrupt must come after the child's handler is installed (a margin for a loaded machine)
     assert gpu_check.run_interruptible(_child(code), log, timeout_s=START_MARGIN_S) is None
+    assert log.read_text() == "2 passed, 1 failed (interrupted)\n"
+
+
+def test_run_interruptible_interrupts_a_child_of_a_background_job(tmp_path):
+    # a shell without job control starts `make gpu-check &` with SIGINT ignored; the child must
+    # still get the interrupt as KeyboardInterrupt (it did not: the fresh-clone run of .ci/run in
+    # the background failed the test above with an empty log)
+    import signal
+
+    log = tmp_path / "log"
+    code = (
+        "import time\ntry:\n    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n    print('2 passed, 1 failed (interrupted)')"
+    )
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert gpu_check.run_interruptible(_child(code), log, timeout_s=START_MARGIN_S, grace_s=5.0) is None
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert log.read_text() == "2 passed, 1 failed (interrupted)\n"
 
 
@@ -151,7 +169,7 @@ def test_an_interrupted_pytest_run_still_reports_its_counts(tmp_path):
     (tmp_path / "test_sleepy.py").write_text("import time\ndef test_quick(): pass\ndef test_slow(): time.sleep(120)\n")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleepy.py")]
     log = tmp_path / "log"
-    # pytest must be inside test_slow when interrupted: its start-up took over 6 s under load
+    # pytest must be inside test_slow when interrupted
     assert gpu_check.run_interruptible(cmd, log, timeout_s=4 * START_MARGIN_S, cwd=tmp_path) is None
     text = log.read_text()
     assert "KeyboardInterrupt" in text and text.strip().splitlines()[-1].startswith("1 passed")

@@ -117,12 +117,27 @@ def tests_command(junit: pathlib.Path, files: list[str], quick: bool, xdist: boo
     return cmd
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_interruptible(cmd: list[str], log: pathlib.Path, timeout_s: float, grace_s: float = 30.0, **kw) -> int | None:
     """Run ``cmd`` with its output streamed to ``log``; after ``timeout_s`` interrupt it with SIGINT
     (pytest then reports the tests run so far, as after Ctrl-C) and kill it if it has not exited
     ``grace_s`` later. Returns the exit status, or None when it had to be interrupted."""
     with open(log, "w") as fh:  # streamed, so a stopped run still shows how far it got
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+        # SIGINT back to its default in the child: a shell without job control starts background
+        # jobs (`nohup make gpu-check &`) with SIGINT ignored, the child would inherit that, and
+        # Python would then never turn the interrupt into KeyboardInterrupt (pytest's counts)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+            **kw,
+        )
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
