@@ -298,7 +298,7 @@ def _injectivity_kinds(args, out: pathlib.Path) -> int:
     return 0
 
 
-def _confusion(args, out, models, images, layers, progress) -> None:
+def _confusion(args, out, models, images, layers, progress) -> list[str]:
     from ..analysis.common import ImageBatches
     from ..analysis.compare_kinds import confusion_table
     from ..analysis.confusion import DEFAULT_RTOL, confusion_counts, plot_confusion_histogram, summarize
@@ -346,52 +346,50 @@ def _kinds_of(models) -> dict:
     return {lm.label: model_kind(lm.model) for lm in models}
 
 
-def _locality(args, out, models, images, layers, progress) -> None:
+def _measure_each(name: str, args, out, models, images, measure) -> dict:
+    """``measure(model, batches, desc)`` for every model -> {label: results}; the rows go to
+    ``out/<name>.csv`` (one per result, with the model's label) and the results to ``<name>.json``."""
     from ..analysis.common import ImageBatches
-    from ..analysis.compare_kinds import locality_table
-    from ..analysis.locality import locality, plot_locality
 
     per_model, rows = {}, []
     for lm in models:
-        res = locality(
-            lm.model,
-            ImageBatches(images, lm, args.batch_size),
-            layers=layers,
-            progress=progress,
-            desc=f"locality {lm.label}",
-        )
+        res = measure(lm.model, ImageBatches(images, lm, args.batch_size), f"{name} {lm.label}")
         per_model[lm.label] = res
         rows += [{"model": lm.label, **r} for r in res]
-    _write_csv(out / "locality.csv", rows)
-    _write_meta(out / "locality.json", args, models, images=int(len(images.labels)), results=per_model)
+    _write_csv(out / f"{name}.csv", rows)
+    _write_meta(out / f"{name}.json", args, models, images=int(len(images.labels)), results=per_model)
+    return per_model
+
+
+def _locality(args, out, models, images, layers, progress) -> list[str]:
+    from ..analysis.compare_kinds import locality_table
+    from ..analysis.locality import locality, plot_locality
+
+    per_model = _measure_each(
+        "locality",
+        args,
+        out,
+        models,
+        images,
+        lambda model, batches, desc: locality(model, batches, layers=layers, progress=progress, desc=desc),
+    )
     plot_locality(per_model, out / "locality.png")
     (out / "locality.md").write_text(locality_table(per_model, _kinds_of(models)))
     return ["locality.csv", "locality.json", "locality.md", "locality.png"]
 
 
-def _masking(args, out, models, images, layers, progress) -> None:
-    from ..analysis.common import ImageBatches
+def _masking(args, out, models, images, layers, progress) -> list[str]:
     from ..analysis.compare_kinds import masking_note
     from ..analysis.masking import masked_accuracy, plot_masking
 
     for k in args.ks:
         if k < 1 or k % 2 == 0:
             raise ValueError(f"--ks: window size {k} must be an odd positive integer")
-    per_model, rows = {}, []
-    for lm in models:
-        res = masked_accuracy(
-            lm.model,
-            ImageBatches(images, lm, args.batch_size),
-            ks=args.ks,
-            layers=layers,
-            seed=args.seed,
-            progress=progress,
-            desc=f"masking {lm.label}",
-        )
-        per_model[lm.label] = res
-        rows += [{"model": lm.label, **r} for r in res]
-    _write_csv(out / "masking.csv", rows)
-    _write_meta(out / "masking.json", args, models, images=int(len(images.labels)), results=per_model)
+
+    def measure(model, batches, desc):
+        return masked_accuracy(model, batches, ks=args.ks, layers=layers, seed=args.seed, progress=progress, desc=desc)
+
+    per_model = _measure_each("masking", args, out, models, images, measure)
     (out / "masking.md").write_text(masking_table(per_model, args.ks) + masking_note(_kinds_of(models)))
     plot_masking(per_model, args.ks, out / "masking.png")
     return ["masking.csv", "masking.json", "masking.md", "masking.png"]
