@@ -39,6 +39,22 @@ def _finish(result: dict, args, columns, plot_kw: dict) -> int:
     return 0
 
 
+def _sweep_kwargs(args) -> dict:
+    """The options that bench attention and bench model share (:func:`_common`'s and
+    :func:`_compile_mode_arg`'s) as :func:`bench_attention`'s and :func:`bench_models`' arguments."""
+    return dict(
+        dtype=args.dtype,
+        device=args.device,
+        amp=args.amp,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        budget_s=args.budget,
+        memory=not args.no_memory,
+        compile_mode=args.compile_mode,
+        cuda_graphs=args.cuda_graphs,
+    )
+
+
 def _report_graphs(meta: dict) -> None:
     """One line when --cuda-graphs was asked for and the steps ran ungraphed (or some of them)."""
     if meta.get("cuda_graphs") and meta.get("why_not_graphed"):
@@ -57,16 +73,8 @@ def _run_attention(args, name: str | None = None) -> int:
         batch=args.batch,
         token_budget=args.tokens,
         modes=args.modes,
-        dtype=args.dtype,
-        device=args.device,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        budget_s=args.budget,
-        memory=not args.no_memory,
         compile=args.compile,
-        compile_mode=args.compile_mode,
-        amp=args.amp,
-        cuda_graphs=args.cuda_graphs,
+        **_sweep_kwargs(args),
     )
     args.name = name or args.name
     sides = sorted({r["side"] for r in result["rows"]})
@@ -140,21 +148,13 @@ def _cmd_model(args) -> int:
     result = bench_models(
         cases,
         batch=batch,
-        dtype=args.dtype,
-        device=args.device,
         mode=args.mode,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        budget_s=args.budget,
-        memory=not args.no_memory,
         macs=not args.no_macs,
         sdpa=args.sdpa,
         baseline=args.baseline,
-        compile_mode=args.compile_mode,
         breakdown=args.breakdown,
-        amp=args.amp,
         channels_last=args.channels_last,
-        cuda_graphs=args.cuda_graphs,
+        **_sweep_kwargs(args),
     )
     result["meta"]["preset"] = args.preset
     args.name = name

@@ -24,7 +24,7 @@ from .config import DetConfig
 from .data import StepSampler, build_det_datasets, det_collate
 from .detector import FCOS, build_detector
 from ..data.transforms import Normalize
-from .run import DenseTask, build_dense_model, load_run_checkpoint, load_weights, train_dense
+from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, train_dense
 
 __all__ = ["build_det_from_config", "evaluate_det", "load_detector", "predict_det", "train_det"]
 
@@ -52,11 +52,7 @@ def load_det_checkpoint(path) -> dict:
 
 def load_detector(path, device="cpu") -> tuple[FCOS, DetConfig]:
     """(model, config) from a ``last.pth`` written by :func:`train_det`."""
-    state = load_det_checkpoint(path)
-    cfg = DetConfig.from_dict(state["config"]).replace(**{"model.checkpoint": None, "model.pretrained": None})
-    model = build_det_from_config(cfg, int(state["num_classes"]))
-    load_weights(model, path, HEAD_KEY)
-    return model.to(device), cfg
+    return load_trained(DetTask(), path, load_det_checkpoint(path), device)
 
 
 @torch.no_grad()
@@ -118,6 +114,7 @@ class DetTask(DenseTask):
 
     kind = "detection"
     config = DetConfig
+    head_key = HEAD_KEY
     checkpoint_keys = DET_CHECKPOINT_KEYS
     csv_columns = DET_CSV
     loss_keys = ("loss", "loss_cls", "loss_box", "loss_ctr")

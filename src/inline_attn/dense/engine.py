@@ -25,7 +25,7 @@ from .data import StepSampler, build_seg_datasets, collate
 from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
-from .run import DenseTask, build_dense_model, load_run_checkpoint, load_weights, train_dense
+from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, load_weights, train_dense
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
@@ -149,11 +149,7 @@ def load_seg_checkpoint(path) -> dict:
 
 def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
     """(model, config) from a ``last.pth`` written by :func:`train_seg`."""
-    state = load_seg_checkpoint(path)
-    cfg = SegConfig.from_dict(state["config"]).replace(**{"model.checkpoint": None, "model.pretrained": None})
-    model = build_from_config(cfg, int(state["num_classes"]))
-    load_weights(model, path, HEAD_KEY)
-    return model.to(device), cfg
+    return load_trained(SegTask(), path, load_seg_checkpoint(path), device)
 
 
 class SegTask(DenseTask):
@@ -161,6 +157,7 @@ class SegTask(DenseTask):
 
     kind = "segmentation"
     config = SegConfig
+    head_key = HEAD_KEY
     checkpoint_keys = SEG_CHECKPOINT_KEYS
     csv_columns = SEG_CSV
     loss_keys = ("loss", "loss_decode", "loss_aux")

@@ -15,7 +15,7 @@ Needs the optional extra ``pip install "inline-attn[mm]"`` (mmengine 0.10.7, mms
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 try:
     from mmengine.model import BaseModule
@@ -35,25 +35,18 @@ class InLineBackbone(BaseModule):
 
     Args:
         name: registered model (``inline-attn list``).
-        out_indices, frozen_stages, norm_eval, drop_path_rate, out_norms: as DenseBackbone.
         init_cfg: ``dict(type="Pretrained", checkpoint=PATH)`` loads a classification checkpoint
-            (ours or the authors') into the backbone through :func:`inline_attn.load_checkpoint`.
-        **model_kwargs: passed to :func:`inline_attn.create_model`.
+            (ours or the authors') into the backbone through :func:`inline_attn.load_checkpoint`
+            (DenseBackbone's ``pretrained``, which is not taken here).
+        **backbone_kwargs: DenseBackbone's, with its defaults (out_indices, frozen_stages,
+            norm_eval, drop_path_rate, out_norms; the rest goes to :func:`inline_attn.create_model`).
 
     forward: images [B, 3, H, W] -> tuple of NCHW maps at strides 4, 8, 16, 32.
     """
 
-    def __init__(
-        self,
-        name: str,
-        out_indices: Sequence[int] = (0, 1, 2, 3),
-        frozen_stages: int = -1,
-        norm_eval: bool = False,
-        drop_path_rate: Optional[float] = None,
-        out_norms: Optional[bool] = None,
-        init_cfg: Optional[dict] = None,
-        **model_kwargs,
-    ):
+    def __init__(self, name: str, init_cfg: Optional[dict] = None, **backbone_kwargs):
+        if "pretrained" in backbone_kwargs:
+            raise ValueError("InLineBackbone takes its checkpoint as init_cfg=dict(type='Pretrained', checkpoint=PATH)")
         pretrained = None
         if init_cfg is not None:
             if not isinstance(init_cfg, dict) or init_cfg.get("type") != "Pretrained" or "checkpoint" not in init_cfg:
@@ -62,16 +55,7 @@ class InLineBackbone(BaseModule):
                 )
             pretrained = init_cfg["checkpoint"]
         super().__init__(init_cfg=None)  # the weights load here, not through mmengine's initialisers
-        self.inner = DenseBackbone(
-            name,
-            out_indices=out_indices,
-            frozen_stages=frozen_stages,
-            norm_eval=norm_eval,
-            drop_path_rate=drop_path_rate,
-            pretrained=pretrained,
-            out_norms=out_norms,
-            **model_kwargs,
-        )
+        self.inner = DenseBackbone(name, pretrained=pretrained, **backbone_kwargs)
         self.out_channels = self.inner.out_channels
 
     def init_weights(self) -> None:

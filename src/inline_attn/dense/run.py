@@ -46,7 +46,7 @@ from .config import RESUME_MAY_CHANGE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DenseTask", "build_dense_model", "load_run_checkpoint", "load_weights", "train_dense"]
+__all__ = ["DenseTask", "build_dense_model", "load_run_checkpoint", "load_trained", "load_weights", "train_dense"]
 
 
 def build_dense_model(cfg: TypedConfig, num_classes: int, builder: Callable, head_key: str) -> nn.Module:
@@ -112,11 +112,22 @@ def load_run_checkpoint(path, keys, kind: str) -> dict:
     return state
 
 
+def load_trained(task: "DenseTask", path, state: dict, device="cpu") -> tuple[nn.Module, TypedConfig]:
+    """(model, config) of the run that wrote ``state``, the checkpoint read from ``path``: its
+    config without the starting weights (``model.checkpoint``, ``model.pretrained``), the model
+    built for its class count, the trained weights loaded strictly, on ``device``."""
+    cfg = task.config.from_dict(state["config"]).replace(**{"model.checkpoint": None, "model.pretrained": None})
+    model = task.build_model(cfg, int(state["num_classes"]))
+    load_weights(model, path, task.head_key)
+    return model.to(device), cfg
+
+
 class DenseTask:
     """What segmentation and detection do differently; :func:`train_dense` does the rest."""
 
     kind: str  # "segmentation" | "detection" (messages)
     config: type  # the typed config class
+    head_key: str  # the classifier's weight (its rows: the classes), for mismatch messages
     checkpoint_keys: tuple  # what a checkpoint of the task holds
     csv_columns: list  # metrics.csv
     loss_keys: tuple  # the losses logged ("loss" first)

@@ -45,6 +45,40 @@ def _legend(fig, class_names: Sequence[str]) -> None:
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
 
 
+def _figure(rows: int, cols: int, width: float, margin: float):
+    """(fig, axes [rows][cols]) with matplotlib on Agg: ``width`` inches wide, 2.1 a row plus ``margin``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, cols, figsize=(width, 2.1 * rows + margin), squeeze=False)
+
+
+def _show_row(axes, pictures, names, *, titled: bool, fontsize: int) -> None:
+    """One picture a panel, without ticks; the panel names as titles on the ``titled`` (first) row."""
+    for ax, pic, name in zip(axes, pictures, names):
+        ax.imshow(pic, interpolation="nearest")
+        ax.set_xticks([]), ax.set_yticks([])
+        if titled:
+            ax.set_title(name, fontsize=fontsize)
+
+
+def _save(fig, path, title: Optional[str], *, fontsize: int, bottom: float, top: float, dpi: int) -> pathlib.Path:
+    """The optional title over ``fig`` (the panels laid out between ``bottom`` and ``top``, or the
+    full height without a title), saved as PNG at ``path``; the figure closed."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout(rect=(0, bottom, 1, top if title else 1))
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def save_predictions(
     images: torch.Tensor,
     labels: torch.Tensor,
@@ -59,81 +93,58 @@ def save_predictions(
     images: [N, 3, H, W] uint8 (or float in [0, 1]); labels, preds: [N, H, W] class indices
     (or lists of per-image tensors of different sizes).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n, k = len(images), len(class_names)
-    fig, axes = plt.subplots(n, 3, figsize=(6.3, 2.1 * n + 0.6), squeeze=False)
+    fig, axes = _figure(n, 3, 6.3, 0.6)
     for i in range(n):
-        for ax, pic, name in zip(
+        _show_row(
             axes[i],
             (_img(images[i]), colorize(labels[i], k, ignore_index), colorize(preds[i], k, ignore_index)),
             ("image", "ground truth", "prediction"),
-        ):
-            ax.imshow(pic, interpolation="nearest")
-            ax.set_xticks([]), ax.set_yticks([])
-            if i == 0:
-                ax.set_title(name, fontsize=9)
+            titled=i == 0,
+            fontsize=9,
+        )
     return _finish(fig, class_names, title, path)
 
 
 def save_mosaic_samples(dataset, path, n: int = 4, title: Optional[str] = None) -> pathlib.Path:
     """One row per mosaic of ``dataset`` (a :class:`FashionMosaics`): image, semantic labels,
     instance masks with their boxes and class names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
     names = dataset.classes
     k = len(names)
-    fig, axes = plt.subplots(n, 3, figsize=(6.3, 2.1 * n + 0.6), squeeze=False)
+    fig, axes = _figure(n, 3, 6.3, 0.6)
     for i in range(n):
         s = dataset[i]
         inst = np.zeros(s["label"].shape + (3,), np.uint8)
         pal = palette(max(len(s["masks"]) + 1, 2))
         for j, m in enumerate(s["masks"]):
             inst[m.numpy()] = pal[j + 1]
-        for ax, pic, name in zip(
-            axes[i], (_img(s["image"]), colorize(s["label"], k), inst), ("mosaic", "semantic labels", "instances")
-        ):
-            ax.imshow(pic, interpolation="nearest")
-            ax.set_xticks([]), ax.set_yticks([])
-            if i == 0:
-                ax.set_title(name, fontsize=9)
-        for box, c in zip(s["boxes"].tolist(), s["classes"].tolist()):
-            x1, y1, x2, y2 = box
-            axes[i][2].add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color="w", lw=0.8))
-            axes[i][2].text(x1, y1 - 1, names[c], color="w", fontsize=5, va="bottom")
+        _show_row(
+            axes[i],
+            (_img(s["image"]), colorize(s["label"], k), inst),
+            ("mosaic", "semantic labels", "instances"),
+            titled=i == 0,
+            fontsize=9,
+        )
+        _draw_boxes(axes[i][2], s["boxes"], s["classes"], names, color="w", lw=0.8)
     return _finish(fig, names, title, path)
 
 
 def _finish(fig, class_names, title: Optional[str], path) -> pathlib.Path:
     """The class legend and the optional title under / over ``fig``, saved as PNG at ``path``."""
-    import matplotlib.pyplot as plt
-
     _legend(fig, class_names)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title, fontsize=9, bottom=0.06, top=0.97, dpi=110)
 
 
-def _draw_boxes(ax, boxes, labels, names, scores=None) -> None:
+def _draw_boxes(ax, boxes, labels, names, scores=None, *, color=None, lw: float = 1.0) -> None:
+    """Each box [x1, y1, x2, y2] in pixels with its class name (and score) above it, in the
+    class's palette colour or ``color``."""
     from matplotlib.patches import Rectangle
 
     pal = palette(len(names) + 1)
     for j, (box, c) in enumerate(zip(boxes.tolist(), labels.tolist())):
         x1, y1, x2, y2 = box
-        col = pal[c + 1] / 255
-        ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color=col, lw=1.0))
+        col = pal[c + 1] / 255 if color is None else color
+        ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color=col, lw=lw))
         text = names[c] if scores is None else f"{names[c]} {scores[j]:.2f}"
         ax.text(x1, y1 - 1, text, color=col, fontsize=5, va="bottom")
 
@@ -148,30 +159,15 @@ def save_detections(
     and ``labels`` 0..K-1 (results: ``scores``)."""
     from .boxes import nms
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = len(images)
-    fig, axes = plt.subplots(n, 2, figsize=(4.4, 2.1 * n + 0.5), squeeze=False)
+    fig, axes = _figure(n, 2, 4.4, 0.5)
+    names = ("ground truth", f"detections (score >= {score_threshold}, best per place)")
     for i in range(n):
         img = images[i] if images[i].dtype == torch.uint8 else images[i].clamp(0, 255).round().to(torch.uint8)
         r = results[i]
         keep = torch.nonzero(r["scores"] >= score_threshold).squeeze(1)
         keep = keep[nms(r["boxes"][keep], r["scores"][keep], 0.5)]
-        for ax, name in zip(axes[i], ("ground truth", f"detections (score >= {score_threshold}, best per place)")):
-            ax.imshow(_img(img), interpolation="nearest")
-            ax.set_xticks([]), ax.set_yticks([])
-            if i == 0:
-                ax.set_title(name, fontsize=8)
+        _show_row(axes[i], (_img(img), _img(img)), names, titled=i == 0, fontsize=8)
         _draw_boxes(axes[i][0], targets[i]["boxes"], targets[i]["labels"], class_names)
         _draw_boxes(axes[i][1], r["boxes"][keep], r["labels"][keep], class_names, r["scores"][keep].tolist())
-    if title:
-        fig.suptitle(title, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.96 if title else 1))
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title, fontsize=8, bottom=0.0, top=0.96, dpi=130)

@@ -19,6 +19,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..dense.det_engine import DetTask
+from ..dense.engine import SegTask
+from ..dense.run import DenseTask, train_dense
+
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
 
 PATTERN_NAMES = {
@@ -26,36 +30,31 @@ PATTERN_NAMES = {
     "SSSS": "softmax (PVT's spatial-reduction attention)",
     "LLLL": "linear (ReLU kernel)",
 }
-# per task: config loader and trainer (module, names), the metrics, the markdown markers, the heading
+# per task: the dense task (its config, its training, the three metrics of the table), the table's
+# heading and what its numbers are
 TASKS = {
-    "seg": {
-        "funcs": ("..dense.config", "load_seg_config", "..dense.engine", "train_seg"),
-        "metrics": ("mIoU", "mAcc", "aAcc"),
-        "markers": ("<!-- seg-compare:begin -->", "<!-- seg-compare:end -->"),
-        "title": "InLine vs softmax backbone on the mosaics (the demo's budget)",
-        "what": "mIoU / mAcc / aAcc",
-    },
-    "det": {
-        "funcs": ("..dense.config", "load_det_config", "..dense.det_engine", "train_det"),
-        "metrics": ("AP", "AP50", "AP75"),
-        "markers": ("<!-- det-compare:begin -->", "<!-- det-compare:end -->"),
-        "title": "Detection: InLine vs softmax backbone in FCOS on the mosaics",
-        "what": "COCO box AP / AP50 / AP75 (pycocotools)",
-    },
+    "seg": (SegTask, "InLine vs softmax backbone on the mosaics (the demo's budget)", "mIoU / mAcc / aAcc"),
+    "det": (
+        DetTask,
+        "Detection: InLine vs softmax backbone in FCOS on the mosaics",
+        "COCO box AP / AP50 / AP75 (pycocotools)",
+    ),
 }
-BEGIN, END = TASKS["seg"]["markers"]
 
 
-def _funcs(task: str):
-    import importlib
+def markers(task: str) -> tuple[str, str]:
+    """The markdown markers around the task's table: ``<!-- seg-compare:begin -->`` / ``... end``."""
+    return f"<!-- {task}-compare:begin -->", f"<!-- {task}-compare:end -->"
 
+
+BEGIN, END = markers("seg")
+
+
+def _task(task: str) -> tuple[DenseTask, str, str]:
     if task not in TASKS:
         raise ValueError(f"task {task!r}: expected one of {sorted(TASKS)}")
-    cm, cf, tm, tf = TASKS[task]["funcs"]
-    return (
-        getattr(importlib.import_module(cm, __package__), cf),
-        getattr(importlib.import_module(tm, __package__), tf),
-    )
+    cls, title, what = TASKS[task]
+    return cls(), title, what
 
 
 def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
@@ -75,7 +74,7 @@ def compare(
 ) -> list[dict]:
     """Train every (pattern, seed) with ``config`` (same data, recipe and budget) for ``task``
     ("seg" or "det"); returns one summary per run with ``pattern`` and ``seed`` added."""
-    load_config, train = _funcs(task)
+    dense_task, _, _ = _task(task)
     rows = []
     for pattern in patterns:
         for seed in seeds:
@@ -84,7 +83,7 @@ def compare(
             if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
                 s = dict(json.loads(done.read_text()), reused=True)
             else:
-                cfg = load_config(
+                cfg = dense_task.config.load(
                     config,
                     [("train.progress", progress)]
                     + list(overrides)
@@ -96,7 +95,7 @@ def compare(
                     ],
                 )
                 print(f"{task} compare: pattern {pattern}, seed {seed} -> {out}", flush=True)
-                s = train(cfg)
+                s = train_dense(dense_task, cfg)
             rows.append(dict(s, pattern=pattern, seed=int(seed)))
     return rows
 
@@ -106,14 +105,15 @@ def format_table(
 ) -> str:
     """Markdown: one line per pattern with the task's three metrics (mean +- std over seeds),
     the first one per seed, params and time."""
-    t = TASKS[task]
-    keys = t["metrics"]
+    dense_task, title, what = _task(task)
+    keys = dense_task.metric_keys
+    begin, end = markers(task)
     by = {}
     for r in rows:
         by.setdefault(r["pattern"], []).append(r)
     lines = [
-        t["markers"][0],
-        f"## {t['title']}",
+        begin,
+        f"## {title}",
         "",
         f"Command: `{command}` (config `{config}`; every run the same data, recipe and iterations; only the "
         f"backbone's attention and the seed change).",
@@ -126,7 +126,7 @@ def format_table(
             else ""
         )
         + ". "
-        f"{t['what']} on the validation mosaics (garments of the Fashion-MNIST test split), "
+        f"{what} on the validation mosaics (garments of the Fashion-MNIST test split), "
         "mean +- sample std over seeds; train time per run (depends on the machine's load).",
         "",
         f"| backbone attention | seeds | {' | '.join(keys)} | per-seed {keys[0]} | params | train time (min) |",
@@ -145,13 +145,13 @@ def format_table(
             + " | ".join(cells)
             + f" | {per} | {rs[0]['params']:,} | {minutes:.1f} |"
         )
-    lines.append(t["markers"][1])
+    lines.append(end)
     return "\n".join(lines)
 
 
 def write_table(doc, table: str, task: str = "seg") -> pathlib.Path:
     """Replace the task's marked block of ``doc`` with ``table`` (appended when the markers are absent)."""
-    begin, end = TASKS[task]["markers"]
+    begin, end = markers(task)
     doc = pathlib.Path(doc)
     text = doc.read_text() if doc.is_file() else ""
     if begin in text and end in text:

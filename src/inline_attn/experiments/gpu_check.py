@@ -318,6 +318,13 @@ def step_core(out: pathlib.Path, quick: bool) -> dict:
     }
 
 
+def _cuda_bf16(*, warmup: int, repeats: int, budget_s: float, memory: bool) -> dict:
+    """The timing arguments of every benchmark the steps run (bench_attention's and bench_models'):
+    on CUDA under bf16 autocast, with the step's warm-up, rounds, seconds a case and whether the
+    peak memory is measured."""
+    return dict(device="cuda", amp="bf16", warmup=warmup, repeats=repeats, budget_s=budget_s, memory=memory)
+
+
 def step_layer(out: pathlib.Path, quick: bool) -> dict:
     from ..bench.attention import LAYER_COLUMNS, bench_attention
 
@@ -327,12 +334,7 @@ def step_layer(out: pathlib.Path, quick: bool) -> dict:
         dim=96,
         heads=3,
         token_budget=64 * 56 * 56,
-        device="cuda",
-        amp="bf16",
-        warmup=3,
-        repeats=10,
-        budget_s=5.0,
-        memory=True,
+        **_cuda_bf16(warmup=3, repeats=10, budget_s=5.0, memory=True),
     )
     table = _write(
         res,
@@ -405,19 +407,8 @@ def _bench_bf16(cases, *, batch: int, mode: str, warmup: int, quick: bool) -> di
     autocast, 5 s a case, peak memory, no MAC count."""
     from ..bench.model import bench_models
 
-    repeats = 3 if quick else 6
-    return bench_models(
-        cases,
-        batch=batch,
-        device="cuda",
-        mode=mode,
-        amp="bf16",
-        warmup=warmup,
-        repeats=repeats,
-        budget_s=5.0,
-        memory=True,
-        macs=False,
-    )
+    timing = _cuda_bf16(warmup=warmup, repeats=3 if quick else 6, budget_s=5.0, memory=True)
+    return bench_models(cases, batch=batch, mode=mode, macs=False, **timing)
 
 
 def step_window(out: pathlib.Path, quick: bool) -> dict:
@@ -560,13 +551,8 @@ def step_graphs(out: pathlib.Path, quick: bool) -> dict:
             kinds=kinds,
             token_budget=64 * 56 * 56,
             modes=("fwd+bwd",),
-            device="cuda",
-            amp="bf16",
-            warmup=3,
-            repeats=5,
-            budget_s=0.5,
-            memory=False,
             cuda_graphs=graphed,
+            **_cuda_bf16(warmup=3, repeats=5, budget_s=0.5, memory=False),
         )
     )
     backends = {}
@@ -582,15 +568,10 @@ def step_graphs(out: pathlib.Path, quick: bool) -> dict:
         lambda graphed: bench_models(
             cases,
             batch=128,
-            device="cuda",
             mode="train",
-            amp="bf16",
-            warmup=2,
-            repeats=3,
-            budget_s=1.0,
-            memory=False,
             macs=False,
             cuda_graphs=graphed,
+            **_cuda_bf16(warmup=2, repeats=3, budget_s=1.0, memory=False),
         )
     )
     layer_cols = (("graphed", "graphed", ""), *LAYER_COLUMNS, ("sdpa_backend", "SDPA backend", ""))

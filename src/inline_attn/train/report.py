@@ -29,33 +29,32 @@ def write_metrics(history: list[dict], path: pathlib.Path) -> None:
     write_csv(history, path, METRIC_COLUMNS)
 
 
+# the panels of curves.png: (y label, curves as (metrics key, line style, legend label))
+_PANELS = (
+    ("cross-entropy", (("train_loss", "o-", "train (augmented, soft targets)"), ("val_loss", "s-", "val"))),
+    ("accuracy (%)", (("val_top1", "s-", "val top-1"), ("val_top1_ema", "^-", "val top-1 (EMA)"))),
+)
+
+
 def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> None:
     """Loss (train, val) and top-1 accuracy per epoch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    ep = [r["epoch"] + 1 for r in history]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    a1.plot(ep, [r["train_loss"] for r in history], "o-", label="train (augmented, soft targets)")
-    if any(r.get("val_loss") is not None for r in history):
-        a1.plot(ep, [r.get("val_loss") for r in history], "s-", label="val")
-    a1.set_xlabel("epoch")
-    a1.set_ylabel("cross-entropy")
-    a1.legend()
-    a1.grid(alpha=0.3)
-    a2.plot(ep, [r.get("val_top1") for r in history], "s-", label="val top-1")
-    if any(r.get("val_top1_ema") is not None for r in history):
-        a2.plot(ep, [r.get("val_top1_ema") for r in history], "^-", label="val top-1 (EMA)")
-    a2.set_xlabel("epoch")
-    a2.set_ylabel("accuracy (%)")
-    a2.legend()
-    a2.grid(alpha=0.3)
     from matplotlib.ticker import MaxNLocator
 
-    for a in (a1, a2):
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ep = [r["epoch"] + 1 for r in history]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (ylabel, curves) in zip(axes, _PANELS):
+        for i, (key, style, label) in enumerate(curves):
+            if i == 0 or any(r.get(key) is not None for r in history):  # the first always, the others when measured
+                ax.plot(ep, [r.get(key) for r in history], style, label=label)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title)
     fig.tight_layout()
