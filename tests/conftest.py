@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+import importlib  # noqa: E402
+
 import pytest  # noqa: E402
 
 DATA_DIR = pathlib.Path(__file__).parent / "data"
@@ -39,3 +41,15 @@ def _seed_and_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def capturable_on_cpu(monkeypatch):
+    """Adam's capturable path (the one a CUDA graph captures: step counters and bias corrections
+    as device tensors) also on CPU tensors: only torch's device allowlist is widened (CUDA tensors
+    are unaffected), the arithmetic is torch's."""
+    base, adam = (importlib.import_module(f"torch.optim.{m}") for m in ("optimizer", "adam"))
+    devices = base._get_capturable_supported_devices
+    widened = lambda supports_xla=True: devices(supports_xla) + ["cpu"]  # noqa: E731
+    monkeypatch.setattr(base, "_get_capturable_supported_devices", widened)
+    monkeypatch.setattr(adam, "_get_capturable_supported_devices", widened)

@@ -11,8 +11,6 @@ the same test runs natively.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,18 +44,6 @@ class StepLog(TorchDispatchMode):
         if name in HOST_READS or to_host:
             self.host_reads.append(name)
         return out
-
-
-@pytest.fixture
-def capturable_on_cpu(monkeypatch):
-    """AdamW's capturable path (the one a CUDA graph captures: step counters and bias corrections
-    as device tensors) also on the CPU."""
-    if DEVICE == "cpu":
-        base, adam = (importlib.import_module(f"torch.optim.{m}") for m in ("optimizer", "adam"))
-        devices = base._get_capturable_supported_devices
-        widened = lambda supports_xla=True: devices(supports_xla) + ["cpu"]  # noqa: E731
-        monkeypatch.setattr(base, "_get_capturable_supported_devices", widened)
-        monkeypatch.setattr(adam, "_get_capturable_supported_devices", widened)
 
 
 def _tiny():
@@ -158,3 +144,46 @@ def test_graphed_training_step_matches_the_plain_step_on_cuda():
         torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
     for p, q in zip(ema.parameters(), ref_ema.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+def test_trainer_step_graphs_match_the_plain_steps_on_cuda():
+    """train.cuda_graphs' StepGraphs with the real capture: bf16, clipping, the optimizer made
+    capturable (tensor lr the schedule writes between replays), the EMA, a smaller batch run
+    ungraphed, and the evaluation forward; against the plain steps on the same optimizer."""
+    from inline_attn.runtime.optim import CosineSchedule, build_optimizer, prepare_for_capture
+    from inline_attn.train.graphs import StepGraphs
+    from inline_attn.train.loop import soft_cross_entropy
+    from inline_attn.train.state import TrainState
+
+    def state():
+        model = _tiny().eval()  # no stochastic-depth draws: both sides compute the same
+        opt = build_optimizer(model, "adamw", 1e-3, 0.05)
+        sched = CosineSchedule(opt, lr=1e-3, steps_per_epoch=3, epochs=2, warmup_epochs=1, warmup_lr=1e-5)
+        return TrainState(model, opt, sched, None, ModelEma(model, 0.9))
+
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    batches = []
+    for b in (4, 4, 3, 4, 4):  # a smaller batch between full ones
+        x = torch.randn(b, 3, 32, 32, device=DEVICE, generator=gen)
+        batches.append((x, torch.softmax(torch.randn(b, 5, device=DEVICE, generator=gen), -1)))
+    graphed, plain = state(), state()
+    prepare_for_capture(plain.optimizer)
+    graphs = StepGraphs("bf16", 1.0)
+    for x, t in batches:
+        loss = graphs.train_step(graphed, graphed.model, soft_cross_entropy, x, t).clone()
+        graphed.sched.step()
+        ref = train_step(
+            plain.model, plain.optimizer, soft_cross_entropy, x, t, ema=plain.ema, amp=torch.bfloat16, clip_grad=1.0
+        )
+        plain.sched.step()
+        torch.testing.assert_close(loss, ref, rtol=1e-3, atol=1e-4)
+    counts = graphs.counts()
+    assert counts["train_why_not"] is None and counts["train_replays"] == 4 and counts["train_ungraphed"] == 1
+    for p, q in zip(graphed.ema.module.parameters(), plain.ema.module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
+    forward = graphs.eval_forward(graphed.model)
+    for x, _ in batches[:3]:
+        with torch.no_grad():
+            torch.testing.assert_close(forward(x), graphed.model(x))
+    assert graphs.counts()["eval_replays"] == 2 and graphs.counts()["eval_ungraphed"] == 1

@@ -19,6 +19,14 @@ Use::
     step = GraphedTrainStep(model, optimizer, loss_fn, example_images, example_targets, ema=ema)
     print(step.why_not)           # None when graphed, else why it runs ungraphed
     loss = step(images, targets)  # copies into the static inputs and replays (or runs the step)
+
+The classification trainer uses these through ``train.cuda_graphs``
+(:mod:`inline_attn.train.graphs`). What the CPU tests check is the host side: the decision table
+of :func:`why_not_graphed`, the static buffers, the copy-in, the warm-up undone, a batch of
+another shape run ungraphed and the EMA order, with the capture itself replaced by eager
+execution (the ``capture_fn`` argument). The capture and replay on a GPU are checked only by
+``make gpu-check``: its ``train`` step (a bf16 run with ``train.cuda_graphs`` false against one
+with it true) and ``tests/test_cuda_graphs.py`` there.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ __all__ = [
     "GraphedTrainStep",
     "capture",
     "compile_mode_for",
+    "eager_capture",
     "graph_steps",
     "train_step",
     "why_not_graphed",
@@ -51,6 +60,18 @@ def _hooked_modules(model: nn.Module) -> list[str]:
     return names
 
 
+def _optimizer_reason(optimizer: torch.optim.Optimizer) -> Optional[str]:
+    """Why ``optimizer``'s step cannot be captured (it reads its state on the host), or None."""
+    groups = optimizer.param_groups
+    name = type(optimizer).__name__
+    if any("capturable" in g and not g["capturable"] and not g.get("fused") for g in groups):
+        return f"{name} is not capturable: build it with capturable=True"
+    tensor_lr = any(torch.is_tensor(g.get("lr")) for g in groups)
+    if isinstance(optimizer, torch.optim.SGD) and tensor_lr and not all(g.get("fused") for g in groups):
+        return "SGD reads a tensor lr on the host unless fused: build it with fused=True"
+    return None
+
+
 def why_not_graphed(
     device: torch.device | str,
     *,
@@ -58,36 +79,46 @@ def why_not_graphed(
     optimizer: Optional[torch.optim.Optimizer] = None,
     static_shapes: bool = True,
     scaler: Optional[torch.amp.GradScaler] = None,
+    amp: Optional[str | torch.dtype] = None,
+    accum_steps: int = 1,
+    world_size: int = 1,
 ) -> Optional[str]:
     """Why a step on ``device`` cannot be captured in a CUDA graph (one line), or None when it can.
 
-    Args:
-        device: where the step runs (CUDA graphs exist on CUDA only).
-        model: checked for per-step Python hooks (an attention recorder, a forward hook): a graph
-            replays kernels, not Python, so the hook would silently stop running.
-        optimizer: must update on the device: ``capturable=True`` (Adam, AdamW) keeps the step
-            counter on the GPU instead of reading it on the host.
-        static_shapes: False when the batch or image size changes between steps (each shape
-            would need its own graph).
-        scaler: fp16's dynamic loss scaling reads the inf check on the host every step.
+    The checks, in this order (the first that applies is the reason):
+
+    1. ``device``: CUDA graphs exist on CUDA only, and torch.cuda must be available;
+    2. ``world_size`` > 1: DDP's gradient all-reduce (bucketed by hooks, NCCL) is not captured here;
+    3. ``static_shapes`` False: the batch or image size changes between steps (each shape would
+       need its own graph);
+    4. ``accum_steps`` > 1: a step of several micro-batches (and DDP's no_sync between them);
+    5. fp16 (``amp`` "fp16" / torch.float16, or an enabled ``scaler``): dynamic loss scaling
+       reads the inf check on the host every step; bf16 and fp32 need no scaler;
+    6. ``model``: per-step Python hooks (an attention recorder, a forward hook): a graph replays
+       kernels, not Python, so the hook would silently stop running;
+    7. ``optimizer``: must update on the device: ``capturable=True`` (Adam, AdamW) keeps the step
+       counter on the GPU; SGD with a tensor lr must be fused (its other paths read the lr on
+       the host). :func:`inline_attn.runtime.optim.prepare_for_capture` sets both up.
     """
     device = torch.device(device)
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {device.type}"
     if not torch.cuda.is_available():
         return "CUDA graphs need a CUDA device, and torch.cuda is not available"
+    if world_size > 1:
+        return f"{world_size} processes: DDP's gradient all-reduce is not captured (CUDA graphs run on one process)"
     if not static_shapes:
         return "the input shapes change between steps (dynamic shapes): each shape would need its own graph"
+    if accum_steps > 1:
+        return f"{accum_steps} accumulation steps: a captured step is one micro-batch (raise data.batch_size instead)"
+    if amp in ("fp16", torch.float16) or (scaler is not None and scaler.is_enabled()):
+        return "fp16 loss scaling checks for inf on the host every step: use bf16"
     if model is not None:
         hooked = _hooked_modules(model)
         if hooked:
             return f"Python hooks run every step on {hooked[:3]} (a graph replays kernels, not Python)"
     if optimizer is not None:
-        groups = optimizer.param_groups
-        if any("capturable" in g and not g["capturable"] for g in groups):
-            return f"{type(optimizer).__name__} is not capturable: build it with capturable=True"
-    if scaler is not None and scaler.is_enabled():
-        return "fp16 loss scaling checks for inf on the host every step: use bf16"
+        return _optimizer_reason(optimizer)
     return None
 
 
@@ -101,7 +132,7 @@ def compile_mode_for(compile_mode: str, cuda_graphs: bool) -> str:
 
 
 def capture(
-    fn: Callable[[], object], *, warmup: int = 3, pool=None
+    fn: Callable[[], object], *, warmup: int = 3, pool=None, capture_error_mode: str = "global"
 ) -> tuple[Callable[[], object], torch.cuda.CUDAGraph]:
     """Capture the zero-argument CUDA step ``fn`` -> (replay, graph).
 
@@ -110,6 +141,8 @@ def capture(
     then once under capture. ``replay()`` reruns its kernels and returns what the captured call
     returned (static tensors, overwritten by each replay). The warm-up calls are real steps: save
     and restore any state they must not change (:class:`GraphedTrainStep` does).
+    ``capture_error_mode``: ``torch.cuda.graph``'s; "thread_local" lets other threads (a data
+    loader's pin-memory thread allocating page-locked buffers) go on during the capture.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -118,7 +151,7 @@ def capture(
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=capture_error_mode):
         out = fn()
 
     def replay():
@@ -147,22 +180,38 @@ def train_step(
         loss = loss_fn(model(inputs), targets)
     loss.backward()
     if clip_grad:
-        nn.utils.clip_grad_norm_(model.parameters(), float(clip_grad))
+        nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float(clip_grad))
     optimizer.step()
     if ema is not None:
         ema.update(model)
     return loss.detach()
 
 
+_CHECK = object()  # GraphedTrainStep / GraphedEvalStep: ask why_not_graphed
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 class GraphedTrainStep:
     """A training step (:func:`train_step`) captured once in a CUDA graph and replayed.
 
     The example batch fixes the static shapes; each call copies its batch into the static input
-    buffers and replays. The warm-up steps before capture run on the example batch and are undone
-    (model, optimizer and EMA states restored), so the captured step starts from the caller's
-    state. When :func:`why_not_graphed` gives a reason (``self.why_not``), calls run the plain
-    step instead. The learning rate must be a tensor for a scheduler to change it between replays
-    (a Python float is baked into the graph).
+    buffers and replays. A batch of another shape (a smaller last batch, a batch with unreadable
+    images left out) runs the plain step instead, on the same model and optimizer state
+    (``ungraphed_steps`` counts them). The warm-up steps before capture run on the example batch
+    and are undone (model, optimizer and EMA states restored in place), so the captured step
+    starts from the caller's state. When :func:`why_not_graphed` gives a reason (``self.why_not``),
+    or the capture fails (the reason names the error), calls run the plain step. The learning
+    rate must be a tensor for a scheduler to change it between replays (a Python float is baked
+    into the graph; :func:`inline_attn.runtime.optim.prepare_for_capture`).
+
+    ``why_not``: the reason decided by the caller (None: capture); by default
+    :func:`why_not_graphed` of the example's device, the model and the optimizer.
+    ``capture_fn``: how the step is captured, :func:`capture` (the CPU tests pass an eager stand-in
+    with the same contract, so the host logic runs without a GPU).
     """
 
     def __init__(
@@ -177,17 +226,27 @@ class GraphedTrainStep:
         amp: Optional[torch.dtype] = None,
         clip_grad: Optional[float] = None,
         warmup: int = 3,
+        why_not=_CHECK,
+        capture_fn: Callable = capture,
     ):
         self.model, self.optimizer, self.loss_fn, self.ema, self.amp = model, optimizer, loss_fn, ema, amp
         self.clip_grad = clip_grad
         self.shape = (tuple(example_inputs.shape), tuple(example_targets.shape))
-        self.why_not = why_not_graphed(example_inputs.device, model=model, optimizer=optimizer)
+        if why_not is _CHECK:
+            why_not = why_not_graphed(example_inputs.device, model=model, optimizer=optimizer)
+        self.why_not = why_not
+        self.replays = self.ungraphed_steps = 0
         self._replay = None
         if self.why_not is None:
+            # static input buffers: what the graph reads; each call copies its batch into them
             self._inputs, self._targets = example_inputs.clone(), example_targets.clone()
             saved = self._states()
-            self._replay, self.graph = capture(self._plain_step, warmup=warmup)
-            self._restore(saved)
+            try:
+                self._replay, self.graph = capture_fn(self._plain_step, warmup=warmup)
+            except Exception as err:  # noqa: BLE001 - this run goes on ungraphed, saying why
+                self.why_not = f"capture failed: {_first_line(err)}"
+            finally:
+                self._restore(saved)
 
     def _plain_step(self, inputs=None, targets=None) -> torch.Tensor:
         inputs = self._inputs if inputs is None else inputs
@@ -222,40 +281,77 @@ class GraphedTrainStep:
         if self._replay is None:
             return self._plain_step(inputs, targets)
         if (tuple(inputs.shape), tuple(targets.shape)) != self.shape:
-            raise ValueError(
-                f"the graphed step was captured for inputs {self.shape[0]} and targets {self.shape[1]}, got "
-                f"{tuple(inputs.shape)} and {tuple(targets.shape)}: build another GraphedTrainStep for this shape"
-            )
+            self.ungraphed_steps += 1  # captured for one shape; this batch runs the plain step
+            return self._plain_step(inputs, targets)
         self._inputs.copy_(inputs, non_blocking=True)
         self._targets.copy_(targets, non_blocking=True)
+        self.replays += 1
         return self._replay()
 
 
 class GraphedEvalStep:
     """An evaluation forward (no grad, autocast when ``amp``) captured in a CUDA graph and
-    replayed for batches of the example's shape; the plain forward when it cannot be
-    (``self.why_not``)."""
+    replayed for batches of the example's shape; the plain forward for other shapes (a last,
+    smaller batch) and when it cannot be captured (``self.why_not``). ``why_not`` and
+    ``capture_fn`` as in :class:`GraphedTrainStep`."""
 
     def __init__(
-        self, model: nn.Module, example_inputs: torch.Tensor, *, amp: Optional[torch.dtype] = None, warmup: int = 2
+        self,
+        model: nn.Module,
+        example_inputs: torch.Tensor,
+        *,
+        amp: Optional[torch.dtype] = None,
+        warmup: int = 2,
+        why_not=_CHECK,
+        capture_fn: Callable = capture,
     ):
         self.model, self.amp = model, amp
         self.shape = tuple(example_inputs.shape)
-        self.why_not = why_not_graphed(example_inputs.device, model=model)
+        self.why_not = why_not_graphed(example_inputs.device, model=model) if why_not is _CHECK else why_not
+        self.replays = self.ungraphed_steps = 0
         self._replay = None
         if self.why_not is None:
             self._inputs = example_inputs.clone()
-            self._replay, self.graph = capture(lambda: self._forward(self._inputs), warmup=warmup)
+            try:
+                self._replay, self.graph = capture_fn(lambda: self._forward(self._inputs), warmup=warmup)
+            except Exception as err:  # noqa: BLE001 - evaluated ungraphed, saying why
+                self.why_not = f"capture failed: {_first_line(err)}"
 
     def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), torch.autocast(inputs.device.type, dtype=self.amp, enabled=self.amp is not None):
             return self.model(inputs)
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self._replay is None or tuple(inputs.shape) != self.shape:
+        if self._replay is None:
+            return self._forward(inputs)
+        if tuple(inputs.shape) != self.shape:
+            self.ungraphed_steps += 1
             return self._forward(inputs)  # a last, smaller batch runs ungraphed
         self._inputs.copy_(inputs, non_blocking=True)
+        self.replays += 1
         return self._replay()
+
+
+def eager_capture(fn: Callable[[], object], *, warmup: int = 3, pool=None) -> tuple[Callable[[], object], None]:
+    """A stand-in for :func:`capture` with its contract, for checking the host logic without a
+    GPU: ``fn`` runs ``warmup`` times and once more (the capture call; on a GPU its kernels are
+    recorded, not run, so callers undo all of these calls' effects the same way), and
+    ``replay()`` runs ``fn`` again and copies its result into the tensor the capture call
+    returned (a static output, overwritten by each replay, as a graph's is). Nothing is captured:
+    it validates the orchestration, not the capture."""
+    for _ in range(warmup):
+        fn()
+    out = fn()
+
+    def replay():
+        result = fn()
+        if torch.is_tensor(out):
+            with torch.no_grad():
+                out.copy_(result)
+            return out
+        return result
+
+    return replay, None
 
 
 def graph_steps(

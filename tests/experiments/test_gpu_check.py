@@ -261,3 +261,44 @@ def test_autotune_winners_are_the_fastest_tiling_per_key():
     }
     winners = gpu_check.pick_winners(timings, "NVIDIA H100", torch.bfloat16)
     assert winners == {"NVIDIA H100|256|32|3|bfloat16": {"BLOCK_N": 64, "num_warps": 4, "ms": 1.0, "default_ms": 2.0}}
+
+
+def _train_record(losses, graphed=None, steps=100, top1=80.0, ema=79.0):
+    record = {"losses": losses, "val_top1": top1, "val_top1_ema": ema, "steps": steps}
+    record["cuda_graphs"] = graphed or {"setting": False, "graphed": False, "why_not": None}
+    return record
+
+
+def test_train_step_compares_the_graphed_run_with_the_ungraphed_one():
+    replayed = {"setting": True, "graphed": True, "why_not": None, "train_replays": 100, "eval_replays": 120}
+    plain = _train_record([1.20, 0.80, 0.60, 0.55])
+    good = gpu_check.compare_train_runs(plain, _train_record([1.21, 0.81, 0.60, 0.552], replayed, top1=79.2))
+    assert good["ok"] and good["problems"] == [] and good["summary"].endswith(": pass")
+    assert "largest gap 1.25 %" in good["summary"] and "100 training and 120 evaluation replays" in good["summary"]
+    fell_back = {"setting": True, "graphed": False, "why_not": "capture failed: RuntimeError: x"}
+    cases = [
+        (_train_record([1.21, 0.81, 0.60, 0.55], fell_back), "the graphed run did not replay its steps"),
+        (_train_record([1.21, 0.81, 0.60, 0.55], {**replayed, "train_replays": 98}), "did not replay"),
+        (_train_record([1.20, 0.95, 0.60, 0.55], replayed), "train losses differ by up to 18.7 % (allowed 5 %)"),
+        (_train_record([1.20, 1.20, 1.25, 1.30], replayed), "graphed run did not learn"),
+        (_train_record([1.20, 0.80, 0.60, float("nan")], replayed), "graphed run did not learn"),
+        (_train_record([1.20, 0.80, 0.60, 0.55], replayed, ema=60.0), "val_top1_ema 79.0 ungraphed against 60.0"),
+    ]
+    for graphed, words in cases:
+        verdict = gpu_check.compare_train_runs(plain, graphed)
+        assert not verdict["ok"] and words in verdict["summary"] and "FAIL: " in verdict["summary"], words
+
+
+def test_train_step_runs_the_demo_recipe_graphed_and_not(tmp_path):
+    from inline_attn.cli import build_parser
+    from inline_attn.cli.train import collect_overrides
+    from inline_attn.train.config import load_config
+
+    for graphed in (False, True):
+        cmd = gpu_check._train_command(tmp_path / "fm", tmp_path / "run", graphed)
+        assert cmd[1:3] == ["-m", "inline_attn.cli"]
+        args = build_parser().parse_args(cmd[3:])
+        cfg = load_config(args.config, collect_overrides(args))
+        assert cfg.train.cuda_graphs is graphed and cfg.train.amp == "bf16" and cfg.train.device == "cuda"
+        assert cfg.train.ema and cfg.optim.accum_steps == 1 and cfg.data.batch_size == 64
+        assert cfg.data.subset // 64 * gpu_check.TRAIN_EPOCHS == 100  # steps of each run

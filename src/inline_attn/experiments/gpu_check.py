@@ -2,10 +2,13 @@
 
 Steps (each recorded, a failing step does not stop the rest), in the order they run:
 
-1. ``train``: a 200-step bf16 training smoke run of the Fashion-MNIST demo model on the GPU
-   (``inline-attn train``: 4 epochs of 50 steps on a 3,200-image subset); passes when every epoch's
-   loss is finite and the last is below the first. Needs the Fashion-MNIST files
-   (``$INLINE_ATTN_FMNIST`` or the Debian path); without them the step says so and is skipped.
+1. ``train``: two 100-step bf16 training runs of the Fashion-MNIST demo model on the GPU, at once
+   (``inline-attn train``: 4 epochs of 25 steps on a 1,600-image subset, with an EMA), one with
+   ``train.cuda_graphs`` false and one with it true; passes when both learn (every epoch's loss
+   finite, the last below the first), the graphed run replayed its training and evaluation steps,
+   and the two agree (per-epoch loss within 5 %, top-1 within 3 points): the only check of the
+   trainer's CUDA-graph capture itself. Needs the Fashion-MNIST files (``$INLINE_ATTN_FMNIST`` or
+   the Debian path); without them the step says so and is skipped.
 2. ``core``: the Triton layer core alone, bf16, its achieved bandwidth (fewest bytes / time)
    against the device's copy rate.
 3. ``layer``: the attention layers over 7..112 tokens per side, fwd and fwd+bwd, bf16 autocast:
@@ -62,6 +65,7 @@ BUDGET_S = 460.0  # seconds for all steps: 8 minutes, less about 20 s of start-u
 # Each step's usual seconds on an H100 (the 2026-11-23 sessions: train 22-27, core 12, layer 10,
 # window 31, resolution 49, compile about 90, profile about 45 as a script); a step is started only
 # when this much of the budget is left.
+# train: 22-27 s for one 200-step run; now two 100-step runs at once (graphed and not), not yet timed
 STEP_SECONDS = {"train": 30, "core": 15, "layer": 15, "window": 35, "resolution": 55, "compile": 90, "profile": 45}
 STEP_SECONDS["graphs"] = 20  # not yet run on a GPU: 20 case budgets of 0.5-1 s, graph captures, two SDPA profiles
 TESTS_MIN_S = 30.0  # below this the tests step is not started: too little to pass the JIT compiles
@@ -184,66 +188,116 @@ def _fmnist_dir() -> pathlib.Path | None:
     return None
 
 
+TRAIN_EPOCHS, TRAIN_SUBSET = 4, 1600  # 4 epochs of 25 steps at batch 64
+TRAIN_LOSS_RTOL = 0.05  # graphed against ungraphed, per epoch's train loss (bf16: close, not bitwise)
+TRAIN_TOP1_ATOL = 3.0  # points of val top-1, model and EMA
+
+
+def _train_command(data: pathlib.Path, run_dir: pathlib.Path, cuda_graphs: bool) -> list[str]:
+    """``inline-attn train`` of the Fashion-MNIST demo model, bf16 on the GPU, with an EMA (updated
+    inside the graph when graphed) and ``train.cuda_graphs`` set explicitly."""
+    args = {
+        "--data.path": str(data),
+        "--data.subset": str(TRAIN_SUBSET),
+        "--data.val_subset": "1000",  # evaluation batches of 64 and a last one of 40 (run ungraphed)
+        "--data.batch_size": "64",
+        "--sched.epochs": str(TRAIN_EPOCHS),
+        "--sched.warmup_epochs": "0.25",
+        "--train.device": "cuda",
+        "--train.amp": "bf16",
+        "--train.ema": "true",
+        "--train.ema_decay": "0.99",
+        "--train.ema_batch": "null",
+        "--train.cuda_graphs": "true" if cuda_graphs else "false",
+        "--train.output": str(run_dir),
+        "--train.progress": "false",
+        "--train.threads": "0",
+    }
+    flat = [x for kv in args.items() for x in kv]
+    return [sys.executable, "-m", "inline_attn.cli", "train", "-c", str(ROOT / "configs/fmnist/demo.yaml"), *flat]
+
+
+def _train_run(run_dir: pathlib.Path) -> dict:
+    """What a finished run left: per-epoch train losses, the final top-1 (model and EMA), steps
+    and its ``cuda_graphs`` record."""
+    import csv
+
+    with open(run_dir / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "losses": [float(r["train_loss"]) for r in rows],
+        "val_top1": summary["final"].get("val_top1"),
+        "val_top1_ema": summary["final"].get("val_top1_ema"),
+        "steps": summary.get("steps"),
+        "cuda_graphs": summary.get("cuda_graphs", {}),
+    }
+
+
+def compare_train_runs(plain: dict, graphed: dict) -> dict:
+    """The ``train`` step's verdict on an ungraphed and a CUDA-graphed run of the same recipe
+    (:func:`_train_run`'s records): both learn (finite per-epoch losses, the last below the
+    first), the graphed run really replayed its steps (every training step but none ungraphed, and
+    the evaluation), and the two agree: each epoch's train loss within :data:`TRAIN_LOSS_RTOL`,
+    top-1 of the model and of the EMA within :data:`TRAIN_TOP1_ATOL` points."""
+    problems = []
+    for name, run in (("ungraphed", plain), ("graphed", graphed)):
+        losses = run["losses"]
+        if len(losses) != TRAIN_EPOCHS or not all(map(math.isfinite, losses)) or not losses[-1] < losses[0]:
+            problems.append(f"{name} run did not learn (train loss by epoch {losses})")
+    cg = graphed.get("cuda_graphs") or {}
+    if not cg.get("graphed") or cg.get("train_replays") != graphed.get("steps") or not cg.get("eval_replays"):
+        problems.append(f"the graphed run did not replay its steps ({cg})")
+    gaps = [abs(g - u) / max(abs(u), 1e-12) for u, g in zip(plain["losses"], graphed["losses"])]
+    worst = max(gaps, default=math.nan)
+    if not worst <= TRAIN_LOSS_RTOL:
+        problems.append(f"train losses differ by up to {100 * worst:.1f} % (allowed {100 * TRAIN_LOSS_RTOL:.0f} %)")
+    for key in ("val_top1", "val_top1_ema"):
+        a, b = plain.get(key), graphed.get(key)
+        if a is None or b is None or abs(a - b) > TRAIN_TOP1_ATOL:
+            problems.append(f"{key} {a} ungraphed against {b} graphed (allowed {TRAIN_TOP1_ATOL:g} points)")
+    runs = (("ungraphed", plain), ("graphed", graphed))
+    losses = "; ".join(f"{name} {', '.join(f'{v:.3f}' for v in run['losses'])}" for name, run in runs)
+    verdict = "pass" if not problems else "FAIL: " + "; ".join(problems)
+    summary = (
+        f"bf16, {graphed.get('steps')} steps each, train.cuda_graphs false / true: train loss by epoch {losses} "
+        f"(largest gap {100 * worst:.2f} %); val top-1 {plain.get('val_top1')} / {graphed.get('val_top1')}, "
+        f"EMA {plain.get('val_top1_ema')} / {graphed.get('val_top1_ema')}; {cg.get('train_replays')} training "
+        f"and {cg.get('eval_replays')} evaluation replays: {verdict}"
+    )
+    return {"ok": not problems, "summary": summary, "loss_gap": worst, "problems": problems}
+
+
 def step_train(out: pathlib.Path, quick: bool) -> dict:
+    """A bf16 training run of the Fashion-MNIST demo model on the GPU twice, at once: with
+    ``train.cuda_graphs`` false and true (the trainer's whole-step CUDA graphs: forward, backward,
+    clipping, the capturable AdamW, the EMA, and the evaluation forward). Passes when both learn,
+    the graphed run replayed its steps, and their losses and top-1 agree (:func:`compare_train_runs`).
+    Needs the Fashion-MNIST files; without them the step says so and is skipped."""
     data = _fmnist_dir()
     if data is None:
         return {
             "ok": None,
             "summary": "skipped: no Fashion-MNIST files (set INLINE_ATTN_FMNIST to the folder of the four .gz files)",
         }
-    run_dir = out / "train_smoke"
-    args = [
-        "train",
-        "-c",
-        str(ROOT / "configs/fmnist/demo.yaml"),
-        "--data.path",
-        str(data),
-        "--data.subset",
-        "3200",
-        "--data.val_subset",
-        "2000",
-        "--data.batch_size",
-        "64",
-        "--sched.epochs",
-        "4",
-        "--sched.warmup_epochs",
-        "0.25",
-        "--train.device",
-        "cuda",
-        "--train.amp",
-        "bf16",
-        "--train.output",
-        str(run_dir),
-        "--train.progress",
-        "false",
-        "--train.threads",
-        "0",
-    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "inline_attn.cli", *args], cwd=ROOT, capture_output=True, text=True, env=env
-    )
-    (out / "train.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        return {"ok": False, "summary": f"inline-attn train exited {proc.returncode} (train.log)"}
-    import csv
-
-    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
-    losses = [float(r["train_loss"]) for r in rows]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    ok = len(losses) == 4 and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
-    return {
-        "ok": ok,
-        "losses": losses,
-        "steps": summary.get("steps"),
-        "val_top1": summary["final"].get("val_top1"),
-        "train_img_s": summary.get("train_img_s"),
-        "wall_s": round(time.time() - t0, 1),
-        "summary": f"{summary.get('steps')} bf16 steps, "
-        f"train loss by epoch {', '.join(f'{v:.3f}' for v in losses)}, "
-        f"val top-1 {summary['final'].get('val_top1'):.1f} % on 2,000 test images",
-    }
+    procs = {}
+    for graphed in (False, True):  # at once: the runs are compared, not timed
+        name = "graphed" if graphed else "ungraphed"
+        log = open(out / f"train_{name}.log", "w")
+        cmd = _train_command(data, out / f"train_{name}", graphed)
+        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env), log)
+    failed = []
+    for name, (proc, log) in procs.items():
+        if proc.wait() != 0:
+            failed.append(f"{name} run exited {proc.returncode} (train_{name}.log)")
+        log.close()
+    if failed:
+        return {"ok": False, "summary": "inline-attn train: " + "; ".join(failed)}
+    plain, graphed = _train_run(out / "train_ungraphed"), _train_run(out / "train_graphed")
+    verdict = compare_train_runs(plain, graphed)
+    return {**verdict, "ungraphed": plain, "graphed": graphed, "wall_s": round(time.time() - t0, 1)}
 
 
 def _write(result: dict, out: pathlib.Path, name: str, columns, plot_kw: dict | None) -> str:

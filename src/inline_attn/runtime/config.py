@@ -132,10 +132,15 @@ class _WrongType(ValueError):
 _PLURAL = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
 
 
+def _literal(value) -> str:
+    """A choice as YAML writes it: true / false for booleans, quoted strings."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def _describe(tp) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
+        return "one of " + ", ".join(_literal(a) for a in args)
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return " or ".join(_describe(a) for a in inner) + " or null"
@@ -160,8 +165,9 @@ def _convert(key: str, value: Any, tp, meta) -> Any:
         except _WrongType:
             raise _WrongType(f"{key}={value!r}: expected {_describe(tp)}") from None
     if origin is Literal:
-        if value not in args:
-            raise _WrongType(f"{key}={value!r}: expected one of {', '.join(repr(a) for a in args)}")
+        # by type as well as value: 1 and 1.0 equal True, but a setting of true / false takes a boolean
+        if not any(value == a and type(value) is type(a) for a in args):
+            raise _WrongType(f"{key}={value!r}: expected {_describe(tp)}")
         return value
     if origin is tuple:
         return _convert_tuple(key, value, tp, args)

@@ -4,11 +4,19 @@ One optimizer vocabulary (:data:`OPTIMIZERS`): ``adamw`` (the paper's recipes, c
 and dense alike) and ``sgd`` (momentum 0.9, Nesterov), each with the no-decay parameter groups.
 Schedules: timm 0.4.12's cosine with warm-up and cool-down (classification, per optimizer step)
 and mmcv's poly with linear warm-up (segmentation and detection, per iteration).
+
+A step captured in a CUDA graph (``train.cuda_graphs``) needs an optimizer that updates on the
+device: :func:`prepare_for_capture` turns each group's learning rate into a 0-dim tensor on the
+parameters' device (the schedules then write it in place, :func:`set_lr`, instead of replacing a
+Python float the graph would have baked in), AdamW into ``capturable=True`` (its step counters on
+the device) and SGD into its fused kernel (which reads a tensor lr on the device; the others read
+it on the host). :func:`plain_state_dict` saves such an optimizer as the plain one would be saved.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn as nn
@@ -61,6 +69,89 @@ def build_optimizer(
     if opt == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM, nesterov=True)
     raise ValueError(f"optim.opt={opt!r}: expected one of {', '.join(OPTIMIZERS)}")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's learning rate to ``lr``: a Python float is replaced, a tensor lr (an optimizer
+    made ready for capture) is written in place, so a captured step reads the new value."""
+    for g in optimizer.param_groups:
+        if torch.is_tensor(g["lr"]):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
+# optimizer -> each group's settings before prepare_for_capture, for plain_state_dict
+_PLAIN_GROUPS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, list[dict]]" = weakref.WeakKeyDictionary()
+
+
+def capture_unsupported(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why :func:`prepare_for_capture` cannot prepare ``optimizer`` (one line), or None."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.SGD)):
+        return f"{type(optimizer).__name__} cannot be captured here: AdamW / Adam (capturable) and SGD (fused) can"
+    if any(g.get("differentiable") for g in optimizer.param_groups):
+        return "a differentiable optimizer cannot be captured"
+    return None
+
+
+def prepare_for_capture(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Make ``optimizer`` (AdamW / Adam or SGD) update on the device, in place, so its step can be
+    captured in a CUDA graph and its learning rate changed between replays.
+
+    Each group's lr becomes a 0-dim float32 tensor on the parameters' device (:func:`set_lr`
+    writes it in place); Adam / AdamW get ``capturable=True`` and their step counters move to
+    the device; SGD gets ``fused=True`` (its other paths read a tensor lr on the host, a sync
+    that a capture refuses). The update is the same algorithm in float32 device arithmetic (bias
+    corrections, lr), so it is close to, not bitwise equal to, the plain optimizer's. Idempotent.
+    """
+    reason = capture_unsupported(optimizer)
+    if reason is not None:
+        raise ValueError(reason)
+    if optimizer not in _PLAIN_GROUPS:
+        _PLAIN_GROUPS[optimizer] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    adam = isinstance(optimizer, torch.optim.Adam)
+    for g in optimizer.param_groups:
+        if not g["params"]:
+            continue
+        device = g["params"][0].device
+        lr = g["lr"]
+        if not (torch.is_tensor(lr) and lr.device == device and lr.dtype == torch.float32 and lr.dim() == 0):
+            g["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
+        if adam:
+            g["capturable"] = True
+            for p in g["params"]:
+                state = optimizer.state.get(p, {})
+                if "step" in state:
+                    state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
+        else:
+            g["fused"], g["foreach"] = True, False
+    return optimizer
+
+
+def plain_state_dict(optimizer: torch.optim.Optimizer) -> dict:
+    """``optimizer.state_dict()`` as the optimizer would give it before :func:`prepare_for_capture`
+    (float learning rates, its own capturable / fused / foreach settings, step counters on the
+    host), so a checkpoint resumes the same with or without CUDA graphs; an optimizer never
+    prepared gives its state_dict unchanged."""
+    sd = optimizer.state_dict()
+    plain = _PLAIN_GROUPS.get(optimizer)
+    if plain is None:
+        return sd
+    groups, host_steps = [], set()
+    for group, before in zip(sd["param_groups"], plain):
+        group = dict(group)
+        for key in ("capturable", "fused", "foreach"):
+            if key in before:
+                group[key] = before[key]
+        if torch.is_tensor(group["lr"]) and not torch.is_tensor(before["lr"]):
+            group["lr"] = float(group["lr"])
+        if not (before.get("capturable") or before.get("fused")):  # where torch keeps a plain step counter
+            host_steps.update(group["params"])
+        groups.append(group)
+    state = {}
+    for i, st in sd["state"].items():
+        state[i] = {k: v.cpu() if k == "step" and i in host_steps else v for k, v in st.items()}
+    return {"state": state, "param_groups": groups}
 
 
 class CosineSchedule:
@@ -117,9 +208,7 @@ class CosineSchedule:
         return self.timm_value(max(step - 1, 0))
 
     def _apply(self) -> None:
-        lr = self.lr_at(self.step_count)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        set_lr(self.optimizer, self.lr_at(self.step_count))
 
     def step(self) -> None:
         self.step_count += 1
@@ -168,8 +257,7 @@ class PolySchedule:
         return lr
 
     def _apply(self) -> None:
-        for g in self.optimizer.param_groups:
-            g["lr"] = self.lr_at(self.step_count)
+        set_lr(self.optimizer, self.lr_at(self.step_count))
 
     def step(self) -> None:
         self.step_count += 1

@@ -28,6 +28,7 @@ from ..runtime.checkpoint import (
     set_rng_state,
 )
 from ..runtime.checkpoint import load_resume as _load_resume
+from ..runtime.optim import plain_state_dict
 from .config import Config, resume_differences
 from .state import TrainState
 
@@ -85,7 +86,7 @@ def state_dict(
     """Everything a resume needs, plus what evaluation needs to rebuild the model (``extra``)."""
     return {
         "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        "optimizer": plain_state_dict(state.optimizer),  # as saved without CUDA graphs: resumable either way
         "scheduler": state.sched.state_dict(),
         "scaler": state.scaler.state_dict() if state.scaler is not None else None,
         "model_ema": state.ema.module.state_dict() if state.ema is not None else None,

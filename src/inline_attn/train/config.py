@@ -219,6 +219,13 @@ class TrainCfg:
     compile_mode: Literal[COMPILE_MODES] = setting(
         "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)"
     )
+    cuda_graphs: Literal["auto", True, False] = setting(
+        "auto",
+        doc="capture the training and evaluation steps in CUDA graphs and replay them: auto (on where the run "
+        "can be captured: CUDA, one process, bf16 or fp32, no accumulation), true (asked for: a run that cannot "
+        "be captured says why in one line and runs ungraphed) or false; with train.compile, inductor's "
+        "reduce-overhead mode instead",
+    )
     channels_last: bool = setting(False, doc="channels-last images and convolutions")
     ema: bool = setting(False, doc="keep an exponential moving average of the weights")
     ema_decay: float = setting(
@@ -301,6 +308,7 @@ RESUME_MAY_CHANGE = frozenset(
         "train.eval_every",
         "train.compile",
         "train.compile_mode",
+        "train.cuda_graphs",
         "train.channels_last",
     }
 )

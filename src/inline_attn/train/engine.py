@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..compile import compile_module
+from ..cuda_graphs import compile_mode_for
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import count_params, profile
@@ -39,6 +40,8 @@ from . import checkpoint as ckpt_io
 from .config import Config, save_config
 from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
+from .graphs import StepGraphs, announce
+from .graphs import plan as plan_graphs
 from .loop import EpochRunner, evaluate
 from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_json, write_metrics
@@ -206,8 +209,10 @@ def _train(cfg: Config, info: DistInfo) -> dict:
         ddp_model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+    graphed, why_not = _plan_graphs(cfg, info, amp, accum, model, state.optimizer)
     if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
-        ddp_model = compile_module(ddp_model, cfg.train.compile_mode)
+        ddp_model = compile_module(ddp_model, compile_mode_for(cfg.train.compile_mode, graphed))
+    graphs = StepGraphs(amp, cfg.optim.clip_grad) if graphed and not cfg.train.compile else None
     # the handlers go in before config.yaml appears (the sign that a run has started), so a signal
     # from then on always ends in a checkpoint and the 128 + signum exit; the lock keeps a second
     # run out of this output folder
@@ -216,13 +221,36 @@ def _train(cfg: Config, info: DistInfo) -> dict:
             out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, out / "config.yaml")
         runner = _epoch_runner(cfg, ddp_model, train_batches, data, info, amp, accum, steps_per_epoch)
+        runner.graphs = graphs
         run = _Run(
             cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch, model_kwargs(cfg, data), recipe
         )
+        run.graphs_why_not = why_not
         eval_tf = EvalTransform(
             data.img_size, data.mean, data.std, data.crop_pct, data.interpolation, data.eval_resize
         ).to(device)
         return run.epochs(state, runner, val_batches, eval_tf, stop)
+
+
+def _plan_graphs(
+    cfg: Config, info: DistInfo, amp: str, accum: int, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[bool, Optional[str]]:
+    """``train.cuda_graphs`` on this run: (graphed?, why not), the one line said on rank 0."""
+    t = cfg.train
+    graphed, why_not = plan_graphs(
+        t.cuda_graphs,
+        info.device,
+        amp=amp,
+        accum_steps=accum,
+        world_size=info.world_size,
+        compile=t.compile,
+        model=model,
+        optimizer=optimizer,
+    )
+    line = announce(t.cuda_graphs, graphed, why_not, info.device, t.compile)
+    if line and info.is_main:
+        print(line, file=sys.stderr, flush=True)
+    return graphed, why_not
 
 
 def _epoch_runner(
@@ -289,11 +317,14 @@ class _Run:
         self.n_params, self.steps_per_epoch, self.kwargs, self.recipe = n_params, steps_per_epoch, kwargs, recipe
         self.total_epochs = cfg.sched.epochs + cfg.sched.cooldown_epochs
         self.t_start = time.time()
+        self.graphs: Optional[StepGraphs] = None  # the runner's, when train.cuda_graphs captures the steps
+        self.graphs_why_not: Optional[str] = None
 
     def epochs(
         self, state: TrainState, runner: EpochRunner, val_batches: Batches, eval_tf: nn.Module, stop: StopFlag
     ) -> dict:
         """Train until the schedule ends or ``stop`` (installed by the caller) is set."""
+        self.graphs = runner.graphs
         tb = TensorBoard(self.out / "tb" if (self.info.is_main and self.cfg.train.tensorboard) else None)
         try:
             while state.epoch < self.total_epochs:
@@ -327,12 +358,15 @@ class _Run:
         }
         if (state.epoch + 1) % self.cfg.train.eval_every == 0 or state.epoch + 1 == self.total_epochs:
             # reported numbers in fp32 whatever the training precision (the authors' validate())
-            ev = evaluate(state.model, val_batches, eval_tf, self.info.device, self.info, "none")
+            graphs = self.graphs
+            forward = graphs.eval_forward(state.model) if graphs is not None else None
+            ev = evaluate(state.model, val_batches, eval_tf, self.info.device, self.info, "none", forward)
             row.update(val_loss=ev["loss"], val_top1=ev["top1"], val_top5=ev["top5"])
             if ev["n_unreadable"] and self.info.is_main:
                 log.warning("validation: %d images scored, %d unreadable skipped", ev["n"], ev["n_unreadable"])
             if state.ema is not None:
-                ema = evaluate(state.ema.module, val_batches, eval_tf, self.info.device, self.info, "none")
+                forward = graphs.eval_forward(state.ema.module) if graphs is not None else None
+                ema = evaluate(state.ema.module, val_batches, eval_tf, self.info.device, self.info, "none", forward)
                 row["val_top1_ema"] = ema["top1"]
         state.history.append(row)
         state.epoch, state.step_in_epoch = state.epoch + 1, 0
@@ -374,6 +408,18 @@ class _Run:
             if value is not None and (not before or value >= max(before)):
                 ckpt_io.copy_atomic(path, self.out / name)
 
+    def graphs_summary(self) -> dict:
+        """``train.cuda_graphs`` as it ran: the setting, whether the steps were graphed (or why not),
+        and how many training / evaluation steps were replayed and run ungraphed in this process."""
+        out = {"setting": self.cfg.train.cuda_graphs, "graphed": False, "why_not": self.graphs_why_not}
+        if self.graphs is not None:
+            counts = self.graphs.counts()
+            why_not = counts.pop("train_why_not", None)
+            out.update(graphed=why_not is None and counts["train_replays"] > 0, why_not=why_not, **counts)
+        elif self.cfg.train.compile and self.graphs_why_not is None and self.cfg.train.cuda_graphs is not False:
+            out.update(graphed=True, how="torch.compile mode reduce-overhead")
+        return out
+
     def record(self, state: TrainState, row: dict, tb: TensorBoard) -> None:
         write_metrics(state.history, self.out / "metrics.csv")
         tb.log(row)
@@ -411,6 +457,7 @@ class _Run:
             "output": str(self.out),
         }
         summary["recipe"] = self.recipe.to_dict()
+        summary["cuda_graphs"] = self.graphs_summary()
         if history:
             last = history[-1]
             summary.update(

@@ -16,6 +16,7 @@ from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo, all_reduce_sum
 from ..runtime.loop import backward, check_finite, optimizer_step, stop_everywhere
 from .data import Batches
+from .graphs import StepGraphs
 from .state import TrainState
 
 __all__ = ["EpochRunner", "accuracy_counts", "autocast", "evaluate", "soft_cross_entropy"]
@@ -42,9 +43,12 @@ def evaluate(
     device: torch.device,
     info: Optional[DistInfo] = None,
     amp: str = "none",
+    forward: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> dict:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the readable samples, summed across
-    ranks; ``n`` counts the images scored and ``n_unreadable`` the ones that could not be read."""
+    ranks; ``n`` counts the images scored and ``n_unreadable`` the ones that could not be read.
+    ``forward``: what computes the logits of a batch instead of ``model(x)`` (a CUDA-graphed
+    forward of ``model``, :meth:`inline_attn.train.graphs.StepGraphs.eval_forward`)."""
     info = info or DistInfo()
     was_training = model.training
     model.eval()
@@ -53,7 +57,7 @@ def evaluate(
         x = transform(x.to(device, non_blocking=True))
         y = y.to(device)
         with autocast(device, amp):
-            logits = model(x)
+            logits = model(x) if forward is None else forward(x)
         logits = logits.float()
         t1, t5 = accuracy_counts(logits, y)
         sums[:4] += torch.tensor(
@@ -90,6 +94,7 @@ class EpochRunner:
     total_epochs: int = 1
     max_steps: int = 0
     progress: bool = False
+    graphs: Optional[StepGraphs] = None  # train.cuda_graphs on: the steps are captured and replayed
 
     def run(self, state: TrainState, stop_requested: Callable[[], bool]) -> tuple[Optional[str], int]:
         """Optimizer steps ``state.step_in_epoch`` .. the end of epoch ``state.epoch``.
@@ -127,17 +132,24 @@ class EpochRunner:
             if pbar is not None:
                 pbar.close()
 
+    def _batch(self, it) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next batch on the device, augmented and mixed: (images, soft targets, labels)."""
+        x, y = next(it)
+        x = self.train_aug(x.to(self.device, non_blocking=True))
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = y.to(self.device, non_blocking=True)
+        x, target = self.mixup(x, y)
+        return x, target, y
+
     def _step(self, state: TrainState, it) -> torch.Tensor:
         """One optimizer step over ``accum`` micro-batches; returns [loss sum, samples]."""
+        if self.graphs is not None:
+            return self._graphed_step(state, it)
         state.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros(2, dtype=torch.float64)
         for m in range(self.accum):
-            x, y = next(it)
-            x = self.train_aug(x.to(self.device, non_blocking=True))
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = y.to(self.device, non_blocking=True)
-            x, target = self.mixup(x, y)
+            x, target, y = self._batch(it)
             sync = m == self.accum - 1 or not self.info.enabled
             with contextlib.nullcontext() if sync else self.model.no_sync():
                 with autocast(self.device, self.amp):
@@ -150,6 +162,16 @@ class EpochRunner:
         state.sched.step()
         if state.ema is not None:
             state.ema.update(state.model)
+        return step_loss
+
+    def _graphed_step(self, state: TrainState, it) -> torch.Tensor:
+        """:meth:`_step` through :attr:`graphs` (one micro-batch, no scaler): the step with its EMA
+        update replayed, the loss read after it, then the schedule written into the tensor lr."""
+        x, target, y = self._batch(it)
+        loss = self.graphs.train_step(state, self.model, soft_cross_entropy, x, target)
+        check_finite(loss, f"epoch {state.epoch}, step {state.step}")
+        step_loss = torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
+        state.sched.step()
         return step_loss
 
     def _progress_bar(self, state: TrainState):
