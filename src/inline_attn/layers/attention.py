@@ -74,14 +74,19 @@ class TokenAttention(RecordableAttention):
             the fused ``qkv``; the same computation.
         impl: this layer's implementation, one of :data:`inline_attn.ops.IMPLS` (None = the
             process default, :func:`inline_attn.ops.use_impl`); see :class:`RecordableAttention`.
+
+    A one-kind subclass (:class:`InLineAttention`, :class:`SoftmaxAttention`, ...) declares its
+    kind in the class attribute ``kind``; ``kind=`` may repeat it, a different one is a ValueError.
     """
+
+    kind: Optional[str] = None  # a one-kind subclass's kind (here: any, chosen by ``kind=``)
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
         *,
-        kind: str = "inline",
+        kind: Optional[str] = None,
         qkv_bias: bool = True,
         kernel: Optional[str] = None,
         local_residual: Optional[bool] = None,
@@ -91,6 +96,7 @@ class TokenAttention(RecordableAttention):
         split_qkv: bool = False,
         impl: Optional[str] = None,
     ):
+        kind = self._layer_kind(kind)
         super().__init__(impl)
         check_kind(kind, kernel)
         head_dim = check_heads(dim, num_heads)
@@ -112,6 +118,15 @@ class TokenAttention(RecordableAttention):
         self.proj_drop = nn.Dropout(proj_drop)
         use_residual = (kind == "inline") if local_residual is None else bool(local_residual)
         self.residual = LocalResidual(dim, num_heads) if use_residual else None
+
+    @classmethod
+    def _layer_kind(cls, kind: Optional[str]) -> str:
+        """``kind=`` (None: "inline"), or a one-kind subclass's own kind, which ``kind=`` may only repeat."""
+        if cls.kind is None:
+            return "inline" if kind is None else kind
+        if kind is not None and kind != cls.kind:
+            raise ValueError(f"{cls.__name__} is {cls.kind!r} attention; got kind={kind!r}")
+        return cls.kind
 
     def forward(
         self,
@@ -165,80 +180,69 @@ class TokenAttention(RecordableAttention):
 class InLineAttention(TokenAttention):
     """InLine attention layer (injective linear attention + local residual); see TokenAttention."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="inline", **kwargs)
+    kind = "inline"
 
 
 class LinearAttention(TokenAttention):
     """Vanilla linear attention layer (ReLU kernel by default); see TokenAttention."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="linear", **kwargs)
+    kind = "linear"
 
 
 class SoftmaxAttention(TokenAttention):
     """Softmax attention layer (SDPA); see TokenAttention."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="softmax", **kwargs)
+    kind = "softmax"
 
 
 class HydraAttention(TokenAttention):
     """Hydra attention (Bolya et al. 2022); see :class:`~inline_attn.layers.linear_family.HydraCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="hydra", **kwargs)
+    kind = "hydra"
 
 
 class EfficientAttention(TokenAttention):
     """Efficient attention (Shen et al. 2021); see :class:`~inline_attn.layers.linear_family.EfficientCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="efficient", **kwargs)
+    kind = "efficient"
 
 
 class LinearAngularAttention(TokenAttention):
     """Linear-angular attention (Castling-ViT); see :class:`~inline_attn.layers.linear_family.AngularCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="angular", **kwargs)
+    kind = "angular"
 
 
 class ReLUMultiScaleAttention(TokenAttention):
     """EfficientViT's ReLU multi-scale linear attention; see
     :class:`~inline_attn.layers.linear_family.ReLUMultiScaleCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="relu_msa", **kwargs)
+    kind = "relu_msa"
 
 
 class FocusedLinearAttention(TokenAttention):
     """Focused linear attention (FLatten); see :class:`~inline_attn.layers.linear_family.FocusedCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="focused", **kwargs)
+    kind = "focused"
 
 
 class AgentAttention(TokenAttention):
     """Agent attention (Han et al., ECCV 2024); see :class:`~inline_attn.layers.linear_family.AgentCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="agent", **kwargs)
+    kind = "agent"
 
 
 class PolarityAttention(TokenAttention):
     """PolaFormer's polarity-aware linear attention (Meng et al., ICLR 2025); see
     :class:`~inline_attn.layers.linear_family.PolarityCore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="polarity", **kwargs)
+    kind = "polarity"
 
 
 class MLLAAttention(TokenAttention):
     """MLLA's linear attention (Han et al., NeurIPS 2024); see :class:`~inline_attn.layers.linear_family.MLLACore`."""
 
-    def __init__(self, dim: int, num_heads: int, **kwargs):
-        super().__init__(dim, num_heads, kind="mlla", **kwargs)
+    kind = "mlla"
 
 
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> TokenAttention:

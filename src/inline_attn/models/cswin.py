@@ -49,7 +49,7 @@ from ..layers import (
 )
 from ._base import InLineModel
 from ._helpers import parse_pattern
-from .registry import ModelConfig, register_model, variant_config
+from .registry import Family
 
 __all__ = ["NUM_STAGES", "CSWinTransformer", "CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
 
@@ -468,45 +468,18 @@ _SMALL = dict(_TINY, depths=(3, 6, 29, 2), drop_path_rate=0.4)
 _BASE = dict(_SMALL, embed_dim=96, num_heads=(4, 8, 16, 32), drop_path_rate=0.5)
 _BASE384 = dict(_BASE, img_size=384, split_size=(1, 2, 12, 12), inline_split_size=(96, 48, 24, 12), drop_path_rate=0.7)
 
-
-def _cfg(name: str, defaults: dict, crop_pct: float = 0.9, **facts) -> ModelConfig:
-    return variant_config(
-        name,
-        "cswin",
-        defaults,
-        reference=_REFERENCE,
-        first_conv="stage1_conv_embed.0",
-        recorded=("pattern", "split_size", "inline_split_size", "drop_path_rate"),
-        crop_pct=crop_pct,
-        **facts,
-    )
-
-
-def _create(defaults: dict, overrides: dict) -> InLineCSwin:
-    return InLineCSwin(**{**defaults, **overrides})
-
-
-@register_model(_cfg("inline_cswin_tiny", _TINY, paper_top1=83.2, num_params=20_604_520, macs_g=4.31))
-def inline_cswin_tiny(**overrides) -> InLineCSwin:
-    """InLine-CSwin-T (224): embed 64, depths 2-4-18-1, heads 2-4-8-16, IISS."""
-    return _create(_TINY, overrides)
-
-
-@register_model(_cfg("inline_cswin_small", _SMALL, paper_top1=83.8, num_params=33_032_872, macs_g=6.77))
-def inline_cswin_small(**overrides) -> InLineCSwin:
-    """InLine-CSwin-S (224): embed 64, depths 3-6-29-2, heads 2-4-8-16, IISS."""
-    return _create(_SMALL, overrides)
-
-
-@register_model(_cfg("inline_cswin_base", _BASE, paper_top1=84.5, num_params=73_413_640, macs_g=14.88))
-def inline_cswin_base(**overrides) -> InLineCSwin:
-    """InLine-CSwin-B (224): embed 96, depths 3-6-29-2, heads 4-8-16-32, IISS."""
-    return _create(_BASE, overrides)
-
-
-@register_model(
-    _cfg("inline_cswin_base_384", _BASE384, crop_pct=1.0, paper_top1=85.7, num_params=73_413_640, macs_g=46.3)
+_FAMILY = Family(
+    InLineCSwin,
+    "cswin",
+    reference=_REFERENCE,
+    first_conv="stage1_conv_embed.0",
+    recorded=("pattern", "split_size", "inline_split_size", "drop_path_rate"),
+    crop_pct=0.9,
 )
-def inline_cswin_base_384(**overrides) -> InLineCSwin:
-    """InLine-CSwin-B at 384: InLine splits 96-48-24-12, softmax stripes 1-2-12-12."""
-    return _create(_BASE384, overrides)
+# size, title, defaults, then the paper's top-1 (%), parameters and GMACs
+inline_cswin_tiny = _FAMILY.variant("tiny", "InLine-CSwin-T (224)", _TINY, 83.2, 20_604_520, 4.31)
+inline_cswin_small = _FAMILY.variant("small", "InLine-CSwin-S (224)", _SMALL, 83.8, 33_032_872, 6.77)
+inline_cswin_base = _FAMILY.variant("base", "InLine-CSwin-B (224)", _BASE, 84.5, 73_413_640, 14.88)
+inline_cswin_base_384 = _FAMILY.variant(
+    "base_384", "InLine-CSwin-B (384)", _BASE384, 85.7, 73_413_640, 46.3, crop_pct=1.0
+)

@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..layers import PatchEmbed, PreNormBlock, TokenAttention, init_weights_, resize_pos_embed, tokens_to_nchw
 from ._base import InLineModel
 from ._helpers import parse_pattern
-from .registry import ModelConfig, register_model, variant_config
+from .registry import Family
 
 __all__ = ["Block", "DeiTBlock", "InLineDeiT", "VisionTransformer", "checkpoint_filter_fn"]
 
@@ -234,30 +234,10 @@ _TINY = dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=6, 
 _SMALL = dict(_TINY, img_size=288, embed_dim=320, num_heads=10)
 _BASE = dict(_TINY, img_size=448, embed_dim=384, num_heads=12)
 
-
-def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
-    # the authors evaluate with the Swin codebase's pipeline: resize 256/224 of the side, centre
-    # crop 0.875, bicubic, ImageNet mean/std (their timm _cfg metadata says crop 0.9; not what they ran)
-    return variant_config(name, "deit", defaults, reference=_REFERENCE, first_conv="patch_embed.proj", **facts)
-
-
-def _create(defaults: dict, overrides: dict) -> InLineDeiT:
-    return InLineDeiT(**{**defaults, **overrides})
-
-
-@register_model(_cfg("inline_deit_tiny", _TINY, paper_top1=74.5, num_params=6_477_736, macs_g=1.11))
-def inline_deit_tiny(**overrides) -> InLineDeiT:
-    """InLine-DeiT-T (224): embed 192, depth 12, 6 heads."""
-    return _create(_TINY, overrides)
-
-
-@register_model(_cfg("inline_deit_small", _SMALL, paper_top1=80.2, num_params=16_734_760, macs_g=4.97))
-def inline_deit_small(**overrides) -> InLineDeiT:
-    """InLine-DeiT-S (288): embed 320, depth 12, 10 heads."""
-    return _create(_SMALL, overrides)
-
-
-@register_model(_cfg("inline_deit_base", _BASE, paper_top1=82.3, num_params=23_797_096, macs_g=17.17))
-def inline_deit_base(**overrides) -> InLineDeiT:
-    """InLine-DeiT-B (448): embed 384, depth 12, 12 heads."""
-    return _create(_BASE, overrides)
+# the authors evaluate with the Swin codebase's pipeline: resize 256/224 of the side, centre crop 0.875,
+# bicubic, ImageNet mean/std (their timm _cfg metadata says crop 0.9; not what they ran)
+_FAMILY = Family(InLineDeiT, "deit", reference=_REFERENCE, first_conv="patch_embed.proj")
+# size, title, defaults, then the paper's top-1 (%), parameters and GMACs
+inline_deit_tiny = _FAMILY.variant("tiny", "InLine-DeiT-T (224)", _TINY, 74.5, 6_477_736, 1.11)
+inline_deit_small = _FAMILY.variant("small", "InLine-DeiT-S (288)", _SMALL, 80.2, 16_734_760, 4.97)
+inline_deit_base = _FAMILY.variant("base", "InLine-DeiT-B (448)", _BASE, 82.3, 23_797_096, 17.17)

@@ -34,7 +34,7 @@ from ..layers import (
 )
 from ._base import InLineModel
 from ._helpers import parse_pattern
-from .registry import ModelConfig, register_model, variant_config
+from .registry import Family
 
 __all__ = [
     "InLinePVT",
@@ -353,36 +353,11 @@ _SMALL = dict(_TINY, depths=(3, 4, 6, 3))
 _MEDIUM = dict(_TINY, depths=(3, 4, 18, 3), drop_path_rate=0.3)
 _LARGE = dict(_TINY, depths=(3, 8, 27, 3), drop_path_rate=0.3)
 
-
-def _cfg(name: str, defaults: dict, **facts) -> ModelConfig:
-    # evaluated with the Swin codebase's pipeline (crop 0.875, ImageNet mean/std); the reference's
-    # timm _cfg metadata says crop 0.9 and mean/std 0.5, not what the authors ran
-    return variant_config(name, "pvt", defaults, reference=_REFERENCE, first_conv="patch_embed1.proj", **facts)
-
-
-def _create(defaults: dict, overrides: dict) -> InLinePVT:
-    return InLinePVT(**{**defaults, **overrides})
-
-
-@register_model(_cfg("inline_pvt_tiny", _TINY, paper_top1=78.2, num_params=12_032_232, macs_g=1.98))
-def inline_pvt_tiny(**overrides) -> InLinePVT:
-    """InLine-PVT-T: depths 2-2-2-2."""
-    return _create(_TINY, overrides)
-
-
-@register_model(_cfg("inline_pvt_small", _SMALL, paper_top1=82.0, num_params=21_556_136, macs_g=3.91))
-def inline_pvt_small(**overrides) -> InLinePVT:
-    """InLine-PVT-S: depths 3-4-6-3."""
-    return _create(_SMALL, overrides)
-
-
-@register_model(_cfg("inline_pvt_medium", _MEDIUM, paper_top1=83.2, num_params=37_618_856, macs_g=6.86))
-def inline_pvt_medium(**overrides) -> InLinePVT:
-    """InLine-PVT-M: depths 3-4-18-3, drop path 0.3."""
-    return _create(_MEDIUM, overrides)
-
-
-@register_model(_cfg("inline_pvt_large", _LARGE, paper_top1=83.6, num_params=51_154_280, macs_g=10.13))
-def inline_pvt_large(**overrides) -> InLinePVT:
-    """InLine-PVT-L: depths 3-8-27-3, drop path 0.3."""
-    return _create(_LARGE, overrides)
+# evaluated with the Swin codebase's pipeline (crop 0.875, ImageNet mean/std); the reference's
+# timm _cfg metadata says crop 0.9 and mean/std 0.5, not what the authors ran
+_FAMILY = Family(InLinePVT, "pvt", reference=_REFERENCE, first_conv="patch_embed1.proj")
+# size, title, defaults, then the paper's top-1 (%), parameters and GMACs
+inline_pvt_tiny = _FAMILY.variant("tiny", "InLine-PVT-T", _TINY, 78.2, 12_032_232, 1.98)
+inline_pvt_small = _FAMILY.variant("small", "InLine-PVT-S", _SMALL, 82.0, 21_556_136, 3.91)
+inline_pvt_medium = _FAMILY.variant("medium", "InLine-PVT-M", _MEDIUM, 83.2, 37_618_856, 6.86)
+inline_pvt_large = _FAMILY.variant("large", "InLine-PVT-L", _LARGE, 83.6, 51_154_280, 10.13)

@@ -1,7 +1,9 @@
 """One factory over a registry of model variants (timm's pattern).
 
-Each family module declares its variants with ``@register_model(ModelConfig(...))`` on a small
-function that states only that variant's arguments and builds the model.
+Each family module declares its variants in one table: a :class:`Family` (the class and what
+all its variants share) and one :meth:`Family.variant` line per variant with its constructor
+defaults and the paper's numbers, which registers a factory ``inline_<family>_<size>(**overrides)``
+with its :class:`ModelConfig` (timm's ``@register_model`` functions, written once).
 """
 
 from __future__ import annotations
@@ -84,6 +86,58 @@ def register_model(cfg: ModelConfig):
         return fn
 
     return wrap
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family's variants share: the model class, the family's name, the reference
+    class (``extra["reference"]``), the stem convolution (``first_conv``), the constructor defaults
+    that define a variant (``recorded`` in ``extra``) and the authors' evaluation crop."""
+
+    cls: type
+    name: str
+    reference: str
+    first_conv: str
+    recorded: tuple[str, ...] = ("pattern", "drop_path_rate")
+    crop_pct: float = 0.875
+
+    def variant(
+        self,
+        size: str,
+        title: str,
+        defaults: dict,
+        paper_top1: Optional[float],
+        num_params: Optional[int],
+        macs_g: Optional[float],
+        *,
+        crop_pct: Optional[float] = None,
+    ) -> Callable[..., nn.Module]:
+        """Register ``inline_<family>_<size>``, which builds ``cls(**{**defaults, **overrides})``,
+        with its :class:`ModelConfig` (:func:`variant_config`; ``crop_pct`` None: the family's) and
+        the paper's top-1 (%), parameter count and GMACs. Returns the factory, which the family
+        module keeps under its registered name."""
+        name = f"inline_{self.name}_{size}"
+        cfg = variant_config(
+            name,
+            self.name,
+            defaults,
+            reference=self.reference,
+            first_conv=self.first_conv,
+            recorded=self.recorded,
+            crop_pct=self.crop_pct if crop_pct is None else crop_pct,
+            paper_top1=paper_top1,
+            num_params=num_params,
+            macs_g=macs_g,
+        )
+
+        def factory(**overrides) -> nn.Module:
+            return self.cls(**{**defaults, **overrides})
+
+        factory.__name__ = factory.__qualname__ = name
+        factory.__module__ = self.cls.__module__
+        args = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+        factory.__doc__ = f"{title}: {args} (``overrides`` replace any constructor argument)."
+        return register_model(cfg)(factory)
 
 
 def _lookup(name: str):

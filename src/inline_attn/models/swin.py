@@ -43,7 +43,7 @@ from ..layers import (
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .checkpoint import RECOMPUTED_BUFFERS
-from .registry import ModelConfig, register_model, variant_config
+from .registry import Family
 
 __all__ = [
     "SOFTMAX_MIN_WINDOW",
@@ -614,45 +614,19 @@ _TINY = dict(
 )
 _SMALL = dict(_TINY, depths=(2, 2, 18, 2), pattern="IISS", drop_path_rate=0.3)
 _BASE = dict(_SMALL, embed_dim=128, num_heads=(4, 8, 16, 32), pattern="IIMS2", drop_path_rate=0.5)
-_BASE384 = dict(_BASE, img_size=384, window_size=96)
+_BASE384 = dict(_BASE, img_size=384, window_size=96)  # softmax window 12
 
-
-def _cfg(name: str, defaults: dict, crop_pct: float = 0.875, **facts) -> ModelConfig:
-    return variant_config(
-        name,
-        "swin",
-        defaults,
-        reference=_REFERENCE,
-        first_conv="patch_embed.proj",
-        recorded=("pattern", "window_size", "drop_path_rate"),
-        crop_pct=crop_pct,
-        **facts,
-    )
-
-
-def _create(defaults: dict, overrides: dict) -> InLineSwin:
-    return InLineSwin(**{**defaults, **overrides})
-
-
-@register_model(_cfg("inline_swin_tiny", _TINY, paper_top1=82.4, num_params=29_223_544, macs_g=4.46))
-def inline_swin_tiny(**overrides) -> InLineSwin:
-    """InLine-Swin-T: embed 96, depths 2-2-6-2, heads 3-6-12-24, IIIS, window 56, drop path 0.2."""
-    return _create(_TINY, overrides)
-
-
-@register_model(_cfg("inline_swin_small", _SMALL, paper_top1=83.6, num_params=49_793_296, macs_g=8.72))
-def inline_swin_small(**overrides) -> InLineSwin:
-    """InLine-Swin-S: embed 96, depths 2-2-18-2, heads 3-6-12-24, IISS, window 56, drop path 0.3."""
-    return _create(_SMALL, overrides)
-
-
-@register_model(_cfg("inline_swin_base", _BASE, paper_top1=84.1, num_params=88_350_120, macs_g=15.40))
-def inline_swin_base(**overrides) -> InLineSwin:
-    """InLine-Swin-B: embed 128, depths 2-2-18-2, heads 4-8-16-32, IIMS2, window 56, drop path 0.5."""
-    return _create(_BASE, overrides)
-
-
-@register_model(_cfg("inline_swin_base_384", _BASE384, crop_pct=1.0, num_params=88_465_320))
-def inline_swin_base_384(**overrides) -> InLineSwin:
-    """InLine-Swin-B at 384: as InLine-Swin-B with window 96 (softmax window 12)."""
-    return _create(_BASE384, overrides)
+_FAMILY = Family(
+    InLineSwin,
+    "swin",
+    reference=_REFERENCE,
+    first_conv="patch_embed.proj",
+    recorded=("pattern", "window_size", "drop_path_rate"),
+)
+# size, title, defaults, then the paper's top-1 (%), parameters and GMACs
+inline_swin_tiny = _FAMILY.variant("tiny", "InLine-Swin-T", _TINY, 82.4, 29_223_544, 4.46)
+inline_swin_small = _FAMILY.variant("small", "InLine-Swin-S", _SMALL, 83.6, 49_793_296, 8.72)
+inline_swin_base = _FAMILY.variant("base", "InLine-Swin-B", _BASE, 84.1, 88_350_120, 15.40)
+inline_swin_base_384 = _FAMILY.variant(
+    "base_384", "InLine-Swin-B (384)", _BASE384, None, 88_465_320, None, crop_pct=1.0
+)

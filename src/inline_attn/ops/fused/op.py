@@ -63,41 +63,30 @@ def _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens,
     return backward(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens)
 
 
-@torch.library.custom_op("inline_attn::inline_forward", mutates_args=())
-def inline_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    w9: Optional[Tensor],
-    num_heads: int,
-    scale: float,
-    H: int,
-    W: int,
-    num_prefix_tokens: int,
-    backend: str,
-) -> Tensor:
+# The scalar arguments of both ops, as their schemas spell them (``int`` is inferred as SymInt).
+_CORE_ARGS = "SymInt num_heads, float scale, SymInt H, SymInt W, SymInt num_prefix_tokens, str backend"
+
+
+@torch.library.custom_op(
+    "inline_attn::inline_forward",
+    mutates_args=(),
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? w9, {_CORE_ARGS}) -> Tensor",
+)
+def inline_forward(q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], *args) -> Tensor:
     """q, k, v: [B, N, C] (any strides); w9: [B, 9, C] residual taps (q's dtype or float32) or
-    None -> O [B, N, C] in q's dtype."""
-    return _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
+    None; then num_heads, scale, H, W, num_prefix_tokens, backend -> O [B, N, C] in q's dtype."""
+    return _forward_impl(q, k, v, w9, *args)
 
 
-@torch.library.custom_op("inline_attn::inline_backward", mutates_args=())
-def inline_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    w9: Optional[Tensor],
-    grad: Tensor,
-    num_heads: int,
-    scale: float,
-    H: int,
-    W: int,
-    num_prefix_tokens: int,
-    backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+@torch.library.custom_op(
+    "inline_attn::inline_backward",
+    mutates_args=(),
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? w9, Tensor grad, {_CORE_ARGS}) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+def inline_backward(q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], grad: Tensor, *args):
     """Gradients (dq, dk, dv, dw9) of :func:`inline_forward`, dw9 in w9's dtype (empty without a
     residual)."""
-    return _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, num_prefix_tokens, backend)
+    return _backward_impl(q, k, v, w9, grad, *args)
 
 
 @inline_forward.register_fake
@@ -126,29 +115,30 @@ def _backward(ctx, grad):
 inline_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _core_flops(q_shape, w9_shape, num_heads: int, grid, products: int, residual_passes: int) -> int:
+    """FLOPs of ``products`` d x d products per head and ``residual_passes`` 3x3 depthwise passes
+    (9 MACs per grid token and channel) on the [B, N, C] tokens of q_shape; grid: (H, W)."""
+    b, n, c = q_shape
+    h, w = grid
+    macs = products * b * n * c * (c // num_heads)
+    if w9_shape is not None:
+        macs += residual_passes * 9 * b * h * w * c
+    return 2 * macs
+
+
 @register_flop_formula(torch.ops.inline_attn.inline_forward)
 def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, *args, out_shape=None, **kwargs):
     """Counted like the eager path: the two d x d products of every head (2 N d^2 MACs per head)
     and the residual as a 3x3 depthwise convolution (9 MACs per grid token and channel); means
     and sums are not counted (as in eager)."""
-    b, n, c = q_shape
-    h, w = args[1], args[2]
-    macs = 2 * b * n * c * (c // num_heads)
-    if w9_shape is not None:
-        macs += 9 * b * h * w * c
-    return 2 * macs
+    return _core_flops(q_shape, w9_shape, num_heads, args[1:3], 2, 1)
 
 
 @register_flop_formula(torch.ops.inline_attn.inline_backward)
 def _flops_backward(q_shape, k_shape, v_shape, w9_shape, g_shape, num_heads, *args, out_shape=None, **kwargs):
     """The kernels' own work: five d x d products per head (M recomputed, dM, dQ, dK, dV) and the
     residual's two transposed 3x3 passes (dV and dw)."""
-    b, n, c = q_shape
-    h, w = args[1], args[2]
-    macs = 5 * b * n * c * (c // num_heads)
-    if w9_shape is not None:
-        macs += 18 * b * h * w * c
-    return 2 * macs
+    return _core_flops(q_shape, w9_shape, num_heads, args[1:3], 5, 2)
 
 
 def _no_double_backward() -> None:

@@ -178,9 +178,9 @@ def _split(device: torch.device, pairs: int, n: int, block_n: int) -> int:
     return max(1, min(blocks, -(-target // pairs)))
 
 
-def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
-    """The (batch, token, channel) strides of each of ``tensors`` in turn: the kernels' stride arguments."""
-    return tuple(s for t in tensors for s in (t.stride(0), t.stride(1), t.stride(2)))
+def _strides(*tensors: torch.Tensor) -> tuple[tuple[int, int, int], ...]:
+    """The (batch, token, channel) strides of each of ``tensors``, one tuple a tensor: the kernels' stride arguments."""
+    return tuple((t.stride(0), t.stride(1), t.stride(2)) for t in tensors)
 
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
@@ -218,7 +218,7 @@ class _Plan:
     pairs: (sample, head) programs; meta: the kernels' compile-time arguments (:func:`_meta`);
     chunks, chunk: the reduction's token chunks per pair and their length (1 chunk = the fused
     launch); rows: rows per token-pass program of the split launch; geometry: (N, C, H, W, prefix
-    tokens, heads), the token grid's arguments of the fused and token-pass kernels.
+    tokens, heads), the token grid: the kernels' ``geo`` argument.
     """
 
     pairs: int
@@ -290,7 +290,7 @@ def inline_forward_triton(
         plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
         w9_arg = _residual_arg(w9, out)
         if plan.fused:
-            args = (q, k, v, w9_arg, out, *_strides(q, k, v), *plan.geometry, float(scale))
+            args = (q, k, v, w9_arg, out, *_strides(q, k, v), plan.geometry, float(scale))
             _launch(mod.inline_fwd_fused, (plan.pairs,), *args, **plan.meta)
         else:
             _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
@@ -301,10 +301,10 @@ def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None
     """The forward in three launches, for (sample, head) pairs too few to fill the device: each
     token chunk's partial sums (k_bar, v_bar and K^T V of Eq. 5), their finalization into each
     head's M and v_bar, then the token pass O = Q M + v_bar + R(V, w) over row blocks."""
-    n, num_heads, bd, meta = plan.geometry[0], plan.geometry[5], plan.meta["BD"], plan.meta
+    bd, meta = plan.meta["BD"], plan.meta
     ws = _workspace(plan.pairs, plan.chunks, bd * bd + 2 * bd, like=q)
     fin = _workspace(plan.pairs, bd * bd + bd, like=q)
-    partial_args = (k, v, ws, *_strides(k, v), n, num_heads, plan.chunk)
+    partial_args = (k, v, ws, *_strides(k, v), plan.geometry, plan.chunk)
     _launch(
         mod.inline_fwd_partial,
         (plan.pairs, plan.chunks),
@@ -313,9 +313,9 @@ def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None
         PREC=meta["PREC"],
         **plan.reduce_meta,
     )
-    finalize_args = (v, ws, fin, v.stride(0), v.stride(2), n, plan.chunk, plan.chunks, num_heads, float(scale))
+    finalize_args = (v, ws, fin, *_strides(v), plan.geometry, plan.chunk, plan.chunks, float(scale))
     _launch(mod.inline_fwd_finalize, (plan.pairs,), *finalize_args, **plan.reduce_meta)
-    rows_args = (q, v, w9_arg, out, fin, *_strides(q, v), *plan.geometry, plan.rows)
+    rows_args = (q, v, w9_arg, out, fin, *_strides(q, v), plan.geometry, plan.rows)
     _launch(mod.inline_fwd_rows, plan.rows_grid, *rows_args, **meta)
 
 
@@ -353,7 +353,7 @@ def inline_backward_triton(
         grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
         w9_arg = _residual_arg(w9, dq)
         if plan.fused:
-            args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), *plan.geometry, float(scale))
+            args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), plan.geometry, float(scale))
             _launch(mod.inline_bwd_fused, (plan.pairs,), *args, **plan.meta)
         else:
             _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
@@ -366,16 +366,14 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
     token chunk's partial sums (of M's and dM's products, the means and the residual's dw), their
     finalization (M, dM, dw9), then the token pass (dQ, dK, dV) over row blocks."""
     dq, dk, dv, dw_arg = grads
-    n, c, h, w, p, num_heads = plan.geometry
     bd, meta = plan.meta["BD"], plan.meta
     ws = _workspace(plan.pairs, plan.chunks, 2 * bd * bd + 19 * bd, like=q)
     fin = _workspace(plan.pairs, 2 * bd * bd + 3 * bd, like=q)
-    partial_args = (q, k, v, grad, ws, *_strides(q, k, v, grad), n, h, w, p, num_heads, plan.chunk)
+    partial_args = (q, k, v, grad, ws, *_strides(q, k, v, grad), plan.geometry, plan.chunk)
     _launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), *partial_args, **meta)
-    kv_strides = (k.stride(0), k.stride(2), v.stride(0), v.stride(2))  # batch and channel strides
-    finalize_args = (k, v, ws, fin, dw_arg, *kv_strides, n, c, num_heads, plan.chunk, plan.chunks, float(scale))
+    finalize_args = (k, v, ws, fin, dw_arg, *_strides(k, v), plan.geometry, plan.chunk, plan.chunks, float(scale))
     _launch(mod.inline_bwd_finalize, (plan.pairs,), *finalize_args, HAS_RES=meta["HAS_RES"], **plan.reduce_meta)
-    rows_args = (k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k, v, grad), *plan.geometry, float(scale), plan.rows)
+    rows_args = (k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k, v, grad), plan.geometry, float(scale), plan.rows)
     _launch(mod.inline_bwd_rows, plan.rows_grid, *rows_args, **meta)
 
 

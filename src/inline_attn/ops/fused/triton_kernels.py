@@ -29,9 +29,12 @@ Two launch shapes:
 Neither uses atomics: results are bit-reproducible run to run. All sums are fp32.
 
 Layouts: q, k, v (and the upstream gradient g) are [B, N, C] with any strides (views into a qkv
-projection are read in place); w9 is [B, 9, C] contiguous (tap ``t = 3 * (dy + 1) + (dx + 1)``);
-outputs are [B, N, C] contiguous. Tokens ``[0, P)`` are prefix tokens (attended to, no
-residual); token ``P + y * W + x`` is grid cell (y, x).
+projection are read in place), each passed with its strides as one tuple ``(batch, token,
+channel)``; w9 is [B, 9, C] contiguous (tap ``t = 3 * (dy + 1) + (dx + 1)``); outputs are
+[B, N, C] contiguous. ``geo = (N, C, H, W, P, heads)``: tokens ``[0, P)`` are prefix tokens
+(attended to, no residual); token ``P + y * W + x`` is grid cell (y, x). Inside the kernels an
+operand is a *view* of one (sample, head): ``(the sample's base pointer, the token stride, the
+head's column offsets)``.
 
 Workspace rows (fp32, one per (sample, head) and chunk): forward ``[S (BD*BD), k_mean, v_mean]``,
 backward ``[S, dM (BD*BD each), k_mean, v_mean, g_sum, dw (16 rows of BD)]``; finalized rows
@@ -45,28 +48,92 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile(ptr, n, sn, cols, mask):
-    """Load a [BLOCK_N, BD] tile (rows n, columns given as pointer offsets) as fp32."""
+def _view(ptr, st, b, ch):
+    """Sample b of a [B, rows, C] tensor with strides st = (batch, row, channel), at a head's
+    channels ch: (the sample's base pointer, the row stride, the columns' pointer offsets)."""
+    return ptr + b * st[0], st[1], ch * st[2]
+
+
+@triton.jit
+def _dense(ptr, b, rows, C, ch):
+    """The view of sample b of a contiguous [B, rows, C] tensor (w9, the outputs) at channels ch."""
+    return ptr + b * rows * C, C, ch
+
+
+@triton.jit
+def _tile(view, n, mask):
+    """Load a [BLOCK_N, BD] tile of a view's rows n as fp32."""
+    ptr, sn, cols = view
     return tl.load(ptr + n[:, None] * sn + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _grid_coords(n, N, P, W):
-    """Token indices -> (y, x, is_grid) of the H x W grid (prefix and padding rows: is_grid False)."""
-    g = n - P
-    y = g // W
-    x = g - y * W
-    return y, x, (n < N) & (g >= 0)
+def _row(view, i, cmask):
+    """Row i of a view as fp32 (row 0 of K / V: the shift of the sums; row t of w9: tap t)."""
+    ptr, sn, cols = view
+    return tl.load(ptr + i * sn + cols, mask=cmask, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _shifted_tile(ptr, sn, cols, cmask, y, x, is_grid, H, W, P, DY: tl.constexpr, DX: tl.constexpr):
+def _store(view, n, val, mask):
+    """Store a [rows, BD] tile at a view's rows n, in the view's dtype."""
+    ptr, sn, cols = view
+    tl.store(ptr + n[:, None] * sn + cols[None, :], val.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _block(start, n_hi, cmask, BLOCK_N: tl.constexpr):
+    """The row block at start: its token indices n and the [BLOCK_N, BD] mask of rows < n_hi."""
+    n = start + tl.arange(0, BLOCK_N)
+    return n, (n < n_hi)[:, None] & cmask[None, :]
+
+
+@triton.jit
+def _grid_coords(n, n_hi, geo):
+    """Token indices -> cells (y, x, is_grid) of the H x W grid (prefix rows and rows from n_hi on:
+    is_grid False)."""
+    _, _, H, W, P, _ = geo
+    g = n - P
+    y = g // W
+    x = g - y * W
+    return y, x, (n < n_hi) & (g >= 0)
+
+
+@triton.jit
+def _shifted_tile(view, cmask, cells, geo, DY: tl.constexpr, DX: tl.constexpr):
     """The tile of rows at grid offset (DY, DX) from each row's cell; zero outside the grid."""
+    _, _, H, W, P, _ = geo
+    y, x, is_grid = cells
     yy = y + DY
     xx = x + DX
     ok = is_grid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-    nb = P + yy * W + xx
-    return tl.load(ptr + nb[:, None] * sn + cols[None, :], mask=ok[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    return _tile(view, P + yy * W + xx, ok[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
+    """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
+    residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx))."""
+    for t in tl.static_range(9):
+        wt = _row(w9, t, cmask)
+        acc += wt[None, :] * _shifted_tile(src, cmask, cells, geo, SIGN * (t // 3 - 1), SIGN * (t % 3 - 1))
+    return acc
+
+
+@triton.jit
+def _no_stats(BD: tl.constexpr):
+    """The centred statistics of no tokens: (count, key means, value means, S)."""
+    return 0.0, tl.zeros([BD], dtype=tl.float32), tl.zeros([BD], dtype=tl.float32), tl.zeros([BD, BD], dtype=tl.float32)
+
+
+@triton.jit
+def _no_bwd_sums(BD: tl.constexpr):
+    """The backward sums of no tokens: the statistics, dM, sum G and dw ([16, BD])."""
+    cnt, mk, mv, s = _no_stats(BD)
+    dm = tl.zeros([BD, BD], dtype=tl.float32)
+    gs = tl.zeros([BD], dtype=tl.float32)
+    dw = tl.zeros([16, BD], dtype=tl.float32)
+    return cnt, mk, mv, s, dm, gs, dw
 
 
 @triton.jit
@@ -90,74 +157,36 @@ def _tile_stats(kt, vt, m2, n_valid):
 
 
 @triton.jit
-def _fwd_sums(
-    kb,
-    vb,
-    k_sn,
-    v_sn,
-    k_col,
-    v_col,
-    cmask,
-    ck,
-    cv,
-    n_lo,
-    n_hi,
-    BD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr,
-):
+def _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC: tl.constexpr):
+    """Merge the tile of rows n (mask m2, n_valid rows) of K - ck and V - cv into the statistics."""
+    kt = tl.where(m2, _tile(k, n, m2) - ck[None, :], 0.0)
+    vt = tl.where(m2, _tile(v, n, m2) - cv[None, :], 0.0)
+    tmk, tmv, kc, vc = _tile_stats(kt, vt, m2, n_valid)
+    return _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
+
+
+@triton.jit
+def _fwd_sums(k, v, cmask, ck, cv, n_lo, n_hi, BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     """Centred statistics of tokens [n_lo, n_hi): means of K - ck and V - cv, S = sum K_c^T V_c."""
-    cnt = 0.0
-    mk = tl.zeros([BD], dtype=tl.float32)
-    mv = tl.zeros([BD], dtype=tl.float32)
-    s = tl.zeros([BD, BD], dtype=tl.float32)
+    cnt, mk, mv, s = _no_stats(BD)
     for start in range(n_lo, n_hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        m2 = (n < n_hi)[:, None] & cmask[None, :]
+        n, m2 = _block(start, n_hi, cmask, BLOCK_N)
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
-        kt = tl.where(m2, _tile(kb, n, k_sn, k_col, m2) - ck[None, :], 0.0)
-        vt = tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - cv[None, :], 0.0)
-        tmk, tmv, kc, vc = _tile_stats(kt, vt, m2, n_valid)
-        cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
+        cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
     return cnt, mk, mv, s
 
 
 @triton.jit
 def _fwd_rows(
-    qb,
-    vb,
-    wb,
-    ob,
-    q_sn,
-    v_sn,
-    q_col,
-    v_col,
-    o_col,
-    C,
-    cmask,
-    m,
-    vbar,
-    n0,
-    n1,
-    N,
-    H,
-    W,
-    P,
-    HAS_RES: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr,
+    q, v, w9, o, cmask, m, vbar, n0, n1, geo, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr
 ):
     """O rows [n0, n1) = Q M + v_bar (+ the 3x3 residual on grid rows)."""
     for start in range(n0, n1, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        m2 = (n < n1)[:, None] & cmask[None, :]
-        o = tl.dot(_tile(qb, n, q_sn, q_col, m2), m, input_precision=PREC) + vbar[None, :]
+        n, m2 = _block(start, n1, cmask, BLOCK_N)
+        out = tl.dot(_tile(q, n, m2), m, input_precision=PREC) + vbar[None, :]
         if HAS_RES:
-            y, x, is_grid = _grid_coords(n, n1, P, W)
-            for t in tl.static_range(9):
-                wt = tl.load(wb + t * C + o_col, mask=cmask, other=0.0).to(tl.float32)
-                o += wt[None, :] * _shifted_tile(vb, v_sn, v_col, cmask, y, x, is_grid, H, W, P, t // 3 - 1, t % 3 - 1)
-        tl.store(ob + n[:, None] * C + o_col[None, :], o.to(ob.dtype.element_ty), mask=m2)
+            out = _add_taps(out, w9, v, cmask, _grid_coords(n, n1, geo), geo, 1)
+        _store(o, n, out, m2)
 
 
 @triton.jit
@@ -168,9 +197,10 @@ def _pair(pid, heads, D: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def _row0(ptr, cols, cmask):
-    """Token 0's row (the shift of the sums) as fp32."""
-    return tl.load(ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+def _square(BD: tl.constexpr):
+    """Offsets of a BD vector and of a row-major BD x BD matrix (workspace and finalized rows)."""
+    c = tl.arange(0, BD)
+    return c, c[:, None] * BD + c[None, :]
 
 
 @triton.jit
@@ -180,21 +210,10 @@ def inline_fwd_fused(
     V,
     W9,
     O,
-    q_sb,
-    q_sn,
-    q_sc,
-    k_sb,
-    k_sn,
-    k_sc,
-    v_sb,
-    v_sn,
-    v_sc,
-    N,
-    C,
-    H,
-    W,
-    P,
-    heads,
+    q_st,
+    k_st,
+    v_st,
+    geo,
     scale,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -203,97 +222,43 @@ def inline_fwd_fused(
     PREC: tl.constexpr,
 ):
     """One program per (sample, head): the statistics, M, then every output row of that head."""
+    N, C, _, _, _, heads = geo
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    kb, vb = K + b * k_sb, V + b * v_sb
-    cv = _row0(vb, ch * v_sc, cmask)
-    cnt, mk, mv, s = _fwd_sums(
-        kb, vb, k_sn, v_sn, ch * k_sc, ch * v_sc, cmask, _row0(kb, ch * k_sc, cmask), cv, 0, N, BD, BLOCK_N, PREC
-    )
-    _fwd_rows(
-        Q + b * q_sb,
-        vb,
-        W9 + b * 9 * C,
-        O + b * N * C,
-        q_sn,
-        v_sn,
-        ch * q_sc,
-        ch * v_sc,
-        ch,
-        C,
-        cmask,
-        s * (scale / N),
-        cv + mv,
-        0,
-        N,
-        N,
-        H,
-        W,
-        P,
-        HAS_RES,
-        BLOCK_N,
-        PREC,
-    )
+    k, v = _view(K, k_st, b, ch), _view(V, v_st, b, ch)
+    cv = _row(v, 0, cmask)
+    cnt, mk, mv, s = _fwd_sums(k, v, cmask, _row(k, 0, cmask), cv, 0, N, BD, BLOCK_N, PREC)
+    q, w9, o = _view(Q, q_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
+    _fwd_rows(q, v, w9, o, cmask, s * (scale / N), cv + mv, 0, N, geo, HAS_RES, BLOCK_N, PREC)
 
 
 @triton.jit
 def inline_fwd_partial(
-    K,
-    V,
-    WS,
-    k_sb,
-    k_sn,
-    k_sc,
-    v_sb,
-    v_sn,
-    v_sc,
-    N,
-    heads,
-    chunk,
-    D: tl.constexpr,
-    BD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr,
+    K, V, WS, k_st, v_st, geo, chunk, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr
 ):
     """Program (sample*head, chunk): centred statistics of one token chunk -> its workspace row."""
+    N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
-    kb, vb = K + b * k_sb, V + b * v_sb
-    cnt, mk, mv, s = _fwd_sums(
-        kb,
-        vb,
-        k_sn,
-        v_sn,
-        ch * k_sc,
-        ch * v_sc,
-        cmask,
-        _row0(kb, ch * k_sc, cmask),
-        _row0(vb, ch * v_sc, cmask),
-        n_lo,
-        tl.minimum(n_lo + chunk, N),
-        BD,
-        BLOCK_N,
-        PREC,
-    )
-    c = tl.arange(0, BD)
+    k, v = _view(K, k_st, b, ch), _view(V, v_st, b, ch)
+    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    cnt, mk, mv, s = _fwd_sums(k, v, cmask, ck, cv, n_lo, tl.minimum(n_lo + chunk, N), BD, BLOCK_N, PREC)
+    c, sq = _square(BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (BD * BD + 2 * BD)
-    tl.store(ws + c[:, None] * BD + c[None, :], s)
+    tl.store(ws + sq, s)
     tl.store(ws + BD * BD + c, mk)
     tl.store(ws + BD * BD + BD + c, mv)
 
 
 @triton.jit
-def inline_fwd_finalize(V, WS, FIN, v_sb, v_sc, N, chunk, SPLIT, heads, scale, D: tl.constexpr, BD: tl.constexpr):
+def inline_fwd_finalize(V, WS, FIN, v_st, geo, chunk, SPLIT, scale, D: tl.constexpr, BD: tl.constexpr):
     """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, v_bar] (FIN)."""
+    N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
-    c = tl.arange(0, BD)
-    sq = c[:, None] * BD + c[None, :]
+    c, sq = _square(BD)
     row = BD * BD + 2 * BD
-    cnt = 0.0
-    mk = tl.zeros([BD], dtype=tl.float32)
-    mv = tl.zeros([BD], dtype=tl.float32)
-    s = tl.zeros([BD, BD], dtype=tl.float32)
+    cnt, mk, mv, s = _no_stats(BD)
     for i in range(0, SPLIT):
         ws = WS + (pid * SPLIT + i) * row
         n_i = tl.minimum(chunk, N - i * chunk).to(tl.float32)
@@ -302,7 +267,7 @@ def inline_fwd_finalize(V, WS, FIN, v_sb, v_sc, N, chunk, SPLIT, heads, scale, D
         )
     fin = FIN + pid * (BD * BD + BD)
     tl.store(fin + sq, s * (scale / N))
-    tl.store(fin + BD * BD + c, _row0(V + b * v_sb, ch * v_sc, cmask) + mv)
+    tl.store(fin + BD * BD + c, _row(_view(V, v_st, b, ch), 0, cmask) + mv)
 
 
 @triton.jit
@@ -312,18 +277,9 @@ def inline_fwd_rows(
     W9,
     O,
     FIN,
-    q_sb,
-    q_sn,
-    q_sc,
-    v_sb,
-    v_sn,
-    v_sc,
-    N,
-    C,
-    H,
-    W,
-    P,
-    heads,
+    q_st,
+    v_st,
+    geo,
     rows,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -332,62 +288,29 @@ def inline_fwd_rows(
     PREC: tl.constexpr,
 ):
     """Program (sample*head, row block): output rows [i*rows, (i+1)*rows) from the finalized M."""
+    N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
-    c = tl.arange(0, BD)
+    c, sq = _square(BD)
     fin = FIN + pid * (BD * BD + BD)
-    m = tl.load(fin + c[:, None] * BD + c[None, :])
-    vbar = tl.load(fin + BD * BD + c)
+    m, vbar = tl.load(fin + sq), tl.load(fin + BD * BD + c)
     n0 = tl.program_id(1) * rows
-    _fwd_rows(
-        Q + b * q_sb,
-        V + b * v_sb,
-        W9 + b * 9 * C,
-        O + b * N * C,
-        q_sn,
-        v_sn,
-        ch * q_sc,
-        ch * v_sc,
-        ch,
-        C,
-        cmask,
-        m,
-        vbar,
-        n0,
-        tl.minimum(n0 + rows, N),
-        N,
-        H,
-        W,
-        P,
-        HAS_RES,
-        BLOCK_N,
-        PREC,
-    )
+    q, v, w9, o = _view(Q, q_st, b, ch), _view(V, v_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
+    _fwd_rows(q, v, w9, o, cmask, m, vbar, n0, tl.minimum(n0 + rows, N), geo, HAS_RES, BLOCK_N, PREC)
 
 
 @triton.jit
 def _bwd_sums(
-    qb,
-    kb,
-    vb,
-    gb,
-    q_sn,
-    k_sn,
-    v_sn,
-    g_sn,
-    q_col,
-    k_col,
-    v_col,
-    g_col,
+    q,
+    k,
+    v,
+    g,
     cmask,
     ck,
     cv,
     n_lo,
     n_hi,
-    N,
-    H,
-    W,
-    P,
+    geo,
     HAS_RES: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -395,50 +318,31 @@ def _bwd_sums(
 ):
     """Over tokens [n_lo, n_hi): the forward's statistics (M is recomputed), dM = Q^T G, sum G and
     the residual's weight gradient dw[t] = sum_n G_n * V_{n+t} ([16, BD], rows 0..8 used)."""
-    cnt = 0.0
-    mk = tl.zeros([BD], dtype=tl.float32)
-    mv = tl.zeros([BD], dtype=tl.float32)
-    s = tl.zeros([BD, BD], dtype=tl.float32)
-    dm = tl.zeros([BD, BD], dtype=tl.float32)
-    gs = tl.zeros([BD], dtype=tl.float32)
+    cnt, mk, mv, s, dm, gs, dw = _no_bwd_sums(BD)
     taps = tl.arange(0, 16)
-    dw = tl.zeros([16, BD], dtype=tl.float32)
     for start in range(n_lo, n_hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        m2 = (n < n_hi)[:, None] & cmask[None, :]
+        n, m2 = _block(start, n_hi, cmask, BLOCK_N)
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
-        kt = tl.where(m2, _tile(kb, n, k_sn, k_col, m2) - ck[None, :], 0.0)
-        tmk, tmv, kc, vc = _tile_stats(kt, tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - cv[None, :], 0.0), m2, n_valid)
-        cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
-        gt = _tile(gb, n, g_sn, g_col, m2)
-        dm += tl.dot(tl.trans(_tile(qb, n, q_sn, q_col, m2)), gt, input_precision=PREC)
+        cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
+        gt = _tile(g, n, m2)
+        dm += tl.dot(tl.trans(_tile(q, n, m2)), gt, input_precision=PREC)
         gs += tl.sum(gt, axis=0)
         if HAS_RES:
-            y, x, is_grid = _grid_coords(n, n_hi, P, W)
-            gt = tl.where(is_grid[:, None], gt, 0.0)
+            cells = _grid_coords(n, n_hi, geo)
+            gt = tl.where(cells[2][:, None], gt, 0.0)
             for t in tl.static_range(9):
-                vn = _shifted_tile(vb, v_sn, v_col, cmask, y, x, is_grid, H, W, P, t // 3 - 1, t % 3 - 1)
+                vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
                 dw += tl.where(taps[:, None] == t, tl.sum(gt * vn, axis=0)[None, :], 0.0)
     return cnt, mk, mv, s, dm, gs, dw
 
 
 @triton.jit
 def _bwd_rows(
-    gb,
-    kb,
-    vb,
-    wb,
-    dqb,
-    dkb,
-    dvb,
-    g_sn,
-    k_sn,
-    v_sn,
-    g_col,
-    k_col,
-    v_col,
-    o_col,
-    C,
+    g,
+    k,
+    v,
+    w9,
+    grads,
     cmask,
     m,
     dm,
@@ -448,42 +352,39 @@ def _bwd_rows(
     alpha,
     n0,
     n1,
-    N,
-    H,
-    W,
-    P,
+    geo,
     HAS_RES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """dQ, dK, dV rows [n0, n1) from M, dM and the means."""
+    """dQ, dK, dV rows [n0, n1) (grads: their views) from M, dM and the means."""
+    dq_out, dk_out, dv_out = grads
     for start in range(n0, n1, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        m2 = (n < n1)[:, None] & cmask[None, :]
-        gt = _tile(gb, n, g_sn, g_col, m2)
-        kc = tl.where(m2, _tile(kb, n, k_sn, k_col, m2) - kbar[None, :], 0.0)
-        vc = tl.where(m2, _tile(vb, n, v_sn, v_col, m2) - vbar[None, :], 0.0)
+        n, m2 = _block(start, n1, cmask, BLOCK_N)
+        gt = _tile(g, n, m2)
+        kc = tl.where(m2, _tile(k, n, m2) - kbar[None, :], 0.0)
+        vc = tl.where(m2, _tile(v, n, m2) - vbar[None, :], 0.0)
         dq = tl.dot(gt, tl.trans(m), input_precision=PREC)
         dk = tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha
         dv = tl.dot(kc, dm, input_precision=PREC) * alpha + gbar[None, :]
         if HAS_RES:
-            # V at cell (y, x) fed the output at (y - dy, x - dx) through tap (dy, dx)
-            y, x, is_grid = _grid_coords(n, n1, P, W)
-            for t in tl.static_range(9):
-                wt = tl.load(wb + t * C + o_col, mask=cmask, other=0.0).to(tl.float32)
-                dv += wt[None, :] * _shifted_tile(gb, g_sn, g_col, cmask, y, x, is_grid, H, W, P, 1 - t // 3, 1 - t % 3)
-        out = o_col[None, :] + n[:, None] * C
-        tl.store(dqb + out, dq.to(dqb.dtype.element_ty), mask=m2)
-        tl.store(dkb + out, dk.to(dkb.dtype.element_ty), mask=m2)
-        tl.store(dvb + out, dv.to(dvb.dtype.element_ty), mask=m2)
+            dv = _add_taps(dv, w9, g, cmask, _grid_coords(n, n1, geo), geo, -1)
+        _store(dq_out, n, dq, m2)
+        _store(dk_out, n, dk, m2)
+        _store(dv_out, n, dv, m2)
 
 
 @triton.jit
-def _store_dw(dwb, C, o_col, cmask, dw):
+def _grads(DQ, DK, DV, b, N, C, ch):
+    """The views of sample b's dQ, dK, dV ([B, N, C] contiguous) at channels ch."""
+    return _dense(DQ, b, N, C, ch), _dense(DK, b, N, C, ch), _dense(DV, b, N, C, ch)
+
+
+@triton.jit
+def _store_dw(DW, b, C, ch, cmask, dw):
+    """Taps 0..8 of one (sample, head)'s residual weight gradient dw [16, BD] -> DW [B, 9, C]."""
     taps = tl.arange(0, 16)
-    tl.store(
-        dwb + taps[:, None] * C + o_col[None, :], dw.to(dwb.dtype.element_ty), mask=(taps < 9)[:, None] & cmask[None, :]
-    )
+    _store(_dense(DW, b, 9, C, ch), taps, dw, (taps < 9)[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -497,24 +398,11 @@ def inline_bwd_fused(
     DK,
     DV,
     DW,
-    q_sb,
-    q_sn,
-    q_sc,
-    k_sb,
-    k_sn,
-    k_sc,
-    v_sb,
-    v_sn,
-    v_sc,
-    g_sb,
-    g_sn,
-    g_sc,
-    N,
-    C,
-    H,
-    W,
-    P,
-    heads,
+    q_st,
+    k_st,
+    v_st,
+    g_st,
+    geo,
     scale,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -523,72 +411,18 @@ def inline_bwd_fused(
     PREC: tl.constexpr,
 ):
     """One program per (sample, head): the backward sums, then every gradient row of that head."""
+    N, C, _, _, _, heads = geo
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    kb, vb, gb = K + b * k_sb, V + b * v_sb, G + b * g_sb
-    k_col, v_col, g_col = ch * k_sc, ch * v_sc, ch * g_sc
-    ck, cv = _row0(kb, k_col, cmask), _row0(vb, v_col, cmask)
-    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(
-        Q + b * q_sb,
-        kb,
-        vb,
-        gb,
-        q_sn,
-        k_sn,
-        v_sn,
-        g_sn,
-        ch * q_sc,
-        k_col,
-        v_col,
-        g_col,
-        cmask,
-        ck,
-        cv,
-        0,
-        N,
-        N,
-        H,
-        W,
-        P,
-        HAS_RES,
-        BD,
-        BLOCK_N,
-        PREC,
-    )
+    q, k, v, g = _view(Q, q_st, b, ch), _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
+    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(q, k, v, g, cmask, ck, cv, 0, N, geo, HAS_RES, BD, BLOCK_N, PREC)
     alpha = scale / N
     if HAS_RES:
-        _store_dw(DW + b * 9 * C, C, ch, cmask, dw)
+        _store_dw(DW, b, C, ch, cmask, dw)
+    grads = _grads(DQ, DK, DV, b, N, C, ch)
+    w9 = _dense(W9, b, 9, C, ch)
     _bwd_rows(
-        gb,
-        kb,
-        vb,
-        W9 + b * 9 * C,
-        DQ + b * N * C,
-        DK + b * N * C,
-        DV + b * N * C,
-        g_sn,
-        k_sn,
-        v_sn,
-        g_col,
-        k_col,
-        v_col,
-        ch,
-        C,
-        cmask,
-        s * alpha,
-        dm,
-        ck + mk,
-        cv + mv,
-        gs / N,
-        alpha,
-        0,
-        N,
-        N,
-        H,
-        W,
-        P,
-        HAS_RES,
-        BLOCK_N,
-        PREC,
+        g, k, v, w9, grads, cmask, s * alpha, dm, ck + mk, cv + mv, gs / N, alpha, 0, N, geo, HAS_RES, BLOCK_N, PREC
     )
 
 
@@ -599,23 +433,11 @@ def inline_bwd_partial(
     V,
     G,
     WS,
-    q_sb,
-    q_sn,
-    q_sc,
-    k_sb,
-    k_sn,
-    k_sc,
-    v_sb,
-    v_sn,
-    v_sc,
-    g_sb,
-    g_sn,
-    g_sc,
-    N,
-    H,
-    W,
-    P,
-    heads,
+    q_st,
+    k_st,
+    v_st,
+    g_st,
+    geo,
     chunk,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -624,40 +446,15 @@ def inline_bwd_partial(
     PREC: tl.constexpr,
 ):
     """Program (sample*head, chunk): the backward sums over one token chunk -> its workspace row."""
+    N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
     n_hi = tl.minimum(n_lo + chunk, N)
-    kb, vb = K + b * k_sb, V + b * v_sb
-    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(
-        Q + b * q_sb,
-        kb,
-        vb,
-        G + b * g_sb,
-        q_sn,
-        k_sn,
-        v_sn,
-        g_sn,
-        ch * q_sc,
-        ch * k_sc,
-        ch * v_sc,
-        ch * g_sc,
-        cmask,
-        _row0(kb, ch * k_sc, cmask),
-        _row0(vb, ch * v_sc, cmask),
-        n_lo,
-        n_hi,
-        N,
-        H,
-        W,
-        P,
-        HAS_RES,
-        BD,
-        BLOCK_N,
-        PREC,
-    )
-    c = tl.arange(0, BD)
-    sq = c[:, None] * BD + c[None, :]
+    q, k, v, g = _view(Q, q_st, b, ch), _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
+    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    cnt, mk, mv, s, dm, gs, dw = _bwd_sums(q, k, v, g, cmask, ck, cv, n_lo, n_hi, geo, HAS_RES, BD, BLOCK_N, PREC)
+    c, sq = _square(BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (2 * BD * BD + 19 * BD)
     tl.store(ws + sq, s)
     tl.store(ws + BD * BD + sq, dm)
@@ -671,40 +468,17 @@ def inline_bwd_partial(
 
 @triton.jit
 def inline_bwd_finalize(
-    K,
-    V,
-    WS,
-    FIN,
-    DW,
-    k_sb,
-    k_sc,
-    v_sb,
-    v_sc,
-    N,
-    C,
-    heads,
-    chunk,
-    SPLIT,
-    scale,
-    D: tl.constexpr,
-    BD: tl.constexpr,
-    HAS_RES: tl.constexpr,
+    K, V, WS, FIN, DW, k_st, v_st, geo, chunk, SPLIT, scale, D: tl.constexpr, BD: tl.constexpr, HAS_RES: tl.constexpr
 ):
     """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, dM, k_bar, v_bar,
     g_bar] (FIN); writes the residual's weight gradient of its head."""
+    N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
-    c = tl.arange(0, BD)
-    sq = c[:, None] * BD + c[None, :]
+    c, sq = _square(BD)
     taps = tl.arange(0, 16)
     row = 2 * BD * BD + 19 * BD
-    cnt = 0.0
-    mk = tl.zeros([BD], dtype=tl.float32)
-    mv = tl.zeros([BD], dtype=tl.float32)
-    s = tl.zeros([BD, BD], dtype=tl.float32)
-    dm = tl.zeros([BD, BD], dtype=tl.float32)
-    gs = tl.zeros([BD], dtype=tl.float32)
-    dw = tl.zeros([16, BD], dtype=tl.float32)
+    cnt, mk, mv, s, dm, gs, dw = _no_bwd_sums(BD)
     for i in range(0, SPLIT):
         ws = WS + (pid * SPLIT + i) * row
         vec = ws + 2 * BD * BD
@@ -717,11 +491,11 @@ def inline_bwd_finalize(
     fin = FIN + pid * (2 * BD * BD + 3 * BD)
     tl.store(fin + sq, s * (scale / N))
     tl.store(fin + BD * BD + sq, dm)
-    tl.store(fin + 2 * BD * BD + c, _row0(K + b * k_sb, ch * k_sc, cmask) + mk)
-    tl.store(fin + 2 * BD * BD + BD + c, _row0(V + b * v_sb, ch * v_sc, cmask) + mv)
+    tl.store(fin + 2 * BD * BD + c, _row(_view(K, k_st, b, ch), 0, cmask) + mk)
+    tl.store(fin + 2 * BD * BD + BD + c, _row(_view(V, v_st, b, ch), 0, cmask) + mv)
     tl.store(fin + 2 * BD * BD + 2 * BD + c, gs / N)
     if HAS_RES:
-        _store_dw(DW + b * 9 * C, C, ch, cmask, dw)
+        _store_dw(DW, b, C, ch, cmask, dw)
 
 
 @triton.jit
@@ -734,21 +508,10 @@ def inline_bwd_rows(
     DK,
     DV,
     FIN,
-    k_sb,
-    k_sn,
-    k_sc,
-    v_sb,
-    v_sn,
-    v_sc,
-    g_sb,
-    g_sn,
-    g_sc,
-    N,
-    C,
-    H,
-    W,
-    P,
-    heads,
+    k_st,
+    v_st,
+    g_st,
+    geo,
     scale,
     rows,
     D: tl.constexpr,
@@ -758,46 +521,19 @@ def inline_bwd_rows(
     PREC: tl.constexpr,
 ):
     """Program (sample*head, row block): gradient rows [i*rows, (i+1)*rows) from the finalized row."""
+    N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
-    c = tl.arange(0, BD)
-    sq = c[:, None] * BD + c[None, :]
+    c, sq = _square(BD)
     fin = FIN + pid * (2 * BD * BD + 3 * BD)
+    m, dm = tl.load(fin + sq), tl.load(fin + BD * BD + sq)
     vec = fin + 2 * BD * BD
+    kbar, vbar, gbar = tl.load(vec + c), tl.load(vec + BD + c), tl.load(vec + 2 * BD + c)
     n0 = tl.program_id(1) * rows
-    _bwd_rows(
-        G + b * g_sb,
-        K + b * k_sb,
-        V + b * v_sb,
-        W9 + b * 9 * C,
-        DQ + b * N * C,
-        DK + b * N * C,
-        DV + b * N * C,
-        g_sn,
-        k_sn,
-        v_sn,
-        ch * g_sc,
-        ch * k_sc,
-        ch * v_sc,
-        ch,
-        C,
-        cmask,
-        tl.load(fin + sq),
-        tl.load(fin + BD * BD + sq),
-        tl.load(vec + c),
-        tl.load(vec + BD + c),
-        tl.load(vec + 2 * BD + c),
-        scale / N,
-        n0,
-        tl.minimum(n0 + rows, N),
-        N,
-        H,
-        W,
-        P,
-        HAS_RES,
-        BLOCK_N,
-        PREC,
-    )
+    k, v, g = _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
+    grads, w9 = _grads(DQ, DK, DV, b, N, C, ch), _dense(W9, b, 9, C, ch)
+    n1 = tl.minimum(n0 + rows, N)
+    _bwd_rows(g, k, v, w9, grads, cmask, m, dm, kbar, vbar, gbar, scale / N, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
 
 
 # The residual predictor (paper Sec. 4.2): per sample b and head h (the predictor's groups are the
@@ -810,8 +546,9 @@ def inline_bwd_rows(
 #
 # W1 is [C, d] and W2 [9C, d] (the grouped 1x1 convolutions' weights, contiguous); everything in fp32.
 
-_SQRT1_2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
+# constexpr: a jit function may read a module global only when it is one (a plain float fails to compile)
+_SQRT1_2 = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
@@ -841,9 +578,7 @@ def predictor_fwd(
     B2,
     CTX,
     TAPS,
-    x_sb,
-    x_sn,
-    x_sc,
+    x_st,
     N,
     C,
     heads,
@@ -855,11 +590,11 @@ def predictor_fwd(
     head's two products and the GELU; writes ctx [B, C] and the taps [B, 9, C] (fp32)."""
     b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
     i = tl.arange(0, BD)
-    xb = X + b * x_sb
+    x = _view(X, x_st, b, ch)
     acc = tl.zeros([BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        acc += tl.sum(_tile(xb, n, x_sn, ch * x_sc, (n < N)[:, None] & cmask[None, :]), axis=0)
+        n, m2 = _block(start, N, cmask, BLOCK_N)
+        acc += tl.sum(_tile(x, n, m2), axis=0)
     ctx = acc / N
     tl.store(CTX + b * C + ch, ctx, mask=cmask)
     w1 = _head_block(W1, ch * D, i, cmask)  # [j, i]
@@ -872,10 +607,13 @@ def predictor_fwd(
 
 
 @triton.jit
-def _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC: tl.constexpr):
-    """ctx rows rb [BLOCK_B, BD] and the first product's pre-activation y1 [BLOCK_B, BD]."""
+def _sample_block(CTX, start, B, C, ch, cmask, w1, b1, BLOCK_B: tl.constexpr, PREC: tl.constexpr):
+    """The samples rb = [start, start + BLOCK_B) (mask bmask < B), their ctx rows [BLOCK_B, BD]
+    and the first product's pre-activation y1 [BLOCK_B, BD]."""
+    rb = start + tl.arange(0, BLOCK_B)
+    bmask = rb < B
     ctx = tl.load(CTX + rb[:, None] * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
-    return ctx, tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
+    return rb, bmask, ctx, tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
 
 
 @triton.jit
@@ -918,9 +656,7 @@ def predictor_bwd(
         dw1 = tl.zeros([BD, BD], dtype=tl.float32)
         db1 = tl.zeros([BD], dtype=tl.float32)
         for start in range(0, B, BLOCK_B):
-            rb = start + tl.arange(0, BLOCK_B)
-            bmask = rb < B
-            ctx, y1 = _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC)
+            rb, bmask, ctx, y1 = _sample_block(CTX, start, B, C, ch, cmask, w1, b1, BLOCK_B, PREC)
             da = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
             for t in tl.static_range(9):
                 g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
@@ -937,9 +673,7 @@ def predictor_bwd(
         dw2 = tl.zeros([BD, BD], dtype=tl.float32)
         db2 = tl.zeros([BD], dtype=tl.float32)
         for start in range(0, B, BLOCK_B):
-            rb = start + tl.arange(0, BLOCK_B)
-            bmask = rb < B
-            ctx, y1 = _predictor_hidden(CTX, rb, ch, C, w1, b1, cmask, bmask, PREC)
+            rb, bmask, ctx, y1 = _sample_block(CTX, start, B, C, ch, cmask, w1, b1, BLOCK_B, PREC)
             g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
             dw2 += tl.dot(tl.trans(g), _gelu(y1), input_precision=PREC)
             db2 += tl.sum(g, axis=0)

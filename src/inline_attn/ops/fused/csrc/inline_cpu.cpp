@@ -47,6 +47,16 @@ inline void gemm(char ta, char tb, int m, int n, int k, double alpha, const doub
 // keeps any value for a size-1 dimension), so it reads as the row length.
 inline int64_t row_stride(const at::Tensor& t) { return t.size(1) > 1 ? t.stride(1) : t.size(2); }
 
+// A [B, N, C] input as the loops read it: its data, batch stride and token stride (row_stride);
+// at(b, c0) is sample b's first token at channel c0.
+template <typename T>
+struct Tokens {
+  const T* data;
+  int64_t sb, sn;
+  explicit Tokens(const at::Tensor& t) : data(t.data_ptr<T>()), sb(t.stride(0)), sn(row_stride(t)) {}
+  const T* at(int64_t b, int64_t c0) const { return data + b * sb + c0; }
+};
+
 // A task is one sample and a block of g consecutive heads (g * d channels): whole samples when
 // there are many (windows), so the memory-bound loops run over long channel rows; single heads
 // when there are few samples, so every thread gets work.
@@ -124,13 +134,8 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     const T* w9, at::Tensor& out, int64_t heads, double scale, int64_t H,
                     int64_t W, int64_t p) {
   const int64_t B = q.size(0), N = q.size(1), C = q.size(2), d = C / heads;
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
+  const Tokens<T> Q(q), K(k), V(v);
   T* op = out.data_ptr<T>();
-  const int64_t qsb = q.stride(0), qsn = row_stride(q);
-  const int64_t ksb = k.stride(0), ksn = row_stride(k);
-  const int64_t vsb = v.stride(0), vsn = row_stride(v);
   const T alpha = static_cast<T>(scale / static_cast<double>(N));
   const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
 
@@ -138,12 +143,10 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     std::vector<T> kc(N * cg), vc(N * cg), m(d * d), kbar(cg), vbar(cg);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / blocks, c0 = (task % blocks) * cg;
-      const T* qb = qp + b * qsb + c0;
-      const T* kb = kp + b * ksb + c0;
-      const T* vb = vp + b * vsb + c0;
+      const T *qb = Q.at(b, c0), *kb = K.at(b, c0), *vb = V.at(b, c0);
       T* ob = op + b * N * C + c0;
 
-      centre_keys_values(kb, ksn, vb, vsn, N, cg, kbar.data(), vbar.data(), kc.data(), vc.data());
+      centre_keys_values(kb, K.sn, vb, V.sn, N, cg, kbar.data(), vbar.data(), kc.data(), vc.data());
       // O = v_bar, plus the 3x3 residual on grid tokens (zero padding at the map's border).
       for (int64_t n = 0; n < N; ++n) {
         T* on = ob + n * C;
@@ -151,7 +154,7 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         if (w9 == nullptr || n < p) continue;
         for_each_neighbour(n, p, H, W, [&](int64_t t, int64_t m) {
           const T* wt = w9 + (b * 9 + t) * C + c0;
-          const T* vm = vb + m * vsn;
+          const T* vm = vb + m * V.sn;
           for (int64_t a = 0; a < cg; ++a) on[a] += wt[a] * vm[a];
         });
       }
@@ -159,8 +162,8 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         const int64_t ci = i * d;
         // M = scale / N * Kc^T Vc (row-major [d, d]).
         key_value_product(kc.data() + ci, vc.data() + ci, N, d, cg, alpha, m.data());
-        // O^T += M^T Q^T (column-major): A = M (lda = d), B = Q (ldb = qsn), C = O (ldc = C).
-        gemm('N', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), qb + ci, int(qsn), T(1), ob + ci, int(C));
+        // O^T += M^T Q^T (column-major): A = M (lda = d), B = Q (ldb = Q.sn), C = O (ldc = C).
+        gemm('N', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), qb + ci, int(Q.sn), T(1), ob + ci, int(C));
       }
     }
   });
@@ -176,17 +179,10 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, T* dw9,
                      int64_t heads, double scale, int64_t H, int64_t W, int64_t p) {
   const int64_t B = q.size(0), N = q.size(1), C = q.size(2), d = C / heads;
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  const T* gp = grad.data_ptr<T>();
+  const Tokens<T> Q(q), K(k), V(v), G(grad);
   T* dqp = dq.data_ptr<T>();
   T* dkp = dk.data_ptr<T>();
   T* dvp = dv.data_ptr<T>();
-  const int64_t qsb = q.stride(0), qsn = row_stride(q);
-  const int64_t ksb = k.stride(0), ksn = row_stride(k);
-  const int64_t vsb = v.stride(0), vsn = row_stride(v);
-  const int64_t gsb = grad.stride(0), gsn = row_stride(grad);
   const T alpha = static_cast<T>(scale / static_cast<double>(N));
   const int64_t g = heads_per_task(B, heads), blocks = heads / g, cg = g * d;
 
@@ -194,16 +190,13 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     std::vector<T> kc(N * cg), vc(N * cg), m(d * d), dm(d * d), kbar(cg), vbar(cg), gbar(cg);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / blocks, c0 = (task % blocks) * cg;
-      const T* qb = qp + b * qsb + c0;
-      const T* kb = kp + b * ksb + c0;
-      const T* vb = vp + b * vsb + c0;
-      const T* gb = gp + b * gsb + c0;
+      const T *qb = Q.at(b, c0), *kb = K.at(b, c0), *vb = V.at(b, c0), *gb = G.at(b, c0);
       T* dqb = dqp + b * N * C + c0;
       T* dkb = dkp + b * N * C + c0;
       T* dvb = dvp + b * N * C + c0;
 
-      centre_keys_values(kb, ksn, vb, vsn, N, cg, kbar.data(), vbar.data(), kc.data(), vc.data());
-      column_means(gb, gsn, N, cg, gbar.data());
+      centre_keys_values(kb, K.sn, vb, V.sn, N, cg, kbar.data(), vbar.data(), kc.data(), vc.data());
+      column_means(gb, G.sn, N, cg, gbar.data());
 
       // dV = mean(G) + R^T(G, w) (the residual's transpose: V at (y, x) fed the output at its
       // neighbour (y + dy, x + dx) through the mirrored tap 8 - t, since that output read it at
@@ -213,13 +206,13 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         T* dn = dvb + n * C;
         for (int64_t a = 0; a < cg; ++a) dn[a] = gbar[a];
         if (w9 == nullptr || n < p) continue;
-        const T* gn = gb + n * gsn;
+        const T* gn = gb + n * G.sn;
         for_each_neighbour(n, p, H, W, [&](int64_t t, int64_t m) {
           const T* wt = w9 + (b * 9 + 8 - t) * C + c0;
-          const T* gm = gb + m * gsn;
+          const T* gm = gb + m * G.sn;
           for (int64_t a = 0; a < cg; ++a) dn[a] += wt[a] * gm[a];
           T* dwt = dw9 + (b * 9 + t) * C + c0;
-          const T* vm = vb + m * vsn;
+          const T* vm = vb + m * V.sn;
           for (int64_t a = 0; a < cg; ++a) dwt[a] += gn[a] * vm[a];
         });
       }
@@ -227,10 +220,10 @@ void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const int64_t ci = i * d;
         // M (row-major [d, d]) as in the forward; dM[a][e] = sum_n q[n][a] g[n][e], the same pattern.
         key_value_product(kc.data() + ci, vc.data() + ci, N, d, cg, alpha, m.data());
-        gemm('N', 'T', int(d), int(d), int(N), T(1), gb + ci, int(gsn), qb + ci, int(qsn), T(0), dm.data(),
+        gemm('N', 'T', int(d), int(d), int(N), T(1), gb + ci, int(G.sn), qb + ci, int(Q.sn), T(0), dm.data(),
              int(d));
         // dQ[n][a] = sum_e g[n][e] M[a][e]: column-major dQ^T = M G^T (A = stored M^T, transposed).
-        gemm('T', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), gb + ci, int(gsn), T(0), dqb + ci, int(C));
+        gemm('T', 'N', int(d), int(N), int(d), T(1), m.data(), int(d), gb + ci, int(G.sn), T(0), dqb + ci, int(C));
         // dK[n][a] = alpha sum_e vc[n][e] dM[a][e]: the same pattern with Vc and dM.
         gemm('T', 'N', int(d), int(N), int(d), alpha, dm.data(), int(d), vc.data() + ci, int(cg), T(0), dkb + ci,
              int(C));
