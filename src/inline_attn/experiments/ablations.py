@@ -219,7 +219,7 @@ def run_one(
     base = {"setting": setting.key, "label": setting.label, "kind": setting.kind, "seed": seed}
     try:
         summary = train(cfg)
-    except FloatingPointError as e:  # a diverged run is a result (e.g. linear attention, identity feature map)
+    except FloatingPointError as e:  # a diverged run is a result (e.g. linear attention, identity kernel)
         return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
     if summary.get("interrupted"):
         return None
