@@ -52,7 +52,7 @@ def test_collinear_queries_linear_confuses_every_pair_inline_none(m):
     u = torch.randn(6, generator=g, dtype=torch.float64)
     lengths = torch.linspace(0.3, 3.0, m, dtype=torch.float64)
     q = (lengths[:, None] * u)[None, None]  # [1, 1, M, d], collinear, different lengths
-    lin = attention_weights(q, keys, kind="linear", kernel="relu")
+    lin = attention_weights(q, keys, kind="linear", feature_map="relu")
     inl = attention_weights(q, keys, kind="inline")
     soft = attention_weights(q, keys, kind="softmax")
     assert int(confused_pairs(lin)) == m * (m - 1) // 2

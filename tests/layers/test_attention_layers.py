@@ -51,7 +51,7 @@ def test_inline_layer_equals_reference_mirror(c, nh, p, h, w, batch):
 @pytest.mark.parametrize("c,nh,p,h,w", LAYOUTS, ids=IDS)
 @pytest.mark.parametrize(
     "kind,kw",
-    [("inline", {}), ("inline", {"kernel": "affine_relu"}), ("linear", {"local_residual": True}), ("softmax", {})],
+    [("inline", {}), ("inline", {"feature_map": "affine_relu"}), ("linear", {"local_residual": True}), ("softmax", {})],
     ids=["inline", "inline-affine", "linear+res", "softmax"],
 )
 def test_fast_equals_explicit_weights_outputs_and_grads(c, nh, p, h, w, kind, kw):
@@ -72,7 +72,7 @@ def test_fast_equals_explicit_weights_outputs_and_grads(c, nh, p, h, w, kind, kw
 
 
 def test_every_parameter_gets_a_gradient_including_residual():
-    m = InLineAttention(48, 3, num_prefix_tokens=1, kernel="affine_relu")
+    m = InLineAttention(48, 3, num_prefix_tokens=1, feature_map="affine_relu")
     m(torch.randn(2, 1 + 20, 48), (4, 5)).square().sum().backward()
     for name, prm in m.named_parameters():
         assert prm.grad is not None and prm.grad.abs().sum() > 0, name
@@ -169,12 +169,12 @@ def test_hook_layer_selection_errors():
             model(torch.randn(1, 5, 16), (2, 2))
 
 
-def test_init_weights_keeps_learnable_kernel_identity_start():
+def test_init_weights_keeps_learnable_feature_map_identity_start():
     from inline_attn.layers import init_weights_
 
-    m = InLineAttention(24, 2, kernel="affine_relu")
-    torch.nn.init.normal_(m.kernel.affine.weight)
+    m = InLineAttention(24, 2, feature_map="affine_relu")
+    torch.nn.init.normal_(m.feature_map.affine.weight)
     init_weights_(m)
-    torch.testing.assert_close(m.kernel.affine.weight, torch.eye(12))
+    torch.testing.assert_close(m.feature_map.affine.weight, torch.eye(12))
     # trunc-normal std 0.02 (bounds +-2 absolute, as timm); 1728 samples estimate the std to ~2 %
     assert m.qkv.bias.abs().sum() == 0 and 0.017 < m.qkv.weight.std().item() < 0.023

@@ -262,11 +262,11 @@ def test_named_layers_are_the_kinds():
         assert m.kind == kind and m.core.kind == kind and m(torch.randn(1, 13, 12), (3, 4)).shape == (1, 13, 12)
 
 
-def test_unknown_kind_and_kernel_name_the_known_ones():
+def test_unknown_kind_and_feature_map_name_the_known_ones():
     with pytest.raises(ValueError, match="expected one of .*hydra.*focused"):
         build_attention("performer", 12, 3)
-    with pytest.raises(ValueError, match="takes no kernel"):
-        build_attention("hydra", 12, 3, kernel="relu")
+    with pytest.raises(ValueError, match="takes no feature_map"):
+        build_attention("hydra", 12, 3, feature_map="relu")
     assert set(KINDS) <= set(ATTENTION_CHOICES)
 
 

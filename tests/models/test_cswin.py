@@ -116,7 +116,7 @@ def _dense_branch(attn: StripeAttention, q, k, v, feat_size, context):
     if attn.kind == "softmax":
         logits = (qh @ kh.transpose(-2, -1)) * hd**-0.5
         weights = logits.masked_fill(~same, float("-inf")).softmax(-1)
-    else:  # InLine, identity kernel: (1 + s q.(k_j - mean_{S(i)} k)) / |S(i)| on i's stripe
+    else:  # InLine, identity feature map: (1 + s q.(k_j - mean_{S(i)} k)) / |S(i)| on i's stripe
         size = same.sum(-1, keepdim=True).to(q.dtype)  # [N, 1]
         k_bar = (same.to(q.dtype) @ kh) / size  # mean key of each token's stripe
         raw = (qh @ kh.transpose(-2, -1) - (qh * k_bar).sum(-1, keepdim=True)) * hd**-0.5
@@ -277,12 +277,12 @@ def test_bad_arguments(kwargs, match):
         create_model("inline_cswin_tiny", **{**SMALL_224, **kwargs})
 
 
-def test_kernel_and_residual_ablations():
-    """kernel / local_residual reach the InLine blocks only; softmax blocks stay plain CSwin."""
-    model = create_model("inline_cswin_tiny", kernel="relu", local_residual=False, **SMALL_224).eval()
+def test_feature_map_and_residual_ablations():
+    """feature_map / local_residual reach the InLine blocks only; softmax blocks stay plain CSwin."""
+    model = create_model("inline_cswin_tiny", feature_map="relu", local_residual=False, **SMALL_224).eval()
     inline, softmax = model.stage1[0].attns[0], model.stage3[0].attns[0]
-    assert inline.kernel == "relu" and inline.residual is None
-    assert softmax.kernel is None and softmax.residual is None
+    assert inline.feature_map == "relu" and inline.residual is None
+    assert softmax.feature_map is None and softmax.residual is None
     with torch.no_grad():
         assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
     with_res = meta_model("inline_cswin_tiny", pattern="LLSS", local_residual=True)

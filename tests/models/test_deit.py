@@ -111,7 +111,7 @@ def test_fashion_mnist_overrides():
 
 
 @pytest.mark.parametrize(
-    "pattern,kernel,residual,expect_residual",
+    "pattern,feature_map,residual,expect_residual",
     [
         ("I", None, None, True),
         ("I", "relu", False, False),
@@ -122,8 +122,8 @@ def test_fashion_mnist_overrides():
         ("S", None, None, False),
     ],
 )
-def test_ablations_build_and_run(pattern, kernel, residual, expect_residual):
-    model = small(pattern=pattern, kernel=kernel, local_residual=residual)
+def test_ablations_build_and_run(pattern, feature_map, residual, expect_residual):
+    model = small(pattern=pattern, feature_map=feature_map, local_residual=residual)
     kinds = {blk.attn.kind for blk in model.blocks}
     assert kinds == {dict(I="inline", L="linear", S="softmax")[pattern]}
     assert (model.blocks[0].attn.residual is not None) == expect_residual

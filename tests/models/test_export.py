@@ -146,14 +146,14 @@ def test_why_not_fused_names_an_onnx_export(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "case", ["use_impl-eager", "relu-kernel", "use_impl-naive", "plain-torch-onnx"], ids=lambda c: c
+    "case", ["use_impl-eager", "relu-feature-map", "use_impl-naive", "plain-torch-onnx"], ids=lambda c: c
 )
 def test_dynamic_batch_onnx_on_the_eager_paths(case, tmp_path):
     # the eager residual is a grouped convolution over batch x channels, which ONNX cannot take
     # with a dynamic batch: while exporting it is the nine shifted multiply-adds instead
     torch.manual_seed(0)
-    kernel = {"kernel": "relu"} if case == "relu-kernel" else {}
-    model = create_model("inline_deit_tiny", **{**SMALL_OVERRIDES["deit"], **kernel}).eval()
+    phi = {"feature_map": "relu"} if case == "relu-feature-map" else {}
+    model = create_model("inline_deit_tiny", **{**SMALL_OVERRIDES["deit"], **phi}).eval()
     x = images("deit", 2)
     impl = {"use_impl-eager": "eager", "use_impl-naive": "naive"}.get(case, "auto")
     path = tmp_path / "model.onnx"

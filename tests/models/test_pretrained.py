@@ -65,7 +65,7 @@ def test_tiny_models_compute_the_same_after_the_round_trip(tmp_path, name):
 def test_kwargs_classifier_reset_and_dtype_survive(tmp_path, family):
     name = f"inline_{family}_tiny"
     pattern = {"deit": "L", "pvt": "IISS", "swin": "ISIS", "cswin": "IILS"}[family]
-    args = {**SMALL_OVERRIDES[family], "num_classes": 4, "pattern": pattern, "kernel": "relu"}
+    args = {**SMALL_OVERRIDES[family], "num_classes": 4, "pattern": pattern, "feature_map": "relu"}
     src = create_model(name, **args).eval()
     src.reset_classifier(3)  # the saved head has 3 classes, not the 4 the model was built with
     src = src.to(torch.bfloat16)

@@ -123,9 +123,9 @@ def test_linear_pattern_and_options():
     assert kinds == [["linear"] * 2, ["linear"] * 2, ["inline", "softmax"], ["softmax"] * 2]
     assert model.layers[0].blocks[0].attn.residual is None  # linear: no local residual by default
     assert model.layers[2].blocks[0].attn.residual is not None
-    no_res = small(pattern="IIIS", local_residual=False, kernel="relu")
+    no_res = small(pattern="IIIS", local_residual=False, feature_map="relu")
     assert not any(".residual." in k for k in no_res.state_dict())
-    assert no_res.layers[0].blocks[0].attn.kernel == "relu"
+    assert no_res.layers[0].blocks[0].attn.feature_map == "relu"
     with torch.no_grad():
         assert torch.isfinite(model(torch.randn(1, 3, 64, 64))).all()
 

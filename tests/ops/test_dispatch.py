@@ -179,7 +179,7 @@ def test_explicit_impl_that_cannot_run_raises():
     with pytest.raises(ValueError, match="impl='triton' takes float32, bfloat16 or float16"):
         inline_tokens(q, k, v, impl="triton", **KW)
     with pytest.raises(ValueError, match="feature map 'relu' is not fused"):
-        inline_tokens(q, k, v, impl="cpu", kernel="relu", **KW)
+        inline_tokens(q, k, v, impl="cpu", feature_map="relu", **KW)
     with pytest.raises(ValueError, match="impl='cpu' runs CPU tensors"):
         dispatch.choose(q.to("meta"), impl="cpu")
 

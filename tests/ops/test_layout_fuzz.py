@@ -153,8 +153,8 @@ def test_fuzz_attention_cores_against_naive(seed):
     q, k = _random_layout(rng, (b, h, nq, d), dtype), _random_layout(rng, (b, h, n, d), dtype)
     v = _random_layout(rng, (b, h, n, dv), dtype)
     # linear attention divides by phi(q).sum phi(k): exp keeps it away from zero (relu can make it ~0)
-    kernel = {"inline": rng.choice(["identity", "relu", "leakyrelu", "exp"]), "linear": "exp", "softmax": None}[kind]
-    kw = dict(kind=kind, kernel=kernel) if kernel else dict(kind=kind)
+    phi = {"inline": rng.choice(["identity", "relu", "leakyrelu", "exp"]), "linear": "exp", "softmax": None}[kind]
+    kw = dict(kind=kind, feature_map=phi) if phi else dict(kind=kind)
     if kind != "linear" and rng.random() < 0.5:
         kw["scale"] = rng.choice([0.1, 0.5, 2.0])
     if kind == "softmax" and rng.random() < 0.5:

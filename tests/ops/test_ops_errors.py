@@ -23,16 +23,16 @@ def test_mismatched_heads_or_dims():
         attention(q, q, torch.randn(1, 2, 11, 8))
 
 
-def test_unknown_kernel_kind_and_impl():
+def test_unknown_feature_map_kind_and_impl():
     q = torch.randn(1, 1, 4, 4)
-    with pytest.raises(ValueError, match="unknown kernel 'gelu'"):
-        attention(q, q, q, kernel="gelu")
+    with pytest.raises(ValueError, match="unknown feature map 'gelu'"):
+        attention(q, q, q, feature_map="gelu")
     with pytest.raises(ValueError, match="unknown attention kind 'cosine'"):
         attention_weights(q, q, kind="cosine")
     with pytest.raises(ValueError, match="unknown impl"):
         attention(q, q, q, impl="triton9")
-    with pytest.raises(ValueError, match="unknown kernel"):
-        build_attention("inline", 8, 2, kernel="gelu")
+    with pytest.raises(ValueError, match="unknown feature map"):
+        build_attention("inline", 8, 2, feature_map="gelu")
     with pytest.raises(ValueError, match="softmax attention only"):
         attention(q, q, q, kind="inline", bias=torch.zeros(4, 4))
 

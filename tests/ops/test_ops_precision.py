@@ -36,20 +36,20 @@ def _plain_reference_formula(q, k, v):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize(
-    "kind,kernel", [("inline", None), ("inline", "exp"), ("linear", None)], ids=["inline", "inline-exp", "linear"]
+    "kind,feature_map", [("inline", None), ("inline", "exp"), ("linear", None)], ids=["inline", "inline-exp", "linear"]
 )
-def test_autocast_large_inputs_finite_and_within_rounding(dtype, kind, kernel):
+def test_autocast_large_inputs_finite_and_within_rounding(dtype, kind, feature_map):
     q, k, v = _large_inputs(dtype)
-    if kernel == "exp":  # exp(0.2 x) of |x| ~ 200 overflows even float32: use moderate keys
+    if feature_map == "exp":  # exp(0.2 x) of |x| ~ 200 overflows even float32: use moderate keys
         q, k = (t.float().div(10).to(dtype) for t in (q, k))
     with torch.autocast("cpu", dtype=dtype):
-        out = attention(q, k, v, kind=kind, kernel=kernel)
+        out = attention(q, k, v, kind=kind, feature_map=feature_map)
     assert out.dtype == dtype
     assert torch.isfinite(out).all()
-    ref = attention(q.double(), k.double(), v.double(), kind=kind, kernel=kernel)
+    ref = attention(q.double(), k.double(), v.double(), kind=kind, feature_map=feature_map)
     err = (out.double() - ref).abs()
     rounding = (ref.to(dtype).double() - ref).abs().max().item()
-    if kind == "inline" and kernel is None:
+    if kind == "inline" and feature_map is None:
         plain = _plain_reference_formula(q, k, v).double()
         plain_err = (plain - ref).abs().max().item()
         print(f"plain low-precision formula: max err {plain_err:.3g}, finite={torch.isfinite(plain).all().item()}")

@@ -8,12 +8,12 @@ import torch
 from inline_attn.ops import attention_weights
 
 
-@pytest.mark.parametrize("kernel", [None, "relu", "leakyrelu", "exp"])
-def test_inline_rows_sum_to_one_without_division(kernel):
+@pytest.mark.parametrize("feature_map", [None, "relu", "leakyrelu", "exp"])
+def test_inline_rows_sum_to_one_without_division(feature_map):
     g = torch.Generator().manual_seed(0)
     q = 5 * torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
     k = 5 * torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
-    w = attention_weights(q, k, kind="inline", kernel=kernel)
+    w = attention_weights(q, k, kind="inline", feature_map=feature_map)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 40, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
@@ -30,7 +30,7 @@ def test_linear_attention_confuses_scaled_queries_inline_does_not():
 
 
 def test_inline_is_injective_when_centred_keys_span_the_space():
-    """Identity kernel: w_i - w_j = scale/N * (q_i - q_j) . (K - k_bar)^T, zero only if q_i == q_j
+    """Identity feature map: w_i - w_j = scale/N * (q_i - q_j) . (K - k_bar)^T, zero only if q_i == q_j
     when the centred keys span R^d. Distinct random queries must give distinct rows."""
     g = torch.Generator().manual_seed(2)
     d, n = 8, 32
@@ -60,30 +60,30 @@ def test_softmax_distinguishes_collinear_queries():
     assert (w[..., 0, :] - w[..., 1, :]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("kernel", ["identity", "relu", "leakyrelu", "exp", "affine_relu", "affine_relu_bias"])
-def test_each_kernel_confuses_q_and_2q_in_linear_attention_only_when_homogeneous(kernel):
+@pytest.mark.parametrize("feature_map", ["identity", "relu", "leakyrelu", "exp", "affine_relu", "affine_relu_bias"])
+def test_each_feature_map_confuses_q_and_2q_in_linear_attention_only_when_homogeneous(feature_map):
     """Linear attention gives q and 2q identical rows whenever phi(2q) = 2 phi(q) (identity, ReLU,
-    LeakyReLU, relu(A x) without bias); InLine gives them different rows for every kernel."""
-    from inline_attn.layers import AffineReLUKernel
+    LeakyReLU, relu(A x) without bias); InLine gives them different rows for every feature map."""
+    from inline_attn.layers import AffineReLUFeatureMap
 
     g = torch.Generator().manual_seed(4)
     k = torch.randn(1, 1, 24, 8, generator=g, dtype=torch.float64).abs() + 0.05  # positive keys keep
-    q1 = torch.randn(1, 1, 1, 8, generator=g, dtype=torch.float64).abs() + 0.1  # every kernel's sums > 0
-    phi = kernel
-    if kernel.startswith("affine_relu"):
-        phi = AffineReLUKernel(8).double()
+    q1 = torch.randn(1, 1, 1, 8, generator=g, dtype=torch.float64).abs() + 0.1  # every feature map's sums > 0
+    phi = feature_map
+    if feature_map.startswith("affine_relu"):
+        phi = AffineReLUFeatureMap(8).double()
         with torch.no_grad():
             phi.affine.weight.add_(0.1 * torch.randn(8, 8, generator=g, dtype=torch.float64)).abs_()
-            if kernel == "affine_relu_bias":
+            if feature_map == "affine_relu_bias":
                 phi.affine.bias.fill_(0.5)
     q = torch.cat([q1, 2 * q1], dim=2)
     with torch.no_grad():
-        lin = attention_weights(q, k, kind="linear", kernel=phi, eps=0.0)
-        inl = attention_weights(q, k, kind="inline", kernel=phi)
+        lin = attention_weights(q, k, kind="linear", feature_map=phi, eps=0.0)
+        inl = attention_weights(q, k, kind="inline", feature_map=phi)
     gap_linear = (lin[..., 0, :] - lin[..., 1, :]).abs().max().item()
     gap_inline = (inl[..., 0, :] - inl[..., 1, :]).abs().max().item()
-    print(kernel, "linear row gap", gap_linear, "InLine row gap", gap_inline)
-    if kernel in ("exp", "affine_relu_bias"):
+    print(feature_map, "linear row gap", gap_linear, "InLine row gap", gap_inline)
+    if feature_map in ("exp", "affine_relu_bias"):
         assert gap_linear > 1e-4
     else:
         assert gap_linear < 1e-14

@@ -29,11 +29,11 @@ def _qkv(shape, seed=0, dtype=torch.float64):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-@pytest.mark.parametrize("kind,kernel", CASES, ids=[f"{k}-{c}" for k, c in CASES])
-def test_fast_matches_naive_outputs_and_grads(shape, kind, kernel):
+@pytest.mark.parametrize("kind,feature_map", CASES, ids=[f"{k}-{c}" for k, c in CASES])
+def test_fast_matches_naive_outputs_and_grads(shape, kind, feature_map):
     q, k, v = _qkv(shape)
-    fast = attention(q, k, v, kind=kind, kernel=kernel)
-    naive = attention(q, k, v, kind=kind, kernel=kernel, impl="naive")
+    fast = attention(q, k, v, kind=kind, feature_map=feature_map)
+    naive = attention(q, k, v, kind=kind, feature_map=feature_map, impl="naive")
     assert fast.shape == naive.shape == shape
     torch.testing.assert_close(fast, naive, rtol=1e-10, atol=1e-10)
     g = torch.randn_like(fast)
@@ -109,7 +109,7 @@ def test_local_residual_channels_last_view_input():
 def test_gradcheck_float64():
     q, k, v = _qkv((1, 2, 9, 4))
     assert torch.autograd.gradcheck(lambda a, b, c: attention(a, b, c, kind="inline"), (q, k, v))
-    assert torch.autograd.gradcheck(lambda a, b, c: attention(a, b, c, kind="inline", kernel="exp"), (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: attention(a, b, c, kind="inline", feature_map="exp"), (q, k, v))
     assert torch.autograd.gradcheck(lambda a, b, c: attention(a, b, c, kind="linear"), (q, k, v))
     vv = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
     wt = torch.randn(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)

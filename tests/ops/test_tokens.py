@@ -143,9 +143,9 @@ def test_non_unit_channel_stride_is_copied_and_kernels_fall_back_to_eager(kernel
     with torch.no_grad():
         torch.testing.assert_close(inline_tokens(q, k, v, **kw), inline_tokens(q, k, v, impl="naive", **kw))
         assert kernel_calls == ["cpu"]
-        for kernel in ("relu", "exp"):
-            out = inline_tokens(q, k, v, kernel=kernel, **kw)
-            torch.testing.assert_close(out, inline_tokens(q, k, v, kernel=kernel, impl="naive", **kw))
+        for feature_map in ("relu", "exp"):
+            out = inline_tokens(q, k, v, feature_map=feature_map, **kw)
+            torch.testing.assert_close(out, inline_tokens(q, k, v, feature_map=feature_map, impl="naive", **kw))
         with use_impl("eager"):
             inline_tokens(q.contiguous(), k.contiguous(), v.contiguous(), **kw)
     assert kernel_calls == ["cpu"]

@@ -120,7 +120,9 @@ def kind_weight_rows(kind: str, queries: torch.Tensor, keys: torch.Tensor, seed:
         q = others.clone()
         q[0] = queries[i]
         with torch.no_grad(), record_attention(layer) as recs:
-            layer.attend_tokens(q[None], keys[None], v, feat_size=(2, n // 2), kernel=layer.kernel, scale=layer.scale)
+            layer.attend_tokens(
+                q[None], keys[None], v, feat_size=(2, n // 2), feature_map=layer.feature_map, scale=layer.scale
+            )
         rows.append(recs[-1].weights[0, :, 0, :].reshape(-1))
     return torch.stack(rows)
 

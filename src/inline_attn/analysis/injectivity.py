@@ -6,12 +6,12 @@ Fixed random keys K ([N, d], general position) and two families of M distinct qu
   every one of them the same weights, because ``relu(a u) = a relu(u)`` and the division removes
   a.
 - ``shifted``: ``q_m = a_m (u + c) - c``, queries that differ by a shift-and-scale around -c.
-  Linear attention with the affine kernel ``phi(x) = x + c`` (identity plus an offset that makes
+  Linear attention with the affine feature map ``phi(x) = x + c`` (identity plus an offset that makes
   the features positive) maps them to collinear features ``a_m (u + c)``: same weights again.
 
-Softmax and InLine (identity kernel) attention give M distinct rows for both families: they are
+Softmax and InLine (identity feature map) attention give M distinct rows for both families: they are
 injective (the centred keys span R^d). Together the two families show that linear attention is
-not injective whatever its kernel: any queries with collinear features collapse.
+not injective whatever its feature map: any queries with collinear features collapse.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ KIND_LABELS = {
 
 
 def constructed_problem(num_keys: int = 8, dim: int = 4, lengths: Sequence[float] = LENGTHS, seed: int = 0) -> dict:
-    """Keys, the affine kernel's offset and both query families (float64).
+    """Keys, the affine feature map's offset and both query families (float64).
 
     Returns {"keys": [N, d], "offset": c (float), "collinear": [M, d], "shifted": [M, d],
     "lengths": list}.
@@ -47,7 +47,7 @@ def constructed_problem(num_keys: int = 8, dim: int = 4, lengths: Sequence[float
     keys = torch.randn(num_keys, dim, generator=g, dtype=torch.float64)
     u = torch.randn(dim, generator=g, dtype=torch.float64)
     u[0] = -u[0].abs()  # a negative entry: ReLU features differ from the raw query
-    # offset making u + c and every key + c positive, so phi(x) = x + c is a valid linear kernel
+    # offset making u + c and every key + c positive, so phi(x) = x + c is a valid linear-attention feature map
     c = 1.0 + max(0.0, float(-keys.min()), float(-u.min()))
     a = torch.tensor(list(lengths), dtype=torch.float64)[:, None]
     return {
@@ -65,11 +65,11 @@ def weight_rows(queries: torch.Tensor, keys: torch.Tensor, kind: str, offset: fl
     if kind == "softmax":
         w = attention_weights(q, k, kind="softmax")
     elif kind == "linear_relu":
-        w = attention_weights(q, k, kind="linear", kernel="relu")
+        w = attention_weights(q, k, kind="linear", feature_map="relu")
     elif kind == "linear_affine":
-        w = attention_weights(q, k, kind="linear", kernel=lambda x: x + offset)
+        w = attention_weights(q, k, kind="linear", feature_map=lambda x: x + offset)
     elif kind == "inline":
-        w = attention_weights(q, k, kind="inline", kernel="identity")
+        w = attention_weights(q, k, kind="inline", feature_map="identity")
     else:
         raise ValueError(f"unknown kind {kind!r}: expected one of {KINDS}")
     return w[0, 0]

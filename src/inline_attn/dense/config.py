@@ -26,6 +26,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Union
 
+from .._deprecation import upgrade_model_kwargs
 from ..runtime.config import (
     Subscriptable,
     TypedConfig,
@@ -74,6 +75,9 @@ class DenseModelCfg(Subscriptable):
     frozen_stages: int = setting(-1, ge=-1, doc="stages kept frozen (-1: none)")
     norm_eval: bool = setting(False, doc="backbone norms in eval mode")
     num_classes: Optional[int] = setting(None, ge=1, doc="null: the dataset's")
+
+    def __post_init__(self):  # a config written before issue 24 says backbone_kwargs.kernel
+        self.backbone_kwargs = upgrade_model_kwargs(self.backbone_kwargs)
 
     def backbone_kwargs_for_build(self) -> dict:
         """:class:`~inline_attn.dense.DenseBackbone`'s arguments: ``backbone_kwargs`` and the

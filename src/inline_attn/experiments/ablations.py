@@ -2,10 +2,10 @@
 
 Parts (one table each in docs/reproduction.md):
 
-- a. kernel x {linear, InLine}: the injectivity ablation (paper Table 1); InLine without its local
+- a. feature map phi x {linear, InLine}: the injectivity ablation (paper Table 1); InLine without its local
   residual so only the attention function differs;
 - b. window x {with, without the local residual} (paper Table 4's local-modelling ablation);
-- c. InLine's kernel (identity, ReLU, LeakyReLU, Exp), with the residual;
+- c. InLine's feature map (identity, ReLU, LeakyReLU, Exp), with the residual;
 - d. the linear attentions side by side: params, MACs, train and inference img/s, top-1;
 - e. masking the k x k neighbourhood vs as many random keys on the trained softmax, linear and
   InLine models of part d (paper Table 2);
@@ -34,14 +34,15 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .._deprecation import feature_map_alias
 from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
 from ..train.report import write_json
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
-KERNELS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
-KERNELS_C = ("identity", "relu", "leakyrelu", "exp")
+FEATURE_MAPS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
+FEATURE_MAPS_C = ("identity", "relu", "leakyrelu", "exp")
 WINDOWS = (7, 14, 28)
 COMPARED = (
     "inline",
@@ -122,19 +123,25 @@ class Setting:
     overrides: tuple = field(default_factory=tuple)
 
 
-def swin_setting(kind: str, kernel: Optional[str] = None, window: int = 28, residual: Optional[bool] = None) -> Setting:
-    """A setting of the locality task; equal settings of different parts share one key (and runs)."""
+@feature_map_alias
+def swin_setting(
+    kind: str, feature_map: Optional[str] = None, window: int = 28, residual: Optional[bool] = None
+) -> Setting:
+    """A setting of the locality task; equal settings of different parts share one key (and runs).
+    Its override is ``model.kwargs.feature_map`` (runs before issue 24 stored ``model.kwargs.kernel``;
+    the config reads either, and the key, hence the run folder, is the same)."""
     if kind == "inline":
-        kernel = kernel or "identity"
+        feature_map = feature_map or "identity"
     elif kind == "linear":
-        kernel = kernel or "relu"
+        feature_map = feature_map or "relu"
     res = (kind == "inline") if residual is None else residual
-    key = f"{kind}{'-' + kernel if kernel else ''}-w{window}{'-res' if res else ''}"
-    label = NAMES[kind] + (f", {kernel}" if kernel else "") + (f", window {window}" if kind != "softmax" else "")
+    key = f"{kind}{'-' + feature_map if feature_map else ''}-w{window}{'-res' if res else ''}"
+    label = NAMES[kind] + (f", {feature_map}" if feature_map else "")
+    label += f", window {window}" if kind != "softmax" else ""
     label += ", residual" if res and kind != "inline" else (", no residual" if kind == "inline" and not res else "")
     ov = (
         ("model.kwargs.pattern", LETTER[kind] * 3),
-        ("model.kwargs.kernel", kernel),
+        ("model.kwargs.feature_map", feature_map),
         ("model.kwargs.window_size", window),
         ("model.kwargs.local_residual", res),
     )
@@ -144,11 +151,11 @@ def swin_setting(kind: str, kernel: Optional[str] = None, window: int = 28, resi
 def part_settings(part: str) -> list[Setting]:
     """The settings part ``part`` (a letter of :data:`PARTS`) trains or reads."""
     if part == "a":
-        return [swin_setting(k, kern, residual=False) for kern in KERNELS_A for k in ("linear", "inline")]
+        return [swin_setting(k, kern, residual=False) for kern in FEATURE_MAPS_A for k in ("linear", "inline")]
     if part == "b":
         return [swin_setting("inline", window=w, residual=r) for w in WINDOWS for r in (False, True)]
     if part == "c":
-        return [swin_setting("inline", kern) for kern in KERNELS_C]
+        return [swin_setting("inline", kern) for kern in FEATURE_MAPS_C]
     if part in "def":
         kinds = MASKED if part == "e" else COMPARED
         if part == "f":
@@ -516,7 +523,7 @@ def _table_a(results, verdicts):
         "|---|---|---|---|",
     ]
     outcomes = []
-    for kern in KERNELS_A:
+    for kern in FEATURE_MAPS_A:
         a, b = swin_setting("inline", kern, residual=False).key, swin_setting("linear", kern, residual=False).key
         d, o = compare(top1s(results, a), top1s(results, b))
         outcomes.append(o)
@@ -570,10 +577,10 @@ def _table_b(results, verdicts):
 
 def _table_c(results, verdicts):
     lines = ["#### c. InLine's kernel (with the residual, global window)", "", "| kernel | top-1 (%) |", "|---|---|"]
-    for kern in KERNELS_C:
+    for kern in FEATURE_MAPS_C:
         lines.append(f"| {kern} | {fmt(top1s(results, swin_setting('inline', kern).key))} |")
     ident = top1s(results, swin_setting("inline", "identity").key)
-    outcomes = [compare(ident, top1s(results, swin_setting("inline", k).key))[1] for k in KERNELS_C[1:]]
+    outcomes = [compare(ident, top1s(results, swin_setting("inline", k).key))[1] for k in FEATURE_MAPS_C[1:]]
     worse = outcomes.count("b")
     if all(o == "not run" for o in outcomes):
         v = "not run"

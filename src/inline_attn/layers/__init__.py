@@ -1,8 +1,9 @@
 """nn.Modules built on :mod:`inline_attn.ops`."""
 
+from .._deprecation import renamed_attributes
 from .attention import (
     ATTENTION_CHOICES,
-    KERNEL_CHOICES,
+    FEATURE_MAP_CHOICES,
     AgentAttention,
     EfficientAttention,
     FocusedLinearAttention,
@@ -18,10 +19,11 @@ from .attention import (
     build_attention,
     check_heads,
     check_kind,
-    make_kernel,
+    make_feature_map,
 )
+from .attention import OLD_NAMES
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
-from .feature_maps import AffineReLUKernel
+from .feature_maps import AffineReLUFeatureMap, AffineReLUKernel
 from .linear_family import LINEAR_CORES, LinearCore, make_core
 from .local_residual import LocalResidual
 from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw
@@ -30,11 +32,12 @@ from .record import AttentionRecord, RecordableAttention, attention_layers, hook
 
 __all__ = [
     "ATTENTION_CHOICES",
-    "KERNEL_CHOICES",
+    "FEATURE_MAP_CHOICES",
     "LINEAR_CORES",
     "LinearCore",
     "make_core",
     "check_kind",
+    "AffineReLUFeatureMap",
     "AffineReLUKernel",
     "AgentAttention",
     "AttentionRecord",
@@ -61,10 +64,12 @@ __all__ = [
     "drop_path",
     "hook_attention",
     "init_weights_",
-    "make_kernel",
+    "make_feature_map",
     "pad_small_input",
     "record_attention",
     "resize_pos_embed",
     "to_2tuple",
     "tokens_to_nchw",
 ]
+
+__getattr__ = renamed_attributes(__name__, OLD_NAMES)  # KERNEL_CHOICES, make_kernel: the old names

@@ -14,22 +14,26 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..ops import ATTENTION_KINDS, KERNELS, check_count, check_feat_size
-from .feature_maps import AffineReLUKernel
+from .._deprecation import feature_map_alias, renamed_attributes
+from ..ops import ATTENTION_KINDS, FEATURE_MAPS, check_count, check_feat_size
+from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, make_core
 from .local_residual import LocalResidual
 from .record import RecordableAttention
 
-KERNEL_CHOICES = tuple(KERNELS) + ("affine_relu",)
+FEATURE_MAP_CHOICES = tuple(FEATURE_MAPS) + ("affine_relu",)
 ATTENTION_CHOICES = tuple(ATTENTION_KINDS) + tuple(LINEAR_CORES)
 
 
-def check_kind(kind: str, kernel: Optional[str] = None) -> str:
-    """Validate an attention kind (one of :data:`ATTENTION_CHOICES`) and that it takes ``kernel``."""
+@feature_map_alias
+def check_kind(kind: str, feature_map: Optional[str] = None) -> str:
+    """Validate an attention kind (one of :data:`ATTENTION_CHOICES`) and that it takes ``feature_map``."""
     if kind not in ATTENTION_CHOICES:
         raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_CHOICES}")
-    if kind not in ("inline", "linear") and kernel not in (None, "identity"):
-        raise ValueError(f"{kind} attention has its own feature map and takes no kernel, got kernel={kernel!r}")
+    if kind not in ("inline", "linear") and feature_map not in (None, "identity"):
+        raise ValueError(
+            f"{kind} attention has its own feature map: it takes no feature_map, got feature_map={feature_map!r}"
+        )
     return kind
 
 
@@ -42,13 +46,17 @@ def check_heads(dim: int, num_heads: int) -> int:
     return dim // num_heads
 
 
-def make_kernel(kernel: Optional[str], head_dim: int):
-    """A kernel name -> the value the ops take (a name, or a learnable module)."""
-    if kernel is None or kernel in KERNELS:
-        return kernel
-    if kernel == "affine_relu":
-        return AffineReLUKernel(head_dim)
-    raise ValueError(f"unknown kernel {kernel!r}: expected one of {KERNEL_CHOICES}")
+def make_feature_map(feature_map: Optional[str], head_dim: int):
+    """A feature map name -> the value the ops take (a name, or a learnable module)."""
+    if feature_map is None or feature_map in FEATURE_MAPS:
+        return feature_map
+    if feature_map == "affine_relu":
+        return AffineReLUFeatureMap(head_dim)
+    raise ValueError(f"unknown feature map {feature_map!r}: expected one of {FEATURE_MAP_CHOICES}")
+
+
+OLD_NAMES = {"KERNEL_CHOICES": "FEATURE_MAP_CHOICES", "make_kernel": "make_feature_map"}
+__getattr__ = renamed_attributes(__name__, OLD_NAMES)
 
 
 class TokenAttention(RecordableAttention):
@@ -62,8 +70,9 @@ class TokenAttention(RecordableAttention):
             (EfficientViT), "focused" (FLatten), "agent" (Agent attention), "polarity" (PolaFormer),
             "mlla" (MLLA's linear attention); see :mod:`inline_attn.layers.linear_family`.
         qkv_bias: bias of the fused qkv projection.
-        kernel: phi for inline (default identity) and linear (default relu) attention; one of
-            identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1).
+        feature_map: phi for inline (default identity) and linear (default relu) attention; one of
+            identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1). The old keyword
+            ``kernel=`` still works, with a ``FutureWarning``.
         local_residual: add the predicted 3x3 local residual on V (default: on for InLine only).
         num_prefix_tokens: tokens before the grid (1 for a cls token); they get no residual but
             count in N and in the residual's context mean (as in the reference).
@@ -81,6 +90,7 @@ class TokenAttention(RecordableAttention):
 
     kind: Optional[str] = None  # a one-kind subclass's kind (here: any, chosen by ``kind=``)
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -88,7 +98,7 @@ class TokenAttention(RecordableAttention):
         *,
         kind: Optional[str] = None,
         qkv_bias: bool = True,
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         num_prefix_tokens: int = 0,
         attn_drop: float = 0.0,
@@ -98,14 +108,14 @@ class TokenAttention(RecordableAttention):
     ):
         kind = self._layer_kind(kind)
         super().__init__(impl)
-        check_kind(kind, kernel)
+        check_kind(kind, feature_map)
         head_dim = check_heads(dim, num_heads)
         num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
         self.kind = kind
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_prefix_tokens = num_prefix_tokens
         self.scale = head_dim**-0.5
-        self.kernel = make_kernel(kernel, head_dim)
+        self.feature_map = make_feature_map(feature_map, head_dim)
         self.core = make_core(kind, dim, num_heads) if kind in LINEAR_CORES else None
         self.split_qkv = split_qkv
         if split_qkv:
@@ -153,7 +163,7 @@ class TokenAttention(RecordableAttention):
         attend = dict(
             feat_size=(h, w),
             num_prefix_tokens=p,
-            kernel=self.kernel,
+            feature_map=self.feature_map,
             scale=self.scale,
             bias=bias,
             mask=mask,

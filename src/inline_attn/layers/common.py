@@ -90,9 +90,9 @@ def init_weights_(module: nn.Module) -> None:
 
     Linear weights trunc-normal(std 0.02) with zero biases, LayerNorm weight 1 / bias 0, visited in
     ``module.modules()`` order; convolutions (patch stems, the residual predictor) keep PyTorch's
-    default init; learnable kernels (:class:`AffineReLUKernel`) keep their identity start.
+    default init; learnable feature maps (:class:`AffineReLUFeatureMap`) keep their identity start.
     """
-    from .feature_maps import AffineReLUKernel  # here to keep common.py free of layer imports
+    from .feature_maps import AffineReLUFeatureMap  # here to keep common.py free of layer imports
 
     for m in module.modules():
         if isinstance(m, nn.Linear):
@@ -103,5 +103,5 @@ def init_weights_(module: nn.Module) -> None:
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
     for m in module.modules():
-        if isinstance(m, AffineReLUKernel):
+        if isinstance(m, AffineReLUFeatureMap):
             m.reset_parameters()

@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-class AffineReLUKernel(nn.Module):
+class AffineReLUFeatureMap(nn.Module):
     """phi(x) = relu(A x + b), one (A, b) shared by all heads; A starts at the identity."""
 
     def __init__(self, head_dim: int):
@@ -21,3 +21,6 @@ class AffineReLUKernel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.affine(x))
+
+
+AffineReLUKernel = AffineReLUFeatureMap  # the old name (issue 24), the same class

@@ -132,7 +132,7 @@ class LinearCore(nn.Module):
 
 
 class HydraCore(LinearCore):
-    """Hydra attention (Bolya et al. 2022): C heads of dim 1 and the cosine kernel over all C
+    """Hydra attention (Bolya et al. 2022): C heads of dim 1 and the cosine feature map over all C
     channels (``x / ||x||``, the paper's choice). No parameters of its own."""
 
     kind = "hydra"
@@ -221,10 +221,10 @@ class ReLUMultiScaleCore(LinearCore):
         return (torch.cat(pair, dim=-1) for pair in ((q, qa), (k, ka), (v, va)))  # [B, N, 2C] each
 
     def weights(self, q, k):
-        return attention_weights(q, k, kind="linear", kernel="relu")
+        return attention_weights(q, k, kind="linear", feature_map="relu")
 
     def eager(self, q, k, v):
-        return linear_attention(q, k, v, kernel="relu")
+        return linear_attention(q, k, v, feature_map="relu")
 
     def finish(self, out, v, feat_size, p, naive):
         return self.merge(out)
@@ -249,10 +249,10 @@ class FocusedCore(LinearCore):
         return lf.focused_features(q, s, self.power), lf.focused_features(k, s, self.power), v
 
     def weights(self, q, k):
-        return attention_weights(q, k, kind="linear", kernel="identity")
+        return attention_weights(q, k, kind="linear", feature_map="identity")
 
     def eager(self, q, k, v):
-        return linear_attention(q, k, v, kernel="identity")
+        return linear_attention(q, k, v, feature_map="identity")
 
     def finish(self, out, v, feat_size, p, naive):
         b, _, c = v.shape

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from .._deprecation import feature_map_alias, renamed_state_keys, warn_renamed
 from ..ops import attention, attention_weights, inline_tokens
 from ..ops.dispatch import attention_path, check_impl
 from ..ops.tokens import inline_layer_tokens
@@ -85,10 +86,30 @@ class RecordableAttention(nn.Module):
         self._record_index = -1
 
     @property
+    def kernel(self):
+        """The old name of ``feature_map`` (issue 24), with a ``FutureWarning``."""
+        warn_renamed("`.kernel` is deprecated, use `.feature_map`")
+        return getattr(self, "feature_map", None)
+
+    @kernel.setter
+    def kernel(self, value) -> None:
+        warn_renamed("`.kernel` is deprecated, use `.feature_map`")
+        self.feature_map = value
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        feature_map = getattr(self, "feature_map", None)
+        if isinstance(feature_map, nn.Module):  # stored as ``kernel.*`` before issue 24: the same parameters
+            own = {f"{prefix}feature_map.{k}" for k in feature_map.state_dict()}
+            for old, new in renamed_state_keys(list(state_dict), own).items():
+                state_dict[new] = state_dict.pop(old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @property
     def hooked(self) -> bool:
         """True while an attention hook is installed on this module."""
         return self._attention_hook is not None
 
+    @feature_map_alias
     def attend_tokens(
         self,
         q: torch.Tensor,
@@ -99,7 +120,7 @@ class RecordableAttention(nn.Module):
         residual_weights: Optional[torch.Tensor] = None,
         num_prefix_tokens: int = 0,
         kind: Optional[str] = None,
-        kernel=None,
+        feature_map=None,
         scale: Optional[float] = None,
         bias: Optional[torch.Tensor] = None,
         mask: Optional[torch.Tensor] = None,
@@ -114,7 +135,7 @@ class RecordableAttention(nn.Module):
             feat_size: (H, W) of the grid tokens; num_prefix_tokens: P.
             residual_weights: [B, C, 3, 3] InLine's predicted 3x3 residual, added on the grid
                 tokens' values; None for none.
-            kind, kernel, scale: the attention function (kind defaults to ``self.kind``).
+            kind, feature_map, scale: the attention function (kind defaults to ``self.kind``).
             bias, mask: softmax only (a ``ValueError`` for the other kinds).
             token_coords: for hooks (see :class:`AttentionRecord`); a tensor, or a zero-argument
                 callable evaluated only while a hook is installed.
@@ -138,7 +159,7 @@ class RecordableAttention(nn.Module):
                 feat_size=feat_size,
                 residual_weights=residual_weights,
                 num_prefix_tokens=p,
-                kernel=kernel,
+                feature_map=feature_map,
                 scale=scale,
                 impl=self.impl,
             )
@@ -151,12 +172,15 @@ class RecordableAttention(nn.Module):
 
             out = self.core(q, k, v, feat_size, p, impl=attention_path(self.impl), weight_hook=hook)
         else:
-            out = self._attend_heads(q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop)
+            out = self._attend_heads(
+                q, k, v, feat_size, kind, feature_map, scale, bias, mask, p, token_coords, attn_drop
+            )
         if residual_weights is not None:
             res = grid_residual(v, residual_weights, feat_size, p, impl=attention_path(self.impl))
             out = add_to_grid_tokens(out, res.to(out.dtype), p)
         return out
 
+    @feature_map_alias
     def attend_predicted(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, residual: nn.Module, **kwargs
     ) -> torch.Tensor:
@@ -177,13 +201,13 @@ class RecordableAttention(nn.Module):
                 num_heads=self.num_heads,
                 feat_size=kwargs["feat_size"],
                 num_prefix_tokens=kwargs.get("num_prefix_tokens", 0),
-                kernel=kwargs.get("kernel"),
+                feature_map=kwargs.get("feature_map"),
                 scale=kwargs.get("scale"),
                 impl=self.impl,
             )
         return self.attend_tokens(q, k, v, residual_weights=residual.predict(x.mean(dim=1)), **kwargs)
 
-    def _attend_heads(self, q, k, v, feat_size, kind, kernel, scale, bias, mask, p, token_coords, attn_drop):
+    def _attend_heads(self, q, k, v, feat_size, kind, feature_map, scale, bias, mask, p, token_coords, attn_drop):
         """[B, N, C] tensors -> heads -> :meth:`attend` -> [B, N, C]."""
         b, n, c = q.shape
 
@@ -196,7 +220,7 @@ class RecordableAttention(nn.Module):
             heads(v),
             feat_size=feat_size,
             kind=kind,
-            kernel=kernel,
+            feature_map=feature_map,
             scale=scale,
             bias=bias,
             mask=mask,
@@ -206,6 +230,7 @@ class RecordableAttention(nn.Module):
         )
         return out.transpose(1, 2).reshape(b, n, c)
 
+    @feature_map_alias
     def attend(
         self,
         q: torch.Tensor,
@@ -214,7 +239,7 @@ class RecordableAttention(nn.Module):
         *,
         feat_size: tuple[int, int],
         kind: Optional[str] = None,
-        kernel=None,
+        feature_map=None,
         scale: Optional[float] = None,
         bias: Optional[torch.Tensor] = None,
         mask: Optional[torch.Tensor] = None,
@@ -233,8 +258,8 @@ class RecordableAttention(nn.Module):
                 w = attention_weights(q, k, kind=kind, scale=scale, bias=bias, mask=mask)
                 return attn_drop(w) @ v
             impl = attention_path(self.impl)
-            return attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask, impl=impl)
-        weights = attention_weights(q, k, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
+            return attention(q, k, v, kind=kind, feature_map=feature_map, scale=scale, bias=bias, mask=mask, impl=impl)
+        weights = attention_weights(q, k, kind=kind, feature_map=feature_map, scale=scale, bias=bias, mask=mask)
         weights = self.hook_weights(weights, kind, feat_size, num_prefix_tokens, token_coords)
         if attn_drop is not None and kind == "softmax":
             weights = attn_drop(weights)

@@ -1,7 +1,7 @@
 """Small helpers shared by the model families: attention patterns and feature indices.
 
 Pattern strings (the paper's notation, per stage): ``I`` = InLine, ``S`` = softmax as in the base
-architecture, ``L`` = linear attention (ReLU kernel) laid out like InLine; the other linear attentions laid out
+architecture, ``L`` = linear attention (ReLU feature map) laid out like InLine; the other linear attentions laid out
 like InLine: ``H`` = Hydra, ``E`` = Efficient attention, ``A`` = linear-angular (Castling-ViT),
 ``V`` = ReLU multi-scale (EfficientViT), ``F`` = focused (FLatten), ``G`` = agent attention,
 ``P`` = polarity-aware (PolaFormer),

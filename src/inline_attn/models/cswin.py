@@ -42,11 +42,12 @@ from ..layers import (
     LINEAR_CORES,
     check_kind,
     make_core,
-    make_kernel,
+    make_feature_map,
     pad_small_input,
     to_2tuple,
     tokens_to_nchw,
 )
+from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .registry import Family
@@ -103,7 +104,7 @@ class StripeAttention(RecordableAttention):
             height; the reference's idx 0) or "horizontal" (``split_size`` rows, full width; idx 1).
         split_size: stripe width in tokens (ignored for "global").
         kind: "inline", "linear", "softmax" or another linear attention (see TokenAttention).
-        kernel: phi for inline / linear (default identity / relu).
+        feature_map: phi for inline / linear (default identity / relu).
         local_residual: add InLine's predicted 3x3 residual on V (default: on for InLine only).
         attn_drop: dropout on softmax weights.
         impl: as :class:`~inline_attn.layers.TokenAttention`'s.
@@ -111,6 +112,7 @@ class StripeAttention(RecordableAttention):
     State-dict names: ``get_v`` (LePE), ``residual.0`` / ``residual.2`` (as the reference).
     """
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -119,7 +121,7 @@ class StripeAttention(RecordableAttention):
         mode: str = "global",
         split_size: int = 7,
         kind: str = "inline",
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         attn_drop: float = 0.0,
         impl: Optional[str] = None,
@@ -129,11 +131,11 @@ class StripeAttention(RecordableAttention):
             raise ValueError(f"unknown stripe mode {mode!r}: expected global, vertical or horizontal")
         if split_size < 1:
             raise ValueError(f"split_size must be a positive stripe width, got {split_size}")
-        check_kind(kind, kernel)
+        check_kind(kind, feature_map)
         self.head_dim = check_heads(dim, num_heads)
         self.dim, self.num_heads, self.mode, self.split_size, self.kind = dim, num_heads, mode, split_size, kind
         self.scale = self.head_dim**-0.5
-        self.kernel = make_kernel(kernel, self.head_dim) if kind != "softmax" else None
+        self.feature_map = make_feature_map(feature_map, self.head_dim) if kind != "softmax" else None
         self.core = make_core(kind, dim, num_heads) if kind in LINEAR_CORES else None
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -194,7 +196,7 @@ class StripeAttention(RecordableAttention):
             vw,
             feat_size=(sh, sw),
             residual_weights=win_weights,
-            kernel=self.kernel,
+            feature_map=self.feature_map,
             scale=self.scale,
             token_coords=coords,
             attn_drop=self.attn_drop,
@@ -217,10 +219,11 @@ class CSwinBlock(nn.Module):
         kind: attention kind of the branches.
         split_size: stripe width of the two branches.
         global_attn: one full-width branch over the whole map instead of two stripe branches.
-        kernel, local_residual: InLine / linear options (softmax blocks ignore them, as the
+        feature_map, local_residual: InLine / linear options (softmax blocks ignore them, as the
             base CSwin has neither).
     """
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -231,7 +234,7 @@ class CSwinBlock(nn.Module):
         global_attn: bool = False,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         drop: float = 0.0,
         attn_drop: float = 0.0,
@@ -243,9 +246,9 @@ class CSwinBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(drop)
-        if kind == "softmax":  # softmax blocks are the base CSwin: no kernel, no local residual
-            kernel, local_residual = None, False
-        branch = dict(kind=kind, kernel=kernel, local_residual=local_residual, attn_drop=attn_drop)
+        if kind == "softmax":  # softmax blocks are the base CSwin: no feature map, no local residual
+            feature_map, local_residual = None, False
+        branch = dict(kind=kind, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop)
         if global_attn:
             self.attns = nn.ModuleList([StripeAttention(dim, num_heads, mode="global", **branch)])
         else:
@@ -317,7 +320,7 @@ class InLineCSwin(InLineModel):
         inline_split_size: stripe width of InLine and linear blocks per stage (reference
             ``la_split_size``; "56-28-14-7" or a sequence).
         pattern: paper letters per stage (I, S, L; M<n> mixed), see ``_helpers.parse_pattern``.
-        kernel: phi of InLine / linear blocks (None = identity / relu); softmax blocks ignore it.
+        feature_map: phi of InLine / linear blocks (None = identity / relu); softmax blocks ignore it.
         local_residual: the local residual of InLine / linear blocks (None = on for InLine
             blocks only); softmax blocks never have one.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: as in timm.
@@ -330,6 +333,7 @@ class InLineCSwin(InLineModel):
 
     dense_out_norms = True  # as CSwin's detection / segmentation code
 
+    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -341,7 +345,7 @@ class InLineCSwin(InLineModel):
         split_size: Union[str, int, Sequence[int]] = (1, 2, 7, 7),
         inline_split_size: Union[str, int, Sequence[int]] = (56, 28, 14, 7),
         pattern: str = "IISS",
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
@@ -386,7 +390,7 @@ class InLineCSwin(InLineModel):
                         global_attn=(i == NUM_STAGES - 1 or split >= reso),
                         mlp_ratio=mlp_ratio,
                         qkv_bias=qkv_bias,
-                        kernel=kernel,
+                        feature_map=feature_map,
                         local_residual=local_residual,
                         drop=drop_rate,
                         attn_drop=attn_drop_rate,

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..layers import PatchEmbed, PreNormBlock, TokenAttention, init_weights_, resize_pos_embed, tokens_to_nchw
+from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .registry import Family
@@ -30,6 +31,7 @@ class DeiTBlock(PreNormBlock):
     default, as in the reference.
     """
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -38,7 +40,7 @@ class DeiTBlock(PreNormBlock):
         kind: str = "inline",
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         num_prefix_tokens: int = 1,
         drop: float = 0.0,
@@ -51,7 +53,7 @@ class DeiTBlock(PreNormBlock):
             num_heads,
             kind=kind,
             qkv_bias=qkv_bias,
-            kernel=kernel,
+            feature_map=feature_map,
             local_residual=local_residual,
             num_prefix_tokens=num_prefix_tokens,
             attn_drop=attn_drop,
@@ -73,7 +75,7 @@ class InLineDeiT(InLineModel):
         attn_drop_rate: softmax attention dropout.
         drop_path_rate: stochastic depth, linearly increasing over the blocks.
         pattern: "I" (InLine, the paper's model), "S" (softmax: plain DeiT) or "L" (linear).
-        kernel: phi of InLine/linear attention (None = the kind's default).
+        feature_map: phi of InLine/linear attention (None = the kind's default).
         local_residual: the 3x3 local residual (None = on for InLine only).
         global_pool: "token" (the cls token, as the reference) or "avg" (mean of patch tokens).
         impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
@@ -86,6 +88,7 @@ class InLineDeiT(InLineModel):
     no_weight_decay_patterns = ("pos_embed", "cls_token")
     single_scale = True
 
+    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -101,7 +104,7 @@ class InLineDeiT(InLineModel):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         pattern: str = "I",
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         global_pool: str = "token",
         impl: Optional[str] = None,
@@ -130,7 +133,7 @@ class InLineDeiT(InLineModel):
                     kind=kinds[i],
                     mlp_ratio=mlp_ratio,
                     qkv_bias=qkv_bias,
-                    kernel=kernel,
+                    feature_map=feature_map,
                     local_residual=local_residual,
                     num_prefix_tokens=1,
                     drop=drop_rate,

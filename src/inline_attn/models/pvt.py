@@ -32,6 +32,7 @@ from ..layers import (
     to_2tuple,
     tokens_to_nchw,
 )
+from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .registry import Family
@@ -122,6 +123,7 @@ class PVTBlock(PreNormBlock):
     """Pre-norm block over ``[B, H*W, C]``: InLine / linear attention without spatial reduction,
     or PVT's softmax attention with spatial reduction ``sr_ratio``."""
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -130,7 +132,7 @@ class PVTBlock(PreNormBlock):
         kind: str = "inline",
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         sr_ratio: int = 1,
         drop: float = 0.0,
@@ -150,7 +152,7 @@ class PVTBlock(PreNormBlock):
                 num_heads,
                 kind=kind,
                 qkv_bias=qkv_bias,
-                kernel=kernel,
+                feature_map=feature_map,
                 local_residual=local_residual,
                 attn_drop=attn_drop,
                 proj_drop=drop,
@@ -181,7 +183,7 @@ class InLinePVT(InLineModel):
         norm_eps: eps of the blocks' LayerNorms (1e-6 in every published model; the reference
             class's own default is PyTorch's 1e-5). Patch-embedding and spatial-reduction norms
             always use 1e-5, as in the reference.
-        kernel, local_residual: InLine / linear options (None = the kind's default).
+        feature_map, local_residual: InLine / linear options (None = the kind's default).
         global_pool: "avg" only (PVT has no cls token).
         impl: every attention layer's implementation, one of :data:`inline_attn.ops.IMPLS`
             (None = the process default, :func:`inline_attn.ops.use_impl`).
@@ -191,6 +193,7 @@ class InLinePVT(InLineModel):
 
     no_weight_decay_patterns = ("pos_embed*",)
 
+    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -207,7 +210,7 @@ class InLinePVT(InLineModel):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         pattern: str = "IIII",
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         global_pool: str = "avg",
         impl: Optional[str] = None,
@@ -248,7 +251,7 @@ class InLinePVT(InLineModel):
                     kind=kind,
                     mlp_ratio=mlp_ratios[i],
                     qkv_bias=qkv_bias,
-                    kernel=kernel,
+                    feature_map=feature_map,
                     local_residual=local_residual if kind != "softmax" else None,
                     sr_ratio=sr_ratios[i],
                     drop=drop_rate,

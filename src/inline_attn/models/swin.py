@@ -40,6 +40,7 @@ from ..layers import (
     init_weights_,
     to_2tuple,
 )
+from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .checkpoint import RECOMPUTED_BUFFERS
@@ -261,9 +262,10 @@ class SwinBlock(nn.Module):
         shift_size: cyclic shift (half a window on odd blocks, 0 on even ones).
         input_resolution: the map size at the constructed image size; decides (as in the
             reference) the persistent ``attn_mask`` buffer of the state dict only.
-        kernel, local_residual: InLine / linear attention options (see TokenAttention).
+        feature_map, local_residual: InLine / linear attention options (see TokenAttention).
     """
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -275,7 +277,7 @@ class SwinBlock(nn.Module):
         input_resolution: tuple[int, int],
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         drop: float = 0.0,
         attn_drop: float = 0.0,
@@ -297,7 +299,7 @@ class SwinBlock(nn.Module):
                 num_heads,
                 kind=kind,
                 qkv_bias=qkv_bias,
-                kernel=kernel,
+                feature_map=feature_map,
                 local_residual=local_residual,
                 attn_drop=attn_drop,
                 proj_drop=drop,
@@ -382,6 +384,7 @@ class PatchMerging(nn.Module):
 class SwinStage(nn.Module):
     """Blocks at one resolution, then (except in the last stage) patch merging."""
 
+    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -474,7 +477,7 @@ class InLineSwin(InLineModel):
         patch_size, in_chans, num_classes, embed_dim, depths, num_heads, mlp_ratio, qkv_bias: as Swin.
         window_size: window of the InLine / linear blocks; softmax blocks use :func:`softmax_window`.
         pattern: attention kind per stage (see :func:`parse_pattern`): "IIIS", "IIMS2", "SSSS", "LLLS".
-        kernel: phi of InLine / linear blocks (None = identity for InLine, relu for linear).
+        feature_map: phi of InLine / linear blocks (None = identity for InLine, relu for linear).
         local_residual: the 3x3 local residual (None = on for InLine blocks only).
         drop_rate: dropout after the patch embedding, in attention projections and MLPs (as the reference).
         attn_drop_rate: dropout on softmax weights. drop_path_rate: stochastic depth, linear in depth.
@@ -490,6 +493,7 @@ class InLineSwin(InLineModel):
     _map_fmt = "NHWC"
     dense_out_norms = True  # as Swin's detection / segmentation code
 
+    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -503,7 +507,7 @@ class InLineSwin(InLineModel):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         pattern: str = "IIIS",
-        kernel: Optional[str] = None,
+        feature_map: Optional[str] = None,
         local_residual: Optional[bool] = None,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
@@ -548,7 +552,7 @@ class InLineSwin(InLineModel):
                     downsample=i < num_stages - 1,
                     mlp_ratio=mlp_ratio,
                     qkv_bias=qkv_bias,
-                    kernel=kernel,
+                    feature_map=feature_map,
                     local_residual=local_residual,
                     drop=drop_rate,
                     attn_drop=attn_drop_rate,

@@ -15,7 +15,8 @@ import torch
 from .fused import _triton_env  # noqa: F401  (must run before anything imports triton)
 
 from .eager import inline_attention, linear_attention, local_residual, softmax_attention
-from .feature_maps import KERNELS, get_kernel
+from .._deprecation import feature_map_alias, renamed_attributes
+from .feature_maps import FEATURE_MAPS, OLD_NAMES, FeatureMap, get_feature_map
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
 from .fused.cpu import cpu_kernel_available, cpu_kernel_error
 from . import dispatch
@@ -24,13 +25,14 @@ from .tokens import grid_residual, inline_tokens
 from ._checks import check_count, check_feat_size
 
 
+@feature_map_alias
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
     kind: str = "inline",
-    kernel=None,
+    feature_map: FeatureMap = None,
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
@@ -41,7 +43,8 @@ def attention(
     Args:
         q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv].
         kind: "inline", "linear" or "softmax".
-        kernel: phi for inline (default identity) / linear (default relu).
+        feature_map: phi for inline (default identity) / linear (default relu); the old keyword
+            ``kernel=`` still works, with a ``FutureWarning``.
         scale: inline / softmax scale, default ``D**-0.5``.
         bias, mask: softmax only.
         impl: one of :data:`ATTENTION_IMPLS`: "auto" or "eager" (linear-time / SDPA) or "naive"
@@ -63,11 +66,11 @@ def attention(
     if kind != "softmax" and (bias is not None or mask is not None):
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
     if dispatch.attention_path(impl, kind) == "naive":
-        return naive_attention(q, k, v, kind=kind, kernel=kernel, scale=scale, bias=bias, mask=mask)
+        return naive_attention(q, k, v, kind=kind, feature_map=feature_map, scale=scale, bias=bias, mask=mask)
     if kind == "inline":
-        return inline_attention(q, k, v, kernel="identity" if kernel is None else kernel, scale=scale)
+        return inline_attention(q, k, v, feature_map="identity" if feature_map is None else feature_map, scale=scale)
     if kind == "linear":
-        return linear_attention(q, k, v, kernel="relu" if kernel is None else kernel)
+        return linear_attention(q, k, v, feature_map="relu" if feature_map is None else feature_map)
     return softmax_attention(q, k, v, scale=scale, bias=bias, mask=mask)
 
 
@@ -84,10 +87,11 @@ __all__ = [
     "why_not_fused",
     "ATTENTION_KINDS",
     "IMPLS",
-    "KERNELS",
+    "FEATURE_MAPS",
+    "FeatureMap",
     "attention",
     "attention_weights",
-    "get_kernel",
+    "get_feature_map",
     "inline_attention",
     "linear_attention",
     "local_residual",
@@ -95,3 +99,5 @@ __all__ = [
     "naive_local_residual",
     "softmax_attention",
 ]
+
+__getattr__ = renamed_attributes(__name__, OLD_NAMES)  # KERNELS, get_kernel, Kernel: the old names

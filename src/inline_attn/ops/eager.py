@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv, check_residual
-from .feature_maps import Kernel, get_kernel
+from .._deprecation import feature_map_alias
+from .feature_maps import FeatureMap, get_feature_map
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
@@ -42,12 +43,13 @@ def _as_compute(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+@feature_map_alias
 def inline_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    kernel: Kernel = "identity",
+    feature_map: FeatureMap = "identity",
     scale: float | None = None,
 ) -> torch.Tensor:
     """InLine attention in linear time (paper Eq. 5, reference scale convention).
@@ -58,14 +60,14 @@ def inline_attention(
 
     Args:
         q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv] (any strides).
-        kernel: phi; a name (identity, relu, leakyrelu, exp) or a callable.
+        feature_map: phi; a name (identity, relu, leakyrelu, exp) or a callable.
         scale: defaults to ``D**-0.5``.
 
     Returns:
         [B, H, Nq, Dv] in q's dtype (the autocast dtype under autocast).
     """
     check_qkv(q, k, v)
-    phi = get_kernel(kernel)
+    phi = get_feature_map(feature_map)
     n = k.shape[2]
     s = q.shape[-1] ** -0.5 if scale is None else scale
     with _float32_region(q) as out_dtype:
@@ -79,12 +81,13 @@ def inline_attention(
     return out.to(out_dtype)
 
 
+@feature_map_alias
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    kernel: Kernel = "relu",
+    feature_map: FeatureMap = "relu",
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """Vanilla linear attention (paper Eq. 3): ``phi(q_i) S / (phi(q_i) . z + eps)``.
@@ -97,7 +100,7 @@ def linear_attention(
         [B, H, Nq, Dv].
     """
     check_qkv(q, k, v)
-    phi = get_kernel(kernel)
+    phi = get_feature_map(feature_map)
     with _float32_region(q) as out_dtype:
         qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
         kv = kf.transpose(-2, -1) @ vf  # [B, H, D, Dv]

@@ -1,8 +1,10 @@
 """Feature maps phi applied to queries and keys (paper Sec. 3, Table 1).
 
 The published InLine models all use ``identity``. ``exp`` is ``exp(0.2 x)`` as in the reference.
-A learnable ``relu(A x + b)`` kernel lives in :class:`inline_attn.layers.AffineReLUKernel`, because
-it has parameters; the functional ops accept any callable as ``kernel``.
+A learnable ``relu(A x + b)`` feature map lives in :class:`inline_attn.layers.AffineReLUFeatureMap`,
+because it has parameters; the functional ops accept any callable as ``feature_map``.
+
+The old names ``KERNELS``, ``get_kernel`` and ``Kernel`` (issue 24) still work, with a ``FutureWarning``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Callable, Union
 import torch
 import torch.nn.functional as F
 
-Kernel = Union[str, Callable[[torch.Tensor], torch.Tensor], None]
+from .._deprecation import renamed_attributes
+
+FeatureMap = Union[str, Callable[[torch.Tensor], torch.Tensor], None]
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -23,7 +27,7 @@ def _exp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(0.2 * x)
 
 
-KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+FEATURE_MAPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "identity": _identity,
     "relu": F.relu,
     "leakyrelu": F.leaky_relu,  # PyTorch default negative slope 0.01, as in the reference
@@ -31,12 +35,16 @@ KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def get_kernel(kernel: Kernel) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Resolve ``kernel`` (a name from :data:`KERNELS`, a callable, or None = identity)."""
-    if kernel is None:
+def get_feature_map(feature_map: FeatureMap) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Resolve ``feature_map`` (a name from :data:`FEATURE_MAPS`, a callable, or None = identity)."""
+    if feature_map is None:
         return _identity
-    if callable(kernel):
-        return kernel
-    if isinstance(kernel, str) and kernel in KERNELS:
-        return KERNELS[kernel]
-    raise ValueError(f"unknown kernel {kernel!r}: expected one of {sorted(KERNELS)} or a callable")
+    if callable(feature_map):
+        return feature_map
+    if isinstance(feature_map, str) and feature_map in FEATURE_MAPS:
+        return FEATURE_MAPS[feature_map]
+    raise ValueError(f"unknown feature map {feature_map!r}: expected one of {sorted(FEATURE_MAPS)} or a callable")
+
+
+OLD_NAMES = {"KERNELS": "FEATURE_MAPS", "get_kernel": "get_feature_map", "Kernel": "FeatureMap"}
+__getattr__ = renamed_attributes(__name__, OLD_NAMES)

@@ -4,7 +4,7 @@ Each attention core has a fast linear-time form and explicit weights that mirror
 equation (the naive reference: ``weights @ v``, run it in float64). Per head, ``q, k: [B, h, N, d]``,
 ``v: [B, h, N, dv]``; weights ``[B, h, N, N]``.
 
-- Hydra (Bolya et al. 2022, Eq. 5-6): as many heads as channels, cosine kernel
+- Hydra (Bolya et al. 2022, Eq. 5-6): as many heads as channels, cosine feature map
   ``phi(x) = x / ||x||`` over all C channels; ``O_c = phi(Q)_c * sum_j phi(K_j)_c V_jc``, so the
   weights of channel c are ``w_ij = phi(q_i)_c phi(k_j)_c`` (no normalisation of rows).
 - Efficient attention (Shen et al. 2021, Eq. 4): ``E = rho_q(Q) (rho_k(K)^T V)`` with
@@ -14,7 +14,7 @@ equation (the naive reference: ``weights @ v``, run it in float64). Per head, ``
   linearised to ``1/2 + q_hat . k_hat / pi``; the authors' code keeps the constant on the query's
   own value, ``w_ij = delta_ij / 2 + q_hat_i . k_hat_j / pi``, and L2-normalises each output row.
 - ReLU linear attention (EfficientViT, Cai et al. 2023, Eq. 2) is :func:`..fast.linear_attention`
-  with the ReLU kernel; its multi-scale aggregation lives in the layer.
+  with the ReLU feature map; its multi-scale aggregation lives in the layer.
 - Focused linear attention (FLatten, Han et al. 2023, Eq. 5-6): the focusing map
   ``f_p(x) = ||x|| / ||x**p|| * x**p`` of ``relu(x) / s`` over all C channels, then linear
   attention with those features (:func:`focused_features`).

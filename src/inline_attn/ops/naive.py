@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv, check_residual
-from .feature_maps import Kernel, get_kernel
+from .._deprecation import feature_map_alias
+from .feature_maps import FeatureMap, get_feature_map
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
 
@@ -36,12 +37,13 @@ def _softmax_logits(q, k, scale, bias, mask):
     return logits
 
 
+@feature_map_alias
 def attention_weights(
     q: torch.Tensor,
     k: torch.Tensor,
     *,
     kind: str = "inline",
-    kernel: Kernel = None,
+    feature_map: FeatureMap = None,
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
@@ -50,10 +52,10 @@ def attention_weights(
     """The explicit attention weight matrix of one attention kind.
 
     Args:
-        q: [B, H, Nq, D] queries (before the kernel).
-        k: [B, H, Nk, D] keys (before the kernel).
+        q: [B, H, Nq, D] queries (before the feature map).
+        k: [B, H, Nk, D] keys (before the feature map).
         kind: "inline", "linear" or "softmax".
-        kernel: feature map phi for "inline" (default identity) and "linear" (default relu).
+        feature_map: phi for "inline" (default identity) and "linear" (default relu).
         scale: InLine and softmax scale; default ``D**-0.5``.
         bias, mask: softmax only; additive bias / boolean keep-mask (True = attend) or additive
             float mask, broadcastable to [B, H, Nq, Nk].
@@ -70,13 +72,13 @@ def attention_weights(
     if bias is not None or mask is not None:
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
     if kind == "linear":
-        phi = get_kernel("relu" if kernel is None else kernel)
+        phi = get_feature_map("relu" if feature_map is None else feature_map)
         sim = phi(q) @ phi(k).transpose(-2, -1)
         # the normaliser in float32 at least: in fp16 its square (the division's gradient) underflows
         wide = torch.promote_types(sim.dtype, torch.float32)
         return (sim / (sim.sum(dim=-1, keepdim=True, dtype=wide) + eps)).to(sim.dtype)
     if kind == "inline":
-        phi = get_kernel(kernel)
+        phi = get_feature_map(feature_map)
         s = d**-0.5 if scale is None else scale
         pk = phi(k)
         n = pk.shape[2]
@@ -85,6 +87,7 @@ def attention_weights(
     raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
 
 
+@feature_map_alias
 def naive_attention(q, k, v, *, kind="inline", **kwargs) -> torch.Tensor:
     """``attention_weights(q, k, kind=kind, ...) @ v``: [B, H, Nq, Dv]."""
     check_qkv(q, k, v)

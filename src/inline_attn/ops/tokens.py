@@ -15,7 +15,8 @@ from . import dispatch
 from ._checks import check_tensor, check_feat_size, check_num_heads, check_tokens
 from .eager import inline_attention, local_residual
 from .fused.op import inline_core, inline_layer_core, runs_as_custom_op
-from .feature_maps import Kernel
+from .feature_maps import FeatureMap
+from .._deprecation import feature_map_alias
 from .naive import naive_attention, naive_local_residual
 from .predictor import predict_residual
 
@@ -74,6 +75,7 @@ def residual_taps(weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return weights.reshape(b, c, 9).transpose(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format)
 
 
+@feature_map_alias
 def inline_tokens(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -83,7 +85,7 @@ def inline_tokens(
     feat_size: tuple[int, int],
     residual_weights: torch.Tensor | None = None,
     num_prefix_tokens: int = 0,
-    kernel: Kernel = None,
+    feature_map: FeatureMap = None,
     scale: float | None = None,
     impl: str | None = None,
 ) -> torch.Tensor:
@@ -96,7 +98,7 @@ def inline_tokens(
         feat_size: (H, W) of the grid tokens.
         residual_weights: [B, C, 3, 3] predicted residual kernels, or None for no residual.
         num_prefix_tokens: tokens before the grid (a cls token): attended to, no residual.
-        kernel: the feature map phi (default identity; the fused kernels compute identity only).
+        feature_map: phi (default identity; the fused kernels compute identity only).
         scale: default ``(C/h)**-0.5``.
         impl: one of :data:`inline_attn.ops.dispatch.IMPLS`; None = the process default
             (:func:`inline_attn.ops.use_impl`).
@@ -111,16 +113,16 @@ def inline_tokens(
     h, w = check_feat_size(feat_size, n, num_prefix_tokens)
     d = c // num_heads
     s = d**-0.5 if scale is None else float(scale)
-    chosen, _ = dispatch.choose(q, kernel, impl)
+    chosen, _ = dispatch.choose(q, feature_map, impl)
 
     if chosen in dispatch.FUSED_IMPLS:
         w9 = residual_taps(residual_weights, q.dtype) if residual_weights is not None else None
         return inline_core(q, k, v, w9, num_heads, s, h, w, num_prefix_tokens, chosen)
     qh, kh, vh = (t.reshape(b, n, num_heads, d).transpose(1, 2) for t in (q, k, v))  # [B, h, N, d]
     if chosen == "naive":
-        out = naive_attention(qh, kh, vh, kind="inline", kernel=kernel, scale=s)
+        out = naive_attention(qh, kh, vh, kind="inline", feature_map=feature_map, scale=s)
     else:
-        out = inline_attention(qh, kh, vh, kernel="identity" if kernel is None else kernel, scale=s)
+        out = inline_attention(qh, kh, vh, feature_map="identity" if feature_map is None else feature_map, scale=s)
     out = out.transpose(1, 2).reshape(b, n, c)
     if residual_weights is None:
         return out
@@ -128,6 +130,7 @@ def inline_tokens(
     return add_to_grid_tokens(out, res.to(out.dtype), num_prefix_tokens)
 
 
+@feature_map_alias
 def inline_layer_tokens(
     x: torch.Tensor,
     q: torch.Tensor,
@@ -138,7 +141,7 @@ def inline_layer_tokens(
     num_heads: int,
     feat_size: tuple[int, int],
     num_prefix_tokens: int = 0,
-    kernel: Kernel = None,
+    feature_map: FeatureMap = None,
     scale: float | None = None,
     impl: str | None = None,
 ) -> torch.Tensor:
@@ -171,7 +174,7 @@ def inline_layer_tokens(
             f"predictor weights {tuple(w1.shape)} and {tuple(w2.shape)} do not match {num_heads} groups of "
             f"C={c}: expected [{c}, {c // num_heads}(, 1)] and [{9 * c}, {c // num_heads}(, 1)]"
         )
-    chosen, _ = dispatch.choose(q, kernel, impl)
+    chosen, _ = dispatch.choose(q, feature_map, impl)
     if chosen not in dispatch.FUSED_IMPLS or runs_as_custom_op():
         weights = predict_residual(x.mean(dim=1), w1, b1, w2, b2, groups=num_heads)
         return inline_tokens(
@@ -182,7 +185,7 @@ def inline_layer_tokens(
             feat_size=feat_size,
             residual_weights=weights,
             num_prefix_tokens=num_prefix_tokens,
-            kernel=kernel,
+            feature_map=feature_map,
             scale=scale,
             impl=chosen,
         )

@@ -19,6 +19,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Union
 
+from .._deprecation import upgrade_model_kwargs
 from ..compile import COMPILE_MODES
 from ..runtime.config import (
     TypedConfig,
@@ -73,6 +74,9 @@ class ModelCfg:
     checkpoint_ema: bool = setting(
         False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)"
     )
+
+    def __post_init__(self):  # a config written before issue 24 says model.kwargs.kernel
+        self.kwargs = upgrade_model_kwargs(self.kwargs)
 
     def check(self) -> None:
         from ..models import get_model_config

@@ -10,6 +10,7 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
+from .._deprecation import upgrade_model_kwargs
 from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
 from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
@@ -84,7 +85,8 @@ def load_trained_model(
     name = model or recorded
     if name is None:
         raise ValueError(f"checkpoint {checkpoint} does not record its model: pass --model NAME")
-    kwargs = {**(kwargs if name == recorded else {}), **overrides}
+    # a checkpoint or run config written before issue 24 records kernel=: read as feature_map=, silently
+    kwargs = {**(upgrade_model_kwargs(kwargs) if name == recorded else {}), **overrides}
     net = create_model(name, **kwargs)
     # the family's key filter maps the authors' checkpoints; a mismatch is a ValueError naming the keys
     _load_into(net, state, where)
