@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import sys
 
-import torch
+# The tests exercise the checkout they live in, also from a git worktree whose venv's editable
+# install points at another checkout: its src/ goes first on sys.path and on the PYTHONPATH that
+# subprocesses (the CLI tests) inherit. In a plain checkout this changes nothing.
+_SRC = str(pathlib.Path(__file__).resolve().parents[1] / "src")
+sys.path.insert(0, _SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join([_SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+import torch  # noqa: E402
 
 # Triton's kernels run under its interpreter on machines without CUDA; the mode is fixed when
 # triton is imported (torch imports it early), so it is chosen here, before anything else.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
