@@ -1,10 +1,12 @@
 """The paper's analyses across every attention kind: one comparative table (markdown) per analysis.
 
 ``inline-attn analyze <analysis> --kinds softmax linear inline hydra ...`` builds one model per
-kind (``--model NAME`` with every stage of that kind, :func:`kind_models`) or takes a list of
-checkpoints, runs the analysis on each, and writes the per-model results as one table beside the
+kind (``--model NAME`` with every stage of that kind, :func:`kind_models`), or takes one trained
+checkpoint per kind (:func:`trained_kind_models`; ``--runs FOLDER`` finds the ablations' part-d run
+of each kind), runs the analysis on each, and writes the per-model results as one table beside the
 analysis' plot. The constructed injectivity problem (paper Fig. 1) runs on the attention layer of
-each kind directly (:func:`injectivity_by_kind`).
+each kind directly (:func:`injectivity_by_kind`), or on one attention layer of each trained model
+with its trained parameters (:func:`injectivity_of_models`).
 
 Every kind the library has forms explicit weights (the analyses read them through attention
 hooks); :func:`split_by_weights` names the analyses a kind without them could not run, should one
@@ -13,7 +15,8 @@ be added.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import copy
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -89,6 +92,23 @@ def kind_models(name: str, kinds: Sequence[str], model_args: Optional[dict] = No
     return out
 
 
+def trained_kind_models(runs: Mapping[str, object]) -> list:
+    """One :class:`~inline_attn.analysis.common.LoadedModel` per ``{kind: checkpoint or training run
+    folder}``, rebuilt by the trainer's loader and labelled by the kind. A ``ValueError`` when a
+    checkpoint's model attends with another kind than the one it is given for."""
+    from .common import load_model
+
+    out = []
+    for kind, path in runs.items():
+        check_kinds([kind])
+        lm = load_model(None, path, label=kind)
+        got = model_kind(lm.model)
+        if got != kind:
+            raise ValueError(f"checkpoint {path} is a model of attention kind {got!r}, given for {kind!r}")
+        out.append(lm)
+    return out
+
+
 def model_kind(model: torch.nn.Module) -> str:
     """The attention kinds of a model's layers, in order of first use ("inline+softmax")."""
     seen: list[str] = []
@@ -104,23 +124,38 @@ def model_kind(model: torch.nn.Module) -> str:
 def kind_weight_rows(kind: str, queries: torch.Tensor, keys: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """Row of query token 0 for each of the M ``queries`` [M, d] over ``keys`` [N, d] (N even):
     the layer of ``kind`` (one head of width d, float64, seeded random init for its own parameters)
-    attends over N tokens on a 2 x N/2 grid whose query 0 is each query in turn, the other queries
-    and the values fixed. Returns [M, heads * N] (every head's row side by side)."""
+    through :func:`layer_weight_rows`. Returns [M, N]."""
+    torch.manual_seed(seed)
+    layer = build_attention(kind, queries.shape[1], 1)
+    return layer_weight_rows(layer, queries, keys, seed)
+
+
+def layer_weight_rows(layer: torch.nn.Module, queries: torch.Tensor, keys: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Row of query token 0 for each of the M ``queries`` [M, d] over ``keys`` [N, d] (N even) in
+    ``layer``'s attention function (a float64 copy, its own parameters as they are: random or
+    trained): it attends over N tokens on a 2 x N/2 grid whose query 0 is each query in turn, the
+    other queries and the values fixed (seeded), without InLine's local residual. Every head of
+    width d gets the same query and keys. Returns [M, heads * N] (every head's row side by side)."""
     m, d = queries.shape
     n = keys.shape[0]
     if n % 2:
         raise ValueError(f"the constructed problem lays its {n} keys on a 2 x N/2 grid: N must be even")
-    torch.manual_seed(seed)
-    layer = build_attention(kind, d, 1).double()
+    heads = int(layer.num_heads)
+    if getattr(layer, "head_dim", d) != d:
+        raise ValueError(f"queries of width {d}: the layer's heads have width {layer.head_dim}")
+    layer = copy.deepcopy(layer).double().eval()
     g = torch.Generator().manual_seed(seed)
-    others = torch.randn(n, d, generator=g, dtype=torch.float64)
-    v = torch.randn(1, n, d, generator=g, dtype=torch.float64)
+    others = torch.randn(n, heads * d, generator=g, dtype=torch.float64)
+    v = torch.randn(1, n, heads * d, generator=g, dtype=torch.float64)
+    k = keys.to(torch.float64).repeat(1, heads)[None]
     rows = []
     for i in range(m):
         q = others.clone()
-        q[0] = queries[i]
+        q[0] = queries[i].to(torch.float64).repeat(heads)
         with torch.no_grad(), record_attention(layer) as recs:
-            layer.attend_tokens(q[None], keys[None], v, feat_size=(2, n // 2), kernel=layer.kernel, scale=layer.scale)
+            layer.attend_tokens(
+                q[None], k, v, feat_size=(2, n // 2), kernel=getattr(layer, "kernel", None), scale=layer.scale
+            )
         rows.append(recs[-1].weights[0, :, 0, :].reshape(-1))
     return torch.stack(rows)
 
@@ -146,6 +181,31 @@ def injectivity_by_kind(
         for fam in FAMILIES:
             results[kind][fam] = row_counts(kind_weight_rows(kind, prob[fam], prob["keys"], seed), atol=atol)
     return {"problem": prob, "results": results}
+
+
+def injectivity_of_models(
+    models: Sequence, *, layer=0, lengths: Sequence[float] = LENGTHS, seed: int = 0, rtol: float = DEFAULT_RTOL
+) -> dict:
+    """Paper Fig. 1's query families through one attention layer of each (trained) model, its own
+    parameters as trained (:func:`layer_weight_rows`): the same result as
+    :func:`injectivity_by_kind`, keyed by the models' labels, with "layers": {label: layer name}.
+    Keys: the smallest even count (at least 8) above the layer's head width, so centred keys span it."""
+    from ..layers.record import select_layers
+
+    results, names, prob = {}, {}, None
+    for lm in models:
+        [(_, name, mod)] = select_layers(attention_layers(lm.model), [layer])
+        d = int(mod.head_dim)
+        n = max(8, 2 * (d // 2 + 1))
+        prob = constructed_problem(n, d, lengths, seed)
+        atol = row_tolerance(n, rtol)
+        names[lm.label] = name
+        results[lm.label] = {
+            fam: row_counts(layer_weight_rows(mod, prob[fam], prob["keys"], seed), atol=atol) for fam in FAMILIES
+        }
+    if prob is None:
+        raise ValueError("no models to test")
+    return {"problem": prob, "results": results, "layers": names}
 
 
 def injectivity_table(res: dict) -> str:
@@ -254,6 +314,9 @@ __all__ = [
     "kind_models",
     "kind_pattern",
     "kind_weight_rows",
+    "injectivity_of_models",
+    "layer_weight_rows",
+    "trained_kind_models",
     "locality_table",
     "masking_note",
     "model_kind",
