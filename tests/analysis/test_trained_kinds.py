@@ -101,6 +101,10 @@ def test_every_analysis_compares_the_trained_part_d_model_of_every_kind(tmp_path
         meta = json.loads((tmp_path / "injectivity_kinds.json").read_text())
     else:
         meta = json.loads((tmp_path / f"{analysis}.json").read_text())
+    if analysis == "confusion":
+        # InLine's three global layers compare C(64, 2) + C(16, 2) + 2 heads x C(4, 2) query pairs per image
+        s = meta["summary"]["inline"]
+        assert s["pairs_per_image"] == 2016 + 120 + 12 and s["rate"] == pytest.approx(s["mean"] / 2148)
     # each model is the run folder's checkpoint, rebuilt by the trainer's loader
     ckpts = {m["label"]: m["checkpoint"] for m in meta["models"]}
     assert list(ckpts) == list(COMPARED)

@@ -255,30 +255,37 @@ def _norm_note(kind: str) -> str:
 
 def confusion_table(summary: dict, kinds: dict) -> str:
     """Markdown: model | kind | images | confused query pairs per image (mean, median, max) |
-    fraction of images with any. ``summary``: {label: :func:`~.confusion.summarize` dict};
+    fraction of images with any | rate (confused share of the query pairs compared, where the
+    summary has it) | mean per layer (where the summary has it). ``summary``: {label:
+    :func:`~.confusion.summarize` dict, optionally with ``per_layer_mean`` {layer: mean}};
     ``kinds``: {label: kind}."""
     lines = [
-        "| model | kind | images | confused pairs / image: mean | median | max | images with any |",
-        "|---|---|---|---|---|---|---|",
+        "| model | kind | images | confused pairs / image: mean | median | max | images with any | "
+        "rate (of pairs compared) | mean per layer |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, s in summary.items():
         if not s.get("images"):
-            lines.append(f"| {label} | {kinds[label]} | 0 | - | - | - | - |")
+            lines.append(f"| {label} | {kinds[label]} | 0 | - | - | - | - | - | - |")
             continue
+        rate = f"{100 * s['rate']:.3g}%" if "rate" in s else "-"
+        per_layer = " / ".join(f"{v:.1f}" for v in (s.get("per_layer_mean") or {}).values()) or "-"
         lines.append(
             f"| {label} | {kinds[label]} | {s['images']} | {s['mean']:.1f} | {s['median']:.0f} | {s['max']:.0f} | "
-            f"{100 * s['frac_images_confused']:.0f}% |"
+            f"{100 * s['frac_images_confused']:.0f}% | {rate} | {per_layer} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def locality_table(per_model: dict, kinds: dict) -> str:
     """Markdown: model | kind | 3x3-neighbourhood mass (mean over layers) | uniform | ratio |
-    rows sum to one. A kind whose rows do not sum to one (:data:`~.masking.NORMALISATION` "none")
-    has a mass that is not a share of its attention: compare it with care."""
+    ratio per layer (first to last) | rows sum to one. A kind whose rows do not sum to one
+    (:data:`~.masking.NORMALISATION` "none") has a mass that is not a share of its attention:
+    compare it with care."""
     lines = [
-        "| model | kind | layers | 3x3 mass (mean over layers) | uniform 3x3 mass | ratio | rows sum to one |",
-        "|---|---|---|---|---|---|---|",
+        "| model | kind | layers | 3x3 mass (mean over layers) | uniform 3x3 mass | ratio | ratio per layer | "
+        "rows sum to one |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, rows in per_model.items():
         if not rows:
@@ -286,8 +293,12 @@ def locality_table(per_model: dict, kinds: dict) -> str:
         loc = sum(r["locality"] for r in rows) / len(rows)
         uni = sum(r["uniform"] for r in rows) / len(rows)
         ratio = loc / uni if uni else float("nan")
+        per_layer = " / ".join(f"{r['locality'] / r['uniform']:.2f}" if r["uniform"] else "nan" for r in rows)
         kind = kinds[label]
-        lines.append(f"| {label} | {kind} | {len(rows)} | {loc:.4f} | {uni:.4f} | {ratio:.2f} | {_norm_note(kind)} |")
+        lines.append(
+            f"| {label} | {kind} | {len(rows)} | {loc:.4f} | {uni:.4f} | {ratio:.2f} | {per_layer} | "
+            f"{_norm_note(kind)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -393,7 +393,7 @@ def _confusion(args, out, models, images, layers, progress) -> list[str]:
             row.update({f"layer{i}": int(counts[img, j]) for j, (i, _) in enumerate(res["layers"])})
             row["total"] = int(counts[img].sum())
             rows.append(row)
-        s = summarize(counts)
+        s = summarize(counts, res["pairs"])
         s["per_layer_mean"] = {name: float(counts[:, j].double().mean()) for j, (_, name) in enumerate(res["layers"])}
         summary[lm.label] = s
         totals[lm.label] = counts.sum(dim=1).numpy()
