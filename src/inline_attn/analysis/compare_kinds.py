@@ -1,10 +1,12 @@
 """The paper's analyses across every attention kind: one comparative table (markdown) per analysis.
 
 ``inline-attn analyze <analysis> --kinds softmax linear inline hydra ...`` builds one model per
-kind (``--model NAME`` with every stage of that kind, :func:`kind_models`) or takes a list of
-checkpoints, runs the analysis on each, and writes the per-model results as one table beside the
+kind (``--model NAME`` with every stage of that kind, :func:`kind_models`), or takes one trained
+checkpoint per kind (:func:`trained_kind_models`; ``--runs FOLDER`` finds the ablations' part-d run
+of each kind), runs the analysis on each, and writes the per-model results as one table beside the
 analysis' plot. The constructed injectivity problem (paper Fig. 1) runs on the attention layer of
-each kind directly (:func:`injectivity_by_kind`).
+each kind directly (:func:`injectivity_by_kind`), or on one attention layer of each trained model
+with its trained parameters (:func:`injectivity_of_models`).
 
 Every kind the library has forms explicit weights (the analyses read them through attention
 hooks); :func:`split_by_weights` names the analyses a kind without them could not run, should one
@@ -13,7 +15,8 @@ be added.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import copy
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -89,6 +92,23 @@ def kind_models(name: str, kinds: Sequence[str], model_args: Optional[dict] = No
     return out
 
 
+def trained_kind_models(runs: Mapping[str, object]) -> list:
+    """One :class:`~inline_attn.analysis.common.LoadedModel` per ``{kind: checkpoint or training run
+    folder}``, rebuilt by the trainer's loader and labelled by the kind. A ``ValueError`` when a
+    checkpoint's model attends with another kind than the one it is given for."""
+    from .common import load_model
+
+    out = []
+    for kind, path in runs.items():
+        check_kinds([kind])
+        lm = load_model(None, path, label=kind)
+        got = model_kind(lm.model)
+        if got != kind:
+            raise ValueError(f"checkpoint {path} is a model of attention kind {got!r}, given for {kind!r}")
+        out.append(lm)
+    return out
+
+
 def model_kind(model: torch.nn.Module) -> str:
     """The attention kinds of a model's layers, in order of first use ("inline+softmax")."""
     seen: list[str] = []
@@ -104,24 +124,37 @@ def model_kind(model: torch.nn.Module) -> str:
 def kind_weight_rows(kind: str, queries: torch.Tensor, keys: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """Row of query token 0 for each of the M ``queries`` [M, d] over ``keys`` [N, d] (N even):
     the layer of ``kind`` (one head of width d, float64, seeded random init for its own parameters)
-    attends over N tokens on a 2 x N/2 grid whose query 0 is each query in turn, the other queries
-    and the values fixed. Returns [M, heads * N] (every head's row side by side)."""
+    through :func:`layer_weight_rows`. Returns [M, N]."""
+    torch.manual_seed(seed)
+    layer = build_attention(kind, queries.shape[1], 1)
+    return layer_weight_rows(layer, queries, keys, seed)
+
+
+def layer_weight_rows(layer: torch.nn.Module, queries: torch.Tensor, keys: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Row of query token 0 for each of the M ``queries`` [M, d] over ``keys`` [N, d] (N even) in
+    ``layer``'s attention function (a float64 copy, its own parameters as they are: random or
+    trained): it attends over N tokens on a 2 x N/2 grid whose query 0 is each query in turn, the
+    other queries and the values fixed (seeded), without InLine's local residual. Every head of
+    width d gets the same query and keys. Returns [M, heads * N] (every head's row side by side)."""
     m, d = queries.shape
     n = keys.shape[0]
     if n % 2:
         raise ValueError(f"the constructed problem lays its {n} keys on a 2 x N/2 grid: N must be even")
-    torch.manual_seed(seed)
-    layer = build_attention(kind, d, 1).double()
+    heads = int(layer.num_heads)
+    if getattr(layer, "head_dim", d) != d:
+        raise ValueError(f"queries of width {d}: the layer's heads have width {layer.head_dim}")
+    layer = copy.deepcopy(layer).double().eval()
     g = torch.Generator().manual_seed(seed)
-    others = torch.randn(n, d, generator=g, dtype=torch.float64)
-    v = torch.randn(1, n, d, generator=g, dtype=torch.float64)
+    others = torch.randn(n, heads * d, generator=g, dtype=torch.float64)
+    v = torch.randn(1, n, heads * d, generator=g, dtype=torch.float64)
+    k = keys.to(torch.float64).repeat(1, heads)[None]
     rows = []
     for i in range(m):
         q = others.clone()
-        q[0] = queries[i]
+        q[0] = queries[i].to(torch.float64).repeat(heads)
         with torch.no_grad(), record_attention(layer) as recs:
             layer.attend_tokens(
-                q[None], keys[None], v, feat_size=(2, n // 2), feature_map=layer.feature_map, scale=layer.scale
+                q[None], k, v, feat_size=(2, n // 2), feature_map=getattr(layer, "feature_map", None), scale=layer.scale
             )
         rows.append(recs[-1].weights[0, :, 0, :].reshape(-1))
     return torch.stack(rows)
@@ -148,6 +181,31 @@ def injectivity_by_kind(
         for fam in FAMILIES:
             results[kind][fam] = row_counts(kind_weight_rows(kind, prob[fam], prob["keys"], seed), atol=atol)
     return {"problem": prob, "results": results}
+
+
+def injectivity_of_models(
+    models: Sequence, *, layer=0, lengths: Sequence[float] = LENGTHS, seed: int = 0, rtol: float = DEFAULT_RTOL
+) -> dict:
+    """Paper Fig. 1's query families through one attention layer of each (trained) model, its own
+    parameters as trained (:func:`layer_weight_rows`): the same result as
+    :func:`injectivity_by_kind`, keyed by the models' labels, with "layers": {label: layer name}.
+    Keys: the smallest even count (at least 8) above the layer's head width, so centred keys span it."""
+    from ..layers.record import select_layers
+
+    results, names, prob = {}, {}, None
+    for lm in models:
+        [(_, name, mod)] = select_layers(attention_layers(lm.model), [layer])
+        d = int(mod.head_dim)
+        n = max(8, 2 * (d // 2 + 1))
+        prob = constructed_problem(n, d, lengths, seed)
+        atol = row_tolerance(n, rtol)
+        names[lm.label] = name
+        results[lm.label] = {
+            fam: row_counts(layer_weight_rows(mod, prob[fam], prob["keys"], seed), atol=atol) for fam in FAMILIES
+        }
+    if prob is None:
+        raise ValueError("no models to test")
+    return {"problem": prob, "results": results, "layers": names}
 
 
 def injectivity_table(res: dict) -> str:
@@ -197,30 +255,37 @@ def _norm_note(kind: str) -> str:
 
 def confusion_table(summary: dict, kinds: dict) -> str:
     """Markdown: model | kind | images | confused query pairs per image (mean, median, max) |
-    fraction of images with any. ``summary``: {label: :func:`~.confusion.summarize` dict};
+    fraction of images with any | rate (confused share of the query pairs compared, where the
+    summary has it) | mean per layer (where the summary has it). ``summary``: {label:
+    :func:`~.confusion.summarize` dict, optionally with ``per_layer_mean`` {layer: mean}};
     ``kinds``: {label: kind}."""
     lines = [
-        "| model | kind | images | confused pairs / image: mean | median | max | images with any |",
-        "|---|---|---|---|---|---|---|",
+        "| model | kind | images | confused pairs / image: mean | median | max | images with any | "
+        "rate (of pairs compared) | mean per layer |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, s in summary.items():
         if not s.get("images"):
-            lines.append(f"| {label} | {kinds[label]} | 0 | - | - | - | - |")
+            lines.append(f"| {label} | {kinds[label]} | 0 | - | - | - | - | - | - |")
             continue
+        rate = f"{100 * s['rate']:.3g}%" if "rate" in s else "-"
+        per_layer = " / ".join(f"{v:.1f}" for v in (s.get("per_layer_mean") or {}).values()) or "-"
         lines.append(
             f"| {label} | {kinds[label]} | {s['images']} | {s['mean']:.1f} | {s['median']:.0f} | {s['max']:.0f} | "
-            f"{100 * s['frac_images_confused']:.0f}% |"
+            f"{100 * s['frac_images_confused']:.0f}% | {rate} | {per_layer} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def locality_table(per_model: dict, kinds: dict) -> str:
     """Markdown: model | kind | 3x3-neighbourhood mass (mean over layers) | uniform | ratio |
-    rows sum to one. A kind whose rows do not sum to one (:data:`~.masking.NORMALISATION` "none")
-    has a mass that is not a share of its attention: compare it with care."""
+    ratio per layer (first to last) | rows sum to one. A kind whose rows do not sum to one
+    (:data:`~.masking.NORMALISATION` "none") has a mass that is not a share of its attention:
+    compare it with care."""
     lines = [
-        "| model | kind | layers | 3x3 mass (mean over layers) | uniform 3x3 mass | ratio | rows sum to one |",
-        "|---|---|---|---|---|---|---|",
+        "| model | kind | layers | 3x3 mass (mean over layers) | uniform 3x3 mass | ratio | ratio per layer | "
+        "rows sum to one |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, rows in per_model.items():
         if not rows:
@@ -228,8 +293,12 @@ def locality_table(per_model: dict, kinds: dict) -> str:
         loc = sum(r["locality"] for r in rows) / len(rows)
         uni = sum(r["uniform"] for r in rows) / len(rows)
         ratio = loc / uni if uni else float("nan")
+        per_layer = " / ".join(f"{r['locality'] / r['uniform']:.2f}" if r["uniform"] else "nan" for r in rows)
         kind = kinds[label]
-        lines.append(f"| {label} | {kind} | {len(rows)} | {loc:.4f} | {uni:.4f} | {ratio:.2f} | {_norm_note(kind)} |")
+        lines.append(
+            f"| {label} | {kind} | {len(rows)} | {loc:.4f} | {uni:.4f} | {ratio:.2f} | {per_layer} | "
+            f"{_norm_note(kind)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -256,6 +325,9 @@ __all__ = [
     "kind_models",
     "kind_pattern",
     "kind_weight_rows",
+    "injectivity_of_models",
+    "layer_weight_rows",
+    "trained_kind_models",
     "locality_table",
     "masking_note",
     "model_kind",

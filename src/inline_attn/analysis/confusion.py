@@ -92,7 +92,9 @@ class ConfusionCounter:
     """Attention hook: per image and layer, the number of confused query pairs.
 
     Call :meth:`start_batch` before each forward; after it, :attr:`batch_counts` maps a layer
-    index to a [B] long tensor (summed over heads, windows and over several calls of the layer).
+    index to a [B] long tensor (summed over heads, windows and over several calls of the layer),
+    and :attr:`batch_pairs` to the [B] number of query pairs compared (the denominator of a
+    confusion rate: windowed attention compares only pairs that share a window).
     Nothing larger than one call's [B*G, h, N, N] weights is ever held.
     """
 
@@ -100,10 +102,12 @@ class ConfusionCounter:
         self.rtol, self.atol = rtol, atol
         self.map_sizes = map_sizes or {}
         self.batch_counts: dict[int, torch.Tensor] = {}
+        self.batch_pairs: dict[int, torch.Tensor] = {}
         self.names: dict[int, str] = {}
 
     def start_batch(self) -> None:
         self.batch_counts = {}
+        self.batch_pairs = {}
 
     def __call__(self, rec: AttentionRecord) -> None:
         layout = token_layout(rec, self.map_sizes.get(rec.name))
@@ -116,9 +120,12 @@ class ConfusionCounter:
         valid = expand_groups(real, b).to(w.device)[:, None, :]  # [BG, 1, N]
         counts = confused_pairs(w, rtol=self.rtol, atol=self.atol, valid=valid)  # [BG, h]
         per_image = counts.reshape(b, -1).sum(dim=1).cpu()
+        n_valid = valid.sum(dim=-1).reshape(bg).long().cpu()  # [BG]
+        pairs = (n_valid * (n_valid - 1) // 2 * heads).reshape(b, -1).sum(dim=1)
         self.names[rec.index] = rec.name
-        prev = self.batch_counts.get(rec.index)
-        self.batch_counts[rec.index] = per_image if prev is None else prev + per_image
+        for store, value in ((self.batch_counts, per_image), (self.batch_pairs, pairs)):
+            prev = store.get(rec.index)
+            store[rec.index] = value if prev is None else prev + value
 
 
 def confusion_counts(
@@ -134,12 +141,14 @@ def confusion_counts(
     """Confused-pair counts of ``model`` on ``batches`` (iterable of (x [B, C, H, W], y)).
 
     Returns:
-        {"layers": [(index, name)], "counts": [num_images, num_layers] long tensor}.
+        {"layers": [(index, name)], "counts": [num_images, num_layers] long tensor, "pairs": the
+        same shape, query pairs compared}.
     """
     from .runner import map_sizes_for, run_hooked
 
     counter = ConfusionCounter(rtol=rtol, atol=atol)
     rows: list[torch.Tensor] = []
+    pair_rows: list[torch.Tensor] = []
     chosen_idx: list[int] = []
 
     def per_batch(x, y, chosen):
@@ -150,15 +159,17 @@ def confusion_counts(
         return counter
 
     def after_batch(x, y, out):
-        rows.append(
-            torch.stack(
-                [counter.batch_counts.get(i, torch.zeros(x.shape[0], dtype=torch.long)) for i in chosen_idx], dim=1
-            )
-        )
+        for store, into in ((counter.batch_counts, rows), (counter.batch_pairs, pair_rows)):
+            zero = torch.zeros(x.shape[0], dtype=torch.long)
+            into.append(torch.stack([store.get(i, zero) for i in chosen_idx], dim=1))
 
     run_hooked(model, batches, per_batch, after_batch, layers=layers, progress=progress, desc=desc)
     names = [counter.names.get(i, "") for i in chosen_idx]
-    return {"layers": list(zip(chosen_idx, names)), "counts": torch.cat(rows) if rows else torch.zeros(0, 0)}
+    return {
+        "layers": list(zip(chosen_idx, names)),
+        "counts": torch.cat(rows) if rows else torch.zeros(0, 0, dtype=torch.long),
+        "pairs": torch.cat(pair_rows) if pair_rows else torch.zeros(0, 0, dtype=torch.long),
+    }
 
 
 def plot_confusion_histogram(per_model: dict, path, *, title: Optional[str] = None) -> None:
@@ -201,18 +212,25 @@ def plot_confusion_histogram(per_model: dict, path, *, title: Optional[str] = No
     plt.close(fig)
 
 
-def summarize(counts: torch.Tensor) -> dict:
-    """Mean / median / max of per-image totals, and the fraction of images with any confusion."""
+def summarize(counts: torch.Tensor, pairs: Optional[torch.Tensor] = None) -> dict:
+    """Mean / median / max of per-image totals, and the fraction of images with any confusion;
+    with ``pairs`` (the query pairs compared, same shape), ``pairs_per_image`` and ``rate``: the
+    share of all compared pairs that are confused."""
     tot = counts.sum(dim=1).double() if counts.numel() else torch.zeros(0, dtype=torch.double)
     if tot.numel() == 0:
         return {"images": 0}
-    return {
+    out = {
         "images": int(tot.numel()),
         "mean": float(tot.mean()),
         "median": float(tot.median()),
         "max": float(tot.max()),
         "frac_images_confused": float((tot > 0).double().mean()),
     }
+    if pairs is not None and pairs.numel():
+        total = float(pairs.double().sum())
+        out["pairs_per_image"] = total / tot.numel()
+        out["rate"] = float(tot.sum()) / total if total else 0.0
+    return out
 
 
 __all__: Sequence[str] = (

@@ -125,11 +125,13 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=90)
+    many = len(per_model) > 10  # more models than the default colour cycle: tab20 and legend beside
+    fig, ax = plt.subplots(figsize=(7.0 if many else 5.5, 3.4), dpi=90)
     baselines_drawn = set()
-    for label, rows in per_model.items():
+    for i, (label, rows) in enumerate(per_model.items()):
         xs = [r["layer"] for r in rows]
-        (line,) = ax.plot(xs, [r["locality"] for r in rows], marker="o", label=label)
+        colour = plt.get_cmap("tab20")(i % 20) if many else f"C{i % 10}"
+        (line,) = ax.plot(xs, [r["locality"] for r in rows], marker="os^Dv<>P"[i % 8], color=colour, label=label)
         base = tuple(round(r["uniform"], 6) for r in rows)
         if base not in baselines_drawn:
             baselines_drawn.add(base)
@@ -147,7 +149,7 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
     ax.set_ylabel("mass on the 3x3 neighbourhood")
     ax.set_title(title or "Local attention (cf. paper Fig. 5)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7 if many else 8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if many else {}))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

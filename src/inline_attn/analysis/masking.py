@@ -167,6 +167,8 @@ def plot_masking(per_model: dict, ks: Sequence[int], path, *, title: Optional[st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if len(per_model) > 4:  # one panel per model: 2 x N lines on one axes are unreadable
+        return _plot_masking_panels(plt, per_model, ks, path, title)
     fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=100)
     for ci, (label, rows) in enumerate(per_model.items()):
         color = f"C{ci}"
@@ -180,6 +182,34 @@ def plot_masking(per_model: dict, ks: Sequence[int], path, *, title: Optional[st
     ax.set_ylabel("top-1 (%)")
     ax.set_title(title or "Masking local vs random keys (cf. paper Table 2)")
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_masking_panels(plt, per_model: dict, ks: Sequence[int], path, title: Optional[str]) -> None:
+    """:func:`plot_masking` for many models: one panel each, a shared y axis."""
+    n = len(per_model)
+    cols = min(4, n)
+    rows_n = -(-n // cols)
+    fig, axes = plt.subplots(
+        rows_n, cols, figsize=(2.3 * cols, 1.9 * rows_n + 0.5), dpi=100, sharey=True, squeeze=False
+    )
+    for ax, (label, rows) in zip(axes.flat, per_model.items()):
+        by = {(r["mask"], r["k"]): r["top1"] for r in rows}
+        ax.plot(list(ks), [by[("local", k)] for k in ks], marker="o", color="C3", label="local")
+        ax.plot(list(ks), [by[("random", k)] for k in ks], marker="s", ls="--", color="C0", label="random")
+        ax.axhline(by[("none", 0)], ls=":", color="k", lw=1, label="unmasked")
+        ax.set_title(label, fontsize=8)
+        ax.set_xticks(list(ks))
+        ax.set_xticklabels([f"{k}x{k}" for k in ks], fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("top-1 (%)", fontsize=8)
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(title or "Masking the local k x k window vs as many random keys (cf. paper Table 2)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

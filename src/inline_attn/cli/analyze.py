@@ -57,9 +57,25 @@ def _add_model_options(p) -> None:
         nargs="+",
         default=None,
         metavar="KIND",
-        help="compare attention kinds: one --model NAME per kind with every stage of that kind (random init; "
-        "for trained models give --checkpoint per model instead); injectivity: the constructed queries "
-        "through each kind's layer",
+        help="compare attention kinds: one --model NAME per kind with every stage of that kind (random init), "
+        "or one --checkpoint per kind (trained models), or the trained part-d models of --runs; injectivity: "
+        "the constructed queries through each kind's layer (trained models: their first attention layer, or "
+        "the first of --layers)",
+    )
+    p.add_argument(
+        "--runs",
+        default=None,
+        metavar="FOLDER",
+        help="compare the trained models of the ablations' part d (the --output of `inline-attn reproduce "
+        "ablations`): the run of each --kinds kind (default all eleven) and seed --run-seed",
+    )
+    p.add_argument(
+        "--run-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--runs: the seed of the runs to compare (default: --seed, so the masks and the runs share it as in "
+        "part e)",
     )
     p.add_argument("--label", nargs="+", default=None, help="display name per model")
     p.add_argument(
@@ -133,7 +149,7 @@ def _parse_layers(items: Optional[list]) -> Optional[list]:
 def _load_models(args) -> list:
     from ..analysis.common import load_model, parse_model_args
 
-    if args.kinds:
+    if args.kinds or args.runs:
         return _kind_models(args)
     names, ckpts = args.model, args.checkpoint
     if not names and not ckpts:
@@ -164,19 +180,46 @@ def _load_models(args) -> list:
 
 
 def _kind_models(args) -> list:
+    """One model per attention kind: built from --model (random init), or trained (--checkpoint per
+    kind, or the part-d runs in --runs)."""
     from ..analysis.common import parse_model_args
-    from ..analysis.compare_kinds import kind_models, split_by_weights
+    from ..analysis.compare_kinds import check_kinds, kind_models, split_by_weights, trained_kind_models
 
-    if not args.model or len(args.model) != 1 or args.checkpoint or args.label:
-        raise ValueError(
-            "--kinds builds one model per kind from a single --model NAME (no --checkpoint / --label): "
-            "to compare trained models, pass their --checkpoint list instead"
-        )
-    kinds, message = split_by_weights(args.kinds, args.analysis)
+    if args.runs:
+        if args.model or args.checkpoint or args.label:
+            raise ValueError(
+                "--runs finds each kind's trained model in the folder: give no --model / --checkpoint / --label"
+            )
+        from ..experiments.ablations import part_d_runs
+
+        seed = args.seed if args.run_seed is None else args.run_seed
+        if seed < 0:
+            raise ValueError(f"--run-seed must be >= 0, got {seed}")
+        runs = part_d_runs(args.runs, args.kinds, seed=seed)
+    elif args.checkpoint:
+        if args.label or args.model_args:
+            raise ValueError("--kinds with --checkpoint labels each model by its kind: give no --label / --model-args")
+        kinds = check_kinds(args.kinds)
+        if len(args.checkpoint) != len(kinds) or len(set(kinds)) != len(kinds):
+            raise ValueError(
+                f"--kinds with --checkpoint: one checkpoint per kind, each kind once (got {len(kinds)} kinds, "
+                f"{len(args.checkpoint)} checkpoints)"
+            )
+        runs = dict(zip(kinds, args.checkpoint))
+    else:
+        runs = None
+        if not args.model or len(args.model) != 1 or args.label:
+            raise ValueError(
+                "--kinds builds one model per kind from a single --model NAME (random init; no --label), "
+                "or takes one --checkpoint per kind, or the trained part-d models of --runs FOLDER"
+            )
+    kinds, message = split_by_weights(list(runs) if runs else args.kinds, args.analysis)
     if message:
         print(message)
     if not kinds:
         raise ValueError(message)
+    if runs is not None:
+        return trained_kind_models({k: runs[k] for k in kinds})
     return kind_models(args.model[0], kinds, parse_model_args(args.model_args))
 
 
@@ -226,7 +269,7 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     if args.analysis == "injectivity":
-        return _injectivity_kinds(args, out) if args.kinds else _injectivity(args, out)
+        return _injectivity_kinds(args, out) if args.kinds or args.runs else _injectivity(args, out)
     models = _load_models(args)
     layers = _parse_layers(args.layers)
     if args.analysis == "attention-maps" and layers is not None and len(layers) != 1:
@@ -282,20 +325,50 @@ def _injectivity(args, out: pathlib.Path) -> int:
 def _injectivity_kinds(args, out: pathlib.Path) -> int:
     from ..analysis.compare_kinds import (
         injectivity_by_kind,
+        injectivity_of_models,
         injectivity_table,
         plot_injectivity_by_kind,
         split_by_weights,
     )
     from ..analysis.confusion import DEFAULT_RTOL
 
-    kinds, message = split_by_weights(args.kinds, "injectivity")
-    if message:
-        print(message)
-    res = injectivity_by_kind(kinds, seed=args.seed, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
-    (out / "injectivity_kinds.md").write_text(injectivity_table(res))
+    rtol = args.rtol if args.rtol is not None else DEFAULT_RTOL
+    note = ""
+    if args.runs or args.checkpoint:  # trained models: one attention layer of each, as trained
+        models = _kind_models(args)
+        layers = _parse_layers(args.layers)
+        if layers is not None and len(layers) != 1:
+            raise ValueError(f"injectivity of trained models takes one layer, got --layers {args.layers}")
+        res = injectivity_of_models(models, layer=layers[0] if layers else 0, seed=args.seed, rtol=rtol)
+        n, d = res["problem"]["keys"].shape
+        names = set(res["layers"].values())
+        where = (
+            f"layer {names.pop()} of each"
+            if len(names) == 1
+            else "; ".join(f"{k}: {v}" for k, v in res["layers"].items())
+        )
+        note = (
+            f"\nTrained models: one attention layer ({where}) with its parameters as trained, without InLine's "
+            f"local residual; {n} keys of width {d}, seed {args.seed}.\n"
+        )
+        _write_meta(out / "injectivity_kinds.json", args, models, layers_tested=res["layers"], results=_rows_json(res))
+    else:
+        kinds, message = split_by_weights(args.kinds, "injectivity")
+        if message:
+            print(message)
+        res = injectivity_by_kind(kinds, seed=args.seed, rtol=rtol)
+    (out / "injectivity_kinds.md").write_text(injectivity_table(res) + note)
     plot_injectivity_by_kind(res, out / "injectivity_kinds.png")
     print(f"wrote injectivity_kinds.md, injectivity_kinds.png to {out}")
     return 0
+
+
+def _rows_json(res: dict) -> dict:
+    """{label: {family: {"distinct_rows", "confused_pairs"}}} of an injectivity result."""
+    return {
+        label: {fam: {k: int(r[k]) for k in ("distinct_rows", "confused_pairs")} for fam, r in fams.items()}
+        for label, fams in res["results"].items()
+    }
 
 
 def _confusion(args, out, models, images, layers, progress) -> list[str]:
@@ -320,7 +393,7 @@ def _confusion(args, out, models, images, layers, progress) -> list[str]:
             row.update({f"layer{i}": int(counts[img, j]) for j, (i, _) in enumerate(res["layers"])})
             row["total"] = int(counts[img].sum())
             rows.append(row)
-        s = summarize(counts)
+        s = summarize(counts, res["pairs"])
         s["per_layer_mean"] = {name: float(counts[:, j].double().mean()) for j, (_, name) in enumerate(res["layers"])}
         summary[lm.label] = s
         totals[lm.label] = counts.sum(dim=1).numpy()
