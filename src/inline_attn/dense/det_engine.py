@@ -1,0 +1,13 @@
+"""The old name of :mod:`inline_attn.dense.det_task` (the detection hooks of the dense training
+loop), kept so that ``inline_attn.dense.det_engine`` still imports.
+
+This module replaces itself with :mod:`~inline_attn.dense.det_task` in ``sys.modules``: both names
+are the same module object, so every name (private ones included) is there, and monkeypatching one
+patches the other.
+"""
+
+import sys
+
+from . import det_task
+
+sys.modules[__name__] = det_task
