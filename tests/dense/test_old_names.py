@@ -1,6 +1,7 @@
-"""The dense modules' old names still import (issue 24 renamed them): ``dense.engine`` is
+"""The dense modules' old names still import (issue 24 renamed and split them): ``dense.engine`` is
 ``dense.seg_task`` and ``dense.det_engine`` is ``dense.det_task``, the same module objects, so a
-monkeypatch through an old name reaches the code that runs."""
+monkeypatch through an old name reaches the code that runs; ``dense.data`` still gives every name
+it had before ``dense.ade20k`` and ``dense.mosaic_sets`` took its datasets."""
 
 from __future__ import annotations
 
@@ -46,3 +47,35 @@ def test_the_old_names_import_first_in_a_fresh_process():
         "assert sys.modules['inline_attn.dense.engine'] is s and sys.modules['inline_attn.dense.det_engine'] is d\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# every name the single dense/data.py had (its __all__, then the rest), and where each lives now
+OLD_DATA_NAMES = {
+    "ADE20K": "ade20k",
+    "ADE20K_CLASSES": "ade20k",
+    "MosaicDet": "mosaic_sets",
+    "MosaicSeg": "mosaic_sets",
+    "StepSampler": "data",
+    "build_det_datasets": "data",
+    "build_seg_datasets": "data",
+    "collate": "data",
+    "det_collate": "data",
+    "check_same_categories": "data",
+    "ADE_LAYOUT": "ade20k",
+    "PathLike": "ade20k",
+    "_ADE_SPLITS": "ade20k",
+    "_IMG_EXT": "ade20k",
+    "_SegPipeline": "ade20k",
+    "_to_tensors": "ade20k",
+    "_render_all": "mosaic_sets",
+}
+
+
+def test_the_old_data_module_gives_every_name_it_had():
+    from inline_attn.dense import data, mosaic_sets
+
+    for name, home in OLD_DATA_NAMES.items():
+        assert getattr(data, name) is getattr(importlib.import_module(f"inline_attn.dense.{home}"), name), name
+    assert data._mosaic_sets is mosaic_sets.build_mosaic_sets  # renamed when it became public
+    with pytest.raises(AttributeError, match="inline_attn.dense.data' has no attribute 'nothing'"):
+        data.nothing
