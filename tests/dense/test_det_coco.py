@@ -131,7 +131,7 @@ def test_coco_folder_reader(tmp_path):
 def test_mosaic_ground_truth_through_the_dataset_scores_100(tmp_path):
     """The detection view of the mosaics (labels, ids, export) is consistent: its own targets
     turned into detections score AP 100 against its COCO export."""
-    from inline_attn.dense.data import MosaicDet
+    from inline_attn.dense.mosaic_sets import MosaicDet
     from inline_attn.dense.mosaic import FashionMosaics
 
     root = make_fmnist(tmp_path, n_train=20, n_test=10)

@@ -12,7 +12,7 @@ import torch
 
 from inline_attn.cli import main
 from inline_attn.dense.config import load_det_config
-from inline_attn.dense.det_engine import load_detector, train_det
+from inline_attn.dense.det_task import load_detector, train_det
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "train"))
 from train_helpers import make_fmnist  # noqa: E402
@@ -154,7 +154,7 @@ DET_CONFIGS = sorted(str(p) for p in (pathlib.Path("configs") / "mosaic").glob("
 
 @pytest.mark.parametrize("path", DET_CONFIGS)
 def test_every_detection_recipe_builds(path):
-    from inline_attn.dense.det_engine import build_det_from_config
+    from inline_attn.dense.det_task import build_det_from_config
 
     cfg = load_det_config(path)
     with torch.device("meta"):

@@ -11,9 +11,9 @@ import signal
 import pytest
 import torch
 
-from inline_attn.dense import engine
+from inline_attn.dense import seg_task
 from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg, load_det_config, load_seg_config
-from inline_attn.dense.engine import build_from_config, train_seg
+from inline_attn.dense.seg_task import build_from_config, train_seg
 from inline_attn.runtime.checkpoint import LAST, PREVIOUS, load_resume, save_rotating
 from inline_attn.runtime.loop import OutputLock, exit_code
 from inline_attn.runtime.optim import build_optimizer
@@ -91,7 +91,7 @@ class _ConfigWithPPM(SegConfig):
 
 def test_a_new_head_setting_is_one_field(monkeypatch):
     seen = {}
-    monkeypatch.setattr(engine, "build_segmentor", lambda **kw: seen.update(kw) or torch.nn.Linear(1, 1))
+    monkeypatch.setattr(seg_task, "build_segmentor", lambda **kw: seen.update(kw) or torch.nn.Linear(1, 1))
     build_from_config(_ConfigWithPPM.from_dict({"model": {"pool_scales": [1, 2]}}), 150)
     assert seen["pool_scales"] == (1, 2) and seen["decode"] == "semantic_fpn" and seen["num_classes"] == 150
 
@@ -167,7 +167,7 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, ade):
 
 
 def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatch):
-    real = engine.SegTask.losses
+    real = seg_task.SegTask.losses
     calls = []
 
     def losses_then_signal(self, *a, **k):
@@ -176,7 +176,7 @@ def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatc
             os.kill(os.getpid(), signal.SIGTERM)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(engine.SegTask, "losses", losses_then_signal)
+    monkeypatch.setattr(seg_task.SegTask, "losses", losses_then_signal)
     s = train_seg(_seg(tmp_path / "run", ade, **{"sched.iters": 4, "train.checkpoint_interval": 100}))
     assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["iterations"] == 1
     assert torch.load(tmp_path / "run" / LAST, weights_only=False)["step"] == 1
@@ -208,7 +208,7 @@ def test_runtime_imports_no_task_and_dense_no_private_train_names():
         for mod, name in _imports(path):
             if mod.startswith("..train"):
                 assert not name.startswith("_"), (path.name, mod, name)
-    det = [(m, n) for m, n in _imports(SRC / "dense" / "det_engine.py") if m == ".engine"]
+    det = [(m, n) for m, n in _imports(SRC / "dense" / "det_task.py") if m == ".seg_task"]
     assert det == [], det
 
 

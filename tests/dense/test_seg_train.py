@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from inline_attn.cli import main
 from inline_attn.dense.config import load_seg_config
-from inline_attn.dense.engine import PolySchedule, load_segmentor, train_seg
+from inline_attn.dense.seg_task import PolySchedule, load_segmentor, train_seg
 
 from seg_helpers import make_ade
 
@@ -105,7 +105,7 @@ def test_two_processes(tmp_path, ade):
     model, _ = load_segmentor(tmp_path / "ddp" / "last.pth")
     cfg1 = load_seg_config(overrides=tiny_overrides(tmp_path / "one", **{"data.path": ade}))
     from inline_attn.dense.data import build_seg_datasets
-    from inline_attn.dense.engine import evaluate_seg
+    from inline_attn.dense.seg_task import evaluate_seg
 
     _, val = build_seg_datasets(cfg1, train=False)
     assert evaluate_seg(model, val, cfg1, torch.device("cpu"))["mIoU"] == pytest.approx(got[0])
@@ -160,7 +160,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, ade):
             **{"data.path": ade, "model.checkpoint": str(ckpt), "data.dataset": "mosaic", "sched.iters": 1},
         )
     )
-    from inline_attn.dense.engine import build_from_config
+    from inline_attn.dense.seg_task import build_from_config
 
     with pytest.raises(ValueError, match="predicts 150 classes, the model 11"):
         build_from_config(other_classes, 11)
@@ -257,7 +257,7 @@ SEG_CONFIGS = sorted(
 @pytest.mark.parametrize("path", SEG_CONFIGS)
 def test_every_segmentation_recipe_builds(path):
     """Each shipped segmentation config loads and its segmentor builds (on the meta device)."""
-    from inline_attn.dense.engine import build_from_config
+    from inline_attn.dense.seg_task import build_from_config
 
     cfg = load_seg_config(path)
     with torch.device("meta"):

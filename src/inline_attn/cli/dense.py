@@ -62,13 +62,13 @@ def _fmt_ap(res: dict) -> str:
 
 
 def _train_seg(cfg: dict) -> dict:
-    from ..dense.engine import train_seg
+    from ..dense.seg_task import train_seg
 
     return train_seg(cfg)
 
 
 def _train_det(cfg: dict) -> dict:
-    from ..dense.det_engine import train_det
+    from ..dense.det_task import train_det
 
     return train_det(cfg)
 
@@ -195,7 +195,7 @@ def cmd_compare(args) -> int:
 def cmd_eval(args) -> int:
     from ..runtime.distributed import cleanup, init_distributed
     from ..dense.data import build_seg_datasets
-    from ..dense.engine import evaluate_seg, load_segmentor, save_predictions_png
+    from ..dense.seg_task import evaluate_seg, load_segmentor, save_predictions_png
 
     info = init_distributed(args.device)
     try:
@@ -226,7 +226,7 @@ def cmd_det_eval(args) -> int:
     import torch
 
     from ..dense.data import build_det_datasets
-    from ..dense.det_engine import evaluate_det, load_detector, save_detections_png
+    from ..dense.det_task import evaluate_det, load_detector, save_detections_png
 
     device = torch.device(
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
@@ -275,7 +275,7 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     """Parameter counts (backbone / neck / decode head / auxiliary head / total) of a config's
     segmentor, and its MACs at the crop size when ``macs``."""
     from ..models.profile import count_params, profile
-    from ..dense.engine import build_from_config
+    from ..dense.seg_task import build_from_config
 
     cfg = load_seg_config(config, overrides)
     n = num_classes or cfg["model"]["num_classes"] or (11 if cfg["data"]["dataset"] == "mosaic" else 150)

@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..dense.det_engine import DetTask
-from ..dense.engine import SegTask
+from ..dense.det_task import DetTask
+from ..dense.seg_task import SegTask
 from ..dense.run import DenseTask, train_dense
 
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]

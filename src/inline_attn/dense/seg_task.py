@@ -1,0 +1,222 @@
+"""Segmentation training and evaluation: the segmentation hooks of the dense training loop
+(:mod:`inline_attn.dense.run`: iteration-based, one process or many under torchrun, resumable,
+interruptible, with AMP) and inference (whole / slide, flip), mIoU, a picture of predictions.
+
+``train_seg(cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``, ``last.pth``
+(atomically, every ``train.checkpoint_interval`` iterations, at the end and on SIGINT / SIGTERM),
+``metrics.csv``, ``summary.json`` and ``predictions.png`` (validation images, ground truth,
+prediction).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from ..runtime.amp import autocast
+from ..runtime.distributed import DistInfo
+from ..runtime.optim import PolySchedule
+from .config import SegConfig
+from .data import StepSampler, build_seg_datasets, collate
+from .heads import resize
+from .metrics import SegMetric
+from ..data.transforms import Normalize
+from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, load_weights, train_dense
+from .segmentor import EncoderDecoder, build_segmentor
+
+__all__ = [
+    "PolySchedule",
+    "build_from_config",
+    "evaluate_seg",
+    "load_segmentor",
+    "load_weights",
+    "predict_batches",
+    "train_seg",
+]
+
+HEAD_KEY = "decode_head.conv_seg.weight"
+SEG_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "config", "num_classes")
+SEG_CSV = ["step", "lr", "loss", "loss_decode", "loss_aux", "mIoU", "mAcc", "aAcc", "img_s", "elapsed_s"]
+
+
+def build_from_config(cfg: SegConfig, num_classes: int) -> EncoderDecoder:
+    """The segmentor of ``cfg.model`` for ``num_classes`` classes (weights from
+    ``model.checkpoint`` when set; backbone from ``model.pretrained`` when set); every setting of
+    the model section that is not the backbone's goes to :func:`build_segmentor` by name."""
+    return build_dense_model(cfg, num_classes, build_segmentor, HEAD_KEY)
+
+
+@torch.no_grad()
+def predict_batches(
+    model: EncoderDecoder,
+    dataset,
+    cfg: SegConfig,
+    device: torch.device,
+    *,
+    indices=None,
+    amp: str = "none",
+    progress: bool = False,
+):
+    """Yield (image [3, H, W] 0-255, labels [H, W], predicted labels [H, W]) for ``indices`` of an
+    evaluation ``dataset`` with the config's inference mode (whole / slide, flip)."""
+    from tqdm import tqdm
+
+    e = cfg.eval
+    norm = Normalize(cfg.data.mean, cfg.data.std).to(device)
+    indices = list(range(len(dataset))) if indices is None else list(indices)
+    bs = e.batch_size
+    was = model.training
+    model.eval()
+    try:
+        for start in tqdm(
+            range(0, len(indices), bs), desc="eval", disable=not progress, leave=False, file=sys.stderr, mininterval=1.0
+        ):
+            items = [dataset[i] for i in indices[start : start + bs]]
+            same = len({tuple(it[0].shape) for it in items}) == 1 and len({tuple(it[1].shape) for it in items}) == 1
+            groups = [collate(items)] if same else [collate([it]) for it in items]
+            for img, lab in groups:
+                x = norm(img.to(device))
+                with autocast(device, amp):
+                    probs = model.predict(
+                        x, mode=e.mode, crop=e.crop_size, stride=e.stride, out_size=lab.shape[-2:], flip=e.flip
+                    )
+                pred = probs.float().argmax(1).cpu()
+                for k in range(img.shape[0]):
+                    yield img[k], lab[k], pred[k]
+    finally:
+        model.train(was)
+
+
+def evaluate_seg(
+    model: EncoderDecoder,
+    dataset,
+    cfg: SegConfig,
+    device: torch.device,
+    info: Optional[DistInfo] = None,
+    *,
+    amp: str = "none",
+    progress: bool = False,
+) -> dict:
+    """mIoU / mAcc / aAcc (percent) over ``dataset``, each process taking every world_size-th image
+    and the confusion matrices summed across processes."""
+    info = info or DistInfo()
+    metric = SegMetric(dataset.num_classes, cfg.model.ignore_index, dataset.classes)
+    for _, lab, pred in predict_batches(
+        model,
+        dataset,
+        cfg,
+        device,
+        indices=range(info.rank, len(dataset), info.world_size),
+        amp=amp,
+        progress=progress and info.is_main,
+    ):
+        metric.update(pred, lab)
+    return metric.compute(info)
+
+
+def save_predictions_png(
+    model: EncoderDecoder, dataset, cfg: SegConfig, device: torch.device, path, n: int = 4, title: Optional[str] = None
+) -> pathlib.Path:
+    """A PNG of ``n`` validation images: image, ground truth, prediction."""
+    from .viz import save_predictions
+
+    rows = list(predict_batches(model, dataset, cfg, device, indices=range(min(n, len(dataset)))))
+    # ADE20K images differ in size (and are resized for the model): show each at its label's size
+    imgs = [resize(r[0][None], r[1].shape[-2:])[0].div(255).clamp(0, 1) for r in rows]
+    return save_predictions(
+        imgs,
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        path,
+        dataset.classes,
+        title=title,
+        ignore_index=cfg.model.ignore_index,
+    )
+
+
+def load_seg_checkpoint(path) -> dict:
+    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one,
+    or when it is a detection checkpoint, which holds every key of ours and more)."""
+    state = load_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
+    if "detector" in state:
+        raise ValueError(f"{path} is a detection checkpoint: evaluate it with `inline-attn det eval`")
+    return state
+
+
+def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
+    """(model, config) from a ``last.pth`` written by :func:`train_seg`."""
+    return load_trained(SegTask(), path, load_seg_checkpoint(path), device)
+
+
+class SegTask(DenseTask):
+    """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU."""
+
+    kind = "segmentation"
+    config = SegConfig
+    head_key = HEAD_KEY
+    checkpoint_keys = SEG_CHECKPOINT_KEYS
+    csv_columns = SEG_CSV
+    loss_keys = ("loss", "loss_decode", "loss_aux")
+    metric_keys = ("mIoU", "mAcc", "aAcc")
+
+    def datasets(self, cfg: SegConfig, progress: bool):
+        return build_seg_datasets(cfg, progress=progress)
+
+    def build_model(self, cfg: SegConfig, num_classes: int) -> nn.Module:
+        return build_from_config(cfg, num_classes)
+
+    def batches(self, train_set, cfg: SegConfig, info: DistInfo, step: int) -> Iterator:
+        sampler = StepSampler(
+            len(train_set), cfg.data.batch_size, seed=cfg.train.seed, rank=info.rank, world_size=info.world_size
+        )
+        steps = sampler.steps(step, cfg.sched.iters)
+        if not cfg.data.workers:
+            return (collate([train_set[i] for i in b]) for b in steps)
+        loader = torch.utils.data.DataLoader(  # the sampler's batches, prepared by loader processes
+            train_set, batch_sampler=list(steps), num_workers=cfg.data.workers, collate_fn=collate
+        )
+        return iter(loader)
+
+    def losses(self, model, batch, norm: Normalize, device: torch.device, amp: str) -> tuple[dict, int]:
+        img, lab = batch
+        x = norm(img.to(device, non_blocking=True))
+        with autocast(device, amp):
+            losses = model(x, lab.to(device, non_blocking=True))
+        return losses, x.shape[0]
+
+    def evaluate(self, model, val_set, cfg, device, info, amp, progress) -> dict:
+        res = evaluate_seg(model, val_set, cfg, device, info, amp=amp, progress=progress)
+        return {k: res[k] for k in self.metric_keys} | {"per_class_IoU": res["IoU"]}
+
+    def eval_line(self, row: dict) -> str:
+        return f"mIoU {row['mIoU']:.2f}  mAcc {row['mAcc']:.2f}  aAcc {row['aAcc']:.2f}"
+
+    def summary(self, cfg: SegConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
+        out = {"decode": cfg.model.decode}
+        if last_eval is not None:
+            out.update({k: last_eval[k] for k in self.metric_keys})
+            out["per_class_IoU"] = dict(zip(classes, last_eval["per_class_IoU"]))
+        return out
+
+    def picture(self, model, val_set, cfg: SegConfig, device, out: pathlib.Path, step: int, last_eval):
+        title = f"{cfg.model.backbone} + {cfg.model.decode}, iteration {step}"
+        title += f", mIoU {last_eval['mIoU']:.1f}" if last_eval else ""
+        return "predictions_png", save_predictions_png(
+            model, val_set, cfg, device, out / "predictions.png", title=title
+        )
+
+
+def train_seg(
+    cfg: SegConfig, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
+) -> dict:
+    """Train a segmentor with ``cfg`` (a :class:`~inline_attn.dense.config.SegConfig`); returns the
+    summary (``stopped``: None, "max_steps" or "signal").
+
+    ``rank`` / ``world_size`` / ``init_method`` join a process group explicitly (tests); under
+    torchrun they come from the environment.
+    """
+    return train_dense(SegTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
