@@ -14,6 +14,7 @@ from inline_attn.layers import (
     build_attention,
     hook_attention,
     record_attention,
+    uses_local_residual,
 )
 
 # (dim, heads, prefix, H, W): D = 24, batch-1 friendly, odd N, H != W, cls token
@@ -178,3 +179,13 @@ def test_init_weights_keeps_learnable_feature_map_identity_start():
     torch.testing.assert_close(m.feature_map.affine.weight, torch.eye(12))
     # trunc-normal std 0.02 (bounds +-2 absolute, as timm); 1728 samples estimate the std to ~2 %
     assert m.qkv.bias.abs().sum() == 0 and 0.017 < m.qkv.weight.std().item() < 0.023
+
+
+@pytest.mark.parametrize("kind", ["inline", "linear", "softmax", "focused"])
+@pytest.mark.parametrize("local_residual", [None, True, False])
+def test_one_residual_default_for_every_layer(kind, local_residual):
+    # None means the paper's models: the residual on InLine only; a given value always wins
+    expected = kind == "inline" if local_residual is None else local_residual
+    assert uses_local_residual(kind, local_residual) is expected
+    layer = build_attention(kind, 8, 2, local_residual=local_residual)
+    assert (layer.residual is not None) is expected

@@ -25,6 +25,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..layers import uses_local_residual
+
 __all__ = ["attention_layer_flops", "counted_layer_flops"]
 
 
@@ -68,6 +70,6 @@ def attention_layer_flops(
         f += 4 * b * n * c * d
         if kind == "linear":
             f += 2 * b * n * c
-    if (kind == "inline") if local_residual is None else local_residual:
+    if uses_local_residual(kind, local_residual):
         f += 18 * b * n * c + 2 * b * (c * c // h + 9 * c * c // h)
     return 3 * f if backward else f

@@ -18,7 +18,7 @@ from .._deprecation import feature_map_alias, renamed_attributes
 from ..ops import ATTENTION_KINDS, FEATURE_MAPS, check_count, check_feat_size
 from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, make_core
-from .local_residual import LocalResidual
+from .local_residual import LocalResidual, uses_local_residual
 from .record import RecordableAttention
 
 FEATURE_MAP_CHOICES = tuple(FEATURE_MAPS) + ("affine_relu",)
@@ -126,8 +126,7 @@ class TokenAttention(RecordableAttention):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        use_residual = (kind == "inline") if local_residual is None else bool(local_residual)
-        self.residual = LocalResidual(dim, num_heads) if use_residual else None
+        self.residual = LocalResidual(dim, num_heads) if uses_local_residual(kind, local_residual) else None
 
     @classmethod
     def _layer_kind(cls, kind: Optional[str]) -> str:

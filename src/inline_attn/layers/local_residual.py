@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 
 from ..ops.predictor import predict_residual
 from ..ops.tokens import apply_local_residual
+
+
+def uses_local_residual(kind: str, local_residual: Optional[bool]) -> bool:
+    """Whether a layer of attention ``kind`` has the local residual: ``local_residual`` when given,
+    else the paper's models' choice, on for InLine only (Sec. 4.2; the baselines have none)."""
+    return kind == "inline" if local_residual is None else bool(local_residual)
 
 
 class LocalResidual(nn.Sequential):

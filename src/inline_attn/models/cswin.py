@@ -46,6 +46,7 @@ from ..layers import (
     pad_small_input,
     to_2tuple,
     tokens_to_nchw,
+    uses_local_residual,
 )
 from .._deprecation import feature_map_alias
 from ._base import InLineModel
@@ -139,8 +140,7 @@ class StripeAttention(RecordableAttention):
         self.core = make_core(kind, dim, num_heads) if kind in LINEAR_CORES else None
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.attn_drop = nn.Dropout(attn_drop)
-        use_residual = (kind == "inline") if local_residual is None else bool(local_residual)
-        self.residual = LocalResidual(dim, num_heads) if use_residual else None
+        self.residual = LocalResidual(dim, num_heads) if uses_local_residual(kind, local_residual) else None
 
     def _regions(self, h: int, w: int) -> list[tuple[int, int, int, int, int, int]]:
         """Rectangles tiled by equal windows: [(r0, c0, rows, cols, window rows, window cols)]."""
