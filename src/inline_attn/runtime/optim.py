@@ -154,7 +154,41 @@ def plain_state_dict(optimizer: torch.optim.Optimizer) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-class CosineSchedule:
+class StepSchedule:
+    """A learning rate that is a function of the optimizer step alone, written into the
+    optimizer's groups (:func:`set_lr`) at construction and after every :meth:`step`.
+
+    Subclasses define :meth:`lr_at`; the state is the step count (``{"step_count": n}`` in
+    checkpoints), so resuming re-derives the lr exactly.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.step_count = 0
+
+    def lr_at(self, step: int) -> float:
+        """The lr optimizer step ``step`` (from 0) trains with."""
+        raise NotImplementedError
+
+    def _apply(self) -> None:
+        set_lr(self.optimizer, self.lr_at(self.step_count))
+
+    def step(self) -> None:
+        self.step_count += 1
+        self._apply()
+
+    def get_last_lr(self) -> float:
+        return self.lr_at(self.step_count)
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step_count"])
+        self._apply()
+
+
+class CosineSchedule(StepSchedule):
     """Per-step learning rate as timm 0.4.12's ``CosineLRScheduler`` with ``t_in_epochs=False``,
     ``cycle_limit=1`` and ``warmup_prefix=False`` (the authors' ``lr_scheduler.py``), stepped as
     their ``main.py`` steps it.
@@ -185,14 +219,13 @@ class CosineSchedule:
             raise ValueError(f"epochs={epochs} and steps_per_epoch={steps_per_epoch} must be positive")
         if warmup_epochs < 0 or warmup_epochs > epochs:
             raise ValueError(f"warmup_epochs={warmup_epochs} must be in [0, epochs={epochs}]")
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self.lr = lr
         self.warmup_lr = warmup_lr
         self.min_lr = min_lr
         self.warmup_steps = int(warmup_epochs * steps_per_epoch)
         self.cosine_steps = int(epochs * steps_per_epoch)
         self.total_steps = int((epochs + cooldown_epochs) * steps_per_epoch)
-        self.step_count = 0
         self._apply()
 
     def timm_value(self, t: int) -> float:
@@ -207,25 +240,8 @@ class CosineSchedule:
         """The lr optimizer step ``step`` (from 0) trains with."""
         return self.timm_value(max(step - 1, 0))
 
-    def _apply(self) -> None:
-        set_lr(self.optimizer, self.lr_at(self.step_count))
 
-    def step(self) -> None:
-        self.step_count += 1
-        self._apply()
-
-    def get_last_lr(self) -> float:
-        return self.lr_at(self.step_count)
-
-    def state_dict(self) -> dict:
-        return {"step_count": self.step_count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step_count = int(state["step_count"])
-        self._apply()
-
-
-class PolySchedule:
+class PolySchedule(StepSchedule):
     """Per-iteration lr (mmcv's ``poly`` policy with linear warm-up, as in the Swin and PVT
     segmentation recipes): ``lr_t = (lr - min_lr) (1 - t / T)^power + min_lr``; during the first
     ``warmup_iters`` it is further multiplied by ``1 - (1 - t / W)(1 - warmup_ratio)``."""
@@ -245,9 +261,9 @@ class PolySchedule:
             raise ValueError(f"sched.iters={iters} must be positive")
         if not 0 <= warmup_iters <= iters:
             raise ValueError(f"sched.warmup_iters={warmup_iters} must be in [0, iters={iters}]")
-        self.optimizer, self.lr, self.iters, self.power = optimizer, lr, iters, power
+        super().__init__(optimizer)
+        self.lr, self.iters, self.power = lr, iters, power
         self.min_lr, self.warmup_iters, self.warmup_ratio = min_lr, warmup_iters, warmup_ratio
-        self.step_count = 0
         self._apply()
 
     def lr_at(self, t: int) -> float:
@@ -255,17 +271,3 @@ class PolySchedule:
         if t < self.warmup_iters:
             lr *= 1 - (1 - t / self.warmup_iters) * (1 - self.warmup_ratio)
         return lr
-
-    def _apply(self) -> None:
-        set_lr(self.optimizer, self.lr_at(self.step_count))
-
-    def step(self) -> None:
-        self.step_count += 1
-        self._apply()
-
-    def state_dict(self) -> dict:
-        return {"step_count": self.step_count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step_count = int(state["step_count"])
-        self._apply()
