@@ -56,6 +56,7 @@ __all__ = [
     "WindowAttention",
     "checkpoint_filter_fn",
     "relative_position_index",
+    "resize_rel_pos_table",
     "shift_window_mask",
     "softmax_window",
     "window_partition",
@@ -433,14 +434,19 @@ class SwinStage(nn.Module):
 # ---- checkpoints
 
 
-def _resize_bias_table(table: torch.Tensor, new_rows: int) -> torch.Tensor:
-    """[(2w-1)^2, h] -> [new_rows, h], bicubic over the (2w-1) x (2w-1) offset grid (square windows)."""
-    old, new = math.isqrt(table.shape[0]), math.isqrt(new_rows)
-    if old * old != table.shape[0] or new * new != new_rows:
-        raise ValueError(f"cannot resize a relative position table of {table.shape[0]} rows to {new_rows}")
-    grid = table.t().reshape(1, -1, old, old)
-    grid = F.interpolate(grid.float(), size=(new, new), mode="bicubic", align_corners=False).to(table.dtype)
-    return grid.reshape(-1, new_rows).t()
+def resize_rel_pos_table(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """[L, heads] -> [rows, heads]: each head's sqrt(L) x sqrt(L) table of relative-position biases
+    (the (2w-1) x (2w-1) offsets of a square window w) resized bicubically, for another window."""
+    old, new = math.isqrt(table.shape[0]), math.isqrt(rows)
+    if old * old != table.shape[0] or new * new != rows:
+        raise ValueError(
+            f"a relative position table of {table.shape[0]} rows cannot be resized to {rows} rows "
+            "(both must be square numbers)"
+        )
+    heads = table.shape[1]
+    grid = table.t().reshape(1, heads, old, old).float()
+    grid = F.interpolate(grid, size=(new, new), mode="bicubic", align_corners=False)
+    return grid.reshape(heads, rows).t().to(table.dtype)
 
 
 def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
@@ -457,7 +463,7 @@ def checkpoint_filter_fn(state_dict: dict, model: "InLineSwin") -> dict:
         if key.rsplit(".", 1)[-1] in RECOMPUTED_BUFFERS:
             continue
         if key.endswith("relative_position_bias_table") and key in own and own[key].shape != value.shape:
-            value = _resize_bias_table(value, own[key].shape[0])
+            value = resize_rel_pos_table(value, own[key].shape[0])
         out[key] = value
     for key, value in own.items():
         if key.rsplit(".", 1)[-1] in RECOMPUTED_BUFFERS:

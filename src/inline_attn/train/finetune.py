@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models.checkpoint import load_checkpoint, read_state_dict
+from ..models.swin import resize_rel_pos_table  # noqa: F401  (still importable from here; the one copy is in models.swin)
 
 log = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
@@ -40,20 +41,6 @@ class FinetuneReport:
 
     resized: list[tuple[str, tuple, tuple]] = field(default_factory=list)
     head_reset: list[str] = field(default_factory=list)
-
-
-def resize_rel_pos_table(table: torch.Tensor, rows: int) -> torch.Tensor:
-    """[L, heads] -> [rows, heads]: each head's sqrt(L) x sqrt(L) table resized bicubically."""
-    old, new = math.isqrt(table.shape[0]), math.isqrt(rows)
-    if old * old != table.shape[0] or new * new != rows:
-        raise ValueError(
-            f"a relative position table of {table.shape[0]} rows cannot be resized to {rows} rows "
-            "(both must be square numbers)"
-        )
-    heads = table.shape[1]
-    grid = table.t().reshape(1, heads, old, old).float()
-    grid = F.interpolate(grid, size=(new, new), mode="bicubic", align_corners=False)
-    return grid.reshape(heads, rows).t().to(table.dtype)
 
 
 def resize_pos_embed_bicubic(pos: torch.Tensor, tokens: int) -> torch.Tensor:
