@@ -5,10 +5,11 @@ Each command writes its numbers (CSV and/or JSON) and PNG figures into ``--out``
 
 from __future__ import annotations
 
-import csv
 import json
 import pathlib
 from typing import Optional
+
+from ..runtime.report import write_csv
 
 ANALYSES = ("injectivity", "confusion", "attention-maps", "locality", "masking")
 _DEFAULT_IMAGES = {"confusion": 500, "attention-maps": 4, "locality": 500, "masking": 0}
@@ -233,19 +234,6 @@ def _check_layers(models, layers) -> None:
             raise ValueError(f"model {lm.label}: {e}") from None
 
 
-def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    keys = list(rows[0])
-    for r in rows[1:]:
-        keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _write_meta(path: pathlib.Path, args, models, **results) -> None:
     """The run's JSON: what was analysed (command arguments, models) plus ``results``."""
     meta = {
@@ -317,7 +305,7 @@ def _injectivity(args, out: pathlib.Path) -> int:
         for fam, d in res["results"].items()
         for kind, r in d.items()
     ]
-    _write_csv(out / "injectivity.csv", rows)
+    write_csv(rows, out / "injectivity.csv")
     print(f"wrote injectivity.csv, injectivity.json, injectivity.png to {out}")
     return 0
 
@@ -397,7 +385,7 @@ def _confusion(args, out, models, images, layers, progress) -> list[str]:
         s["per_layer_mean"] = {name: float(counts[:, j].double().mean()) for j, (_, name) in enumerate(res["layers"])}
         summary[lm.label] = s
         totals[lm.label] = counts.sum(dim=1).numpy()
-    _write_csv(out / "confusion.csv", rows)
+    write_csv(rows, out / "confusion.csv")
     _write_meta(
         out / "confusion.json",
         args,
@@ -429,7 +417,7 @@ def _measure_each(name: str, args, out, models, images, measure) -> dict:
         res = measure(lm.model, ImageBatches(images, lm, args.batch_size), f"{name} {lm.label}")
         per_model[lm.label] = res
         rows += [{"model": lm.label, **r} for r in res]
-    _write_csv(out / f"{name}.csv", rows)
+    write_csv(rows, out / f"{name}.csv")
     _write_meta(out / f"{name}.json", args, models, images=int(len(images.labels)), results=per_model)
     return per_model
 

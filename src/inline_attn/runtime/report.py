@@ -6,14 +6,20 @@ import csv
 import json
 import math
 import pathlib
-from typing import Sequence
+from typing import Optional, Sequence
 
 from .._io import atomic_write_text
 
 
-def write_csv(history: list[dict], path: pathlib.Path, columns: Sequence[str]) -> None:
+def write_csv(history: list[dict], path: pathlib.Path, columns: Optional[Sequence[str]] = None) -> None:
     """The whole history, one row per dict (rewritten so a resume never duplicates rows; a
-    missing or None value is an empty cell)."""
+    missing or None value is an empty cell). ``columns`` None: every key of the rows, in the
+    order first seen; no rows and no columns give an empty file."""
+    if columns is None:
+        columns = list(dict.fromkeys(k for row in history for k in row))
+    if not columns:
+        atomic_write_text(path, "")
+        return
 
     def w(f):
         wr = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
