@@ -505,6 +505,13 @@ def verdict(outcomes: Sequence[str], claimed: str = "a") -> str:
     return "agrees" if all(o == claimed for o in outcomes) else "inconclusive at this budget"
 
 
+def tally(claim: str, outcomes: Sequence[str], better: str, worse: str) -> str:
+    """A verdict line: ``claim: **verdict** (better A of N, worse B).``, A and B the comparisons
+    clearly for ('a') and against ('b') the claim."""
+    counts = f"{better} {outcomes.count('a')} of {len(outcomes)}, {worse} {outcomes.count('b')}"
+    return f"{claim}: **{verdict(outcomes)}** ({counts})."
+
+
 def top1s(results: dict, key: str) -> list[float]:
     return [r["top1"] for r in results.get(key, [])]
 
@@ -584,8 +591,7 @@ def _table_a(results, verdicts):
         outcomes.append(o)
         lines.append(f"| {kern} | {fmt(top1s(results, b))} | {fmt(top1s(results, a))} | {_signed(d)} |")
     verdicts.append(
-        f"InLine beats linear attention for every kernel (Table 1): **{verdict(outcomes)}** (clear wins: "
-        f"{outcomes.count('a')} of {len(outcomes)}, clear losses: {outcomes.count('b')})."
+        tally("InLine beats linear attention for every kernel (Table 1)", outcomes, "clear wins:", "clear losses:")
     )
     return lines + [""]
 
@@ -678,8 +684,9 @@ def _table_d(results, bench, verdicts):
         "inference img/s: one thread, random weights, all settings measured one after another.",
     ]
     verdicts.append(
-        f"InLine beats the other linear attentions (Table 6): **{verdict(outcomes)}** (clearly better than "
-        f"{outcomes.count('a')} of {len(outcomes)}, clearly worse than {outcomes.count('b')})."
+        tally(
+            "InLine beats the other linear attentions (Table 6)", outcomes, "clearly better than", "clearly worse than"
+        )
     )
     return lines + [""]
 
@@ -731,10 +738,8 @@ def _table_g(results, verdicts):
         lines.append(f"| {v} | {fmt(top1s(results, f'fmnist-{v}'))} |")
     inl = top1s(results, "fmnist-inline")
     outcomes = [compare(inl, top1s(results, f"fmnist-{v}"))[1] for v in FMNIST_VARIANTS[:-1]]
-    verdicts.append(
-        f"On the 7 x 7 Fashion-MNIST task InLine beats softmax, linear and InLine without residual: "
-        f"**{verdict(outcomes)}** (clear wins: {outcomes.count('a')} of 3, clear losses: {outcomes.count('b')})."
-    )
+    claim = "On the 7 x 7 Fashion-MNIST task InLine beats softmax, linear and InLine without residual"
+    verdicts.append(tally(claim, outcomes, "clear wins:", "clear losses:"))
     return lines + [""]
 
 
