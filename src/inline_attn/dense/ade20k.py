@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from .transforms import (
     rescale_size,
     resize_pair,
 )
+
+if TYPE_CHECKING:
+    from .config import SegConfig
 
 __all__ = ["ADE20K", "ADE20K_CLASSES", "ADE_LAYOUT", "build_ade20k_sets"]
 
@@ -333,31 +336,31 @@ class ADE20K(torch.utils.data.Dataset):
         return self.pipeline(img, label, seed)
 
 
-def build_ade20k_sets(cfg: dict, *, train: bool = True):
+def build_ade20k_sets(cfg: SegConfig, *, train: bool = True):
     """(train set or None, val set) of ADE20K for a segmentation config's ``data`` (``data.path``:
     the folder; the pipeline's settings)."""
-    d = cfg["data"]
-    if not d["path"]:
+    d = cfg.data
+    if not d.path:
         raise ValueError(f"data.path is required for ADE20K: the folder with the layout {ADE_LAYOUT}")
     kw = dict(
-        crop_size=d["crop_size"],
-        scale=d["scale"],
-        ratio_range=d["ratio_range"],
-        cat_max_ratio=d["cat_max_ratio"],
-        flip=d["flip"],
-        photometric=d["photometric"],
-        mean=d["mean"],
+        crop_size=d.crop_size,
+        scale=d.scale,
+        ratio_range=d.ratio_range,
+        cat_max_ratio=d.cat_max_ratio,
+        flip=d.flip,
+        photometric=d.photometric,
+        mean=d.mean,
     )
     tr = (
-        ADE20K(d["path"], "train", reduce_zero_label=d["reduce_zero_label"], pipeline=_SegPipeline(train=True, **kw))
+        ADE20K(d.path, "train", reduce_zero_label=d.reduce_zero_label, pipeline=_SegPipeline(train=True, **kw))
         if train
         else None
     )
     va = ADE20K(
-        d["path"],
+        d.path,
         "val",
-        reduce_zero_label=d["reduce_zero_label"],
+        reduce_zero_label=d.reduce_zero_label,
         pipeline=_SegPipeline(train=False, **kw),
-        subset=int(d["val_subset"]),
+        subset=int(d.val_subset),
     )
     return tr, va

@@ -15,13 +15,16 @@ old module (``ADE_LAYOUT``, ``PathLike`` and the private helpers) through ``__ge
 from __future__ import annotations
 
 import importlib
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
 from .ade20k import ADE20K, ADE20K_CLASSES, build_ade20k_sets
 from .mosaic_sets import MosaicDet, MosaicSeg, build_mosaic_sets
+
+if TYPE_CHECKING:
+    from .config import DetConfig, SegConfig
 
 __all__ = [
     "ADE20K",
@@ -91,13 +94,13 @@ def collate(items: list) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([i[0] for i in items]), torch.stack([i[1] for i in items])
 
 
-def build_seg_datasets(cfg: dict, *, train: bool = True, progress: bool = False):
-    """(train set or None, val set) for ``cfg["data"]``; both have ``classes`` and ``num_classes``."""
-    d = cfg["data"]
-    if d["dataset"] == "mosaic":
+def build_seg_datasets(cfg: SegConfig, *, train: bool = True, progress: bool = False):
+    """(train set or None, val set) for ``cfg.data``; both have ``classes`` and ``num_classes``."""
+    d = cfg.data
+    if d.dataset == "mosaic":
         return build_mosaic_sets(cfg, train, progress, MosaicSeg)
-    if d["dataset"] != "ade20k":
-        raise ValueError(f"data.dataset={d['dataset']!r}: expected 'ade20k' or 'mosaic'")
+    if d.dataset != "ade20k":
+        raise ValueError(f"data.dataset={d.dataset!r}: expected 'ade20k' or 'mosaic'")
     return build_ade20k_sets(cfg, train=train)
 
 
@@ -112,26 +115,26 @@ def det_collate(items: list) -> tuple[torch.Tensor, list[dict], list[tuple[int, 
     return batch, [t for _, t in items], sizes
 
 
-def build_det_datasets(cfg: dict, *, train: bool = True, progress: bool = False):
+def build_det_datasets(cfg: DetConfig, *, train: bool = True, progress: bool = False):
     """(train set or None, val set) for a detection config's ``data``: the mosaics or a COCO-layout
     folder (``data.coco.{train,val}_{ann,images}``)."""
     from .coco import EVAL_KEYS, CocoDetection, check_instances
 
-    d = cfg["data"]
-    if d["dataset"] == "mosaic":
+    d = cfg.data
+    if d.dataset == "mosaic":
         return build_mosaic_sets(cfg, train, progress, MosaicDet)
-    if d["dataset"] != "coco":
-        raise ValueError(f"data.dataset={d['dataset']!r}: expected 'mosaic' or 'coco'")
-    c = d["coco"]
+    if d.dataset != "coco":
+        raise ValueError(f"data.dataset={d.dataset!r}: expected 'mosaic' or 'coco'")
+    c = d.coco
     need = (["train_ann", "train_images"] if train else []) + ["val_ann", "val_images"]
-    if any(not c[k] for k in need):
+    if any(not getattr(c, k) for k in need):
         raise ValueError(f"data.dataset=coco needs data.coco.{{{', '.join(need)}}} (instances JSON and image folder)")
-    kw = dict(short_size=int(c["short_size"]), max_size=int(c["max_size"]))
-    tr = CocoDetection(c["train_ann"], c["train_images"], flip=float(d["flip"]), **kw) if train else None
-    va = CocoDetection(c["val_ann"], c["val_images"], **kw)
-    check_instances(va.coco, c["val_ann"], EVAL_KEYS)  # what COCOeval reads, before any training
+    kw = dict(short_size=int(c.short_size), max_size=int(c.max_size))
+    tr = CocoDetection(c.train_ann, c.train_images, flip=float(d.flip), **kw) if train else None
+    va = CocoDetection(c.val_ann, c.val_images, **kw)
+    check_instances(va.coco, c.val_ann, EVAL_KEYS)  # what COCOeval reads, before any training
     if tr is not None:
-        check_same_categories(tr, va, c["train_ann"], c["val_ann"])
+        check_same_categories(tr, va, c.train_ann, c.val_ann)
     return tr, va
 
 

@@ -10,10 +10,15 @@ returned as generated.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Union
+
 import numpy as np
 import torch
 
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
+
+if TYPE_CHECKING:
+    from .config import DetConfig, SegConfig
 
 __all__ = ["MosaicDet", "MosaicSeg", "build_mosaic_sets"]
 
@@ -101,23 +106,19 @@ class MosaicDet(torch.utils.data.Dataset):
         return img, {"boxes": boxes, "labels": self.labels[index]}
 
 
-def build_mosaic_sets(cfg: dict, train: bool, progress: bool, wrap):
+def build_mosaic_sets(cfg: Union[SegConfig, DetConfig], train: bool, progress: bool, wrap):
     """(train set or None, val set) of mosaics for a config's ``data.mosaic``, each wrapped as
     ``wrap`` (:class:`MosaicSeg` or :class:`MosaicDet`)."""
-    d = cfg["data"]
-    m = d["mosaic"]
+    d = cfg.data
+    m = d.mosaic
     spec = MosaicSpec(
-        size=int(m["size"]),
-        objects=tuple(m["objects"]),
-        scale=tuple(m["scale"]),
-        noise=float(m["noise"]),
-        max_overlap=float(m["max_overlap"]),
+        size=int(m.size),
+        objects=tuple(m.objects),
+        scale=tuple(m.scale),
+        noise=float(m.noise),
+        max_overlap=float(m.max_overlap),
     )
-    kw = dict(spec=spec, seed=int(m["seed"]), root=d["path"], pool=int(m["pool"]))
-    tr = (
-        wrap(FashionMosaics("train", int(m["train"]), **kw), flip=float(d["flip"]), progress=progress)
-        if train
-        else None
-    )
-    n_val = int(d["val_subset"] or m["val"])
+    kw = dict(spec=spec, seed=int(m.seed), root=d.path, pool=int(m.pool))
+    tr = wrap(FashionMosaics("train", int(m.train), **kw), flip=float(d.flip), progress=progress) if train else None
+    n_val = int(d.val_subset or m.val)
     return tr, wrap(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
