@@ -100,7 +100,7 @@ SEG = DenseCommand(
     fmt=_fmt,
     demo_config="mosaic/demo.yaml",
     demo_title="InLine-PVT + Semantic FPN",
-    demo_line=lambda m: f"seg demo: {m['backbone']} {m['backbone_kwargs']} + {m['decode']}",
+    demo_line=lambda m: f"seg demo: {m.backbone} {m.backbone_kwargs} + {m.decode}",
     demo_metric_note="garments from the Fashion-MNIST test split",
     demo_extras=lambda s: (
         [f"  {name:12s} IoU {iou:6.2f}" for name, iou in s["per_class_IoU"].items()]
@@ -116,7 +116,7 @@ DET = DenseCommand(
     fmt=_fmt_ap,
     demo_config="mosaic/det_demo.yaml",
     demo_title="FCOS on InLine-PVT",
-    demo_line=lambda m: f"det demo: FCOS on {m['backbone']} {m['backbone_kwargs']}",
+    demo_line=lambda m: f"det demo: FCOS on {m.backbone} {m.backbone_kwargs}",
     demo_metric_note="garments from the Fashion-MNIST test split; COCO box AP by pycocotools",
     demo_extras=lambda s: [f"  detections:  {s.get('detections_png')}"],
 )
@@ -144,8 +144,7 @@ def cmd_demo(args) -> int:
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / task.demo_config
     cfg = task.load_config(cfg_path, [("train.output", writable_dir(args.output, "--output"))] + _overrides(args))
     print(
-        f"{task.demo_line(cfg['model'])} on Fashion-MNIST mosaics ({cfg['sched']['iters']} iterations, "
-        f"config {cfg_path})",
+        f"{task.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
         flush=True,
     )
     t0 = time.time()
@@ -154,7 +153,7 @@ def cmd_demo(args) -> int:
         return 0
     print(
         f"\n{task.name} demo finished in {(time.time() - t0) / 60:.1f} min: {task.fmt(s)} on "
-        f"{cfg['data']['mosaic']['val']} validation mosaics ({task.demo_metric_note})"
+        f"{cfg.data.mosaic.val} validation mosaics ({task.demo_metric_note})"
     )
     for line in task.demo_extras(s):
         print(line)
@@ -207,8 +206,8 @@ def cmd_eval(args) -> int:
         res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
         if info.is_main:
             print(
-                f"{cfg['model']['backbone']} + {cfg['model']['decode']}: {_fmt(res)}  ({len(val)} images, "
-                f"{cfg['eval']['mode']} inference, {time.time() - t0:.1f} s)"
+                f"{cfg.model.backbone} + {cfg.model.decode}: {_fmt(res)}  ({len(val)} images, "
+                f"{cfg.eval.mode} inference, {time.time() - t0:.1f} s)"
             )
             if args.per_class:
                 for name, iou, acc in zip(res["classes"], res["IoU"], res["Acc"]):
@@ -233,14 +232,14 @@ def cmd_det_eval(args) -> int:
     )
     model, cfg = load_detector(args.checkpoint, device)
     cfg = cfg.replace(**dict(_eval_overrides(args, "det")))
-    if cfg["train"]["threads"]:  # the run's thread count (small ops: a second thread may only contend)
-        torch.set_num_threads(int(cfg["train"]["threads"]))
+    if cfg.train.threads:  # the run's thread count (small ops: a second thread may only contend)
+        torch.set_num_threads(int(cfg.train.threads))
     _, val = build_det_datasets(cfg, train=False, progress=True)
     _check_class_count(model, val, args.checkpoint)
     t0 = time.time()
     res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
     print(
-        f"FCOS on {cfg['model']['backbone']}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
+        f"FCOS on {cfg.model.backbone}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
         f"APl {res['APl']:.2f}  ({len(val)} images, {time.time() - t0:.1f} s)"
     )
     if args.json:
@@ -278,7 +277,7 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     from ..dense.seg_task import build_from_config
 
     cfg = load_seg_config(config, overrides)
-    n = num_classes or cfg["model"]["num_classes"] or (11 if cfg["data"]["dataset"] == "mosaic" else 150)
+    n = num_classes or cfg.model.num_classes or (11 if cfg.data.dataset == "mosaic" else 150)
     model = build_from_config(cfg.replace(**{"model.pretrained": None, "model.checkpoint": None}), int(n))
     parts = {
         name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
@@ -286,14 +285,14 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     }
     out = {
         "config": str(config),
-        "backbone_name": cfg["model"]["backbone"],
-        "decode": cfg["model"]["decode"],
+        "backbone_name": cfg.model.backbone,
+        "decode": cfg.model.decode,
         "num_classes": int(n),
         **parts,
         "params": count_params(model),
     }
     if macs:
-        size = cfg["data"]["mosaic"]["size"] if cfg["data"]["dataset"] == "mosaic" else cfg["data"]["crop_size"]
+        size = cfg.data.mosaic.size if cfg.data.dataset == "mosaic" else cfg.data.crop_size
         size = (size, size) if isinstance(size, int) else tuple(size)
         out["macs"] = profile(model, (3, *size)).macs
         out["macs_input"] = list(size)
