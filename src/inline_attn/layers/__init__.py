@@ -25,6 +25,7 @@ from .attention import OLD_NAMES
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
 from .feature_maps import AffineReLUFeatureMap, AffineReLUKernel
 from .linear_family import LINEAR_CORES, LinearCore, make_core
+from .options import BlockOptions
 from .local_residual import LocalResidual, uses_local_residual
 from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw
 from .pos_embed import resize_pos_embed
@@ -41,6 +42,7 @@ __all__ = [
     "AffineReLUKernel",
     "AgentAttention",
     "AttentionRecord",
+    "BlockOptions",
     "DropPath",
     "EfficientAttention",
     "FocusedLinearAttention",

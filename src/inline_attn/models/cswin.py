@@ -27,12 +27,14 @@ stripes, then the remainder stripe), so an attention recorder gets two records f
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 
 from ..layers import (
+    BlockOptions,
     DropPath,
     LocalResidual,
     Mlp,
@@ -219,8 +221,8 @@ class CSwinBlock(nn.Module):
         kind: attention kind of the branches.
         split_size: stripe width of the two branches.
         global_attn: one full-width branch over the whole map instead of two stripe branches.
-        feature_map, local_residual: InLine / linear options (softmax blocks ignore them, as the
-            base CSwin has neither).
+        options: :class:`~inline_attn.layers.BlockOptions` (mlp_ratio, qkv_bias, feature_map, ...;
+            softmax blocks ignore feature_map and local_residual, as the base CSwin has neither).
     """
 
     @feature_map_alias
@@ -232,23 +234,18 @@ class CSwinBlock(nn.Module):
         kind: str = "inline",
         split_size: int = 7,
         global_attn: bool = False,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        feature_map: Optional[str] = None,
-        local_residual: Optional[bool] = None,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
+        **options,
     ):
         super().__init__()
+        o = BlockOptions(**options)
         self.dim, self.kind = dim, kind
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, dim * 3, bias=o.qkv_bias)
+        self.norm1 = o.norm_layer(dim)
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(drop)
+        self.proj_drop = nn.Dropout(o.drop)
         if kind == "softmax":  # softmax blocks are the base CSwin: no feature map, no local residual
-            feature_map, local_residual = None, False
-        branch = dict(kind=kind, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop)
+            o = replace(o, feature_map=None, local_residual=False)
+        branch = dict(kind=kind, feature_map=o.feature_map, local_residual=o.local_residual, attn_drop=o.attn_drop)
         if global_attn:
             self.attns = nn.ModuleList([StripeAttention(dim, num_heads, mode="global", **branch)])
         else:
@@ -262,9 +259,9 @@ class CSwinBlock(nn.Module):
                     for mode in ("vertical", "horizontal")
                 ]
             )
-        self.drop_path = DropPath(drop_path)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-        self.norm2 = nn.LayerNorm(dim)
+        self.drop_path = DropPath(o.drop_path)
+        self.mlp = Mlp(dim, int(dim * o.mlp_ratio), drop=o.drop)
+        self.norm2 = o.norm_layer(dim)
 
     def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]."""
@@ -374,6 +371,9 @@ class InLineCSwin(InLineModel):
         )
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # cpu: meta builds
         feature_info = []
+        attention = dict(
+            qkv_bias=qkv_bias, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop_rate
+        )
         for i in range(NUM_STAGES):
             if i > 0:
                 self.add_module(f"merge{i}", MergeBlock(dims[i - 1], dims[i]))
@@ -389,12 +389,9 @@ class InLineCSwin(InLineModel):
                         split_size=split,
                         global_attn=(i == NUM_STAGES - 1 or split >= reso),
                         mlp_ratio=mlp_ratio,
-                        qkv_bias=qkv_bias,
-                        feature_map=feature_map,
-                        local_residual=local_residual,
                         drop=drop_rate,
-                        attn_drop=attn_drop_rate,
                         drop_path=dpr[sum(depths[:i]) + j],
+                        **attention,
                     )
                 )
             self.add_module(f"stage{i + 1}", nn.ModuleList(blocks))

@@ -15,7 +15,15 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from ..layers import PatchEmbed, PreNormBlock, TokenAttention, init_weights_, resize_pos_embed, tokens_to_nchw
+from ..layers import (
+    BlockOptions,
+    PatchEmbed,
+    PreNormBlock,
+    TokenAttention,
+    init_weights_,
+    resize_pos_embed,
+    tokens_to_nchw,
+)
 from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
@@ -32,34 +40,11 @@ class DeiTBlock(PreNormBlock):
     """
 
     @feature_map_alias
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        kind: str = "inline",
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        feature_map: Optional[str] = None,
-        local_residual: Optional[bool] = None,
-        num_prefix_tokens: int = 1,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        norm_layer=nn.LayerNorm,
-    ):
-        attn = TokenAttention(
-            dim,
-            num_heads,
-            kind=kind,
-            qkv_bias=qkv_bias,
-            feature_map=feature_map,
-            local_residual=local_residual,
-            num_prefix_tokens=num_prefix_tokens,
-            attn_drop=attn_drop,
-            proj_drop=drop,
-        )
-        super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
+    def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", num_prefix_tokens: int = 1, **options):
+        """options: :class:`~inline_attn.layers.BlockOptions` (mlp_ratio, qkv_bias, feature_map, ...)."""
+        o = BlockOptions(**options)
+        attn = TokenAttention(dim, num_heads, kind=kind, num_prefix_tokens=num_prefix_tokens, **o.attention())
+        super().__init__(dim, attn, **o.mlp())
 
 
 class InLineDeiT(InLineModel):
@@ -125,6 +110,9 @@ class InLineDeiT(InLineModel):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth decay
+        attention = dict(
+            qkv_bias=qkv_bias, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop_rate
+        )
         self.blocks = nn.ModuleList(
             [
                 DeiTBlock(
@@ -132,14 +120,10 @@ class InLineDeiT(InLineModel):
                     num_heads,
                     kind=kinds[i],
                     mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    feature_map=feature_map,
-                    local_residual=local_residual,
-                    num_prefix_tokens=1,
                     drop=drop_rate,
-                    attn_drop=attn_drop_rate,
                     drop_path=dpr[i],
                     norm_layer=norm_layer,
+                    **attention,
                 )
                 for i in range(depth)
             ]

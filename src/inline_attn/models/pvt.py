@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..layers import (
+    BlockOptions,
     PatchEmbed,
     PreNormBlock,
     RecordableAttention,
@@ -124,40 +125,16 @@ class PVTBlock(PreNormBlock):
     or PVT's softmax attention with spatial reduction ``sr_ratio``."""
 
     @feature_map_alias
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        kind: str = "inline",
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        feature_map: Optional[str] = None,
-        local_residual: Optional[bool] = None,
-        sr_ratio: int = 1,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        norm_layer=nn.LayerNorm,
-    ):
+    def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", sr_ratio: int = 1, **options):
+        """options: :class:`~inline_attn.layers.BlockOptions` (mlp_ratio, qkv_bias, feature_map, ...)."""
+        o = BlockOptions(**options)
         if kind == "softmax":
-            if local_residual:
+            if o.local_residual:
                 raise ValueError("PVT softmax blocks (spatial reduction) take no local residual")
-            attn = SpatialReductionAttention(
-                dim, num_heads, sr_ratio=sr_ratio, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
-            )
+            attn = SpatialReductionAttention(dim, num_heads, sr_ratio=sr_ratio, **o.softmax())
         else:
-            attn = PVTAttention(
-                dim,
-                num_heads,
-                kind=kind,
-                qkv_bias=qkv_bias,
-                feature_map=feature_map,
-                local_residual=local_residual,
-                attn_drop=attn_drop,
-                proj_drop=drop,
-            )
-        super().__init__(dim, attn, mlp_ratio=mlp_ratio, drop=drop, drop_path=drop_path, norm_layer=norm_layer)
+            attn = PVTAttention(dim, num_heads, kind=kind, **o.attention())
+        super().__init__(dim, attn, **o.mlp())
 
 
 def _check_per_stage(num_stages: int, **per_stage) -> None:
@@ -233,6 +210,7 @@ class InLinePVT(InLineModel):
 
         total = sum(depths)
         dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        attention = dict(qkv_bias=qkv_bias, feature_map=feature_map, attn_drop=attn_drop_rate)
         feature_info, cur, stride = [], 0, 1
         grid = to_2tuple(img_size)  # each stage embeds the previous stage's grid (stage 1: the image)
         for i in range(num_stages):
@@ -249,15 +227,13 @@ class InLinePVT(InLineModel):
                     embed_dims[i],
                     num_heads[i],
                     kind=kind,
-                    mlp_ratio=mlp_ratios[i],
-                    qkv_bias=qkv_bias,
-                    feature_map=feature_map,
-                    local_residual=local_residual if kind != "softmax" else None,
                     sr_ratio=sr_ratios[i],
+                    mlp_ratio=mlp_ratios[i],
                     drop=drop_rate,
-                    attn_drop=attn_drop_rate,
                     drop_path=dpr[cur + j],
                     norm_layer=norm_layer,
+                    local_residual=None if kind == "softmax" else local_residual,  # SR attention has none
+                    **attention,
                 )
                 for j, kind in enumerate(kinds[i])
             ]

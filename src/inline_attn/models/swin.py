@@ -31,9 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers import (
-    DropPath,
-    Mlp,
+    BlockOptions,
     PatchEmbed,
+    PreNormBlock,
     RecordableAttention,
     TokenAttention,
     check_heads,
@@ -252,7 +252,7 @@ class WindowAttention(RecordableAttention):
         return f"dim={self.dim}, window_size={self.window_size}, num_heads={self.num_heads}"
 
 
-class SwinBlock(nn.Module):
+class SwinBlock(PreNormBlock):
     """norm1 -> (shifted) window attention -> residual; norm2 -> MLP -> residual.
 
     Args:
@@ -263,7 +263,8 @@ class SwinBlock(nn.Module):
         shift_size: cyclic shift (half a window on odd blocks, 0 on even ones).
         input_resolution: the map size at the constructed image size; decides (as in the
             reference) the persistent ``attn_mask`` buffer of the state dict only.
-        feature_map, local_residual: InLine / linear attention options (see TokenAttention).
+        options: :class:`~inline_attn.layers.BlockOptions` (mlp_ratio, qkv_bias, feature_map, ...;
+            softmax blocks take no feature map or local residual).
     """
 
     @feature_map_alias
@@ -276,38 +277,18 @@ class SwinBlock(nn.Module):
         window_size: int,
         shift_size: int,
         input_resolution: tuple[int, int],
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        feature_map: Optional[str] = None,
-        local_residual: Optional[bool] = None,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
+        **options,
     ):
-        super().__init__()
         if not 0 <= shift_size < window_size:
             raise ValueError(f"shift_size={shift_size} must lie in [0, window_size={window_size})")
+        o = BlockOptions(**options)
+        if kind == "softmax":
+            attn = WindowAttention(dim, num_heads, window_size, **o.softmax())
+        else:
+            attn = TokenAttention(dim, num_heads, kind=kind, **o.attention())
+        super().__init__(dim, attn, **o.mlp())
         self.kind = kind
         self.window_size, self.shift_size = window_size, shift_size
-        self.norm1 = nn.LayerNorm(dim)
-        if kind == "softmax":
-            self.attn = WindowAttention(
-                dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
-            )
-        else:
-            self.attn = TokenAttention(
-                dim,
-                num_heads,
-                kind=kind,
-                qkv_bias=qkv_bias,
-                feature_map=feature_map,
-                local_residual=local_residual,
-                attn_drop=attn_drop,
-                proj_drop=drop,
-            )
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
         # The reference keeps the constructed size's shift mask in the state dict (even for
         # InLine blocks, which ignore it); forward builds masks for the actual size instead.
         h, w = input_resolution
@@ -540,6 +521,9 @@ class InLineSwin(InLineModel):
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, norm_layer=nn.LayerNorm)
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
+        attention = dict(
+            qkv_bias=qkv_bias, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop_rate
+        )
         res = (math.ceil(img_h / p[0]), math.ceil(img_w / p[1]))
         self.layers = nn.ModuleList()
         feature_info = []
@@ -557,11 +541,8 @@ class InLineSwin(InLineModel):
                     drop_path=dpr[start : start + depth],
                     downsample=i < num_stages - 1,
                     mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    feature_map=feature_map,
-                    local_residual=local_residual,
                     drop=drop_rate,
-                    attn_drop=attn_drop_rate,
+                    **attention,
                 )
             )
             feature_info.append(dict(num_chs=dim, reduction=p[0] * 2**i, module=f"layers.{i}"))
