@@ -103,6 +103,13 @@ def test_state_dict_names_match_reference_layout():
     assert set(SoftmaxAttention(96, 3).state_dict()) == {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"}
 
 
+def test_uses_local_residual_default_is_inline_only_and_explicit_wins():
+    assert uses_local_residual("inline", None) and not uses_local_residual("linear", None)
+    assert not uses_local_residual("softmax", None)
+    assert uses_local_residual("linear", True) and not uses_local_residual("inline", False)
+    assert InLineAttention(16, 2).residual is not None and LinearAttention(16, 2).residual is None
+
+
 def test_same_signature_for_all_kinds():
     x = torch.randn(2, 1 + 12, 32)
     for cls in (InLineAttention, LinearAttention, SoftmaxAttention):

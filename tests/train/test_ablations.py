@@ -99,6 +99,18 @@ def test_statistics_and_verdicts():
     assert verdict(["a", "not run"]) == "agrees"  # a comparison without runs neither supports nor refutes
 
 
+def test_counted_verdict_lines_keep_the_wording_of_the_committed_tables():
+    # docs/reproduction.md quotes these lines; the counts read "of <comparisons>"
+    runs = {f"fmnist-{v}": [{"seed": i, "top1": 80.0 + i} for i in range(2)] for v in ablations.FMNIST_VARIANTS}
+    runs["fmnist-inline"] = [{"seed": i, "top1": 90.0 + i} for i in range(2)]
+    report = ablations.render("quick", "ag", 2, runs, {}, ablations.PRESETS["quick"], 0.0, 0, 0)
+    assert (
+        "- On the 7 x 7 Fashion-MNIST task InLine beats softmax, linear and InLine without residual: "
+        "**agrees** (clear wins: 3 of 3, clear losses: 0)." in report
+    )
+    assert "- InLine beats linear attention for every kernel (Table 1): **not run** (clear wins: 0 of 5, " in report
+
+
 def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_full_budget():
     from inline_attn.layers import ATTENTION_CHOICES
     from inline_attn.experiments.ablations import (
