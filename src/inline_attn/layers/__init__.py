@@ -25,8 +25,8 @@ from .attention import OLD_NAMES
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
 from .feature_maps import AffineReLUFeatureMap, AffineReLUKernel
 from .linear_family import LINEAR_CORES, LinearCore, make_core
-from .options import BlockOptions
 from .local_residual import LocalResidual, uses_local_residual
+from .options import BlockOptions
 from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw
 from .pos_embed import resize_pos_embed
 from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
