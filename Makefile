@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test bench gpu-check clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test bench kernel-audit gpu-check clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test: $(STAMP) fmnist-data
 
 bench: $(STAMP)
 	$(BIN)/inline-attn bench attention
+
+# The Triton kernels' resources on sm_80 / 86 / 89 / 90, compiled here without a GPU: every layer
+# shape and published model of the full sweep (the tests run a subset); results in kernel_audit/
+kernel-audit: $(STAMP)
+	TRITON_INTERPRET=0 $(BIN)/python -m inline_attn.bench.kernel_audit --full --out kernel_audit $(AUDIT_ARGS)
 
 # On a GPU machine (no network there): that machine's python3 with its CUDA PyTorch and triton,
 # the project from src/, no venv. Tests, a bf16 training smoke run and the GPU benchmarks.

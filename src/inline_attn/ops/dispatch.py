@@ -149,8 +149,9 @@ def tracing_reason() -> str | None:
     return None
 
 
-def unsupported(backend: str, q: torch.Tensor, feature_map=None) -> str | None:
-    """Why ``backend`` ("cpu" or "triton") cannot run these tensors, or None when it can."""
+def unsupported(backend: str, q: torch.Tensor, feature_map=None, num_heads: int | None = None) -> str | None:
+    """Why ``backend`` ("cpu" or "triton") cannot run these tensors, or None when it can (with
+    ``num_heads``, on a GPU: also whether the Triton kernels fit its shared memory)."""
     traced = tracing_reason()
     if traced is not None:
         return traced
@@ -169,11 +170,17 @@ def unsupported(backend: str, q: torch.Tensor, feature_map=None) -> str | None:
         return f"impl='triton' takes float32, bfloat16 or float16 tensors, got {q.dtype}"
     if not _triton_importable():
         return "triton is not installed: pip install 'inline-attn[gpu]'"
+    if num_heads is not None and q.device.type == "cuda":
+        from .fused.triton import unfit_reason
+
+        return unfit_reason(q, num_heads)
     return None
 
 
-def choose(q: torch.Tensor, feature_map=None, impl: str | None = None) -> tuple[str, str | None]:
-    """(implementation, reason) for the layer core on tensors like ``q``.
+def choose(
+    q: torch.Tensor, feature_map=None, impl: str | None = None, num_heads: int | None = None
+) -> tuple[str, str | None]:
+    """(implementation, reason) for the layer core on tensors like ``q`` (``num_heads`` heads).
 
     ``impl=None`` means :func:`default_impl`. For ``"auto"`` the reason says why the fused op was
     not taken (None when it was); an explicit fused impl that cannot run raises ``ValueError``.
@@ -182,7 +189,7 @@ def choose(q: torch.Tensor, feature_map=None, impl: str | None = None) -> tuple[
     if impl in ("naive", "eager"):
         return impl, None
     if impl in FUSED_IMPLS:
-        reason = unsupported(impl, q, feature_map)
+        reason = unsupported(impl, q, feature_map, num_heads)
         if reason is not None:
             raise ValueError(reason)
         return impl, None
@@ -190,17 +197,19 @@ def choose(q: torch.Tensor, feature_map=None, impl: str | None = None) -> tuple[
         reason = unsupported("cpu", q, feature_map)
         return ("eager", reason) if reason else ("cpu", None)
     if q.device.type == "cuda":
-        reason = unsupported("triton", q, feature_map)
+        reason = unsupported("triton", q, feature_map, num_heads)
         if reason is not None and reason.startswith("triton is not installed"):
             _warn_no_triton()
         return ("eager", reason) if reason else ("triton", None)
     return "eager", f"no fused kernel for {q.device.type} tensors"
 
 
-def why_not_fused(q: torch.Tensor, feature_map=None, impl: str | None = None) -> str | None:
-    """Why the layer core on tensors like ``q`` does not run a fused kernel, or None when it does
-    (in the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``)."""
-    chosen, reason = choose(q, feature_map, impl)
+def why_not_fused(
+    q: torch.Tensor, feature_map=None, impl: str | None = None, num_heads: int | None = None
+) -> str | None:
+    """Why the layer core on tensors like ``q`` (``num_heads`` heads) does not run a fused kernel,
+    or None when it does (in the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``)."""
+    chosen, reason = choose(q, feature_map, impl, num_heads)
     if chosen in FUSED_IMPLS:
         return None
     return reason or f"impl={chosen!r} was asked for"

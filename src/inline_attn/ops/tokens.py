@@ -113,7 +113,7 @@ def inline_tokens(
     h, w = check_feat_size(feat_size, n, num_prefix_tokens)
     d = c // num_heads
     s = d**-0.5 if scale is None else float(scale)
-    chosen, _ = dispatch.choose(q, feature_map, impl)
+    chosen, _ = dispatch.choose(q, feature_map, impl, num_heads)
 
     if chosen in dispatch.FUSED_IMPLS:
         w9 = residual_taps(residual_weights, q.dtype) if residual_weights is not None else None
@@ -174,7 +174,7 @@ def inline_layer_tokens(
             f"predictor weights {tuple(w1.shape)} and {tuple(w2.shape)} do not match {num_heads} groups of "
             f"C={c}: expected [{c}, {c // num_heads}(, 1)] and [{9 * c}, {c // num_heads}(, 1)]"
         )
-    chosen, _ = dispatch.choose(q, feature_map, impl)
+    chosen, _ = dispatch.choose(q, feature_map, impl, num_heads)
     if chosen not in dispatch.FUSED_IMPLS or runs_as_custom_op():
         weights = predict_residual(x.mean(dim=1), w1, b1, w2, b2, groups=num_heads)
         return inline_tokens(

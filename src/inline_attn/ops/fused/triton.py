@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 _KERNELS_MODULE = "inline_attn.ops.fused.triton_kernels"
-_state: dict = {"module": None, "interpret": None, "tiling": None}
+_state: dict = {"module": None, "interpret": None, "tiling": None, "simulated": None, "shared_bytes": None}
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
 # for head dims over 32), the number of (sample, head) programs per multiprocessor below which the
@@ -48,6 +48,53 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a launch must fit on one GPU: its name, its multiprocessor count and the shared memory
+    one program (block) may use, in bytes (``shared_memory_per_block_optin``: 232,448 on an H100 /
+    H200, 166,912 on an A100, 101,376 on an RTX 3090 / 4090 / L40). ``shared_per_block`` None:
+    no limit (Triton's interpreter)."""
+
+    name: str
+    sms: int
+    shared_per_block: int | None
+
+
+INTERPRETER = DeviceLimits("interpreter", 4, None)  # 4 SMs: the tests reach the split path at small sizes
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_limits(index: int) -> DeviceLimits:
+    props = torch.cuda.get_device_properties(index)
+    return DeviceLimits(props.name, props.multi_processor_count, props.shared_memory_per_block_optin)
+
+
+def device_limits(device: torch.device) -> DeviceLimits:
+    """The limits launches on ``device`` must fit: the GPU's own, the simulated device's (meta
+    tensors inside :func:`simulated_device`), or none (the interpreter)."""
+    if device.type == "cuda":
+        return _cuda_limits(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type == "meta" and _state["simulated"] is not None:
+        return _state["simulated"]
+    return INTERPRETER
+
+
+@contextlib.contextmanager
+def simulated_device(limits: DeviceLimits, shared_bytes):
+    """Plan launches for a GPU that is not here (the resources audit, :mod:`inline_attn.bench.kernel_audit`):
+    inside the block the launchers take meta tensors as that GPU's, ``shared_bytes(kernel, args, meta)``
+    stands in for compiling a configuration (the shared memory it needs), and nothing is launched
+    (wrap the block in :func:`record_launches` to see what would be). Triton must not be in
+    interpreter mode in this process."""
+    _state["simulated"], _state["shared_bytes"] = limits, shared_bytes
+    _fit_cache.clear()
+    try:
+        yield
+    finally:
+        _state["simulated"], _state["shared_bytes"] = None, None
+        _fit_cache.clear()
+
+
 def load_kernels(device: torch.device):
     """Import :mod:`.triton_kernels` (compiled for CUDA tensors, interpreted for CPU tensors).
 
@@ -57,7 +104,7 @@ def load_kernels(device: torch.device):
     """
     if not triton_installed():
         raise ValueError("impl='triton' needs the triton package: pip install 'inline-attn[gpu]'")
-    want = device.type != "cuda"
+    want = device.type != "cuda" and _state["simulated"] is None
     if interpreting() != want:
         if want:
             raise ValueError(
@@ -75,26 +122,102 @@ def load_kernels(device: torch.device):
     return _state["module"]
 
 
-_launch_logs: list[list[str]] = []
+_launch_logs: list[list] = []
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as :func:`record_launches` logs it: the kernel's name, its grid, its
+    compile-time arguments (tiles, warps, pipeline stages) and the dtypes of its tensor arguments."""
+
+    kernel: str
+    grid: tuple
+    meta: dict
+    dtypes: tuple
+
+
+def _dtypes(args: tuple) -> tuple:
+    return tuple(str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor))
 
 
 def _launch(kernel, grid: tuple, *args, **meta) -> None:
-    """Launch ``kernel`` over ``grid``; every open :func:`record_launches` log gets its name."""
+    """Launch ``kernel`` over ``grid`` (nothing runs for a simulated device); every open
+    :func:`record_launches` log gets the launch."""
     for log in _launch_logs:
-        log.append(kernel.fn.__name__)
-    kernel[grid](*args, **meta)
+        log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args)))
+    if _state["simulated"] is None:
+        kernel[grid](*args, **meta)
 
 
 @contextlib.contextmanager
 def record_launches():
-    """Collect the names of the Triton kernels launched inside the block (a list, in launch order):
-    what the launch-budget test counts beside the aten ops."""
-    log: list[str] = []
+    """Collect the Triton launches made inside the block (a list of :class:`Launch`, in launch
+    order): what the launch-budget test counts beside the aten ops, and what the resources audit
+    compiles."""
+    log: list = []
     _launch_logs.append(log)
     try:
         yield log
     finally:
         _launch_logs.remove(log)
+
+
+_fit_cache: dict = {}
+
+
+def _candidates(meta: dict) -> list[dict]:
+    """The configurations to try for a launch, fastest first: the planned tile with 3, 2 and 1
+    software-pipeline stages (each stage buffers the loop's tiles once more in shared memory), then
+    at one stage the tile (BLOCK_N, or BLOCK_B for the predictor) halved down to 16 rows. A halved
+    BLOCK_N still divides every chunk and row block of the plan, so the result is unchanged."""
+    out = [dict(meta, num_stages=s) for s in (3, 2, 1)]
+    tile = next((t for t in ("BLOCK_N", "BLOCK_B") if t in meta), None)
+    size = meta[tile] // 2 if tile else 0
+    while size >= 16:
+        out.append(dict(meta, num_stages=1, **{tile: size}))
+        size //= 2
+    return out
+
+
+def _compiled_shared_bytes(kernel, args: tuple, meta: dict) -> int:
+    """The shared memory ``kernel`` needs with these arguments: compiled (and cached by Triton for
+    the launch that follows), not launched."""
+    return kernel.warmup(*args, grid=(1,), **meta).metadata.shared
+
+
+def _fitted_launch(kernel, grid: tuple, args: tuple, meta: dict, what: str) -> None:
+    """Launch ``kernel`` with the first configuration from ``meta`` down that fits the device (:func:`_fit`)."""
+    _launch(kernel, grid, *args, **_fit(kernel, args, meta, what))
+
+
+def _fit(kernel, args: tuple, meta: dict, what: str) -> dict:
+    """The first of :func:`_candidates` whose compiled kernel fits the device's shared memory per
+    block (the planned ``meta`` itself under the interpreter, which has no limit); cached per
+    kernel, configuration, dtypes and device.
+
+    Raises:
+        ValueError: no configuration fits; names the kernel, ``what`` (the shape) and the device.
+    """
+    limits = device_limits(next(a.device for a in args if isinstance(a, torch.Tensor)))
+    if limits.shared_per_block is None:
+        return meta
+    key = (kernel.fn.__name__, tuple(sorted(meta.items())), _dtypes(args), limits)
+    fit = _fit_cache.get(key)
+    if fit is None:
+        shared_bytes = _state["shared_bytes"] or _compiled_shared_bytes
+        needs = []
+        for cand in _candidates(meta):
+            needs.append(shared_bytes(kernel, args, cand))
+            if needs[-1] <= limits.shared_per_block:
+                fit = _fit_cache[key] = cand
+                break
+        else:
+            raise ValueError(
+                f"impl='triton': no launch configuration of {kernel.fn.__name__} for {what} fits {limits.name} "
+                f"({limits.shared_per_block} bytes of shared memory per block; the smallest needs {min(needs)}): "
+                "use impl='eager' for this layer"
+            )
+    return fit
 
 
 def token_bucket(n: int) -> int:
@@ -119,18 +242,13 @@ def _tuning_table(path: str) -> dict:
     return table
 
 
-@functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "interpreter"
-
-
 def tiling(q: torch.Tensor, n: int, d: int, heads: int) -> tuple[int, int]:
     """(rows per tile, warps per program) of a launch on tensors like ``q``: the tuned winner of
     its (GPU, token bucket, head dim, heads, dtype) when TUNING_FILE has one (head dim 32, the
     paper's Swin / PVT heads, is its own key), else BLOCK_N and NUM_WARPS (doubled over 32)."""
     if _state["tiling"] is not None:
         return _state["tiling"]
-    entry = _tuning_table(str(TUNING_FILE)).get(tuning_key(_device_name(q.device), n, d, heads, q.dtype))
+    entry = _tuning_table(str(TUNING_FILE)).get(tuning_key(device_limits(q.device).name, n, d, heads, q.dtype))
     if entry is not None:
         return int(entry["BLOCK_N"]), int(entry["num_warps"])
     return BLOCK_N, NUM_WARPS if _block_d(d) <= 32 else 2 * NUM_WARPS
@@ -162,16 +280,9 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few splits, so tests reach the split path at small sizes
-
-
 def _split(device: torch.device, pairs: int, n: int, block_n: int) -> int:
     """Token chunks per (sample, head): 1 (the fused launch) when the pairs fill the device."""
-    target = _PROGRAMS_PER_SM * _num_sms(device)
+    target = _PROGRAMS_PER_SM * device_limits(device).sms
     if pairs >= target or n < _SPLIT_MIN_BLOCKS * block_n:
         return 1  # enough programs, or too few tokens for the extra launches to pay (14 x 14: 2x slower split)
     blocks = -(-n // block_n)
@@ -199,7 +310,7 @@ def _launch_shape(q: torch.Tensor, pairs: int, n: int, split: int | None, block_
 def _rows_per_program(q: torch.Tensor, pairs: int, n: int, block_n: int = BLOCK_N) -> int:
     """Rows of one token-pass program in the split launch: enough programs to fill the device,
     each loading the finalized d x d matrices once for several row blocks."""
-    target = 4 * _PROGRAMS_PER_SM * _num_sms(q.device)
+    target = 4 * _PROGRAMS_PER_SM * device_limits(q.device).sms
     blocks = -(-n // block_n)
     per = max(1, min(ROW_BLOCKS_MAX, (pairs * blocks) // target))
     return per * block_n
@@ -227,6 +338,13 @@ class _Plan:
     chunk: int
     rows: int
     geometry: tuple[int, int, int, int, int, int]
+
+    @property
+    def what(self) -> str:
+        """The shape, for error messages."""
+        n, c, h, w, p, heads = self.geometry
+        grid = f"{n} tokens ({h}x{w} grid, {p} prefix)"
+        return f"{self.pairs // heads} samples of {grid}, {heads} heads of {c // heads} channels"
 
     @property
     def fused(self) -> bool:
@@ -291,7 +409,7 @@ def inline_forward_triton(
         w9_arg = _residual_arg(w9, out)
         if plan.fused:
             args = (q, k, v, w9_arg, out, *_strides(q, k, v), plan.geometry, float(scale))
-            _launch(mod.inline_fwd_fused, (plan.pairs,), *args, **plan.meta)
+            _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.what)
         else:
             _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
     return out.to(q.dtype)
@@ -305,18 +423,12 @@ def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None
     ws = _workspace(plan.pairs, plan.chunks, bd * bd + 2 * bd, like=q)
     fin = _workspace(plan.pairs, bd * bd + bd, like=q)
     partial_args = (k, v, ws, *_strides(k, v), plan.geometry, plan.chunk)
-    _launch(
-        mod.inline_fwd_partial,
-        (plan.pairs, plan.chunks),
-        *partial_args,
-        BLOCK_N=meta["BLOCK_N"],
-        PREC=meta["PREC"],
-        **plan.reduce_meta,
-    )
+    partial_meta = dict(BLOCK_N=meta["BLOCK_N"], PREC=meta["PREC"], **plan.reduce_meta)
+    _fitted_launch(mod.inline_fwd_partial, (plan.pairs, plan.chunks), partial_args, partial_meta, plan.what)
     finalize_args = (v, ws, fin, *_strides(v), plan.geometry, plan.chunk, plan.chunks, float(scale))
-    _launch(mod.inline_fwd_finalize, (plan.pairs,), *finalize_args, **plan.reduce_meta)
+    _fitted_launch(mod.inline_fwd_finalize, (plan.pairs,), finalize_args, plan.reduce_meta, plan.what)
     rows_args = (q, v, w9_arg, out, fin, *_strides(q, v), plan.geometry, plan.rows)
-    _launch(mod.inline_fwd_rows, plan.rows_grid, *rows_args, **meta)
+    _fitted_launch(mod.inline_fwd_rows, plan.rows_grid, rows_args, meta, plan.what)
 
 
 def inline_backward_triton(
@@ -354,7 +466,7 @@ def inline_backward_triton(
         w9_arg = _residual_arg(w9, dq)
         if plan.fused:
             args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), plan.geometry, float(scale))
-            _launch(mod.inline_bwd_fused, (plan.pairs,), *args, **plan.meta)
+            _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.what)
         else:
             _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
     dw = dw.to(w9.dtype) if has_res else dw.to(q.dtype)
@@ -370,18 +482,19 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
     ws = _workspace(plan.pairs, plan.chunks, 2 * bd * bd + 19 * bd, like=q)
     fin = _workspace(plan.pairs, 2 * bd * bd + 3 * bd, like=q)
     partial_args = (q, k, v, grad, ws, *_strides(q, k, v, grad), plan.geometry, plan.chunk)
-    _launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), *partial_args, **meta)
+    _fitted_launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), partial_args, meta, plan.what)
     finalize_args = (k, v, ws, fin, dw_arg, *_strides(k, v), plan.geometry, plan.chunk, plan.chunks, float(scale))
-    _launch(mod.inline_bwd_finalize, (plan.pairs,), *finalize_args, HAS_RES=meta["HAS_RES"], **plan.reduce_meta)
+    finalize_meta = dict(HAS_RES=meta["HAS_RES"], **plan.reduce_meta)
+    _fitted_launch(mod.inline_bwd_finalize, (plan.pairs,), finalize_args, finalize_meta, plan.what)
     rows_args = (k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k, v, grad), plan.geometry, float(scale), plan.rows)
-    _launch(mod.inline_bwd_rows, plan.rows_grid, *rows_args, **meta)
+    _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.what)
 
 
 def _block_b(b: int) -> int:
-    """Samples per block of the predictor's backward loop: tl.dot's smallest tile (16) for small
-    batches, larger blocks for many samples (Swin's windows: B * 64 per layer) so that each of the
-    heads x 10 programs loops fewer times."""
-    return 16 if b <= 64 else 32 if b <= 512 else 64
+    """Samples per program of the predictor's backward: tl.dot's smallest tile (16) for small
+    batches, up to 64 for many samples (Swin's windows: B * 64 per layer at window 7), so that the
+    workspace the reduction reads stays small."""
+    return 16 if b <= 256 else 32 if b <= 2048 else 64
 
 
 def predictor_forward_triton(
@@ -396,26 +509,14 @@ def predictor_forward_triton(
     taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
     if b > 0 and n > 0:
         block_n, warps = tiling(x, n, d, num_heads)
-        _launch(
-            mod.predictor_fwd,
-            (b * num_heads,),
-            x,
-            w1,
-            b1,
-            w2,
-            b2,
-            ctx,
-            taps,
-            *_strides(x),
-            n,
-            c,
-            num_heads,
-            D=d,
-            BD=_block_d(d),
-            BLOCK_N=block_n,
-            num_warps=warps,
-        )
+        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), n, c, num_heads)
+        meta = dict(D=d, BD=_block_d(d), BLOCK_N=block_n, num_warps=warps)
+        _fitted_launch(mod.predictor_fwd, (b * num_heads,), args, meta, _predictor_what(b, n, c, num_heads))
     return ctx, taps
+
+
+def _predictor_what(b: int, n: int, c: int, heads: int) -> str:
+    return f"the residual predictor of {b} samples of {n} tokens, {heads} heads of {c // heads} channels"
 
 
 def predictor_backward_triton(
@@ -427,8 +528,13 @@ def predictor_backward_triton(
     n: int,
     num_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`predictor_forward_triton` in one launch for the taps' gradient dtaps
-    [B, 9, C] (fp32, contiguous): (dctx / N [B, C], dw1, db1, dw2, db2), all fp32."""
+    """Gradients of :func:`predictor_forward_triton` for the taps' gradient dtaps [B, 9, C] (fp32,
+    contiguous): (dctx / N [B, C], dw1, db1, dw2, db2), all fp32.
+
+    Parallel over (head, block of samples): each program takes its samples back through both
+    products and writes its share of the weight gradients; one block writes them directly, more
+    blocks write workspace rows that a second launch sums in block order (bit-reproducible).
+    """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
     d = c // num_heads
@@ -436,27 +542,67 @@ def predictor_backward_triton(
     dw1, dw2 = (torch.empty(w.shape, device=ctx.device, dtype=torch.float32) for w in (w1, w2))
     db1 = torch.empty((c,), device=ctx.device, dtype=torch.float32)
     db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
+    if b == 0:
+        for g in (dw1, db1, dw2, db2):
+            g.zero_()
+        return dctx, dw1, db1, dw2, db2
     bd = _block_d(d)
-    _launch(
-        mod.predictor_bwd,
-        (num_heads, 10),
-        ctx,
-        dtaps,
-        w1,
-        b1,
-        w2,
-        dctx,
-        dw1,
-        db1,
-        dw2,
-        db2,
-        b,
-        n,
-        c,
-        D=d,
-        BD=bd,
-        BLOCK_B=_block_b(b),
-        PREC="ieee",
-        num_warps=NUM_WARPS if bd <= 32 else 2 * NUM_WARPS,
-    )
+    grads = (dw1, db1, dw2, db2)
+    what = _predictor_what(b, n, c, num_heads)
+    # up to 16 samples (one block of the smallest size) the programs write the gradients directly
+    meta = dict(D=d, BD=bd, BLOCK_B=_block_b(b), DIRECT=b <= 16, PREC="ieee", num_warps=4)
+    # the workspace's size depends on the sample block, so the block is fitted first (dctx stands in for it)
+    args = [ctx, dtaps, w1, b1, w2, dctx, dctx, *grads, b, n, c]
+    meta = _fit(mod.predictor_bwd_samples, tuple(args), meta, what)
+    blocks = -(-b // meta["BLOCK_B"])
+    if blocks > 1:
+        args[6] = _workspace(blocks * num_heads * 10, bd * bd + bd, like=ctx)
+    _launch(mod.predictor_bwd_samples, (num_heads, blocks), *args, **meta)
+    if blocks > 1:
+        reduce_meta = dict(D=d, BD=bd, BLOCK_R=16, num_warps=2)
+        _fitted_launch(
+            mod.predictor_bwd_reduce, (num_heads * 10, d), (args[6], *grads, blocks, num_heads), reduce_meta, what
+        )
     return dctx, dw1, db1, dw2, db2
+
+
+def plan_layer_step(q, w9, grad, num_heads: int, h: int, w: int, p: int, split: int | None = None) -> None:
+    """Run every launcher of one layer training step on tensors like these (the predictor's two
+    kernels when there is a residual, the core's forward and backward): inside
+    :func:`simulated_device` this plans and fits the launches without running them."""
+    b, n, c = q.shape
+    d = c // num_heads
+    if w9 is not None:
+        w1, w2 = (torch.empty(r * c, d, device=q.device) for r in (1, 9))
+        b1, b2 = (torch.empty(r * c, device=q.device) for r in (1, 9))
+        ctx, _ = predictor_forward_triton(q, w1, b1, w2, b2, num_heads)
+        predictor_backward_triton(ctx, w9, w1, b1, w2, n, num_heads)
+    inline_forward_triton(q, q, q, w9, num_heads, 1.0, h, w, p, split)
+    inline_backward_triton(q, q, q, w9, grad, num_heads, 1.0, h, w, p, split)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, not traced
+@functools.lru_cache(maxsize=None)
+def _unfit_reason(limits: DeviceLimits, heads: int, d: int, dtype: torch.dtype, shared_bytes=None) -> str | None:
+    """:func:`unfit_reason` for a device's limits (``shared_bytes``: how a configuration's shared
+    memory is found, by default by compiling it on this machine's GPU)."""
+    c = heads * d
+    q = torch.empty(1, 16 * 16, 3 * c, device="meta", dtype=dtype)[..., :c]
+    w9 = torch.empty(1, 9, c, device="meta")
+    with simulated_device(limits, shared_bytes or _compiled_shared_bytes):
+        try:
+            for split in (1, 2):  # the fused launch and the split one
+                plan_layer_step(q, w9, q, heads, 16, 16, 0, split)
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def unfit_reason(q: torch.Tensor, num_heads: int) -> str | None:
+    """Why the Triton kernels cannot run a layer on tensors like q [B, N, C] with ``num_heads`` heads
+    on q's GPU (no launch configuration of some kernel fits its shared memory per block), or None
+    when they can. Compiles, never launches (safe while tracing or capturing); cached per GPU, head
+    shape and dtype. None off CUDA (the interpreter has no limit)."""
+    if q.device.type != "cuda":
+        return None
+    return _unfit_reason(device_limits(q.device), num_heads, q.shape[-1] // num_heads, q.dtype)

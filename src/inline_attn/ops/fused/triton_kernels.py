@@ -607,29 +607,38 @@ def predictor_fwd(
 
 
 @triton.jit
-def _sample_block(CTX, start, B, C, ch, cmask, w1, b1, BLOCK_B: tl.constexpr, PREC: tl.constexpr):
-    """The samples rb = [start, start + BLOCK_B) (mask bmask < B), their ctx rows [BLOCK_B, BD]
-    and the first product's pre-activation y1 [BLOCK_B, BD]."""
-    rb = start + tl.arange(0, BLOCK_B)
-    bmask = rb < B
-    ctx = tl.load(CTX + rb[:, None] * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
-    return rb, bmask, ctx, tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
+def _out_rows(head, slot, j, D: tl.constexpr):
+    """The gradient rows of a head's rows j for one slot: slot 0 is W1 (row ``h*d + j`` of W1
+    and b1), slot 1 + t is tap t of W2 (row ``9 * (h*d + j) + t`` of W2 and b2)."""
+    row = head * D + j
+    return tl.where(slot == 0, row, 9 * row + slot - 1)
 
 
 @triton.jit
-def _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask):
-    """Tap t's gradient for samples rb and the head's channels: [BLOCK_B, BD], zero on padding."""
-    return tl.load(DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=bmask[:, None] & cmask[None, :], other=0.0)
+def _store_slot(DW1, DB1, DW2, DB2, head, slot, mat, vec, D: tl.constexpr, BD: tl.constexpr):
+    """Store one (head, slot) gradient: mat [BD, BD] ([j, i]) into W1's or W2's gradient, vec [BD]
+    (over j) into the matching bias gradient."""
+    j = tl.arange(0, BD)
+    cmask = j < D
+    rows = _out_rows(head, slot, j, D)
+    m2 = cmask[:, None] & cmask[None, :]
+    if slot == 0:
+        tl.store(DW1 + rows[:, None] * D + j[None, :], mat, mask=m2)
+        tl.store(DB1 + rows, vec, mask=cmask)
+    else:
+        tl.store(DW2 + rows[:, None] * D + j[None, :], mat, mask=m2)
+        tl.store(DB2 + rows, vec, mask=cmask)
 
 
 @triton.jit
-def predictor_bwd(
+def predictor_bwd_samples(
     CTX,
     DTAPS,
     W1,
     B1,
     W2,
     DCTX,
+    WS,
     DW1,
     DB1,
     DW2,
@@ -640,42 +649,81 @@ def predictor_bwd(
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    DIRECT: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Programs (head, part): part 0 takes the gradient back through both products to ctx (dctx / N
-    [B, C], dW1, db1); part 1 + t sums tap t's weight gradient (dW2 rows ``9 * ch + t``, db2) over
-    the samples. Each loops over the samples in blocks of BLOCK_B, in a fixed order (no atomics)."""
+    """Programs (head, sample block): the gradient back through both products for BLOCK_B samples
+    (dctx / N [B, C] stored), and the block's share of the ten weight gradients (dW1 with db1, and
+    dW2 with db2 per tap): stored straight into the gradients when one block holds every sample
+    (DIRECT), else into the block's workspace rows, which :func:`predictor_bwd_reduce` sums."""
     head = tl.program_id(0)
-    part = tl.program_id(1)
+    blk = tl.program_id(1)
     i = tl.arange(0, BD)
     ch = head * D + i
     cmask = i < D
+    rb = blk * BLOCK_B + tl.arange(0, BLOCK_B)
+    m2 = (rb < B)[:, None] & cmask[None, :]
     w1 = _head_block(W1, ch * D, i, cmask)  # [j, i]
     b1 = tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
-    if part == 0:
-        dw1 = tl.zeros([BD, BD], dtype=tl.float32)
-        db1 = tl.zeros([BD], dtype=tl.float32)
-        for start in range(0, B, BLOCK_B):
-            rb, bmask, ctx, y1 = _sample_block(CTX, start, B, C, ch, cmask, w1, b1, BLOCK_B, PREC)
-            da = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
-            for t in tl.static_range(9):
-                g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
-                da += tl.dot(g, _head_block(W2, (9 * ch + t) * D, i, cmask), input_precision=PREC)
-            dy1 = da * _gelu_grad(y1)  # zero on padded rows: their dtaps were loaded as zeros
-            dw1 += tl.dot(tl.trans(dy1), ctx, input_precision=PREC)
-            db1 += tl.sum(dy1, axis=0)
-            dctx = tl.dot(dy1, w1, input_precision=PREC) / N
-            tl.store(DCTX + rb[:, None] * C + ch[None, :], dctx, mask=bmask[:, None] & cmask[None, :])
-        tl.store(DW1 + (ch * D)[:, None] + i[None, :], dw1, mask=cmask[:, None] & cmask[None, :])
-        tl.store(DB1 + ch, db1, mask=cmask)
+    ctx = tl.load(CTX + rb[:, None] * C + ch[None, :], mask=m2, other=0.0)
+    y1 = tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
+    a = tl.where(m2, _gelu(y1), 0.0)  # zero on padded samples: they add nothing to dW2
+    ws = WS + ((blk * tl.num_programs(0) + head) * 10).to(tl.int64) * (BD * BD + BD)
+    c, sq = _square(BD)
+    da = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
+    for t in tl.static_range(9):
+        g = tl.load(DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=m2, other=0.0)
+        da += tl.dot(g, _head_block(W2, (9 * ch + t) * D, i, cmask), input_precision=PREC)
+        dw2 = tl.dot(tl.trans(g), a, input_precision=PREC)
+        if DIRECT:
+            _store_slot(DW1, DB1, DW2, DB2, head, 1 + t, dw2, tl.sum(g, axis=0), D, BD)
+        else:
+            tl.store(ws + (1 + t) * (BD * BD + BD) + sq, dw2)
+            tl.store(ws + (1 + t) * (BD * BD + BD) + BD * BD + c, tl.sum(g, axis=0))
+    dy1 = da * _gelu_grad(y1)  # zero on padded samples: their dtaps were loaded as zeros
+    tl.store(DCTX + rb[:, None] * C + ch[None, :], tl.dot(dy1, w1, input_precision=PREC) / N, mask=m2)
+    dw1 = tl.dot(tl.trans(dy1), ctx, input_precision=PREC)
+    if DIRECT:
+        _store_slot(DW1, DB1, DW2, DB2, head, 0, dw1, tl.sum(dy1, axis=0), D, BD)
     else:
-        t = part - 1
-        dw2 = tl.zeros([BD, BD], dtype=tl.float32)
-        db2 = tl.zeros([BD], dtype=tl.float32)
-        for start in range(0, B, BLOCK_B):
-            rb, bmask, ctx, y1 = _sample_block(CTX, start, B, C, ch, cmask, w1, b1, BLOCK_B, PREC)
-            g = _tap_rows(DTAPS, rb, t, C, ch, bmask, cmask)
-            dw2 += tl.dot(tl.trans(g), _gelu(y1), input_precision=PREC)
-            db2 += tl.sum(g, axis=0)
-        tl.store(DW2 + ((9 * ch + t) * D)[:, None] + i[None, :], dw2, mask=cmask[:, None] & cmask[None, :])
-        tl.store(DB2 + 9 * ch + t, db2, mask=cmask)
+        tl.store(ws + sq, dw1)
+        tl.store(ws + BD * BD + c, tl.sum(dy1, axis=0))
+
+
+@triton.jit
+def predictor_bwd_reduce(
+    WS,
+    DW1,
+    DB1,
+    DW2,
+    DB2,
+    blocks,
+    heads,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Programs (head * 10 + slot, row j): row j of one slot's gradient (and its bias entry) summed
+    over the sample blocks' workspace rows, BLOCK_R blocks at a time in a fixed order (no atomics:
+    bit-reproducible)."""
+    head = tl.program_id(0) // 10
+    slot = tl.program_id(0) % 10
+    j = tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BD)
+    acc = tl.zeros([BLOCK_R, BD], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for b0 in range(0, blocks, BLOCK_R):
+        rb = b0 + r
+        rmask = rb < blocks
+        base = WS + ((rb * heads + head) * 10 + slot).to(tl.int64) * (BD * BD + BD)
+        acc += tl.load(base[:, None] + j * BD + c[None, :], mask=rmask[:, None], other=0.0)
+        acc_b += tl.load(base + BD * BD + j, mask=rmask, other=0.0)
+    row = _out_rows(head, slot, j, D)
+    cmask = c < D
+    if slot == 0:
+        tl.store(DW1 + row * D + c, tl.sum(acc, axis=0), mask=cmask)
+        tl.store(DB1 + row, tl.sum(acc_b, axis=0))
+    else:
+        tl.store(DW2 + row * D + c, tl.sum(acc, axis=0), mask=cmask)
+        tl.store(DB2 + row, tl.sum(acc_b, axis=0))

@@ -1,0 +1,472 @@
+"""The Triton kernels' resource audit, on a machine without a GPU.
+
+Triton's interpreter, where the kernel tests run, checks neither shared memory nor registers, so a
+kernel can pass every test and still fail its first launch on a GPU (``OutOfResources``). This
+audit asks the library's own launchers which kernels and configurations they would launch for a
+grid of layer shapes and for published models' training steps (run on meta tensors inside
+:func:`~inline_attn.ops.fused.triton.simulated_device`: nothing executes), compiles each distinct
+configuration for four CUDA targets with the ``ptxas`` that triton's wheel carries, and checks it
+against the target's shared memory per block:
+
+==========  =========================  ==================================
+target      GPUs                       shared memory per block (opt-in)
+==========  =========================  ==================================
+sm_80       A100                       163 KB = 166,912 bytes
+sm_86       RTX 3090, A6000            99 KB = 101,376 bytes
+sm_89       RTX 4090, L40              99 KB = 101,376 bytes
+sm_90       H100, H200                 227 KB = 232,448 bytes
+==========  =========================  ==================================
+
+Source: NVIDIA, CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"
+(maximum amount of shared memory per thread block); an H200 reported 232,448 bytes in its
+``OutOfResources`` message. Every target allows 255 registers per thread.
+
+Run it in a process where triton compiles (``TRITON_INTERPRET=0``, which ``make kernel-audit``
+sets)::
+
+    TRITON_INTERPRET=0 python -m inline_attn.bench.kernel_audit --full --registers --out audit/
+
+Shared memory is read right after Triton's shared-memory allocation pass (about 0.2 s a
+configuration on an idle core); ``--registers`` compiles on through ``ptxas -v`` for registers
+and spills (seconds each). Results are cached on disk per kernel source, configuration and target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..ops.fused import triton as launchers
+
+
+@dataclass(frozen=True)
+class Target:
+    """A CUDA target: its name, compute capability, GPUs, SM count and shared memory per block."""
+
+    name: str
+    capability: int
+    gpus: str
+    sms: int
+    shared_per_block: int
+
+
+TARGETS = (
+    Target("sm_80", 80, "A100", 108, 166_912),
+    Target("sm_86", 86, "RTX 3090 / A6000", 82, 101_376),
+    Target("sm_89", 89, "RTX 4090 / L40", 128, 101_376),
+    Target("sm_90", 90, "H100 / H200", 132, 232_448),
+)
+REGISTERS_PER_THREAD = 255
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One InLine layer call: ``batch`` samples (or windows) of a ``grid`` of tokens after ``prefix``
+    prefix tokens, ``heads`` heads of ``head_dim`` channels; ``residual``: the 3x3 residual;
+    ``predictor``: its predictor runs in the kernels too (every layer but CSwin's stripes)."""
+
+    batch: int
+    grid: tuple[int, int]
+    prefix: int
+    heads: int
+    head_dim: int
+    dtype: str
+    residual: bool = True
+    predictor: bool = True
+
+    @property
+    def tokens(self) -> int:
+        return self.prefix + self.grid[0] * self.grid[1]
+
+
+class _FakeDriver:
+    """Triton's active driver for a GPU that is not here: it names the target to compile for."""
+
+    def __init__(self, capability: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", capability, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return self.target.arch  # one compile cache per target
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+@contextlib.contextmanager
+def compiling_for(target: Target):
+    """Inside the block, triton compiles for ``target`` (no GPU needed)."""
+    from triton.runtime.driver import driver
+
+    previous = driver._active  # None on a machine without a GPU: there is no default driver to restore
+    driver.set_active(_FakeDriver(target.capability))
+    try:
+        yield
+    finally:
+        driver._active = previous
+
+
+_CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inline-attn" / "kernel-audit.json"
+
+
+class Compiler:
+    """Compiles kernels for the active target up to what is asked: shared memory (after the
+    allocation pass), or on through ptxas for registers and spills. Results are cached in memory
+    and in ``cache_file`` (None: memory only)."""
+
+    def __init__(self, registers: bool = False, cache_file: Path | None = _CACHE_FILE):
+        self.registers = registers
+        self.cache_file = cache_file
+        self.cache = self._read_cache()
+        self.seen: dict = {}  # (kernel, meta, dtypes, arch) -> result, for the report
+
+    def _read_cache(self) -> dict:
+        try:
+            return json.loads(self.cache_file.read_text()) if self.cache_file else {}
+        except (OSError, ValueError):
+            return {}
+
+    def save(self) -> None:
+        if self.cache_file is None:
+            return
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.cache))
+        os.replace(tmp, self.cache_file)
+
+    def shared_bytes(self, kernel, args: tuple, meta: dict) -> int:
+        """What :func:`~inline_attn.ops.fused.triton.simulated_device` calls for each candidate."""
+        return self.compile(kernel, args, meta)["shared"]
+
+    def compile(self, kernel, args: tuple, meta: dict) -> dict:
+        from triton.runtime.driver import driver
+
+        device = driver.active.get_current_device()
+        src, backend, options = _source(kernel, device, args, meta)
+        key = hashlib.sha256(f"{src.hash()}|{options.hash()}|{device}|{self.registers}".encode()).hexdigest()
+        result = self.cache.get(key)
+        if result is None:
+            result = self.cache[key] = _compile(src, backend, options, device, self.registers)
+        self.seen[(kernel.fn.__name__, tuple(sorted(meta.items())), launchers._dtypes(args), device)] = result
+        return result
+
+
+def _source(kernel, device, args: tuple, meta: dict):
+    """The ASTSource of ``kernel`` specialised as a launch with ``args`` would be (Triton's own binder)."""
+    from triton.compiler.compiler import ASTSource
+
+    kwargs = dict(meta, debug=False, instrumentation_mode="")
+    _, _, _, backend, binder = kernel.device_caches[device]
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return ASTSource(kernel, signature, constexprs, attrs), backend, options
+
+
+def _compile(src, backend, options, capability: int, registers: bool) -> dict:
+    """Shared memory (bytes) after the allocation pass; with ``registers``, ptxas's registers and spills too."""
+    from triton._C.libtriton import ir, nvidia
+    from triton.backends.nvidia.compiler import get_ptx_version_from_options
+
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    codegen = backend.get_codegen_implementation(options)
+    module = src.make_ir(backend.target, options, codegen, backend.get_module_map(), context)
+    metadata: dict = {}
+    module = backend.make_ttir(module, metadata, options, capability)
+    module = backend.make_ttgir(module, metadata, options, capability)
+    if not registers:
+        pm = ir.pass_manager(module.context)
+        nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(
+            pm, capability, get_ptx_version_from_options(options, capability)
+        )
+        pm.run(module, "allocate_shared_memory")
+        return {"shared": module.get_int_attr("ttg.shared")}
+    llir = backend.make_llir(module, metadata, options, capability)
+    ptx = backend.make_ptx(llir, metadata, options, capability)
+    return {"shared": metadata["shared"], **_ptxas_usage(ptx, capability)}
+
+
+def _ptxas_usage(ptx: str, capability: int) -> dict:
+    """Registers per thread and spill bytes (stores + loads) of ``ptx``, from ``ptxas -v``."""
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        cmd = [get_ptxas(capability).path, "-v", f"--gpu-name={sm_arch_from_capability(capability)}", str(path)]
+        log = subprocess.run(
+            cmd + ["-o", str(path.with_suffix(".o"))], capture_output=True, text=True, check=True
+        ).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return {"registers": int(regs.group(1)) if regs else 0, "spills": sum(map(int, spills.groups())) if spills else 0}
+
+
+def layer_launches(shape: LayerShape, target: Target, compiler: Compiler) -> list:
+    """The launches of one training step (forward and backward) of a layer of ``shape`` on ``target``,
+    as the library's launchers plan them (meta tensors; nothing runs)."""
+    dt = getattr(torch, shape.dtype)
+    b, n, c = shape.batch, shape.tokens, shape.heads * shape.head_dim
+    q = torch.empty(b, n, 3 * c, device="meta", dtype=dt)[..., :c]  # a view into a qkv projection
+    w9 = torch.empty(b, 9, c, device="meta", dtype=torch.float32) if shape.residual else None
+    limits = launchers.DeviceLimits(target.gpus, target.sms, target.shared_per_block)
+    with compiling_for(target), launchers.simulated_device(limits, compiler.shared_bytes):
+        with launchers.record_launches() as log:
+            if shape.predictor or w9 is None:
+                launchers.plan_layer_step(q, w9, q.contiguous(), shape.heads, *shape.grid, shape.prefix)
+            else:  # CSwin's stripes: the residual's weights come from outside the kernels
+                launchers.inline_forward_triton(q, q, q, w9, shape.heads, 1.0, *shape.grid, shape.prefix)
+                launchers.inline_backward_triton(
+                    q, q, q, w9, q.contiguous(), shape.heads, 1.0, *shape.grid, shape.prefix
+                )
+    return log
+
+
+def _captured_shape(mod, args, dtype: str) -> list[LayerShape]:
+    """The LayerShapes of one call of an InLine attention module (a TokenAttention on x [B, N, C],
+    or a CSwin StripeAttention on q [B, H*W, C] over its regions of windows)."""
+    d, heads, res = mod.head_dim, mod.num_heads, mod.residual is not None
+    if not hasattr(mod, "_regions"):
+        return [LayerShape(args[0].shape[0], tuple(args[1]), mod.num_prefix_tokens, heads, d, dtype, res, res)]
+    b = args[0].shape[0]
+    out = []
+    for _, _, rh, rw, sh, sw in mod._regions(*args[3]):
+        out.append(LayerShape(b * (rh // sh) * (rw // sw), (sh, sw), 0, heads, d, dtype, res, False))
+    return out
+
+
+def model_layer_shapes(name: str, img_size: int, batch: int, dtype: str, **overrides) -> list[LayerShape]:
+    """The InLine layers one training step of model ``name`` runs at ``img_size`` and ``batch``
+    (built and run on meta tensors with its InLine attention modules stubbed out: no arithmetic)."""
+    from ..models import create_model
+
+    with torch.device("meta"):
+        model = create_model(name, img_size=img_size, **overrides)
+    shapes: list[LayerShape] = []
+
+    def stub(mod):
+        def forward(*args, **kwargs):
+            shapes.extend(_captured_shape(mod, args, dtype))
+            return torch.empty_like(args[0])
+
+        return forward
+
+    for mod in model.modules():
+        if getattr(mod, "kind", None) == "inline" and hasattr(mod, "residual"):
+            mod.forward = stub(mod)
+    with torch.no_grad():
+        model(torch.empty(batch, 3, img_size, img_size, device="meta"))
+    return sorted(set(shapes), key=str)
+
+
+# (model, image size, overrides): the published models at their sizes, InLine-Swin at Swin's windows
+MODEL_CASES = (
+    [("inline_deit_tiny", s, {}) for s in (224, 384, 640, 1024)]
+    + [(f"inline_deit_{v}", 224, {}) for v in ("small", "base")]
+    + [(f"inline_pvt_{v}", 224, {}) for v in ("tiny", "small", "medium", "large")]
+    + [(f"inline_swin_{v}", 224, {"window_size": w}) for v in ("tiny", "small", "base") for w in (7, 14, 28, 56)]
+    + [("inline_swin_base_384", 384, {})]
+    + [(f"inline_cswin_{v}", 224, {}) for v in ("tiny", "small", "base")]
+    + [("inline_cswin_base_384", 384, {})]
+)
+TEST_MODEL_CASES = (("inline_swin_tiny", 224, {"window_size": 7}), ("inline_swin_tiny", 224, {"window_size": 14}))
+
+
+def layer_grid() -> list[LayerShape]:
+    """The layer shapes of the full sweep: batch 1 to 4096, 5 to 12,544 tokens (odd and non-square
+    grids, with and without a prefix token), 1 to 32 heads, head dims 16 to 128, three dtypes, with
+    and without the residual; shapes over 2^31 elements in a tensor left out (the kernels index in int32)."""
+    grids = ((2, 2), (5, 7), (7, 7), (8, 8), (14, 14), (16, 16), (28, 28), (56, 56), (112, 112))
+    out = []
+    for b in (1, 4, 16, 64, 256, 1024, 4096):
+        for grid in grids:
+            for prefix, heads, d in (
+                (p, h, d) for p in (0, 1) for h in (1, 3, 12, 32) for d in (16, 24, 32, 48, 64, 128)
+            ):
+                if b * (prefix + grid[0] * grid[1]) * heads * d * 3 >= 2**31:
+                    continue
+                out += [
+                    LayerShape(b, grid, prefix, heads, d, t, r, r)
+                    for t in ("float32", "bfloat16", "float16")
+                    for r in (True, False)
+                ]
+    return out
+
+
+def test_shapes() -> list[LayerShape]:
+    """The ``make test`` subset: the shapes that failed on a GPU (issue 33) and the head dims of the
+    published models and of custom widths (24, 32, 64), on the fused and the split launch."""
+    bf16 = "bfloat16"
+    return [
+        LayerShape(1024, (14, 14), 0, 3, 32, bf16),  # the layer at C 96, 14x14, B 1024
+        LayerShape(4096, (7, 7), 0, 6, 32, bf16),  # C 192, 7x7, B 4096
+        LayerShape(17, (2, 2), 1, 1, 48, "float32"),  # the predictor test at B 17, N 5, d 48
+        LayerShape(1024, (14, 14), 1, 6, 32, bf16),  # InLine-DeiT-T at batch 1024
+        LayerShape(64, (14, 14), 0, 4, 24, bf16),  # CSwin-B's head dim
+        LayerShape(64, (14, 14), 0, 2, 64, "float32"),  # custom widths, fp32
+        LayerShape(1, (56, 56), 0, 3, 32, bf16),  # few pairs, many tokens: the split launch
+    ]
+
+
+def _shape_launches(shape: LayerShape, target: Target, compiler: Compiler, configs: dict) -> dict | None:
+    """Plan ``shape`` on ``target``; add its launches to ``configs`` (keyed per distinct
+    configuration, with the first shape that needed it). When the launchers refuse the shape,
+    returns the refusal, with ``eager``: whether the dispatch sends such layers to the eager path
+    (:func:`~inline_attn.ops.fused.triton.unfit_reason`) so that no user meets the refusal."""
+    try:
+        log = layer_launches(shape, target, compiler)
+    except ValueError as err:
+        limits = launchers.DeviceLimits(target.gpus, target.sms, target.shared_per_block)
+        with compiling_for(target):
+            dtype = getattr(torch, shape.dtype)
+            reason = launchers._unfit_reason(limits, shape.heads, shape.head_dim, dtype, compiler.shared_bytes)
+        return dict(target=target.name, shape=asdict(shape), error=str(err), eager=reason is not None)
+    for launch in log:
+        meta = tuple(sorted(launch.meta.items()))
+        key = (target.name, launch.kernel, meta, launch.dtypes)
+        if key not in configs:
+            result = compiler.seen[(launch.kernel, meta, launch.dtypes, target.capability)]
+            configs[key] = dict(result, example=asdict(shape))
+    return None
+
+
+def run_audit(shapes, model_cases=(), batches=(1, 16, 64, 256), targets=TARGETS, compiler=None, progress=None) -> dict:
+    """The audit: every configuration the launchers choose for ``shapes`` and for the training steps
+    of ``model_cases`` at ``batches`` (bf16 autocast and fp32), compiled for ``targets``.
+
+    Returns ``{"configs": [...], "refused": [...], "steps": [...]}``: one row per distinct
+    (target, kernel, configuration, dtypes) with its shared memory (and registers / spills), the
+    limit and ``ok``; the layer shapes the launchers refused (``eager``: the dispatch runs them on
+    the eager path, as it must); one row per model training step.
+    """
+    compiler = compiler or Compiler()
+    configs: dict = {}
+    refused, steps = [], []
+    for target in targets:
+        for shape in shapes:
+            why = _shape_launches(shape, target, compiler, configs)
+            if why:
+                refused.append(why)
+            if progress:
+                progress()
+        for name, size, overrides in model_cases:
+            for batch, dtype in ((b, t) for b in batches for t in ("bfloat16", "float32")):
+                errors = [
+                    _shape_launches(s, target, compiler, configs)
+                    for s in model_layer_shapes(name, size, batch, dtype, **overrides)
+                ]
+                errors = [e for e in errors if e and not e["eager"]]
+                steps.append(
+                    dict(
+                        target=target.name,
+                        model=name,
+                        img_size=size,
+                        batch=batch,
+                        dtype=dtype,
+                        overrides=overrides,
+                        ok=not errors,
+                        errors=errors,
+                    )
+                )
+    compiler.save()
+    limits = {t.name: t.shared_per_block for t in targets}
+    rows = []
+    for (target, kernel, meta, dtypes), result in sorted(configs.items(), key=str):
+        ok = result["shared"] <= limits[target] and result.get("registers", 0) <= REGISTERS_PER_THREAD
+        rows.append(
+            dict(
+                target=target,
+                kernel=kernel,
+                meta=dict(meta),
+                dtypes=list(dtypes),
+                limit=limits[target],
+                ok=ok,
+                **result,
+            )
+        )
+    return {"configs": rows, "refused": refused, "steps": steps}
+
+
+def summary_table(result: dict) -> str:
+    """Per target: distinct configurations, those over a limit, refused shapes, failing training
+    steps, the largest shared memory and (with --registers) the largest register count and spills."""
+    columns = ("target", "configurations", "over a limit", "shapes sent to eager", "refused shapes", "failing steps")
+    columns += ("max shared (bytes)",)
+    columns += ("limit", "max registers", "spilling")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for t in TARGETS:
+        rows = [r for r in result["configs"] if r["target"] == t.name]
+        if not rows:
+            continue
+        regs = max((r.get("registers", 0) for r in rows), default=0)
+        spilling = sum(1 for r in rows if r.get("spills", 0) > 0)
+        refused = sum(1 for r in result["refused"] if r["target"] == t.name and not r["eager"])
+        eager = sum(1 for r in result["refused"] if r["target"] == t.name and r["eager"])
+        failing = sum(1 for s in result["steps"] if s["target"] == t.name and not s["ok"])
+        cells = (f"{t.name} ({t.gpus})", len(rows), sum(not r["ok"] for r in rows), eager, refused, failing)
+        cells += (
+            f"{max(r['shared'] for r in rows):,}",
+            f"{t.shared_per_block:,}",
+            regs or "-",
+            spilling if regs else "-",
+        )
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inline_attn.bench.kernel_audit", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the full sweep (every layer shape, every published model); default: the test subset",
+    )
+    parser.add_argument(
+        "--registers", action="store_true", help="compile on through ptxas: registers and spills (slow)"
+    )
+    parser.add_argument("--targets", nargs="+", default=[t.name for t in TARGETS], choices=[t.name for t in TARGETS])
+    parser.add_argument("--out", type=Path, default=None, help="folder for audit.json and summary.md")
+    args = parser.parse_args(argv)
+    if launchers.interpreting():
+        parser.error("triton runs its interpreter in this process: run with TRITON_INTERPRET=0")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    targets = tuple(t for t in TARGETS if t.name in args.targets)
+    shapes, cases = (layer_grid(), MODEL_CASES) if args.full else (test_shapes(), TEST_MODEL_CASES)
+    result = run_audit(
+        shapes,
+        cases,
+        batches=(1, 16, 64, 128, 256) if args.full else (64,),
+        targets=targets,
+        compiler=Compiler(args.registers),
+    )
+    table = summary_table(result)
+    print(table)
+    if args.out is not None:
+        (args.out / "audit.json").write_text(json.dumps(result, indent=1, default=str))
+        (args.out / "summary.md").write_text(table + "\n")
+    bad = any(not r["ok"] for r in result["configs"]) or any(not r["eager"] for r in result["refused"])
+    bad = bad or any(not s["ok"] for s in result["steps"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
