@@ -52,7 +52,7 @@ def test_keys_name_gpu_bucket_head_dim_heads_dtype():
 def test_tuned_tile_is_used_and_exact(tmp_path, monkeypatch, split):
     b, h, w, heads, d, p = 2, 5, 7, 2, 32, 1
     n, c = p + h * w, heads * d
-    name = triton_core._device_name(torch.device(DEVICE))
+    name = triton_core.device_limits(torch.device(DEVICE)).name
     _table(
         tmp_path,
         monkeypatch,

@@ -100,12 +100,12 @@ def _grid_coords(n, n_hi, geo):
 
 
 @triton.jit
-def _shifted_tile(view, cmask, cells, geo, DY: tl.constexpr, DX: tl.constexpr):
-    """The tile of rows at grid offset (DY, DX) from each row's cell; zero outside the grid."""
+def _shifted_tile(view, cmask, cells, geo, dy, dx):
+    """The tile of rows at grid offset (dy, dx) from each row's cell; zero outside the grid."""
     _, _, H, W, P, _ = geo
     y, x, is_grid = cells
-    yy = y + DY
-    xx = x + DX
+    yy = y + dy
+    xx = x + dx
     ok = is_grid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
     return _tile(view, P + yy * W + xx, ok[:, None] & cmask[None, :])
 
@@ -114,7 +114,8 @@ def _shifted_tile(view, cmask, cells, geo, DY: tl.constexpr, DX: tl.constexpr):
 def _add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
     """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
     residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx))."""
-    for t in tl.static_range(9):
+    # a loop, not unrolled: unrolled, the nine tile loads are hoisted together and the kernels spill
+    for t in range(9):
         wt = _row(w9, t, cmask)
         acc += wt[None, :] * _shifted_tile(src, cmask, cells, geo, SIGN * (t // 3 - 1), SIGN * (t % 3 - 1))
     return acc
@@ -330,7 +331,7 @@ def _bwd_sums(
         if HAS_RES:
             cells = _grid_coords(n, n_hi, geo)
             gt = tl.where(cells[2][:, None], gt, 0.0)
-            for t in tl.static_range(9):
+            for t in range(9):  # not unrolled, as in _add_taps
                 vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
                 dw += tl.where(taps[:, None] == t, tl.sum(gt * vn, axis=0)[None, :], 0.0)
     return cnt, mk, mv, s, dm, gs, dw
@@ -361,16 +362,14 @@ def _bwd_rows(
     dq_out, dk_out, dv_out = grads
     for start in range(n0, n1, BLOCK_N):
         n, m2 = _block(start, n1, cmask, BLOCK_N)
-        gt = _tile(g, n, m2)
-        kc = tl.where(m2, _tile(k, n, m2) - kbar[None, :], 0.0)
+        # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
+        _store(dq_out, n, tl.dot(_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
         vc = tl.where(m2, _tile(v, n, m2) - vbar[None, :], 0.0)
-        dq = tl.dot(gt, tl.trans(m), input_precision=PREC)
-        dk = tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha
+        _store(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
+        kc = tl.where(m2, _tile(k, n, m2) - kbar[None, :], 0.0)
         dv = tl.dot(kc, dm, input_precision=PREC) * alpha + gbar[None, :]
         if HAS_RES:
             dv = _add_taps(dv, w9, g, cmask, _grid_coords(n, n1, geo), geo, -1)
-        _store(dq_out, n, dq, m2)
-        _store(dk_out, n, dk, m2)
         _store(dv_out, n, dv, m2)
 
 
