@@ -323,6 +323,12 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     assert goals_step.part_core(ctx)["values"] == {"core7": 12.0}
 
 
+def test_a_graphed_goal_is_not_met_by_steps_that_ran_ungraphed():
+    value, note = goals_step._graphed(1.2, True, "capture failed: RuntimeError: x")
+    assert math.isnan(value) and note == "not graphed: capture failed: RuntimeError: x"
+    assert goals_step._graphed(1.2, False, None) == (1.2, "") == goals_step._graphed(1.2, True, None)
+
+
 def test_a_failed_twin_leaves_the_ratio_unmeasured_and_says_why():
     value, why = goals_step._ratio(
         [{"label": "A", "throughput": 1.0, "status": "ok"}, {"label": "B", "throughput": math.nan, "status": "OOM"}],

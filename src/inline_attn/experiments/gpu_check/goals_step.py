@@ -42,6 +42,14 @@ def _notes(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def _graphed(value: float, graphed: bool, why: str | None) -> tuple[float, str]:
+    """A graphed row's value, or nan where its steps could not all be captured (``why``): a
+    graphed goal is not met by ungraphed steps."""
+    if graphed and why:
+        return math.nan, f"not graphed: {why}"
+    return value, ""
+
+
 def _model_backend(case, batch: int) -> str:
     """The SDPA backend one bf16 training step of ``case`` (a softmax twin) runs."""
     import torch.nn.functional as F
@@ -71,8 +79,9 @@ def part_deit(ctx: StepContext) -> dict:
             cases, batch=DEIT_BATCH, mode="train", macs=False, cuda_graphs=graphed, **_timing(ctx.quick, 1.5)
         )
         why = res["meta"]["why_not_graphed"]
-        values[key], note = _ratio(res["rows"], "InLine-DeiT-T", "DeiT-T")
-        notes[key] = _notes(f"SDPA backend {backend}", note, f"ran ungraphed: {why}" if why else "")
+        value, note = _ratio(res["rows"], "InLine-DeiT-T", "DeiT-T")
+        values[key], graph_note = _graphed(value, graphed, why)
+        notes[key] = _notes(f"SDPA backend {backend}", note, graph_note)
         rows += [{**r, "graphed": graphed and why is None} for r in res["rows"]]
     return {"values": values, "notes": notes, "rows": rows, "sdpa_backend": backend}
 
@@ -129,9 +138,10 @@ def part_layer(ctx: StepContext) -> dict:
             if r["kind"] != "inline":
                 continue
             key = f"layer{r['side']}_{'graphed' if graphed else 'eager'}"
-            values[key] = r["speedup_vs_softmax"] if r["status"] == "ok" else math.nan
+            value = r["speedup_vs_softmax"] if r["status"] == "ok" else math.nan
+            values[key], graph_note = _graphed(value, graphed, why)
             status = "" if r["status"] == "ok" else f"InLine layer: {r['status']}"
-            notes[key] = _notes(f"SDPA backend {backends[r['side']]}", status, f"ran ungraphed: {why}" if why else "")
+            notes[key] = _notes(f"SDPA backend {backends[r['side']]}", status, graph_note)
         rows += res["rows"]
     return {"values": values, "notes": notes, "rows": rows, "sdpa_backend": backends}
 
