@@ -3,6 +3,7 @@ limits, the goal table, and each step's bookkeeping, with the GPU parts stubbed.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import subprocess
@@ -15,6 +16,7 @@ import torch
 
 from inline_attn.experiments.gpu_check import (
     autotune_step,
+    compile_step,
     budget,
     core,
     goals,
@@ -278,8 +280,11 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     from inline_attn.bench import attention, model
 
     seen = []
+    # the stand-ins take only what the real benchmarks take
+    models_signature, attention_signature = map(inspect.signature, (model.bench_models, attention.bench_attention))
 
     def bench_models(cases, **kw):
+        models_signature.bind(cases, **kw)
         seen.append((cases, kw))
         assert len({c.x for c in cases}) == 1  # one sweep point: timed together, interleaved
         speed = {"DeiT-T": 100.0, "InLine-DeiT-T": 90.0, "Swin-T w7": 100.0, "Swin-T w56": 50.0}
@@ -287,6 +292,7 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
         return {"rows": _rows({c.label: speed[c.label] for c in cases}), "meta": {"why_not_graphed": None}}
 
     def bench_attention(sizes, kinds, cuda_graphs, **kw):
+        attention_signature.bind(sizes, kinds, cuda_graphs=cuda_graphs, **kw)
         rows = [
             {
                 "kind": k,
@@ -312,6 +318,8 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     assert [kw["cuda_graphs"] for _, kw in seen] == [False, True] and seen[0][1]["batch"] == 128
     swin = goals_step.part_swin(ctx)
     assert swin["values"] == {"swin_published": 1.5, "swin_w7": 1.2, "swin_w56": 3.0}
+    assert [c.label for c in seen[-1][0]] == ["Swin-T w7", "InLine-Swin-T w7", "Swin-T w56", "InLine-Swin-T w56"]
+    assert goals_step.part_deit1024(ctx)["values"] == {"deit1024": 0.9} and seen[-1][0][0].resolution == 1024
     layer = goals_step.part_layer(ctx)
     assert layer["values"]["layer56_eager"] == 2.0 and layer["values"]["layer56_graphed"] == 3.0
     assert math.isnan(layer["values"]["layer14_graphed"])
@@ -502,3 +510,22 @@ def test_train_step_runs_the_demo_recipe_graphed_and_not(tmp_path):
         assert cfg.train.cuda_graphs is graphed and cfg.train.amp == "bf16" and cfg.train.device == "cuda"
         assert cfg.train.ema and cfg.optim.accum_steps == 1 and cfg.data.batch_size == 64
         assert cfg.data.subset // 64 * train_step.TRAIN_EPOCHS == 100  # steps of each run
+
+
+def test_compile_times_each_model_against_itself_compiled(monkeypatch, tmp_path):
+    from inline_attn.bench import model
+
+    signature, seen = inspect.signature(model.bench_models), []
+
+    def bench_models(cases, **kw):
+        signature.bind(cases, **kw)
+        seen.append([c.label for c in cases])
+        assert cases[0].overrides.get("compile") is None and cases[1].overrides["compile"] == 1
+        assert len({c.x for c in cases}) == 1  # interleaved
+        return {"rows": _rows({cases[0].label: 100.0, cases[1].label: 80.0}), "meta": {}}
+
+    monkeypatch.setattr(model, "bench_models", bench_models)
+    result = compile_step.run(StepContext(tmp_path, True, time.time() + 1000))
+    assert seen == [["InLine-DeiT-T", "InLine-DeiT-T compiled"], ["DeiT-T", "DeiT-T compiled"]]
+    assert result["values"] == {"compile_inline": 0.8}
+    assert result["notes"]["compile_inline"] == "80 against 100 img/s; DeiT-T (softmax twin) compiled / eager 0.80x"
