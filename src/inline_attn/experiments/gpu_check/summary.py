@@ -8,6 +8,11 @@ import time
 from .goals import goal_table
 from .tables import markdown
 
+GOALS_NOTE = (
+    "Model rows: a training step (forward, cross-entropy, backward; no optimizer) under bf16 autocast, InLine "
+    "against the project's softmax twin built in the same process and timed interleaved; the notes name the "
+    "SDPA backend that ran. The profile's rows: a whole step with AdamW."
+)
 ENV_KEYS = ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps")
 STEP_COLUMNS = (
     ("step", "step", ""),
@@ -38,7 +43,7 @@ def render_summary(env: dict, results: dict, argv: list[str]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     device = env.get("device", "unknown device")
     lines = ["# GPU check", "", f"`{' '.join(['make gpu-check', *argv])}` on {when}, on {device}", ""]
-    lines += ["## Goals of issue 34", "", goal_table(results, device), ""]
+    lines += ["## Goals of issue 34", "", GOALS_NOTE, "", goal_table(results, device), ""]
     steps = [
         {"step": name, "result": step_mark(r), "seconds": r.get("seconds", 0.0), "summary": r.get("summary", "")}
         for name, r in results.items()
