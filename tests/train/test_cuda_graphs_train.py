@@ -8,7 +8,7 @@ for capture (tensor lr written in place by the schedule, capturable AdamW, fused
 in the plain form) and the graphed step's orchestration (static buffers, copy-in, the warm-up
 undone, another shape run ungraphed, the EMA updated inside the step, the evaluation forward) with
 the capture replaced by eager execution (:func:`inline_attn.cuda_graphs.eager_capture`). The
-capture and replay themselves run only on a GPU: ``make gpu-check`` (its on-demand ``train`` step).
+capture and replay themselves run only on a GPU: ``make gpu-check`` (its ``train`` step).
 """
 
 from __future__ import annotations
