@@ -25,8 +25,8 @@ The classification trainer uses these through ``train.cuda_graphs``
 of :func:`why_not_graphed`, the static buffers, the copy-in, the warm-up undone, a batch of
 another shape run ungraphed and the EMA order, with the capture itself replaced by eager
 execution (the ``capture_fn`` argument). The capture and replay on a GPU are checked only by
-``make gpu-check``: its ``train`` step (a bf16 run with ``train.cuda_graphs`` false against one
-with it true) and ``tests/test_cuda_graphs.py`` there.
+``make gpu-check``: its on-demand ``train`` step (``--steps train``: a bf16 run with
+``train.cuda_graphs`` false against one with it true) and ``tests/test_cuda_graphs.py`` there.
 """
 
 from __future__ import annotations

@@ -1,17 +1,34 @@
-"""``make gpu-check`` on a machine without CUDA, and its report from recorded results."""
+"""``make gpu-check`` without a GPU: the step order and budgets, the results within a lease's
+limits, the goal table, and each step's bookkeeping, with the GPU parts stubbed."""
 
 from __future__ import annotations
 
+import inspect
 import json
-import os
-import pathlib
+import math
 import subprocess
-import tempfile
+import sys
+import time
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-from inline_attn.experiments import gpu_check
-
+from inline_attn.experiments.gpu_check import (
+    autotune_step,
+    compile_step,
+    budget,
+    core,
+    goals,
+    goals_step,
+    kernels,
+    output,
+    profile_step,
+    runner,
+    tests_step,
+    train_step,
+)
+from inline_attn.experiments.gpu_check.budget import Part, StepContext
 
 # seconds a child process gets to start before it is interrupted (margin for a loaded machine)
 START_MARGIN_S = 3.0
@@ -20,7 +37,7 @@ START_MARGIN_S = 3.0
 def test_exits_at_once_without_cuda(capsys, tmp_path):
     if torch.cuda.is_available():
         return  # this machine has a GPU: the check would run for minutes
-    assert gpu_check.main(["--out", str(tmp_path / "x")]) == 2
+    assert runner.main(["--out", str(tmp_path / "x")]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -29,228 +46,423 @@ def test_make_target_without_cuda():
     if torch.cuda.is_available():
         return
     proc = subprocess.run(
-        ["make", "-s", "gpu-check", "GPU_PYTHON=python3"], capture_output=True, text=True, cwd=gpu_check.ROOT
+        ["make", "-s", "gpu-check", "GPU_PYTHON=python3"], capture_output=True, text=True, cwd=tests_step.ROOT
     )
     assert proc.returncode != 0 and "no CUDA device here" in proc.stdout + proc.stderr
 
 
-def test_goals_and_summary_from_results(tmp_path):
-    results = {
-        "core": {
-            "ok": True,
-            "seconds": 3,
-            "summary": "s",
-            "rows": [{"grid": "56x56", "GBps": 900.0, "pct_of_copy": 30.0}],
-        },
-        "layer": {
-            "ok": True,
-            "seconds": 5,
-            "table": "TABLE",
-            "rows": [
-                {"side": 14, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 1.3},
-                {"side": 56, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 3.0},
-            ],
-        },
-        "window": {
-            "ok": True,
-            "seconds": 7,
-            "rows": [
-                {"x": 7, "label": "Swin-T", "mode": "train", "throughput": 100.0},
-                {"x": 7, "label": "InLine-Swin-T", "mode": "train", "throughput": 95.0},
-            ],
-        },
-        "train": {"ok": None, "seconds": 0, "summary": "skipped: no Fashion-MNIST files"},
+def test_the_default_steps_run_by_value_within_seven_minutes():
+    defaults = [name for name, s in runner.STEPS.items() if s.default]
+    assert defaults == ["tests", "goals", "profile"]
+    assert list(runner.STEPS)[: len(defaults)] == defaults  # the on-demand steps come after them
+    assert sum(runner.STEPS[name].budget_s for name in defaults) <= runner.TOTAL_S <= 7 * 60
+    for name, step in runner.STEPS.items():
+        assert 0 < step.min_s <= step.budget_s <= 10 * 60, name  # a lease's command runs 10 minutes at most
+        parts = getattr(sys.modules[step.run.__module__], "PARTS", ())
+        assert step.parts == tuple(p.name for p in parts), name
+        # every part fits its step's box
+        assert all(p.usual_s <= step.budget_s for p in parts), name
+
+
+def test_a_step_starts_only_while_its_least_time_fits_and_gets_at_most_its_budget():
+    step = runner.STEPS["goals"]
+    assert runner.plan(step, 1000.0) == (True, step.budget_s)
+    assert runner.plan(step, step.min_s) == (True, step.min_s)
+    assert runner.plan(step, step.min_s - 1)[0] is False
+
+
+def _fake_main(monkeypatch, steps: dict, tmp_path, argv: list[str]) -> tuple[int, dict]:
+    monkeypatch.setattr(runner, "STEPS", steps)
+    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
+    # main() drops TRITON_INTERPRET for its CUDA kernels; this process's Triton tests need it back
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(
+        runner.device, "versions", lambda: {"device": "stand-in GPU", "driver": "-", "torch": "-", "triton": "-"}
+    )
+    monkeypatch.setattr(runner.device, "copy_bandwidth", lambda: 3e12)
+    out = tmp_path / "gc"
+    code = runner.main(["--out", str(out), *argv])
+    return code, json.loads((out / "gpu_check.json").read_text())["results"]
+
+
+def test_main_runs_the_steps_in_order_saves_as_it_goes_and_skips_what_no_longer_fits(tmp_path, monkeypatch):
+    calls, seen_mid_step = [], []
+
+    def fake(name, seconds=0.0, fail=False):
+        def run(ctx):
+            calls.append((name, ctx.deadline - time.time()))
+            ctx.save({"ok": True, "summary": f"{name} half done"})
+            seen_mid_step.append(json.loads((ctx.out / "gpu_check.json").read_text())["results"][name])
+            time.sleep(seconds)
+            if fail:
+                raise RuntimeError("no kernel image")
+            return {"ok": True, "summary": f"{name} ran"}
+
+        return run
+
+    steps = {
+        "tests": runner.Step(fake("tests", seconds=1.0), budget_s=60, min_s=0.5),
+        "goals": runner.Step(fake("goals", fail=True), budget_s=60, min_s=0.5),
+        "profile": runner.Step(fake("profile"), budget_s=60, min_s=30),
+        "train": runner.Step(fake("train"), budget_s=60, min_s=0.1, default=False),
     }
-    lines = gpu_check.goals(results, 3e12)
-    assert "Triton core fwd+bwd at 56x56: 900 GB/s = 30 % of the device copy rate (goal >= 60 %) MISSED" in lines
-    assert "layer fwd+bwd vs SDPA at 14x14: 1.30x (goal >= 1.0x) met" in lines
-    assert "layer fwd+bwd vs SDPA at 56x56: 3.00x (goal >= 4.0x) MISSED" in lines
-    assert "InLine-Swin-T training throughput vs Swin-T at window 7: 0.95x (goal >= 1.0x) MISSED" in lines
-    text = gpu_check.write_summary(tmp_path, {"device": "H100"}, results, lines, [])
-    assert "| train | skipped |" in text and "TABLE" in text and (tmp_path / "summary.md").read_text() == text
+    code, saved = _fake_main(
+        monkeypatch, steps, tmp_path, ["--budget-s", "10", "--steps", "train", "profile", "goals", "tests", "goals"]
+    )
+    assert [name for name, _ in calls] == ["tests", "goals", "train"]  # the check's order, once each
+    assert calls[0][1] <= 10.0 and calls[1][1] < 9.1  # each box: what was left, at most the budget
+    # saved while the step ran: its partial result, marked so
+    assert {k: seen_mid_step[0][k] for k in ("ok", "summary", "partial")} == {
+        "ok": True,
+        "summary": "tests half done",
+        "partial": True,
+    }
+    assert saved["profile"]["ok"] is None
+    assert saved["profile"]["summary"].startswith("not started: ") and saved["profile"]["summary"].endswith(
+        "it needs 30 s"
+    )
+    assert saved["goals"]["ok"] is False and "RuntimeError: no kernel image" in saved["goals"]["summary"]
+    assert "RuntimeError: no kernel image" in (tmp_path / "gc" / "errors.txt").read_text()
+    assert (
+        saved["tests"]["summary"] == "tests ran"
+        and saved["tests"]["seconds"] >= 1.0
+        and "partial" not in saved["tests"]
+    )
+    assert code == 1  # a failed step fails the check
+    summary = (tmp_path / "gc" / "summary.md").read_text()
+    assert "| goals | FAIL |" in summary and "| profile | skipped |" in summary and "stand-in GPU" in summary
 
 
-def test_results_are_saved_after_each_step(tmp_path):
-    # a run stopped by a time limit keeps the steps it finished: main() calls this after every step
-    env = {"device": "H100", "copy_GBps": 3000}
-    partial = {"train": {"ok": True, "seconds": 22, "summary": "200 bf16 steps"}}
-    text = gpu_check.save_results(tmp_path, env, partial, ["--steps", "train", "core"])
-    assert "| train | pass | 22 | 200 bf16 steps |" in text
-    saved = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert saved["results"] == partial and saved["env"] == env
+def _fake_training(run_dir_arg: int) -> str:
+    """A child that leaves what ``inline-attn train`` leaves: metrics, summary and a checkpoint."""
+    return (
+        "import json, pathlib, sys\n"
+        f"run = pathlib.Path(sys.argv[{run_dir_arg}]); run.mkdir(parents=True)\n"
+        "graphed = sys.argv[-1] == 'true'\n"
+        "(run / 'metrics.csv').write_text('epoch,train_loss\\n0,1.2\\n1,0.8\\n2,0.6\\n3,0.55\\n')\n"
+        "cg = {'graphed': graphed, 'train_replays': 100 if graphed else 0, 'eval_replays': 60 if graphed else 0}\n"
+        "final = {'val_top1': 80.0, 'val_top1_ema': 79.0}\n"
+        "(run / 'summary.json').write_text(json.dumps({'final': final, 'steps': 100, 'cuda_graphs': cg}))\n"
+        "(run / 'checkpoint_last.pt').write_bytes(bytes(1 << 20))\n"
+    )
 
 
-def test_device_busy_counts_kernel_rows_only():
-    from types import SimpleNamespace
+def test_the_results_come_back_through_a_lease_without_checkpoints(tmp_path, monkeypatch):
+    # the real tests and train steps, their commands stubbed: a 20 MB test log and training runs
+    # that write checkpoints; the results folder keeps to 8 files of 16 MB, none a checkpoint
+    log_child = "import sys\nfor i in range(200000): sys.stdout.write('x' * 99 + '\\n')\nprint('3 passed in 1.0s')"
+    monkeypatch.setattr(tests_step, "tests_command", lambda files, quick, xdist: [sys.executable, "-c", log_child])
 
+    def train_command(data, run_dir, graphed):
+        return [sys.executable, "-c", _fake_training(1), str(run_dir), "true" if graphed else "false"]
+
+    monkeypatch.setattr(train_step, "train_command", train_command)
+    monkeypatch.setattr(train_step, "fmnist_dir", lambda: tmp_path)
+
+    def profile(ctx):
+        (ctx.out / "profile.txt").write_text("tables\n")
+        return {"ok": True, "summary": "profiled"}
+
+    steps = {
+        "tests": runner.Step(tests_step.run, budget_s=60, min_s=1),
+        "profile": runner.Step(profile, budget_s=60, min_s=1),
+        "train": runner.Step(train_step.run, budget_s=60, min_s=1),
+    }
+    code, saved = _fake_main(monkeypatch, steps, tmp_path, ["--steps", "tests", "profile", "train"])
+    out = tmp_path / "gc"
+    assert output.limit_problems(out) == [] and code == 0, saved
+    files = sorted(p.name for p in out.rglob("*") if p.is_file())
+    assert set(files) <= set(output.FILES) and len(output.FILES) < output.MAX_FILES
+    assert (out / "tests.log").stat().st_size <= output.LOG_BYTES + 100
+    assert (out / "tests.log").read_text().endswith("3 passed in 1.0s\n")
+    assert saved["tests"]["summary"].startswith("3 passed in 1.0s") and saved["train"]["ok"] is True
+    assert not list(tmp_path.glob("**/*.pt"))  # the scratch runs are gone with their checkpoints
+
+
+def test_limit_problems_names_what_a_lease_would_not_return(tmp_path):
+    for i in range(8):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    with open(tmp_path / "big.json", "wb") as fh:
+        fh.truncate(output.MAX_FILE_BYTES + 1)
+    (tmp_path / "model.pt").write_bytes(b"0")
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("x")
+    (tmp_path / "a" / "odd name.txt").write_text("x")
+    problems = output.limit_problems(tmp_path)
+    assert problems[0] == "12 files, more than the 8 a lease returns"
+    assert "big.json: 16.0 MB, over the 16 MB a file may have" in problems
+    assert "model.pt: a checkpoint; the results never hold one" in problems
+    assert "a/b/c/deep.txt: 3 folders deep, more than 2" in problems
+    assert "a/odd name.txt: a name with characters other than letters, digits, '.', '_' and '-'" in problems
+    assert len(problems) == 5
+
+
+def test_a_long_log_keeps_its_head_and_tail(tmp_path):
+    log = tmp_path / "tests.log"
+    log.write_text("head\n" + "x" * 1000 + "\ntail\n")
+    output.cap_log(log, max_bytes=100)
+    text = log.read_text()
+    assert text.startswith("head\n") and text.endswith("\ntail\n") and "[... 911 bytes left out ...]" in text
+
+
+def test_the_goal_table_gives_each_goal_its_value_verdict_device_and_command():
+    results = {
+        "goals": {
+            "ok": True,
+            "values": {"deit_eager": 0.83, "deit_graphed": 1.12, "host_ratio": 1.1, "core56": 15.2},
+            "notes": {"deit_eager": "SDPA backend cudnn"},
+            "parts": {"deit": {}, "host": {}, "core": {}, "swin": {"error": "OutOfMemoryError: CUDA"}},
+            "skipped": {"layer": "not started: 3 s left in the box, it takes about 20 s"},
+        },
+        "profile": {"ok": None, "summary": "not started: 10 s of the 420 s budget left, it needs 15 s"},
+    }
+    table = goals.goal_table(results, "NVIDIA H100 80GB HBM3")
+    lines = table.splitlines()
+    assert lines[0] == "| goal | measured | target | verdict | device | notes | command |"
+    assert len(lines) == 2 + len(goals.GOALS)
+    cmd = '`make gpu-check GPU_CHECK_ARGS="--steps goals --parts deit"`'
+    row = "| InLine-DeiT-T / DeiT-T, eager, 224 px, B 128 | 0.83x | >= 1.05x | missed | NVIDIA H100 80GB HBM3 |"
+    assert f"{row} SDPA backend cudnn | {cmd} |" in lines
+    assert any(
+        line.startswith("| InLine-DeiT-T / DeiT-T, CUDA-graphed, 224 px, B 128 | 1.12x | >= 1.10x | met |")
+        for line in lines
+    )
+    assert any("| 1.10x | <= 1.25x | met |" in line for line in lines)  # host time: at most
+    assert any("| 15 % | >= 40 % | missed |" in line for line in lines)
+    assert any("| not measured: part swin failed (OutOfMemoryError: CUDA) | >= 1.15x | - |" in line for line in lines)
+    assert any("not measured: part layer not started: 3 s left in the box" in line for line in lines)
+    # the core part ran: a size it gave no value for says only that
+    assert any(
+        line.startswith("| Triton core fwd+bwd / copy rate, 7x7 | not measured | >= 40 % | - |") for line in lines
+    )
+    profile_row = next(line for line in lines if "GPU-busy share" in line)
+    assert "not measured: the profile step not started: 10 s of the 420 s budget left" in profile_row
+    compile_row = next(line for line in lines if "torch.compile" in line)
+    assert "not measured: the compile step did not run" in compile_row
+
+
+def test_every_goal_names_a_part_of_its_step():
+    for goal in goals.GOALS:
+        assert goal.part in runner.STEPS[goal.step].parts, goal
+    assert tuple(shape[-1] for shape in core.CORE_SHAPES) == goals.CORE_SIDES
+
+
+def test_parts_run_in_order_within_the_box_and_a_failing_part_does_not_stop_the_rest(tmp_path):
+    saved, errors = [], []
+
+    def part(value=None, fail=False):
+        def run(ctx):
+            if fail:
+                raise ValueError("bad shape")
+            return {"values": {"v": value}, "notes": {"v": "note"}, "rows": [1]}
+
+        return run
+
+    ctx = StepContext(
+        tmp_path,
+        False,
+        time.time() + 50,
+        save=lambda r: saved.append(json.dumps(r)),
+        error=lambda w, t: errors.append(w),
+    )
+    parts = [Part("a", 1, part(fail=True)), Part("b", 1, part(2.0)), Part("c", 100, part(3.0)), Part("d", 1, part(4.0))]
+    result = budget.run_parts(ctx, parts)
+    assert result["values"] == {"v": 4.0} and list(result["parts"]) == ["a", "b", "d"]
+    assert result["parts"]["a"]["error"] == "ValueError: bad shape" and errors == ["a"] and result["ok"] is False
+    assert result["skipped"] == {"c": "not started: 50 s left in the box, it takes about 100 s"}
+    assert len(saved) == 3  # after every part that ran
+    assert result["summary"].startswith("a FAILED (0 s), b ran (0 s), d ran (0 s); not started for lack of time: c")
+    ctx.parts = ["b"]
+    assert list(budget.run_parts(ctx, parts)["parts"]) == ["b"]
+
+
+def _rows(labels_throughput: dict, **extra) -> list[dict]:
+    return [{"label": k, "throughput": v, "status": "ok", **extra} for k, v in labels_throughput.items()]
+
+
+def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_run(monkeypatch, tmp_path):
+    from inline_attn.bench import attention, model
+
+    seen = []
+    # the stand-ins take only what the real benchmarks take
+    models_signature, attention_signature = map(inspect.signature, (model.bench_models, attention.bench_attention))
+
+    def bench_models(cases, **kw):
+        models_signature.bind(cases, **kw)
+        seen.append((cases, kw))
+        assert len({c.x for c in cases}) == 1  # one sweep point: timed together, interleaved
+        speed = {"DeiT-T": 100.0, "InLine-DeiT-T": 90.0, "Swin-T w7": 100.0, "Swin-T w56": 50.0}
+        speed.update({"InLine-Swin-T w7": 120.0, "InLine-Swin-T w56": 150.0})
+        return {"rows": _rows({c.label: speed[c.label] for c in cases}), "meta": {"why_not_graphed": None}}
+
+    def bench_attention(sizes, kinds, cuda_graphs, **kw):
+        attention_signature.bind(sizes, kinds, cuda_graphs=cuda_graphs, **kw)
+        rows = [
+            {
+                "kind": k,
+                "side": s,
+                "status": "ok" if (s, cuda_graphs) != (14, True) else "OOM",
+                "speedup_vs_softmax": 2.0 + cuda_graphs,
+            }
+            for s in sizes
+            for k in kinds
+        ]
+        return {"rows": rows, "meta": {"why_not_graphed": None}}
+
+    monkeypatch.setattr(model, "bench_models", bench_models)
+    monkeypatch.setattr(attention, "bench_attention", bench_attention)
+    monkeypatch.setattr(goals_step, "_model_backend", lambda case, batch: "cudnn")
+    monkeypatch.setattr(goals_step, "_layer_backend", lambda side, batch: "flash")
+    ctx = StepContext(tmp_path, False, time.time() + 100)
+    deit = goals_step.part_deit(ctx)
+    assert deit["values"] == {"deit_eager": 0.9, "deit_graphed": 0.9}
+    assert deit["notes"]["deit_eager"] == "SDPA backend cudnn"
+    twin = next(c for c in seen[0][0] if c.label == "DeiT-T")
+    assert twin.name == "inline_deit_tiny" and twin.overrides == {"pattern": "S", "num_heads": 3}
+    assert [kw["cuda_graphs"] for _, kw in seen] == [False, True] and seen[0][1]["batch"] == 128
+    swin = goals_step.part_swin(ctx)
+    assert swin["values"] == {"swin_published": 1.5, "swin_w7": 1.2, "swin_w56": 3.0}
+    assert [c.label for c in seen[-1][0]] == ["Swin-T w7", "InLine-Swin-T w7", "Swin-T w56", "InLine-Swin-T w56"]
+    assert goals_step.part_deit1024(ctx)["values"] == {"deit1024": 0.9} and seen[-1][0][0].resolution == 1024
+    layer = goals_step.part_layer(ctx)
+    assert layer["values"]["layer56_eager"] == 2.0 and layer["values"]["layer56_graphed"] == 3.0
+    assert math.isnan(layer["values"]["layer14_graphed"])
+    assert layer["notes"]["layer14_graphed"] == "SDPA backend flash; InLine layer: OOM"
+    monkeypatch.setattr(
+        goals_step, "core_shares", lambda copy: [{"side": 7, "pct_of_copy": 12.0, "GBps": 500.0, "batch": 1024}]
+    )
+    ctx.env = {"copy_GBps": 4000}
+    assert goals_step.part_core(ctx)["values"] == {"core7": 12.0}
+
+
+def test_a_graphed_goal_is_not_met_by_steps_that_ran_ungraphed():
+    value, note = goals_step._graphed(1.2, True, "capture failed: RuntimeError: x")
+    assert math.isnan(value) and note == "not graphed: capture failed: RuntimeError: x"
+    assert goals_step._graphed(1.2, False, None) == (1.2, "") == goals_step._graphed(1.2, True, None)
+
+
+def test_a_failed_twin_leaves_the_ratio_unmeasured_and_says_why():
+    value, why = goals_step._ratio(
+        [{"label": "A", "throughput": 1.0, "status": "ok"}, {"label": "B", "throughput": math.nan, "status": "OOM"}],
+        "A",
+        "B",
+    )
+    assert math.isnan(value) and why == "B: OOM"
+
+
+def test_kernel_stats_count_kernels_per_step_and_the_inline_kernels_time():
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
-    events = [
-        SimpleNamespace(device_type=cpu, self_device_time_total=400.0),  # an operator row repeats its kernel's time
-        SimpleNamespace(device_type=cuda, self_device_time_total=400.0),
-        SimpleNamespace(device_type=cuda, self_device_time_total=1100.0),
+
+    def ev(name, us, dev=cuda):
+        return SimpleNamespace(name=name, device_type=dev, self_device_time_total=us)
+
+    events = [ev("aten::mm", 900.0, cpu), ev("inline_bwd_fused", 600.0), ev("inline_bwd_fused", 600.0)]
+    events += [ev("predictor_bwd", 300.0), ev("sm90_gemm", 1000.0), ev("elementwise", 100.0)]
+    stats = kernels.kernel_stats(events, steps=2, top=2)
+    assert stats["gpu_busy_ms"] == pytest.approx(1.3) and stats["kernels"] == 2.5
+    assert stats["inline_ms"] == pytest.approx(0.75)
+    assert stats["top"] == [
+        {"name": "inline_bwd_fused", "ms": pytest.approx(0.6), "calls": 1.0},
+        {"name": "sm90_gemm", "ms": pytest.approx(0.5), "calls": 0.5},
     ]
-    assert gpu_check.device_busy_ms(events) == 1.5
+    assert kernels.device_busy_ms(events) == pytest.approx(2.6)
 
 
-def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there(tmp_path):
-    junit = tmp_path / "t.xml"
-    serial = gpu_check.tests_command(junit, ["tests/gpu"], quick=False, xdist=False)
-    parallel = gpu_check.tests_command(junit, ["tests/gpu"], quick=True, xdist=True)
+def test_the_profile_gives_its_goal_values_and_the_summary_its_top_kernels(tmp_path):
+    assert [label for label, _, _ in profile_step.MODELS] == [
+        "InLine-DeiT-T",
+        "DeiT-T",
+        "InLine-Swin-T",
+        "InLine-PVT-T",
+        "InLine-CSwin-T",
+    ]
+    assert set(profile_step.GOAL_VALUES) == {"InLine-DeiT-T", "InLine-CSwin-T"}
+    top = [{"name": "inline_bwd_fused", "ms": 1.99, "calls": 12.0}]
+    part = {
+        "model": "InLine-DeiT-T",
+        "step_ms": 32.2,
+        "gpu_busy_ms": 17.8,
+        "busy_pct": 55.0,
+        "kernels": 1302.0,
+        "inline_ms": 3.87,
+        "top": top,
+    }
+    results = {
+        "profile": {"ok": True, "summary": "s", "parts": {"inline-deit-t": part}, "values": {"inline_kernels_ms": 3.87}}
+    }
+    text = output.save(tmp_path, {"device": "H200"}, results, ["--steps", "profile"])
+    assert "| InLine-DeiT-T | 32.2 | 17.8 | 55 | 1302 | 3.87 |" in text
+    assert "| inline_bwd_fused | 1.990 | 12.0 |" in text
+    assert "| InLine kernels' GPU ms, InLine-DeiT-T | 3.87 ms | <= 1.20 ms | missed | H200 |" in text
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["results"]["profile"]["parts"]["inline-deit-t"]["top"] == top
+
+
+def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there():
+    serial = tests_step.tests_command(["tests/gpu"], quick=False, xdist=False)
+    parallel = tests_step.tests_command(["tests/gpu"], quick=True, xdist=True)
     assert "-n" not in serial and serial[-1] == "tests/gpu"
-    assert parallel[parallel.index("-n") + 1] == str(gpu_check.TESTS_WORKERS) and "-x" in parallel
-
-
-def test_steps_start_only_while_their_usual_time_fits_and_the_tests_get_the_rest():
-    assert gpu_check.plan_step("compile", gpu_check.STEP_SECONDS["compile"]) == (True, {})
-    assert gpu_check.plan_step("compile", gpu_check.STEP_SECONDS["compile"] - 1) == (False, {})
-    assert gpu_check.plan_step("tests", 200.0) == (True, {"timeout_s": 200.0})
-    assert gpu_check.plan_step("tests", gpu_check.TESTS_MIN_S - 1)[0] is False
-    # the tests run last: the benchmark steps are bounded, the tests' JIT compilation is not
-    assert list(gpu_check.STEPS)[-1] == "tests" and set(gpu_check.STEP_SECONDS) == set(gpu_check.STEPS) - {"tests"}
-    # everything but the tests fits the budget with room left for them
-    assert sum(gpu_check.STEP_SECONDS.values()) + 150 <= gpu_check.BUDGET_S <= 480
+    assert parallel[parallel.index("-n") + 1] == str(tests_step.workers()) and "-x" in parallel
+    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton.py"
+    log = "x\nFAILED tests/gpu/test_a.py::test_b - RuntimeError\nERROR tests/ops/test_c.py\n1 failed, 1 error"
+    assert tests_step.failures(log) == [
+        "FAILED tests/gpu/test_a.py::test_b - RuntimeError",
+        "ERROR tests/ops/test_c.py",
+    ]
 
 
 def _child(code: str) -> list[str]:
-    import sys
-
     return [sys.executable, "-c", code]
 
 
 def test_run_interruptible_returns_the_exit_status_of_a_run_that_ends(tmp_path):
     log = tmp_path / "log"
-    assert gpu_check.run_interruptible(_child("print('done'); raise SystemExit(3)"), log, timeout_s=30) == 3
+    assert tests_step.run_interruptible(_child("print('done'); raise SystemExit(3)"), log, timeout_s=30) == 3
     assert log.read_text() == "done\n"
+
+
+SLEEPER = (
+    "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('2 passed, 1 failed (interrupted)')"
+)
 
 
 def test_run_interruptible_interrupts_and_keeps_what_the_run_reports_on_ctrl_c(tmp_path):
     log = tmp_path / "log"
-    code = (
-        "import time\ntry:\n    time.sleep(60)\n"
-        "except KeyboardInterrupt:\n    print('2 passed, 1 failed (interrupted)')"
-    )
     # the interrupt must come after the child's handler is installed (a margin for a loaded machine)
-    assert gpu_check.run_interruptible(_child(code), log, timeout_s=START_MARGIN_S) is None
+    assert tests_step.run_interruptible(_child(SLEEPER), log, timeout_s=START_MARGIN_S) is None
     assert log.read_text() == "2 passed, 1 failed (interrupted)\n"
 
 
 def test_run_interruptible_interrupts_a_child_of_a_background_job(tmp_path):
     # a shell without job control starts `make gpu-check &` with SIGINT ignored; the child must
-    # still get the interrupt as KeyboardInterrupt (it did not: the fresh-clone run of .ci/run in
-    # the background failed the test above with an empty log)
+    # still get the interrupt as KeyboardInterrupt
     import signal
 
     log = tmp_path / "log"
-    code = (
-        "import time\ntry:\n    time.sleep(60)\n"
-        "except KeyboardInterrupt:\n    print('2 passed, 1 failed (interrupted)')"
-    )
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        assert gpu_check.run_interruptible(_child(code), log, timeout_s=START_MARGIN_S, grace_s=5.0) is None
+        assert tests_step.run_interruptible(_child(SLEEPER), log, timeout_s=START_MARGIN_S, grace_s=5.0) is None
     finally:
         signal.signal(signal.SIGINT, old)
     assert log.read_text() == "2 passed, 1 failed (interrupted)\n"
 
 
 def test_run_interruptible_kills_a_run_that_ignores_the_interrupt(tmp_path):
-    import time
-
     code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
     t0 = time.time()
-    assert gpu_check.run_interruptible(_child(code), tmp_path / "log", timeout_s=START_MARGIN_S, grace_s=1.0) is None
+    assert tests_step.run_interruptible(_child(code), tmp_path / "log", timeout_s=START_MARGIN_S, grace_s=1.0) is None
     assert time.time() - t0 < 20 and (tmp_path / "log").read_text() == "up\n"
 
 
 def test_an_interrupted_pytest_run_still_reports_its_counts(tmp_path):
     # what the tests step relies on: pytest prints the counts so far when it gets SIGINT
-    import sys
-
     (tmp_path / "test_sleepy.py").write_text("import time\ndef test_quick(): pass\ndef test_slow(): time.sleep(120)\n")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleepy.py")]
     log = tmp_path / "log"
     # pytest must be inside test_slow when interrupted
-    assert gpu_check.run_interruptible(cmd, log, timeout_s=4 * START_MARGIN_S, cwd=tmp_path) is None
+    assert tests_step.run_interruptible(cmd, log, timeout_s=4 * START_MARGIN_S, cwd=tmp_path) is None
     text = log.read_text()
     assert "KeyboardInterrupt" in text and text.strip().splitlines()[-1].startswith("1 passed")
-
-
-def test_main_runs_the_steps_in_order_within_the_budget(tmp_path, monkeypatch):
-    # main()'s orchestration with stand-in steps (the real ones need CUDA): the order, a step that
-    # no longer fits the budget, and the tests' box being what is left
-    import time
-
-    calls = []
-
-    def fake(name, seconds=0.0, ok=True):
-        def step(out, quick, **kwargs):
-            calls.append((name, kwargs))
-            time.sleep(seconds)
-            return {"ok": ok, "summary": f"{name} ran"}
-
-        return step
-
-    steps = {name: fake(name) for name in gpu_check.STEPS}
-    steps["layer"] = fake("layer", seconds=1.0)
-    steps["train"] = fake("train", ok=False)
-    monkeypatch.setattr(gpu_check, "STEPS", steps)
-    # every step usually takes 0 s but the window step 10 s; the tests need 0.5 s at least
-    monkeypatch.setattr(gpu_check, "STEP_SECONDS", {**dict.fromkeys(gpu_check.STEP_SECONDS, 0), "window": 10})
-    monkeypatch.setattr(gpu_check, "TESTS_MIN_S", 0.5)
-    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
-    # main() drops TRITON_INTERPRET for its CUDA kernels; this process's Triton tests need it back
-    if "TRITON_INTERPRET" in os.environ:
-        monkeypatch.setenv("TRITON_INTERPRET", os.environ["TRITON_INTERPRET"])
-    versions = {"device": "stand-in", "driver": "-", "torch": torch.__version__, "triton": "-"}
-    monkeypatch.setattr(gpu_check, "_versions", lambda: dict(versions))
-    monkeypatch.setattr(gpu_check, "_copy_bandwidth", lambda: 3e12)
-    out = tmp_path / "gc"
-    asked = ["tests", "window", "layer", "train", "layer"]
-    code = gpu_check.main(["--out", str(out), "--budget-s", "3", "--steps", *asked])
-    assert [name for name, _ in calls] == ["train", "layer", "tests"]  # the canonical order, once each, window skipped
-    assert 0.5 <= calls[-1][1]["timeout_s"] < 2.0  # what was left after the 1 s layer step
-    saved = json.loads((out / "gpu_check.json").read_text())["results"]
-    assert saved["window"]["ok"] is None and saved["window"]["summary"].startswith("not started: ")
-    assert saved["window"]["summary"].endswith("s of the 3 s budget left")
-    assert saved["train"]["ok"] is False and code == 1  # a failed step fails the check
-    assert (tmp_path / "gc.tar.gz").is_file()
-
-
-def test_goal_table_names_the_device_and_marks_each_goal():
-    results = {
-        "resolution": {
-            "rows": [
-                {"x": 224, "label": "DeiT-T", "mode": "train", "throughput": 100.0},
-                {"x": 224, "label": "InLine-DeiT-T", "mode": "train", "throughput": 80.0},
-            ]
-        },
-        "graphs": {
-            "rows": [{"side": 14, "kind": "inline", "mode": "fwd+bwd", "speedup_vs_softmax": 1.2, "graphed": True}],
-            "model_rows": [
-                {"x": 224, "label": "DeiT-T", "throughput": 100.0, "graphed": True},
-                {"x": 224, "label": "InLine-DeiT-T", "throughput": 104.0, "graphed": True},
-            ],
-        },
-        "core": {"rows": [{"grid": "56x56", "pct_of_copy": 21.0}]},
-    }
-    table = gpu_check.goal_table(results, "NVIDIA H100 80GB HBM3")
-    assert table.startswith("Goals of issue 23 on NVIDIA H100 80GB HBM3 (bf16):")
-    assert "| InLine-DeiT-T / DeiT-T training, 224 px (B 64) | eager | 0.80x | >= 1x | FAIL |" in table
-    assert "| InLine-DeiT-T / DeiT-T training, 224 px (B 128) | graphed | 1.04x | >= 1x | pass |" in table
-    assert "| layer fwd+bwd / SDPA, 14x14 | graphed | 1.20x | >= 1x | pass |" in table
-    assert "| InLine-Swin-T / Swin-T training, window 7 | eager | not measured | >= 1.15x | - |" in table
-    assert "| Triton core fwd+bwd at 56x56, share of copy | eager | 21 % | >= 40 % | FAIL |" in table
-    text = gpu_check.write_summary(pathlib.Path(tempfile.mkdtemp()), {"device": "H100"}, results, [], [])
-    assert "Goals of issue 23 on H100" in text
-
-
-def test_autotune_runs_on_demand_within_its_budget_before_the_tests():
-    order = list(gpu_check.all_steps())
-    assert order[-1] == "tests" and order.index("autotune") > order.index("graphs")
-    assert "autotune" not in gpu_check.STEPS  # the default run keeps to the budget without the sweep
-    start, kwargs = gpu_check.plan_step("autotune", gpu_check.ON_DEMAND_SECONDS["autotune"])
-    assert start and kwargs["budget_s"] < gpu_check.ON_DEMAND_SECONDS["autotune"]
-    assert gpu_check.plan_step("autotune", gpu_check.ON_DEMAND_SECONDS["autotune"] - 1)[0] is False
 
 
 def test_autotune_winners_are_the_fastest_tiling_per_key():
@@ -259,7 +471,7 @@ def test_autotune_winners_are_the_fastest_tiling_per_key():
         (196, 32, 3): {"default": 2e-3, (32, 2): 3e-3, (64, 4): 1e-3, (128, 8): inf},
         (49, 32, 3): {"default": 1e-3, (32, 2): inf},  # nothing compiled: no entry, the defaults stay
     }
-    winners = gpu_check.pick_winners(timings, "NVIDIA H100", torch.bfloat16)
+    winners = autotune_step.pick_winners(timings, "NVIDIA H100", torch.bfloat16)
     assert winners == {"NVIDIA H100|256|32|3|bfloat16": {"BLOCK_N": 64, "num_warps": 4, "ms": 1.0, "default_ms": 2.0}}
 
 
@@ -272,7 +484,7 @@ def _train_record(losses, graphed=None, steps=100, top1=80.0, ema=79.0):
 def test_train_step_compares_the_graphed_run_with_the_ungraphed_one():
     replayed = {"setting": True, "graphed": True, "why_not": None, "train_replays": 100, "eval_replays": 120}
     plain = _train_record([1.20, 0.80, 0.60, 0.55])
-    good = gpu_check.compare_train_runs(plain, _train_record([1.21, 0.81, 0.60, 0.552], replayed, top1=79.2))
+    good = train_step.compare_train_runs(plain, _train_record([1.21, 0.81, 0.60, 0.552], replayed, top1=79.2))
     assert good["ok"] and good["problems"] == [] and good["summary"].endswith(": pass")
     assert "largest gap 1.25 %" in good["summary"] and "100 training and 120 evaluation replays" in good["summary"]
     fell_back = {"setting": True, "graphed": False, "why_not": "capture failed: RuntimeError: x"}
@@ -285,7 +497,7 @@ def test_train_step_compares_the_graphed_run_with_the_ungraphed_one():
         (_train_record([1.20, 0.80, 0.60, 0.55], replayed, ema=60.0), "val_top1_ema 79.0 ungraphed against 60.0"),
     ]
     for graphed, words in cases:
-        verdict = gpu_check.compare_train_runs(plain, graphed)
+        verdict = train_step.compare_train_runs(plain, graphed)
         assert not verdict["ok"] and words in verdict["summary"] and "FAIL: " in verdict["summary"], words
 
 
@@ -295,10 +507,29 @@ def test_train_step_runs_the_demo_recipe_graphed_and_not(tmp_path):
     from inline_attn.train.config import load_config
 
     for graphed in (False, True):
-        cmd = gpu_check._train_command(tmp_path / "fm", tmp_path / "run", graphed)
+        cmd = train_step.train_command(tmp_path / "fm", tmp_path / "run", graphed)
         assert cmd[1:3] == ["-m", "inline_attn.cli"]
         args = build_parser().parse_args(cmd[3:])
         cfg = load_config(args.config, collect_overrides(args))
         assert cfg.train.cuda_graphs is graphed and cfg.train.amp == "bf16" and cfg.train.device == "cuda"
         assert cfg.train.ema and cfg.optim.accum_steps == 1 and cfg.data.batch_size == 64
-        assert cfg.data.subset // 64 * gpu_check.TRAIN_EPOCHS == 100  # steps of each run
+        assert cfg.data.subset // 64 * train_step.TRAIN_EPOCHS == 100  # steps of each run
+
+
+def test_compile_times_each_model_against_itself_compiled(monkeypatch, tmp_path):
+    from inline_attn.bench import model
+
+    signature, seen = inspect.signature(model.bench_models), []
+
+    def bench_models(cases, **kw):
+        signature.bind(cases, **kw)
+        seen.append([c.label for c in cases])
+        assert cases[0].overrides.get("compile") is None and cases[1].overrides["compile"] == 1
+        assert len({c.x for c in cases}) == 1  # interleaved
+        return {"rows": _rows({cases[0].label: 100.0, cases[1].label: 80.0}), "meta": {}}
+
+    monkeypatch.setattr(model, "bench_models", bench_models)
+    result = compile_step.run(StepContext(tmp_path, True, time.time() + 1000))
+    assert seen == [["InLine-DeiT-T", "InLine-DeiT-T compiled"], ["DeiT-T", "DeiT-T compiled"]]
+    assert result["values"] == {"compile_inline": 0.8}
+    assert result["notes"]["compile_inline"] == "80 against 100 img/s; DeiT-T (softmax twin) compiled / eager 0.80x"

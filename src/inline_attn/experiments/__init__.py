@@ -3,7 +3,8 @@
 - :mod:`.ablations`: ``inline-attn reproduce ablations``, the paper's ablations over several seeds;
 - :mod:`.reproduce`: ``inline-attn reproduce fmnist``, the four Fashion-MNIST variants and their table;
 - :mod:`.dense_compare`: ``inline-attn seg compare`` / ``det compare``, InLine vs softmax backbones;
-- :mod:`.gpu_check`: ``make gpu-check``, the tests, a training smoke run and the GPU benchmarks.
+- :mod:`.gpu_check`: ``make gpu-check``, the GPU checks of one lease: the native tests, issue 34's goals,
+  a profile.
 
 These modules may import any package; no library package imports them (tests/test_layering.py).
 """

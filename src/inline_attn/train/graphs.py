@@ -27,7 +27,8 @@ so a run may resume with or without graphs.
 
 Validated where: the CPU tests run all of this host logic with the capture replaced by eager
 execution (``capture_fn``); the capture and replay themselves only run on a GPU, in ``make
-gpu-check`` (its ``train`` step compares a graphed bf16 run's losses with the ungraphed run's).
+gpu-check`` (its on-demand ``train`` step, ``--steps train``, compares a graphed bf16 run's losses
+with the ungraphed run's).
 """
 
 from __future__ import annotations

@@ -1,0 +1,25 @@
+"""``make gpu-check``: the GPU checks of one lease, in order of value, within 7 minutes.
+
+A developer's GPU lease is 15 minutes of device time, start-up included; one command may run 10
+minutes; at most 8 files of at most 16 MB come back. So the check runs at most
+:data:`.runner.TOTAL_S` seconds of steps, each in its own time box (:data:`.runner.STEPS`), and
+a step that no longer fits is not started, with a line saying so:
+
+1. ``tests`` (:mod:`.tests_step`): the native Triton and CUDA tests, in pytest-xdist workers,
+   interrupted at the end of their box (pytest still prints its counts);
+2. ``goals`` (:mod:`.goals_step`): the measurements behind issue 34's goal table
+   (:mod:`.goals`): InLine against the project's softmax twin in one process, interleaved, with
+   the SDPA backend named;
+3. ``profile`` (:mod:`.profile_step`): one training step per model under ``torch.profiler``, the
+   GPU-busy share and the top kernels.
+
+On demand (``--steps``): ``compile`` (:mod:`.compile_step`), ``train`` (:mod:`.train_step`, the
+trainer's CUDA-graph capture) and ``autotune`` (:mod:`.autotune_step`).
+
+The results (:mod:`.output`): ``summary.md`` (the goal table with the device and the command of
+each row, every step's line, the top kernels) and ``gpu_check.json``, rewritten after every part
+of every step, so a run stopped by a time limit still returns what it measured; ``tests.log``,
+``profile.txt``, ``errors.txt`` and ``triton_tuning.json`` where their steps ran. Checkpoints and
+run folders stay in a scratch folder outside the results. Run it as ``python -m
+inline_attn.experiments.gpu_check`` (:mod:`.runner`).
+"""

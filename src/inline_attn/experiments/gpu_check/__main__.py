@@ -1,0 +1,7 @@
+"""``python -m inline_attn.experiments.gpu_check``: :func:`.runner.main`."""
+
+import sys
+
+from .runner import main
+
+sys.exit(main())

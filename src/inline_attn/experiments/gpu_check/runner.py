@@ -1,0 +1,143 @@
+"""``make gpu-check``'s runner: the steps in order, each in its time box, the results saved as
+they come.
+
+The check's steps run in the order of :data:`STEPS` (the default ones: tests, goals, profile), each
+once, whatever order ``--steps`` names them in. A step's box is its budget or what is left of the
+whole check's (``--budget-s``, default :data:`TOTAL_S`), whichever is less; a step whose box would
+be under its least useful time is not started, with a line saying so. The results are written
+after every part of every step (:func:`.output.save`), so a run stopped by a time limit keeps
+what it measured. On a machine without CUDA it exits at once (status 2) with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import autotune_step, compile_step, device, goals_step, output, profile_step, tests_step, train_step
+from .budget import StepContext
+
+TOTAL_S = 420.0  # 7 minutes of steps: a 15-minute lease less the machine's start, the transfers and a rerun's margin
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step: ``run(ctx)`` -> its result (``ok``: True / False / None for skipped, ``summary``);
+    ``budget_s``: the most seconds it is given; ``min_s``: below this it is not started;
+    ``parts``: its ``--parts`` names; ``default``: in a plain ``make gpu-check``."""
+
+    run: Callable[[StepContext], dict]
+    budget_s: float
+    min_s: float
+    parts: tuple[str, ...] = ()
+    default: bool = True
+
+
+def _names(parts) -> tuple[str, ...]:
+    return tuple(p.name for p in parts)
+
+
+# in the order they run: the default ones by value (their budgets add up to TOTAL_S), then those on demand
+STEPS = {
+    "tests": Step(tests_step.run, 150, 40),
+    "goals": Step(goals_step.run, 180, 30, _names(goals_step.PARTS)),
+    "profile": Step(profile_step.run, 90, 15, _names(profile_step.PARTS)),
+    "compile": Step(compile_step.run, 100, 45, _names(compile_step.PARTS), default=False),
+    "train": Step(train_step.run, 45, 30, default=False),
+    "autotune": Step(autotune_step.run, 120, 60, default=False),
+}
+
+
+def plan(step: Step, seconds_left: float) -> tuple[bool, float]:
+    """Whether ``step`` starts with ``seconds_left`` of the whole budget, and its box in seconds."""
+    box = min(step.budget_s, seconds_left)
+    return box >= step.min_s, box
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu-check", description="The GPU checks of one lease (make gpu-check).")
+    parser.add_argument("--out", default="gpu_check_results", help="results folder (default gpu_check_results)")
+    defaults = [name for name, s in STEPS.items() if s.default]
+    parser.add_argument("--steps", nargs="+", default=defaults, choices=list(STEPS), help=f"default: {defaults}")
+    every_part = sorted({p for s in STEPS.values() for p in s.parts})
+    parser.add_argument("--parts", nargs="+", choices=every_part, help="only these parts of the steps run")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run of the check)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=TOTAL_S,
+        help=f"seconds for all steps (default {TOTAL_S:.0f}); a step that no longer fits is not started",
+    )
+    return parser.parse_args(argv)
+
+
+def run_step(name: str, args, ctx_kw: dict, deadline: float, record: Callable[[dict], None]) -> dict:
+    """Run the step ``name`` in its box (or record why not); ``record(result)`` saves its result so far."""
+    step, t0 = STEPS[name], time.time()
+    start, box = plan(step, deadline - t0)
+    if not start:
+        left = max(deadline - t0, 0)
+        why = f"not started: {left:.0f} s of the {args.budget_s:.0f} s budget left, it needs {step.min_s:.0f} s"
+        print(f"   {name}: {why}", flush=True)
+        return {"ok": None, "seconds": 0.0, "summary": why}
+    print(f"== {name} (box {box:.0f} s)", flush=True)
+
+    def save_partial(partial: dict) -> None:
+        record({**partial, "partial": True, "seconds": time.time() - t0})
+
+    ctx = StepContext(deadline=t0 + box, save=save_partial, parts=args.parts, **ctx_kw)
+    try:
+        result = dict(step.run(ctx))
+    except Exception as err:  # noqa: BLE001 - record it and go on with the other steps
+        result = {"ok": False, "summary": f"{type(err).__name__}: {err} (errors.txt)"[:400]}
+        ctx.error(name, traceback.format_exc())
+    result["seconds"] = time.time() - t0
+    print(f"   {name}: {result.get('summary', 'done')} ({result['seconds']:.0f} s)", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "gpu-check: no CUDA device here. It runs on a machine with an NVIDIA GPU, a CUDA build of PyTorch "
+            "and triton (python3 there, with the project on PYTHONPATH=src).",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ.pop("TRITON_INTERPRET", None)
+    deadline = time.time() + args.budget_s
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = device.versions()
+    env["copy_GBps"] = round(device.copy_bandwidth() / 1e9)
+    print(f"gpu-check on {env['device']} (driver {env['driver']}, torch {env['torch']}, triton {env['triton']})")
+    results: dict = {}
+    output.save(out, env, results, argv)
+
+    def error(where: str, text: str) -> None:
+        output.append_error(out, where, text)
+
+    ctx_kw = dict(out=out, quick=args.quick, error=error, env=env)
+    for name in sorted(set(args.steps), key=list(STEPS).index):  # each step once, in the check's order
+
+        def record(result: dict, name: str = name) -> None:
+            results[name] = result
+            output.save(out, env, results, argv)
+
+        record(run_step(name, args, ctx_kw, deadline, record))
+    problems = output.limit_problems(out)
+    for p in problems:
+        print(f"gpu-check: {p}", file=sys.stderr)
+    print(output.save(out, env, results, argv))
+    failed = [name for name, r in results.items() if r.get("ok") is False]
+    return 1 if failed or problems else 0
