@@ -27,10 +27,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     if args.name.endswith((".yaml", ".yml")):  # a segmentation config: its segmentor's parameters
-        from .dense import print_info, segmentor_info
+        from ..dense.seg_task import format_segmentor_info, segmentor_info
 
         info = segmentor_info(args.name, macs=not args.no_macs)
-        print(json.dumps(info, indent=1)) if args.json else print_info(info)
+        print(json.dumps(info, indent=1) if args.json else format_segmentor_info(info))
         return 0
     from ..models import create_model, get_model_config
     from ..models.profile import profile
