@@ -188,23 +188,18 @@ def cmd_det_eval(args) -> int:
 
 
 def cmd_mosaics(args) -> int:
+    from ..dense.coco import export_mosaics
     from ..dense.mosaic import FashionMosaics, MosaicSpec
 
     spec = MosaicSpec(
         size=args.size, objects=tuple(args.objects), scale=tuple(args.scale), max_overlap=args.max_overlap
     )
-    ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
-    if args.coco:
-        from ..dense.coco import write_coco
-
-        path = write_coco(ds, args.coco, progress=True)
-        print(f"COCO instances: {path} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
-    if args.png:
-        from ..dense.viz import save_mosaic_samples
-
-        print(f"samples: {save_mosaic_samples(ds, args.png, n=min(args.rows, args.num))}")
-    if not args.coco and not args.png:
-        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    mosaics = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
+    written = export_mosaics(mosaics, coco=args.coco, png=args.png, rows=args.rows)
+    if "coco" in written:
+        print(f"COCO instances: {written['coco']} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
+    if "png" in written:
+        print(f"samples: {written['png']}")
     return 0
 
 
