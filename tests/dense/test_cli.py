@@ -96,3 +96,15 @@ def test_mosaics_command_writes_coco_and_a_png(tmp_path, capsys):
     assert len(list((tmp_path / "coco" / "images").glob("*.png"))) == 3 and (tmp_path / "m.png").stat().st_size > 0
     assert main(["seg", "mosaics", "--num", "3"]) == 2
     assert "nothing to do: give --coco DIR and/or --png FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task,metric", [("seg", "mIoU"), ("det", "AP")])
+def test_evaluate_checkpoint_is_the_commands_evaluation(task, metric, demo_checkpoints, tmp_path, capsys):
+    import importlib
+
+    evaluate_checkpoint = importlib.import_module(f"inline_attn.dense.{task}_task").evaluate_checkpoint
+    res = evaluate_checkpoint(demo_checkpoints[task], json_path=tmp_path / "r.json")
+    assert (tmp_path / "r.json").read_text() == json.dumps(res, indent=1)  # NaN IoU of absent classes: compare text
+    assert res["checkpoint"] == str(demo_checkpoints[task]) and res["images"] > 0 and metric in res
+    assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task])]) == 0
+    assert f"({res['images']} images" in capsys.readouterr().out
