@@ -75,6 +75,24 @@ def test_injectivity_command(tmp_path):
     assert (tmp_path / "injectivity.png").stat().st_size > 0 and (tmp_path / "injectivity.json").exists()
 
 
+def test_python_callers_get_the_commands_files(tmp_path, fmnist_dir):
+    from inline_attn.analysis import load_images, load_models, write_injectivity, write_masking
+
+    assert run("injectivity", "--out", tmp_path / "cli") == 0
+    written = write_injectivity(tmp_path / "py")  # the command's defaults: seed 0, rtol 1e-3
+    assert [p.name for p in written] == ["injectivity.csv", "injectivity.json", "injectivity.png"]
+    for p in written[:2]:
+        assert p.read_bytes() == (tmp_path / "cli" / p.name).read_bytes()
+    models = load_models(["inline_deit_tiny"], model_args=_kwargs(DEIT))
+    images = load_images(f"fmnist:{fmnist_dir}", num_images=2, img_size=28)
+    out = tmp_path / "mask"
+    written = write_masking(models, images, out, ks=(3,), progress=False)
+    assert [p.name for p in written] == ["masking.csv", "masking.json", "masking.md", "masking.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+    meta = json.loads(written[1].read_text())
+    assert meta["analysis"] == "masking" and meta["images"] == 2 and meta["models"][0]["name"] == "inline_deit_tiny"
+
+
 def _kwargs(args) -> dict:
     import yaml
 

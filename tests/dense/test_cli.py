@@ -86,3 +86,25 @@ def test_seg_eval_refuses_data_with_another_class_count(demo_checkpoints, tmp_pa
     argv = ["seg", "eval", "--checkpoint", str(demo_checkpoints["seg"]), "--data.dataset", "ade20k"]
     assert main([*argv, "--data.path", str(ade)]) == 2
     assert "predicts 11 classes, the evaluation data has 150" in capsys.readouterr().err
+
+
+def test_mosaics_command_writes_coco_and_a_png(tmp_path, capsys):
+    argv = ["seg", "mosaics", "--num", "3", "--coco", str(tmp_path / "coco"), "--png", str(tmp_path / "m.png")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"COCO instances: {tmp_path / 'coco' / 'annotations' / 'instances_val.json'} (3 mosaics" in out
+    assert len(list((tmp_path / "coco" / "images").glob("*.png"))) == 3 and (tmp_path / "m.png").stat().st_size > 0
+    assert main(["seg", "mosaics", "--num", "3"]) == 2
+    assert "nothing to do: give --coco DIR and/or --png FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task,metric", [("seg", "mIoU"), ("det", "AP")])
+def test_evaluate_checkpoint_is_the_commands_evaluation(task, metric, demo_checkpoints, tmp_path, capsys):
+    import importlib
+
+    evaluate_checkpoint = importlib.import_module(f"inline_attn.dense.{task}_task").evaluate_checkpoint
+    res = evaluate_checkpoint(demo_checkpoints[task], json_path=tmp_path / "r.json")
+    assert (tmp_path / "r.json").read_text() == json.dumps(res, indent=1)  # NaN IoU of absent classes: compare text
+    assert res["checkpoint"] == str(demo_checkpoints[task]) and res["images"] > 0 and metric in res
+    assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task])]) == 0
+    assert f"({res['images']} images" in capsys.readouterr().out

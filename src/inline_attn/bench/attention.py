@@ -18,6 +18,7 @@ budget (``batch = tokens // (H*W)``) unless a batch is fixed, so every size does
 from __future__ import annotations
 
 import math
+import pathlib
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -31,7 +32,17 @@ from .flops import attention_layer_flops, counted_layer_flops
 from .sweep import Measured, PointTiming, amp_dtype, dtype_name, measure_point, resolve_dtype, run_context
 from .timing import _failure, measure_matmul_rate, time_interleaved
 
-__all__ = ["DEFAULT_LAYER_KINDS", "LAYER_COLUMNS", "LAYER_KINDS", "bench_attention", "parse_layer_kind"]
+__all__ = [
+    "DEFAULT_LAYER_KINDS",
+    "LAYER_COLUMNS",
+    "LAYER_KINDS",
+    "RESIDUAL_COLUMNS",
+    "bench_attention",
+    "bench_residual",
+    "parse_layer_kind",
+    "run_attention_bench",
+    "run_residual_bench",
+]
 
 MODES = ("fwd", "fwd+bwd")
 
@@ -352,3 +363,38 @@ def bench_residual(
                 }
             )
     return {"meta": {"bench": "residual", "repeats": repeats}, "rows": rows}
+
+
+def run_attention_bench(
+    out, name: str = "attention", *, plot: bool = True, **options
+) -> tuple[dict, dict[str, pathlib.Path]]:
+    """:func:`bench_attention` with ``options``, saved under ``out`` as ``<name>.json``, ``.csv`` and
+    (with ``plot``) a ``.png`` of latency, speedup over softmax and peak memory per grid side;
+    returns (result, paths)."""
+    from .report import save_result, threads_label
+
+    result = bench_attention(**options)
+    meta, device = result["meta"], options.get("device", "cpu")
+    batch = meta["batch"] or f"{meta['token_budget']} tokens / S^2"
+    title = (
+        f"attention layers, C={meta['dim']}, {meta['heads']} heads, {meta['dtype']}, "
+        f"batch = {batch}, {device}, {threads_label()}"
+    )
+    panels = (
+        ("median_ms", "latency per batch (ms)", True),
+        ("speedup_vs_softmax", "speedup vs softmax", False),
+        ("peak_mib", "peak memory (MiB)", True),
+    )
+    sides = sorted({r["side"] for r in result["rows"]})
+    kw = dict(x="side", series="series", xlabel="token grid side S (S x S tokens)", title=title, xticks=sides)
+    paths = save_result(result, out, name, device=device, plot={**kw, "panels": panels} if plot else None)
+    return result, paths
+
+
+def run_residual_bench(out, name: str = "residual", **options) -> tuple[dict, dict[str, pathlib.Path]]:
+    """:func:`bench_residual` with ``options``, saved under ``out`` as ``<name>.json`` and ``.csv``;
+    returns (result, paths)."""
+    from .report import save_result
+
+    result = bench_residual(**options)
+    return result, save_result(result, out, name, device="cpu")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import gc
 import math
+import pathlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
@@ -33,6 +34,7 @@ __all__ = [
     "bench_models",
     "parse_model_spec",
     "preset_cases",
+    "run_model_bench",
 ]
 
 MODEL_COLUMNS = (
@@ -407,3 +409,79 @@ def bench_models(
         },
         "rows": rows,
     }
+
+
+def _cases(models: Sequence[str], resolutions: Sequence[int], compile: bool) -> list[ModelCase]:
+    """One case per model spec (``[label=]name[:key=value,...]``) and resolution."""
+    if not models:
+        raise ValueError("no models: give --models SPEC [SPEC ...] or --preset window|resolution")
+    cases = []
+    for spec in models:
+        label, model_name, overrides = parse_model_spec(spec)
+        if compile:
+            overrides.setdefault("compile", 1)
+        cases += [ModelCase(label, model_name, r, r, overrides) for r in resolutions]
+    return cases
+
+
+def run_model_bench(
+    out,
+    name: str = "model",
+    *,
+    models: Sequence[str] = (),
+    resolutions: Sequence[int] = (224,),
+    preset: Optional[str] = None,
+    values: Optional[Sequence[int]] = None,
+    compile: bool = False,
+    batch: Optional[int] = None,
+    mode: str = "infer",
+    macs: bool = True,
+    sdpa: Optional[str] = None,
+    baseline: Optional[str] = None,
+    breakdown: bool = False,
+    channels_last: bool = False,
+    plot: bool = True,
+    **sweep,
+) -> tuple[dict, dict[str, pathlib.Path]]:
+    """``bench model``: the model specs at ``resolutions``, or a :data:`PRESETS` sweep (``layer``: the
+    attention layers of :func:`~inline_attn.bench.attention.run_attention_bench`), saved under ``out``
+    as ``<name>.json``, ``.csv`` and (with ``plot``) a ``.png`` of throughput, speedup and peak
+    memory; a preset names the files after itself unless ``name`` is given. ``sweep``: the timing
+    options both benchmarks share (dtype, device, amp, warmup, repeats, budget_s, memory,
+    compile_mode, cuda_graphs). Returns (result, paths)."""
+    from .report import save_result, threads_label
+
+    if preset == "layer":
+        from .attention import DEFAULT_LAYER_KINDS, run_attention_bench
+
+        layer = dict(sizes=(14, 28, 56, 112), kinds=DEFAULT_LAYER_KINDS, dim=96, heads=3, token_budget=8 * 56 * 56)
+        stem = name if name != "model" else "layer"
+        return run_attention_bench(
+            out, stem, plot=plot, batch=batch, modes=("fwd", "fwd+bwd"), compile=compile, **layer, **sweep
+        )
+    if preset:
+        if models:
+            raise ValueError("give either --preset or --models, not both")
+        cases, xlabel = preset_cases(preset, values)
+        name = name if name != "model" else preset
+        for c in cases if compile else ():
+            c.overrides["compile"] = 1
+    else:
+        cases, xlabel = _cases(models, resolutions, compile), "resolution"
+    batch = 8 if batch is None else batch
+    options = dict(mode=mode, macs=macs, sdpa=sdpa, baseline=baseline, breakdown=breakdown, channels_last=channels_last)
+    result = bench_models(cases, batch=batch, **options, **sweep)
+    meta = result["meta"]
+    meta["preset"] = preset
+    title = (
+        f"{meta['mode']}, batch {batch}, {meta['dtype']}, {sweep.get('device', 'cpu')}, "
+        f"{threads_label()}, SDPA {meta['sdpa']}"
+    )
+    panels = (
+        ("throughput", "throughput (img/s)", True),
+        ("speedup", f"speedup vs {meta['baseline']}", False),
+        ("peak_mib", "peak memory (MiB)", True),
+    )
+    xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
+    kw = dict(x="x", series="label", xlabel=xlabel, title=title, xticks=xs, panels=panels)
+    return result, save_result(result, out, name, device=sweep.get("device", "cpu"), plot=kw if plot else None)

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["format_table", "machine_info", "plot_sweep", "write_results"]
+__all__ = ["format_table", "machine_info", "plot_sweep", "save_result", "threads_label", "write_results"]
 
 
 def machine_info(device: torch.device | str = "cpu") -> dict:
@@ -155,3 +155,21 @@ def plot_sweep(
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def threads_label() -> str:
+    """torch's thread count as the plot titles name it: "1 thread", "8 threads"."""
+    n = torch.get_num_threads()
+    return f"{n} thread" if n == 1 else f"{n} threads"
+
+
+def save_result(
+    result: dict, out_dir: str | os.PathLike, stem: str, *, device: str = "cpu", plot: Optional[dict] = None
+) -> dict[str, pathlib.Path]:
+    """Record ``device``'s machine in ``result["meta"]``, write ``<stem>.json`` and ``.csv`` and, with
+    ``plot`` (:func:`plot_sweep`'s keywords), ``<stem>.png``; returns {"json", "csv"[, "png"]: path}."""
+    result["meta"]["machine"] = machine_info(device)
+    paths = write_results(result, out_dir, stem)
+    if plot is not None:
+        paths["png"] = plot_sweep(result["rows"], pathlib.Path(out_dir) / f"{stem}.png", **plot)
+    return paths

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import torch
 
@@ -11,32 +10,13 @@ from .._io import writable_dir
 from ..compile import COMPILE_MODES
 from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
 from ..bench.model import PRESETS
-from ..bench.report import format_table, machine_info, plot_sweep, write_results
-
-
-def _threads() -> str:
-    n = torch.get_num_threads()
-    return f"{n} thread" if n == 1 else f"{n} threads"
+from ..bench.report import format_table
 
 
 def _setup(args) -> None:
     writable_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)
-
-
-def _finish(result: dict, args, columns, plot_kw: dict) -> int:
-    result["meta"]["machine"] = machine_info(args.device)
-    _report_graphs(result["meta"])
-    rows = result["rows"]
-    print(format_table(rows, columns))
-    if "matmul_gflops" in result["meta"]:
-        print(f"float32 matmul rate (1024^3, same run): {result['meta']['matmul_gflops']:.1f} GFLOP/s")
-    paths = write_results(result, args.out, args.name)
-    if not args.no_plot:
-        paths["png"] = plot_sweep(rows, pathlib.Path(args.out) / f"{args.name}.png", **plot_kw)
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
 
 
 def _sweep_kwargs(args) -> dict:
@@ -55,17 +35,25 @@ def _sweep_kwargs(args) -> dict:
     )
 
 
-def _report_graphs(meta: dict) -> None:
-    """One line when --cuda-graphs was asked for and the steps ran ungraphed (or some of them)."""
+def _print(result: dict, paths: dict, columns) -> int:
+    meta = result["meta"]
     if meta.get("cuda_graphs") and meta.get("why_not_graphed"):
         print(f"--cuda-graphs: {meta['why_not_graphed']}; those steps were timed without CUDA graphs")
+    print(format_table(result["rows"], columns))
+    if "matmul_gflops" in meta:
+        print(f"float32 matmul rate (1024^3, same run): {meta['matmul_gflops']:.1f} GFLOP/s")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
 
 
-def _run_attention(args, name: str | None = None) -> int:
-    from ..bench.attention import LAYER_COLUMNS, bench_attention
+def _cmd_attention(args) -> int:
+    from ..bench.attention import LAYER_COLUMNS, run_attention_bench
 
     _setup(args)
-    result = bench_attention(
+    result, paths = run_attention_bench(
+        args.out,
+        args.name,
+        plot=not args.no_plot,
         sizes=args.sizes,
         kinds=args.kinds,
         dim=args.dim,
@@ -76,116 +64,53 @@ def _run_attention(args, name: str | None = None) -> int:
         compile=args.compile,
         **_sweep_kwargs(args),
     )
-    args.name = name or args.name
-    sides = sorted({r["side"] for r in result["rows"]})
-    title = (
-        f"attention layers, C={args.dim}, {args.heads} heads, {result['meta']['dtype']}, "
-        f"batch = {args.batch or f'{args.tokens} tokens / S^2'}, {args.device}, {_threads()}"
-    )
-    return _finish(
-        result,
-        args,
-        LAYER_COLUMNS,
-        dict(
-            x="side",
-            series="series",
-            xlabel="token grid side S (S x S tokens)",
-            title=title,
-            xticks=sides,
-            panels=(
-                ("median_ms", "latency per batch (ms)", True),
-                ("speedup_vs_softmax", "speedup vs softmax", False),
-                ("peak_mib", "peak memory (MiB)", True),
-            ),
-        ),
-    )
-
-
-def _cmd_attention(args) -> int:
-    return _run_attention(args)
+    return _print(result, paths, LAYER_COLUMNS)
 
 
 def _cmd_residual(args) -> int:
-    from ..bench.attention import RESIDUAL_COLUMNS, bench_residual
+    from ..bench.attention import RESIDUAL_COLUMNS, run_residual_bench
 
     _setup(args)
-    result = bench_residual(warmup=args.warmup, repeats=args.repeats, budget_s=args.budget)
-    result["meta"]["machine"] = machine_info("cpu")
+    result, paths = run_residual_bench(
+        args.out, args.name, warmup=args.warmup, repeats=args.repeats, budget_s=args.budget
+    )
     print(format_table(result["rows"], RESIDUAL_COLUMNS))
-    paths = write_results(result, args.out, args.name)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 
 def _cmd_model(args) -> int:
-    from ..bench.model import BREAKDOWN_COLUMNS, MODEL_COLUMNS, ModelCase, bench_models, parse_model_spec, preset_cases
+    from ..bench.attention import LAYER_COLUMNS
+    from ..bench.model import BREAKDOWN_COLUMNS, MODEL_COLUMNS, run_model_bench
 
-    if args.preset == "layer":
-        ns = argparse.Namespace(**vars(args))
-        ns.sizes, ns.kinds, ns.dim, ns.heads = (14, 28, 56, 112), DEFAULT_LAYER_KINDS, 96, 3
-        ns.tokens, ns.modes, ns.compile = 8 * 56 * 56, ("fwd", "fwd+bwd"), args.compile
-        return _run_attention(ns, name=args.name if args.name != "model" else "layer")
     _setup(args)
-    if args.preset:
-        if args.models:
-            raise ValueError("give either --preset or --models, not both")
-        cases, xlabel = preset_cases(args.preset, args.values)
-        name = args.name if args.name != "model" else args.preset
-        if args.compile:
-            for c in cases:
-                c.overrides["compile"] = 1
-    else:
-        if not args.models:
-            raise ValueError("no models: give --models SPEC [SPEC ...] or --preset window|resolution")
-        cases = []
-        for spec in args.models:
-            label, model_name, overrides = parse_model_spec(spec)
-            if args.compile:
-                overrides.setdefault("compile", 1)
-            cases += [ModelCase(label, model_name, r, r, overrides) for r in args.resolutions]
-        xlabel, name = "resolution", args.name
-    batch = 8 if args.batch is None else args.batch
-    result = bench_models(
-        cases,
-        batch=batch,
+    result, paths = run_model_bench(
+        args.out,
+        args.name,
+        models=args.models,
+        resolutions=args.resolutions,
+        preset=args.preset,
+        values=args.values,
+        compile=args.compile,
+        batch=args.batch,
         mode=args.mode,
         macs=not args.no_macs,
         sdpa=args.sdpa,
         baseline=args.baseline,
         breakdown=args.breakdown,
         channels_last=args.channels_last,
+        plot=not args.no_plot,
         **_sweep_kwargs(args),
     )
-    result["meta"]["preset"] = args.preset
-    args.name = name
-    xs = list(dict.fromkeys(r["x"] for r in result["rows"]))
-    title = (
-        f"{result['meta']['mode']}, batch {batch}, {result['meta']['dtype']}, {args.device}, "
-        f"{_threads()}, SDPA {result['meta']['sdpa']}"
-    )
+    if args.preset == "layer":
+        return _print(result, paths, LAYER_COLUMNS)
     if args.breakdown:
         print(
             "time by operator category (torch.profiler, mean of 3 steps; bound = the speedup over "
             f"{result['meta']['baseline']} with a free attention core):"
         )
         print(format_table(result["rows"], BREAKDOWN_COLUMNS))
-    return _finish(
-        result,
-        args,
-        MODEL_COLUMNS,
-        dict(
-            x="x",
-            series="label",
-            xlabel=xlabel,
-            title=title,
-            xticks=xs,
-            panels=(
-                ("throughput", "throughput (img/s)", True),
-                ("speedup", f"speedup vs {result['meta']['baseline']}", False),
-                ("peak_mib", "peak memory (MiB)", True),
-            ),
-        ),
-    )
+    return _print(result, paths, MODEL_COLUMNS)
 
 
 def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget: float) -> None:

@@ -1,9 +1,14 @@
 """``inline-attn seg train | eval | demo | compare | mosaics | info`` and ``inline-attn det train |
-eval | demo | compare`` (registered into the main CLI)."""
+eval | demo | compare`` (registered into the main CLI).
+
+Each command calls the task's library function: ``SegTask`` / ``DetTask`` (:mod:`inline_attn.dense.seg_task`,
+:mod:`inline_attn.dense.det_task`) train, and each task module's ``evaluate_checkpoint`` evaluates.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import pathlib
 import time
@@ -13,7 +18,7 @@ from typing import Callable
 from .._io import writable_dir
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
-from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, DetConfig, SegConfig, load_det_config, load_seg_config
+from ..dense.config import DetConfig, SegConfig
 
 
 def _configs_dir() -> pathlib.Path:
@@ -30,74 +35,32 @@ def _overrides(args: argparse.Namespace) -> list:
     return collect_overrides(args, ("model.backbone_kwargs",))
 
 
-def _eval_overrides(args: argparse.Namespace, task: str) -> list:
-    """The overrides of ``seg|det eval``: the model is the checkpoint's, so no ``--model.*``
-    (they used to be accepted, ignored and printed as if they had been applied)."""
-    overrides = _overrides(args)
-    model_keys = [key for key, _ in overrides if key.split(".")[0] == "model"]
-    if model_keys:
-        raise ValueError(
-            f"{task} eval builds the model from the checkpoint: --{', --'.join(model_keys)} cannot change it "
-            "(train or fine-tune with --model.checkpoint for another model)"
-        )
-    return overrides
-
-
-def _check_class_count(model, val, checkpoint) -> None:
-    """A checkpoint scores only data with its own class count (an 11-class model on 150-class
-    ADE20K used to be scored without a word)."""
-    if int(model.num_classes) != int(val.num_classes):
-        raise ValueError(
-            f"checkpoint {checkpoint} predicts {model.num_classes} classes, the evaluation data has "
-            f"{val.num_classes}: evaluate it on the data it was trained for (--data.dataset / --data.path)"
-        )
-
-
-def _fmt(res: dict) -> str:
-    return f"mIoU {res['mIoU']:.2f}  mAcc {res['mAcc']:.2f}  aAcc {res['aAcc']:.2f}"
-
-
-def _fmt_ap(res: dict) -> str:
-    return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
-
-
-def _train_seg(cfg: dict) -> dict:
-    from ..dense.seg_task import train_seg
-
-    return train_seg(cfg)
-
-
-def _train_det(cfg: dict) -> dict:
-    from ..dense.det_task import train_det
-
-    return train_det(cfg)
-
-
 @dataclass(frozen=True)
 class DenseCommand:
-    """What differs between ``seg`` and ``det``; train / demo / compare and their arguments are
-    written once against it."""
+    """What differs between ``seg`` and ``det`` on the command line; train / demo / compare and their
+    arguments are written once against it."""
 
-    name: str  # the subcommand: "seg" or "det"
+    name: str  # the subcommand: "seg" or "det"; the task lives in inline_attn.dense.<name>_task
     config: type  # the typed config (its settings are the --section.key overrides)
-    load_config: Callable  # (path, overrides) -> config dict
-    train: Callable  # config -> summary dict
-    metric: str  # the summary key that is present when a run finished with an evaluation
-    fmt: Callable  # summary -> one line of metrics
+    task_class: str  # the task's class in that module
     demo_config: str  # relative to configs/
     demo_title: str  # "InLine-PVT + Semantic FPN" / "FCOS on InLine-PVT"
     demo_line: Callable  # config -> "seg demo: ..." header line
     demo_metric_note: str  # after the validation-set size in the demo's result line
     demo_extras: Callable  # summary -> extra lines of the demo's result
 
+    def module(self):
+        """The task's module, imported on first use (building the parser needs only the config)."""
+        return importlib.import_module(f"inline_attn.dense.{self.name}_task")
+
+    def task(self):
+        return getattr(self.module(), self.task_class)()
+
 
 SEG = DenseCommand(
     name="seg",
     config=SegConfig,
-    load_config=load_seg_config,
-    train=_train_seg,
-    metric="mIoU",
-    fmt=_fmt,
+    task_class="SegTask",
     demo_config="mosaic/demo.yaml",
     demo_title="InLine-PVT + Semantic FPN",
     demo_line=lambda m: f"seg demo: {m.backbone} {m.backbone_kwargs} + {m.decode}",
@@ -110,10 +73,7 @@ SEG = DenseCommand(
 DET = DenseCommand(
     name="det",
     config=DetConfig,
-    load_config=load_det_config,
-    train=_train_det,
-    metric="AP",
-    fmt=_fmt_ap,
+    task_class="DetTask",
     demo_config="mosaic/det_demo.yaml",
     demo_title="FCOS on InLine-PVT",
     demo_line=lambda m: f"det demo: FCOS on {m.backbone} {m.backbone_kwargs}",
@@ -124,27 +84,29 @@ TASKS = {t.name: t for t in (SEG, DET)}
 
 
 def cmd_train(args) -> int:
-    task = TASKS[args.task]
+    command = TASKS[args.task]
+    task = command.task()
     ov = _overrides(args)
     if args.resume:
         ov.append(("train.resume", args.resume))
     if args.output:
         ov.append(("train.output", writable_dir(args.output, "--output")))
-    summary = task.train(task.load_config(args.config, ov))
-    if summary.get("stopped") is None and task.metric in summary:
+    summary = task.train(task.config.load(args.config, ov))
+    if summary.get("stopped") is None and task.metric_keys[0] in summary:
         print(
-            f"done: {task.fmt(summary)}  ({summary['iterations']} iterations, "
+            f"done: {task.result_line(summary)}  ({summary['iterations']} iterations, "
             f"{summary['train_time_s'] / 60:.1f} min); outputs in {summary['output']}"
         )
     return exit_code(summary.get("signal"))
 
 
 def cmd_demo(args) -> int:
-    task = TASKS[args.task]
-    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / task.demo_config
-    cfg = task.load_config(cfg_path, [("train.output", writable_dir(args.output, "--output"))] + _overrides(args))
+    command = TASKS[args.task]
+    task = command.task()
+    cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / command.demo_config
+    cfg = task.config.load(cfg_path, [("train.output", writable_dir(args.output, "--output"))] + _overrides(args))
     print(
-        f"{task.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
+        f"{command.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
         flush=True,
     )
     t0 = time.time()
@@ -152,13 +114,13 @@ def cmd_demo(args) -> int:
     if s.get("stopped"):
         return 0
     print(
-        f"\n{task.name} demo finished in {(time.time() - t0) / 60:.1f} min: {task.fmt(s)} on "
-        f"{cfg.data.mosaic.val} validation mosaics ({task.demo_metric_note})"
+        f"\n{command.name} demo finished in {(time.time() - t0) / 60:.1f} min: {task.result_line(s)} on "
+        f"{cfg.data.mosaic.val} validation mosaics ({command.demo_metric_note})"
     )
-    for line in task.demo_extras(s):
+    for line in command.demo_extras(s):
         print(line)
     print(f"  checkpoint:  {s['checkpoint']}")
-    print(f"  evaluate again: inline-attn {task.name} eval --checkpoint {s['checkpoint']}")
+    print(f"  evaluate again: inline-attn {command.name} eval --checkpoint {s['checkpoint']}")
     return 0
 
 
@@ -192,127 +154,60 @@ def cmd_compare(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from ..runtime.distributed import cleanup, init_distributed
-    from ..dense.data import build_seg_datasets
-    from ..dense.seg_task import evaluate_seg, load_segmentor, save_predictions_png
+    from ..dense.seg_task import SegTask, evaluate_checkpoint
 
-    info = init_distributed(args.device)
-    try:
-        model, cfg = load_segmentor(args.checkpoint, info.device)
-        cfg = cfg.replace(**dict(_eval_overrides(args, "seg")))
-        _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
-        _check_class_count(model, val, args.checkpoint)
-        t0 = time.time()
-        res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
-        if info.is_main:
-            print(
-                f"{cfg.model.backbone} + {cfg.model.decode}: {_fmt(res)}  ({len(val)} images, "
-                f"{cfg.eval.mode} inference, {time.time() - t0:.1f} s)"
-            )
-            if args.per_class:
-                for name, iou, acc in zip(res["classes"], res["IoU"], res["Acc"]):
-                    print(f"  {name:24s} IoU {iou:6.2f}  Acc {acc:6.2f}")
-            if args.json:
-                pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
-            if args.png:
-                print(f"predictions: {save_predictions_png(model, val, cfg, info.device, args.png)}")
-    finally:
-        cleanup(info)
+    res = evaluate_checkpoint(
+        args.checkpoint, overrides=_overrides(args), device=args.device, amp=args.amp, json_path=args.json, png=args.png
+    )
+    if res["rank"] == 0:
+        print(
+            f"{res['backbone']} + {res['decode']}: {SegTask().result_line(res)}  ({res['images']} images, "
+            f"{res['mode']} inference, {res['eval_time_s']:.1f} s)"
+        )
+        if args.per_class:
+            for name, iou, acc in zip(res["classes"], res["IoU"], res["Acc"]):
+                print(f"  {name:24s} IoU {iou:6.2f}  Acc {acc:6.2f}")
+        if args.png:
+            print(f"predictions: {res['predictions_png']}")
     return 0
 
 
 def cmd_det_eval(args) -> int:
-    import torch
+    from ..dense.det_task import DetTask, evaluate_checkpoint
 
-    from ..dense.data import build_det_datasets
-    from ..dense.det_task import evaluate_det, load_detector, save_detections_png
-
-    device = torch.device(
-        "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
+    res = evaluate_checkpoint(
+        args.checkpoint, overrides=_overrides(args), device=args.device, amp=args.amp, json_path=args.json, png=args.png
     )
-    model, cfg = load_detector(args.checkpoint, device)
-    cfg = cfg.replace(**dict(_eval_overrides(args, "det")))
-    if cfg.train.threads:  # the run's thread count (small ops: a second thread may only contend)
-        torch.set_num_threads(int(cfg.train.threads))
-    _, val = build_det_datasets(cfg, train=False, progress=True)
-    _check_class_count(model, val, args.checkpoint)
-    t0 = time.time()
-    res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
     print(
-        f"FCOS on {cfg.model.backbone}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
-        f"APl {res['APl']:.2f}  ({len(val)} images, {time.time() - t0:.1f} s)"
+        f"FCOS on {res['backbone']}: {DetTask().result_line(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
+        f"APl {res['APl']:.2f}  ({res['images']} images, {res['eval_time_s']:.1f} s)"
     )
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
     if args.png:
-        print(f"detections: {save_detections_png(model, val, cfg, device, args.png)}")
+        print(f"detections: {res['detections_png']}")
     return 0
 
 
 def cmd_mosaics(args) -> int:
+    from ..dense.coco import export_mosaics
     from ..dense.mosaic import FashionMosaics, MosaicSpec
 
     spec = MosaicSpec(
         size=args.size, objects=tuple(args.objects), scale=tuple(args.scale), max_overlap=args.max_overlap
     )
-    ds = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
-    if args.coco:
-        from ..dense.coco import write_coco
-
-        path = write_coco(ds, args.coco, progress=True)
-        print(f"COCO instances: {path} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
-    if args.png:
-        from ..dense.viz import save_mosaic_samples
-
-        print(f"samples: {save_mosaic_samples(ds, args.png, n=min(args.rows, args.num))}")
-    if not args.coco and not args.png:
-        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    mosaics = FashionMosaics(args.split, args.num, spec, seed=args.seed, root=args.fmnist)
+    written = export_mosaics(mosaics, coco=args.coco, png=args.png, rows=args.rows)
+    if "coco" in written:
+        print(f"COCO instances: {written['coco']} ({args.num} mosaics; images in {pathlib.Path(args.coco) / 'images'})")
+    if "png" in written:
+        print(f"samples: {written['png']}")
     return 0
 
 
-def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False) -> dict:
-    """Parameter counts (backbone / neck / decode head / auxiliary head / total) of a config's
-    segmentor, and its MACs at the crop size when ``macs``."""
-    from ..models.profile import count_params, profile
-    from ..dense.seg_task import build_from_config
-
-    cfg = load_seg_config(config, overrides)
-    n = num_classes or cfg.model.num_classes or (11 if cfg.data.dataset == "mosaic" else 150)
-    model = build_from_config(cfg.replace(**{"model.pretrained": None, "model.checkpoint": None}), int(n))
-    parts = {
-        name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
-        for name in ("backbone", "neck", "decode_head", "aux_head")
-    }
-    out = {
-        "config": str(config),
-        "backbone_name": cfg.model.backbone,
-        "decode": cfg.model.decode,
-        "num_classes": int(n),
-        **parts,
-        "params": count_params(model),
-    }
-    if macs:
-        size = cfg.data.mosaic.size if cfg.data.dataset == "mosaic" else cfg.data.crop_size
-        size = (size, size) if isinstance(size, int) else tuple(size)
-        out["macs"] = profile(model, (3, *size)).macs
-        out["macs_input"] = list(size)
-    return out
-
-
-def print_info(info: dict) -> None:
-    print(f"{info['decode']} on {info['backbone_name']} ({info['num_classes']} classes; {info['config']})")
-    for k in ("backbone", "neck", "decode_head", "aux_head", "params"):
-        print(f"  {k:12s} {info[k]:>12,}")
-    if "macs" in info:
-        print(f"  MACs         {info['macs'] / 1e9:.3f} G at {info['macs_input'][0]}x{info['macs_input'][1]}")
-
-
 def cmd_info(args) -> int:
+    from ..dense.seg_task import format_segmentor_info, segmentor_info
+
     info = segmentor_info(args.config, _overrides(args), macs=args.macs)
-    if args.json:
-        print(json.dumps(info, indent=1))
-    else:
-        print_info(info)
+    print(json.dumps(info, indent=1) if args.json else format_segmentor_info(info))
     return 0
 
 
@@ -464,4 +359,4 @@ def register_det(subparsers) -> None:
     )
 
 
-__all__ = ["DET_DEFAULTS", "SEG_DEFAULTS", "register", "register_det", "segmentor_info"]
+__all__ = ["register", "register_det"]

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 
-from .._io import atomic_write_text
 from ..runtime.config import add_override_options, collect_overrides as _collect
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
 
@@ -75,12 +73,11 @@ def cmd_eval(args) -> int:
         device=args.device,
         amp=args.amp,
         workers=args.workers,
+        json_path=args.json,
     )
     if res["n"] == 0:
         raise ValueError(f"--data {args.data}: no readable image to evaluate ({res['n_unreadable']} unreadable)")
     print(_eval_line(res))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(res, indent=2))
     return 0
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "check_detections",
     "check_instances",
     "coco_box_ap",
+    "export_mosaics",
     "mask_to_rle",
     "mosaics_to_coco",
     "read_instances",
@@ -117,6 +118,23 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(coco))
     return path
+
+
+def export_mosaics(
+    mosaics: FashionMosaics, *, coco=None, png=None, rows: int = 4, progress: bool = True
+) -> dict[str, pathlib.Path]:
+    """Write ``mosaics`` as a COCO-format folder under ``coco`` (:func:`write_coco`) and/or a PNG of
+    the first ``rows`` mosaics to ``png``; returns {"coco": instances JSON, "png": PNG} of those written."""
+    if not coco and not png:
+        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    out = {}
+    if coco:
+        out["coco"] = write_coco(mosaics, coco, progress=progress)
+    if png:
+        from .viz import save_mosaic_samples
+
+        out["png"] = save_mosaic_samples(mosaics, png, n=min(rows, len(mosaics)))
+    return out
 
 
 # ---- reading COCO instances files and box AP through pycocotools ------------------------------

@@ -10,9 +10,11 @@ COCO-layout folder, COCO box AP, a picture of detections.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
-from typing import Iterator, Optional
+import time
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -23,10 +25,19 @@ from .coco import coco_box_ap, to_coco_detections
 from .config import DetConfig
 from .data import StepSampler, build_det_datasets, det_collate
 from .detector import FCOS, build_detector
+from .evaluation import check_class_count, eval_config
 from ..data.transforms import Normalize
 from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, train_dense
 
-__all__ = ["build_det_from_config", "evaluate_det", "load_detector", "predict_det", "train_det"]
+__all__ = [
+    "DetTask",
+    "build_det_from_config",
+    "evaluate_checkpoint",
+    "evaluate_det",
+    "load_detector",
+    "predict_det",
+    "train_det",
+]
 
 DET_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "config", "num_classes", "detector")
 HEAD_KEY = "head.cls_logits.weight"
@@ -146,6 +157,13 @@ class DetTask(DenseTask):
     def eval_line(self, row: dict) -> str:
         return f"box AP {row['AP']:.2f}  AP50 {row['AP50']:.2f}"
 
+    def result_line(self, res: dict) -> str:
+        """The metrics of a finished run or an evaluation, as the commands print them."""
+        return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
+
+    def train(self, cfg: DetConfig) -> dict:
+        return train_det(cfg)
+
     def summary(self, cfg: DetConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
         out = {
             "detector": "fcos",
@@ -164,3 +182,38 @@ def train_det(cfg: DetConfig) -> dict:
     """Train an FCOS detector with ``cfg`` (a :class:`~inline_attn.dense.config.DetConfig`); returns
     the summary (``stopped``: None, "max_steps" or "signal")."""
     return train_dense(DetTask(), cfg)
+
+
+def evaluate_checkpoint(
+    checkpoint,
+    *,
+    overrides: Iterable[tuple[str, Any]] = (),
+    device: str = "auto",
+    amp: str = "none",
+    json_path=None,
+    png=None,
+) -> dict:
+    """COCO box AP (AP, AP50, AP75, APs, APm, APl) of a ``last.pth`` written by :func:`train_det`, on
+    its config's validation set with ``overrides`` (dotted keys; not ``model.*``), in one process
+    with the run's thread count.
+
+    Writes ``png`` (a few images: ground truth beside the detections) and ``json_path`` (the result).
+    The result adds ``checkpoint``, ``backbone``, ``images``, ``eval_time_s`` and, with ``png``,
+    ``detections_png`` to the metrics.
+    """
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else device.replace("auto", "cpu"))
+    model, cfg = load_detector(checkpoint, dev)
+    cfg = eval_config(cfg, overrides, "det")
+    if cfg.train.threads:  # the run's thread count (small ops: a second thread may only contend)
+        torch.set_num_threads(int(cfg.train.threads))
+    _, val = build_det_datasets(cfg, train=False, progress=True)
+    check_class_count(model, val, checkpoint)
+    t0 = time.time()
+    res = evaluate_det(model, val, cfg, dev, amp=amp, progress=True)
+    res.update(checkpoint=str(checkpoint), backbone=cfg.model.backbone, images=len(val))
+    res["eval_time_s"] = round(time.time() - t0, 1)
+    if png:
+        res["detections_png"] = str(save_detections_png(model, val, cfg, dev, png))
+    if json_path:
+        pathlib.Path(json_path).write_text(json.dumps(res, indent=1))
+    return res

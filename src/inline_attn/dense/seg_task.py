@@ -10,9 +10,11 @@ prediction).
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
-from typing import Iterator, Optional
+import time
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -22,6 +24,7 @@ from ..runtime.distributed import DistInfo
 from ..runtime.optim import PolySchedule
 from .config import SegConfig
 from .data import StepSampler, build_seg_datasets, collate
+from .evaluation import check_class_count, eval_config
 from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
@@ -30,11 +33,15 @@ from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
     "PolySchedule",
+    "SegTask",
     "build_from_config",
+    "evaluate_checkpoint",
     "evaluate_seg",
+    "format_segmentor_info",
     "load_segmentor",
     "load_weights",
     "predict_batches",
+    "segmentor_info",
     "train_seg",
 ]
 
@@ -195,6 +202,13 @@ class SegTask(DenseTask):
     def eval_line(self, row: dict) -> str:
         return f"mIoU {row['mIoU']:.2f}  mAcc {row['mAcc']:.2f}  aAcc {row['aAcc']:.2f}"
 
+    def result_line(self, res: dict) -> str:
+        """The metrics of a finished run or an evaluation, as the commands print them."""
+        return self.eval_line(res)
+
+    def train(self, cfg: SegConfig) -> dict:
+        return train_seg(cfg)
+
     def summary(self, cfg: SegConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
         out = {"decode": cfg.model.decode}
         if last_eval is not None:
@@ -220,3 +234,85 @@ def train_seg(
     torchrun they come from the environment.
     """
     return train_dense(SegTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
+
+
+def evaluate_checkpoint(
+    checkpoint,
+    *,
+    overrides: Iterable[tuple[str, Any]] = (),
+    device: str = "auto",
+    amp: str = "none",
+    json_path=None,
+    png=None,
+) -> dict:
+    """mIoU / mAcc / aAcc and per-class IoU / Acc (percent) of a ``last.pth`` written by
+    :func:`train_seg`, on its config's validation split with ``overrides`` (dotted keys; not
+    ``model.*``). Under torchrun each process scores its share of the images.
+
+    Rank 0 writes ``png`` (a few predictions beside the ground truth) and ``json_path`` (the result).
+    The result adds ``checkpoint``, ``backbone``, ``decode``, ``mode`` (whole / slide), ``images``,
+    ``eval_time_s``, ``rank`` and, with ``png``, ``predictions_png`` to the metrics.
+    """
+    from ..runtime.distributed import cleanup, init_distributed
+
+    info = init_distributed(device)
+    try:
+        model, cfg = load_segmentor(checkpoint, info.device)
+        cfg = eval_config(cfg, overrides, "seg")
+        _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
+        check_class_count(model, val, checkpoint)
+        t0 = time.time()
+        res = evaluate_seg(model, val, cfg, info.device, info, amp=amp, progress=info.is_main)
+        res.update(
+            checkpoint=str(checkpoint),
+            backbone=cfg.model.backbone,
+            decode=cfg.model.decode,
+            mode=cfg.eval.mode,
+            images=len(val),
+            eval_time_s=round(time.time() - t0, 1),
+            rank=info.rank,
+        )
+        if info.is_main and png:
+            res["predictions_png"] = str(save_predictions_png(model, val, cfg, info.device, png))
+        if info.is_main and json_path:
+            pathlib.Path(json_path).write_text(json.dumps(res, indent=1))
+    finally:
+        cleanup(info)
+    return res
+
+
+def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False) -> dict:
+    """Parameter counts (backbone / neck / decode head / auxiliary head / total) of a config's
+    segmentor, and its MACs at the crop size when ``macs``."""
+    from ..models.profile import count_params, profile
+
+    cfg = SegConfig.load(config, overrides)
+    n = num_classes or cfg.model.num_classes or (11 if cfg.data.dataset == "mosaic" else 150)
+    model = build_from_config(cfg.replace(**{"model.pretrained": None, "model.checkpoint": None}), int(n))
+    parts = {
+        name: (count_params(getattr(model, name)) if getattr(model, name) is not None else 0)
+        for name in ("backbone", "neck", "decode_head", "aux_head")
+    }
+    out = {
+        "config": str(config),
+        "backbone_name": cfg.model.backbone,
+        "decode": cfg.model.decode,
+        "num_classes": int(n),
+        **parts,
+        "params": count_params(model),
+    }
+    if macs:
+        size = cfg.data.mosaic.size if cfg.data.dataset == "mosaic" else cfg.data.crop_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        out["macs"] = profile(model, (3, *size)).macs
+        out["macs_input"] = list(size)
+    return out
+
+
+def format_segmentor_info(info: dict) -> str:
+    """:func:`segmentor_info` as the lines ``inline-attn seg info`` prints."""
+    lines = [f"{info['decode']} on {info['backbone_name']} ({info['num_classes']} classes; {info['config']})"]
+    lines += [f"  {k:12s} {info[k]:>12,}" for k in ("backbone", "neck", "decode_head", "aux_head", "params")]
+    if "macs" in info:
+        lines.append(f"  MACs         {info['macs'] / 1e9:.3f} G at {info['macs_input'][0]}x{info['macs_input'][1]}")
+    return "\n".join(lines)

@@ -12,14 +12,14 @@ additions) are not counted, as in the paper's tables.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["ProfileResult", "count_params", "profile"]
+__all__ = ["ProfileResult", "count_params", "format_model_info", "model_info", "profile"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,40 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
         batch_size=batch_size,
         macs_by_op=by_op,
     )
+
+
+def model_info(name: str, img_size: Optional[Sequence[int]] = None, *, macs: bool = True) -> dict:
+    """A registered model's parameters, MACs (at ``img_size`` = (H, W), default its input size; None
+    without ``macs``) and config, as ``inline-attn info`` reports them."""
+    from .registry import create_model, get_model_config
+
+    cfg = get_model_config(name)
+    model = create_model(name)
+    size = cfg.input_size if img_size is None else (cfg.input_size[0], *img_size)
+    if macs:
+        res = profile(model, size)
+        params, n_macs = res.params, res.macs
+    else:
+        params, n_macs = count_params(model), None
+    return {
+        "name": cfg.name,
+        "params": params,
+        "macs": n_macs,
+        "gmacs": None if n_macs is None else round(n_macs / 1e9, 4),
+        "profiled_input_size": list(size),
+        "config": cfg.to_dict(),
+    }
+
+
+def format_model_info(info: dict) -> str:
+    """:func:`model_info` as lines: parameters and MACs beside the published figures, then the config."""
+    cfg = info["config"]
+    size = info["profiled_input_size"]
+    lines = [f"{info['name']} ({cfg['family']})"]
+    ref = f"  (reference {cfg['num_params']:,})" if cfg.get("num_params") else ""
+    lines.append(f"  params        {info['params']:,}" + ref)
+    if info["macs"] is not None:
+        ref = f"  (published {cfg['macs_g']:.2f} G at {cfg['input_size'][-1]})" if cfg.get("macs_g") else ""
+        lines.append(f"  MACs          {info['macs'] / 1e9:.3f} G at {size[1]}x{size[2]}{ref}")
+    lines += [f"  {key:13s} {val}" for key, val in cfg.items() if key not in ("name", "family", "num_params", "macs_g")]
+    return "\n".join(lines)

@@ -154,6 +154,18 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
 
 
+def model_table(names: Sequence[str]) -> str:
+    """One line per model: input size, parameters, GMACs and the paper's top-1 ("-" where unknown)."""
+    lines = [f"{'model':26s} {'input':>5s} {'params':>12s} {'GMACs':>7s} {'top-1':>6s}"]
+    for n in names:
+        c = get_model_config(n)
+        params = f"{c.num_params:,}" if c.num_params else "-"
+        macs = f"{c.macs_g:.2f}" if c.macs_g else "-"
+        top1 = f"{c.paper_top1:.1f}" if c.paper_top1 else "-"
+        lines.append(f"{n:26s} {c.input_size[-1]:5d} {params:>12s} {macs:>7s} {top1:>6s}")
+    return "\n".join(lines)
+
+
 def get_model_config(name: str) -> ModelConfig:
     """The :class:`ModelConfig` of a registered model."""
     return _lookup(name)[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
@@ -177,12 +178,14 @@ def evaluate_checkpoint(
     device: str = "auto",
     amp: str = "none",
     workers: int = 2,
+    json_path: Optional[PathLike] = None,
 ) -> dict:
     """Top-1/top-5 of a checkpoint on ``data`` ("fmnist", "fmnist:DIR" or an ImageNet-layout folder).
 
     Input size, normalisation and the eval resize follow the checkpoint's training config, else
     the dataset's, else the model's (``img_size`` / ``crop_pct`` / ``eval_resize`` override them).
     Unreadable images are skipped: ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
+    The result is also written to ``json_path`` when given and at least one image was scored.
     """
     dev = resolve_device(device, what="--device")
     net, record = load_trained_model(checkpoint, model=model, ema=ema)
@@ -203,6 +206,10 @@ def evaluate_checkpoint(
         eval_time_s=round(time.time() - t, 2),
         img_s=round(res["n"] / max(time.time() - t, 1e-9), 1),
     )
+    if json_path and res["n"]:
+        from .._io import atomic_write_text
+
+        atomic_write_text(json_path, json.dumps(res, indent=2))
     return res
 
 
