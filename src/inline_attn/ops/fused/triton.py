@@ -198,10 +198,11 @@ def _fit(kernel, args: tuple, meta: dict, what: str) -> dict:
     Raises:
         ValueError: no configuration fits; names the kernel, ``what`` (the shape) and the device.
     """
-    limits = device_limits(next(a.device for a in args if isinstance(a, torch.Tensor)))
+    limits = device_limits(args[0].device)  # every kernel's first argument is a tensor
     if limits.shared_per_block is None:
         return meta
-    key = (kernel.fn.__name__, tuple(sorted(meta.items())), _dtypes(args), limits)
+    # the key is built on every launch: plain values, no string formatting (host time)
+    key = (kernel, *meta.values(), *(a.dtype for a in args if isinstance(a, torch.Tensor)), limits)
     fit = _fit_cache.get(key)
     if fit is None:
         shared_bytes = _state["shared_bytes"] or _compiled_shared_bytes
