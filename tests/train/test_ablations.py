@@ -43,9 +43,11 @@ def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
     rec = json.loads(results[0].read_text())
     assert rec["seed"] == 0 and rec["epochs"] == 1 and 0 <= rec["top1"] <= 100
 
-    second = run_ablations("quick", progress=False, **kw)
+    with pytest.raises(ValueError, match=f"output folder {tmp / 'out'} holds a finished or interrupted run"):
+        run_ablations("quick", progress=False, **kw)  # a new campaign into the folder of this one
+    second = run_ablations("quick", progress=False, resume="auto", **kw)
     assert (second["trained"], second["skipped"], second["left"]) == (1, 1, 0)
-    third = run_ablations("quick", progress=False, **kw)
+    third = run_ablations("quick", progress=False, resume="auto", **kw)
     assert (third["trained"], third["skipped"], third["left"]) == (0, 2, 0)
     assert len(calls) == 2 and len(set(calls)) == 2  # each run trained exactly once
 

@@ -81,6 +81,19 @@ def test_a_second_run_on_the_same_output_is_refused(interrupted, tmp_path):
     assert (out / "last.pth").read_bytes() == before
 
 
+def test_a_new_run_into_an_interrupted_one_is_refused_and_overwrite_moves_it_aside(interrupted, tmp_path):
+    _, src, common = interrupted
+    out = _copy_run(src, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
+    with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
+        train(load_config(None, base_overrides(out, **common)))
+    assert {n: (out / n).read_bytes() for n in before} == before
+    s = train(load_config(None, base_overrides(out, **common, **{"train.overwrite": True})))
+    assert s["interrupted"] is None and s["steps"] == 4  # a new run from step 0
+    (aside,) = out.glob("replaced-*")
+    assert {n: (aside / n).read_bytes() for n in before} == before  # the old run, whole
+
+
 def test_no_readable_checkpoint_is_an_error_naming_both(interrupted, tmp_path):
     _, src, common = interrupted
     out = _copy_run(src, tmp_path / "run")

@@ -13,6 +13,7 @@ from typing import Callable
 from .._io import writable_dir
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
+from ..runtime.output import OVERWRITE_HELP
 from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, DetConfig, SegConfig, load_det_config, load_seg_config
 
 
@@ -28,6 +29,13 @@ def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig) -> None
 
 def _overrides(args: argparse.Namespace) -> list:
     return collect_overrides(args, ("model.backbone_kwargs",))
+
+
+def _run_options(args: argparse.Namespace) -> list:
+    """``--resume`` and ``--overwrite`` as config overrides."""
+    return ([("train.resume", args.resume)] if args.resume else []) + (
+        [("train.overwrite", True)] if args.overwrite else []
+    )
 
 
 def _eval_overrides(args: argparse.Namespace, task: str) -> list:
@@ -126,10 +134,9 @@ TASKS = {t.name: t for t in (SEG, DET)}
 def cmd_train(args) -> int:
     task = TASKS[args.task]
     ov = _overrides(args)
-    if args.resume:
-        ov.append(("train.resume", args.resume))
     if args.output:
         ov.append(("train.output", writable_dir(args.output, "--output")))
+    ov += _run_options(args)
     summary = task.train(task.load_config(args.config, ov))
     if summary.get("stopped") is None and task.metric in summary:
         print(
@@ -142,7 +149,8 @@ def cmd_train(args) -> int:
 def cmd_demo(args) -> int:
     task = TASKS[args.task]
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / task.demo_config
-    cfg = task.load_config(cfg_path, [("train.output", writable_dir(args.output, "--output"))] + _overrides(args))
+    ov = [("train.output", writable_dir(args.output, "--output"))] + _overrides(args) + _run_options(args)
+    cfg = task.load_config(cfg_path, ov)
     print(
         f"{task.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
         flush=True,
@@ -332,6 +340,7 @@ def _task_parsers(subparsers, task: DenseCommand, *, help: str, description: str
     p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
     p.add_argument("--output", help="output folder (= --train.output)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (= --train.overwrite true)")
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_train, task=task.name)
     return sub
@@ -346,6 +355,8 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
     )
     p.add_argument("--output", default=f"runs/{task.name}_demo")
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
+    p.add_argument("--resume", help="'auto' to continue an interrupted demo")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_demo, task=task.name)
 

@@ -9,6 +9,7 @@ import time
 
 from .._io import atomic_write_text
 from ..runtime.config import add_override_options, collect_overrides as _collect
+from ..runtime.output import OVERWRITE_HELP
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
@@ -37,6 +38,8 @@ def cmd_train(args) -> int:
         overrides.append(("train.resume", args.resume))
     if args.output:
         overrides.append(("train.output", args.output))
+    if args.overwrite:
+        overrides.append(("train.overwrite", True))
     cfg = load_config(args.config, overrides)
     summary = train(cfg)
     if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
@@ -94,6 +97,8 @@ def cmd_demo(args) -> int:
         overrides.append(("sched.epochs", args.epochs))
     if args.resume:
         overrides.append(("train.resume", args.resume))
+    if args.overwrite:
+        overrides.append(("train.overwrite", True))
     cfg = load_config(cfg_path, overrides)
     t0 = time.time()
     print(
@@ -140,12 +145,18 @@ def cmd_reproduce(args) -> int:
             max_runs=args.max_runs,
             config_dir=args.configs,
             report_only=args.report_only,
+            resume=args.resume,
+            overwrite=args.overwrite,
         )
         print(res["report"])
         print(f"runs trained now: {res['trained']}, found finished: {res['skipped']}, still to run: {res['left']}")
         if res["left"]:
-            print("run the same command again to continue")
+            print("continue with --resume auto")
         return 130 if res["stopped"] else 0
+    if args.resume or args.overwrite:
+        raise ValueError(
+            "reproduce fmnist continues its runs by itself: --resume and --overwrite are for reproduce ablations"
+        )
     from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
@@ -204,6 +215,7 @@ def _register_train(subparsers) -> None:
     p.add_argument("-c", "--config", help="YAML config (configs/...); defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth, else previous.pth) or a checkpoint")
     p.add_argument("--output", help="output folder (= --train.output)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (= --train.overwrite true)")
     _add_override_options(p)
     p.set_defaults(func=cmd_train)
 
@@ -244,6 +256,7 @@ def _register_demo(subparsers) -> None:
     p.add_argument("--epochs", type=_positive(int, "--epochs"), help="override the config's epochs")
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.set_defaults(func=cmd_demo)
 
 
@@ -283,4 +296,6 @@ def _register_reproduce(subparsers) -> None:
         "--max-runs", type=int, default=0, help="ablations: stop after training this many runs (0: no limit)"
     )
     p.add_argument("--report-only", action="store_true", help="ablations: train nothing, tabulate the finished runs")
+    p.add_argument("--resume", choices=["auto"], help="ablations: continue the runs in --output")
+    p.add_argument("--overwrite", action="store_true", help="ablations: " + OVERWRITE_HELP)
     p.set_defaults(func=cmd_reproduce)

@@ -277,6 +277,9 @@ class DenseTrainCfg(Subscriptable):
     device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
     amp: Literal["none", "bf16", "fp16", "auto"] = setting("none", doc="none | bf16 | fp16 (CUDA) | auto")
     resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
+    overwrite: bool = setting(
+        False, doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)"
+    )
     checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)")
     max_steps: int = setting(0, ge=0, doc="stop (with a checkpoint) after N iterations (0: no limit)")
     log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations")
@@ -336,6 +339,7 @@ RESUME_MAY_CHANGE = frozenset(
         "data.coco.val_images",
         "train.output",
         "train.resume",
+        "train.overwrite",
         "train.progress",
         "train.threads",
         "train.max_steps",

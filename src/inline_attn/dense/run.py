@@ -5,9 +5,10 @@
 ``last.pth`` (atomically, every ``train.checkpoint_interval`` iterations, at the end and on
 SIGINT / SIGTERM; the one it replaces kept as ``previous.pth``), ``metrics.csv``,
 ``summary.json`` and the task's picture of validation predictions. A second run on the same
-output folder is refused while the first holds it. ``train.resume`` continues a run when its
-training-shaping settings, number of processes and weights fit (a ValueError naming what
-differs otherwise).
+output folder is refused while the first holds it, and a new run into a folder holding a finished
+or interrupted one unless ``train.overwrite`` (:func:`~inline_attn.runtime.output.claim_output`).
+``train.resume`` continues a run when its training-shaping settings, number of processes and
+weights fit (a ValueError naming what differs otherwise).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ..runtime.distributed import SEED_STRIDE, DistInfo, barrier, run_session
 from ..runtime.loop import (
     Cadence,
     LogWindow,
-    OutputLock,
     StopFlag,
     backward,
     check_finite,
@@ -41,6 +41,7 @@ from ..runtime.loop import (
     stop_everywhere,
 )
 from ..runtime.optim import PolySchedule, build_optimizer
+from ..runtime.output import claim_output
 from ..runtime.report import nan_to_none, write_csv, write_json
 from .config import RESUME_MAY_CHANGE
 
@@ -189,7 +190,9 @@ def train_dense(
     ) as info:
         if info.enabled and not task.distributed:
             raise ValueError(f"{task.kind} training runs in one process (got world size {info.world_size})")
-        return _Run(task, cfg, info).train()
+        t = cfg.train
+        with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
+            return _Run(task, cfg, info).train()
 
 
 class _Run:
@@ -261,7 +264,7 @@ class _Run:
     def train(self) -> dict:
         self.resume_or_seed()
         model = self.wrapped()
-        with StopFlag() as stop, OutputLock(self.out, enabled=self.info.is_main):
+        with StopFlag() as stop:
             if self.info.is_main:
                 self.cfg.save(self.out / "config.yaml")
             self.t_start = time.time()

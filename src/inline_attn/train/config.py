@@ -242,6 +242,9 @@ class TrainCfg:
         "the same averaging horizon in images (null: ema_decay as is)",
     )
     resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
+    overwrite: bool = setting(
+        False, doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)"
+    )
     eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)")
     max_steps: int = setting(0, ge=0, doc="stop with a checkpoint after N optimizer steps (0: no limit)")
     progress: bool = setting(True, doc="progress bar")
@@ -305,6 +308,7 @@ RESUME_MAY_CHANGE = frozenset(
         "data.workers",
         "train.output",
         "train.resume",
+        "train.overwrite",
         "train.progress",
         "train.tensorboard",
         "train.threads",
