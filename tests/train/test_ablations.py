@@ -58,7 +58,7 @@ def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
 
 def test_a_stopped_run_leaves_no_result_and_is_trained_next_time(two_runs, monkeypatch):
     kw, calls, tmp = two_runs
-    monkeypatch.setattr(engine, "train", lambda cfg: {"interrupted": "SIGTERM"})
+    monkeypatch.setattr(engine, "train", lambda cfg: {"stopped": "signal", "signal": 15})
     res = run_ablations("quick", progress=False, **kw)
     assert res["stopped"] and res["trained"] == 0 and res["left"] == 2
     assert not list((tmp / "out" / "results").glob("*.json"))
@@ -169,3 +169,27 @@ def test_reproduce_command_refuses_quick_with_another_preset(capsys):
 
     assert main(["reproduce", "ablations", "--quick", "--preset", "gpu"]) == 2
     assert "--quick is --preset quick" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, expected", [([], (None, False)), (["--resume", "auto"], ("auto", False)), (["--overwrite"], (None, True))]
+)
+def test_reproduce_command_passes_resume_and_overwrite(argv, expected, monkeypatch):
+    from inline_attn.cli import main
+
+    seen = []
+
+    def fake(p, **kw):
+        seen.append((kw["resume"], kw["overwrite"]))
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+
+    monkeypatch.setattr(ablations, "run_ablations", fake)
+    assert main(["reproduce", "ablations", "--doc", "", *argv]) == 0
+    assert seen == [expected]
+
+
+def test_reproduce_fmnist_refuses_the_ablation_runner_flags(capsys):
+    from inline_attn.cli import main
+
+    assert main(["reproduce", "fmnist", "--overwrite", "--doc", ""]) == 2
+    assert "--resume and --overwrite are for reproduce ablations" in capsys.readouterr().err

@@ -158,7 +158,7 @@ def cmd_demo(args) -> int:
     t0 = time.time()
     s = task.train(cfg)
     if s.get("stopped"):
-        return 0
+        return exit_code(s.get("signal"))
     print(
         f"\n{task.name} demo finished in {(time.time() - t0) / 60:.1f} min: {task.fmt(s)} on "
         f"{cfg.data.mosaic.val} validation mosaics ({task.demo_metric_note})"

@@ -9,6 +9,7 @@ import time
 
 from .._io import atomic_write_text
 from ..runtime.config import add_override_options, collect_overrides as _collect
+from ..runtime.loop import exit_code
 from ..runtime.output import OVERWRITE_HELP
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
 
@@ -23,13 +24,6 @@ def collect_overrides(args: argparse.Namespace) -> list:
     return _collect(args, FREEFORM)
 
 
-def _exit_code(summary: dict) -> int:
-    """0 for a finished run or a planned stop (max_steps); 128 + N for a run stopped by signal N."""
-    if summary.get("interrupted") == "signal":
-        return 128 + int(summary.get("signal") or 15)
-    return 0
-
-
 def cmd_train(args) -> int:
     from ..train.engine import train
 
@@ -42,7 +36,7 @@ def cmd_train(args) -> int:
         overrides.append(("train.overwrite", True))
     cfg = load_config(args.config, overrides)
     summary = train(cfg)
-    if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
+    if summary.get("rank", 0) == 0 and summary.get("stopped") is None and summary.get("final"):
         f = summary["final"]
         best = ""
         if summary.get("best_val_top1") is not None:
@@ -51,7 +45,7 @@ def cmd_train(args) -> int:
                 best += f"; EMA best {summary['best_val_top1_ema']:.2f}% at epoch {summary['best_ema_epoch']}"
             best += ")"
         print(f"done: top-1 {f['val_top1']:.2f}%  top-5 {f['val_top5']:.2f}%{best}  outputs in {summary['output']}")
-    return _exit_code(summary)
+    return exit_code(summary.get("signal"))
 
 
 def _eval_line(res: dict) -> str:
@@ -107,8 +101,8 @@ def cmd_demo(args) -> int:
         flush=True,
     )
     summary = train(cfg)
-    if summary.get("interrupted"):
-        return _exit_code(summary)
+    if summary.get("stopped"):
+        return exit_code(summary.get("signal"))
     out = pathlib.Path(summary["output"])
     if cfg.train.threads:  # evaluate with the threads the model trained with
         import torch
@@ -162,7 +156,7 @@ def cmd_reproduce(args) -> int:
     _, stopped = reproduce_fmnist(
         output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs
     )
-    return 0 if stopped is None else _exit_code(stopped)
+    return 0 if stopped is None else exit_code(stopped.get("signal"))
 
 
 def _positive(kind, flag: str):

@@ -225,7 +225,7 @@ def run_one(
         summary = train(cfg)
     except FloatingPointError as e:  # a diverged run is a result (e.g. linear attention, identity kernel)
         return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
-    if summary.get("interrupted"):
+    if summary.get("stopped"):
         return None
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
@@ -256,13 +256,13 @@ def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) 
 
 
 def run_finished(run_dir: pathlib.Path) -> bool:
-    """True when ``run_dir`` holds a run the trainer finished: its ``summary.json``, not interrupted,
+    """True when ``run_dir`` holds a run the trainer finished: its ``summary.json``, not stopped,
     and a checkpoint beside it."""
     summary = run_dir / "summary.json"
     if not summary.is_file():
         return False
     try:
-        if json.loads(summary.read_text()).get("interrupted"):
+        if json.loads(summary.read_text()).get("stopped"):
             return False
     except (json.JSONDecodeError, AttributeError):
         return False

@@ -110,7 +110,7 @@ def train(
 
     ``rank``/``world_size``/``init_method`` join a process group explicitly (tests); under
     torchrun they come from the environment. A run stopped by SIGINT/SIGTERM saves a checkpoint
-    and returns a summary with ``interrupted="signal"`` and ``signal`` (its number). An output
+    and returns a summary with ``stopped="signal"`` and ``signal`` (its number). An output
     folder holding another run is refused unless ``train.resume`` or ``train.overwrite``
     (:func:`~inline_attn.runtime.output.claim_output`).
     """
@@ -439,7 +439,7 @@ class _Run:
     def finish(
         self,
         state: TrainState,
-        interrupted: Optional[str],
+        stopped: Optional[str],
         ckpt_path: Optional[pathlib.Path],
         signum: Optional[int] = None,
     ) -> dict:
@@ -453,8 +453,8 @@ class _Run:
             "world_size": info.world_size,
             "rank": info.rank,
             "device": str(info.device),
-            "interrupted": interrupted,
-            "signal": signum,
+            "stopped": stopped,
+            "signal": signum if stopped == "signal" else None,
             "checkpoint": str(ckpt_path) if ckpt_path else None,
             "output": str(self.out),
         }
@@ -472,7 +472,7 @@ class _Run:
                     summary[f"best_val_top1{tag}"] = best["value"]
                     summary[f"best{tag}_epoch"] = best["epoch"]
                     summary[f"best{tag}_checkpoint"] = str(self.out / name)
-        if interrupted is None:
+        if stopped is None:
             summary["train_time_s"] = round(state.elapsed_s + time.time() - self.t_start, 1)
             if info.is_main:
                 try:
@@ -490,7 +490,7 @@ class _Run:
                 else "run the same command with --resume auto"
             )
             print(
-                f"interrupted ({interrupted}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
+                f"stopped ({stopped}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
                 file=sys.stderr,
                 flush=True,
             )
