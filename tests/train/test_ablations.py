@@ -193,3 +193,8 @@ def test_reproduce_fmnist_refuses_the_ablation_runner_flags(capsys):
 
     assert main(["reproduce", "fmnist", "--overwrite", "--doc", ""]) == 2
     assert "--resume and --overwrite are for reproduce ablations" in capsys.readouterr().err
+
+
+def test_report_only_refuses_overwrite(tmp_path):
+    with pytest.raises(ValueError, match="--report-only .* cannot go with --overwrite"):
+        run_ablations("quick", output=str(tmp_path), doc=None, report_only=True, overwrite=True, progress=False)

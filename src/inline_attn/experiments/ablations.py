@@ -397,6 +397,8 @@ def run_ablations(
     budget = budget or PRESETS[preset]
     out = pathlib.Path(output or f"runs/ablations/{preset}")
     res_dir = out / "results"
+    if report_only and overwrite:
+        raise ValueError("--report-only tabulates the runs in --output: it cannot go with --overwrite (replacing them)")
     if report_only and not any(res_dir.glob("*.json")):
         # a mistyped --output would otherwise overwrite the docs' table with "Runs finished: 0"
         raise ValueError(f"--report-only: no finished runs in {res_dir} (is --output the run folder?)")
