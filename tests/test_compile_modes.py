@@ -9,7 +9,7 @@ import torch
 
 from inline_attn import compile as compile_lib
 from inline_attn.bench import attention as bench_attention_module
-from inline_attn.train.config import TrainCfg, load_config, resume_differences
+from inline_attn.train.config import TrainCfg, load_config
 
 
 def test_unknown_mode_is_refused_with_the_known_ones():
@@ -33,7 +33,7 @@ def test_training_config_takes_the_same_modes():
     with pytest.raises(ValueError, match="compile_mode"):
         load_config(None, [("train.compile_mode", "fast")])
     # how a run is executed, not what it trains: a resume may change it
-    assert resume_differences(load_config(None).to_dict(), cfg) == []
+    assert cfg.differences(load_config(None).to_dict()) == []
 
 
 def test_bench_compiles_each_layer_in_the_asked_mode(monkeypatch):

@@ -58,3 +58,34 @@ def test_cli_output_that_is_a_file_is_one_clear_line(tmp_path, capsys, argv):
     assert main([a.format(file=f, configs=configs) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("inline-attn: error: --out") and str(f) in err and "Traceback" not in err, err
+
+
+RUN = {"last.pth": b"weights", "previous.pth": b"older", "summary.json": b"{}", "metrics.csv": b"epoch\n0\n"}
+ABLATIONS = {"results/inline__seed0.json": b"{}", "invocations.json": b"{}"}
+
+
+@pytest.mark.parametrize(
+    "argv, files",
+    [
+        (["train", "--data.path", "{out}/no-data", "--output", "{out}"], RUN),
+        (["seg", "train", "-c", "{configs}/mosaic/demo.yaml", "--output", "{out}"], RUN),
+        (["det", "train", "-c", "{configs}/mosaic/det_demo.yaml", "--output", "{out}"], RUN),
+        (["reproduce", "ablations", "--quick", "--doc", "", "--output", "{out}"], ABLATIONS),
+    ],
+    ids=["train", "seg-train", "det-train", "reproduce-ablations"],
+)
+def test_a_new_run_into_a_finished_run_stops_before_any_work(tmp_path, capsys, argv, files):
+    """Issue 36: a new run (no --resume) into the --output of a finished run used to replace its
+    checkpoints and metrics; now it stops first, naming the folder and the two ways on, and
+    leaves every file as it was."""
+    out = tmp_path / "finished"
+    for name, data in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    configs = pathlib.Path(__file__).parents[1] / "configs"
+    assert main([a.format(out=out, configs=configs) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"inline-attn: error: output folder {out} holds a finished or interrupted run" in err, err
+    assert "continue it with --resume auto, or choose another --output" in err
+    assert {name: (out / name).read_bytes() for name in files} == files
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == sorted({n.split("/")[0] for n in files})

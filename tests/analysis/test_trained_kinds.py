@@ -140,7 +140,7 @@ def test_missing_kinds_are_named_with_the_command_that_trains_them(tmp_path, run
         part_d_runs(part, ["inline"], seed=2)
     # a run stopped before the end (its summary says so) is not a finished run
     summary = part / key / "seed0" / "summary.json"
-    summary.write_text(json.dumps({**json.loads(summary.read_text()), "interrupted": "SIGTERM"}))
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "stopped": "signal"}))
     with pytest.raises(ValueError, match=r"kind\(s\) \['inline'\]"):
         part_d_runs(part, ["inline"])
     # through the command: every kind is missing from an empty folder; bad flags and kinds

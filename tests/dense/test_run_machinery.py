@@ -166,6 +166,18 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, ade):
     assert train_seg(_seg(tmp_path / "run", ade))["iterations"] == 2  # free again once released
 
 
+def test_a_new_run_into_a_finished_one_is_refused_and_overwrite_moves_it_aside(tmp_path, ade):
+    out = tmp_path / "run"
+    train_seg(_seg(out, ade))
+    before = {n: (out / n).read_bytes() for n in (LAST, "summary.json", "metrics.csv", "config.yaml")}
+    with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
+        train_seg(_seg(out, ade))
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert train_seg(_seg(out, ade, **{"train.overwrite": True}))["iterations"] == 2
+    (aside,) = out.glob("replaced-*")
+    assert {n: (aside / n).read_bytes() for n in before} == before
+
+
 def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatch):
     real = seg_task.SegTask.losses
     calls = []

@@ -214,7 +214,7 @@ def test_old_trained_checkpoint_and_run_folder_load_silently(tmp_path, no_future
 
 
 def test_old_config_keys_load_resume_and_save_the_new_name(tmp_path, no_future_warnings):
-    from inline_attn.train.config import load_config, resume_differences
+    from inline_attn.train.config import load_config
 
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump({"model": {"name": "inline_deit_tiny", "kwargs": {"kernel": "relu"}}}))
@@ -222,8 +222,8 @@ def test_old_config_keys_load_resume_and_save_the_new_name(tmp_path, no_future_w
     assert cfg.model.kwargs == {"feature_map": "relu"}
     new = load_config(None, [("model.kwargs.feature_map", "relu")])
     # a run started before the rename resumes under a config that says feature_map (and back)
-    assert resume_differences({"model": {"name": "inline_deit_tiny", "kwargs": {"kernel": "relu"}}}, new) == []
-    assert resume_differences(new.to_dict(), cfg) == []
+    assert new.differences({"model": {"name": "inline_deit_tiny", "kwargs": {"kernel": "relu"}}}) == []
+    assert cfg.differences(new.to_dict()) == []
     cfg.save(tmp_path / "saved.yaml")
     assert yaml.safe_load((tmp_path / "saved.yaml").read_text())["model"]["kwargs"] == {"feature_map": "relu"}
     with pytest.raises(ValueError, match="both kernel='relu' and feature_map='exp'"):

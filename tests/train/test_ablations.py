@@ -43,9 +43,11 @@ def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
     rec = json.loads(results[0].read_text())
     assert rec["seed"] == 0 and rec["epochs"] == 1 and 0 <= rec["top1"] <= 100
 
-    second = run_ablations("quick", progress=False, **kw)
+    with pytest.raises(ValueError, match=f"output folder {tmp / 'out'} holds a finished or interrupted run"):
+        run_ablations("quick", progress=False, **kw)  # a new campaign into the folder of this one
+    second = run_ablations("quick", progress=False, resume="auto", **kw)
     assert (second["trained"], second["skipped"], second["left"]) == (1, 1, 0)
-    third = run_ablations("quick", progress=False, **kw)
+    third = run_ablations("quick", progress=False, resume="auto", **kw)
     assert (third["trained"], third["skipped"], third["left"]) == (0, 2, 0)
     assert len(calls) == 2 and len(set(calls)) == 2  # each run trained exactly once
 
@@ -56,7 +58,7 @@ def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
 
 def test_a_stopped_run_leaves_no_result_and_is_trained_next_time(two_runs, monkeypatch):
     kw, calls, tmp = two_runs
-    monkeypatch.setattr(engine, "train", lambda cfg: {"interrupted": "SIGTERM"})
+    monkeypatch.setattr(engine, "train", lambda cfg: {"stopped": "signal", "signal": 15})
     res = run_ablations("quick", progress=False, **kw)
     assert res["stopped"] and res["trained"] == 0 and res["left"] == 2
     assert not list((tmp / "out" / "results").glob("*.json"))
@@ -167,3 +169,32 @@ def test_reproduce_command_refuses_quick_with_another_preset(capsys):
 
     assert main(["reproduce", "ablations", "--quick", "--preset", "gpu"]) == 2
     assert "--quick is --preset quick" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, expected", [([], (None, False)), (["--resume", "auto"], ("auto", False)), (["--overwrite"], (None, True))]
+)
+def test_reproduce_command_passes_resume_and_overwrite(argv, expected, monkeypatch):
+    from inline_attn.cli import main
+
+    seen = []
+
+    def fake(p, **kw):
+        seen.append((kw["resume"], kw["overwrite"]))
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+
+    monkeypatch.setattr(ablations, "run_ablations", fake)
+    assert main(["reproduce", "ablations", "--doc", "", *argv]) == 0
+    assert seen == [expected]
+
+
+def test_reproduce_fmnist_refuses_the_ablation_runner_flags(capsys):
+    from inline_attn.cli import main
+
+    assert main(["reproduce", "fmnist", "--overwrite", "--doc", ""]) == 2
+    assert "--resume and --overwrite are for reproduce ablations" in capsys.readouterr().err
+
+
+def test_report_only_refuses_overwrite(tmp_path):
+    with pytest.raises(ValueError, match="--report-only .* cannot go with --overwrite"):
+        run_ablations("quick", output=str(tmp_path), doc=None, report_only=True, overwrite=True, progress=False)

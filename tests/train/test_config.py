@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from inline_attn.cli import main
-from inline_attn.train.config import SECTIONS, Config, fields_of, load_config, resume_differences
+from inline_attn.train.config import SECTIONS, Config, fields_of, load_config
 
 from train_helpers import TINY_DEIT, make_fmnist
 
@@ -142,10 +142,10 @@ def test_a_new_setting_is_one_field(tmp_path):
         config_mod.SECTIONS["optim"] = old
 
 
-def test_resume_differences_list_only_what_shapes_the_training():
+def test_differences_list_only_what_shapes_the_training():
     saved = load_config(None, [("data.batch_size", 4), ("data.workers", 0), ("train.max_steps", 3)]).to_dict()
     now = load_config(None, [("data.batch_size", 2), ("data.workers", 2), ("model.kwargs", dict(TINY_DEIT))])
-    diffs = resume_differences(saved, now)
+    diffs = now.differences(saved)
     assert "data.batch_size: 4 -> 2" in diffs and any(d.startswith("model.kwargs:") for d in diffs)
     assert not any(d.startswith(("data.workers", "train.max_steps")) for d in diffs)
 
@@ -232,4 +232,4 @@ def test_every_shipped_recipe_is_valid(name):
 def test_execution_settings_may_change_on_resume():
     saved = load_config(None).to_dict()
     now = load_config(None, [("train.compile", True), ("train.channels_last", True)])
-    assert resume_differences(saved, now) == []
+    assert now.differences(saved) == []

@@ -30,7 +30,7 @@ from inline_attn.runtime.optim import (
 )
 from inline_attn.train import engine as engine_mod
 from inline_attn.train import graphs as graphs_mod
-from inline_attn.train.config import load_config, resume_differences
+from inline_attn.train.config import load_config
 from inline_attn.train.engine import train
 from inline_attn.train.graphs import StepGraphs, announce, plan
 from inline_attn.train.loop import soft_cross_entropy
@@ -52,7 +52,7 @@ def test_setting_defaults_to_auto_and_takes_booleans():
         assert got == value and type(got) is type(value)
     # how a run is executed, not what it trains: a resume may change it
     cfg = load_config(None, [("train.cuda_graphs", False)])
-    assert resume_differences(load_config(None).to_dict(), cfg) == []
+    assert cfg.differences(load_config(None).to_dict()) == []
 
 
 @pytest.mark.parametrize("bad", [1, 0, 1.0, "on", "yes", "always", None, [True]])

@@ -32,7 +32,7 @@ def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
     out = tmp_path / "run"
     cfg = load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16}, **AUG_ON))
     s = train(cfg)
-    assert s["steps"] == 2 and s["epochs_done"] == 1 and s["interrupted"] is None
+    assert s["steps"] == 2 and s["epochs_done"] == 1 and s["stopped"] is None
     for f in ("last.pth", "best.pth", "config.yaml", "metrics.csv", "curves.png", "summary.json"):
         assert (out / f).is_file(), f
     summary = json.loads((out / "summary.json").read_text())
@@ -118,7 +118,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
     }
     full = train(load_config(None, base_overrides(tmp_path / "full", **common)))
     part = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.max_steps": 3})))
-    assert part["interrupted"] == "max_steps" and part["steps"] == 3
+    assert part["stopped"] == "max_steps" and part["steps"] == 3
     assert not (tmp_path / "cut" / "summary.json").exists()
     resumed = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.resume": "auto"})))
     assert resumed["steps"] == full["steps"] == 4
@@ -169,12 +169,12 @@ def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "soft_cross_entropy", loss_then_signal)
     ov = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
     s = train(load_config(None, base_overrides(tmp_path / "run", **ov)))
-    assert s["interrupted"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 2
+    assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
     state = ckpt_io.load(tmp_path / "run" / "last.pth")
     assert (state["epoch"], state["step_in_epoch"], state["step"]) == (1, 0, 2)
     s = train(load_config(None, base_overrides(tmp_path / "run", **ov, **{"train.resume": "auto"})))
-    assert s["steps"] == 4 and s["interrupted"] is None
+    assert s["steps"] == 4 and s["stopped"] is None
 
 
 def test_param_groups_exempt_norms_biases_and_pos_embed():

@@ -22,7 +22,7 @@ def interrupted(tmp_path_factory):
     common = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
     out = tmp / "run"
     s = train(load_config(None, base_overrides(out, **common, **{"train.max_steps": 3})))
-    assert s["interrupted"] == "max_steps" and s["steps"] == 3
+    assert s["stopped"] == "max_steps" and s["steps"] == 3
     return tmp, out, common
 
 
@@ -53,7 +53,7 @@ def test_unreadable_last_falls_back_to_previous(interrupted, tmp_path, caplog):
         s = _resume(out, common, **{"data.workers": 0, "train.max_steps": 0})  # both may change
     assert "last.pth" in caplog.text and "truncated or corrupted" in caplog.text
     assert "resuming from" in caplog.text and "previous.pth" in caplog.text
-    assert s["steps"] == 4 and s["interrupted"] is None
+    assert s["steps"] == 4 and s["stopped"] is None
 
 
 def test_fallback_is_not_overwritten_by_the_unreadable_checkpoint(interrupted, tmp_path):
@@ -79,6 +79,19 @@ def test_a_second_run_on_the_same_output_is_refused(interrupted, tmp_path):
         with pytest.raises(ValueError, match=f"output folder {out} is in use by another run"):
             _resume(out, common)
     assert (out / "last.pth").read_bytes() == before
+
+
+def test_a_new_run_into_an_interrupted_one_is_refused_and_overwrite_moves_it_aside(interrupted, tmp_path):
+    _, src, common = interrupted
+    out = _copy_run(src, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
+    with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
+        train(load_config(None, base_overrides(out, **common)))
+    assert {n: (out / n).read_bytes() for n in before} == before
+    s = train(load_config(None, base_overrides(out, **common, **{"train.overwrite": True})))
+    assert s["stopped"] is None and s["steps"] == 4  # a new run from step 0
+    (aside,) = out.glob("replaced-*")
+    assert {n: (aside / n).read_bytes() for n in before} == before  # the old run, whole
 
 
 def test_no_readable_checkpoint_is_an_error_naming_both(interrupted, tmp_path):

@@ -19,6 +19,7 @@ from .._io import writable_dir
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
 from ..dense.config import DetConfig, SegConfig
+from ..runtime.output import OVERWRITE_HELP
 
 
 def _configs_dir() -> pathlib.Path:
@@ -33,6 +34,13 @@ def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig) -> None
 
 def _overrides(args: argparse.Namespace) -> list:
     return collect_overrides(args, ("model.backbone_kwargs",))
+
+
+def _run_options(args: argparse.Namespace) -> list:
+    """``--resume`` and ``--overwrite`` as config overrides."""
+    return ([("train.resume", args.resume)] if args.resume else []) + (
+        [("train.overwrite", True)] if args.overwrite else []
+    )
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,9 @@ def cmd_train(args) -> int:
     command = TASKS[args.task]
     task = command.task()
     ov = _overrides(args)
-    if args.resume:
-        ov.append(("train.resume", args.resume))
     if args.output:
         ov.append(("train.output", writable_dir(args.output, "--output")))
+    ov += _run_options(args)
     summary = task.train(task.config.load(args.config, ov))
     if summary.get("stopped") is None and task.metric_keys[0] in summary:
         print(
@@ -104,7 +111,8 @@ def cmd_demo(args) -> int:
     command = TASKS[args.task]
     task = command.task()
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / command.demo_config
-    cfg = task.config.load(cfg_path, [("train.output", writable_dir(args.output, "--output"))] + _overrides(args))
+    ov = [("train.output", writable_dir(args.output, "--output"))] + _overrides(args) + _run_options(args)
+    cfg = task.config.load(cfg_path, ov)
     print(
         f"{command.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
         flush=True,
@@ -112,7 +120,7 @@ def cmd_demo(args) -> int:
     t0 = time.time()
     s = task.train(cfg)
     if s.get("stopped"):
-        return 0
+        return exit_code(s.get("signal"))
     print(
         f"\n{command.name} demo finished in {(time.time() - t0) / 60:.1f} min: {task.result_line(s)} on "
         f"{cfg.data.mosaic.val} validation mosaics ({command.demo_metric_note})"
@@ -227,6 +235,7 @@ def _task_parsers(subparsers, task: DenseCommand, *, help: str, description: str
     p.add_argument("-c", "--config", help="YAML config; defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth) or a checkpoint path")
     p.add_argument("--output", help="output folder (= --train.output)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (= --train.overwrite true)")
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_train, task=task.name)
     return sub
@@ -241,6 +250,8 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
     )
     p.add_argument("--output", default=f"runs/{task.name}_demo")
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
+    p.add_argument("--resume", help="'auto' to continue an interrupted demo")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_demo, task=task.name)
 

@@ -7,6 +7,8 @@ import pathlib
 import time
 
 from ..runtime.config import add_override_options, collect_overrides as _collect
+from ..runtime.loop import exit_code
+from ..runtime.output import OVERWRITE_HELP
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
@@ -20,13 +22,6 @@ def collect_overrides(args: argparse.Namespace) -> list:
     return _collect(args, FREEFORM)
 
 
-def _exit_code(summary: dict) -> int:
-    """0 for a finished run or a planned stop (max_steps); 128 + N for a run stopped by signal N."""
-    if summary.get("interrupted") == "signal":
-        return 128 + int(summary.get("signal") or 15)
-    return 0
-
-
 def cmd_train(args) -> int:
     from ..train.engine import train
 
@@ -35,9 +30,11 @@ def cmd_train(args) -> int:
         overrides.append(("train.resume", args.resume))
     if args.output:
         overrides.append(("train.output", args.output))
+    if args.overwrite:
+        overrides.append(("train.overwrite", True))
     cfg = load_config(args.config, overrides)
     summary = train(cfg)
-    if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
+    if summary.get("rank", 0) == 0 and summary.get("stopped") is None and summary.get("final"):
         f = summary["final"]
         best = ""
         if summary.get("best_val_top1") is not None:
@@ -46,7 +43,7 @@ def cmd_train(args) -> int:
                 best += f"; EMA best {summary['best_val_top1_ema']:.2f}% at epoch {summary['best_ema_epoch']}"
             best += ")"
         print(f"done: top-1 {f['val_top1']:.2f}%  top-5 {f['val_top5']:.2f}%{best}  outputs in {summary['output']}")
-    return _exit_code(summary)
+    return exit_code(summary.get("signal"))
 
 
 def _eval_line(res: dict) -> str:
@@ -91,6 +88,8 @@ def cmd_demo(args) -> int:
         overrides.append(("sched.epochs", args.epochs))
     if args.resume:
         overrides.append(("train.resume", args.resume))
+    if args.overwrite:
+        overrides.append(("train.overwrite", True))
     cfg = load_config(cfg_path, overrides)
     t0 = time.time()
     print(
@@ -99,8 +98,8 @@ def cmd_demo(args) -> int:
         flush=True,
     )
     summary = train(cfg)
-    if summary.get("interrupted"):
-        return _exit_code(summary)
+    if summary.get("stopped"):
+        return exit_code(summary.get("signal"))
     out = pathlib.Path(summary["output"])
     if cfg.train.threads:  # evaluate with the threads the model trained with
         import torch
@@ -137,18 +136,24 @@ def cmd_reproduce(args) -> int:
             max_runs=args.max_runs,
             config_dir=args.configs,
             report_only=args.report_only,
+            resume=args.resume,
+            overwrite=args.overwrite,
         )
         print(res["report"])
         print(f"runs trained now: {res['trained']}, found finished: {res['skipped']}, still to run: {res['left']}")
         if res["left"]:
-            print("run the same command again to continue")
+            print("continue with --resume auto")
         return 130 if res["stopped"] else 0
+    if args.resume or args.overwrite:
+        raise ValueError(
+            "reproduce fmnist continues its runs by itself: --resume and --overwrite are for reproduce ablations"
+        )
     from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
         output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs
     )
-    return 0 if stopped is None else _exit_code(stopped)
+    return 0 if stopped is None else exit_code(stopped.get("signal"))
 
 
 def _positive(kind, flag: str):
@@ -201,6 +206,7 @@ def _register_train(subparsers) -> None:
     p.add_argument("-c", "--config", help="YAML config (configs/...); defaults for every key not set")
     p.add_argument("--resume", help="'auto' (continue from OUTPUT/last.pth, else previous.pth) or a checkpoint")
     p.add_argument("--output", help="output folder (= --train.output)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (= --train.overwrite true)")
     _add_override_options(p)
     p.set_defaults(func=cmd_train)
 
@@ -241,6 +247,7 @@ def _register_demo(subparsers) -> None:
     p.add_argument("--epochs", type=_positive(int, "--epochs"), help="override the config's epochs")
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.set_defaults(func=cmd_demo)
 
 
@@ -280,4 +287,6 @@ def _register_reproduce(subparsers) -> None:
         "--max-runs", type=int, default=0, help="ablations: stop after training this many runs (0: no limit)"
     )
     p.add_argument("--report-only", action="store_true", help="ablations: train nothing, tabulate the finished runs")
+    p.add_argument("--resume", choices=["auto"], help="ablations: continue the runs in --output")
+    p.add_argument("--overwrite", action="store_true", help="ablations: " + OVERWRITE_HELP)
     p.set_defaults(func=cmd_reproduce)

@@ -159,10 +159,10 @@ class MosaicCfg(Subscriptable):
 class CocoCfg(Subscriptable):
     """A COCO-layout folder: instances JSON and image folder per split."""
 
-    train_ann: Optional[str] = setting(None, doc="instances_train2017.json")
-    train_images: Optional[str] = setting(None, doc="its image folder")
-    val_ann: Optional[str] = setting(None, doc="instances_val2017.json")
-    val_images: Optional[str] = setting(None, doc="its image folder")
+    train_ann: Optional[str] = setting(None, doc="instances_train2017.json", resume=True)
+    train_images: Optional[str] = setting(None, doc="its image folder", resume=True)
+    val_ann: Optional[str] = setting(None, doc="instances_val2017.json", resume=True)
+    val_images: Optional[str] = setting(None, doc="its image folder", resume=True)
     short_size: int = setting(800, ge=1, doc="images resized to this short side (mmdet's 1x scale)")
     max_size: int = setting(1333, ge=1, doc="... and a long side at most this")
 
@@ -176,13 +176,15 @@ class CocoCfg(Subscriptable):
 
 @dataclass
 class DenseDataCfg(Subscriptable):
-    path: Optional[str] = setting(None, doc="dataset root, or the Fashion-MNIST folder for mosaics (null: Debian's)")
+    path: Optional[str] = setting(
+        None, doc="dataset root, or the Fashion-MNIST folder for mosaics (null: Debian's)", resume=True
+    )
     flip: float = setting(0.5, ge=0, le=1, doc="horizontal flip probability")
     mean: tuple[float, ...] = setting(ADE_MEAN, doc="per-channel mean, 0-255 units")
     std: tuple[float, ...] = setting(ADE_STD, doc="per-channel std, 0-255 units")
     batch_size: int = setting(2, ge=1, doc="images per process and iteration")
-    workers: int = setting(2, ge=0, doc="data loader processes")
-    val_subset: int = setting(0, ge=0, doc="evaluate on the first N validation images (0: all)")
+    workers: int = setting(2, ge=0, doc="data loader processes", resume=True)
+    val_subset: int = setting(0, ge=0, doc="evaluate on the first N validation images (0: all)", resume=True)
     mosaic: MosaicCfg = setting(factory=MosaicCfg, doc="Fashion-MNIST mosaics")
 
     def check(self) -> None:
@@ -212,7 +214,7 @@ class SegDataCfg(DenseDataCfg):
 @dataclass
 class DetDataCfg(DenseDataCfg):
     dataset: Literal["mosaic", "coco"] = setting("mosaic", doc="mosaic | coco (data.coco.*)")
-    workers: int = setting(0, ge=0, doc="data loader processes")
+    workers: int = setting(0, ge=0, doc="data loader processes", resume=True)
     coco: CocoCfg = setting(factory=CocoCfg, doc="a COCO-layout folder")
 
 
@@ -248,17 +250,19 @@ class PolySchedCfg(Subscriptable):
 
 @dataclass
 class DetEvalCfg(Subscriptable):
-    interval: int = setting(4000, ge=0, doc="evaluate every N iterations (and at the end); 0: only at the end")
-    batch_size: int = setting(8, ge=1, doc="validation images per forward")
+    interval: int = setting(
+        4000, ge=0, doc="evaluate every N iterations (and at the end); 0: only at the end", resume=True
+    )
+    batch_size: int = setting(8, ge=1, doc="validation images per forward", resume=True)
 
 
 @dataclass
 class SegEvalCfg(DetEvalCfg):
-    mode: Literal["whole", "slide"] = setting("whole", doc="whole-image or sliding-window inference")
-    crop_size: tuple[int, int] = setting((512, 512), doc="slide window (h, w)")
-    stride: tuple[int, int] = setting((341, 341), doc="slide stride (h, w)")
-    flip: bool = setting(False, doc="average with the flipped image's prediction")
-    batch_size: int = setting(1, ge=1, doc="validation images per forward")
+    mode: Literal["whole", "slide"] = setting("whole", doc="whole-image or sliding-window inference", resume=True)
+    crop_size: tuple[int, int] = setting((512, 512), doc="slide window (h, w)", resume=True)
+    stride: tuple[int, int] = setting((341, 341), doc="slide stride (h, w)", resume=True)
+    flip: bool = setting(False, doc="average with the flipped image's prediction", resume=True)
+    batch_size: int = setting(1, ge=1, doc="validation images per forward", resume=True)
 
     def check(self) -> None:
         _positive_pair("eval.crop_size", self.crop_size)
@@ -272,18 +276,25 @@ class SegEvalCfg(DetEvalCfg):
 
 @dataclass
 class DenseTrainCfg(Subscriptable):
-    output: str = setting("runs/seg", doc="output folder")
+    output: str = setting("runs/seg", doc="output folder", resume=True)
     seed: int = setting(0, ge=0, doc="random seed")
     device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
     amp: Literal["none", "bf16", "fp16", "auto"] = setting("none", doc="none | bf16 | fp16 (CUDA) | auto")
-    resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
-    checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)")
-    max_steps: int = setting(0, ge=0, doc="stop (with a checkpoint) after N iterations (0: no limit)")
-    log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations")
-    progress: bool = setting(True, doc="progress bar")
-    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)")
+    resume: Optional[str] = setting(
+        None, doc="null | auto (the output folder's checkpoint) | a checkpoint path", resume=True
+    )
+    overwrite: bool = setting(
+        False,
+        doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)",
+        resume=True,
+    )
+    checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)", resume=True)
+    max_steps: int = setting(0, ge=0, doc="stop (with a checkpoint) after N iterations (0: no limit)", resume=True)
+    log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations", resume=True)
+    progress: bool = setting(True, doc="progress bar", resume=True)
+    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
     deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
-    predictions_png: bool = setting(True, doc="a PNG of validation predictions beside the ground truth")
+    predictions_png: bool = setting(True, doc="a PNG of validation predictions beside the ground truth", resume=True)
 
     def check(self) -> None:
         check_device("train.device", self.device)
@@ -292,7 +303,7 @@ class DenseTrainCfg(Subscriptable):
 
 @dataclass
 class DetTrainCfg(DenseTrainCfg):
-    output: str = setting("runs/det", doc="output folder")
+    output: str = setting("runs/det", doc="output folder", resume=True)
 
 
 @dataclass
@@ -321,30 +332,6 @@ class DetConfig(TypedConfig):
 
 SEG_DEFAULTS: dict[str, dict[str, Any]] = SegConfig().to_dict()
 DET_DEFAULTS: dict[str, dict[str, Any]] = DetConfig().to_dict()
-
-# settings a resume may change: where the data and outputs are, how the run is watched and
-# evaluated, when it stops; everything else (model, data pipeline, batch, optimizer, schedule,
-# seed, precision) shapes the training, so a resume refuses a change to it
-RESUME_MAY_CHANGE = frozenset(
-    {
-        "data.path",
-        "data.workers",
-        "data.val_subset",
-        "data.coco.train_ann",
-        "data.coco.train_images",
-        "data.coco.val_ann",
-        "data.coco.val_images",
-        "train.output",
-        "train.resume",
-        "train.progress",
-        "train.threads",
-        "train.max_steps",
-        "train.log_interval",
-        "train.checkpoint_interval",
-        "train.predictions_png",
-    }
-    | {f"eval.{f.name}" for f in dataclasses.fields(SegEvalCfg)}
-)
 
 
 def load_seg_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> SegConfig:

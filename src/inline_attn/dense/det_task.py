@@ -1,5 +1,5 @@
 """Detection training and evaluation: the detection hooks of the dense training loop
-(:mod:`inline_attn.dense.run`: poly schedule, atomic rotating checkpoints with resume and its
+(:mod:`inline_attn.runtime.run`: poly schedule, atomic rotating checkpoints with resume and its
 checks, signals, metrics CSV, summary JSON; one process) for FCOS on the mosaics or a
 COCO-layout folder, COCO box AP, a picture of detections.
 
@@ -27,7 +27,8 @@ from .data import StepSampler, build_det_datasets, det_collate
 from .detector import FCOS, build_detector
 from .evaluation import check_class_count, eval_config
 from ..data.transforms import Normalize
-from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, train_dense
+from ..runtime.run import train
+from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained
 
 __all__ = [
     "DetTask",
@@ -143,7 +144,7 @@ class DetTask(DenseTask):
         sampler = StepSampler(len(train_set), cfg.data.batch_size, seed=cfg.train.seed)
         return (det_collate([train_set[i] for i in b]) for b in sampler.steps(step, cfg.sched.iters))
 
-    def losses(self, model, batch, norm: Normalize, device: torch.device, amp: str) -> tuple[dict, int]:
+    def losses(self, model, batch, norm: nn.Module, device: torch.device, amp: str) -> tuple[dict, int]:
         img, targets, _ = batch
         x = norm(img.to(device))
         targets = [{k: v.to(device) for k, v in tg.items()} for tg in targets]
@@ -181,7 +182,7 @@ class DetTask(DenseTask):
 def train_det(cfg: DetConfig) -> dict:
     """Train an FCOS detector with ``cfg`` (a :class:`~inline_attn.dense.config.DetConfig`); returns
     the summary (``stopped``: None, "max_steps" or "signal")."""
-    return train_dense(DetTask(), cfg)
+    return train(DetTask(), cfg)
 
 
 def evaluate_checkpoint(

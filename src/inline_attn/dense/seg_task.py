@@ -1,5 +1,5 @@
 """Segmentation training and evaluation: the segmentation hooks of the dense training loop
-(:mod:`inline_attn.dense.run`: iteration-based, one process or many under torchrun, resumable,
+(:mod:`inline_attn.runtime.run`: iteration-based, one process or many under torchrun, resumable,
 interruptible, with AMP) and inference (whole / slide, flip), mIoU, a picture of predictions.
 
 ``train_seg(cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``, ``last.pth``
@@ -28,7 +28,8 @@ from .evaluation import check_class_count, eval_config
 from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
-from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, load_weights, train_dense
+from ..runtime.run import train
+from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained, load_weights
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
@@ -188,7 +189,7 @@ class SegTask(DenseTask):
         )
         return iter(loader)
 
-    def losses(self, model, batch, norm: Normalize, device: torch.device, amp: str) -> tuple[dict, int]:
+    def losses(self, model, batch, norm: nn.Module, device: torch.device, amp: str) -> tuple[dict, int]:
         img, lab = batch
         x = norm(img.to(device, non_blocking=True))
         with autocast(device, amp):
@@ -233,7 +234,7 @@ def train_seg(
     ``rank`` / ``world_size`` / ``init_method`` join a process group explicitly (tests); under
     torchrun they come from the environment.
     """
-    return train_dense(SegTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
+    return train(SegTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
 
 
 def evaluate_checkpoint(

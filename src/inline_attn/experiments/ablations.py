@@ -36,6 +36,7 @@ import torch
 
 from .._deprecation import feature_map_alias
 from ..models import PATTERN_KINDS
+from ..runtime.output import claim_output
 from ..train.config import configs_dir, load_config
 from ..train.report import write_json
 from .reproduce import write_section
@@ -60,6 +61,9 @@ COMPARED = (
 MASKED = ("softmax", "linear", "inline")
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 PARTS = "abcdefg"
+# what shows that an output folder holds ablation runs: their results, the log of earlier
+# invocations, a run stopped part-way (``<setting>/seed<N>/last.pth``)
+ABLATION_RUN_FILES = ("results/*.json", "invocations.json", "*/seed*/last.pth")
 PLAN_ORDER = "deabcgf"  # training order: the comparison (and the masked models) first
 LETTER = {kind: letter for letter, kind in PATTERN_KINDS.items()}  # attention kind -> pattern letter
 NAMES = {
@@ -221,7 +225,7 @@ def run_one(
         summary = train(cfg)
     except FloatingPointError as e:  # a diverged run is a result (e.g. linear attention, identity kernel)
         return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
-    if summary.get("interrupted"):
+    if summary.get("stopped"):
         return None
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
@@ -252,13 +256,13 @@ def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) 
 
 
 def run_finished(run_dir: pathlib.Path) -> bool:
-    """True when ``run_dir`` holds a run the trainer finished: its ``summary.json``, not interrupted,
+    """True when ``run_dir`` holds a run the trainer finished: its ``summary.json``, not stopped,
     and a checkpoint beside it."""
     summary = run_dir / "summary.json"
     if not summary.is_file():
         return False
     try:
-        if json.loads(summary.read_text()).get("interrupted"):
+        if json.loads(summary.read_text()).get("stopped"):
             return False
     except (json.JSONDecodeError, AttributeError):
         return False
@@ -333,6 +337,28 @@ def _cached(path: pathlib.Path, make: Callable[[], Optional[dict]]) -> tuple[Opt
     return rec, True
 
 
+def _train_missing(todo, budget: Budget, out: pathlib.Path, cdir: pathlib.Path, max_runs: int, progress: bool):
+    """Train the runs of ``todo`` without a result in ``out/results`` (at most ``max_runs``, 0: all);
+    returns (trained now, found finished, stopped by a signal)."""
+    from tqdm import tqdm
+
+    trained = skipped = 0
+    bar = tqdm(todo, desc="ablation runs", unit="run", disable=not progress)
+    for setting, seed in bar:
+        path = out / "results" / f"{setting.key}__seed{seed}.json"
+        if path.is_file():
+            skipped += 1
+            continue
+        if max_runs and trained >= max_runs:
+            continue
+        bar.set_postfix_str(f"{setting.key} seed {seed}")
+        rec, _ = _cached(path, lambda s=setting, sd=seed: run_one(s, sd, budget, out, cdir))
+        if rec is None:
+            return trained, skipped, True
+        trained += 1
+    return trained, skipped, False
+
+
 def run_ablations(
     preset: str = "full",
     *,
@@ -345,6 +371,8 @@ def run_ablations(
     budget: Optional[Budget] = None,
     progress: bool = True,
     report_only: bool = False,
+    resume: Optional[str] = None,
+    overwrite: bool = False,
 ) -> dict:
     """Train what is missing, then tabulate whatever is finished into ``doc``.
 
@@ -355,12 +383,13 @@ def run_ablations(
         seeds: seeds 0 .. seeds-1 per setting (>= 3 for the mean +- std the tables report).
         max_runs: stop after training this many runs (0: no limit); the rest stays for later.
         report_only: train nothing; measure and tabulate the finished runs.
+        resume: "auto" continues the runs in ``output``: a folder holding finished or stopped runs
+            is refused without it (or ``overwrite``, which moves them into a subfolder), as
+            :func:`~inline_attn.runtime.output.claim_output` refuses for every task.
 
     Returns {"trained": runs trained now, "skipped": runs found finished, "left": runs still to
     train, "stopped": True when a signal stopped a run, "report": the markdown}.
     """
-    from tqdm import tqdm
-
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: expected one of {tuple(PRESETS)}")
     if seeds < 1:
@@ -368,28 +397,20 @@ def run_ablations(
     budget = budget or PRESETS[preset]
     out = pathlib.Path(output or f"runs/ablations/{preset}")
     res_dir = out / "results"
+    if report_only and overwrite:
+        raise ValueError("--report-only tabulates the runs in --output: it cannot go with --overwrite (replacing them)")
     if report_only and not any(res_dir.glob("*.json")):
         # a mistyped --output would otherwise overwrite the docs' table with "Runs finished: 0"
         raise ValueError(f"--report-only: no finished runs in {res_dir} (is --output the run folder?)")
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     t0 = time.time()
     todo = plan(parts, range(seeds))
-    trained = skipped = 0
-    stopped = False
-    bar = tqdm(todo, desc="ablation runs", unit="run", disable=not progress)
-    for setting, seed in bar:
-        path = res_dir / f"{setting.key}__seed{seed}.json"
-        if path.is_file():
-            skipped += 1
-            continue
-        if report_only or (max_runs and trained >= max_runs):
-            continue
-        bar.set_postfix_str(f"{setting.key} seed {seed}")
-        rec, _ = _cached(path, lambda s=setting, sd=seed: run_one(s, sd, budget, out, cdir))
-        if rec is None:
-            stopped = True
-            break
-        trained += 1
+    if report_only:
+        done = [1 for s, sd in todo if (res_dir / f"{s.key}__seed{sd}.json").is_file()]
+        trained, skipped, stopped = 0, len(done), False
+    else:
+        with claim_output(out, resume=resume, overwrite=overwrite, run_files=ABLATION_RUN_FILES):
+            trained, skipped, stopped = _train_missing(todo, budget, out, cdir, max_runs, progress)
     left = sum(1 for s, sd in todo if not (res_dir / f"{s.key}__seed{sd}.json").is_file())
     results = _read(res_dir, todo)
     extras = {} if stopped else _extras(parts, results, budget, out, cdir, seeds, progress)

@@ -21,7 +21,8 @@ import torch
 
 from ..dense.det_task import DetTask
 from ..dense.seg_task import SegTask
-from ..dense.run import DenseTask, train_dense
+from ..dense.build import DenseTask
+from ..runtime.run import train
 
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
 
@@ -95,7 +96,7 @@ def compare(
                     ],
                 )
                 print(f"{task} compare: pattern {pattern}, seed {seed} -> {out}", flush=True)
-                s = train_dense(dense_task, cfg)
+                s = train(dense_task, cfg)
             rows.append(dict(s, pattern=pattern, seed=int(seed)))
     return rows
 

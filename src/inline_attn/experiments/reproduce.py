@@ -46,7 +46,7 @@ def reproduce_fmnist(
         cfg = load_config(cfg_path, overrides)
         print(f"reproduce fmnist: {v} ({cfg_path})", flush=True)
         summary = train(cfg)
-        if summary.get("interrupted"):
+        if summary.get("stopped"):
             return rows, summary
         out = pathlib.Path(summary["output"])
         summary = json.loads((out / "summary.json").read_text())

@@ -3,8 +3,12 @@
 - :mod:`~inline_attn.runtime.config`: typed config sections, YAML with ``_base_``, dotted
   overrides, did-you-mean, type and range checks, ``--section.key`` flag generation;
 - :mod:`~inline_attn.runtime.checkpoint`: atomic rotating checkpoints, one resume path;
+- :mod:`~inline_attn.runtime.run`: the one training run every task drives through its hooks
+  (:class:`~inline_attn.runtime.run.Task`);
 - :mod:`~inline_attn.runtime.loop`: the optimizer step (amp, GradScaler, clipping), signals,
   the output-folder lock, the log window and the cadence of an iteration loop;
+- :mod:`~inline_attn.runtime.output`: the output folder's rule (a finished or interrupted run is
+  continued or explicitly replaced, never overwritten by accident);
 - :mod:`~inline_attn.runtime.optim`, :mod:`~inline_attn.runtime.amp`,
   :mod:`~inline_attn.runtime.distributed`, :mod:`~inline_attn.runtime.ema`,
   :mod:`~inline_attn.runtime.report`.

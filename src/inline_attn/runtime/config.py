@@ -60,9 +60,13 @@ def setting(
     le: Optional[float] = None,
     lt: Optional[float] = None,
     factory: Any = dataclasses.MISSING,
+    resume: bool = False,
 ):
-    """A config field: its default, its help text and the range a number must lie in."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt}
+    """A config field: its default, its help text, the range a number must lie in, and whether it
+    may change when a run is resumed (``resume=True``: where the data and outputs are, how the run
+    is executed and watched, when it stops; every other setting shapes the training, so
+    :meth:`TypedConfig.differences` reports a change to it)."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "resume": resume}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -304,17 +308,17 @@ class TypedConfig(Subscriptable):
         """Write the resolved config as YAML (floats keep a dot so YAML 1.1 reads them back as floats)."""
         atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None))
 
-    def differences(self, saved: dict, may_change: Iterable[str] = ()) -> list[str]:
-        """``"key: saved -> current"`` for every setting outside ``may_change`` that differs from
-        the ``saved`` config dict (a checkpoint's)."""
+    def differences(self, saved: dict) -> list[str]:
+        """``"key: saved -> current"`` for every setting that shapes the training (not declared
+        ``resume=True``) and differs from the ``saved`` config dict (a checkpoint's)."""
         try:
             before = type(self).from_dict(saved)
         except ValueError as e:
             return [f"the checkpoint's config is not valid here ({e})"]
-        keep, out = set(may_change), []
-        for key, *_ in setting_flags(type(self)):
+        out = []
+        for key, f, *_ in setting_flags(type(self)):
             old, new = _plain(before.get(key)), _plain(self.get(key))
-            if key not in keep and old != new:
+            if not f.metadata.get("resume") and old != new:
                 out.append(f"{key}: {old!r} -> {new!r}")
         return out
 

@@ -2,8 +2,8 @@
 
 Writing, rotation and finding the checkpoint to resume from are :mod:`inline_attn.runtime.checkpoint`'s
 (shared by every task; its names stay importable from here). Resuming checks the checkpoint
-against the run continuing it: the config (only :data:`~inline_attn.train.config.RESUME_MAY_CHANGE`
-may differ), the number of processes and the steps per epoch, then the weights and optimizer
+against the run continuing it: the config (only the settings declared ``resume=True`` may
+differ), the number of processes and the steps per epoch, then the weights and optimizer
 state, each mismatch a ValueError naming the file and what differs.
 """
 
@@ -29,7 +29,7 @@ from ..runtime.checkpoint import (
 )
 from ..runtime.checkpoint import load_resume as _load_resume
 from ..runtime.optim import plain_state_dict
-from .config import Config, resume_differences
+from .config import Config
 from .state import TrainState
 
 __all__ = [
@@ -109,7 +109,7 @@ def restore(
     """Load ``ckpt`` into ``state`` after checking it belongs to this run; returns this rank's
     saved ``{"rng", "partial"}`` (None when it was saved by another number of processes)."""
     where = f"checkpoint {str(path)!r}"
-    check_resume(where, resume_differences(ckpt.get("config") or {}, cfg), ckpt.get("world_size"), world_size)
+    check_resume(where, cfg.differences(ckpt.get("config") or {}), ckpt.get("world_size"), world_size)
     saved_steps = ckpt.get("steps_per_epoch")
     if saved_steps is not None and int(saved_steps) != steps_per_epoch:
         raise ValueError(

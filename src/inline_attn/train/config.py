@@ -47,7 +47,6 @@ __all__ = [
     "load_config",
     "parse_value",
     "read_yaml",
-    "resume_differences",
     "save_config",
     "set_dotted",
     "setting",
@@ -92,7 +91,9 @@ class ModelCfg:
 @dataclass
 class DataCfg:
     dataset: Literal["folder", "fmnist"] = setting("folder", doc="folder (ImageNet layout: path/train, path/val)")
-    path: Optional[str] = setting(None, doc="folder root, or the Fashion-MNIST folder (null: the Debian path)")
+    path: Optional[str] = setting(
+        None, doc="folder root, or the Fashion-MNIST folder (null: the Debian path)", resume=True
+    )
     train_split: str = setting("train", doc="training subfolder of data.path")
     val_split: str = setting("val", doc="validation subfolder of data.path")
     img_size: Optional[int] = setting(None, gt=0, doc="null: the dataset's, else the model's input size")
@@ -106,7 +107,7 @@ class DataCfg:
     mean: Optional[tuple[float, ...]] = setting(None, doc="per-channel mean (null: the dataset's or model's)")
     std: Optional[tuple[float, ...]] = setting(None, doc="per-channel std (null: the dataset's or model's)")
     batch_size: int = setting(128, ge=1, doc="images per process and micro-batch (the authors' per-GPU batch)")
-    workers: int = setting(4, ge=0, doc="data loader processes")
+    workers: int = setting(4, ge=0, doc="data loader processes", resume=True)
     subset: int = setting(0, ge=0, doc="use only the first N training images (0: all)")
     val_subset: int = setting(0, ge=0, doc="use only the first N validation images (0: all)")
     on_device: bool = setting(
@@ -212,16 +213,18 @@ class SchedCfg:
 
 @dataclass
 class TrainCfg:
-    output: str = setting("runs/train", doc="output folder")
+    output: str = setting("runs/train", doc="output folder", resume=True)
     seed: int = setting(0, ge=0, doc="random seed")
     deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
     device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
     amp: Literal["none", "bf16", "fp16", "auto"] = setting(
         "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)"
     )
-    compile: bool = setting(False, doc="torch.compile the model (the fused InLine op compiles as one node)")
+    compile: bool = setting(
+        False, doc="torch.compile the model (the fused InLine op compiles as one node)", resume=True
+    )
     compile_mode: Literal[COMPILE_MODES] = setting(
-        "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)"
+        "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)", resume=True
     )
     cuda_graphs: Literal["auto", True, False] = setting(
         "auto",
@@ -229,8 +232,9 @@ class TrainCfg:
         "can be captured: CUDA, one process, bf16 or fp32, no accumulation), true (asked for: a run that cannot "
         "be captured says why in one line and runs ungraphed) or false; with train.compile, inductor's "
         "reduce-overhead mode instead",
+        resume=True,
     )
-    channels_last: bool = setting(False, doc="channels-last images and convolutions")
+    channels_last: bool = setting(False, doc="channels-last images and convolutions", resume=True)
     ema: bool = setting(False, doc="keep an exponential moving average of the weights")
     ema_decay: float = setting(
         0.9996, ge=0, lt=1, doc="EMA decay per optimizer step at a total batch of train.ema_batch"
@@ -241,12 +245,19 @@ class TrainCfg:
         doc="total batch at which ema_decay holds: the run uses ema_decay ** (total_batch / ema_batch), "
         "the same averaging horizon in images (null: ema_decay as is)",
     )
-    resume: Optional[str] = setting(None, doc="null | auto (the output folder's checkpoint) | a checkpoint path")
-    eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)")
-    max_steps: int = setting(0, ge=0, doc="stop with a checkpoint after N optimizer steps (0: no limit)")
-    progress: bool = setting(True, doc="progress bar")
-    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)")
-    tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed")
+    resume: Optional[str] = setting(
+        None, doc="null | auto (the output folder's checkpoint) | a checkpoint path", resume=True
+    )
+    overwrite: bool = setting(
+        False,
+        doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)",
+        resume=True,
+    )
+    eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)", resume=True)
+    max_steps: int = setting(0, ge=0, doc="stop with a checkpoint after N optimizer steps (0: no limit)", resume=True)
+    progress: bool = setting(True, doc="progress bar", resume=True)
+    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
+    tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed", resume=True)
 
     def check(self) -> None:
         check_device("train.device", self.device)
@@ -295,33 +306,3 @@ def configs_dir() -> pathlib.Path:
         "cannot find the configs/ folder: run from the repository root, set INLINE_ATTN_CONFIGS, "
         "or pass the config file explicitly"
     )
-
-
-# --- resume: which settings may differ between a checkpoint's run and the run continuing it
-
-RESUME_MAY_CHANGE = frozenset(
-    {
-        "data.path",
-        "data.workers",
-        "train.output",
-        "train.resume",
-        "train.progress",
-        "train.tensorboard",
-        "train.threads",
-        "train.max_steps",
-        "train.eval_every",
-        "train.compile",
-        "train.compile_mode",
-        "train.cuda_graphs",
-        "train.channels_last",
-    }
-)
-"""Settings that may change when a run is resumed: where the data and outputs are, how the run
-is executed and watched, and when it stops. Everything else (model, data pipeline, batch size,
-optimizer, schedule, seed, precision) shapes the training itself, so a resume refuses a change
-to it."""
-
-
-def resume_differences(saved: dict, current: Config) -> list[str]:
-    """``"key: saved -> current"`` for every setting outside :data:`RESUME_MAY_CHANGE` that differs."""
-    return current.differences(saved, RESUME_MAY_CHANGE)

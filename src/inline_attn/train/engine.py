@@ -34,8 +34,9 @@ from ..models.profile import count_params, profile
 from ..runtime.amp import grad_scaler, resolve_amp
 from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum, barrier, run_session
 from ..runtime.ema import ModelEma
-from ..runtime.loop import OutputLock, StopFlag
+from ..runtime.loop import StopFlag
 from ..runtime.optim import CosineSchedule, build_optimizer
+from ..runtime.output import claim_output
 from . import checkpoint as ckpt_io
 from .config import Config, save_config
 from .data import Batches, build_datasets, data_info, loader_crops
@@ -109,14 +110,16 @@ def train(
 
     ``rank``/``world_size``/``init_method`` join a process group explicitly (tests); under
     torchrun they come from the environment. A run stopped by SIGINT/SIGTERM saves a checkpoint
-    and returns a summary with ``interrupted="signal"`` and ``signal`` (its number).
+    and returns a summary with ``stopped="signal"`` and ``signal`` (its number). An output
+    folder holding another run is refused unless ``train.resume`` or ``train.overwrite``
+    (:func:`~inline_attn.runtime.output.claim_output`).
     """
     if not isinstance(cfg, Config):
         raise ValueError(f"train() takes a Config (inline_attn.train.load_config), got {type(cfg).__name__}")
-    with run_session(
-        cfg.train.device, cfg.train.threads, rank=rank, world_size=world_size, init_method=init_method
-    ) as info:
-        return _train(cfg, info)
+    t = cfg.train
+    with run_session(t.device, t.threads, rank=rank, world_size=world_size, init_method=init_method) as info:
+        with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
+            return _train(cfg, info)
 
 
 def _set_determinism(cfg: Config, device: torch.device) -> None:
@@ -214,9 +217,8 @@ def _train(cfg: Config, info: DistInfo) -> dict:
         ddp_model = compile_module(ddp_model, compile_mode_for(cfg.train.compile_mode, graphed))
     graphs = StepGraphs(amp, cfg.optim.clip_grad) if graphed and not cfg.train.compile else None
     # the handlers go in before config.yaml appears (the sign that a run has started), so a signal
-    # from then on always ends in a checkpoint and the 128 + signum exit; the lock keeps a second
-    # run out of this output folder
-    with StopFlag() as stop, OutputLock(out, enabled=info.is_main):
+    # from then on always ends in a checkpoint and the 128 + signum exit
+    with StopFlag() as stop:
         if info.is_main:
             out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, out / "config.yaml")
@@ -437,7 +439,7 @@ class _Run:
     def finish(
         self,
         state: TrainState,
-        interrupted: Optional[str],
+        stopped: Optional[str],
         ckpt_path: Optional[pathlib.Path],
         signum: Optional[int] = None,
     ) -> dict:
@@ -451,8 +453,8 @@ class _Run:
             "world_size": info.world_size,
             "rank": info.rank,
             "device": str(info.device),
-            "interrupted": interrupted,
-            "signal": signum,
+            "stopped": stopped,
+            "signal": signum if stopped == "signal" else None,
             "checkpoint": str(ckpt_path) if ckpt_path else None,
             "output": str(self.out),
         }
@@ -470,7 +472,7 @@ class _Run:
                     summary[f"best_val_top1{tag}"] = best["value"]
                     summary[f"best{tag}_epoch"] = best["epoch"]
                     summary[f"best{tag}_checkpoint"] = str(self.out / name)
-        if interrupted is None:
+        if stopped is None:
             summary["train_time_s"] = round(state.elapsed_s + time.time() - self.t_start, 1)
             if info.is_main:
                 try:
@@ -488,7 +490,7 @@ class _Run:
                 else "run the same command with --resume auto"
             )
             print(
-                f"interrupted ({interrupted}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
+                f"stopped ({stopped}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
                 file=sys.stderr,
                 flush=True,
             )

@@ -1,13 +1,18 @@
-"""One training loop for segmentation and detection: iteration-based, one process or many
-(torchrun), resumable, interruptible, with AMP; each task supplies its hooks (:class:`DenseTask`).
+"""One training run for every task: set-up, resume, the steps, checkpoints, signals and the
+closing summary; each task supplies its hooks (:class:`Task`).
 
-``train_dense(task, cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``,
-``last.pth`` (atomically, every ``train.checkpoint_interval`` iterations, at the end and on
-SIGINT / SIGTERM; the one it replaces kept as ``previous.pth``), ``metrics.csv``,
-``summary.json`` and the task's picture of validation predictions. A second run on the same
-output folder is refused while the first holds it. ``train.resume`` continues a run when its
-training-shaping settings, number of processes and weights fit (a ValueError naming what
-differs otherwise).
+``train(task, cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``, ``last.pth``
+(atomically, at the task's checkpoint cadence, at the end and on SIGINT / SIGTERM; the one it
+replaces kept as ``previous.pth``), ``metrics.csv``, ``summary.json`` and the task's picture of
+validation predictions. The output folder is claimed first
+(:func:`~inline_attn.runtime.output.claim_output`): a second run is refused while the first holds
+it, and a new run into a folder holding a finished or interrupted one unless ``train.overwrite``.
+``train.resume`` continues a run when its training-shaping settings (every setting not declared
+``resume=True``), number of processes and weights fit (a ValueError naming what differs otherwise).
+
+The summary says how a run ended: ``stopped`` is None (finished), ``"max_steps"`` or ``"signal"``
+(``signal``: its number); :func:`~inline_attn.runtime.loop.exit_code` turns that into the
+command's exit status.
 """
 
 from __future__ import annotations
@@ -16,119 +21,32 @@ import logging
 import pathlib
 import sys
 import time
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..data.transforms import Normalize
-from ..models.checkpoint import read_checkpoint, unwrap_state_dict
 from ..models.profile import count_params
-from ..runtime.amp import grad_scaler, resolve_amp
-from ..runtime.checkpoint import LAST, check_resume, load_module, load_optimizer, load_resume, save_rotating
-from ..runtime.config import TypedConfig
-from ..runtime.distributed import SEED_STRIDE, DistInfo, barrier, run_session
-from ..runtime.loop import (
-    Cadence,
-    LogWindow,
-    OutputLock,
-    StopFlag,
-    backward,
-    check_finite,
-    optimizer_step,
-    stop_everywhere,
-)
-from ..runtime.optim import PolySchedule, build_optimizer
-from ..runtime.report import nan_to_none, write_csv, write_json
-from .config import RESUME_MAY_CHANGE
+from .amp import grad_scaler, resolve_amp
+from .checkpoint import LAST, check_resume, load_module, load_optimizer, load_resume, save_rotating
+from .config import TypedConfig
+from .distributed import SEED_STRIDE, DistInfo, barrier, run_session
+from .loop import Cadence, LogWindow, StopFlag, backward, check_finite, optimizer_step, stop_everywhere
+from .output import claim_output
+from .report import nan_to_none, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DenseTask", "build_dense_model", "load_run_checkpoint", "load_trained", "load_weights", "train_dense"]
+__all__ = ["Run", "Task", "train"]
 
 
-def build_dense_model(cfg: TypedConfig, num_classes: int, builder: Callable, head_key: str) -> nn.Module:
-    """``builder(backbone=..., num_classes=..., backbone_kwargs=..., **head settings)`` for the
-    config's model section (weights from ``model.checkpoint`` when set; the backbone's from
-    ``model.pretrained``); ``head_key`` names the classifier weight for mismatch messages."""
-    m = cfg.model
-    if m.num_classes is not None and m.num_classes != num_classes:
-        raise ValueError(f"model.num_classes={m.num_classes} but the dataset has {num_classes} classes")
-    try:
-        model = builder(
-            backbone=m.backbone,
-            num_classes=num_classes,
-            backbone_kwargs=m.backbone_kwargs_for_build(),
-            **m.head_kwargs(),
-        )
-    except TypeError as e:  # a backbone_kwargs entry the model does not take
-        raise ValueError(f"backbone {m.backbone!r} rejected model.backbone_kwargs {m.backbone_kwargs}: {e}") from e
-    if m.checkpoint:
-        load_weights(model, m.checkpoint, head_key)
-    return model
-
-
-def load_weights(model: nn.Module, path, head_key: str) -> None:
-    """Load whole-model weights (a ``last.pth`` of ours or a bare state dict), strictly: a
-    checkpoint of another backbone or class count (the rows of ``head_key``, the classifier's
-    weight) raises ValueError saying which."""
-    sd = unwrap_state_dict(read_checkpoint(path, weights_only=False), where=repr(str(path)))
-    own = model.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    shapes = [
-        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own
-        if k in sd and sd[k].shape != own[k].shape
-    ]
-    if missing or unexpected or shapes:
-        cls = own[head_key].shape[0]
-        got = sd.get(head_key)
-        hint = (
-            f"; the checkpoint predicts {got.shape[0]} classes, the model {cls}"
-            if got is not None and got.shape[0] != cls
-            else ""
-        )
-        raise ValueError(
-            f"checkpoint {path} does not fit the model (other backbone or head?){hint}: "
-            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected "
-            f"(e.g. {unexpected[:3]}), {len(shapes)} of another shape (e.g. {shapes[:2]})"
-        )
-    model.load_state_dict(sd)
-
-
-def load_run_checkpoint(path, keys, kind: str) -> dict:
-    """A checkpoint written by :func:`train_dense` for ``kind`` (``keys`` it must hold);
-    ValueError naming the file when it is not one."""
-    state = read_checkpoint(path, weights_only=False)  # ours: configs and RNG states beside the weights
-    missing = [k for k in keys if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise ValueError(
-            f"{path} is not a {kind} checkpoint of inline-attn (no {', '.join(missing)}); "
-            f"to start from its weights use --model.checkpoint or --model.pretrained"
-        )
-    return state
-
-
-def load_trained(task: "DenseTask", path, state: dict, device="cpu") -> tuple[nn.Module, TypedConfig]:
-    """(model, config) of the run that wrote ``state``, the checkpoint read from ``path``: its
-    config without the starting weights (``model.checkpoint``, ``model.pretrained``), the model
-    built for its class count, the trained weights loaded strictly, on ``device``."""
-    cfg = task.config.from_dict(state["config"]).replace(**{"model.checkpoint": None, "model.pretrained": None})
-    model = task.build_model(cfg, int(state["num_classes"]))
-    load_weights(model, path, task.head_key)
-    return model.to(device), cfg
-
-
-class DenseTask:
-    """What segmentation and detection do differently; :func:`train_dense` does the rest."""
+class Task:
+    """What a task does its own way; :class:`Run` does the rest."""
 
     kind: str  # "segmentation" | "detection" (messages)
     config: type  # the typed config class
-    head_key: str  # the classifier's weight (its rows: the classes), for mismatch messages
-    checkpoint_keys: tuple  # what a checkpoint of the task holds
     csv_columns: list  # metrics.csv
     loss_keys: tuple  # the losses logged ("loss" first)
     metric_keys: tuple  # the evaluation numbers in a metrics row
@@ -143,13 +61,30 @@ class DenseTask:
         raise NotImplementedError
 
     def load_checkpoint(self, path) -> dict:
-        return load_run_checkpoint(path, self.checkpoint_keys, self.kind)
-
-    def batches(self, train_set, cfg, info: DistInfo, step: int) -> Iterator:
-        """The training batches from iteration ``step`` on."""
+        """A checkpoint of this task read from ``path`` (ValueError naming the file when it is not one)."""
         raise NotImplementedError
 
-    def losses(self, model: nn.Module, batch, norm: Normalize, device: torch.device, amp: str) -> tuple[dict, int]:
+    def optimization(self, cfg, model: nn.Module) -> tuple:
+        """(optimizer, schedule): the schedule steps once per step and tells ``lr_at(step)``."""
+        raise NotImplementedError
+
+    def cadence(self, cfg) -> Cadence:
+        """When the run logs, evaluates, checkpoints and stops."""
+        raise NotImplementedError
+
+    def input_norm(self, cfg) -> nn.Module:
+        """What :meth:`losses` applies to the images (moved to the device by the run)."""
+        return nn.Identity()
+
+    def headline(self, cfg) -> dict:
+        """The summary's first entries: what was trained."""
+        return {}
+
+    def batches(self, train_set, cfg, info: DistInfo, step: int) -> Iterator:
+        """The training batches from step ``step`` on."""
+        raise NotImplementedError
+
+    def losses(self, model: nn.Module, batch, norm: nn.Module, device: torch.device, amp: str) -> tuple[dict, int]:
         """(losses with "loss" the one to minimise, images in the batch)."""
         raise NotImplementedError
 
@@ -168,8 +103,8 @@ class DenseTask:
         raise NotImplementedError
 
 
-def train_dense(
-    task: DenseTask,
+def train(
+    task: Task,
     cfg: TypedConfig,
     *,
     rank: Optional[int] = None,
@@ -179,23 +114,23 @@ def train_dense(
     """Train ``task`` with ``cfg``; returns the summary (``stopped``: None, "max_steps" or
     "signal" with ``signal`` its number). ``rank`` / ``world_size`` / ``init_method`` join a
     process group explicitly (tests); under torchrun they come from the environment. A plain
-    nested dict (the config format of earlier versions) is converted and checked first."""
+    nested dict is converted and checked first."""
     if isinstance(cfg, dict):
         cfg = task.config.from_dict(cfg)
     if not isinstance(cfg, task.config):
         raise ValueError(f"{task.kind} training takes a {task.config.__name__}, got {type(cfg).__name__}")
-    with run_session(
-        cfg.train.device, cfg.train.threads, rank=rank, world_size=world_size, init_method=init_method
-    ) as info:
+    t = cfg.train
+    with run_session(t.device, t.threads, rank=rank, world_size=world_size, init_method=init_method) as info:
         if info.enabled and not task.distributed:
             raise ValueError(f"{task.kind} training runs in one process (got world size {info.world_size})")
-        return _Run(task, cfg, info).train()
+        with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
+            return Run(task, cfg, info).train()
 
 
-class _Run:
-    """One training run: set-up, resume, the iterations, the closing summary."""
+class Run:
+    """One training run: set-up, resume, the steps, the closing summary."""
 
-    def __init__(self, task: DenseTask, cfg: TypedConfig, info: DistInfo):
+    def __init__(self, task: Task, cfg: TypedConfig, info: DistInfo):
         self.task, self.cfg, self.info, self.device = task, cfg, info, info.device
         self.out = pathlib.Path(cfg.train.output)
         if cfg.train.deterministic:
@@ -206,23 +141,12 @@ class _Run:
         np.random.seed(cfg.train.seed % 2**32)
         self.model = task.build_model(cfg, self.train_set.num_classes).to(self.device)
         self.n_params = count_params(self.model)
-        o, s = cfg.optim, cfg.sched
-        self.optimizer = build_optimizer(self.model, o.opt, o.lr, o.weight_decay, o.betas, o.eps)
-        self.sched = PolySchedule(
-            self.optimizer,
-            lr=o.lr,
-            iters=s.iters,
-            power=s.power,
-            min_lr=s.min_lr,
-            warmup_iters=s.warmup_iters,
-            warmup_ratio=s.warmup_ratio,
-        )
+        self.optimizer, self.sched = task.optimization(cfg, self.model)
         self.amp = resolve_amp(cfg.train.amp, self.device)
         self.scaler = grad_scaler(self.amp)
-        self.norm = Normalize(cfg.data.mean, cfg.data.std).to(self.device)
+        self.norm = task.input_norm(cfg).to(self.device)
         self.step, self.history, self.elapsed, self.last_eval = 0, [], 0.0, None
-        t = cfg.train
-        self.cadence = Cadence(s.iters, t.log_interval, cfg.eval.interval, t.checkpoint_interval, t.max_steps)
+        self.cadence = task.cadence(cfg)
 
     def resume_or_seed(self) -> None:
         """Continue from ``train.resume`` after checking the checkpoint fits; else seed this rank."""
@@ -232,8 +156,9 @@ class _Run:
             return
         path, state = found
         where = f"checkpoint {str(path)!r}"
-        diffs = self.cfg.differences(state.get("config") or {}, RESUME_MAY_CHANGE)
-        check_resume(where, diffs, state.get("world_size"), self.info.world_size)
+        check_resume(
+            where, self.cfg.differences(state.get("config") or {}), state.get("world_size"), self.info.world_size
+        )
         load_module(self.model, state["model"], where, "model")
         load_optimizer(self.optimizer, state["optimizer"], where)
         self.sched.load_state_dict(state["scheduler"])
@@ -261,7 +186,7 @@ class _Run:
     def train(self) -> dict:
         self.resume_or_seed()
         model = self.wrapped()
-        with StopFlag() as stop, OutputLock(self.out, enabled=self.info.is_main):
+        with StopFlag() as stop:
             if self.info.is_main:
                 self.cfg.save(self.out / "config.yaml")
             self.t_start = time.time()
@@ -269,7 +194,7 @@ class _Run:
             return self.finish(stopped, stop.signum)
 
     def iterate(self, model: nn.Module, stop: StopFlag) -> Optional[str]:
-        """Iterations until the schedule ends; the reason when it stops before."""
+        """Steps until the schedule ends; the reason when it stops before."""
         from tqdm import tqdm
 
         c = self.cadence
@@ -353,7 +278,7 @@ class _Run:
 
     def finish(self, stopped: Optional[str], signum: Optional[int]) -> dict:
         summary = {
-            "backbone": self.cfg.model.backbone,
+            **self.task.headline(self.cfg),
             "params": self.n_params,
             "iterations": self.step,
             "world_size": self.info.world_size,

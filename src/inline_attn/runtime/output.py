@@ -1,0 +1,86 @@
+"""The output folder of a run: one run at a time, and a finished or interrupted run is never
+replaced by accident.
+
+:func:`claim_output` is the one rule every task (``train``, ``seg train``, ``det train``) and the
+ablation runner (``reproduce ablations``) follow. A new run into a folder that holds a run (its
+checkpoints or its summary) stops before any work, naming the folder and the two ways on:
+``--resume auto`` continues that run, another ``--output`` starts a new one beside it. An
+explicit overwrite (``--overwrite``, ``train.overwrite: true``) replaces the run: its files move
+into a ``replaced-<UTC time>`` subfolder, never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import sys
+import time
+from typing import Iterator, Optional, Sequence
+
+from .loop import LOCK_NAME, OutputLock
+
+# what a training run leaves once it has saved a checkpoint or finished
+RUN_FILES = ("last.pth", "previous.pth", "summary.json")
+REPLACED_PREFIX = "replaced-"
+OVERWRITE_HELP = "replace a finished or interrupted run in the output folder (its files move into a subfolder)"
+
+
+def _found(folder: pathlib.Path, patterns: Sequence[str]) -> list[str]:
+    """The files in ``folder`` matching ``patterns`` (globs relative to it), as relative paths."""
+    if not folder.is_dir():
+        return []
+    return sorted({str(p.relative_to(folder)) for pattern in patterns for p in folder.glob(pattern)})
+
+
+def _move_aside(folder: pathlib.Path) -> pathlib.Path:
+    """Move every entry of ``folder`` (but the lock and runs replaced before) into a new
+    ``replaced-<UTC time>`` subfolder; returns it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target, n = folder / f"{REPLACED_PREFIX}{stamp}", 1
+    while target.exists():  # two replacements within a second
+        target, n = folder / f"{REPLACED_PREFIX}{stamp}-{n}", n + 1
+    target.mkdir()
+    for entry in sorted(folder.iterdir()):
+        if entry.name != LOCK_NAME and not entry.name.startswith(REPLACED_PREFIX):
+            os.replace(entry, target / entry.name)
+    return target
+
+
+@contextlib.contextmanager
+def claim_output(
+    folder,
+    *,
+    resume: Optional[str] = None,
+    overwrite: bool = False,
+    lock: bool = True,
+    run_files: Sequence[str] = RUN_FILES,
+) -> Iterator[pathlib.Path]:
+    """Hold ``folder`` for one run: the output lock (:class:`~inline_attn.runtime.loop.OutputLock`,
+    when ``lock``), then the overwrite rule; yields the folder.
+
+    ``run_files``: globs (relative to ``folder``) whose matches show that a run is there. With
+    ``resume`` set the run continues (or starts) there; otherwise a folder holding a run raises
+    ValueError naming it and the two choices, unless ``overwrite``, which moves the run's files
+    aside first (only where ``lock``: the process that writes; the others only check, so every
+    process of a distributed run stops alike). ``resume`` with ``overwrite`` is a ValueError.
+    """
+    folder = pathlib.Path(folder)
+    if resume and overwrite:
+        raise ValueError(
+            f"resume={resume!r} continues the run in {folder} and overwrite replaces it: choose one "
+            "(--resume or --overwrite / train.overwrite)"
+        )
+    with OutputLock(folder, enabled=lock):
+        found = [] if resume else _found(folder, run_files)
+        if found and not overwrite:
+            shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+            raise ValueError(
+                f"output folder {folder} holds a finished or interrupted run ({shown}): continue it with "
+                "--resume auto, or choose another --output (--overwrite replaces it, moving its files "
+                "into a subfolder)"
+            )
+        if found and lock:
+            moved = _move_aside(folder)
+            print(f"--overwrite: the earlier run in {folder} moved into {moved}", file=sys.stderr, flush=True)
+        yield folder
