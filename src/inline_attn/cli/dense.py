@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .._io import writable_dir
-from ..runtime.config import add_override_options, collect_overrides
+from ..runtime.config import add_override_options, collect_overrides, run_options
 from ..runtime.loop import exit_code
 from ..dense.config import DetConfig, SegConfig
 from ..runtime.output import OVERWRITE_HELP
@@ -34,13 +34,6 @@ def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig) -> None
 
 def _overrides(args: argparse.Namespace) -> list:
     return collect_overrides(args, ("model.backbone_kwargs",))
-
-
-def _run_options(args: argparse.Namespace) -> list:
-    """``--resume`` and ``--overwrite`` as config overrides."""
-    return ([("train.resume", args.resume)] if args.resume else []) + (
-        [("train.overwrite", True)] if args.overwrite else []
-    )
 
 
 @dataclass(frozen=True)
@@ -97,7 +90,7 @@ def cmd_train(args) -> int:
     ov = _overrides(args)
     if args.output:
         ov.append(("train.output", writable_dir(args.output, "--output")))
-    ov += _run_options(args)
+    ov += run_options(args)
     summary = task.train(task.config.load(args.config, ov))
     if summary.get("stopped") is None and task.metric_keys[0] in summary:
         print(
@@ -111,7 +104,7 @@ def cmd_demo(args) -> int:
     command = TASKS[args.task]
     task = command.task()
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / command.demo_config
-    ov = [("train.output", writable_dir(args.output, "--output"))] + _overrides(args) + _run_options(args)
+    ov = [("train.output", writable_dir(args.output, "--output"))] + _overrides(args) + run_options(args)
     cfg = task.config.load(cfg_path, ov)
     print(
         f"{command.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",

@@ -6,7 +6,7 @@ import argparse
 import pathlib
 import time
 
-from ..runtime.config import add_override_options, collect_overrides as _collect
+from ..runtime.config import add_override_options, collect_overrides as _collect, run_options
 from ..runtime.loop import exit_code
 from ..runtime.output import OVERWRITE_HELP
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
@@ -25,13 +25,9 @@ def collect_overrides(args: argparse.Namespace) -> list:
 def cmd_train(args) -> int:
     from ..train.engine import train
 
-    overrides = collect_overrides(args)
-    if args.resume:
-        overrides.append(("train.resume", args.resume))
+    overrides = collect_overrides(args) + run_options(args)
     if args.output:
         overrides.append(("train.output", args.output))
-    if args.overwrite:
-        overrides.append(("train.overwrite", True))
     cfg = load_config(args.config, overrides)
     summary = train(cfg)
     if summary.get("rank", 0) == 0 and summary.get("stopped") is None and summary.get("final"):
@@ -86,10 +82,7 @@ def cmd_demo(args) -> int:
     overrides = [("train.output", args.output)]
     if args.epochs:
         overrides.append(("sched.epochs", args.epochs))
-    if args.resume:
-        overrides.append(("train.resume", args.resume))
-    if args.overwrite:
-        overrides.append(("train.overwrite", True))
+    overrides += run_options(args)
     cfg = load_config(cfg_path, overrides)
     t0 = time.time()
     print(

@@ -422,6 +422,13 @@ def add_override_options(p: argparse.ArgumentParser, config: type[TypedConfig], 
     )
 
 
+def run_options(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """A training command's ``--resume`` and ``--overwrite`` flags as config overrides
+    (``train.resume``, ``train.overwrite``), the ones given."""
+    pairs = (("train.resume", args.resume), ("train.overwrite", True if args.overwrite else None))
+    return [(key, value) for key, value in pairs if value]
+
+
 def collect_overrides(args: argparse.Namespace, mappings: Iterable[str] = ()) -> list[tuple[str, Any]]:
     """``(dotted key, value)`` of the ``--section.key`` and ``--set`` flags given, values parsed as
     YAML; a key in ``mappings`` (a free-form setting) must get a YAML mapping."""
