@@ -78,9 +78,9 @@ def layer_steps(
             raise ValueError(f"unknown case {case!r}: expected one of {CASES}")
         layer = build_attention("softmax" if case == "sdpa" else "inline", dim, heads, impl=_impl(case))
 
-        def step(layer=layer):  # as a training step: gradients set to None (an optimizer's zero_grad)
-            x.grad = None
-            layer.zero_grad(set_to_none=True)
+        def step(layer=layer, params=(x, *layer.parameters())):
+            for p in params:  # fresh gradients, as after an optimizer's zero_grad (not timed as the layer's)
+                p.grad = None
             layer(x, grid).sum().backward()
 
         steps[case] = step
