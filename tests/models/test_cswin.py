@@ -198,21 +198,23 @@ def test_inline_remainder_stripe_in_one_core_call(impl, mode, split, grid, b):
 
 
 class _CoreCalls(TorchDispatchMode):
-    """Counts the fused core's ops (under a dispatch mode the fused path runs as its custom op)."""
+    """Records the fused core's ops (under a dispatch mode the fused path runs as its custom op)
+    in ``calls``, and every aten op's name in ``ops``."""
 
     def __init__(self):
         super().__init__()
-        self.calls = []
+        self.calls, self.ops = [], set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "inline_attn":
-            self.calls.append(func.overloadpacket.__name__)
+        name = func.overloadpacket.__name__
+        (self.calls.append(name) if func.namespace == "inline_attn" else self.ops.add(name))
         return func(*args, **(kwargs or {}))
 
 
 def test_each_direction_calls_the_core_once():
     """A two-branch InLine block on a 5 x 7 map with stripes of 3 (a narrower last stripe in both
-    directions): one core call each way per direction, as its custom op and as Triton launches."""
+    directions): one core call each way per direction, as its custom op and as Triton launches,
+    and no slice gradients."""
     block = CSwinBlock(16, 4, kind="inline", split_size=3)
     for attn in block.attns:
         attn.impl = "cpu"
@@ -220,6 +222,12 @@ def test_each_direction_calls_the_core_once():
     with _CoreCalls() as mode:
         block(x, (5, 7)).sum().backward()
     assert sorted(mode.calls) == ["inline_backward"] * 2 + ["inline_forward"] * 2
+    # on a map the stripes divide, the branches take their channel halves as views whose gradients
+    # join in one op each, not as slices (a zero-filled copy and an addition per slice)
+    x6 = torch.randn(1, 36, 16, requires_grad=True)
+    with _CoreCalls() as mode:
+        block(x6, (6, 6)).sum().backward()
+    assert "slice_backward" not in mode.ops, sorted(mode.ops)
     pytest.importorskip("triton")
     from inline_attn.ops.fused.triton import record_launches
 

@@ -315,16 +315,18 @@ class CSwinBlock(nn.Module):
     def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]."""
         b, n, c = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, c).unbind(2)
+        qkv = self.qkv(self.norm1(x))
         context = x.mean(dim=1)  # the block input before norm1 (reference quirk)
         if len(self.attns) == 1:
-            out = self.attns[0](q, k, v, feat_size, context)
+            out = self.attns[0](*qkv.view(b, n, 3, c).unbind(2), feat_size, context)
         else:
-            half = c // 2
+            # each branch takes a channel half of q, k, v and the context, as views from unbind and
+            # chunk, whose backward is one stack / cat (slicing took a zero-filled copy per slice)
+            halves = qkv.view(b, n, 3, 2, c // 2).unbind(3)
             out = torch.cat(
                 [
-                    attn(q[..., sl], k[..., sl], v[..., sl], feat_size, context[:, sl])
-                    for attn, sl in zip(self.attns, (slice(0, half), slice(half, c)))
+                    attn(*qkv_half.unbind(2), feat_size, ctx_half)
+                    for attn, qkv_half, ctx_half in zip(self.attns, halves, context.chunk(2, dim=1))
                 ],
                 dim=2,
             )
