@@ -1,14 +1,15 @@
 """Host time of one attention layer's forward + backward at a tiny shape: InLine against SDPA.
 
 At a tiny shape (B 1, 4 x 4 tokens, C 96, 3 heads, one CPU thread) the arithmetic is negligible,
-so the wall time of a layer step is its host time: Python, autograd, dispatch and the aten ops
+so the CPU time of a layer step is its host time: Python, autograd, dispatch and the aten ops
 around the attention core. A small model's eager GPU step waits on exactly that. The cases:
 
 - ``sdpa``: the softmax layer (``F.scaled_dot_product_attention``), the baseline;
 - ``inline-cpu``: the InLine layer on the C++ kernel, as it runs;
-- ``inline-triton-stub``: the InLine layer on the Triton path with every kernel launch stubbed
-  out (the launchers' host work and the tensors they allocate, no kernel), so the CPU measures
-  what a GPU step's host pays;
+- ``inline-triton-stub``: the InLine layer on the Triton path with its kernel launches stubbed
+  out (the launchers' host work and the tensors they allocate, no kernel; at this shape the
+  launchers take the fused launches, the ones stubbed), so the CPU measures what a GPU step's
+  host pays;
 - ``inline-eager``: the InLine layer on aten ops only (for reference).
 
 Run ``python -m inline_attn.bench.host`` (``--help`` for the options); it prints the medians of
@@ -131,7 +132,8 @@ def bench_host(cases=CASES, *, repeats: int = 2000, threads: int = 1, **shape) -
     torch.set_num_threads(threads)
     try:
         steps = layer_steps(cases, **shape)
-        with stubbed_triton_launches(), use_impl("auto"):
+        stub = stubbed_triton_launches() if "inline-triton-stub" in steps else contextlib.nullcontext()
+        with stub, use_impl("auto"):
             times = _interleaved_cpu_times(steps, warmup=20, repeats=repeats)
     finally:
         torch.set_num_threads(previous)
