@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from model_helpers import assert_close_rel, count_params, load_golden, meta_model, reference_layout, state_layout
 
 from inline_attn import create_model, get_model_config, load_checkpoint, record_attention
-from inline_attn.models.cswin import InLineCSwin, StripeAttention
+from inline_attn.models.cswin import CSwinBlock, InLineCSwin, StripeAttention
 
 CSWIN_NAMES = ["inline_cswin_tiny", "inline_cswin_small", "inline_cswin_base", "inline_cswin_base_384"]
 PUBLISHED_PARAMS = {  # exact, as the reference code builds them
@@ -150,6 +151,91 @@ def test_stripe_branch_matches_dense_definition(float64, kind, mode, split):
     out = attn(q, k, v, (h, w), ctx)
     ref = _dense_branch(attn, q, k, v, (h, w), ctx)
     assert_close_rel(out, ref, rtol=1e-12)
+
+
+REMAINDERS = [  # (mode, split, (H, W), batch): the last stripe narrower, H != W, batch 1
+    ("vertical", 4, (5, 9), 2),
+    ("horizontal", 3, (7, 4), 1),
+    ("vertical", 5, (3, 7), 1),
+    ("horizontal", 2, (5, 9), 2),
+]
+
+
+# Triton (under its interpreter, seconds a case) on the batch-1 shapes only
+IMPL_CASES = [(impl, *case) for impl in ("eager", "cpu") for case in REMAINDERS]
+IMPL_CASES += [("triton", *case) for case in REMAINDERS if case[3] == 1]
+
+
+@pytest.mark.parametrize("impl,mode,split,grid,b", IMPL_CASES, ids=lambda v: str(v))
+def test_inline_remainder_stripe_in_one_core_call(impl, mode, split, grid, b):
+    """InLine stripes with a narrower last stripe (padded into the full stripes' one core call):
+    outputs and the gradients of q, k, v, the context and every parameter against the dense-mask
+    definition in float64 (Triton: float32 under the interpreter, against the same float64 reference)."""
+    if impl == "triton":
+        pytest.importorskip("triton")
+    dtype = torch.float32 if impl == "triton" else torch.float64
+    torch.manual_seed(0)
+    attn = StripeAttention(12, 3, mode=mode, split_size=split, kind="inline", impl=impl).double()
+    for p in attn.parameters():  # non-trivial LePE and residual weights
+        torch.nn.init.normal_(p, std=0.3)
+    h, w = grid
+    inputs = [torch.randn(b, h * w, 12, dtype=torch.float64) for _ in range(3)] + [
+        torch.randn(b, 12, dtype=torch.float64)
+    ]
+    g = torch.randn(b, h * w, 12, dtype=torch.float64)
+
+    def run(module, dt, fn):
+        xs = [t.to(dt).requires_grad_() for t in inputs]
+        out = fn(module, *xs[:3], (h, w), xs[3])
+        return out, torch.autograd.grad((out * g.to(dt)).sum(), (*xs, *module.parameters()))
+
+    ref, ref_grads = run(attn, torch.float64, _dense_branch)
+    out, grads = run(attn.to(dtype), dtype, StripeAttention.__call__)
+    rtol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert_close_rel(out.double(), ref, rtol=rtol)
+    for got, want in zip(grads, ref_grads):
+        assert_close_rel(got.double(), want, rtol=rtol)
+
+
+class _CoreCalls(TorchDispatchMode):
+    """Records the fused core's ops (under a dispatch mode the fused path runs as its custom op)
+    in ``calls``, and every aten op's name in ``ops``."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.ops = [], set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        (self.calls.append(name) if func.namespace == "inline_attn" else self.ops.add(name))
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_direction_calls_the_core_once():
+    """A two-branch InLine block on a 5 x 7 map with stripes of 3 (a narrower last stripe in both
+    directions): one core call each way per direction, as its custom op and as Triton launches,
+    and no slice gradients."""
+    block = CSwinBlock(16, 4, kind="inline", split_size=3)
+    for attn in block.attns:
+        attn.impl = "cpu"
+    x = torch.randn(1, 35, 16, requires_grad=True)
+    with _CoreCalls() as mode:
+        block(x, (5, 7)).sum().backward()
+    assert sorted(mode.calls) == ["inline_backward"] * 2 + ["inline_forward"] * 2
+    # on a map the stripes divide, the branches take their channel halves as views whose gradients
+    # join in one op each, not as slices (a zero-filled copy and an addition per slice)
+    x6 = torch.randn(1, 36, 16, requires_grad=True)
+    with _CoreCalls() as mode:
+        block(x6, (6, 6)).sum().backward()
+    assert "slice_backward" not in mode.ops, sorted(mode.ops)
+    pytest.importorskip("triton")
+    from inline_attn.ops.fused.triton import record_launches
+
+    for attn in block.attns:
+        attn.impl = "triton"
+    with record_launches() as launched:
+        block(x, (5, 7)).sum().backward()
+    assert sorted(launched) == ["inline_bwd_fused"] * 2 + ["inline_fwd_fused"] * 2
 
 
 def test_records_cover_the_map_once():

@@ -43,7 +43,8 @@ class LocalResidual(nn.Sequential):
 
     def predictor_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(w1, b1, w2, b2): the two grouped 1x1 convolutions' weights and biases."""
-        return self[0].weight, self[0].bias, self[2].weight, self[2].bias
+        first, second = self._modules["0"], self._modules["2"]  # Sequential's indexing costs ~2 us a call
+        return first.weight, first.bias, second.weight, second.bias
 
     def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "eager") -> torch.Tensor:
         """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""

@@ -24,7 +24,7 @@ import torch.nn as nn
 from .._deprecation import feature_map_alias, renamed_state_keys, warn_renamed
 from ..ops import attention, attention_weights, inline_tokens
 from ..ops.dispatch import attention_path, check_impl
-from ..ops.tokens import inline_layer_tokens
+from ..ops.tokens import layer_core_tokens
 from ..ops.tokens import add_to_grid_tokens, grid_residual
 from .linear_family import LINEAR_CORES
 
@@ -182,30 +182,44 @@ class RecordableAttention(nn.Module):
 
     @feature_map_alias
     def attend_predicted(
-        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, residual: nn.Module, **kwargs
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        residual: nn.Module,
+        feat_size: tuple[int, int],
+        num_prefix_tokens: int = 0,
+        scale: float,
+        **kwargs,
     ) -> torch.Tensor:
         """:meth:`attend_tokens` with the residual weights predicted by ``residual`` (a
-        :class:`~inline_attn.layers.LocalResidual`) from the token mean of the layer input x
-        [B, N, C]; keyword arguments as :meth:`attend_tokens`.
+        :class:`~inline_attn.layers.LocalResidual` of this module's channels and heads) from the
+        token mean of the layer input x [B, N, C]; q, k, v: x's shape, from this module's own
+        projections; ``feat_size``: (H, W) ints the caller has checked against N; keyword
+        arguments as :meth:`attend_tokens`.
 
-        InLine without a hook, bias or mask goes to :func:`inline_attn.ops.tokens.inline_layer_tokens`,
-        which runs the prediction inside the fused layer core where it applies."""
+        InLine without a hook, bias or mask goes to :func:`inline_attn.ops.tokens.layer_core_tokens`
+        (no checks repeated: the module's construction and forward made them), which runs the
+        prediction inside the fused layer core where it applies."""
         kind = kwargs.get("kind") or self.kind
         if kind == "inline" and not self.hooked and kwargs.get("bias") is None and kwargs.get("mask") is None:
-            return inline_layer_tokens(
-                x,
-                q,
-                k,
-                v,
-                predictor=residual.predictor_params(),
-                num_heads=self.num_heads,
-                feat_size=kwargs["feat_size"],
-                num_prefix_tokens=kwargs.get("num_prefix_tokens", 0),
-                feature_map=kwargs.get("feature_map"),
-                scale=kwargs.get("scale"),
-                impl=self.impl,
-            )
-        return self.attend_tokens(q, k, v, residual_weights=residual.predict(x.mean(dim=1)), **kwargs)
+            params = residual.predictor_params()
+            feature_map = kwargs.get("feature_map")
+            args = (self.num_heads, feat_size, num_prefix_tokens, feature_map, scale, self.impl)
+            return layer_core_tokens(x, q, k, v, params, *args)
+        weights = residual.predict(x.mean(dim=1))
+        return self.attend_tokens(
+            q,
+            k,
+            v,
+            residual_weights=weights,
+            feat_size=feat_size,
+            num_prefix_tokens=num_prefix_tokens,
+            scale=scale,
+            **kwargs,
+        )
 
     def _attend_heads(self, q, k, v, feat_size, kind, feature_map, scale, bias, mask, p, token_coords, attn_drop):
         """[B, N, C] tensors -> heads -> :meth:`attend` -> [B, N, C]."""

@@ -20,9 +20,15 @@ reference code; the other families take the mean of the attention input).
 Any input size: the block structure is fixed at construction (from ``img_size``), but the
 stripes are laid over the actual map. A global block stays global at every size. A stripe
 wider than the map is clamped to the map; when the split does not divide the map, the last
-stripe is narrower (the remainder), so no token is padded and every kind (softmax, linear,
-InLine) sees exactly the tokens of its stripe. Such a branch calls ``attend`` twice (full
-stripes, then the remainder stripe), so an attention recorder gets two records for it.
+stripe is narrower (the remainder), and every kind (softmax, linear, InLine) attends over
+exactly the tokens of its stripe.
+
+Each branch runs its stripes for all samples and heads as one batch of windows (samples x
+stripes), so the attention core runs once per branch. A remainder stripe joins that call for
+InLine with the identity feature map (the published models): it is padded to the full width in a
+way that leaves InLine's output and gradients exact (:meth:`StripeAttention._attend_padded`).
+Softmax, linear and the other kinds, and any branch while an attention hook is installed, call the
+core twice instead (full stripes, then the remainder stripe), so a recorder gets two records.
 """
 
 from __future__ import annotations
@@ -97,6 +103,13 @@ def _window_coords(r0: int, c0: int, h: int, w: int, sh: int, sw: int, device) -
     return torch.stack([rows, cols], dim=-1).reshape(-1, sh * sw, 2)
 
 
+def _scale_last_window(t: torch.Tensor, b: int, factor: float) -> torch.Tensor:
+    """t: [B*G, ...] per-window tensors (windows batch-major) with each sample's last window times
+    ``factor``."""
+    t = t.view(b, -1, *t.shape[1:])
+    return torch.cat([t[:, :-1], t[:, -1:] * factor], dim=1).flatten(0, 1)
+
+
 class StripeAttention(RecordableAttention):
     """One CSwin attention branch: attention within stripes (or the whole map) plus LePE.
 
@@ -168,6 +181,8 @@ class StripeAttention(RecordableAttention):
         q, k, v = (t.reshape(b, h, w, c) for t in (q, k, v))
         res_weights = self.residual.predict(context).to(v.dtype) if self.residual is not None else None
         regions = self._regions(h, w)
+        if len(regions) > 1 and self._pads_remainder():
+            return self._attend_padded(q, k, v, res_weights).reshape(b, n, c)
         outs = []
         for r0, c0, rh, rw, sh, sw in regions:
             sl = (slice(None), slice(r0, r0 + rh), slice(c0, c0 + rw))
@@ -178,7 +193,36 @@ class StripeAttention(RecordableAttention):
             out = torch.cat(outs, dim=2 if self.mode == "vertical" else 1)
         return out.reshape(b, n, c)
 
-    def _attend_windows(self, q, k, v, origin, window, res_weights):
+    def _pads_remainder(self) -> bool:
+        """Whether a remainder stripe joins the full stripes in one core call (zero-padded, see
+        :meth:`_attend_padded`): InLine with the identity feature map, no hook (a hook records each
+        stripe width apart)."""
+        return self.kind == "inline" and self.feature_map in (None, "identity") and not self.hooked
+
+    def _attend_padded(self, q, k, v, res_weights):
+        """q, k, v: [B, h, w, C] whose last stripe is narrower (r of s tokens) -> [B, h, w, C], with
+        every stripe in one call of the core: the last stripe is padded to the full width.
+
+        The padding is exact for InLine: padded keys equal the stripe's mean key (so k_bar and the
+        centred keys are unchanged) and padded values are zero, with the stripe's real values
+        scaled by N'/N = s/r (so that M = scale/N' sum_j (k_j - k_bar) v_j^T and v_bar are the
+        unpadded stripe's) and its residual weights by r/s (the residual is linear in V; the zero
+        padding is the window border it sees unpadded). LePE reads the unscaled values."""
+        dim = 2 if self.mode == "vertical" else 1
+        size = q.shape[dim]
+        full = min(self.split_size, size)
+        width = size % full  # the last stripe's (r), 0 < r < s
+        pad = list(q.shape)
+        pad[dim] = full - width
+        k_fill = k.narrow(dim, size - width, width).mean(dim=(1, 2), keepdim=True).expand(pad)
+        q, k, v = (
+            torch.cat([t, fill], dim=dim) for t, fill in ((q, q.new_zeros(pad)), (k, k_fill), (v, v.new_zeros(pad)))
+        )
+        window = (q.shape[1], full) if dim == 2 else (full, q.shape[2])
+        out = self._attend_windows(q, k, v, (0, 0), window, res_weights, last_scale=full / width)
+        return out.narrow(dim, 0, out.shape[dim] - pad[dim])
+
+    def _attend_windows(self, q, k, v, origin, window, res_weights, last_scale=None):
         """q, k, v: [B, h, w, C] region tiled by windows (sh, sw) -> [B, h, w, C]."""
         b, h, w, c = q.shape
         sh, sw = window
@@ -191,11 +235,16 @@ class StripeAttention(RecordableAttention):
         qw, kw, vw = to_windows(q), to_windows(k), to_windows(v)
         # the residual's weights are per sample; each window is convolved with zero padding
         win_weights = res_weights.repeat_interleave(g, dim=0) if res_weights is not None else None
+        v_core = vw
+        if last_scale is not None:  # the padded last stripe (see _attend_padded): values up, weights down
+            v_core = _scale_last_window(vw, b, last_scale)
+            if win_weights is not None:
+                win_weights = _scale_last_window(win_weights, b, 1 / last_scale)
         coords = None if self.mode == "global" else (lambda: _window_coords(*origin, h, w, sh, sw, q.device))
         out = self.attend_tokens(
             qw,
             kw,
-            vw,
+            v_core,
             feat_size=(sh, sw),
             residual_weights=win_weights,
             feature_map=self.feature_map,
@@ -266,16 +315,18 @@ class CSwinBlock(nn.Module):
     def forward(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]."""
         b, n, c = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, c).unbind(2)
+        qkv = self.qkv(self.norm1(x))
         context = x.mean(dim=1)  # the block input before norm1 (reference quirk)
         if len(self.attns) == 1:
-            out = self.attns[0](q, k, v, feat_size, context)
+            out = self.attns[0](*qkv.view(b, n, 3, c).unbind(2), feat_size, context)
         else:
-            half = c // 2
+            # each branch takes a channel half of q, k, v and the context, as views from unbind and
+            # chunk, whose backward is one stack / cat (slicing took a zero-filled copy per slice)
+            halves = qkv.view(b, n, 3, 2, c // 2).unbind(3)
             out = torch.cat(
                 [
-                    attn(q[..., sl], k[..., sl], v[..., sl], feat_size, context[:, sl])
-                    for attn, sl in zip(self.attns, (slice(0, half), slice(half, c)))
+                    attn(*qkv_half.unbind(2), feat_size, ctx_half)
+                    for attn, qkv_half, ctx_half in zip(self.attns, halves, context.chunk(2, dim=1))
                 ],
                 dim=2,
             )

@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import cast
+
 
 def predictor_dtype(w1: Tensor) -> torch.dtype:
-    """The predictor computes in its weights' dtype, at least float32."""
-    return torch.promote_types(w1.dtype, torch.float32)
+    """The predictor computes in its weights' dtype, at least float32 (float64 or float32)."""
+    return torch.float64 if w1.dtype == torch.float64 else torch.float32
 
 
 def _hidden(ctx: Tensor, w1: Tensor, b1: Tensor, groups: int) -> Tensor:
@@ -78,7 +80,7 @@ def predictor_forward(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor,
     dtype = predictor_dtype(w1)
     with _autocast_off(x.device):  # an autograd.Function's forward runs under the caller's autocast
         ctx = x.mean(dim=1, dtype=dtype)
-        w = _predict(ctx, w1.to(dtype), b1.to(dtype), w2.to(dtype), b2.to(dtype), groups)
+        w = _predict(ctx, cast(w1, dtype), cast(b1, dtype), cast(w2, dtype), cast(b2, dtype), groups)
     b, c = ctx.shape
     return ctx, w.reshape(b, c, 9).transpose(1, 2).contiguous()
 
@@ -92,15 +94,16 @@ def predictor_backward(
     With y1 = W1 ctx + b1 (recomputed) and a = GELU(y1): dW2 = dy2 a^T, da = W2^T dy2,
     dy1 = da GELU'(y1), dW1 = dy1 ctx^T, dctx = W1^T dy1, per group, summed over the samples."""
     with _autocast_off(ctx.device):
-        return _predictor_backward(ctx, dtaps.to(ctx.dtype), w1, b1, w2, groups, n)
+        return _predictor_backward(ctx, cast(dtaps, ctx.dtype), w1, b1, w2, groups, n)
 
 
 def _predictor_backward(ctx, dtaps, w1, b1, w2, groups, n):
     b, c = ctx.shape
     cg = c // groups
     dtype = ctx.dtype
-    w1g, w2g = w1.to(dtype).view(groups, cg, cg), w2.to(dtype).view(groups, 9 * cg, cg)
-    y1 = _hidden(ctx, w1.to(dtype), b1.to(dtype), groups)  # [g, B, cg]
+    w1, w2 = cast(w1, dtype), cast(w2, dtype)
+    w1g, w2g = w1.view(groups, cg, cg), w2.view(groups, 9 * cg, cg)
+    y1 = _hidden(ctx, w1, cast(b1, dtype), groups)  # [g, B, cg]
     dy2 = dtaps.permute(2, 1, 0).reshape(groups, 9 * cg, b)  # output 9c + t, column layout as the forward
     dw2 = torch.bmm(dy2, F.gelu(y1))
     dy1 = torch.ops.aten.gelu_backward(torch.bmm(dy2.mT, w2g), y1)  # [g, B, cg]

@@ -169,26 +169,51 @@ def inline_layer_tokens(
     w1, b1, w2, b2 = predictor
     c = q.shape[-1]
     check_num_heads(num_heads, c)
-    if w1.shape[0] != c or w1[0].numel() != c // num_heads or w2.shape[0] != 9 * c:
+    if w1.shape[0] != c or w1.shape[1:].numel() != c // num_heads or w2.shape[0] != 9 * c:
         raise ValueError(
             f"predictor weights {tuple(w1.shape)} and {tuple(w2.shape)} do not match {num_heads} groups of "
             f"C={c}: expected [{c}, {c // num_heads}(, 1)] and [{9 * c}, {c // num_heads}(, 1)]"
         )
+    h, w = check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
+    s = (c // num_heads) ** -0.5 if scale is None else float(scale)
+    return layer_core_tokens(x, q, k, v, predictor, num_heads, (h, w), num_prefix_tokens, feature_map, s, impl)
+
+
+def layer_core_tokens(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    predictor: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    num_heads: int,
+    grid: tuple[int, int],
+    num_prefix_tokens: int,
+    feature_map: FeatureMap,
+    scale: float,
+    impl: str | None,
+) -> torch.Tensor:
+    """:func:`inline_layer_tokens` on arguments its caller has validated -> [B, N, C].
+
+    For layers: their construction fixes the predictor's shapes, the heads and the scale, and
+    their forward checks x and the grid once, so the layer step's host path repeats no check
+    (a small layer's eager GPU step waits on its host time). ``grid``: (H, W) ints with
+    ``N = num_prefix_tokens + H*W``; ``scale``: a float; the rest as :func:`inline_layer_tokens`.
+    """
     chosen, _ = dispatch.choose(q, feature_map, impl, num_heads)
     if chosen not in dispatch.FUSED_IMPLS or runs_as_custom_op():
+        w1, b1, w2, b2 = predictor
         weights = predict_residual(x.mean(dim=1), w1, b1, w2, b2, groups=num_heads)
         return inline_tokens(
             q,
             k,
             v,
             num_heads=num_heads,
-            feat_size=feat_size,
+            feat_size=grid,
             residual_weights=weights,
             num_prefix_tokens=num_prefix_tokens,
             feature_map=feature_map,
             scale=scale,
             impl=chosen,
         )
-    h, w = check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
-    s = (c // num_heads) ** -0.5 if scale is None else float(scale)
-    return inline_layer_core(x, q, k, v, w1, b1, w2, b2, num_heads, s, h, w, num_prefix_tokens, chosen)
+    h, w = grid
+    return inline_layer_core(x, q, k, v, *predictor, num_heads, scale, h, w, num_prefix_tokens, chosen)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from . import cpu_build
+from .._checks import cast
 
 __all__ = ["cpu_backward", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error"]
 
@@ -69,6 +70,10 @@ def _blas_layout(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()  # a no-op contiguous() still costs a dispatch
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
@@ -82,9 +87,9 @@ def cpu_forward(q, k, v, w9, num_heads: int, scale: float, h: int, w: int, p: in
     if q.numel() == 0:
         return q.new_empty(q.shape)
     ct = _compute_dtype(dtype)
-    q, k, v = (_blas_layout(t.to(ct)) for t in (q, k, v))
-    w9 = w9.to(ct).contiguous() if w9 is not None else None
-    return torch.ops.inline_attn.cpu_forward(q, k, v, w9, num_heads, scale, h, w, p).to(dtype)
+    q, k, v = (_blas_layout(cast(t, ct)) for t in (q, k, v))
+    w9 = _contiguous(cast(w9, ct)) if w9 is not None else None
+    return cast(torch.ops.inline_attn.cpu_forward(q, k, v, w9, num_heads, scale, h, w, p), dtype)
 
 
 def cpu_backward(q, k, v, w9, grad, num_heads: int, scale: float, h: int, w: int, p: int):
@@ -96,7 +101,7 @@ def cpu_backward(q, k, v, w9, grad, num_heads: int, scale: float, h: int, w: int
         dw = torch.zeros_like(w9) if w9 is not None else q.new_empty(0)
         return q.new_zeros(q.shape), q.new_zeros(q.shape), q.new_zeros(q.shape), dw
     ct = _compute_dtype(dtype)
-    q, k, v, grad = (_blas_layout(t.to(ct)) for t in (q, k, v, grad))
-    w9c = w9.to(ct).contiguous() if w9 is not None else None
+    q, k, v, grad = (_blas_layout(cast(t, ct)) for t in (q, k, v, grad))
+    w9c = _contiguous(cast(w9, ct)) if w9 is not None else None
     dq, dk, dv, dw = torch.ops.inline_attn.cpu_backward(q, k, v, w9c, grad, num_heads, scale, h, w, p)
-    return dq.to(dtype), dk.to(dtype), dv.to(dtype), dw.to(w9.dtype if w9 is not None else dtype)
+    return cast(dq, dtype), cast(dk, dtype), cast(dv, dtype), cast(dw, w9.dtype if w9 is not None else dtype)

@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
 
+from .._checks import cast
 from ..predictor import predictor_backward, predictor_dtype, predictor_forward
 from . import cpu as cpu_kernel
 
@@ -43,14 +44,22 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
 
 
+_kernel_pairs: dict = {}  # backend -> (forward, backward), looked up once per process
+
+
 def _kernels(backend: str):
     """The (forward, backward) kernels of ``backend``; Triton's are imported only when chosen."""
-    _check_backend(backend)
-    if backend == "cpu":
-        return cpu_kernel.cpu_forward, cpu_kernel.cpu_backward
-    from .triton import inline_backward_triton, inline_forward_triton
+    pair = _kernel_pairs.get(backend)
+    if pair is None:
+        _check_backend(backend)
+        if backend == "cpu":
+            pair = cpu_kernel.cpu_forward, cpu_kernel.cpu_backward
+        else:
+            from .triton import inline_backward_triton, inline_forward_triton
 
-    return inline_forward_triton, inline_backward_triton
+            pair = inline_forward_triton, inline_backward_triton
+        _kernel_pairs[backend] = pair
+    return pair
 
 
 def _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend):
@@ -196,7 +205,7 @@ def _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend):
 
     dtype = predictor_dtype(w1)
     ctx, taps = predictor_forward_triton(x, *_flat_params(w1, b1, w2, b2), num_heads)
-    return ctx.to(dtype), taps.to(dtype)
+    return cast(ctx, dtype), cast(taps, dtype)
 
 
 def _predictor_backward_impl(ctx, dtaps, w1, b1, w2, n, num_heads, backend):
@@ -205,25 +214,25 @@ def _predictor_backward_impl(ctx, dtaps, w1, b1, w2, n, num_heads, backend):
     from .triton import predictor_backward_triton
 
     grads = predictor_backward_triton(
-        ctx.float(), dtaps.float().contiguous(), *_flat_params(w1, b1, w2), n=n, num_heads=num_heads
+        cast(ctx, torch.float32), _flat_params(dtaps)[0], *_flat_params(w1, b1, w2), n=n, num_heads=num_heads
     )
-    return tuple(g.to(ctx.dtype) for g in grads)
+    return tuple(cast(g, ctx.dtype) for g in grads)
 
 
 def _flat_params(*params):
-    """The predictor's parameters as the kernels read them: [rows, C/g] fp32 weights, contiguous."""
-    return tuple((p.reshape(p.shape[0], -1) if p.dim() > 1 else p).float().contiguous() for p in params)
+    """The predictor's parameters as the kernels read them: fp32, contiguous. The kernels index
+    the weights by flat offsets, so a Conv1d weight [rows, C/g, 1] is read as [rows, C/g] without
+    a reshape; float32 contiguous parameters (the usual case) are passed as they are."""
+    return tuple(p if p.dtype == torch.float32 and p.is_contiguous() else p.float().contiguous() for p in params)
 
 
 def _layer_forward_impl(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens, backend):
-    _check_backend(backend)
     ctx, taps = _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend)
     out = _forward_impl(q, k, v, taps, num_heads, scale, H, W, num_prefix_tokens, backend)
     return out, ctx, taps
 
 
 def _layer_backward_impl(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads, scale, H, W, num_prefix_tokens, backend):
-    _check_backend(backend)
     dq, dk, dv, dtaps = _backward_impl(q, k, v, taps, grad, num_heads, scale, H, W, num_prefix_tokens, backend)
     dctx, dw1, db1, dw2, db2 = _predictor_backward_impl(ctx, dtaps, w1, b1, w2, q.shape[1], num_heads, backend)
     return dctx, dq, dk, dv, dw1, db1, dw2, db2
@@ -235,16 +244,16 @@ def _layer_grads(saved, x_meta, grad, args):
     q, k, v, ctx, taps, w1, b1, w2 = saved
     x_shape, x_dtype, b2_dtype = x_meta
     dctx, dq, dk, dv, dw1, db1, dw2, db2 = _layer_backward_impl(q, k, v, ctx, taps, w1, b1, w2, grad, *args)
-    dx = dctx.to(x_dtype).unsqueeze(1).expand(x_shape)
+    dx = cast(dctx, x_dtype).unsqueeze(1).expand(x_shape)
     return (
         dx,
         dq,
         dk,
         dv,
-        dw1.view(w1.shape).to(w1.dtype),
-        db1.to(b1.dtype),
-        dw2.view(w2.shape).to(w2.dtype),
-        db2.to(b2_dtype),
+        cast(dw1.view(w1.shape), w1.dtype),
+        cast(db1, b1.dtype),
+        cast(dw2.view(w2.shape), w2.dtype),
+        cast(db2, b2_dtype),
     )
 
 

@@ -1,0 +1,160 @@
+"""Host time of one attention layer's forward + backward at a tiny shape: InLine against SDPA.
+
+At a tiny shape (B 1, 4 x 4 tokens, C 96, 3 heads, one CPU thread) the arithmetic is negligible,
+so the CPU time of a layer step is its host time: Python, autograd, dispatch and the aten ops
+around the attention core. A small model's eager GPU step waits on exactly that. The cases:
+
+- ``sdpa``: the softmax layer (``F.scaled_dot_product_attention``), the baseline;
+- ``inline-cpu``: the InLine layer on the C++ kernel, as it runs;
+- ``inline-triton-stub``: the InLine layer on the Triton path with its kernel launches stubbed
+  out (the launchers' host work and the tensors they allocate, no kernel; at this shape the
+  launchers take the fused launches, the ones stubbed), so the CPU measures what a GPU step's
+  host pays;
+- ``inline-eager``: the InLine layer on aten ops only (for reference).
+
+Run ``python -m inline_attn.bench.host`` (``--help`` for the options); it prints the medians of
+interleaved runs (this thread's CPU time per step) and each InLine case's ratio to ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import Callable, Iterator
+
+import torch
+
+from ..layers import build_attention
+from ..ops import use_impl
+from ..ops.fused import triton as triton_core
+
+CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
+_KERNELS = ("inline_fwd_fused", "inline_bwd_fused", "predictor_fwd", "predictor_bwd")
+
+
+class _StubKernel:
+    """Stands in for a Triton kernel: ``kernel[grid](*args)`` does nothing (the launch is skipped,
+    its outputs stay uninitialised); ``fn.__name__`` as the launch log reads it."""
+
+    def __init__(self, kernel):
+        self.fn = kernel.fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def stubbed_triton_launches() -> Iterator[None]:
+    """Every fused-launch kernel of the Triton layer core does nothing inside the block (CPU
+    tensors: the launchers run as on a GPU, under the interpreter's module, without its kernels)."""
+    mod = triton_core.load_kernels(torch.device("cpu"))
+    saved = {name: getattr(mod, name) for name in _KERNELS}
+    try:
+        for name, kernel in saved.items():
+            setattr(mod, name, _StubKernel(kernel))
+        yield
+    finally:
+        for name, kernel in saved.items():
+            setattr(mod, name, kernel)
+
+
+def _impl(case: str) -> str | None:
+    return {"sdpa": None, "inline-cpu": "cpu", "inline-triton-stub": "triton", "inline-eager": "eager"}[case]
+
+
+def layer_steps(
+    cases=CASES, *, dim: int = 96, heads: int = 3, grid: tuple[int, int] = (4, 4), batch: int = 1
+) -> dict[str, Callable[[], None]]:
+    """case -> one forward + backward of that layer on x [batch, H*W, dim] (a closure; the
+    Triton case must run inside :func:`stubbed_triton_launches`)."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, grid[0] * grid[1], dim, requires_grad=True)
+    steps = {}
+    for case in cases:
+        if case not in CASES:
+            raise ValueError(f"unknown case {case!r}: expected one of {CASES}")
+        layer = build_attention("softmax" if case == "sdpa" else "inline", dim, heads, impl=_impl(case))
+
+        def step(layer=layer, params=(x, *layer.parameters())):
+            for p in params:  # fresh gradients, as after an optimizer's zero_grad (not timed as the layer's)
+                p.grad = None
+            layer(x, grid).sum().backward()
+
+        steps[case] = step
+    return steps
+
+
+def python_calls(step: Callable[[], None]) -> Counter:
+    """The Python functions ``step`` calls (``sys.setprofile``), by ``file:function``, not counting
+    ``step`` itself: what a layer step crosses in Python."""
+    calls: Counter = Counter()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            calls[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    calls[f"host.py:{step.__name__}"] -= 1
+    return +calls
+
+
+def _interleaved_cpu_times(steps: dict, *, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Each step's CPU seconds per call, round-robin. This thread's CPU time, not the wall clock:
+    on a shared machine the wall clock adds the time other processes hold the core, and with one
+    thread every kernel runs on this thread, so its CPU time is the whole step."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {case: [] for case in steps}
+    for _ in range(repeats):
+        for case, step in steps.items():
+            t0 = time.thread_time()
+            step()
+            times[case].append(time.thread_time() - t0)
+    return times
+
+
+def bench_host(cases=CASES, *, repeats: int = 2000, threads: int = 1, **shape) -> dict:
+    """Interleaved medians (us) of each case's layer step and their ratios to ``sdpa``.
+
+    Returns ``{"meta": {...}, "rows": [{"case", "median_us", "ratio"}]}``.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        steps = layer_steps(cases, **shape)
+        stub = stubbed_triton_launches() if "inline-triton-stub" in steps else contextlib.nullcontext()
+        with stub, use_impl("auto"):
+            times = _interleaved_cpu_times(steps, warmup=20, repeats=repeats)
+    finally:
+        torch.set_num_threads(previous)
+    rows = [dict(case=case, median_us=statistics.median(t) * 1e6) for case, t in times.items()]
+    base = next((r["median_us"] for r in rows if r["case"] == "sdpa"), float("nan"))
+    for r in rows:
+        r["ratio"] = r["median_us"] / base
+    return dict(meta=dict(threads=threads, repeats=repeats, torch=torch.__version__, **shape), rows=rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m inline_attn.bench.host", description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    ap.add_argument("--repeats", type=int, default=2000, help="interleaved timed rounds (default 2000)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    result = bench_host(args.cases, repeats=args.repeats, threads=args.threads)
+    print(f"host time of one layer fwd+bwd, B 1, 4x4 tokens, C 96, 3 heads, {args.threads} thread(s), medians:")
+    for r in result["rows"]:
+        print(f"  {r['case']:<20} {r['median_us']:8.1f} us  {r['ratio']:5.2f}x sdpa")
+
+
+if __name__ == "__main__":
+    main()
