@@ -33,7 +33,7 @@ from ..ops import use_impl
 from ..ops.fused import triton as triton_core
 
 CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
-_KERNELS = ("inline_fwd_fused", "inline_bwd_fused", "predictor_fwd", "predictor_bwd")
+_KERNELS = ("inline_fwd_fused", "inline_bwd_fused", "predictor_fwd", "predictor_bwd_samples", "predictor_bwd_reduce")
 
 
 class _StubKernel:

@@ -36,8 +36,10 @@ ROW_BLOCKS_MAX = 8
 _SPLIT_MIN_BLOCKS = 8  # split the reductions only from 8 row tiles (512 tokens) up
 
 
+@functools.lru_cache(maxsize=None)
 def triton_installed() -> bool:
-    """True when the ``triton`` package can be imported."""
+    """True when the ``triton`` package can be imported (looked up once: a package search costs
+    microseconds on every layer call otherwise)."""
     return importlib.util.find_spec("triton") is not None
 
 
@@ -102,6 +104,8 @@ def load_kernels(device: torch.device):
         ValueError: triton is not installed, or this process's Triton mode (fixed when triton was
             imported, by ``TRITON_INTERPRET``) does not match the tensors' device.
     """
+    if _state["module"] is not None and device.type == "cuda" and not _state["interpret"]:
+        return _state["module"]  # the common case, on every launch: nothing to check again
     if not triton_installed():
         raise ValueError("impl='triton' needs the triton package: pip install 'inline-attn[gpu]'")
     want = device.type != "cuda" and _state["simulated"] is None
@@ -413,7 +417,7 @@ def inline_forward_triton(
             _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.what)
         else:
             _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
-    return out.to(q.dtype)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
@@ -459,7 +463,7 @@ def inline_backward_triton(
     dw = torch.empty(
         (b, 9, c) if has_res else (0,),
         device=q.device,
-        dtype=torch.float32 if interpreting() or not has_res else w9.dtype,
+        dtype=(torch.float32 if interpreting() else w9.dtype) if has_res else q.dtype,
     )
     if b > 0 and n > 0:
         plan = _plan(q, num_heads, h, w, p, split, has_res)
@@ -470,8 +474,11 @@ def inline_backward_triton(
             _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.what)
         else:
             _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
-    dw = dw.to(w9.dtype) if has_res else dw.to(q.dtype)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dw
+    if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
+        dq, dk, dv = (t.to(q.dtype) for t in (dq, dk, dv))
+    if has_res and dw.dtype != w9.dtype:
+        dw = dw.to(w9.dtype)
+    return dq, dk, dv, dw
 
 
 def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale: float) -> None:
