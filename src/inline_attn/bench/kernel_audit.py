@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -132,6 +134,7 @@ class Compiler:
         self.cache_file = cache_file
         self.cache = self._read_cache()
         self.seen: dict = {}  # (kernel, meta, dtypes, arch) -> result, for the report
+        self.new = 0  # compiles not read from the cache
 
     def _read_cache(self) -> dict:
         try:
@@ -140,8 +143,10 @@ class Compiler:
             return {}
 
     def save(self) -> None:
+        """Merge this run's results into the cache file (another run may have added its own)."""
         if self.cache_file is None:
             return
+        self.cache = {**self._read_cache(), **self.cache}
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.cache))
@@ -166,6 +171,9 @@ class Compiler:
         if result is None:
             src, backend, options = _source(kernel, device, args, meta)
             result = self.cache[key] = _compile(src, backend, options, device, self.registers)
+            self.new += 1
+            if self.new % 20 == 0:  # a long sweep keeps what it compiled if it is stopped
+                self.save()
         self.seen[seen_key] = result
         return result
 
@@ -259,16 +267,23 @@ def _captured_shape(mod, args, dtype: str) -> list[LayerShape]:
 
 def model_layer_shapes(name: str, img_size: int, batch: int, dtype: str, **overrides) -> list[LayerShape]:
     """The InLine layers one training step of model ``name`` runs at ``img_size`` and ``batch``
-    (built and run on meta tensors with its InLine attention modules stubbed out: no arithmetic)."""
+    (built and run once per model and size, on meta tensors with its InLine attention modules
+    stubbed out: no arithmetic; a layer's samples or windows scale with the batch)."""
+    one = _one_image_shapes(name, img_size, tuple(sorted(overrides.items())))
+    return [dataclasses.replace(s, batch=s.batch * batch, dtype=dtype) for s in one]
+
+
+@functools.lru_cache(maxsize=None)
+def _one_image_shapes(name: str, img_size: int, overrides: tuple) -> tuple[LayerShape, ...]:
     from ..models import create_model
 
     with torch.device("meta"):
-        model = create_model(name, img_size=img_size, **overrides)
+        model = create_model(name, img_size=img_size, **dict(overrides))
     shapes: list[LayerShape] = []
 
     def stub(mod):
         def forward(*args, **kwargs):
-            shapes.extend(_captured_shape(mod, args, dtype))
+            shapes.extend(_captured_shape(mod, args, "float32"))
             return torch.empty_like(args[0])
 
         return forward
@@ -277,8 +292,8 @@ def model_layer_shapes(name: str, img_size: int, batch: int, dtype: str, **overr
         if getattr(mod, "kind", None) == "inline" and hasattr(mod, "residual"):
             mod.forward = stub(mod)
     with torch.no_grad():
-        model(torch.empty(batch, 3, img_size, img_size, device="meta"))
-    return sorted(set(shapes), key=str)
+        model(torch.empty(1, 3, img_size, img_size, device="meta"))
+    return tuple(sorted(set(shapes), key=str))
 
 
 # (model, image size, overrides): the published models at their sizes, InLine-Swin at Swin's windows
