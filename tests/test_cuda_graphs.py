@@ -22,7 +22,7 @@ from inline_attn.layers import record_attention
 from inline_attn.ops import tokens as tokens_mod
 from inline_attn.ops import use_impl
 from inline_attn.ops.fused import triton as triton_core
-from inline_attn.train.ema import ModelEma
+from inline_attn.runtime.ema import ModelEma
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HOST_READS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal"}

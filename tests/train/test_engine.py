@@ -178,7 +178,7 @@ def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
 
 
 def test_param_groups_exempt_norms_biases_and_pos_embed():
-    from inline_attn.train.optim import no_decay_names, param_groups
+    from inline_attn.runtime.optim import no_decay_names, param_groups
 
     m = create_model("inline_deit_tiny", img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
     names = set(no_decay_names(m))
@@ -190,7 +190,7 @@ def test_param_groups_exempt_norms_biases_and_pos_embed():
 
 
 def test_schedule_state_restores_the_step():
-    from inline_attn.train.optim import CosineSchedule
+    from inline_attn.runtime.optim import CosineSchedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     s = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, warmup_lr=0.0)

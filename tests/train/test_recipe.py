@@ -13,7 +13,7 @@ from inline_attn.cli import main
 from inline_attn.models import create_model
 from inline_attn.train.config import load_config
 from inline_attn.train.engine import _new_state
-from inline_attn.train.optim import no_decay_names
+from inline_attn.runtime.optim import no_decay_names
 from inline_attn.train.recipe import accumulation, resolve
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs" / "imagenet"

@@ -16,7 +16,7 @@ from ..models import create_model, get_model_config
 from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
 from .checkpoint import BEST, LAST
 from .data import Batches
-from .distributed import DistInfo, resolve_device
+from ..runtime.distributed import DistInfo, resolve_device
 from .loop import evaluate
 
 PathLike = Union[str, os.PathLike]
