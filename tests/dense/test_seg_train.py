@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 
 from inline_attn.cli import main
 from inline_attn.dense.config import load_seg_config
-from inline_attn.dense.seg_task import PolySchedule, load_segmentor, train_seg
+from inline_attn.dense.seg_task import load_segmentor, train_seg
+from inline_attn.runtime.optim import PolySchedule
 
 from seg_helpers import make_ade
 

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from inline_attn.cli import main
-from inline_attn.train.config import SECTIONS, Config, fields_of, load_config, resume_differences
+from inline_attn.runtime.config import fields_of
+from inline_attn.train.config import SECTIONS, Config, load_config, resume_differences
 
 from train_helpers import TINY_DEIT, make_fmnist
 

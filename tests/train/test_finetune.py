@@ -9,7 +9,8 @@ from inline_attn.models import create_model, get_model_config
 from inline_attn.train.config import load_config
 from inline_attn.train.data import data_info
 from inline_attn.train.engine import build_model
-from inline_attn.train.finetune import load_initial_weights, resize_pos_embed_bicubic, resize_rel_pos_table
+from inline_attn.models.swin import resize_rel_pos_table
+from inline_attn.train.finetune import load_initial_weights, resize_pos_embed_bicubic
 
 SMALL_SWIN = dict(embed_dim=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 4))
 SMALL_CSWIN = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))

@@ -8,7 +8,8 @@ import yaml
 
 from inline_attn.cli import main
 from inline_attn.data import TensorImageDataset
-from inline_attn.train.config import load_config, parse_value
+from inline_attn.runtime.config import parse_value
+from inline_attn.train.config import load_config
 from inline_attn.train.data import Batches
 from inline_attn.train.loop import accuracy_counts, evaluate
 from inline_attn.experiments.reproduce import BEGIN, END, render_table, write_section

@@ -13,7 +13,7 @@ from typing import Callable
 from .._io import writable_dir
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
-from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, DetConfig, SegConfig, load_det_config, load_seg_config
+from ..dense.config import DetConfig, SegConfig, load_det_config, load_seg_config
 
 
 def _configs_dir() -> pathlib.Path:
@@ -464,4 +464,4 @@ def register_det(subparsers) -> None:
     )
 
 
-__all__ = ["DET_DEFAULTS", "SEG_DEFAULTS", "register", "register_det", "segmentor_info"]
+__all__ = ["register", "register_det", "segmentor_info"]

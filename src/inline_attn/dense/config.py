@@ -33,20 +33,16 @@ from ..runtime.config import (
     check_device,
     check_mean_std,
     check_output,
-    parse_value,
     setting,
 )
 from ..runtime.optim import OPTIMIZERS
 
 __all__ = [
     "BACKBONE_SETTINGS",
-    "DET_DEFAULTS",
-    "SEG_DEFAULTS",
     "DetConfig",
     "SegConfig",
     "load_det_config",
     "load_seg_config",
-    "parse_value",
     "save_config",
 ]
 
@@ -318,9 +314,6 @@ class DetConfig(TypedConfig):
     eval: DetEvalCfg = field(default_factory=DetEvalCfg)
     train: DetTrainCfg = field(default_factory=DetTrainCfg)
 
-
-SEG_DEFAULTS: dict[str, dict[str, Any]] = SegConfig().to_dict()
-DET_DEFAULTS: dict[str, dict[str, Any]] = DetConfig().to_dict()
 
 # settings a resume may change: where the data and outputs are, how the run is watched and
 # evaluated, when it stops; everything else (model, data pipeline, batch, optimizer, schedule,

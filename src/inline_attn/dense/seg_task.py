@@ -19,21 +19,18 @@ import torch.nn as nn
 
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo
-from ..runtime.optim import PolySchedule
 from .config import SegConfig
 from .data import StepSampler, build_seg_datasets, collate
 from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
-from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, load_weights, train_dense
+from .run import DenseTask, build_dense_model, load_run_checkpoint, load_trained, train_dense
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
-    "PolySchedule",
     "build_from_config",
     "evaluate_seg",
     "load_segmentor",
-    "load_weights",
     "predict_batches",
     "train_seg",
 ]

@@ -37,7 +37,7 @@ import torch
 from .._deprecation import feature_map_alias
 from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
-from ..train.report import write_json
+from ..runtime.report import write_json
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"

@@ -27,9 +27,6 @@ from ..runtime.config import (
     check_mean_std,
     check_output,
     fields_of,
-    parse_value,
-    read_yaml,
-    set_dotted,
     setting,
 )
 from ..runtime.optim import OPTIMIZERS
@@ -43,14 +40,9 @@ __all__ = [
     "SchedCfg",
     "TrainCfg",
     "configs_dir",
-    "fields_of",
     "load_config",
-    "parse_value",
-    "read_yaml",
     "resume_differences",
     "save_config",
-    "set_dotted",
-    "setting",
 ]
 
 PathLike = Union[str, os.PathLike]

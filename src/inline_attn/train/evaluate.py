@@ -14,7 +14,8 @@ from .._deprecation import upgrade_model_kwargs
 from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
 from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
-from .checkpoint import BEST, LAST
+from ..runtime.checkpoint import LAST
+from .checkpoint import BEST
 from .data import Batches
 from ..runtime.distributed import DistInfo, resolve_device
 from .loop import evaluate
