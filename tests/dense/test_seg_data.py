@@ -65,7 +65,7 @@ def test_training_items(tmp_path):
     train, _ = build_seg_datasets(cfg)
     img, lab = train[(2, 5)]  # 36x36 -> 16x16, padded to 40x40
     assert img.shape == (3, 40, 40) and (lab[16:] == 255).all() and (lab[:, 16:] == 255).all()
-    mean = torch.tensor(cfg["data"]["mean"]).view(3, 1)
+    mean = torch.tensor(cfg.data.mean).view(3, 1)
     assert torch.allclose(img[:, 20:, 20:].reshape(3, -1), mean.expand(3, 400))
 
 

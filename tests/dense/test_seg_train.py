@@ -262,6 +262,6 @@ def test_every_segmentation_recipe_builds(path):
 
     cfg = load_seg_config(path)
     with torch.device("meta"):
-        model = build_from_config(cfg, 11 if cfg["data"]["dataset"] == "mosaic" else 150)
-    assert model.backbone.name == cfg["model"]["backbone"]
-    assert (model.aux_head is not None) == (cfg["model"]["decode"] == "upernet")
+        model = build_from_config(cfg, 11 if cfg.data.dataset == "mosaic" else 150)
+    assert model.backbone.name == cfg.model.backbone
+    assert (model.aux_head is not None) == (cfg.model.decode == "upernet")

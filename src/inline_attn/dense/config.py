@@ -26,9 +26,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Union
 
-from .._deprecation import upgrade_model_kwargs
 from ..runtime.config import (
-    Subscriptable,
     TypedConfig,
     check_device,
     check_mean_std,
@@ -60,7 +58,7 @@ def _positive_pair(key: str, value) -> None:
 
 
 @dataclass
-class DenseModelCfg(Subscriptable):
+class DenseModelCfg:
     """The backbone's settings, shared by segmentation and detection."""
 
     backbone: str = setting("inline_pvt_tiny", doc="registered backbone model name")
@@ -71,9 +69,6 @@ class DenseModelCfg(Subscriptable):
     frozen_stages: int = setting(-1, ge=-1, doc="stages kept frozen (-1: none)")
     norm_eval: bool = setting(False, doc="backbone norms in eval mode")
     num_classes: Optional[int] = setting(None, ge=1, doc="null: the dataset's")
-
-    def __post_init__(self):  # a config written before issue 24 says backbone_kwargs.kernel
-        self.backbone_kwargs = upgrade_model_kwargs(self.backbone_kwargs)
 
     def backbone_kwargs_for_build(self) -> dict:
         """:class:`~inline_attn.dense.DenseBackbone`'s arguments: ``backbone_kwargs`` and the
@@ -129,7 +124,7 @@ class DetModelCfg(DenseModelCfg):
 
 
 @dataclass
-class MosaicCfg(Subscriptable):
+class MosaicCfg:
     """Fashion-MNIST mosaics (:class:`~inline_attn.dense.MosaicSpec`)."""
 
     size: int = setting(64, ge=8, doc="canvas side in pixels")
@@ -152,7 +147,7 @@ class MosaicCfg(Subscriptable):
 
 
 @dataclass
-class CocoCfg(Subscriptable):
+class CocoCfg:
     """A COCO-layout folder: instances JSON and image folder per split."""
 
     train_ann: Optional[str] = setting(None, doc="instances_train2017.json")
@@ -171,7 +166,7 @@ class CocoCfg(Subscriptable):
 
 
 @dataclass
-class DenseDataCfg(Subscriptable):
+class DenseDataCfg:
     path: Optional[str] = setting(None, doc="dataset root, or the Fashion-MNIST folder for mosaics (null: Debian's)")
     flip: float = setting(0.5, ge=0, le=1, doc="horizontal flip probability")
     mean: tuple[float, ...] = setting(ADE_MEAN, doc="per-channel mean, 0-255 units")
@@ -216,7 +211,7 @@ class DetDataCfg(DenseDataCfg):
 
 
 @dataclass
-class DenseOptimCfg(Subscriptable):
+class DenseOptimCfg:
     opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw (the paper's dense recipes) | sgd (momentum 0.9, Nesterov)")
     lr: float = setting(2.0e-4, gt=0, doc="learning rate (not scaled with the batch)")
     weight_decay: float = setting(1.0e-4, ge=0, doc="weight decay (not on norms, biases, position tables)")
@@ -230,7 +225,7 @@ class DenseOptimCfg(Subscriptable):
 
 
 @dataclass
-class PolySchedCfg(Subscriptable):
+class PolySchedCfg:
     iters: int = setting(40000, ge=1, doc="training iterations")
     warmup_iters: int = setting(0, ge=0, doc="linear warm-up iterations")
     warmup_ratio: float = setting(1.0e-6, gt=0, le=1, doc="warm-up starts at lr * warmup_ratio")
@@ -243,7 +238,7 @@ class PolySchedCfg(Subscriptable):
 
 
 @dataclass
-class DetEvalCfg(Subscriptable):
+class DetEvalCfg:
     interval: int = setting(4000, ge=0, doc="evaluate every N iterations (and at the end); 0: only at the end")
     batch_size: int = setting(8, ge=1, doc="validation images per forward")
 
@@ -267,7 +262,7 @@ class SegEvalCfg(DetEvalCfg):
 
 
 @dataclass
-class DenseTrainCfg(Subscriptable):
+class DenseTrainCfg:
     output: str = setting("runs/seg", doc="output folder")
     seed: int = setting(0, ge=0, doc="random seed")
     device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")

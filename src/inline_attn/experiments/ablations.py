@@ -34,7 +34,6 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .._deprecation import feature_map_alias
 from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
 from ..runtime.report import write_json
@@ -123,13 +122,11 @@ class Setting:
     overrides: tuple = field(default_factory=tuple)
 
 
-@feature_map_alias
 def swin_setting(
     kind: str, feature_map: Optional[str] = None, window: int = 28, residual: Optional[bool] = None
 ) -> Setting:
     """A setting of the locality task; equal settings of different parts share one key (and runs).
-    Its override is ``model.kwargs.feature_map`` (runs before issue 24 stored ``model.kwargs.kernel``;
-    the config reads either, and the key, hence the run folder, is the same)."""
+    Its overrides are ``model.kwargs.{pattern, feature_map, window_size, local_residual}``."""
     if kind == "inline":
         feature_map = feature_map or "identity"
     elif kind == "linear":

@@ -19,7 +19,6 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Union
 
-from .._deprecation import upgrade_model_kwargs
 from ..compile import COMPILE_MODES
 from ..runtime.config import (
     TypedConfig,
@@ -66,9 +65,6 @@ class ModelCfg:
     checkpoint_ema: bool = setting(
         False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)"
     )
-
-    def __post_init__(self):  # a config written before issue 24 says model.kwargs.kernel
-        self.kwargs = upgrade_model_kwargs(self.kwargs)
 
     def check(self) -> None:
         from ..models import get_model_config
