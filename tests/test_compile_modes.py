@@ -1,4 +1,4 @@
-"""One vocabulary of torch.compile modes for training and the benchmarks (``inline_attn.compile``)."""
+"""One vocabulary of torch.compile modes for training and the benchmarks (``inline_attn.runtime.compile``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import typing
 import pytest
 import torch
 
-from inline_attn import compile as compile_lib
+from inline_attn.runtime import compile as compile_lib
 from inline_attn.bench import attention as bench_attention_module
 from inline_attn.train.config import TrainCfg, load_config, resume_differences
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from inline_attn import create_model
-from inline_attn.cuda_graphs import GraphedEvalStep, GraphedTrainStep, compile_mode_for, train_step, why_not_graphed
+from inline_attn.runtime.graphs import GraphedEvalStep, GraphedTrainStep, compile_mode_for, train_step, why_not_graphed
 from inline_attn.layers import record_attention
 from inline_attn.ops import tokens as tokens_mod
 from inline_attn.ops import use_impl

@@ -2,12 +2,12 @@
 trainer's host logic, on the CPU.
 
 What is checked here is everything around the capture: the config field, the decision table
-(:func:`inline_attn.cuda_graphs.why_not_graphed`, :func:`inline_attn.train.graphs.plan`), the CPU
+(:func:`inline_attn.runtime.graphs.why_not_graphed`, :func:`inline_attn.train.graphs.plan`), the CPU
 run that asked for graphs being bit-identical to the one that did not, the optimizer made ready
 for capture (tensor lr written in place by the schedule, capturable AdamW, fused SGD, checkpoints
 in the plain form) and the graphed step's orchestration (static buffers, copy-in, the warm-up
 undone, another shape run ungraphed, the EMA updated inside the step, the evaluation forward) with
-the capture replaced by eager execution (:func:`inline_attn.cuda_graphs.eager_capture`). The
+the capture replaced by eager execution (:func:`inline_attn.runtime.graphs.eager_capture`). The
 capture and replay themselves run only on a GPU: ``make gpu-check`` (its ``train`` step).
 """
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from inline_attn.cuda_graphs import GraphedTrainStep, eager_capture, train_step, why_not_graphed
+from inline_attn.runtime.graphs import GraphedTrainStep, eager_capture, train_step, why_not_graphed
 from inline_attn.runtime.ema import ModelEma
 from inline_attn.runtime.optim import (
     CosineSchedule,

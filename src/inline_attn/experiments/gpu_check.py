@@ -586,7 +586,7 @@ def _eager_and_graphed(run) -> list[dict]:
 
 
 def step_graphs(out: pathlib.Path, quick: bool) -> dict:
-    """The same mode on both sides, eager and CUDA-graphed (:mod:`inline_attn.cuda_graphs`): the
+    """The same mode on both sides, eager and CUDA-graphed (:mod:`inline_attn.runtime.graphs`): the
     attention layers fwd+bwd (14 x 14, B 1024 and 56 x 56, B 64; C 96, 3 heads, bf16 autocast):
     InLine fused, softmax through SDPA (PyTorch's choice, with the backend that ran, and flash /
     cuDNN held where they run), softmax explicit (the authors'); and a training step (fwd+bwd) of

@@ -19,7 +19,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Union
 
-from ..compile import COMPILE_MODES
+from ..runtime.compile import COMPILE_MODES
 from ..runtime.config import (
     TypedConfig,
     check_device,

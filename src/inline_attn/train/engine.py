@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..compile import compile_module
-from ..cuda_graphs import compile_mode_for
+from ..runtime.compile import compile_module
+from ..runtime.graphs import compile_mode_for
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import count_params, profile
