@@ -34,6 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..layers import uses_local_residual
 from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
 from ..runtime.report import write_json
@@ -131,7 +132,7 @@ def swin_setting(
         feature_map = feature_map or "identity"
     elif kind == "linear":
         feature_map = feature_map or "relu"
-    res = (kind == "inline") if residual is None else residual
+    res = uses_local_residual(kind, residual)
     key = f"{kind}{'-' + feature_map if feature_map else ''}-w{window}{'-res' if res else ''}"
     label = NAMES[kind] + (f", {feature_map}" if feature_map else "")
     label += f", window {window}" if kind != "softmax" else ""
