@@ -30,7 +30,7 @@ from inline_attn.runtime.optim import (
 )
 from inline_attn.train import engine as engine_mod
 from inline_attn.train import graphs as graphs_mod
-from inline_attn.train.config import load_config, resume_differences
+from inline_attn.train.config import Config, resume_differences
 from inline_attn.train.engine import train
 from inline_attn.train.graphs import StepGraphs, announce, plan
 from inline_attn.train.loop import soft_cross_entropy
@@ -46,19 +46,19 @@ CUDA = torch.device("cuda")
 
 
 def test_setting_defaults_to_auto_and_takes_booleans():
-    assert load_config(None).train.cuda_graphs == "auto"
+    assert Config.load(None).train.cuda_graphs == "auto"
     for value in (True, False, "auto"):
-        got = load_config(None, [("train.cuda_graphs", value)]).train.cuda_graphs
+        got = Config.load(None, [("train.cuda_graphs", value)]).train.cuda_graphs
         assert got == value and type(got) is type(value)
     # how a run is executed, not what it trains: a resume may change it
-    cfg = load_config(None, [("train.cuda_graphs", False)])
-    assert resume_differences(load_config(None).to_dict(), cfg) == []
+    cfg = Config.load(None, [("train.cuda_graphs", False)])
+    assert resume_differences(Config.load(None).to_dict(), cfg) == []
 
 
 @pytest.mark.parametrize("bad", [1, 0, 1.0, "on", "yes", "always", None, [True]])
 def test_setting_refuses_other_values_naming_them(bad):
     with pytest.raises(ValueError, match=r"train\.cuda_graphs=.*expected one of 'auto', true, false"):
-        load_config(None, [("train.cuda_graphs", bad)])
+        Config.load(None, [("train.cuda_graphs", bad)])
 
 
 # --- (e) the decision table
@@ -189,7 +189,7 @@ def _same_run(a, b):
 
 def _run(tmp_path, name, **extra):
     out = tmp_path / name
-    summary = train(load_config(None, _fmnist_overrides(tmp_path, out, **extra)))
+    summary = train(Config.load(None, _fmnist_overrides(tmp_path, out, **extra)))
     summary["output_dir"] = out
     return summary
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from inline_attn.models import create_model, get_model_config
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.data import data_info
 from inline_attn.train.engine import build_model
 from inline_attn.models.swin import resize_rel_pos_table
@@ -64,7 +64,7 @@ def test_cswin_384_fine_tune_starts_from_the_ema_weights(tmp_path):
     ema = {k: v + 1.0 if v.is_floating_point() else v for k, v in ema.items()}
     path = tmp_path / "last.pth"
     torch.save({"model": weights, "model_ema": ema}, path)  # our training checkpoint's keys
-    cfg = load_config(
+    cfg = Config.load(
         None,
         [
             ("model.name", "inline_cswin_base_384"),

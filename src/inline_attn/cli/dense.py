@@ -13,7 +13,7 @@ from typing import Callable
 from .._io import writable_dir
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
-from ..dense.config import DetConfig, SegConfig, load_det_config, load_seg_config
+from ..dense.config import DetConfig, SegConfig
 
 
 def _configs_dir() -> pathlib.Path:
@@ -94,7 +94,7 @@ class DenseCommand:
 SEG = DenseCommand(
     name="seg",
     config=SegConfig,
-    load_config=load_seg_config,
+    load_config=SegConfig.load,
     train=_train_seg,
     metric="mIoU",
     fmt=_fmt,
@@ -110,7 +110,7 @@ SEG = DenseCommand(
 DET = DenseCommand(
     name="det",
     config=DetConfig,
-    load_config=load_det_config,
+    load_config=DetConfig.load,
     train=_train_det,
     metric="AP",
     fmt=_fmt_ap,
@@ -276,7 +276,7 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     from ..models.profile import count_params, profile
     from ..dense.seg_task import build_from_config
 
-    cfg = load_seg_config(config, overrides)
+    cfg = SegConfig.load(config, overrides)
     n = num_classes or cfg.model.num_classes or (11 if cfg.data.dataset == "mosaic" else 150)
     model = build_from_config(cfg.replace(**{"model.pretrained": None, "model.checkpoint": None}), int(n))
     parts = {

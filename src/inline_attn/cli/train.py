@@ -9,7 +9,7 @@ import time
 
 from .._io import atomic_write_text
 from ..runtime.config import add_override_options, collect_overrides as _collect
-from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
+from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
@@ -37,7 +37,7 @@ def cmd_train(args) -> int:
         overrides.append(("train.resume", args.resume))
     if args.output:
         overrides.append(("train.output", args.output))
-    cfg = load_config(args.config, overrides)
+    cfg = Config.load(args.config, overrides)
     summary = train(cfg)
     if summary.get("rank", 0) == 0 and summary.get("interrupted") is None and summary.get("final"):
         f = summary["final"]
@@ -94,7 +94,7 @@ def cmd_demo(args) -> int:
         overrides.append(("sched.epochs", args.epochs))
     if args.resume:
         overrides.append(("train.resume", args.resume))
-    cfg = load_config(cfg_path, overrides)
+    cfg = Config.load(cfg_path, overrides)
     t0 = time.time()
     print(
         f"demo: training {cfg.model.name} {cfg.model.kwargs} on Fashion-MNIST "

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
 from ..runtime.config import (
     TypedConfig,
@@ -39,9 +38,6 @@ __all__ = [
     "BACKBONE_SETTINGS",
     "DetConfig",
     "SegConfig",
-    "load_det_config",
-    "load_seg_config",
-    "save_config",
 ]
 
 PathLike = Union[str, os.PathLike]
@@ -333,18 +329,3 @@ RESUME_MAY_CHANGE = frozenset(
     }
     | {f"eval.{f.name}" for f in dataclasses.fields(SegEvalCfg)}
 )
-
-
-def load_seg_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> SegConfig:
-    """The segmentation defaults <- YAML file (following ``_base_``) <- overrides (dotted keys), checked."""
-    return SegConfig.load(path, overrides)
-
-
-def load_det_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> DetConfig:
-    """The detection defaults <- YAML file (following ``_base_``) <- overrides (dotted keys), checked."""
-    return DetConfig.load(path, overrides)
-
-
-def save_config(cfg: TypedConfig, path: PathLike) -> None:
-    """Write the resolved config as YAML, atomically."""
-    cfg.save(pathlib.Path(path))

@@ -36,7 +36,7 @@ import torch
 
 from ..layers import uses_local_residual
 from ..models import PATTERN_KINDS
-from ..train.config import configs_dir, load_config
+from ..train.config import configs_dir, Config
 from ..runtime.report import write_json
 from .reproduce import write_section
 
@@ -212,7 +212,7 @@ def run_one(
     run_dir = output / setting.key / f"seed{seed}"
     ov = list(setting.overrides) + _budget_overrides(setting, budget)
     ov += [("train.seed", seed), ("train.output", str(run_dir)), ("train.resume", "auto")]
-    cfg = load_config(config_dir / setting.config, ov)
+    cfg = Config.load(config_dir / setting.config, ov)
     load_before = _load()
     base = {"setting": setting.key, "label": setting.label, "kind": setting.kind, "seed": seed}
     try:
@@ -309,7 +309,7 @@ def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dic
     from ..models import create_model
     from ..train.evaluate import inference_throughput
 
-    cfg = load_config(config_dir / setting.config, list(setting.overrides))
+    cfg = Config.load(config_dir / setting.config, list(setting.overrides))
     img = cfg.data.img_size or 28
     model = create_model(cfg.model.name, num_classes=10, in_chans=1, **{"img_size": img, **cfg.model.kwargs})
     threads = torch.get_num_threads()

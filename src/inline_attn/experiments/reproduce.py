@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from .._io import atomic_write_text
-from ..train.config import configs_dir, load_config
+from ..train.config import configs_dir, Config
 
 LABELS = {
     "softmax": "Softmax attention (pattern S)",
@@ -43,7 +43,7 @@ def reproduce_fmnist(
         overrides = [("train.output", str(pathlib.Path(output) / v)), ("train.resume", "auto")]
         if epochs:
             overrides.append(("sched.epochs", int(epochs)))
-        cfg = load_config(cfg_path, overrides)
+        cfg = Config.load(cfg_path, overrides)
         print(f"reproduce fmnist: {v} ({cfg_path})", flush=True)
         summary = train(cfg)
         if summary.get("interrupted"):

@@ -1,6 +1,6 @@
 """Training and evaluation: the paper's recipe on one process or many (torchrun), resumable."""
 
-from .config import Config, configs_dir, load_config, save_config
+from .config import Config, configs_dir
 from .engine import train
 from .evaluate import evaluate_checkpoint, inference_throughput, load_trained_model
 from .loop import accuracy_counts, evaluate, soft_cross_entropy
@@ -14,9 +14,7 @@ __all__ = [
     "evaluate",
     "evaluate_checkpoint",
     "inference_throughput",
-    "load_config",
     "load_trained_model",
-    "save_config",
     "soft_cross_entropy",
     "train",
 ]

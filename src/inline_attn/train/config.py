@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.config import (
@@ -39,9 +39,7 @@ __all__ = [
     "SchedCfg",
     "TrainCfg",
     "configs_dir",
-    "load_config",
     "resume_differences",
-    "save_config",
 ]
 
 PathLike = Union[str, os.PathLike]
@@ -259,16 +257,6 @@ class Config(TypedConfig):
 
 SECTIONS: dict[str, type] = {f.name: tp for f, tp in fields_of(Config)}  # the section classes, by name
 FREEFORM = ("model.kwargs",)  # settings that take a mapping
-
-
-def load_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> Config:
-    """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked."""
-    return Config.load(path, overrides)
-
-
-def save_config(cfg: Config, path: PathLike) -> None:
-    """Write the resolved config as YAML (floats keep a dot so YAML 1.1 reads them back as floats)."""
-    cfg.save(path)
 
 
 def configs_dir() -> pathlib.Path:

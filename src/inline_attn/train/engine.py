@@ -39,7 +39,7 @@ from ..runtime.loop import OutputLock, StopFlag
 from ..runtime.optim import CosineSchedule, build_optimizer
 from ..runtime.report import write_json
 from . import checkpoint as ckpt_io
-from .config import Config, save_config
+from .config import Config
 from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
 from .graphs import StepGraphs, announce
@@ -114,7 +114,7 @@ def train(
     and returns a summary with ``interrupted="signal"`` and ``signal`` (its number).
     """
     if not isinstance(cfg, Config):
-        raise ValueError(f"train() takes a Config (inline_attn.train.load_config), got {type(cfg).__name__}")
+        raise ValueError(f"train() takes a Config (inline_attn.train.Config.load), got {type(cfg).__name__}")
     with run_session(
         cfg.train.device, cfg.train.threads, rank=rank, world_size=world_size, init_method=init_method
     ) as info:
@@ -221,7 +221,7 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     with StopFlag() as stop, OutputLock(out, enabled=info.is_main):
         if info.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, out / "config.yaml")
+            cfg.save(out / "config.yaml")
         runner = _epoch_runner(cfg, ddp_model, train_batches, data, info, amp, accum, steps_per_epoch)
         runner.graphs = graphs
         run = _Run(
