@@ -59,6 +59,8 @@ import traceback
 
 import torch
 
+from ..runtime.report import markdown_table
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the repository (tests/, configs/)
 FMNIST_DEFAULT = "/usr/share/datasets/fashion-mnist"
 BUDGET_S = 460.0  # seconds for all steps: 8 minutes, less about 20 s of start-up and packing
@@ -718,46 +720,46 @@ def step_autotune(out: pathlib.Path, quick: bool, budget_s: float = 110.0) -> di
     }
 
 
-def _goal_row(what: str, value: float, goal: float, unit: str = "x", mode: str = "eager") -> str:
+def _goal_row(what: str, value: float, goal: float, unit: str = "x", mode: str = "eager") -> list[str]:
     if math.isnan(value):
-        return f"| {what} | {mode} | not measured | >= {goal:g}{unit} | - |"
+        return [what, mode, "not measured", f">= {goal:g}{unit}", "-"]
     shown = f"{value:.2f}{unit}" if unit == "x" else f"{value:.0f}{unit}"
-    return f"| {what} | {mode} | {shown} | >= {goal:g}{unit} | {'pass' if value >= goal else 'FAIL'} |"
+    return [what, mode, shown, f">= {goal:g}{unit}", "pass" if value >= goal else "FAIL"]
 
 
 def goal_table(results: dict, device: str) -> str:
     """Issue 23's goal table, one row per goal and mode (the same mode on both sides), pass / FAIL
     against the measured value on ``device``."""
-    lines = [f"Goals of issue 23 on {device} (bf16):", "", "| what | mode | measured | goal | verdict |"]
-    lines.append("|---|---|---|---|---|")
+    table = []
     res = results.get("resolution", {}).get("rows", [])
     win = results.get("window", {}).get("rows", [])
     graphs = results.get("graphs", {})
     for px, goal in ((224, 1.0), (1024, 2.5)):
         v = _ratio(res, px, "InLine-DeiT-T", "DeiT-T", mode="train")
-        lines.append(_goal_row(f"InLine-DeiT-T / DeiT-T training, {px} px (B 64)", v, goal))
+        table.append(_goal_row(f"InLine-DeiT-T / DeiT-T training, {px} px (B 64)", v, goal))
     for graphed in (False, True):
         rows = [r for r in graphs.get("model_rows", []) if r.get("graphed") == graphed]
         v = _ratio(rows, 224, "InLine-DeiT-T", "DeiT-T")
-        lines.append(_goal_row("InLine-DeiT-T / DeiT-T training, 224 px (B 128)", v, 1.0, mode=_mode(graphed)))
+        table.append(_goal_row("InLine-DeiT-T / DeiT-T training, 224 px (B 128)", v, 1.0, mode=_mode(graphed)))
     for w, goal in ((7, 1.15), (56, 4.0)):
         v = _ratio(win, w, "InLine-Swin-T", "Swin-T", mode="train")
-        lines.append(_goal_row(f"InLine-Swin-T / Swin-T training, window {w}", v, goal))
+        table.append(_goal_row(f"InLine-Swin-T / Swin-T training, window {w}", v, goal))
     layer = results.get("layer", {}).get("rows", [])
     for side, goal in ((14, 1.0), (56, 3.0)):
         for mode, rows in (("eager", layer), *((_mode(g), _graph_rows(graphs, g)) for g in (False, True))):
             r = next((r for r in rows if r["side"] == side and r["kind"] == "inline" and r["mode"] == "fwd+bwd"), None)
             v = r["speedup_vs_softmax"] if r else math.nan
-            lines.append(_goal_row(f"layer fwd+bwd / SDPA, {side}x{side}", v, goal, mode=mode))
+            table.append(_goal_row(f"layer fwd+bwd / SDPA, {side}x{side}", v, goal, mode=mode))
     prof = results.get("profile", {}).get("rows", [])
     r = next((r for r in prof if r["case"].startswith("inline layer 56x56")), None)
     busy = r["busy_pct"] if r else math.nan
-    lines.append(_goal_row("GPU-busy share of the InLine layer step, 56x56", busy, 85, " %"))
+    table.append(_goal_row("GPU-busy share of the InLine layer step, 56x56", busy, 85, " %"))
     r = next((r for r in results.get("core", {}).get("rows", []) if r["grid"] == "56x56"), None)
-    lines.append(
+    table.append(
         _goal_row("Triton core fwd+bwd at 56x56, share of copy", r["pct_of_copy"] if r else math.nan, 40, " %")
     )
-    return "\n".join(lines)
+    columns = ["what", "mode", "measured", "goal", "verdict"]
+    return "\n".join([f"Goals of issue 23 on {device} (bf16):", "", *markdown_table(table, columns)])
 
 
 def _mode(graphed: bool) -> str:
@@ -867,13 +869,14 @@ def goals(results: dict, copy_bw: float) -> list[str]:
 
 def write_summary(out: pathlib.Path, env: dict, results: dict, goal_lines: list[str], argv: list[str]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    lines = ["# GPU check", "", f"`{' '.join(['make gpu-check'] + argv)}` on {when}", "", "| | |", "|---|---|"]
-    for k in ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps"):
-        lines.append(f"| {k} | {env.get(k)} |")
-    lines += ["", "## Steps", "", "| step | result | seconds | summary |", "|---|---|---|---|"]
+    keys = ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps")
+    lines = ["# GPU check", "", f"`{' '.join(['make gpu-check'] + argv)}` on {when}", ""]
+    lines += markdown_table([[k, env.get(k)] for k in keys], ["", ""])
+    steps = []
     for name, r in results.items():
         mark = {True: "pass", False: "FAIL", None: "skipped"}[r.get("ok")]
-        lines.append(f"| {name} | {mark} | {r.get('seconds', 0):.0f} | {r.get('summary', '').replace('|', '/')} |")
+        steps.append([name, mark, f"{r.get('seconds', 0):.0f}", r.get("summary", "").replace("|", "/")])
+    lines += ["", "## Steps", "", *markdown_table(steps, ["step", "result", "seconds", "summary"])]
     lines += ["", "## Performance goals", ""] + [f"- {g}" for g in goal_lines]
     lines += ["", goal_table(results, env.get("device", "unknown device"))]
     for name in ("core", "layer", "window", "resolution", "compile", "profile", "graphs"):
