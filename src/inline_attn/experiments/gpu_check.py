@@ -167,7 +167,7 @@ def step_tests(out: pathlib.Path, quick: bool, timeout_s: float = BUDGET_S) -> d
         "tests/ops/test_fused_predictor.py",
         "tests/ops/test_triton_tuning.py",
         "tests/ops/test_launch_budget.py",
-        "tests/test_cuda_graphs.py",
+        "tests/runtime/test_graphs.py",
         "tests/gpu",
         "tests/train/test_rand_augment.py::test_against_timm_itself",
     ]
