@@ -1,13 +1,16 @@
-"""Atomic writes: a writer killed midway leaves the previous file intact, and its temp file goes."""
+"""Atomic writes: a writer killed midway leaves the previous file intact, and its temp file goes.
+The file lock and the PID check shared by the kernel build and the output folder."""
 
+import os
 import subprocess
 import sys
 import textwrap
 import time
 
+import pytest
 import torch
 
-from inline_attn._io import atomic_path, atomic_write_text, remove_stale_temps
+from inline_attn._io import FileLock, LockHeld, atomic_path, atomic_write_text, pid_alive, remove_stale_temps
 
 
 def test_writer_killed_midway_keeps_previous_file_and_next_write_removes_its_temp(tmp_path):
@@ -62,3 +65,25 @@ def test_live_writers_temps_are_kept(tmp_path):
     mine = tmp_path / f".x.tmp{os.getppid()}"  # a live process (our parent) owns it
     mine.write_text("in progress")
     assert remove_stale_temps(tmp_path / "x") == [] and mine.exists()
+
+
+def test_a_held_file_lock_is_refused_naming_its_holder_and_freed_on_exit(tmp_path):
+    path = tmp_path / "x.lock"
+    with FileLock(path) as held:
+        assert held.locked and path.read_text() == str(os.getpid())
+        notices = []
+        with pytest.raises(LockHeld, match=rf"x\.lock is locked by process {os.getpid()}") as refused:
+            with FileLock(path, wait_s=0.3, on_wait=notices.append, notice_s=0.1, poll_s=0.05):
+                pass
+        assert refused.value.holder == str(os.getpid()) and 0.3 <= refused.value.waited < 5
+        assert len(notices) == 1  # one notice however long the wait
+    assert path.read_text() == ""  # the holder's PID goes with the lock
+    with FileLock(path) as again:
+        assert again.locked
+
+
+def test_pid_alive_tells_a_running_process_from_a_finished_one():
+    assert pid_alive(os.getpid())
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert not pid_alive(done.pid)

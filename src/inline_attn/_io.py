@@ -7,19 +7,39 @@ one. Temporary files left by killed writers are removed by the next write of the
 
 :func:`writable_dir` checks an output folder before a command spends time on work it could not
 save: a clear ValueError naming the path instead of a raw traceback at the first write.
+
+:class:`FileLock` is the one inter-process lock (the CPU kernel build, a run's output folder) and
+:func:`pid_alive` the one check that a process still runs (stale temporary files and build folders).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import re
-from typing import Callable, Iterator, TypeVar, Union
+import time
+from typing import Callable, Iterator, Optional, TypeVar, Union
+
+try:
+    import fcntl
+except ImportError:  # no flock on this platform: locks are no-ops (the atomic renames stay safe)
+    fcntl = None
 
 PathLike = Union[str, os.PathLike]
 
-__all__ = ["atomic_path", "atomic_write_text", "remove_stale_temps", "writable_dir"]
+__all__ = [
+    "FileLock",
+    "LockHeld",
+    "atomic_path",
+    "atomic_write_text",
+    "pid_alive",
+    "remove_stale_temps",
+    "writable_dir",
+]
+
+log = logging.getLogger(__name__)
 
 P = TypeVar("P", str, os.PathLike)
 
@@ -28,7 +48,8 @@ def _temp_name(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one owned by another user counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -47,7 +68,7 @@ def remove_stale_temps(path: PathLike) -> list[pathlib.Path]:
         return removed
     for p in path.parent.iterdir():
         m = pattern.match(p.name)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
                 removed.append(p)
@@ -124,3 +145,81 @@ def writable_dir(path: P, what: str = "output folder") -> P:
     except OSError as e:
         raise ValueError(f"{what} {folder} cannot be written ({e.strerror or e}); choose a writable folder") from None
     return path
+
+
+class LockHeld(Exception):
+    """:class:`FileLock` gave up: another process holds ``path`` (``holder``: the PID it wrote, or
+    "unknown") after ``waited`` seconds."""
+
+    def __init__(self, path: pathlib.Path, holder: str, waited: float):
+        super().__init__(f"{path} is locked by process {holder} (waited {waited:.0f} s)")
+        self.path, self.holder, self.waited = path, holder, waited
+
+
+class FileLock:
+    """An exclusive ``flock`` on the file ``path`` for the life of a ``with`` block; the holder
+    writes its PID into the file, so a refusal can name it.
+
+    ``wait_s``: how long to wait for another holder (0: do not wait), then :class:`LockHeld`;
+    ``on_wait(waited_s)`` is called once when a wait has lasted ``notice_s``. The kernel drops an
+    ``flock`` when its holder dies, so a killed process never leaves a stale lock. Opening the
+    file may raise ``OSError`` (a read-only folder); where the platform or the filesystem has no
+    ``flock`` the block runs unlocked (``locked`` stays False).
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        wait_s: float = 0.0,
+        *,
+        on_wait: Optional[Callable[[float], None]] = None,
+        notice_s: float = 5.0,
+        poll_s: float = 0.1,
+    ):
+        self.path, self.wait_s, self.on_wait = pathlib.Path(path), wait_s, on_wait
+        self.notice_s, self.poll_s = notice_s, poll_s
+        self.fd: Optional[int] = None
+        self.locked = False
+
+    def __enter__(self) -> "FileLock":
+        if fcntl is None:
+            return self
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        t0, noticed = time.monotonic(), False
+        while not self._try_lock():
+            waited = time.monotonic() - t0
+            if waited >= self.wait_s:
+                holder = os.read(self.fd, 64).decode(errors="replace").strip() or "unknown"
+                self._close()
+                raise LockHeld(self.path, holder, waited)
+            if self.on_wait is not None and not noticed and waited >= self.notice_s:
+                self.on_wait(waited)
+                noticed = True
+            time.sleep(self.poll_s)
+        if self.locked:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, str(os.getpid()).encode())
+        return self
+
+    def _try_lock(self) -> bool:
+        """True once this process holds the lock, or when the filesystem has none to take."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as e:  # a filesystem without flock
+            log.debug("no flock on %s (%s): going on without the lock", self.path, e)
+            return True
+        self.locked = True
+        return True
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            if self.locked:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd, self.locked = None, False
+
+    def __exit__(self, *exc) -> None:
+        self._close()

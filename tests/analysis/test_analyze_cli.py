@@ -212,12 +212,14 @@ def test_spatial_reduction_model(tmp_path, folder):
 
 def test_run_folder_gives_model_and_normalisation(tmp_path, fmnist_dir):
     # as the trainer writes it: config.yaml (model kwargs without the data-given in_chans /
-    # img_size / num_classes) and last.pth with the training state around the weights
+    # img_size / num_classes) and last.pth with the training state and the model's full arguments
     kw = _kwargs(DEIT)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     model = create_model("inline_deit_tiny", **kw, pattern="S")
-    torch.save({"model": model.state_dict(), "epoch": 3, "rng": {"numpy": np.random.get_state()}}, run_dir / "last.pth")
+    ckpt = {"model": model.state_dict(), "epoch": 3, "rng": {"numpy": np.random.get_state()}}
+    ckpt.update(model_name="inline_deit_tiny", model_kwargs={**kw, "pattern": "S"})
+    torch.save(ckpt, run_dir / "last.pth")
     shape_free = {k: v for k, v in kw.items() if k not in ("in_chans", "img_size", "num_classes")}
     (run_dir / "config.yaml").write_text(
         json.dumps(

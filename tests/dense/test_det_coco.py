@@ -255,7 +255,7 @@ def test_unusable_image_is_skipped_in_training_and_named_in_evaluation(tmp_path,
 
 
 def test_validation_categories_must_match_training(tmp_path):
-    from inline_attn.dense.config import load_det_config
+    from inline_attn.dense.config import DetConfig
     from inline_attn.dense.data import build_det_datasets
 
     train_ann, img_dir = _coco_folder(tmp_path, cats=(1, 2, 3))
@@ -269,9 +269,9 @@ def test_validation_categories_must_match_training(tmp_path):
         match=r"ann2.json have 2 categories, the training ones .*ann3.json 3: .*only in "
         r"training \[3\]",
     ):
-        build_det_datasets(load_det_config(overrides=over))
+        build_det_datasets(DetConfig.load(overrides=over))
     tr, va = build_det_datasets(
-        load_det_config(
+        DetConfig.load(
             overrides=[*over[:-2], ("data.coco.val_ann", str(train_ann)), ("data.coco.val_images", str(img_dir))]
         )
     )
@@ -281,7 +281,7 @@ def test_validation_categories_must_match_training(tmp_path):
     del gt["annotations"][0]["area"]
     val_ann.write_text(json.dumps(gt))
     with pytest.raises(ValueError, match=r"ann2.json: annotations\[0\] \(id 1\) has no 'area'"):
-        build_det_datasets(load_det_config(overrides=over))
+        build_det_datasets(DetConfig.load(overrides=over))
 
 
 @pytest.mark.parametrize("key,value", [("short_size", 0), ("max_size", -5), ("short_size", 2.5)])

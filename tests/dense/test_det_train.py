@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inline_attn.cli import main
-from inline_attn.dense.config import load_det_config
+from inline_attn.dense.config import DetConfig
 from inline_attn.dense.det_task import load_detector, train_det
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "train"))
@@ -54,9 +54,9 @@ def fm(tmp_path):
 
 
 def test_resume_equals_uninterrupted(tmp_path, fm):
-    full = train_det(load_det_config(None, tiny(tmp_path / "a", fm)))
-    train_det(load_det_config(None, tiny(tmp_path / "b", fm, **{"train.max_steps": 2})))
-    resumed = train_det(load_det_config(None, tiny(tmp_path / "b", fm, **{"train.resume": "auto"})))
+    full = train_det(DetConfig.load(None, tiny(tmp_path / "a", fm)))
+    train_det(DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.max_steps": 2})))
+    resumed = train_det(DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.resume": "auto"})))
     assert resumed["iterations"] == full["iterations"] == 4
     a = torch.load(tmp_path / "a" / "last.pth", weights_only=False)["model"]
     b = torch.load(tmp_path / "b" / "last.pth", weights_only=False)["model"]
@@ -110,18 +110,18 @@ def test_segmentation_checkpoint_is_refused(tmp_path, fm):
     with pytest.raises(ValueError, match="not a detection checkpoint"):
         load_detector(tmp_path / "x.pth")
     with pytest.raises(ValueError, match="data.dataset='voc'"):
-        train_det(load_det_config(None, tiny(tmp_path / "o", fm, **{"data.dataset": "voc"})))
+        train_det(DetConfig.load(None, tiny(tmp_path / "o", fm, **{"data.dataset": "voc"})))
     with pytest.raises(ValueError, match="data.coco"):
-        train_det(load_det_config(None, tiny(tmp_path / "o", fm, **{"data.dataset": "coco"})))
+        train_det(DetConfig.load(None, tiny(tmp_path / "o", fm, **{"data.dataset": "coco"})))
     with pytest.raises(ValueError, match="unknown config key 'model.decode'"):
-        load_det_config(None, [("model.decode", "upernet")])
+        DetConfig.load(None, [("model.decode", "upernet")])
 
 
 def test_mosaic_training_loss_falls(tmp_path):
     """<= 60 s on real Fashion-MNIST mosaics (the Debian package; `make test` installs it): the
     demo's model and recipe, shortened. The loss of the last 9 iterations must be well below
     that of the first 9, and the detector must find garments (AP50 above 0)."""
-    cfg = load_det_config(
+    cfg = DetConfig.load(
         "configs/mosaic/det_demo.yaml",
         [
             ("sched.iters", 45),
@@ -156,7 +156,7 @@ DET_CONFIGS = sorted(str(p) for p in (pathlib.Path("configs") / "mosaic").glob("
 def test_every_detection_recipe_builds(path):
     from inline_attn.dense.det_task import build_det_from_config
 
-    cfg = load_det_config(path)
+    cfg = DetConfig.load(path)
     with torch.device("meta"):
         model = build_det_from_config(cfg, 10)
     assert model.num_classes == 10

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from inline_attn.dense import seg_task
-from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg, load_det_config, load_seg_config
+from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg
 from inline_attn.dense.seg_task import build_from_config, train_seg
 from inline_attn.runtime.checkpoint import LAST, PREVIOUS, load_resume, save_rotating
 from inline_attn.runtime.loop import OutputLock, exit_code
@@ -30,14 +30,14 @@ def ade(tmp_path):
 
 
 def _seg(out, ade, **extra) -> SegConfig:
-    return load_seg_config(overrides=tiny_overrides(out, **{"data.path": ade, "sched.iters": 2, **extra}))
+    return SegConfig.load(overrides=tiny_overrides(out, **{"data.path": ade, "sched.iters": 2, **extra}))
 
 
 @pytest.mark.parametrize(
     "path", sorted(p.relative_to(CONFIGS) for d in ("ade20k", "mosaic") for p in (CONFIGS / d).glob("*.yaml"))
 )
 def test_every_dense_yaml_loads(path):
-    load = load_det_config if path.name.startswith("det") else load_seg_config
+    load = DetConfig.load if path.name.startswith("det") else SegConfig.load
     cfg = load(CONFIGS / path)
     assert isinstance(cfg, DetConfig if path.name.startswith("det") else SegConfig)
     assert cfg.sched.iters >= 1 and cfg.optim.opt == "adamw"  # the paper's dense recipes: AdamW
@@ -46,16 +46,16 @@ def test_every_dense_yaml_loads(path):
 @pytest.mark.parametrize(
     "load, key, value, message",
     [
-        (load_seg_config, "optim.clip_grad", -1, "optim.clip_grad=-1.0: must be >= 0"),
-        (load_seg_config, "sched.iters", 2.5, "sched.iters=2.5: expected an integer"),
-        (load_seg_config, "eval.interval", -1, "eval.interval=-1: must be >= 0"),
-        (load_seg_config, "train.log_interval", 0, "train.log_interval=0: must be >= 1"),
-        (load_det_config, "data.coco.short_size", 0, "data.coco.short_size=0: must be >= 1"),
-        (load_det_config, "train.log_interval", 0, "train.log_interval=0: must be >= 1"),
-        (load_seg_config, "optim.opt", "adam", "optim.opt='adam': expected one of 'adamw', 'sgd'"),
-        (load_seg_config, "data.crop_size", [0, 512], r"data.crop_size=\[0, 512\]: expected two integers >= 1"),
-        (load_seg_config, "sched.warmup_iters", 50000, "sched.warmup_iters=50000 exceeds sched.iters=40000"),
-        (load_seg_config, "model.decod", "upernet", r"unknown config key 'model.decod' \(did you mean decode"),
+        (SegConfig.load, "optim.clip_grad", -1, "optim.clip_grad=-1.0: must be >= 0"),
+        (SegConfig.load, "sched.iters", 2.5, "sched.iters=2.5: expected an integer"),
+        (SegConfig.load, "eval.interval", -1, "eval.interval=-1: must be >= 0"),
+        (SegConfig.load, "train.log_interval", 0, "train.log_interval=0: must be >= 1"),
+        (DetConfig.load, "data.coco.short_size", 0, "data.coco.short_size=0: must be >= 1"),
+        (DetConfig.load, "train.log_interval", 0, "train.log_interval=0: must be >= 1"),
+        (SegConfig.load, "optim.opt", "adam", "optim.opt='adam': expected one of 'adamw', 'sgd'"),
+        (SegConfig.load, "data.crop_size", [0, 512], r"data.crop_size=\[0, 512\]: expected two integers >= 1"),
+        (SegConfig.load, "sched.warmup_iters", 50000, "sched.warmup_iters=50000 exceeds sched.iters=40000"),
+        (SegConfig.load, "model.decod", "upernet", r"unknown config key 'model.decod' \(did you mean decode"),
     ],
 )
 def test_bad_values_are_refused_naming_value_and_expectation(load, key, value, message):
@@ -65,7 +65,7 @@ def test_bad_values_are_refused_naming_value_and_expectation(load, key, value, m
 
 def test_slide_stride_larger_than_the_crop_is_refused():
     with pytest.raises(ValueError, match="eval.stride=.*exceeds eval.crop_size"):
-        load_seg_config(None, [("eval.mode", "slide"), ("eval.stride", [600, 600])])
+        SegConfig.load(None, [("eval.mode", "slide"), ("eval.stride", [600, 600])])
 
 
 def test_sgd_is_nesterov_everywhere_and_a_dense_run_takes_it(tmp_path, ade):
@@ -224,14 +224,11 @@ def test_runtime_imports_no_task_and_dense_no_private_train_names():
     assert det == [], det
 
 
-def test_a_dict_config_of_earlier_versions_is_checked_and_trains(tmp_path, ade):
-    data = _seg(tmp_path / "run", ade).to_dict()
-    assert train_seg(data)["iterations"] == 2
-    data["optim"]["clip_grad"] = -1
-    with pytest.raises(ValueError, match="optim.clip_grad=-1.0: must be >= 0"):
-        train_seg(data)
+def test_a_config_of_another_task_or_a_dict_is_refused(tmp_path, ade):
     with pytest.raises(ValueError, match="segmentation training takes a SegConfig, got DetConfig"):
         train_seg(DetConfig())
+    with pytest.raises(ValueError, match="segmentation training takes a SegConfig, got dict"):
+        train_seg(_seg(tmp_path / "run", ade).to_dict())
 
 
 def test_an_output_under_a_file_is_a_clear_error(tmp_path, ade):

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from inline_attn import create_model, save_checkpoint
 from inline_attn.dense import DenseBackbone
-from inline_attn.train.optim import no_decay_names, param_groups
+from inline_attn.runtime.optim import no_decay_names, param_groups
 
 from seg_helpers import TINY
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from inline_attn.dense.config import load_seg_config
+from inline_attn.dense.config import SegConfig
 from inline_attn.dense.ade20k import ADE20K, ADE20K_CLASSES
 from inline_attn.dense.data import StepSampler, build_seg_datasets
 from inline_attn.dense.transforms import pad_to, photometric_distortion, random_crop, rescale_size
@@ -34,7 +34,7 @@ def test_reader_reduces_zero_label(tmp_path):
 
 def test_eval_items_resize_image_keep_labels(tmp_path):
     make_ade(tmp_path)
-    cfg = load_seg_config(overrides=[("data.path", str(tmp_path)), ("data.scale", [64, 32])])
+    cfg = SegConfig.load(overrides=[("data.path", str(tmp_path)), ("data.scale", [64, 32])])
     _, val = build_seg_datasets(cfg, train=False)
     img, lab = val[0]
     assert img.shape == (3, 32, 45) and img.dtype == torch.float32  # 40x56 -> short side 32 (aspect kept)
@@ -43,7 +43,7 @@ def test_eval_items_resize_image_keep_labels(tmp_path):
 
 def test_training_items(tmp_path):
     make_ade(tmp_path)
-    cfg = load_seg_config(
+    cfg = SegConfig.load(
         overrides=[("data.path", str(tmp_path)), ("data.scale", [128, 32]), ("data.crop_size", [24, 24])]
     )
     train, _ = build_seg_datasets(cfg)
@@ -53,7 +53,7 @@ def test_training_items(tmp_path):
     assert torch.equal(img, img2) and torch.equal(lab, lab2)  # a function of the seed
     assert set(lab.unique().tolist()) <= {0, 149, 255}
     # an image smaller than the crop is padded: image with the mean colour, labels with 255
-    cfg = load_seg_config(
+    cfg = SegConfig.load(
         overrides=[
             ("data.path", str(tmp_path)),
             ("data.scale", [32, 16]),
@@ -65,7 +65,7 @@ def test_training_items(tmp_path):
     train, _ = build_seg_datasets(cfg)
     img, lab = train[(2, 5)]  # 36x36 -> 16x16, padded to 40x40
     assert img.shape == (3, 40, 40) and (lab[16:] == 255).all() and (lab[:, 16:] == 255).all()
-    mean = torch.tensor(cfg["data"]["mean"]).view(3, 1)
+    mean = torch.tensor(cfg.data.mean).view(3, 1)
     assert torch.allclose(img[:, 20:, 20:].reshape(3, -1), mean.expand(3, 400))
 
 
@@ -104,7 +104,7 @@ def test_size_mismatch_and_bad_values(tmp_path):
 
 
 def test_missing_path_names_layout():
-    cfg = load_seg_config()
+    cfg = SegConfig.load()
     with pytest.raises(ValueError, match="ADEChallengeData2016/"):
         build_seg_datasets(cfg)
 
@@ -173,7 +173,7 @@ def test_bad_file_is_skipped_and_counted_in_training_and_named_in_evaluation(tmp
     bad_val = sorted((base / folder / "validation").iterdir())[0]
     _damage(bad_train, how)
     _damage(bad_val, how)
-    cfg = load_seg_config(
+    cfg = SegConfig.load(
         overrides=[("data.path", str(tmp_path)), ("data.scale", [64, 32]), ("data.crop_size", [24, 24])]
     )
     train, val = build_seg_datasets(cfg)

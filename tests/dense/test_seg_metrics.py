@@ -86,7 +86,7 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, world: int, port: int, q) -> None:
-    from inline_attn.train.distributed import cleanup, init_distributed
+    from inline_attn.runtime.distributed import cleanup, init_distributed
 
     torch.set_num_threads(1)
     info = init_distributed("cpu", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")

@@ -12,8 +12,9 @@ import torch
 import torch.multiprocessing as mp
 
 from inline_attn.cli import main
-from inline_attn.dense.config import load_seg_config
-from inline_attn.dense.seg_task import PolySchedule, load_segmentor, train_seg
+from inline_attn.dense.config import SegConfig
+from inline_attn.dense.seg_task import load_segmentor, train_seg
+from inline_attn.runtime.optim import PolySchedule
 
 from seg_helpers import make_ade
 
@@ -66,14 +67,14 @@ def test_poly_schedule_by_hand():
 
 
 def test_resume_equals_uninterrupted(tmp_path, ade):
-    straight = train_seg(load_seg_config(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade})))
+    straight = train_seg(SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade})))
     assert straight["iterations"] == 4 and straight["stopped"] is None
     cut = train_seg(
-        load_seg_config(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.max_steps": 2}))
+        SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.max_steps": 2}))
     )
     assert cut["stopped"] == "max_steps" and cut["iterations"] == 2
     resumed = train_seg(
-        load_seg_config(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.resume": "auto"}))
+        SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.resume": "auto"}))
     )
     assert resumed["iterations"] == 4
     a = torch.load(tmp_path / "a" / "last.pth", weights_only=False)["model"]
@@ -97,13 +98,13 @@ def _worker(rank, world, port, cfg, q):
 
 
 def test_two_processes(tmp_path, ade):
-    cfg = load_seg_config(overrides=tiny_overrides(tmp_path / "ddp", **{"data.path": ade, "sched.iters": 2}))
+    cfg = SegConfig.load(overrides=tiny_overrides(tmp_path / "ddp", **{"data.path": ade, "sched.iters": 2}))
     q = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_worker, args=(2, _free_port(), cfg, q), nprocs=2, join=True, start_method="spawn")
     got = dict(q.get() for _ in range(2))
     assert got[0] == got[1]  # the confusion matrices were summed across the two processes
     model, _ = load_segmentor(tmp_path / "ddp" / "last.pth")
-    cfg1 = load_seg_config(overrides=tiny_overrides(tmp_path / "one", **{"data.path": ade}))
+    cfg1 = SegConfig.load(overrides=tiny_overrides(tmp_path / "one", **{"data.path": ade}))
     from inline_attn.dense.data import build_seg_datasets
     from inline_attn.dense.seg_task import evaluate_seg
 
@@ -152,9 +153,9 @@ def test_command_line_train_eval_info(tmp_path, ade, capsys):
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path, ade):
-    train_seg(load_seg_config(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade, "sched.iters": 1})))
+    train_seg(SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade, "sched.iters": 1})))
     ckpt = tmp_path / "a" / "last.pth"
-    other_classes = load_seg_config(
+    other_classes = SegConfig.load(
         overrides=tiny_overrides(
             tmp_path / "b",
             **{"data.path": ade, "model.checkpoint": str(ckpt), "data.dataset": "mosaic", "sched.iters": 1},
@@ -164,7 +165,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, ade):
 
     with pytest.raises(ValueError, match="predicts 150 classes, the model 11"):
         build_from_config(other_classes, 11)
-    other_backbone = load_seg_config(
+    other_backbone = SegConfig.load(
         overrides=tiny_overrides(
             tmp_path / "c",
             **{"data.path": ade, "model.checkpoint": str(ckpt), "model.backbone_kwargs": {"depths": [2, 1, 1, 1]}},
@@ -173,7 +174,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, ade):
     with pytest.raises(ValueError, match="does not fit the model .* unexpected|missing"):
         build_from_config(other_backbone, 150)
     with pytest.raises(ValueError, match="model.num_classes=5 but the dataset has 150"):
-        build_from_config(load_seg_config(overrides=[("model.num_classes", 5)]), 150)
+        build_from_config(SegConfig.load(overrides=[("model.num_classes", 5)]), 150)
     assert main(["seg", "eval", "--checkpoint", str(tmp_path / "nope.pth")]) == 2
 
 
@@ -210,7 +211,7 @@ def test_mosaic_training_learns(tmp_path):
     from inline_attn.dense.data import build_seg_datasets
     from inline_attn.dense.metrics import SegMetric
 
-    cfg = load_seg_config(
+    cfg = SegConfig.load(
         "configs/mosaic/demo.yaml",
         [
             ("sched.iters", 300),
@@ -259,8 +260,8 @@ def test_every_segmentation_recipe_builds(path):
     """Each shipped segmentation config loads and its segmentor builds (on the meta device)."""
     from inline_attn.dense.seg_task import build_from_config
 
-    cfg = load_seg_config(path)
+    cfg = SegConfig.load(path)
     with torch.device("meta"):
-        model = build_from_config(cfg, 11 if cfg["data"]["dataset"] == "mosaic" else 150)
-    assert model.backbone.name == cfg["model"]["backbone"]
-    assert (model.aux_head is not None) == (cfg["model"]["decode"] == "upernet")
+        model = build_from_config(cfg, 11 if cfg.data.dataset == "mosaic" else 150)
+    assert model.backbone.name == cfg.model.backbone
+    assert (model.aux_head is not None) == (cfg.model.decode == "upernet")

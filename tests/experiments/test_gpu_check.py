@@ -504,13 +504,13 @@ def test_train_step_compares_the_graphed_run_with_the_ungraphed_one():
 def test_train_step_runs_the_demo_recipe_graphed_and_not(tmp_path):
     from inline_attn.cli import build_parser
     from inline_attn.cli.train import collect_overrides
-    from inline_attn.train.config import load_config
+    from inline_attn.train.config import Config
 
     for graphed in (False, True):
         cmd = train_step.train_command(tmp_path / "fm", tmp_path / "run", graphed)
         assert cmd[1:3] == ["-m", "inline_attn.cli"]
         args = build_parser().parse_args(cmd[3:])
-        cfg = load_config(args.config, collect_overrides(args))
+        cfg = Config.load(args.config, collect_overrides(args))
         assert cfg.train.cuda_graphs is graphed and cfg.train.amp == "bf16" and cfg.train.device == "cuda"
         assert cfg.train.ema and cfg.optim.accum_steps == 1 and cfg.data.batch_size == 64
         assert cfg.data.subset // 64 * train_step.TRAIN_EPOCHS == 100  # steps of each run

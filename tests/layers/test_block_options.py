@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 import torch.nn as nn
 
 from inline_attn.layers import BlockOptions
@@ -44,16 +43,6 @@ def test_options_reach_the_attention_layer_and_the_mlp(family):
     assert attn.feature_map == "exp" and attn.residual is None  # linear: no residual by default
     assert block.mlp.fc1.out_features == 32 and block.drop_path.p == 0.5
     assert any(isinstance(m, nn.Dropout) and m.p == 0.25 for m in block.modules())
-
-
-@pytest.mark.parametrize("family", sorted(BLOCKS))
-def test_the_old_kernel_keyword_still_builds_the_same_block(family):
-    torch.manual_seed(0)
-    new = BLOCKS[family](kind="linear", feature_map="relu").state_dict()
-    torch.manual_seed(0)
-    with pytest.warns(FutureWarning, match="`kernel=` is deprecated"):
-        old = BLOCKS[family](kind="linear", kernel="relu").state_dict()
-    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in new)
 
 
 @pytest.mark.parametrize("family", ["swin", "cswin"])

@@ -10,7 +10,6 @@ from conftest import SMALL_OVERRIDES
 import inline_attn.ops as ops
 from inline_attn import create_model
 from inline_attn.layers import attention_layers
-from inline_attn.layers.linear_family import LinearCore
 from inline_attn.ops import IMPLS
 from inline_attn.ops import tokens as tokens_mod
 
@@ -66,11 +65,3 @@ def test_set_impl_none_restores_the_process_default():
     assert {layer.impl for _, layer in attention_layers(model)} == {None}
     with pytest.raises(ValueError, match="unknown impl 'fused'"):
         model.set_impl("fused")
-
-
-def test_a_core_with_the_old_fast_method_is_refused():
-    with pytest.raises(TypeError, match="fast.* is now named eager"):
-
-        class OldCore(LinearCore):
-            def fast(self, q, k, v):
-                return q

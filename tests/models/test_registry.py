@@ -241,11 +241,3 @@ def test_reset_classifier_keeps_device_and_dtype_and_validates(registry_name, sm
         model.reset_classifier(3, global_pool="max")
     model.reset_classifier(0, global_pool=model.global_pools[-1])
     assert isinstance(model.get_classifier(), torch.nn.Identity) and model.global_pool == model.global_pools[-1]
-
-
-def test_old_class_names_are_aliases():
-    from inline_attn.models import cswin, deit, pvt
-
-    assert deit.VisionTransformer is deit.InLineDeiT and deit.Block is deit.DeiTBlock
-    assert pvt.PyramidVisionTransformer is pvt.InLinePVT
-    assert cswin.CSWinTransformer is cswin.InLineCSwin

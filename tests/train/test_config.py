@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from inline_attn.cli import main
-from inline_attn.train.config import SECTIONS, Config, fields_of, load_config
+from inline_attn.runtime.config import fields_of
+from inline_attn.train.config import SECTIONS, Config
 
 from train_helpers import TINY_DEIT, make_fmnist
 
@@ -66,7 +67,7 @@ def test_yaml_errors_name_the_file_and_line(tmp_path, capsys):
     a.write_text("_base_: b.yaml\n")
     b.write_text("_base_: a.yaml\n")
     with pytest.raises(ValueError, match=r"a.yaml -> .*b.yaml -> .*a.yaml"):
-        load_config(a)
+        Config.load(a)
 
 
 def test_output_naming_a_file_is_refused(tmp_path, capsys):
@@ -117,7 +118,7 @@ def test_defaults_round_trip_and_every_field_has_a_flag_and_help(tmp_path):
 def test_yaml_floats_and_integral_numbers_are_read_as_typed(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("optim:\n  base_lr: 1e-3\n  lr: 2\nsched:\n  epochs: 4.0\n  warmup_epochs: 1\n")
-    cfg = load_config(p)
+    cfg = Config.load(p)
     assert cfg.optim.base_lr == 0.001 and cfg.optim.lr == 2.0 and isinstance(cfg.optim.lr, float)
     assert cfg.sched.epochs == 4 and isinstance(cfg.sched.epochs, int)
 
@@ -143,8 +144,8 @@ def test_a_new_setting_is_one_field(tmp_path):
 
 
 def test_differences_list_only_what_shapes_the_training():
-    saved = load_config(None, [("data.batch_size", 4), ("data.workers", 0), ("train.max_steps", 3)]).to_dict()
-    now = load_config(None, [("data.batch_size", 2), ("data.workers", 2), ("model.kwargs", dict(TINY_DEIT))])
+    saved = Config.load(None, [("data.batch_size", 4), ("data.workers", 0), ("train.max_steps", 3)]).to_dict()
+    now = Config.load(None, [("data.batch_size", 2), ("data.workers", 2), ("model.kwargs", dict(TINY_DEIT))])
     diffs = now.differences(saved)
     assert "data.batch_size: 4 -> 2" in diffs and any(d.startswith("model.kwargs:") for d in diffs)
     assert not any(d.startswith(("data.workers", "train.max_steps")) for d in diffs)
@@ -225,11 +226,11 @@ def test_every_shipped_recipe_is_valid(name):
     from inline_attn.train.data import data_info
     from inline_attn.train.engine import check_model_args
 
-    cfg = load_config(CONFIGS / name)
+    cfg = Config.load(CONFIGS / name)
     check_model_args(cfg, data_info(cfg.data, get_model_config(cfg.model.name)))
 
 
 def test_execution_settings_may_change_on_resume():
-    saved = load_config(None).to_dict()
-    now = load_config(None, [("train.compile", True), ("train.channels_last", True)])
+    saved = Config.load(None).to_dict()
+    now = Config.load(None, [("train.compile", True), ("train.channels_last", True)])
     assert now.differences(saved) == []

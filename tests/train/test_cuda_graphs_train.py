@@ -2,12 +2,12 @@
 trainer's host logic, on the CPU.
 
 What is checked here is everything around the capture: the config field, the decision table
-(:func:`inline_attn.cuda_graphs.why_not_graphed`, :func:`inline_attn.train.graphs.plan`), the CPU
+(:func:`inline_attn.runtime.graphs.why_not_graphed`, :func:`inline_attn.train.graphs.plan`), the CPU
 run that asked for graphs being bit-identical to the one that did not, the optimizer made ready
 for capture (tensor lr written in place by the schedule, capturable AdamW, fused SGD, checkpoints
 in the plain form) and the graphed step's orchestration (static buffers, copy-in, the warm-up
 undone, another shape run ungraphed, the EMA updated inside the step, the evaluation forward) with
-the capture replaced by eager execution (:func:`inline_attn.cuda_graphs.eager_capture`). The
+the capture replaced by eager execution (:func:`inline_attn.runtime.graphs.eager_capture`). The
 capture and replay themselves run only on a GPU: ``make gpu-check`` (its ``train`` step).
 """
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from inline_attn.cuda_graphs import GraphedTrainStep, eager_capture, train_step, why_not_graphed
+from inline_attn.runtime.graphs import GraphedTrainStep, eager_capture, train_step, why_not_graphed
 from inline_attn.runtime.ema import ModelEma
 from inline_attn.runtime.optim import (
     CosineSchedule,
@@ -30,7 +30,7 @@ from inline_attn.runtime.optim import (
 )
 from inline_attn.train import engine as engine_mod
 from inline_attn.train import graphs as graphs_mod
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.engine import train
 from inline_attn.train.graphs import StepGraphs, announce, plan
 from inline_attn.train.loop import soft_cross_entropy
@@ -46,19 +46,19 @@ CUDA = torch.device("cuda")
 
 
 def test_setting_defaults_to_auto_and_takes_booleans():
-    assert load_config(None).train.cuda_graphs == "auto"
+    assert Config.load(None).train.cuda_graphs == "auto"
     for value in (True, False, "auto"):
-        got = load_config(None, [("train.cuda_graphs", value)]).train.cuda_graphs
+        got = Config.load(None, [("train.cuda_graphs", value)]).train.cuda_graphs
         assert got == value and type(got) is type(value)
     # how a run is executed, not what it trains: a resume may change it
-    cfg = load_config(None, [("train.cuda_graphs", False)])
-    assert cfg.differences(load_config(None).to_dict()) == []
+    cfg = Config.load(None, [("train.cuda_graphs", False)])
+    assert cfg.differences(Config.load(None).to_dict()) == []
 
 
 @pytest.mark.parametrize("bad", [1, 0, 1.0, "on", "yes", "always", None, [True]])
 def test_setting_refuses_other_values_naming_them(bad):
     with pytest.raises(ValueError, match=r"train\.cuda_graphs=.*expected one of 'auto', true, false"):
-        load_config(None, [("train.cuda_graphs", bad)])
+        Config.load(None, [("train.cuda_graphs", bad)])
 
 
 # --- (e) the decision table
@@ -189,7 +189,7 @@ def _same_run(a, b):
 
 def _run(tmp_path, name, **extra):
     out = tmp_path / name
-    summary = train(load_config(None, _fmnist_overrides(tmp_path, out, **extra)))
+    summary = train(Config.load(None, _fmnist_overrides(tmp_path, out, **extra)))
     summary["output_dir"] = out
     return summary
 

@@ -7,7 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from inline_attn.train import checkpoint as ckpt_io
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.engine import train
 
 from train_helpers import base_overrides, make_folder
@@ -21,7 +21,7 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, overrides: list) -> None:
     torch.set_num_threads(1)
-    train(load_config(None, overrides), rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    train(Config.load(None, overrides), rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
 
 
 def test_two_process_gloo_matches_one_process(tmp_path):
@@ -32,7 +32,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        s1 = train(load_config(None, one))
+        s1 = train(Config.load(None, one))
     finally:
         torch.set_num_threads(threads)
     mp.spawn(_worker, args=(2, _free_port(), two), nprocs=2, join=True)

@@ -9,7 +9,7 @@ import torch
 
 from inline_attn.models import create_model
 from inline_attn.train import checkpoint as ckpt_io
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.engine import train
 from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model
 
@@ -30,7 +30,7 @@ AUG_ON = {
 def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
     root = make_folder(tmp_path / "imgs", per_class=3)  # 9 train images, batch 4 -> 2 steps
     out = tmp_path / "run"
-    cfg = load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16}, **AUG_ON))
+    cfg = Config.load(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16}, **AUG_ON))
     s = train(cfg)
     assert s["steps"] == 2 and s["epochs_done"] == 1 and s["stopped"] is None
     for f in ("last.pth", "best.pth", "config.yaml", "metrics.csv", "curves.png", "summary.json"):
@@ -46,7 +46,7 @@ def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
     rows = (out / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,step,lr,train_loss") and len(rows) == 2
     # the resolved config was saved beside the outputs and reloads to the same config
-    assert load_config(out / "config.yaml") == cfg
+    assert Config.load(out / "config.yaml") == cfg
     # eval of the checkpoint reproduces the trainer's own val metrics
     res = evaluate_checkpoint(out / "last.pth", str(root), batch_size=5, workers=0)
     assert res["n"] == 9 and abs(res["top1"] - s["final"]["val_top1"]) < 1e-9
@@ -56,7 +56,7 @@ def test_two_steps_on_folder_writes_every_output(tmp_path, capsys):
 def test_two_steps_on_fmnist_format_files(tmp_path):
     root = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
     out = tmp_path / "run"
-    cfg = load_config(
+    cfg = Config.load(
         None,
         base_overrides(
             out,
@@ -84,7 +84,7 @@ def test_data_on_device_trains_as_from_host_memory(tmp_path):
     for on_device in (False, True):
         out = tmp_path / f"run_{on_device}"
         ov = {"data.dataset": "fmnist", "data.path": str(root), "aug.crop": "pad", "data.on_device": on_device}
-        runs[on_device] = (train(load_config(None, base_overrides(out, **ov))), out)
+        runs[on_device] = (train(Config.load(None, base_overrides(out, **ov))), out)
     (a, out_a), (b, out_b) = runs[False], runs[True]
     assert a["final"] == b["final"]
     weights = [torch.load(o / "last.pth", weights_only=False)["model"] for o in (out_a, out_b)]
@@ -93,7 +93,7 @@ def test_data_on_device_trains_as_from_host_memory(tmp_path):
 
 def test_data_on_device_is_for_in_memory_sets_only(tmp_path):
     with pytest.raises(ValueError, match="data.on_device=true keeps an in-memory dataset on the device"):
-        load_config(None, base_overrides(tmp_path, **{"data.on_device": True}))
+        Config.load(None, base_overrides(tmp_path, **{"data.on_device": True}))
 
 
 def _states_equal(a: dict, b: dict) -> None:
@@ -116,11 +116,11 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
         "optim.accum_steps": 1,
         **AUG_ON,
     }
-    full = train(load_config(None, base_overrides(tmp_path / "full", **common)))
-    part = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.max_steps": 3})))
+    full = train(Config.load(None, base_overrides(tmp_path / "full", **common)))
+    part = train(Config.load(None, base_overrides(tmp_path / "cut", **common, **{"train.max_steps": 3})))
     assert part["stopped"] == "max_steps" and part["steps"] == 3
     assert not (tmp_path / "cut" / "summary.json").exists()
-    resumed = train(load_config(None, base_overrides(tmp_path / "cut", **common, **{"train.resume": "auto"})))
+    resumed = train(Config.load(None, base_overrides(tmp_path / "cut", **common, **{"train.resume": "auto"})))
     assert resumed["steps"] == full["steps"] == 4
     a, b = ckpt_io.load(tmp_path / "full" / "last.pth"), ckpt_io.load(tmp_path / "cut" / "last.pth")
     _states_equal(a["model"], b["model"])
@@ -136,13 +136,13 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
 def test_gradient_accumulation_matches_big_batch(tmp_path):
     root = make_folder(tmp_path / "imgs", per_class=3)
     common = {"data.path": str(root), "data.img_size": 16}
-    big = train(load_config(None, base_overrides(tmp_path / "big", **common, **{"data.batch_size": 8})))
+    big = train(Config.load(None, base_overrides(tmp_path / "big", **common, **{"data.batch_size": 8})))
     acc = train(
-        load_config(None, base_overrides(tmp_path / "acc", **common, **{"data.batch_size": 4, "optim.accum_steps": 2}))
+        Config.load(None, base_overrides(tmp_path / "acc", **common, **{"data.batch_size": 4, "optim.accum_steps": 2}))
     )
     # a pinned total batch: the accumulation follows from it
     pinned = train(
-        load_config(None, base_overrides(tmp_path / "pin", **common, **{"data.batch_size": 4, "optim.total_batch": 8}))
+        Config.load(None, base_overrides(tmp_path / "pin", **common, **{"data.batch_size": 4, "optim.total_batch": 8}))
     )
     assert big["steps"] == acc["steps"] == pinned["steps"] == 1 and pinned["recipe"]["accum_steps"] == 2
     a = ckpt_io.load(tmp_path / "big" / "last.pth")
@@ -168,17 +168,17 @@ def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "soft_cross_entropy", loss_then_signal)
     ov = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
-    s = train(load_config(None, base_overrides(tmp_path / "run", **ov)))
+    s = train(Config.load(None, base_overrides(tmp_path / "run", **ov)))
     assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
     state = ckpt_io.load(tmp_path / "run" / "last.pth")
     assert (state["epoch"], state["step_in_epoch"], state["step"]) == (1, 0, 2)
-    s = train(load_config(None, base_overrides(tmp_path / "run", **ov, **{"train.resume": "auto"})))
+    s = train(Config.load(None, base_overrides(tmp_path / "run", **ov, **{"train.resume": "auto"})))
     assert s["steps"] == 4 and s["stopped"] is None
 
 
 def test_param_groups_exempt_norms_biases_and_pos_embed():
-    from inline_attn.train.optim import no_decay_names, param_groups
+    from inline_attn.runtime.optim import no_decay_names, param_groups
 
     m = create_model("inline_deit_tiny", img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
     names = set(no_decay_names(m))
@@ -190,7 +190,7 @@ def test_param_groups_exempt_norms_biases_and_pos_embed():
 
 
 def test_schedule_state_restores_the_step():
-    from inline_attn.train.optim import CosineSchedule
+    from inline_attn.runtime.optim import CosineSchedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     s = CosineSchedule(opt, lr=1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1, warmup_lr=0.0)
@@ -209,12 +209,12 @@ def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
     precisions = []
     real = engine.evaluate
     monkeypatch.setattr(engine, "evaluate", lambda *a, **k: precisions.append(a[5]) or real(*a, **k))
-    s = train(load_config(None, base_overrides(tmp_path / "bf16", **ov, **{"train.amp": "bf16", "train.ema": True})))
+    s = train(Config.load(None, base_overrides(tmp_path / "bf16", **ov, **{"train.amp": "bf16", "train.ema": True})))
     assert s["steps"] == 2 and s["final"]["train_loss"] == s["final"]["train_loss"]  # finite, not NaN
     assert precisions == ["none", "none"]  # the model and its EMA are evaluated in fp32
     with pytest.raises(ValueError, match="fp16 needs CUDA"):
         train(
-            load_config(None, base_overrides(tmp_path / "fp16", **ov, **{"train.amp": "fp16", "train.device": "cpu"}))
+            Config.load(None, base_overrides(tmp_path / "fp16", **ov, **{"train.amp": "fp16", "train.device": "cpu"}))
         )
 
 

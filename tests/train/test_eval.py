@@ -5,7 +5,7 @@ import json
 import pytest
 
 from inline_attn.cli import main
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.engine import train
 from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model, run_checkpoint, trained_data_info
 
@@ -17,7 +17,7 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eval")
     root = make_folder(tmp / "imgs", per_class=4)  # 12 val images
     out = tmp / "run"
-    train(load_config(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16})))
+    train(Config.load(None, base_overrides(out, **{"data.path": str(root), "data.img_size": 16})))
     return root, out / "last.pth"
 
 

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from inline_attn.models import create_model, get_model_config
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.data import data_info
 from inline_attn.train.engine import build_model
-from inline_attn.train.finetune import load_initial_weights, resize_pos_embed_bicubic, resize_rel_pos_table
+from inline_attn.models.swin import resize_rel_pos_table
+from inline_attn.train.finetune import load_initial_weights, resize_pos_embed_bicubic
 
 SMALL_SWIN = dict(embed_dim=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 4))
 SMALL_CSWIN = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))
@@ -63,7 +64,7 @@ def test_cswin_384_fine_tune_starts_from_the_ema_weights(tmp_path):
     ema = {k: v + 1.0 if v.is_floating_point() else v for k, v in ema.items()}
     path = tmp_path / "last.pth"
     torch.save({"model": weights, "model_ema": ema}, path)  # our training checkpoint's keys
-    cfg = load_config(
+    cfg = Config.load(
         None,
         [
             ("model.name", "inline_cswin_base_384"),

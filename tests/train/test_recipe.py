@@ -11,9 +11,9 @@ import torch.nn as nn
 
 from inline_attn.cli import main
 from inline_attn.models import create_model
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.engine import _new_state
-from inline_attn.train.optim import no_decay_names
+from inline_attn.runtime.optim import no_decay_names
 from inline_attn.train.recipe import accumulation, resolve
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs" / "imagenet"
@@ -23,21 +23,21 @@ IMAGENET_TRAIN = 1_281_167
 def test_warmup_and_min_lr_scale_with_the_total_batch_and_accumulation():
     ov = [("optim.base_lr", 5.0e-4), ("sched.warmup_lr", 1.0e-6), ("sched.min_lr", 1.0e-5)]
     # 64 per process x 2 processes x 3 micro-batches = 384 images per step: x 0.75
-    r = resolve(load_config(None, ov + [("data.batch_size", 64), ("optim.accum_steps", 3)]), world_size=2)
+    r = resolve(Config.load(None, ov + [("data.batch_size", 64), ("optim.accum_steps", 3)]), world_size=2)
     assert (r.total_batch, r.accum_steps, r.lr_scale) == (384, 3, 0.75)
     assert (r.lr, r.warmup_lr, r.min_lr) == pytest.approx((3.75e-4, 7.5e-7, 7.5e-6), rel=1e-12)
     # a pinned total batch: the same values on 8 processes x 128 and on 2 x 128 accumulating 4 micro-batches
     pinned = ov + [("optim.total_batch", 1024), ("data.batch_size", 128)]
-    r8, r2 = resolve(load_config(None, pinned), 8), resolve(load_config(None, pinned), 2)
+    r8, r2 = resolve(Config.load(None, pinned), 8), resolve(Config.load(None, pinned), 2)
     assert (r8.accum_steps, r2.accum_steps) == (1, 4) and r8.total_batch == r2.total_batch == 1024
     assert (r8.lr, r8.warmup_lr, r8.min_lr) == (r2.lr, r2.warmup_lr, r2.min_lr) == pytest.approx((1e-3, 2e-6, 2e-5))
     # optim.lr pins all three as absolute values
-    r = resolve(load_config(None, ov + [("optim.lr", 3.0e-4)]), 4)
+    r = resolve(Config.load(None, ov + [("optim.lr", 3.0e-4)]), 4)
     assert (r.lr, r.warmup_lr, r.min_lr, r.lr_scale) == (3.0e-4, 1.0e-6, 1.0e-5, None)
 
 
 def test_a_total_batch_that_cannot_be_reached_is_refused_with_the_numbers(tmp_path, capsys):
-    cfg = load_config(CONFIGS / "inline_swin_tiny.yaml", [("data.batch_size", 96)])
+    cfg = Config.load(CONFIGS / "inline_swin_tiny.yaml", [("data.batch_size", 96)])
     with pytest.raises(
         ValueError,
         match=r"optim.total_batch=1024 with data.batch_size=96 x 8 processes "
@@ -60,7 +60,7 @@ def test_a_total_batch_that_cannot_be_reached_is_refused_with_the_numbers(tmp_pa
 
 
 def _schedule(config: str, steps_per_epoch: int):
-    cfg = load_config(CONFIGS / config)
+    cfg = Config.load(CONFIGS / config)
     recipe = resolve(cfg, 8)
     return _new_state(cfg, nn.Linear(2, 2), recipe, steps_per_epoch, "none").sched
 
@@ -106,14 +106,14 @@ def test_cswin_base_384_schedule_has_no_warmup_and_ten_epochs_at_min_lr():
     ],
 )
 def test_ema_decay_follows_the_total_batch(config, decay):
-    cfg = load_config(CONFIGS / config)
+    cfg = Config.load(CONFIGS / config)
     for world in (8, 2, 1):  # the pinned total batch: the same decay on any number of processes
         assert resolve(cfg, world).ema_decay == pytest.approx(decay, rel=1e-15)
-    doubled = load_config(CONFIGS / config, [("optim.total_batch", 2 * cfg.optim.total_batch)])
+    doubled = Config.load(CONFIGS / config, [("optim.total_batch", 2 * cfg.optim.total_batch)])
     assert resolve(doubled, 8).ema_decay == pytest.approx(decay**2, rel=1e-15)  # half the steps, same horizon
-    raw = load_config(CONFIGS / config, [("train.ema_batch", None)])
+    raw = Config.load(CONFIGS / config, [("train.ema_batch", None)])
     assert resolve(raw, 8).ema_decay == 0.9996
-    assert resolve(load_config(CONFIGS / "inline_swin_tiny.yaml"), 8).ema_decay is None  # no EMA
+    assert resolve(Config.load(CONFIGS / "inline_swin_tiny.yaml"), 8).ema_decay is None  # no EMA
 
 
 # the authors' rule (optimizer.py:52-56): 1-d, ".bias", names in no_weight_decay(), substrings of
@@ -128,7 +128,7 @@ AUTHORS_SKIP = {
 
 @pytest.mark.parametrize("family, count", [("deit", 126), ("pvt", None), ("swin", 130), ("cswin", 270)])
 def test_no_decay_parameters_are_the_authors_per_family(family, count):
-    cfg = load_config(CONFIGS / f"inline_{family}_tiny.yaml")
+    cfg = Config.load(CONFIGS / f"inline_{family}_tiny.yaml")
     with torch.device("meta"):
         model = create_model(cfg.model.name)
     skip, keywords = AUTHORS_SKIP[family]

@@ -10,7 +10,7 @@ import yaml
 
 from inline_attn.data.crop import eval_size
 from inline_attn.models import get_model_config
-from inline_attn.train.config import LR_REFERENCE_BATCH, load_config
+from inline_attn.train.config import LR_REFERENCE_BATCH, Config
 from inline_attn.train.data import data_info
 from inline_attn.train.recipe import resolve
 
@@ -58,14 +58,14 @@ def _check_source(name: str, key: str, cell: str) -> None:
     own = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()).get(section) or {}
     if cell.endswith("*"):
         assert field not in own, f"{name}: {key} is marked as config.py's default but set in {name}.yaml"
-        assert load_config(CONFIGS / f"{name}.yaml").get(key) == load_config(CONFIGS / "_base.yaml").get(key)
+        assert Config.load(CONFIGS / f"{name}.yaml").get(key) == Config.load(CONFIGS / "_base.yaml").get(key)
     else:
         assert field in own, f"{name}: {key} is not marked * but {name}.yaml does not set it"
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_schedule_table_matches_the_resolved_config(name):
-    row, cfg = SCHEDULE[name], load_config(CONFIGS / f"{name}.yaml")
+    row, cfg = SCHEDULE[name], Config.load(CONFIGS / f"{name}.yaml")
     r = resolve(cfg, AUTHORS_GPUS)
     short = re.fullmatch(r"cfgs/(inline_\w+)\.yaml", row["authors' file"]).group(1)
     assert (CONFIGS / f"{name}.yaml").read_text().count(f"cfgs/{short}.yaml") == 1  # the file names its source
@@ -93,7 +93,7 @@ def test_schedule_table_matches_the_resolved_config(name):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_regularisation_table_matches_the_resolved_config(name):
-    row, cfg = REGULARISATION[name], load_config(CONFIGS / f"{name}.yaml")
+    row, cfg = REGULARISATION[name], Config.load(CONFIGS / f"{name}.yaml")
     r = resolve(cfg, AUTHORS_GPUS)
     info = data_info(cfg.data, get_model_config(cfg.model.name))
     assert int(row["img"]) == info.img_size

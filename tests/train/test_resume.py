@@ -8,7 +8,7 @@ import torch
 
 from inline_attn.cli import main
 from inline_attn.train import checkpoint as ckpt_io
-from inline_attn.train.config import load_config
+from inline_attn.train.config import Config
 from inline_attn.train.engine import train
 
 from train_helpers import base_overrides, make_folder
@@ -21,7 +21,7 @@ def interrupted(tmp_path_factory):
     root = make_folder(tmp / "imgs", per_class=3)
     common = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
     out = tmp / "run"
-    s = train(load_config(None, base_overrides(out, **common, **{"train.max_steps": 3})))
+    s = train(Config.load(None, base_overrides(out, **common, **{"train.max_steps": 3})))
     assert s["stopped"] == "max_steps" and s["steps"] == 3
     return tmp, out, common
 
@@ -34,7 +34,7 @@ def _copy_run(src, dst):
 
 
 def _resume(out, common, **extra):
-    return train(load_config(None, base_overrides(out, **{**common, "train.resume": "auto", **extra})))
+    return train(Config.load(None, base_overrides(out, **{**common, "train.resume": "auto", **extra})))
 
 
 def test_both_checkpoints_kept(interrupted):
@@ -86,9 +86,9 @@ def test_a_new_run_into_an_interrupted_one_is_refused_and_overwrite_moves_it_asi
     out = _copy_run(src, tmp_path / "run")
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
     with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
-        train(load_config(None, base_overrides(out, **common)))
+        train(Config.load(None, base_overrides(out, **common)))
     assert {n: (out / n).read_bytes() for n in before} == before
-    s = train(load_config(None, base_overrides(out, **common, **{"train.overwrite": True})))
+    s = train(Config.load(None, base_overrides(out, **common, **{"train.overwrite": True})))
     assert s["stopped"] is None and s["steps"] == 4  # a new run from step 0
     (aside,) = out.glob("replaced-*")
     assert {n: (aside / n).read_bytes() for n in before} == before  # the old run, whole
@@ -164,7 +164,7 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(interrupted, tmp_path, ed
     _, src, common = interrupted
     path = _tampered(src, tmp_path, edit)
     with pytest.raises(ValueError, match=message):
-        train(load_config(None, base_overrides(tmp_path / "run", **common, **{"train.resume": str(path)})))
+        train(Config.load(None, base_overrides(tmp_path / "run", **common, **{"train.resume": str(path)})))
 
 
 def test_resume_from_a_weights_only_file_says_what_to_use(interrupted, tmp_path):
@@ -172,7 +172,7 @@ def test_resume_from_a_weights_only_file_says_what_to_use(interrupted, tmp_path)
     path = tmp_path / "weights.pth"
     torch.save({"model": ckpt_io.load(src / "last.pth")["model"]}, path)
     with pytest.raises(ValueError, match="is not a training checkpoint.*--model.checkpoint"):
-        train(load_config(None, base_overrides(tmp_path / "run", **common, **{"train.resume": str(path)})))
+        train(Config.load(None, base_overrides(tmp_path / "run", **common, **{"train.resume": str(path)})))
 
 
 def test_resume_with_more_data_is_refused(interrupted, tmp_path):

@@ -68,7 +68,7 @@ def test_sigterm_under_the_torchrun_launcher_exits_143_quietly(long_run):
         [
             sys.executable,
             "-m",
-            "inline_attn.torchrun",
+            "inline_attn.cli.torchrun",
             "--standalone",
             "--nproc_per_node=2",
             "-m",

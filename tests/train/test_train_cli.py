@@ -8,7 +8,8 @@ import yaml
 
 from inline_attn.cli import main
 from inline_attn.data import TensorImageDataset
-from inline_attn.train.config import load_config, parse_value
+from inline_attn.runtime.config import parse_value
+from inline_attn.train.config import Config
 from inline_attn.train.data import Batches
 from inline_attn.train.loop import accuracy_counts, evaluate
 from inline_attn.experiments.reproduce import BEGIN, END, render_table, write_section
@@ -37,7 +38,7 @@ def test_yaml_then_overrides_and_yaml11_floats(tmp_path):
     p.write_text("optim:\n  lr: 1e-3\n  weight_decay: 0.01\nsched:\n  epochs: 7\n")
     child = tmp_path / "child.yaml"
     child.write_text("_base_: base.yaml\nsched:\n  epochs: 9\n")
-    cfg = load_config(child, [("optim.weight_decay", 0.2), ("model.kwargs.depth", 2)])
+    cfg = Config.load(child, [("optim.weight_decay", 0.2), ("model.kwargs.depth", 2)])
     assert cfg.sched.epochs == 9 and cfg.optim.weight_decay == 0.2 and cfg.optim.lr == 0.001
     assert cfg.model.kwargs == {"depth": 2} and cfg.optim.clip_grad == 5.0  # default kept
     assert parse_value("1e-3") == 0.001 and parse_value("[1, 2]") == [1, 2] and parse_value("null") is None
@@ -47,11 +48,11 @@ def test_unknown_keys_are_clear_errors(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("optim:\n  lrr: 0.1\n")
     with pytest.raises(ValueError, match=r"unknown config key 'optim.lrr' \(did you mean lr"):
-        load_config(p)
+        Config.load(p)
     with pytest.raises(ValueError, match="unknown config section 'trian'"):
-        load_config(None, [("trian.seed", 1)])
+        Config.load(None, [("trian.seed", 1)])
     with pytest.raises(ValueError, match="does not exist"):
-        load_config(tmp_path / "missing.yaml")
+        Config.load(tmp_path / "missing.yaml")
 
 
 def test_cli_train_overrides_saved_config_then_eval(tmp_path, capsys):

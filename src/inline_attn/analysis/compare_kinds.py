@@ -23,6 +23,7 @@ import torch
 from ..layers.attention import ATTENTION_CHOICES, build_attention
 from ..layers.linear_family import LINEAR_CORES, LinearCore
 from ..layers.record import attention_layers, record_attention
+from ..runtime.report import markdown_table
 from .confusion import DEFAULT_RTOL, row_tolerance
 from .injectivity import LENGTHS, constructed_problem, row_counts
 from .masking import NORMALISATION
@@ -211,14 +212,12 @@ def injectivity_of_models(
 def injectivity_table(res: dict) -> str:
     """Markdown: kind | distinct rows of each family (of M queries) | injective on both."""
     m = len(res["problem"]["lengths"])
-    lines = [
-        f"| kind | collinear queries: distinct rows of {m} | shifted queries: distinct rows of {m} | injective here |",
-        "|---|---|---|---|",
-    ]
+    columns = ["kind", f"collinear queries: distinct rows of {m}", f"shifted queries: distinct rows of {m}"]
+    rows = []
     for kind, fams in res["results"].items():
         counts = [fams[f]["distinct_rows"] for f in FAMILIES]
-        lines.append(f"| {kind} | {counts[0]} | {counts[1]} | {'yes' if min(counts) == m else 'no'} |")
-    return "\n".join(lines) + "\n"
+        rows.append([kind, counts[0], counts[1], "yes" if min(counts) == m else "no"])
+    return "\n".join(markdown_table(rows, columns + ["injective here"])) + "\n"
 
 
 def plot_injectivity_by_kind(res: dict, path) -> None:
@@ -259,22 +258,18 @@ def confusion_table(summary: dict, kinds: dict) -> str:
     summary has it) | mean per layer (where the summary has it). ``summary``: {label:
     :func:`~.confusion.summarize` dict, optionally with ``per_layer_mean`` {layer: mean}};
     ``kinds``: {label: kind}."""
-    lines = [
-        "| model | kind | images | confused pairs / image: mean | median | max | images with any | "
-        "rate (of pairs compared) | mean per layer |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    columns = ["model", "kind", "images", "confused pairs / image: mean", "median", "max", "images with any"]
+    columns += ["rate (of pairs compared)", "mean per layer"]
+    rows = []
     for label, s in summary.items():
         if not s.get("images"):
-            lines.append(f"| {label} | {kinds[label]} | 0 | - | - | - | - | - | - |")
+            rows.append([label, kinds[label], 0] + ["-"] * 6)
             continue
         rate = f"{100 * s['rate']:.3g}%" if "rate" in s else "-"
         per_layer = " / ".join(f"{v:.1f}" for v in (s.get("per_layer_mean") or {}).values()) or "-"
-        lines.append(
-            f"| {label} | {kinds[label]} | {s['images']} | {s['mean']:.1f} | {s['median']:.0f} | {s['max']:.0f} | "
-            f"{100 * s['frac_images_confused']:.0f}% | {rate} | {per_layer} |"
-        )
-    return "\n".join(lines) + "\n"
+        counts = [s["images"], f"{s['mean']:.1f}", f"{s['median']:.0f}", f"{s['max']:.0f}"]
+        rows.append([label, kinds[label], *counts, f"{100 * s['frac_images_confused']:.0f}%", rate, per_layer])
+    return "\n".join(markdown_table(rows, columns)) + "\n"
 
 
 def locality_table(per_model: dict, kinds: dict) -> str:
@@ -282,11 +277,9 @@ def locality_table(per_model: dict, kinds: dict) -> str:
     ratio per layer (first to last) | rows sum to one. A kind whose rows do not sum to one
     (:data:`~.masking.NORMALISATION` "none") has a mass that is not a share of its attention:
     compare it with care."""
-    lines = [
-        "| model | kind | layers | 3x3 mass (mean over layers) | uniform 3x3 mass | ratio | ratio per layer | "
-        "rows sum to one |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    columns = ["model", "kind", "layers", "3x3 mass (mean over layers)", "uniform 3x3 mass", "ratio"]
+    columns += ["ratio per layer", "rows sum to one"]
+    table = []
     for label, rows in per_model.items():
         if not rows:
             continue
@@ -295,11 +288,8 @@ def locality_table(per_model: dict, kinds: dict) -> str:
         ratio = loc / uni if uni else float("nan")
         per_layer = " / ".join(f"{r['locality'] / r['uniform']:.2f}" if r["uniform"] else "nan" for r in rows)
         kind = kinds[label]
-        lines.append(
-            f"| {label} | {kind} | {len(rows)} | {loc:.4f} | {uni:.4f} | {ratio:.2f} | {per_layer} | "
-            f"{_norm_note(kind)} |"
-        )
-    return "\n".join(lines) + "\n"
+        table.append([label, kind, len(rows), f"{loc:.4f}", f"{uni:.4f}", f"{ratio:.2f}", per_layer, _norm_note(kind)])
+    return "\n".join(markdown_table(table, columns)) + "\n"
 
 
 def masking_note(kinds: dict) -> str:

@@ -24,8 +24,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..compile import compile_module
-from ..cuda_graphs import compile_mode_for
+from ..runtime.compile import compile_module
+from ..runtime.graphs import compile_mode_for
 from ..layers import build_attention
 from ..layers.linear_family import LINEAR_CORES
 from .flops import attention_layer_flops, counted_layer_flops
@@ -262,11 +262,11 @@ def bench_attention(
         warmup, repeats, budget_s: see :func:`inline_attn.bench.timing.time_interleaved`.
         memory: measure each case's peak memory (one extra untimed call).
         compile: ``torch.compile`` every layer (as a ``+compile`` suffix on each kind).
-        compile_mode: the mode of every compiled layer (:data:`inline_attn.compile.COMPILE_MODES`;
+        compile_mode: the mode of every compiled layer (:data:`inline_attn.runtime.compile.COMPILE_MODES`;
             "reduce-overhead": CUDA graphs).
         amp: "bf16" / "fp16": run the layers under autocast (float32 parameters and inputs).
         cuda_graphs: capture every step in a CUDA graph and time its replay
-            (:func:`inline_attn.cuda_graphs.graph_steps`); compiled layers take
+            (:func:`inline_attn.runtime.graphs.graph_steps`); compiled layers take
             ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
             ungraphed and ``meta["why_not_graphed"]`` says why.
     """

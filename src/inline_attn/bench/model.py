@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compile import compile_module
-from ..cuda_graphs import compile_mode_for
+from ..runtime.compile import compile_module
+from ..runtime.graphs import compile_mode_for
 from ..models.swin import SOFTMAX_WINDOW_DIVISOR
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from .sweep import Measured, PointTiming, amp_dtype, dtype_name, measure_point, resolve_dtype, run_context
@@ -368,9 +368,9 @@ def bench_models(
         baseline: the label whose throughput the speedups divide by (default: first label).
         amp: "bf16" / "fp16": autocast around each step (weights and input stay in ``dtype``).
         channels_last: the input images (and the models' convolutions) in channels-last layout.
-        compile_mode: the mode of the cases with ``compile=1`` (:data:`inline_attn.compile.COMPILE_MODES`).
+        compile_mode: the mode of the cases with ``compile=1`` (:data:`inline_attn.runtime.compile.COMPILE_MODES`).
         cuda_graphs: capture every step in a CUDA graph and time its replay
-            (:func:`inline_attn.cuda_graphs.graph_steps`); compiled cases take
+            (:func:`inline_attn.runtime.graphs.graph_steps`); compiled cases take
             ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
             ungraphed and ``meta["why_not_graphed"]`` says why.
     """

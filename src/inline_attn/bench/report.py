@@ -19,6 +19,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..runtime.report import markdown_table
+
 __all__ = ["format_table", "machine_info", "plot_sweep", "save_result", "threads_label", "write_results"]
 
 
@@ -61,9 +63,7 @@ def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]], 
     for r in rows:
         cells.append([_fmt(r.get(k), spec) for k, _, spec in columns])
     if markdown:
-        lines = ["| " + " | ".join(row) + " |" for row in cells]
-        lines.insert(1, "|" + "|".join("---" for _ in columns) + "|")
-        return "\n".join(lines)
+        return "\n".join(markdown_table(cells[1:], cells[0]))
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -15,7 +15,7 @@ from typing import Any, Callable, Hashable, Optional
 
 import torch
 
-from ..cuda_graphs import graph_steps
+from ..runtime.graphs import graph_steps
 from ..ops import use_impl
 from .timing import peak_memory, time_interleaved
 
@@ -125,7 +125,7 @@ def measure_point(
     Args:
         steps: case -> step; cases that could not be built are in ``failures`` (case -> status) instead.
         timing: how (:class:`PointTiming`). With ``timing.cuda_graphs`` the steps are captured
-            (:func:`inline_attn.cuda_graphs.graph_steps`) except the ``compiled`` cases (inductor
+            (:func:`inline_attn.runtime.graphs.graph_steps`) except the ``compiled`` cases (inductor
             graphs those itself); the third value says why they run ungraphed (None when graphed
             or not asked for).
     """

@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from .._io import writable_dir
-from ..compile import COMPILE_MODES
+from ..runtime.compile import COMPILE_MODES
 from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
 from ..bench.model import PRESETS
 from ..bench.report import format_table

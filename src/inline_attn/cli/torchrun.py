@@ -1,6 +1,6 @@
-"""``python -m inline_attn.torchrun ...``: torchrun, ending quietly when a signal stops the run.
+"""``python -m inline_attn.cli.torchrun ...``: torchrun, ending quietly when a signal stops the run.
 
-It takes torchrun's arguments unchanged (``python -m inline_attn.torchrun --nproc_per_node=8 -m
+It takes torchrun's arguments unchanged (``python -m inline_attn.cli.torchrun --nproc_per_node=8 -m
 inline_attn.cli train -c ...``). When the launcher or its workers get SIGINT/SIGTERM, the workers
 of ``inline-attn train`` save a checkpoint and exit with 128 + the signal's number; plain
 torchrun then prints a traceback (its own SignalException, or a ChildFailedError for the

@@ -9,7 +9,7 @@ import time
 from ..runtime.config import add_override_options, collect_overrides as _collect, run_options
 from ..runtime.loop import exit_code
 from ..runtime.output import OVERWRITE_HELP
-from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
+from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
@@ -28,7 +28,7 @@ def cmd_train(args) -> int:
     overrides = collect_overrides(args) + run_options(args)
     if args.output:
         overrides.append(("train.output", args.output))
-    cfg = load_config(args.config, overrides)
+    cfg = Config.load(args.config, overrides)
     summary = train(cfg)
     if summary.get("rank", 0) == 0 and summary.get("stopped") is None and summary.get("final"):
         f = summary["final"]
@@ -83,7 +83,7 @@ def cmd_demo(args) -> int:
     if args.epochs:
         overrides.append(("sched.epochs", args.epochs))
     overrides += run_options(args)
-    cfg = load_config(cfg_path, overrides)
+    cfg = Config.load(cfg_path, overrides)
     t0 = time.time()
     print(
         f"demo: training {cfg.model.name} {cfg.model.kwargs} on Fashion-MNIST "

@@ -22,32 +22,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
-from .._deprecation import upgrade_model_kwargs
 from ..runtime.config import (
-    Subscriptable,
     TypedConfig,
     check_device,
     check_mean_std,
     check_output,
-    parse_value,
     setting,
 )
 from ..runtime.optim import OPTIMIZERS
 
 __all__ = [
     "BACKBONE_SETTINGS",
-    "DET_DEFAULTS",
-    "SEG_DEFAULTS",
     "DetConfig",
     "SegConfig",
-    "load_det_config",
-    "load_seg_config",
-    "parse_value",
-    "save_config",
 ]
 
 PathLike = Union[str, os.PathLike]
@@ -64,7 +54,7 @@ def _positive_pair(key: str, value) -> None:
 
 
 @dataclass
-class DenseModelCfg(Subscriptable):
+class DenseModelCfg:
     """The backbone's settings, shared by segmentation and detection."""
 
     backbone: str = setting("inline_pvt_tiny", doc="registered backbone model name")
@@ -75,9 +65,6 @@ class DenseModelCfg(Subscriptable):
     frozen_stages: int = setting(-1, ge=-1, doc="stages kept frozen (-1: none)")
     norm_eval: bool = setting(False, doc="backbone norms in eval mode")
     num_classes: Optional[int] = setting(None, ge=1, doc="null: the dataset's")
-
-    def __post_init__(self):  # a config written before issue 24 says backbone_kwargs.kernel
-        self.backbone_kwargs = upgrade_model_kwargs(self.backbone_kwargs)
 
     def backbone_kwargs_for_build(self) -> dict:
         """:class:`~inline_attn.dense.DenseBackbone`'s arguments: ``backbone_kwargs`` and the
@@ -133,7 +120,7 @@ class DetModelCfg(DenseModelCfg):
 
 
 @dataclass
-class MosaicCfg(Subscriptable):
+class MosaicCfg:
     """Fashion-MNIST mosaics (:class:`~inline_attn.dense.MosaicSpec`)."""
 
     size: int = setting(64, ge=8, doc="canvas side in pixels")
@@ -156,7 +143,7 @@ class MosaicCfg(Subscriptable):
 
 
 @dataclass
-class CocoCfg(Subscriptable):
+class CocoCfg:
     """A COCO-layout folder: instances JSON and image folder per split."""
 
     train_ann: Optional[str] = setting(None, doc="instances_train2017.json", resume=True)
@@ -175,7 +162,7 @@ class CocoCfg(Subscriptable):
 
 
 @dataclass
-class DenseDataCfg(Subscriptable):
+class DenseDataCfg:
     path: Optional[str] = setting(
         None, doc="dataset root, or the Fashion-MNIST folder for mosaics (null: Debian's)", resume=True
     )
@@ -222,7 +209,7 @@ class DetDataCfg(DenseDataCfg):
 
 
 @dataclass
-class DenseOptimCfg(Subscriptable):
+class DenseOptimCfg:
     opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw (the paper's dense recipes) | sgd (momentum 0.9, Nesterov)")
     lr: float = setting(2.0e-4, gt=0, doc="learning rate (not scaled with the batch)")
     weight_decay: float = setting(1.0e-4, ge=0, doc="weight decay (not on norms, biases, position tables)")
@@ -236,7 +223,7 @@ class DenseOptimCfg(Subscriptable):
 
 
 @dataclass
-class PolySchedCfg(Subscriptable):
+class PolySchedCfg:
     iters: int = setting(40000, ge=1, doc="training iterations")
     warmup_iters: int = setting(0, ge=0, doc="linear warm-up iterations")
     warmup_ratio: float = setting(1.0e-6, gt=0, le=1, doc="warm-up starts at lr * warmup_ratio")
@@ -249,7 +236,7 @@ class PolySchedCfg(Subscriptable):
 
 
 @dataclass
-class DetEvalCfg(Subscriptable):
+class DetEvalCfg:
     interval: int = setting(
         4000, ge=0, doc="evaluate every N iterations (and at the end); 0: only at the end", resume=True
     )
@@ -275,7 +262,7 @@ class SegEvalCfg(DetEvalCfg):
 
 
 @dataclass
-class DenseTrainCfg(Subscriptable):
+class DenseTrainCfg:
     output: str = setting("runs/seg", doc="output folder", resume=True)
     seed: int = setting(0, ge=0, doc="random seed")
     device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
@@ -328,22 +315,3 @@ class DetConfig(TypedConfig):
     sched: PolySchedCfg = field(default_factory=PolySchedCfg)
     eval: DetEvalCfg = field(default_factory=DetEvalCfg)
     train: DetTrainCfg = field(default_factory=DetTrainCfg)
-
-
-SEG_DEFAULTS: dict[str, dict[str, Any]] = SegConfig().to_dict()
-DET_DEFAULTS: dict[str, dict[str, Any]] = DetConfig().to_dict()
-
-
-def load_seg_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> SegConfig:
-    """The segmentation defaults <- YAML file (following ``_base_``) <- overrides (dotted keys), checked."""
-    return SegConfig.load(path, overrides)
-
-
-def load_det_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> DetConfig:
-    """The detection defaults <- YAML file (following ``_base_``) <- overrides (dotted keys), checked."""
-    return DetConfig.load(path, overrides)
-
-
-def save_config(cfg: TypedConfig, path: PathLike) -> None:
-    """Write the resolved config as YAML, atomically."""
-    cfg.save(pathlib.Path(path))

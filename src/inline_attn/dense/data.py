@@ -7,55 +7,28 @@ number alone, and the dataset draws every augmentation from ``seed``, so step t'
 same after a resume and under any number of loader workers.
 
 The datasets live beside their sources: :mod:`.ade20k`, :mod:`.mosaic_sets` and :mod:`.coco`.
-Until issue 24 they all lived here, so this module still gives every name it had: the datasets
-(``ADE20K``, ``ADE20K_CLASSES``, ``MosaicSeg``, ``MosaicDet``) by import, the other names of the
-old module (``ADE_LAYOUT``, ``PathLike`` and the private helpers) through ``__getattr__``.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
-from .ade20k import ADE20K, ADE20K_CLASSES, build_ade20k_sets
+from .ade20k import build_ade20k_sets
 from .mosaic_sets import MosaicDet, MosaicSeg, build_mosaic_sets
 
 if TYPE_CHECKING:
     from .config import DetConfig, SegConfig
 
 __all__ = [
-    "ADE20K",
-    "ADE20K_CLASSES",
-    "MosaicDet",
-    "MosaicSeg",
     "StepSampler",
     "build_det_datasets",
     "build_seg_datasets",
     "collate",
     "det_collate",
 ]
-
-# the old module's other names -> (their module now, their name there)
-_MOVED = {
-    "ADE_LAYOUT": ("ade20k", "ADE_LAYOUT"),
-    "PathLike": ("ade20k", "PathLike"),
-    "_ADE_SPLITS": ("ade20k", "_ADE_SPLITS"),
-    "_IMG_EXT": ("ade20k", "_IMG_EXT"),
-    "_SegPipeline": ("ade20k", "_SegPipeline"),
-    "_to_tensors": ("ade20k", "_to_tensors"),
-    "_render_all": ("mosaic_sets", "_render_all"),
-    "_mosaic_sets": ("mosaic_sets", "build_mosaic_sets"),
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        module, attr = _MOVED[name]
-        return getattr(importlib.import_module(f".{module}", __package__), attr)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StepSampler:

@@ -94,7 +94,7 @@ class SegMetric:
         """The metrics over everything seen, summed over ranks when ``info`` (a DistInfo) says so."""
         conf = self.conf.clone()
         if info is not None and getattr(info, "enabled", False):
-            from ..train.distributed import all_reduce_sum
+            from ..runtime.distributed import all_reduce_sum
 
             all_reduce_sum(conf, info)
         return metrics_from_confusion(conf, self.class_names)

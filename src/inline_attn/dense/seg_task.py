@@ -21,7 +21,6 @@ import torch.nn as nn
 
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo
-from ..runtime.optim import PolySchedule
 from .config import SegConfig
 from .data import StepSampler, build_seg_datasets, collate
 from .evaluation import check_class_count, eval_config
@@ -29,18 +28,16 @@ from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
 from ..runtime.run import train
-from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained, load_weights
+from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
-    "PolySchedule",
     "SegTask",
     "build_from_config",
     "evaluate_checkpoint",
     "evaluate_seg",
     "format_segmentor_info",
     "load_segmentor",
-    "load_weights",
     "predict_batches",
     "segmentor_info",
     "train_seg",

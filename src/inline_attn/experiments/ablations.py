@@ -34,11 +34,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .._deprecation import feature_map_alias
+from ..layers import uses_local_residual
 from ..models import PATTERN_KINDS
 from ..runtime.output import claim_output
-from ..train.config import configs_dir, load_config
-from ..train.report import write_json
+from ..runtime.report import markdown_table, write_json
+from ..train.config import Config, configs_dir
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
@@ -127,18 +127,16 @@ class Setting:
     overrides: tuple = field(default_factory=tuple)
 
 
-@feature_map_alias
 def swin_setting(
     kind: str, feature_map: Optional[str] = None, window: int = 28, residual: Optional[bool] = None
 ) -> Setting:
     """A setting of the locality task; equal settings of different parts share one key (and runs).
-    Its override is ``model.kwargs.feature_map`` (runs before issue 24 stored ``model.kwargs.kernel``;
-    the config reads either, and the key, hence the run folder, is the same)."""
+    Its overrides are ``model.kwargs.{pattern, feature_map, window_size, local_residual}``."""
     if kind == "inline":
         feature_map = feature_map or "identity"
     elif kind == "linear":
         feature_map = feature_map or "relu"
-    res = (kind == "inline") if residual is None else residual
+    res = uses_local_residual(kind, residual)
     key = f"{kind}{'-' + feature_map if feature_map else ''}-w{window}{'-res' if res else ''}"
     label = NAMES[kind] + (f", {feature_map}" if feature_map else "")
     label += f", window {window}" if kind != "softmax" else ""
@@ -218,7 +216,7 @@ def run_one(
     run_dir = output / setting.key / f"seed{seed}"
     ov = list(setting.overrides) + _budget_overrides(setting, budget)
     ov += [("train.seed", seed), ("train.output", str(run_dir)), ("train.resume", "auto")]
-    cfg = load_config(config_dir / setting.config, ov)
+    cfg = Config.load(config_dir / setting.config, ov)
     load_before = _load()
     base = {"setting": setting.key, "label": setting.label, "kind": setting.kind, "seed": seed}
     try:
@@ -315,7 +313,7 @@ def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dic
     from ..models import create_model
     from ..train.evaluate import inference_throughput
 
-    cfg = load_config(config_dir / setting.config, list(setting.overrides))
+    cfg = Config.load(config_dir / setting.config, list(setting.overrides))
     img = cfg.data.img_size or 28
     model = create_model(cfg.model.name, num_classes=10, in_chans=1, **{"img_size": img, **cfg.model.kwargs})
     threads = torch.get_num_threads()
@@ -599,32 +597,22 @@ def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, 
 
 
 def _table_a(results, verdicts):
-    lines = [
-        "#### a. Kernel x {linear, InLine} (injectivity ablation, cf. Table 1; no local residual)",
-        "",
-        "| kernel | linear top-1 (%) | InLine top-1 (%) | InLine - linear |",
-        "|---|---|---|---|",
-    ]
-    outcomes = []
+    rows, outcomes = [], []
     for kern in FEATURE_MAPS_A:
         a, b = swin_setting("inline", kern, residual=False).key, swin_setting("linear", kern, residual=False).key
         d, o = compare(top1s(results, a), top1s(results, b))
         outcomes.append(o)
-        lines.append(f"| {kern} | {fmt(top1s(results, b))} | {fmt(top1s(results, a))} | {_signed(d)} |")
+        rows.append([kern, fmt(top1s(results, b)), fmt(top1s(results, a)), _signed(d)])
     verdicts.append(
         tally("InLine beats linear attention for every kernel (Table 1)", outcomes, "clear wins:", "clear losses:")
     )
-    return lines + [""]
+    columns = ["kernel", "linear top-1 (%)", "InLine top-1 (%)", "InLine - linear"]
+    title = "#### a. Kernel x {linear, InLine} (injectivity ablation, cf. Table 1; no local residual)"
+    return [title, "", *markdown_table(rows, columns), ""]
 
 
 def _table_b(results, verdicts):
-    lines = [
-        "#### b. Window size x local residual (InLine, identity kernel; cf. Table 4)",
-        "",
-        "| window (stage 1 / 2) | without residual | with residual | gain |",
-        "|---|---|---|---|",
-    ]
-    outcomes, gains = [], []
+    rows, outcomes, gains = [], [], []
     for w in WINDOWS:
         on, off = (
             swin_setting("inline", window=w, residual=True).key,
@@ -634,7 +622,7 @@ def _table_b(results, verdicts):
         outcomes.append(o)
         gains.append(d)
         where = "global" if w >= 28 else f"{w} / {'global' if w >= 14 else w}"
-        lines.append(f"| {w} ({where}) | {fmt(top1s(results, off))} | {fmt(top1s(results, on))} | {_signed(d)} |")
+        rows.append([f"{w} ({where})", fmt(top1s(results, off)), fmt(top1s(results, on)), _signed(d)])
     verdicts.append(
         f"The local residual helps InLine at every window size: **{verdict(outcomes)}** (gains "
         + ", ".join(_signed(g) for g in gains)
@@ -654,13 +642,18 @@ def _table_b(results, verdicts):
         f"The residual matters more for larger windows (the paper's reading of Table 4): **{v}** (per-seed gain "
         f"at window {WINDOWS[-1]} minus at window {WINDOWS[0]}: {_signed(d)} points)."
     )
-    return lines + [""]
+    columns = ["window (stage 1 / 2)", "without residual", "with residual", "gain"]
+    title = "#### b. Window size x local residual (InLine, identity kernel; cf. Table 4)"
+    return [title, "", *markdown_table(rows, columns), ""]
 
 
 def _table_c(results, verdicts):
-    lines = ["#### c. InLine's kernel (with the residual, global window)", "", "| kernel | top-1 (%) |", "|---|---|"]
-    for kern in FEATURE_MAPS_C:
-        lines.append(f"| {kern} | {fmt(top1s(results, swin_setting('inline', kern).key))} |")
+    rows = [[kern, fmt(top1s(results, swin_setting("inline", kern).key))] for kern in FEATURE_MAPS_C]
+    lines = [
+        "#### c. InLine's kernel (with the residual, global window)",
+        "",
+        *markdown_table(rows, ["kernel", "top-1 (%)"]),
+    ]
     ident = top1s(results, swin_setting("inline", "identity").key)
     outcomes = [compare(ident, top1s(results, swin_setting("inline", k).key))[1] for k in FEATURE_MAPS_C[1:]]
     worse = outcomes.count("b")
@@ -676,30 +669,28 @@ def _table_c(results, verdicts):
 
 
 def _table_d(results, bench, verdicts):
-    lines = [
-        "#### d. The linear attentions at one layout (global windows; softmax: Swin's windows of 7)",
-        "",
-        "| attention | params | MACs (M) | train img/s | inference img/s | top-1 (%) |",
-        "|---|---|---|---|---|---|",
-    ]
     inl = top1s(results, swin_setting("inline").key)
-    outcomes = []
+    rows, outcomes = [], []
     for kind in COMPARED:
         s = swin_setting(kind)
         rs = [r for r in results.get(s.key, []) if r.get("top1") is not None]
         if not rs:
-            lines.append(f"| {NAMES[kind]} | | | | | not run |")
+            rows.append([NAMES[kind], "", "", "", "", "not run"])
             continue
         macs = f"{rs[0]['macs'] / 1e6:.1f}" if rs[0].get("macs") else "n/a"
         train_ips = statistics.median(r["train_img_s"] for r in rs)
         ips = bench.get(s.key, {}).get("infer_img_s")
-        lines.append(
-            f"| {NAMES[kind]} | {rs[0]['params']:,} | {macs} | {train_ips:.0f} | "
-            f"{'n/a' if ips is None else f'{ips:.0f}'} | {fmt(top1s(results, s.key))} |"
+        shown_ips = "n/a" if ips is None else f"{ips:.0f}"
+        rows.append(
+            [NAMES[kind], f"{rs[0]['params']:,}", macs, f"{train_ips:.0f}", shown_ips, fmt(top1s(results, s.key))]
         )
         if kind not in ("inline", "softmax"):
             outcomes.append(compare(inl, top1s(results, s.key))[1])
-    lines += [
+    columns = ["attention", "params", "MACs (M)", "train img/s", "inference img/s", "top-1 (%)"]
+    lines = [
+        "#### d. The linear attentions at one layout (global windows; softmax: Swin's windows of 7)",
+        "",
+        *markdown_table(rows, columns),
         "",
         "Train img/s: median over the runs (measured while training, so under the load noted above); "
         "inference img/s: one thread, random weights, all settings measured one after another.",
@@ -713,30 +704,32 @@ def _table_d(results, bench, verdicts):
 
 
 def _table_e(mask, verdicts):
-    lines = [
-        "#### e. Masking each query's k x k neighbourhood vs as many random keys (cf. Table 2)",
-        "",
-        "| attention | unmasked | local 3x3 | random 3x3 | local 5x5 | random 5x5 | local 7x7 | random 7x7 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    drops = {}
+    rows, drops = [], {}
     for kind in MASKED:
         recs = mask.get(swin_setting(kind).key, [])
         if not recs:
-            lines.append(f"| {NAMES[kind]} | not run |" + " |" * 6)
+            rows.append([NAMES[kind], "not run"] + [""] * 6)
             continue
 
         def cell(m, k, recs=recs):
             return [next(r["top1"] for r in rec["rows"] if r["mask"] == m and r["k"] == k) for rec in recs]
 
         cells = [fmt(cell("none", 0))] + [fmt(cell(m, k)) for k in (3, 5, 7) for m in ("local", "random")]
-        lines.append(f"| {NAMES[kind]} | " + " | ".join(cells) + " |")
+        rows.append([NAMES[kind], *cells])
         drops[kind] = [rnd - loc for rnd, loc in zip(cell("random", 7), cell("local", 7))]  # extra loss from locality
     n_img = "?"
     for recs in mask.values():
         n_img = recs[0]["rows"][0]["images"]
         break
-    lines += ["", f"Top-1 on the first {n_img} test images; the local residual of InLine stays on.", ""]
+    columns = ["attention", "unmasked"] + [f"{m} {k}x{k}" for k in (3, 5, 7) for m in ("local", "random")]
+    lines = [
+        "#### e. Masking each query's k x k neighbourhood vs as many random keys (cf. Table 2)",
+        "",
+        *markdown_table(rows, columns),
+        "",
+        f"Top-1 on the first {n_img} test images; the local residual of InLine stays on.",
+        "",
+    ]
     if "softmax" in drops and "linear" in drops:
         d, o = compare(drops["softmax"], drops["linear"])
         v = verdict([o])
@@ -749,14 +742,12 @@ def _table_e(mask, verdicts):
 
 
 def _table_g(results, verdicts):
+    rows = [[v, fmt(top1s(results, f"fmnist-{v}"))] for v in FMNIST_VARIANTS]
     lines = [
         "#### g. The four Fashion-MNIST variants (configs/fmnist, DeiT on the 7 x 7 grid), several seeds",
         "",
-        "| variant | top-1 (%) |",
-        "|---|---|",
+        *markdown_table(rows, ["variant", "top-1 (%)"]),
     ]
-    for v in FMNIST_VARIANTS:
-        lines.append(f"| {v} | {fmt(top1s(results, f'fmnist-{v}'))} |")
     inl = top1s(results, "fmnist-inline")
     outcomes = [compare(inl, top1s(results, f"fmnist-{v}"))[1] for v in FMNIST_VARIANTS[:-1]]
     claim = "On the 7 x 7 Fashion-MNIST task InLine beats softmax, linear and InLine without residual"

@@ -22,6 +22,7 @@ import torch
 from ..dense.det_task import DetTask
 from ..dense.seg_task import SegTask
 from ..dense.build import DenseTask
+from ..runtime.report import markdown_table
 from ..runtime.run import train
 
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
@@ -130,9 +131,8 @@ def format_table(
         f"{what} on the validation mosaics (garments of the Fashion-MNIST test split), "
         "mean +- sample std over seeds; train time per run (depends on the machine's load).",
         "",
-        f"| backbone attention | seeds | {' | '.join(keys)} | per-seed {keys[0]} | params | train time (min) |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    table = []
     for pattern, rs in by.items():
         rs = sorted(rs, key=lambda r: r["seed"])
         cells = []
@@ -141,11 +141,12 @@ def format_table(
             cells.append(f"{m:.2f} +- {s:.2f}")
         per = ", ".join(f"{r[keys[0]]:.2f}" for r in rs)
         minutes, _ = _mean_std([r["train_time_s"] / 60 for r in rs])
-        lines.append(
-            f"| {PATTERN_NAMES.get(pattern, pattern)} | {', '.join(str(r['seed']) for r in rs)} | "
-            + " | ".join(cells)
-            + f" | {per} | {rs[0]['params']:,} | {minutes:.1f} |"
+        seeds = ", ".join(str(r["seed"]) for r in rs)
+        table.append(
+            [PATTERN_NAMES.get(pattern, pattern), seeds, *cells, per, f"{rs[0]['params']:,}", f"{minutes:.1f}"]
         )
+    columns = ["backbone attention", "seeds", *keys, f"per-seed {keys[0]}", "params", "train time (min)"]
+    lines += markdown_table(table, columns)
     lines.append(end)
     return "\n".join(lines)
 

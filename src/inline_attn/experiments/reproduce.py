@@ -12,8 +12,20 @@ from typing import Optional, Sequence
 import torch
 
 from .._io import atomic_write_text
-from ..train.config import configs_dir, load_config
+from ..runtime.report import markdown_table
+from ..train.config import configs_dir, Config
 
+# the columns of the Fashion-MNIST table
+COLUMNS = [
+    "variant",
+    "top-1 (%)",
+    "top-5 (%)",
+    "params",
+    "MACs (M)",
+    "train img/s",
+    "inference img/s",
+    "train time (min)",
+]
 LABELS = {
     "softmax": "Softmax attention (pattern S)",
     "linear": "Linear attention, ReLU kernel (pattern L)",
@@ -43,7 +55,7 @@ def reproduce_fmnist(
         overrides = [("train.output", str(pathlib.Path(output) / v)), ("train.resume", "auto")]
         if epochs:
             overrides.append(("sched.epochs", int(epochs)))
-        cfg = load_config(cfg_path, overrides)
+        cfg = Config.load(cfg_path, overrides)
         print(f"reproduce fmnist: {v} ({cfg_path})", flush=True)
         summary = train(cfg)
         if summary.get("stopped"):
@@ -94,16 +106,16 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
         "(torch.utils.flop_counter, multiply-adds). Train img/s: median epoch throughput with augmentation; "
         "inference img/s: forward pass, batch 256.",
         "",
-        "| variant | top-1 (%) | top-5 (%) | params | MACs (M) | train img/s | inference img/s | train time (min) |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    cells = []
     for r in rows:
         macs = f"{r['macs'] / 1e6:.2f}" if r.get("macs") else "n/a"
         tt = f"{r['train_time_s'] / 60:.1f}" if r.get("train_time_s") else "n/a"
-        lines.append(
-            f"| {r['label']} | {r['top1']:.2f} | {r['top5']:.2f} | {r['params']:,} | {macs} | "
-            f"{r['train_img_s']:.0f} | {r['infer_img_s']:.0f} | {tt} |"
+        cells.append(
+            [r["label"], f"{r['top1']:.2f}", f"{r['top5']:.2f}", f"{r['params']:,}", macs]
+            + [f"{r['train_img_s']:.0f}", f"{r['infer_img_s']:.0f}", tt]
         )
+    lines += markdown_table(cells, COLUMNS)
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,5 @@
 """nn.Modules built on :mod:`inline_attn.ops`."""
 
-from .._deprecation import renamed_attributes
 from .attention import (
     ATTENTION_CHOICES,
     FEATURE_MAP_CHOICES,
@@ -21,9 +20,8 @@ from .attention import (
     check_kind,
     make_feature_map,
 )
-from .attention import OLD_NAMES
 from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
-from .feature_maps import AffineReLUFeatureMap, AffineReLUKernel
+from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, LinearCore, make_core
 from .local_residual import LocalResidual, uses_local_residual
 from .options import BlockOptions
@@ -39,7 +37,6 @@ __all__ = [
     "make_core",
     "check_kind",
     "AffineReLUFeatureMap",
-    "AffineReLUKernel",
     "AgentAttention",
     "AttentionRecord",
     "BlockOptions",
@@ -74,5 +71,3 @@ __all__ = [
     "uses_local_residual",
     "tokens_to_nchw",
 ]
-
-__getattr__ = renamed_attributes(__name__, OLD_NAMES)  # KERNEL_CHOICES, make_kernel: the old names

@@ -14,7 +14,6 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .._deprecation import feature_map_alias, renamed_attributes
 from ..ops import ATTENTION_KINDS, FEATURE_MAPS, check_count, check_feat_size
 from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, make_core
@@ -25,7 +24,6 @@ FEATURE_MAP_CHOICES = tuple(FEATURE_MAPS) + ("affine_relu",)
 ATTENTION_CHOICES = tuple(ATTENTION_KINDS) + tuple(LINEAR_CORES)
 
 
-@feature_map_alias
 def check_kind(kind: str, feature_map: Optional[str] = None) -> str:
     """Validate an attention kind (one of :data:`ATTENTION_CHOICES`) and that it takes ``feature_map``."""
     if kind not in ATTENTION_CHOICES:
@@ -55,10 +53,6 @@ def make_feature_map(feature_map: Optional[str], head_dim: int):
     raise ValueError(f"unknown feature map {feature_map!r}: expected one of {FEATURE_MAP_CHOICES}")
 
 
-OLD_NAMES = {"KERNEL_CHOICES": "FEATURE_MAP_CHOICES", "make_kernel": "make_feature_map"}
-__getattr__ = renamed_attributes(__name__, OLD_NAMES)
-
-
 class TokenAttention(RecordableAttention):
     """Multi-head attention of one kind over ``[B, N, C]`` tokens (prefix tokens + an H x W grid).
 
@@ -71,8 +65,7 @@ class TokenAttention(RecordableAttention):
             "mlla" (MLLA's linear attention); see :mod:`inline_attn.layers.linear_family`.
         qkv_bias: bias of the fused qkv projection.
         feature_map: phi for inline (default identity) and linear (default relu) attention; one of
-            identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1). The old keyword
-            ``kernel=`` still works, with a ``FutureWarning``.
+            identity, relu, leakyrelu, exp, affine_relu (learnable, paper Table 1).
         local_residual: add the predicted 3x3 local residual on V (default: on for InLine only).
         num_prefix_tokens: tokens before the grid (1 for a cls token); they get no residual but
             count in N and in the residual's context mean (as in the reference).
@@ -90,7 +83,6 @@ class TokenAttention(RecordableAttention):
 
     kind: Optional[str] = None  # a one-kind subclass's kind (here: any, chosen by ``kind=``)
 
-    @feature_map_alias
     def __init__(
         self,
         dim: int,

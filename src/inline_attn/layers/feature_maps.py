@@ -21,6 +21,3 @@ class AffineReLUFeatureMap(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.affine(x))
-
-
-AffineReLUKernel = AffineReLUFeatureMap  # the old name (issue 24), the same class

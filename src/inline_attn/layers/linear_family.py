@@ -70,11 +70,6 @@ class LinearCore(nn.Module):
 
     kind: str = ""
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "fast" in cls.__dict__:  # the linear-time step was called fast() before the eager / naive vocabulary
-            raise TypeError(f"{cls.__name__}.fast(q, k, v) is now named eager(q, k, v)")
-
     def __init__(self, dim: int, num_heads: int):
         super().__init__()
         self.dim, self.num_heads = dim, num_heads

@@ -21,7 +21,6 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from .._deprecation import feature_map_alias, renamed_state_keys, warn_renamed
 from ..ops import attention, attention_weights, inline_tokens
 from ..ops.dispatch import attention_path, check_impl
 from ..ops.tokens import layer_core_tokens
@@ -86,30 +85,10 @@ class RecordableAttention(nn.Module):
         self._record_index = -1
 
     @property
-    def kernel(self):
-        """The old name of ``feature_map`` (issue 24), with a ``FutureWarning``."""
-        warn_renamed("`.kernel` is deprecated, use `.feature_map`")
-        return getattr(self, "feature_map", None)
-
-    @kernel.setter
-    def kernel(self, value) -> None:
-        warn_renamed("`.kernel` is deprecated, use `.feature_map`")
-        self.feature_map = value
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        feature_map = getattr(self, "feature_map", None)
-        if isinstance(feature_map, nn.Module):  # stored as ``kernel.*`` before issue 24: the same parameters
-            own = {f"{prefix}feature_map.{k}" for k in feature_map.state_dict()}
-            for old, new in renamed_state_keys(list(state_dict), own).items():
-                state_dict[new] = state_dict.pop(old)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    @property
     def hooked(self) -> bool:
         """True while an attention hook is installed on this module."""
         return self._attention_hook is not None
 
-    @feature_map_alias
     def attend_tokens(
         self,
         q: torch.Tensor,
@@ -180,7 +159,6 @@ class RecordableAttention(nn.Module):
             out = add_to_grid_tokens(out, res.to(out.dtype), p)
         return out
 
-    @feature_map_alias
     def attend_predicted(
         self,
         x: torch.Tensor,
@@ -244,7 +222,6 @@ class RecordableAttention(nn.Module):
         )
         return out.transpose(1, 2).reshape(b, n, c)
 
-    @feature_map_alias
     def attend(
         self,
         q: torch.Tensor,

@@ -21,7 +21,6 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._deprecation import renamed_state_keys
 from .._io import atomic_path
 
 __all__ = [
@@ -220,9 +219,6 @@ def load_checkpoint(
         state = fn(state, model)
     state = _drop_pruned(state, model)
     own = model.state_dict()
-    renames = renamed_state_keys(state, own)  # a learnable feature map saved before issue 24 (``kernel.*``)
-    if renames:
-        state = {renames.get(k, k): v for k, v in state.items()}
     result = LoadResult()
     loadable = {}
     for key, value in state.items():

@@ -56,12 +56,11 @@ from ..layers import (
     tokens_to_nchw,
     uses_local_residual,
 )
-from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .registry import Family
 
-__all__ = ["NUM_STAGES", "CSWinTransformer", "CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
+__all__ = ["NUM_STAGES", "CSwinBlock", "InLineCSwin", "MergeBlock", "StripeAttention"]
 
 NUM_STAGES = 4  # CSwin's fixed layout: four stages at strides 4, 8, 16, 32 (the last one global)
 
@@ -128,7 +127,6 @@ class StripeAttention(RecordableAttention):
     State-dict names: ``get_v`` (LePE), ``residual.0`` / ``residual.2`` (as the reference).
     """
 
-    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -274,7 +272,6 @@ class CSwinBlock(nn.Module):
             softmax blocks ignore feature_map and local_residual, as the base CSwin has neither).
     """
 
-    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -381,7 +378,6 @@ class InLineCSwin(InLineModel):
 
     dense_out_norms = True  # as CSwin's detection / segmentation code
 
-    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -496,10 +492,6 @@ class InLineCSwin(InLineModel):
 
     def _stem_modules(self) -> list[str]:
         return ["stage1_conv_embed"]
-
-
-# alias: the class name of the authors' code
-CSWinTransformer = InLineCSwin
 
 
 # ---- registered variants

@@ -24,12 +24,11 @@ from ..layers import (
     resize_pos_embed,
     tokens_to_nchw,
 )
-from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .registry import Family
 
-__all__ = ["Block", "DeiTBlock", "InLineDeiT", "VisionTransformer", "checkpoint_filter_fn"]
+__all__ = ["DeiTBlock", "InLineDeiT", "checkpoint_filter_fn"]
 
 
 class DeiTBlock(PreNormBlock):
@@ -39,7 +38,6 @@ class DeiTBlock(PreNormBlock):
     default, as in the reference.
     """
 
-    @feature_map_alias
     def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", num_prefix_tokens: int = 1, **options):
         """options: :class:`~inline_attn.layers.BlockOptions` (mlp_ratio, qkv_bias, feature_map, ...)."""
         o = BlockOptions(**options)
@@ -73,7 +71,6 @@ class InLineDeiT(InLineModel):
     no_weight_decay_patterns = ("pos_embed", "cls_token")
     single_scale = True
 
-    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -208,11 +205,6 @@ def checkpoint_filter_fn(state_dict: dict, model: InLineDeiT) -> dict:
 
 
 InLineDeiT.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
-
-# aliases: the class names of the authors' code
-VisionTransformer = InLineDeiT
-Block = DeiTBlock
-
 
 # ---- registered variants
 

@@ -24,7 +24,6 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._deprecation import upgrade_model_kwargs
 from .._io import atomic_write_text
 from .checkpoint import load_checkpoint, read_state_dict, save_checkpoint
 from .registry import create_model
@@ -161,7 +160,7 @@ def from_pretrained(
     try:
         # built on the meta device: no memory and no initialisation, the file's tensors become the weights
         with torch.device("meta"):
-            model = create_model(name, **upgrade_model_kwargs(_from_json(config["model_args"])))
+            model = create_model(name, **_from_json(config["model_args"]))
             if config.get("features_only"):
                 model.to_features_only(_from_json(config.get("out_indices")))
     except ValueError as e:

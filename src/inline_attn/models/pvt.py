@@ -33,7 +33,6 @@ from ..layers import (
     to_2tuple,
     tokens_to_nchw,
 )
-from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .registry import Family
@@ -42,7 +41,6 @@ __all__ = [
     "InLinePVT",
     "PVTAttention",
     "PVTBlock",
-    "PyramidVisionTransformer",
     "SpatialReductionAttention",
     "checkpoint_filter_fn",
 ]
@@ -124,7 +122,6 @@ class PVTBlock(PreNormBlock):
     """Pre-norm block over ``[B, H*W, C]``: InLine / linear attention without spatial reduction,
     or PVT's softmax attention with spatial reduction ``sr_ratio``."""
 
-    @feature_map_alias
     def __init__(self, dim: int, num_heads: int, *, kind: str = "inline", sr_ratio: int = 1, **options):
         """options: :class:`~inline_attn.layers.BlockOptions` (mlp_ratio, qkv_bias, feature_map, ...)."""
         o = BlockOptions(**options)
@@ -170,7 +167,6 @@ class InLinePVT(InLineModel):
 
     no_weight_decay_patterns = ("pos_embed*",)
 
-    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,
@@ -308,10 +304,6 @@ def checkpoint_filter_fn(state_dict: dict, model: InLinePVT) -> dict:
 
 
 InLinePVT.checkpoint_filter_fn = staticmethod(checkpoint_filter_fn)
-
-# alias: the class name of the authors' code
-PyramidVisionTransformer = InLinePVT
-
 
 # ---- registered variants (heads and MLP ratios as the reference code builds them)
 

@@ -16,7 +16,6 @@ from typing import Callable, Optional, Sequence
 
 import torch.nn as nn
 
-from .._deprecation import feature_map_alias
 from ..ops.dispatch import IMPLS
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
@@ -204,7 +203,6 @@ def _check_overrides(name: str, overrides: dict) -> None:
                 fail(key, "a number in [0, 1)")
 
 
-@feature_map_alias
 def create_model(
     name: str, *, checkpoint_path: Optional[str] = None, features_only: bool = False, out_indices=None, **overrides
 ) -> nn.Module:

@@ -40,7 +40,6 @@ from ..layers import (
     init_weights_,
     to_2tuple,
 )
-from .._deprecation import feature_map_alias
 from ._base import InLineModel
 from ._helpers import parse_pattern
 from .checkpoint import RECOMPUTED_BUFFERS
@@ -267,7 +266,6 @@ class SwinBlock(PreNormBlock):
             softmax blocks take no feature map or local residual).
     """
 
-    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -366,7 +364,6 @@ class PatchMerging(nn.Module):
 class SwinStage(nn.Module):
     """Blocks at one resolution, then (except in the last stage) patch merging."""
 
-    @feature_map_alias
     def __init__(
         self,
         dim: int,
@@ -480,7 +477,6 @@ class InLineSwin(InLineModel):
     _map_fmt = "NHWC"
     dense_out_norms = True  # as Swin's detection / segmentation code
 
-    @feature_map_alias
     def __init__(
         self,
         img_size: Union[int, tuple[int, int]] = 224,

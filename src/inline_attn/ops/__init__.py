@@ -15,8 +15,7 @@ import torch
 from .fused import _triton_env  # noqa: F401  (must run before anything imports triton)
 
 from .eager import inline_attention, linear_attention, local_residual, softmax_attention
-from .._deprecation import feature_map_alias, renamed_attributes
-from .feature_maps import FEATURE_MAPS, OLD_NAMES, FeatureMap, get_feature_map
+from .feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
 from .fused.cpu import cpu_kernel_available, cpu_kernel_error
 from . import dispatch
@@ -25,7 +24,6 @@ from .tokens import grid_residual, inline_tokens
 from ._checks import check_count, check_feat_size
 
 
-@feature_map_alias
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -43,8 +41,7 @@ def attention(
     Args:
         q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv].
         kind: "inline", "linear" or "softmax".
-        feature_map: phi for inline (default identity) / linear (default relu); the old keyword
-            ``kernel=`` still works, with a ``FutureWarning``.
+        feature_map: phi for inline (default identity) / linear (default relu).
         scale: inline / softmax scale, default ``D**-0.5``.
         bias, mask: softmax only.
         impl: one of :data:`ATTENTION_IMPLS`: "auto" or "eager" (linear-time / SDPA) or "naive"
@@ -99,5 +96,3 @@ __all__ = [
     "naive_local_residual",
     "softmax_attention",
 ]
-
-__getattr__ = renamed_attributes(__name__, OLD_NAMES)  # KERNELS, get_kernel, Kernel: the old names

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv, check_residual
-from .._deprecation import feature_map_alias
 from .feature_maps import FeatureMap, get_feature_map
 
 
@@ -43,7 +42,6 @@ def _as_compute(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-@feature_map_alias
 def inline_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -81,7 +79,6 @@ def inline_attention(
     return out.to(out_dtype)
 
 
-@feature_map_alias
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,

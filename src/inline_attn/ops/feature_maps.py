@@ -3,8 +3,6 @@
 The published InLine models all use ``identity``. ``exp`` is ``exp(0.2 x)`` as in the reference.
 A learnable ``relu(A x + b)`` feature map lives in :class:`inline_attn.layers.AffineReLUFeatureMap`,
 because it has parameters; the functional ops accept any callable as ``feature_map``.
-
-The old names ``KERNELS``, ``get_kernel`` and ``Kernel`` (issue 24) still work, with a ``FutureWarning``.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from typing import Callable, Union
 import torch
 import torch.nn.functional as F
 
-from .._deprecation import renamed_attributes
 
 FeatureMap = Union[str, Callable[[torch.Tensor], torch.Tensor], None]
 
@@ -44,7 +41,3 @@ def get_feature_map(feature_map: FeatureMap) -> Callable[[torch.Tensor], torch.T
     if isinstance(feature_map, str) and feature_map in FEATURE_MAPS:
         return FEATURE_MAPS[feature_map]
     raise ValueError(f"unknown feature map {feature_map!r}: expected one of {sorted(FEATURE_MAPS)} or a callable")
-
-
-OLD_NAMES = {"KERNELS": "FEATURE_MAPS", "get_kernel": "get_feature_map", "Kernel": "FeatureMap"}
-__getattr__ = renamed_attributes(__name__, OLD_NAMES)

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv, check_residual
-from .._deprecation import feature_map_alias
 from .feature_maps import FeatureMap, get_feature_map
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
@@ -37,7 +36,6 @@ def _softmax_logits(q, k, scale, bias, mask):
     return logits
 
 
-@feature_map_alias
 def attention_weights(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -87,7 +85,6 @@ def attention_weights(
     raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
 
 
-@feature_map_alias
 def naive_attention(q, k, v, *, kind="inline", **kwargs) -> torch.Tensor:
     """``attention_weights(q, k, kind=kind, ...) @ v``: [B, H, Nq, Dv]."""
     check_qkv(q, k, v)

@@ -16,7 +16,6 @@ from ._checks import check_tensor, check_feat_size, check_num_heads, check_token
 from .eager import inline_attention, local_residual
 from .fused.op import inline_core, inline_layer_core, runs_as_custom_op
 from .feature_maps import FeatureMap
-from .._deprecation import feature_map_alias
 from .naive import naive_attention, naive_local_residual
 from .predictor import predict_residual
 
@@ -75,7 +74,6 @@ def residual_taps(weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return weights.reshape(b, c, 9).transpose(1, 2).to(dtype=dtype, memory_format=torch.contiguous_format)
 
 
-@feature_map_alias
 def inline_tokens(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -130,7 +128,6 @@ def inline_tokens(
     return add_to_grid_tokens(out, res.to(out.dtype), num_prefix_tokens)
 
 
-@feature_map_alias
 def inline_layer_tokens(
     x: torch.Tensor,
     q: torch.Tensor,

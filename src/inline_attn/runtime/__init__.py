@@ -9,9 +9,11 @@
   the output-folder lock, the log window and the cadence of an iteration loop;
 - :mod:`~inline_attn.runtime.output`: the output folder's rule (a finished or interrupted run is
   continued or explicitly replaced, never overwritten by accident);
+- :mod:`~inline_attn.runtime.graphs`: CUDA-graphed training and evaluation steps, and why a
+  step cannot be captured; :mod:`~inline_attn.runtime.compile`: the torch.compile modes;
 - :mod:`~inline_attn.runtime.optim`, :mod:`~inline_attn.runtime.amp`,
   :mod:`~inline_attn.runtime.distributed`, :mod:`~inline_attn.runtime.ema`,
-  :mod:`~inline_attn.runtime.report`.
+  :mod:`~inline_attn.runtime.report` (run records and the Markdown table writer).
 
 It imports nothing from the task packages (``train``, ``dense``) above it.
 """

@@ -34,7 +34,6 @@ PathLike = Union[str, os.PathLike]
 _SCI_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")
 
 __all__ = [
-    "Subscriptable",
     "check_device",
     "check_mean_std",
     "check_output",
@@ -70,15 +69,6 @@ def setting(
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
-
-
-class Subscriptable:
-    """Read-only ``cfg["key"]`` beside ``cfg.key``, for readers written against dict configs."""
-
-    def __getitem__(self, key: str) -> Any:
-        if not isinstance(key, str) or key not in {f.name for f in dataclasses.fields(self)}:
-            raise KeyError(key)
-        return getattr(self, key)
 
 
 def suggest(key: str, options: Iterable[str]) -> str:
@@ -257,7 +247,7 @@ def check_output(key: str, output: str) -> None:
 
 
 @dataclass
-class TypedConfig(Subscriptable):
+class TypedConfig:
     """A whole config: each field a section (a dataclass of settings). Subclasses declare the
     sections; ``Subclass()`` holds the defaults."""
 

@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pathlib
 import signal
 import time
@@ -25,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .._io import FileLock, LockHeld
 from .distributed import DistInfo, all_reduce
 
 LOCK_NAME = ".lock"
@@ -117,47 +116,38 @@ class OutputLock:
 
     Two runs writing one output folder would interleave their checkpoints and metrics; the
     second is refused with a ValueError naming the folder and the process holding it. The lock
-    is an ``flock``: the kernel drops it when the holder dies, so a killed run never leaves a
-    stale lock behind.
+    is a :class:`~inline_attn._io.FileLock`: the kernel drops it when the holder dies, so a
+    killed run never leaves a stale lock behind.
     """
 
     def __init__(self, folder: pathlib.Path, enabled: bool = True):
-        self.folder, self.enabled, self._fd = pathlib.Path(folder), enabled, None
+        self.folder, self.enabled = pathlib.Path(folder), enabled
+        self._lock: Optional[FileLock] = None
 
     def __enter__(self) -> "OutputLock":
         if not self.enabled:
             return self
-        import fcntl
-
-        path = self.folder / LOCK_NAME
+        lock = FileLock(self.folder / LOCK_NAME)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            lock.__enter__()
+        except LockHeld as e:
+            raise ValueError(
+                f"output folder {self.folder} is in use by another run (process {e.holder}, lock {e.path}): "
+                "wait for it to finish, stop it, or choose another --output"
+            ) from None
         except OSError as e:  # a read-only place, or a file where a folder should be
             raise ValueError(
                 f"cannot write the run's outputs into {self.folder} ({type(e).__name__}: {e.strerror or e}): "
                 "choose a writable --output folder"
             ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise ValueError(
-                f"output folder {self.folder} is in use by another run (process {holder}, lock {path}): "
-                "wait for it to finish, stop it, or choose another --output"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
+        self._lock = lock
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-            os.close(self._fd)  # closing releases the flock
-            self._fd = None
+        if self._lock is not None:
+            self._lock.__exit__(*exc)
+            self._lock = None
 
 
 @dataclass

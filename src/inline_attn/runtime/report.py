@@ -1,4 +1,5 @@
-"""Run records written by rank 0: a metrics CSV rewritten whole, a JSON summary."""
+"""Run records written by rank 0: a metrics CSV rewritten whole, a JSON summary; and the one
+Markdown table writer of every report."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import csv
 import json
 import math
 import pathlib
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from .._io import atomic_write_text
 
@@ -38,3 +39,13 @@ def write_json(obj: dict, path: pathlib.Path) -> None:
 def nan_to_none(summary: dict) -> dict:
     """The summary with NaN floats as None (JSON null: a metric that could not be computed)."""
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+
+
+def markdown_row(cells: Iterable) -> str:
+    """One Markdown table line, ``| a | b |`` (an empty cell is ``| |``)."""
+    return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
+
+
+def markdown_table(rows: Iterable[Sequence], columns: Sequence[str]) -> list[str]:
+    """A Markdown table as lines: the ``columns`` header, the rule, then one line per row of cells."""
+    return [markdown_row(columns), "|" + "|".join("---" for _ in columns) + "|", *(markdown_row(r) for r in rows)]

@@ -113,10 +113,7 @@ def train(
 ) -> dict:
     """Train ``task`` with ``cfg``; returns the summary (``stopped``: None, "max_steps" or
     "signal" with ``signal`` its number). ``rank`` / ``world_size`` / ``init_method`` join a
-    process group explicitly (tests); under torchrun they come from the environment. A plain
-    nested dict is converted and checked first."""
-    if isinstance(cfg, dict):
-        cfg = task.config.from_dict(cfg)
+    process group explicitly (tests); under torchrun they come from the environment."""
     if not isinstance(cfg, task.config):
         raise ValueError(f"{task.kind} training takes a {task.config.__name__}, got {type(cfg).__name__}")
     t = cfg.train

@@ -1,7 +1,7 @@
 """Classification checkpoints: what a training run saves and the checks before it continues one.
 
 Writing, rotation and finding the checkpoint to resume from are :mod:`inline_attn.runtime.checkpoint`'s
-(shared by every task; its names stay importable from here). Resuming checks the checkpoint
+(shared by every task). Resuming checks the checkpoint
 against the run continuing it: the config (only the settings declared ``resume=True`` may
 differ), the number of processes and the steps per epoch, then the weights and optimizer
 state, each mismatch a ValueError naming the file and what differs.
@@ -13,20 +13,7 @@ import time
 from typing import Optional
 
 from ..models.checkpoint import read_checkpoint
-from ..runtime.checkpoint import (
-    LAST,
-    PREVIOUS,
-    PathLike,
-    atomic_save,
-    check_resume,
-    copy_atomic,
-    find_resume,
-    load_module,
-    load_optimizer,
-    rng_state,
-    save_rotating,
-    set_rng_state,
-)
+from ..runtime.checkpoint import PathLike, check_resume, load_module, load_optimizer
 from ..runtime.checkpoint import load_resume as _load_resume
 from ..runtime.optim import plain_state_dict
 from .config import Config
@@ -35,17 +22,9 @@ from .state import TrainState
 __all__ = [
     "BEST",
     "BEST_EMA",
-    "LAST",
-    "PREVIOUS",
-    "atomic_save",
-    "copy_atomic",
-    "find_resume",
     "load",
     "load_resume",
     "restore",
-    "rng_state",
-    "save_rotating",
-    "set_rng_state",
     "state_dict",
 ]
 

@@ -17,19 +17,15 @@ from __future__ import annotations
 import os
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
-from .._deprecation import upgrade_model_kwargs
-from ..compile import COMPILE_MODES
+from ..runtime.compile import COMPILE_MODES
 from ..runtime.config import (
     TypedConfig,
     check_device,
     check_mean_std,
     check_output,
     fields_of,
-    parse_value,
-    read_yaml,
-    set_dotted,
     setting,
 )
 from ..runtime.optim import OPTIMIZERS
@@ -43,13 +39,6 @@ __all__ = [
     "SchedCfg",
     "TrainCfg",
     "configs_dir",
-    "fields_of",
-    "load_config",
-    "parse_value",
-    "read_yaml",
-    "save_config",
-    "set_dotted",
-    "setting",
 ]
 
 PathLike = Union[str, os.PathLike]
@@ -73,9 +62,6 @@ class ModelCfg:
     checkpoint_ema: bool = setting(
         False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)"
     )
-
-    def __post_init__(self):  # a config written before issue 24 says model.kwargs.kernel
-        self.kwargs = upgrade_model_kwargs(self.kwargs)
 
     def check(self) -> None:
         from ..models import get_model_config
@@ -282,16 +268,6 @@ class Config(TypedConfig):
 
 SECTIONS: dict[str, type] = {f.name: tp for f, tp in fields_of(Config)}  # the section classes, by name
 FREEFORM = ("model.kwargs",)  # settings that take a mapping
-
-
-def load_config(path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()) -> Config:
-    """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked."""
-    return Config.load(path, overrides)
-
-
-def save_config(cfg: Config, path: PathLike) -> None:
-    """Write the resolved config as YAML (floats keep a dot so YAML 1.1 reads them back as floats)."""
-    cfg.save(path)
 
 
 def configs_dir() -> pathlib.Path:

@@ -26,26 +26,28 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..compile import compile_module
-from ..cuda_graphs import compile_mode_for
+from ..runtime.compile import compile_module
+from ..runtime.graphs import compile_mode_for
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import count_params, profile
 from ..runtime.amp import grad_scaler, resolve_amp
+from ..runtime.checkpoint import LAST, copy_atomic, rng_state, save_rotating, set_rng_state
 from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum, barrier, run_session
 from ..runtime.ema import ModelEma
 from ..runtime.loop import StopFlag
 from ..runtime.optim import CosineSchedule, build_optimizer
 from ..runtime.output import claim_output
+from ..runtime.report import write_json
 from . import checkpoint as ckpt_io
-from .config import Config, save_config
+from .config import Config
 from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
 from .graphs import StepGraphs, announce
 from .graphs import plan as plan_graphs
 from .loop import EpochRunner, evaluate
 from .recipe import Recipe, resolve
-from .report import TensorBoard, plot_curves, write_json, write_metrics
+from .report import TensorBoard, plot_curves, write_metrics
 from .state import TrainState
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,7 @@ def train(
     (:func:`~inline_attn.runtime.output.claim_output`).
     """
     if not isinstance(cfg, Config):
-        raise ValueError(f"train() takes a Config (inline_attn.train.load_config), got {type(cfg).__name__}")
+        raise ValueError(f"train() takes a Config (inline_attn.train.Config.load), got {type(cfg).__name__}")
     t = cfg.train
     with run_session(t.device, t.threads, rank=rank, world_size=world_size, init_method=init_method) as info:
         with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
@@ -157,7 +159,7 @@ def _resume_or_seed(state: TrainState, cfg: Config, info: DistInfo, out: pathlib
     path, ckpt = resumed
     rank_states = ckpt_io.restore(state, ckpt, path, cfg, world_size=info.world_size, steps_per_epoch=steps_per_epoch)
     if rank_states is not None:
-        ckpt_io.set_rng_state(rank_states[info.rank]["rng"])
+        set_rng_state(rank_states[info.rank]["rng"])
         state.partial = rank_states[info.rank]["partial"].clone()
     if info.is_main:
         log.info("resumed from %s at epoch %d, step %d", path, state.epoch, state.step)
@@ -221,7 +223,7 @@ def _train(cfg: Config, info: DistInfo) -> dict:
     with StopFlag() as stop:
         if info.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, out / "config.yaml")
+            cfg.save(out / "config.yaml")
         runner = _epoch_runner(cfg, ddp_model, train_batches, data, info, amp, accum, steps_per_epoch)
         runner.graphs = graphs
         run = _Run(
@@ -341,7 +343,7 @@ class _Run:
                     self.record(state, row, tb)
                 if reason:
                     return self.finish(state, reason, path, stop.signum)
-            return self.finish(state, None, self.out / ckpt_io.LAST)
+            return self.finish(state, None, self.out / LAST)
         finally:
             tb.close()
 
@@ -377,7 +379,7 @@ class _Run:
 
     def save(self, state: TrainState) -> Optional[pathlib.Path]:
         """Checkpoint (every rank contributes its RNG and partial sums; rank 0 writes)."""
-        rank_state = {"rng": ckpt_io.rng_state(), "partial": state.partial.clone()}
+        rank_state = {"rng": rng_state(), "partial": state.partial.clone()}
         gathered = [rank_state]
         if self.info.enabled:
             gathered = [None] * self.info.world_size
@@ -398,7 +400,7 @@ class _Run:
             extra=extra,
             t_start=self.t_start,
         )
-        return ckpt_io.save_rotating(sd, self.out)
+        return save_rotating(sd, self.out)
 
     def keep_best(self, history: list[dict], path: pathlib.Path) -> None:
         """Copy the epoch's checkpoint to best.pth / best_ema.pth when its top-1 / EMA top-1 is the
@@ -408,7 +410,7 @@ class _Run:
             value = row.get(key)
             before = [r[key] for r in history[:-1] if r.get(key) is not None]
             if value is not None and (not before or value >= max(before)):
-                ckpt_io.copy_atomic(path, self.out / name)
+                copy_atomic(path, self.out / name)
 
     def graphs_summary(self) -> dict:
         """``train.cuda_graphs`` as it ran: the setting, whether the steps were graphed (or why not),

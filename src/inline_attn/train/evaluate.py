@@ -11,13 +11,13 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from .._deprecation import upgrade_model_kwargs
 from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
 from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
-from .checkpoint import BEST, LAST
+from ..runtime.checkpoint import LAST
+from .checkpoint import BEST
 from .data import Batches
-from .distributed import DistInfo, resolve_device
+from ..runtime.distributed import DistInfo, resolve_device
 from .loop import evaluate
 
 PathLike = Union[str, os.PathLike]
@@ -58,10 +58,9 @@ def load_trained_model(
 
     ``checkpoint`` is a checkpoint file or a training run folder (:func:`run_checkpoint` picks its
     file). Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides,
-    e.g. a 28 x 28 one-channel DeiT for Fashion-MNIST); for a run folder whose checkpoint predates
-    them, its ``config.yaml`` gives them (:func:`_kwargs_from_run_config`). ``model`` / ``overrides``
-    replace them. A foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}``, a bare state
-    dict or a ``.safetensors`` file) needs ``model``. Loading is strict; errors name the file.
+    e.g. a 28 x 28 one-channel DeiT for Fashion-MNIST); ``model`` / ``overrides`` replace them. A
+    foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}``, a bare state dict or a
+    ``.safetensors`` file) needs ``model``. Loading is strict; errors name the file.
 
     Returns ``(model, record)``: the checkpoint dict ({} for weights alone) with ``model_name`` and
     ``model_kwargs`` as built, ``config`` (the run's, when known) and ``path`` (the file read).
@@ -81,13 +80,10 @@ def load_trained_model(
     run_model = run.get("model") if isinstance(run.get("model"), dict) else {}
     if model is not None and run_model.get("name") not in (None, model):
         raise ValueError(f"--model {model!r} but run folder {checkpoint} trained {run_model['name']!r}")
-    if recorded is None and run_model.get("name"):
-        recorded, kwargs = run_model["name"], _kwargs_from_run_config(run, state)
     name = model or recorded
     if name is None:
         raise ValueError(f"checkpoint {checkpoint} does not record its model: pass --model NAME")
-    # a checkpoint or run config written before issue 24 records kernel=: read as feature_map=, silently
-    kwargs = {**(upgrade_model_kwargs(kwargs) if name == recorded else {}), **overrides}
+    kwargs = {**(kwargs if name == recorded else {}), **overrides}
     net = create_model(name, **kwargs)
     # the family's key filter maps the authors' checkpoints; a mismatch is a ValueError naming the keys
     _load_into(net, state, where)
@@ -112,24 +108,6 @@ def _run_config(run_dir: pathlib.Path) -> dict:
                 raise ValueError(f"run config {path} must hold a mapping, got {type(data).__name__}")
             return data
     return {}
-
-
-def _kwargs_from_run_config(run: dict, state: dict) -> dict:
-    """The constructor overrides the trainer gave (:func:`~inline_attn.train.engine.model_kwargs`),
-    rebuilt from a run's config: channels and size from its data, the class count from the
-    checkpoint's classifier, then ``model.kwargs``."""
-    name = run["model"]["name"]
-    info = trained_data_info({"model_name": name, "config": run})
-    default = get_model_config(name)
-    kwargs = {}
-    if info.in_chans != 3:
-        kwargs["in_chans"] = info.in_chans
-    if info.img_size != default.input_size[-1]:
-        kwargs["img_size"] = info.img_size
-    head = state.get(f"{default.classifier}.weight")
-    if head is not None:
-        kwargs["num_classes"] = int(head.shape[0])
-    return {**kwargs, **(run["model"].get("kwargs") or {})}
 
 
 def trained_data_info(

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models.checkpoint import load_checkpoint, read_state_dict
-from ..models.swin import resize_rel_pos_table  # noqa: F401  (still importable from here; the one copy is in models.swin)
+from ..models.swin import resize_rel_pos_table
 
 log = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]

@@ -15,7 +15,7 @@ optimizer's tensor lr after each replay: :func:`inline_attn.runtime.optim.set_lr
   inf check on the host) or a per-step Python hook: no graphs, with a one-line reason (printed
   when ``true`` asked for them, and for ``auto`` on CUDA; ``auto`` on the CPU is silent, so a CPU
   run prints and computes exactly what it did before the setting existed);
-- with ``train.compile``: inductor's ``reduce-overhead`` mode (:func:`inline_attn.cuda_graphs.compile_mode_for`)
+- with ``train.compile``: inductor's ``reduce-overhead`` mode (:func:`inline_attn.runtime.graphs.compile_mode_for`)
   instead of the manual capture.
 
 Numerics: a graphed run is the same computation, but the optimizer is made capturable
@@ -40,7 +40,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn as nn
 
-from ..cuda_graphs import GraphedEvalStep, GraphedTrainStep, capture, why_not_graphed
+from ..runtime.graphs import GraphedEvalStep, GraphedTrainStep, capture, why_not_graphed
 from ..runtime.optim import capture_unsupported, prepare_for_capture
 from .state import TrainState
 
@@ -95,7 +95,7 @@ def _shown(setting: Setting) -> str:
 
 
 def capture_beside_loader(fn: Callable[[], object], *, warmup: int = 3, pool=None):
-    """:func:`inline_attn.cuda_graphs.capture` in the ``thread_local`` error mode: the loader's
+    """:func:`inline_attn.runtime.graphs.capture` in the ``thread_local`` error mode: the loader's
     pin-memory thread may allocate page-locked memory while the step is captured (in the default
     ``global`` mode that call would fail and void the capture)."""
     return capture(fn, warmup=warmup, pool=pool, capture_error_mode="thread_local")
@@ -104,11 +104,11 @@ def capture_beside_loader(fn: Callable[[], object], *, warmup: int = 3, pool=Non
 class StepGraphs:
     """The CUDA graphs of one run's steps, each captured lazily at its first batch.
 
-    :meth:`train_step` runs one training step through a :class:`~inline_attn.cuda_graphs.GraphedTrainStep`
+    :meth:`train_step` runs one training step through a :class:`~inline_attn.runtime.graphs.GraphedTrainStep`
     (static input buffers, the batch copied in, replayed; a batch of another shape runs the
     plain step on the same state); :meth:`eval_forward` gives a model's evaluation forward
-    through a :class:`~inline_attn.cuda_graphs.GraphedEvalStep`. ``capture_fn`` is
-    :func:`capture_beside_loader`; the CPU tests pass :func:`~inline_attn.cuda_graphs.eager_capture`.
+    through a :class:`~inline_attn.runtime.graphs.GraphedEvalStep`. ``capture_fn`` is
+    :func:`capture_beside_loader`; the CPU tests pass :func:`~inline_attn.runtime.graphs.eager_capture`.
     """
 
     def __init__(

@@ -19,7 +19,7 @@ from .data import Batches
 from .graphs import StepGraphs
 from .state import TrainState
 
-__all__ = ["EpochRunner", "accuracy_counts", "autocast", "evaluate", "soft_cross_entropy"]
+__all__ = ["EpochRunner", "accuracy_counts", "evaluate", "soft_cross_entropy"]
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

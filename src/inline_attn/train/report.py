@@ -6,9 +6,9 @@ import pathlib
 from typing import Optional
 
 from .._io import atomic_path
-from ..runtime.report import write_csv, write_json
+from ..runtime.report import write_csv
 
-__all__ = ["METRIC_COLUMNS", "TensorBoard", "plot_curves", "write_json", "write_metrics"]
+__all__ = ["METRIC_COLUMNS", "TensorBoard", "plot_curves", "write_metrics"]
 
 METRIC_COLUMNS = [
     "epoch",

@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[4]  # the repository (tests/, co
 TEST_FILES = (
     "tests/ops/test_triton.py",
     "tests/ops/test_fused_predictor.py",
-    "tests/test_cuda_graphs.py",
+    "tests/runtime/test_graphs.py",
     "tests/ops/test_custom_ops.py",
     "tests/gpu",
     "tests/ops/test_kernel_resources.py",

@@ -32,6 +32,7 @@ Cache folder: ``$INLINE_ATTN_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/inline_attn/
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -45,14 +46,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: builds run without a lock (the atomic rename still holds)
-    fcntl = None
+from ..._io import FileLock, LockHeld, pid_alive
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -194,61 +192,33 @@ def _lock_timeout(value: Optional[float]) -> float:
         raise KernelBuildError(f"INLINE_ATTN_KERNEL_LOCK_TIMEOUT={env!r}: expected a number of seconds") from None
 
 
-class _BuildLock:
-    """``flock`` on a file with a bounded wait; released on exit (and by the OS if we die)."""
+@contextlib.contextmanager
+def _build_lock(path: Path, timeout: float) -> Iterator[None]:
+    """The build lock (:class:`~inline_attn._io.FileLock`): waits up to ``timeout`` s, saying so once
+    the wait is noticeable, then a :class:`KernelBuildError` naming the lock and what to do."""
 
-    def __init__(self, path: Path, timeout: float):
-        self.path, self.timeout = path, timeout
-        self.fd: Optional[int] = None
+    def notice(waited: float) -> None:
+        log.warning(
+            "inline-attn: waiting for the CPU kernel build lock %s (another process is building "
+            "it; up to %.0f s, then the eager path)",
+            path,
+            timeout,
+        )
 
-    def __enter__(self) -> "_BuildLock":
-        if fcntl is None:
-            return self
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        t0 = time.monotonic()
-        noticed = False
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                pass
-            except OSError as e:  # a filesystem without flock: the atomic rename alone keeps builds safe
-                log.debug("no flock on %s (%s): building without the lock", self.path, e)
-                return self
-            waited = time.monotonic() - t0
-            if waited >= self.timeout:
-                os.close(self.fd)
-                self.fd = None
-                raise KernelBuildError(
-                    f"gave up after {waited:.0f} s waiting for the kernel build lock {self.path}: another process "
-                    "holds it (building the kernel, or stuck); the lock is released when that process exits. "
-                    "INLINE_ATTN_KERNEL_LOCK_TIMEOUT=SECONDS waits longer, INLINE_ATTN_IMPL=eager skips the kernel"
-                )
-            if not noticed and waited >= min(_WAIT_NOTICE_S, self.timeout / 2):
-                log.warning(
-                    "inline-attn: waiting for the CPU kernel build lock %s (another process is building "
-                    "it; up to %.0f s, then the eager path)",
-                    self.path,
-                    self.timeout,
-                )
-                noticed = True
-            time.sleep(_POLL_S)
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor releases the flock
-            self.fd = None
-
-
-def _pid_alive(pid: int) -> bool:
+    lock = FileLock(path, timeout, on_wait=notice, notice_s=min(_WAIT_NOTICE_S, timeout / 2), poll_s=_POLL_S)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        lock.__enter__()
+    except LockHeld as e:
+        raise KernelBuildError(
+            f"gave up after {e.waited:.0f} s waiting for the kernel build lock {e.path}: another process "
+            f"(pid {e.holder}) holds it (building the kernel, or stuck); the lock is released when that "
+            "process exits. INLINE_ATTN_KERNEL_LOCK_TIMEOUT=SECONDS waits longer, INLINE_ATTN_IMPL=eager "
+            "skips the kernel"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def _remove_stale_builds(folder: Path, name: str) -> None:
@@ -258,7 +228,7 @@ def _remove_stale_builds(folder: Path, name: str) -> None:
             pid = int(tmp.name.rsplit("-", 2)[-2])
         except (ValueError, IndexError):
             pid = -1
-        if pid == os.getpid() or (pid > 0 and _pid_alive(pid)):
+        if pid == os.getpid() or (pid > 0 and pid_alive(pid)):
             continue
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -390,7 +360,7 @@ def build_cpu_kernel(
         print(f"building {final} (lock {spec.lock(folder)})", flush=True)
     else:
         log.info("building the fused CPU kernel into %s (once per install)", final)
-    with _BuildLock(spec.lock(folder), timeout):
+    with _build_lock(spec.lock(folder), timeout):
         why = library_mismatch(spec, folder)
         if why is None and not force:  # another process built it while we waited
             return final

@@ -10,7 +10,7 @@ with ``torch.cuda.graph`` (warm-up on a side stream, then one capture, the patte
 A step can be captured when it runs on CUDA with static shapes and does nothing on the host that
 depends on the data: the fused InLine op is capture-safe (no host synchronisation, no
 data-dependent allocation, launch shapes decided from the shapes, workspaces from the caching
-allocator; ``tests/test_cuda_graphs.py`` checks a step for syncs). What cannot be captured falls
+allocator; ``tests/runtime/test_graphs.py`` checks a step for syncs). What cannot be captured falls
 back to the plain step with a one-line reason (:func:`why_not_graphed`, in the spirit of
 :func:`inline_attn.ops.why_not_fused`).
 
@@ -26,7 +26,7 @@ of :func:`why_not_graphed`, the static buffers, the copy-in, the warm-up undone,
 another shape run ungraphed and the EMA order, with the capture itself replaced by eager
 execution (the ``capture_fn`` argument). The capture and replay on a GPU are checked only by
 ``make gpu-check``: its on-demand ``train`` step (``--steps train``: a bf16 run with
-``train.cuda_graphs`` false against one with it true) and ``tests/test_cuda_graphs.py`` there.
+``train.cuda_graphs`` false against one with it true) and ``tests/runtime/test_graphs.py`` there.
 """
 
 from __future__ import annotations

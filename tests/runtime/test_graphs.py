@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from inline_attn import create_model
-from inline_attn.cuda_graphs import GraphedEvalStep, GraphedTrainStep, compile_mode_for, train_step, why_not_graphed
+from inline_attn.runtime.graphs import GraphedEvalStep, GraphedTrainStep, compile_mode_for, train_step, why_not_graphed
 from inline_attn.layers import record_attention
 from inline_attn.ops import tokens as tokens_mod
 from inline_attn.ops import use_impl
 from inline_attn.ops.fused import triton as triton_core
-from inline_attn.train.ema import ModelEma
+from inline_attn.runtime.ema import ModelEma
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HOST_READS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal"}

@@ -1,4 +1,4 @@
-"""One vocabulary of torch.compile modes for training and the benchmarks (``inline_attn.compile``)."""
+"""One vocabulary of torch.compile modes for training and the benchmarks (``inline_attn.runtime.compile``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import typing
 import pytest
 import torch
 
-from inline_attn import compile as compile_lib
+from inline_attn.runtime import compile as compile_lib
 from inline_attn.bench import attention as bench_attention_module
-from inline_attn.train.config import TrainCfg, load_config
+from inline_attn.train.config import Config, TrainCfg
 
 
 def test_unknown_mode_is_refused_with_the_known_ones():
@@ -28,12 +28,12 @@ def test_mode_reaches_torch_compile(monkeypatch):
 def test_training_config_takes_the_same_modes():
     hints = typing.get_type_hints(TrainCfg, include_extras=False)
     assert typing.get_args(hints["compile_mode"]) == compile_lib.COMPILE_MODES
-    cfg = load_config(None, [("train.compile", True), ("train.compile_mode", "reduce-overhead")])
+    cfg = Config.load(None, [("train.compile", True), ("train.compile_mode", "reduce-overhead")])
     assert cfg.train.compile_mode == "reduce-overhead"
     with pytest.raises(ValueError, match="compile_mode"):
-        load_config(None, [("train.compile_mode", "fast")])
+        Config.load(None, [("train.compile_mode", "fast")])
     # how a run is executed, not what it trains: a resume may change it
-    assert cfg.differences(load_config(None).to_dict()) == []
+    assert cfg.differences(Config.load(None).to_dict()) == []
 
 
 def test_bench_compiles_each_layer_in_the_asked_mode(monkeypatch):
