@@ -13,6 +13,7 @@ from typing import Callable
 from .._io import writable_dir
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
+from ..experiments.doc_section import add_doc_options
 from ..dense.config import DET_DEFAULTS, SEG_DEFAULTS, DetConfig, SegConfig, load_det_config, load_seg_config
 
 
@@ -183,6 +184,7 @@ def cmd_compare(args) -> int:
             seeds=args.seeds,
             output=writable_dir(args.output, "--output"),
             doc=args.doc,
+            replace_fewer=args.replace_fewer,
             command=command,
             overrides=_overrides(args),
             task=task.name,
@@ -361,7 +363,7 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
     p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--output", default=f"runs/{task.name}_compare")
-    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
+    add_doc_options(p)
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_compare, task=task.name)
 

@@ -9,6 +9,7 @@ import time
 
 from .._io import atomic_write_text
 from ..runtime.config import add_override_options, collect_overrides as _collect
+from ..experiments.doc_section import add_doc_options
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
@@ -137,6 +138,7 @@ def cmd_reproduce(args) -> int:
             parts=args.parts,
             seeds=args.seeds,
             doc=args.doc,
+            replace_fewer=args.replace_fewer,
             max_runs=args.max_runs,
             config_dir=args.configs,
             report_only=args.report_only,
@@ -149,7 +151,12 @@ def cmd_reproduce(args) -> int:
     from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
-        output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs
+        output=args.output,
+        epochs=args.epochs,
+        doc=args.doc,
+        variants=args.variants,
+        config_dir=args.configs,
+        replace_fewer=args.replace_fewer,
     )
     return 0 if stopped is None else _exit_code(stopped)
 
@@ -264,7 +271,7 @@ def _register_reproduce(subparsers) -> None:
         type=_positive(int, "--epochs"),
         help="the same epoch budget for every variant (default: the configs')",
     )
-    p.add_argument("--doc", default="docs/reproduction.md", help="markdown file to write the table into")
+    add_doc_options(p)
     p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
     p.add_argument("--configs", help="configs folder (default: found automatically)")
     p.add_argument(

@@ -27,6 +27,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from .._deprecation import feature_map_alias
 from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
 from ..train.report import write_json
+from .doc_section import check_doc
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
@@ -339,14 +341,15 @@ def run_ablations(
     output: Optional[str] = None,
     parts: str = PARTS,
     seeds: int = 3,
-    doc: Optional[str] = "docs/reproduction.md",
+    doc: Optional[str] = None,
     max_runs: int = 0,
     config_dir: Optional[str] = None,
     budget: Optional[Budget] = None,
     progress: bool = True,
     report_only: bool = False,
+    replace_fewer: bool = False,
 ) -> dict:
-    """Train what is missing, then tabulate whatever is finished into ``doc``.
+    """Train what is missing, then tabulate whatever is finished (into ``doc`` when given).
 
     Args:
         preset: "full", "quick" or "gpu" (:data:`PRESETS`); ``budget`` replaces its budget (tests).
@@ -355,6 +358,8 @@ def run_ablations(
         seeds: seeds 0 .. seeds-1 per setting (>= 3 for the mean +- std the tables report).
         max_runs: stop after training this many runs (0: no limit); the rest stays for later.
         report_only: train nothing; measure and tabulate the finished runs.
+        doc: markdown file for the preset's section, checked before any training (None: none);
+            a section there with more finished runs is kept unless ``replace_fewer``.
 
     Returns {"trained": runs trained now, "skipped": runs found finished, "left": runs still to
     train, "stopped": True when a signal stopped a run, "report": the markdown}.
@@ -365,6 +370,9 @@ def run_ablations(
         raise ValueError(f"unknown preset {preset!r}: expected one of {tuple(PRESETS)}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if max_runs < 0:
+        raise ValueError(f"max_runs must be >= 0 (0: no limit), got {max_runs}")
+    doc_path = check_doc(doc, replace_fewer)
     budget = budget or PRESETS[preset]
     out = pathlib.Path(output or f"runs/ablations/{preset}")
     res_dir = out / "results"
@@ -397,10 +405,10 @@ def run_ablations(
     if trained:
         log_invocation(out, t0, wall, trained)
     report = render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, _invocations(out))
-    if doc:
-        write_ablation_section(pathlib.Path(doc), report, preset)
+    if doc_path:
+        write_ablation_section(doc_path, report, preset, replace_fewer=replace_fewer)
     if "f" in parts and not stopped:
-        figures = pathlib.Path(doc).parent / "figures" if doc else out
+        figures = doc_path.parent / "figures" if doc_path else out
         plot_accuracy_vs_runtime(results, extras.get("bench", {}), figures, preset)
     return {"trained": trained, "skipped": skipped, "left": left, "stopped": stopped, "report": report}
 
@@ -780,6 +788,14 @@ def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, p
     return str(path)
 
 
-def write_ablation_section(path: pathlib.Path, report: str, preset: str) -> None:
-    """Replace this preset's marked section of ``path`` (appended when absent); other text stays."""
-    write_section(path, report, BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->"))
+def ablation_runs(section: str) -> int:
+    """Finished runs an ablation section reports (its "Runs finished: N"; 0 without one)."""
+    m = re.search(r"Runs finished: (\d+)", section)
+    return int(m.group(1)) if m else 0
+
+
+def write_ablation_section(path: pathlib.Path, report: str, preset: str, *, replace_fewer: bool = False) -> None:
+    """Replace this preset's marked section of ``path`` (appended when absent); other text stays.
+    A section with more finished runs than ``report`` is kept (ValueError) unless ``replace_fewer``."""
+    begin, end = BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->")
+    write_section(path, report, begin, end, runs=ablation_runs, replace_fewer=replace_fewer)
