@@ -86,3 +86,19 @@ def test_seg_eval_refuses_data_with_another_class_count(demo_checkpoints, tmp_pa
     argv = ["seg", "eval", "--checkpoint", str(demo_checkpoints["seg"]), "--data.dataset", "ade20k"]
     assert main([*argv, "--data.path", str(ade)]) == 2
     assert "predicts 11 classes, the evaluation data has 150" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task,what", [("seg", "class scores"), ("det", "class logits")])
+def test_eval_of_a_checkpoint_with_nan_weights_is_refused(task, what, demo_checkpoints, tmp_path, capsys):
+    # issue 36: seg eval scored NaN weights as the all-background mIoU, with exit 0 (det: no detections)
+    import torch
+
+    state = torch.load(demo_checkpoints[task], map_location="cpu", weights_only=False)
+    for v in state["model"].values():
+        if v.is_floating_point():
+            v.fill_(float("nan"))
+    bad = tmp_path / "nan.pth"
+    torch.save(state, bad)
+    assert main([task, "eval", "--checkpoint", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {bad}: " in err and f"{what} are NaN or inf; a model whose outputs are not finite" in err

@@ -205,7 +205,16 @@ def cmd_eval(args) -> int:
         _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
         _check_class_count(model, val, args.checkpoint)
         t0 = time.time()
-        res = evaluate_seg(model, val, cfg, info.device, info, amp=args.amp, progress=info.is_main)
+        res = evaluate_seg(
+            model,
+            val,
+            cfg,
+            info.device,
+            info,
+            amp=args.amp,
+            progress=info.is_main,
+            source=f"checkpoint {args.checkpoint}",
+        )
         if info.is_main:
             print(
                 f"{cfg.model.backbone} + {cfg.model.decode}: {_fmt(res)}  ({len(val)} images, "
@@ -239,7 +248,7 @@ def cmd_det_eval(args) -> int:
     _, val = build_det_datasets(cfg, train=False, progress=True)
     _check_class_count(model, val, args.checkpoint)
     t0 = time.time()
-    res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True)
+    res = evaluate_det(model, val, cfg, device, amp=args.amp, progress=True, source=f"checkpoint {args.checkpoint}")
     print(
         f"FCOS on {cfg.model.backbone}: {_fmt_ap(res)}  APs {res['APs']:.2f}  APm {res['APm']:.2f}  "
         f"APl {res['APl']:.2f}  ({len(val)} images, {time.time() - t0:.1f} s)"
