@@ -9,6 +9,7 @@ import json
 import pathlib
 from typing import Optional
 
+from .._io import writable_dir
 from ..runtime.report import write_csv
 
 ANALYSES = ("injectivity", "confusion", "attention-maps", "locality", "masking")
@@ -247,8 +248,7 @@ def _write_meta(path: pathlib.Path, args, models, **results) -> None:
 
 
 def run(args) -> int:
-    out = pathlib.Path(args.out or pathlib.Path("analysis") / args.analysis)
-    out.mkdir(parents=True, exist_ok=True)
+    out = pathlib.Path(writable_dir(args.out or pathlib.Path("analysis") / args.analysis, "--out"))
     progress = not args.no_progress
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .._io import writable_dir
+from .._io import writable_dir, writable_file
 from ..runtime.config import add_override_options, collect_overrides
 from ..runtime.loop import exit_code
 from ..experiments.doc_section import add_doc_options
@@ -198,6 +198,7 @@ def cmd_eval(args) -> int:
     from ..dense.data import build_seg_datasets
     from ..dense.seg_task import evaluate_seg, load_segmentor, save_predictions_png
 
+    _check_output_files(args)
     info = init_distributed(args.device)
     try:
         model, cfg = load_segmentor(args.checkpoint, info.device)
@@ -238,6 +239,7 @@ def cmd_det_eval(args) -> int:
     from ..dense.data import build_det_datasets
     from ..dense.det_task import evaluate_det, load_detector, save_detections_png
 
+    _check_output_files(args)
     device = torch.device(
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     )
@@ -260,8 +262,19 @@ def cmd_det_eval(args) -> int:
     return 0
 
 
+def _check_output_files(args) -> None:
+    """--json / --png checked before the work: their folders created and writable."""
+    for flag in ("json", "png"):
+        if getattr(args, flag, None):
+            writable_file(getattr(args, flag), f"--{flag}")
+
+
 def cmd_mosaics(args) -> int:
     from ..dense.mosaic import FashionMosaics, MosaicSpec
+
+    _check_output_files(args)
+    if args.coco:
+        writable_dir(args.coco, "--coco")
 
     spec = MosaicSpec(
         size=args.size, objects=tuple(args.objects), scale=tuple(args.scale), max_overlap=args.max_overlap

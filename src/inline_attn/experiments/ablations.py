@@ -22,7 +22,6 @@ stopped. The presets differ only in the budget (the GPU preset also in its batch
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
@@ -35,6 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .._io import read_json
 from .._deprecation import feature_map_alias
 from ..models import PATTERN_KINDS
 from ..train.config import configs_dir, load_config
@@ -225,7 +225,7 @@ def run_one(
         return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
     if summary.get("interrupted"):
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_json(run_dir / "summary.json")
     return {
         **base,
         "top1": summary["final"]["val_top1"],
@@ -260,9 +260,9 @@ def run_finished(run_dir: pathlib.Path) -> bool:
     if not summary.is_file():
         return False
     try:
-        if json.loads(summary.read_text()).get("interrupted"):
+        if read_json(summary).get("interrupted"):
             return False
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, AttributeError):  # not valid JSON (read_json), or not an object
         return False
     return any(run_dir.glob("*.pth"))
 
@@ -272,8 +272,8 @@ def preset_of(output: pathlib.Path) -> str:
     name (``runs/ablations/<preset>``), else "full"."""
     for path in sorted((output / "results").glob("*__seed*.json")):
         try:
-            b = json.loads(path.read_text()).get("budget") or {}
-        except (json.JSONDecodeError, AttributeError):
+            b = read_json(path).get("budget") or {}
+        except (ValueError, AttributeError):  # not valid JSON (read_json), or not an object
             continue
         for name, p in PRESETS.items():
             if (b.get("subset"), b.get("epochs")) == (p.subset, p.epochs):
@@ -328,7 +328,7 @@ def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dic
 def _cached(path: pathlib.Path, make: Callable[[], Optional[dict]]) -> tuple[Optional[dict], bool]:
     """(record, made_now): the JSON at ``path`` if it exists, else ``make()`` written atomically."""
     if path.is_file():
-        return json.loads(path.read_text()), False
+        return read_json(path), False
     rec = make()
     if rec is not None:
         write_json(rec, path)
@@ -426,7 +426,7 @@ def log_invocation(out: pathlib.Path, t0: float, wall: float, trained: int) -> N
 
 def _invocations(out: pathlib.Path) -> list[dict]:
     path = out / "invocations.json"
-    return json.loads(path.read_text())["invocations"] if path.is_file() else []
+    return read_json(path)["invocations"] if path.is_file() else []
 
 
 def _read(res_dir: pathlib.Path, todo) -> dict[str, list[dict]]:
@@ -435,7 +435,7 @@ def _read(res_dir: pathlib.Path, todo) -> dict[str, list[dict]]:
     for s, seed in todo:
         p = res_dir / f"{s.key}__seed{seed}.json"
         if p.is_file():
-            by.setdefault(s.key, []).append(json.loads(p.read_text()))
+            by.setdefault(s.key, []).append(read_json(p))
     return by
 
 

@@ -10,7 +10,6 @@ finished run is reused, an unfinished one resumed), then write the table between
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import platform
@@ -19,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._io import read_json
 from ..dense.det_task import DetTask
 from ..dense.seg_task import SegTask
 from ..dense.run import DenseTask, train_dense
@@ -81,8 +81,8 @@ def compare(
         for seed in seeds:
             out = pathlib.Path(output) / f"{pattern}_s{seed}"
             done = out / "summary.json"
-            if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
-                s = dict(json.loads(done.read_text()), reused=True)
+            if done.is_file() and read_json(done).get("stopped") is None:
+                s = dict(read_json(done), reused=True)
             else:
                 cfg = dense_task.config.load(
                     config,

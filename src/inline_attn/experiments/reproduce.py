@@ -3,7 +3,6 @@ trained with the same budget, tabulated (accuracy, parameters, MACs, images/s) i
 
 from __future__ import annotations
 
-import json
 import pathlib
 import platform
 import time
@@ -11,6 +10,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .._io import read_json
 from ..train.config import configs_dir, load_config
 from .doc_section import check_doc, replace_section, table_rows
 
@@ -54,7 +54,7 @@ def reproduce_fmnist(
         if summary.get("interrupted"):
             return rows, summary
         out = pathlib.Path(summary["output"])
-        summary = json.loads((out / "summary.json").read_text())
+        summary = read_json(out / "summary.json")
         net, _ = load_trained_model(out / "last.pth")
         threads = torch.get_num_threads()
         torch.set_num_threads(cfg.train.threads or threads)  # the threads it trained with
