@@ -7,7 +7,7 @@ import json
 import pathlib
 import time
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, writable_file
 from ..runtime.config import add_override_options, collect_overrides as _collect
 from ..experiments.doc_section import add_doc_options
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir, load_config
@@ -63,6 +63,8 @@ def _eval_line(res: dict) -> str:
 def cmd_eval(args) -> int:
     from ..train.evaluate import evaluate_checkpoint
 
+    if args.json:
+        writable_file(args.json, "--json")
     res = evaluate_checkpoint(
         args.checkpoint,
         args.data,
@@ -126,20 +128,37 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# the flags of one `reproduce` target: the other target refuses them instead of ignoring them
+_TARGET_FLAGS = {
+    "fmnist": ("epochs", "variants"),
+    "ablations": ("quick", "preset", "seeds", "parts", "max_runs", "report_only"),
+}
+
+
+def _refuse_other_target_flags(args) -> None:
+    other = "ablations" if args.target == "fmnist" else "fmnist"
+    given = [f"--{k.replace('_', '-')}" for k in _TARGET_FLAGS[other] if getattr(args, k) not in (None, False)]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: options of `reproduce {other}`, which `reproduce {args.target}` does not take"
+        )
+
+
 def cmd_reproduce(args) -> int:
+    _refuse_other_target_flags(args)
     if args.target == "ablations":
-        from ..experiments.ablations import run_ablations
+        from ..experiments.ablations import PARTS, run_ablations
 
         if args.quick and args.preset not in (None, "quick"):
             raise ValueError(f"--quick is --preset quick: it cannot go with --preset {args.preset}")
         res = run_ablations(
             args.preset or ("quick" if args.quick else "full"),
-            output=args.output if args.output != "runs/fmnist" else None,
-            parts=args.parts,
-            seeds=args.seeds,
+            output=args.output,
+            parts=args.parts or PARTS,
+            seeds=args.seeds or 3,
             doc=args.doc,
             replace_fewer=args.replace_fewer,
-            max_runs=args.max_runs,
+            max_runs=args.max_runs or 0,
             config_dir=args.configs,
             report_only=args.report_only,
         )
@@ -151,10 +170,10 @@ def cmd_reproduce(args) -> int:
     from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
-        output=args.output,
+        output=args.output or "runs/fmnist",
         epochs=args.epochs,
         doc=args.doc,
-        variants=args.variants,
+        variants=args.variants or list(FMNIST_VARIANTS),
         config_dir=args.configs,
         replace_fewer=args.replace_fewer,
     )
@@ -263,8 +282,7 @@ def _register_reproduce(subparsers) -> None:
     p.add_argument("target", choices=["fmnist", "ablations"])
     p.add_argument(
         "--output",
-        default="runs/fmnist",
-        help="one subfolder per variant (ablations: default runs/ablations/<preset>)",
+        help="one subfolder per variant (default runs/fmnist; ablations: runs/ablations/<preset>)",
     )
     p.add_argument(
         "--epochs",
@@ -272,7 +290,9 @@ def _register_reproduce(subparsers) -> None:
         help="the same epoch budget for every variant (default: the configs')",
     )
     add_doc_options(p)
-    p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
+    p.add_argument(
+        "--variants", nargs="+", choices=list(FMNIST_VARIANTS), help="fmnist: the variants to train (default: all)"
+    )
     p.add_argument("--configs", help="configs folder (default: found automatically)")
     p.add_argument(
         "--quick",
@@ -284,10 +304,8 @@ def _register_reproduce(subparsers) -> None:
         help="ablations: full (default), quick (= --quick) or gpu (10x the full budget per run, on CUDA; "
         "docs/reproduction.md)",
     )
-    p.add_argument("--seeds", type=_positive(int, "--seeds"), default=3, help="ablations: seeds per setting")
-    p.add_argument("--parts", default="abcdefg", help="ablations: letters of the parts to run (default abcdefg)")
-    p.add_argument(
-        "--max-runs", type=int, default=0, help="ablations: stop after training this many runs (0: no limit)"
-    )
+    p.add_argument("--seeds", type=_positive(int, "--seeds"), help="ablations: seeds per setting (default 3)")
+    p.add_argument("--parts", help="ablations: letters of the parts to run (default abcdefg)")
+    p.add_argument("--max-runs", type=int, help="ablations: stop after training this many runs (default 0: no limit)")
     p.add_argument("--report-only", action="store_true", help="ablations: train nothing, tabulate the finished runs")
     p.set_defaults(func=cmd_reproduce)
