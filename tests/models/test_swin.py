@@ -328,13 +328,3 @@ def test_contract_methods():
     created = create_model("inline_swin_tiny", img_size=64, embed_dim=8, num_heads=(1, 2, 2, 4), num_classes=4)
     assert created.pretrained_cfg.name == "inline_swin_tiny"
     assert isinstance(created.layers[0].blocks[0].attn, TokenAttention)
-
-
-@pytest.mark.parametrize("pattern, n", [("IIMS5", 5), ("IIMS0", 0), ("IIMS2", 2)])
-def test_a_mixed_count_outside_the_stage_is_refused(pattern, n):
-    # issue 36: IIMS5 with a 2-block stage 3 silently built an all-InLine stage (M0: all softmax)
-    from inline_attn.models._helpers import parse_pattern
-
-    with pytest.raises(ValueError, match=rf"pattern '{pattern}': M{n} must leave both kinds in its M stage of 2"):
-        parse_pattern(pattern, (2, 2, 2, 2))
-    assert parse_pattern("IIMS1", (2, 2, 2, 2))[2] == ["inline", "softmax"]

@@ -45,8 +45,8 @@ def pattern_stage_count(pattern: str) -> int:
 def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
     """``pattern`` ("IIIS", "IIMS2", "I") -> per stage, per block attention kind.
 
-    Raises ValueError naming the pattern when its letters do not match the number of stages, an M
-    stage has no block count, or the count does not leave both kinds in every M stage.
+    Raises ValueError naming the pattern when its letters do not match the number of stages or
+    an M stage has no block count.
     """
     if not isinstance(pattern, str):
         raise ValueError(f"pattern must be a string such as 'IIIS', got {pattern!r}")
@@ -65,12 +65,6 @@ def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
     for letter, depth in zip(letters, depths):
         if letter == "M":
             n = int(mixed)
-            if not 0 < n < depth:
-                # M0 would be S and M<depth> I: a count outside the stage is a typo, not a layout
-                raise ValueError(
-                    f"pattern {pattern!r}: M{n} must leave both kinds in its M stage of {depth} blocks "
-                    f"(1 <= n <= {depth - 1}; use S or I for a stage of one kind)"
-                )
             kinds.append(["inline" if j < n else "softmax" for j in range(depth)])
         else:
             kinds.append([PATTERN_KINDS[letter]] * depth)
