@@ -89,3 +89,61 @@ def test_a_new_run_into_a_finished_run_stops_before_any_work(tmp_path, capsys, a
     assert "continue it with --resume auto, or choose another --output" in err
     assert {name: (out / name).read_bytes() for name in files} == files
     assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == sorted({n.split("/")[0] for n in files})
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["eval", "--checkpoint", "{missing}", "--data", "fmnist", "--json", "{file}/r.json"], "--json"),
+        (["seg", "eval", "--checkpoint", "{missing}", "--json", "{file}/r.json"], "--json"),
+        (["seg", "eval", "--checkpoint", "{missing}", "--png", "{file}/p.png"], "--png"),
+        (["det", "eval", "--checkpoint", "{missing}", "--json", "{file}/r.json"], "--json"),
+        (["det", "eval", "--checkpoint", "{missing}", "--png", "{file}/p.png"], "--png"),
+        (["mosaics", "--num", "2", "--png", "{file}/m.png"], "--png"),
+        (["mosaics", "--num", "2", "--coco", "{file}/coco"], "--coco"),
+        (["analyze", "locality", "--out", "{file}/a"], "--out"),
+    ],
+    ids=["eval-json", "seg-json", "seg-png", "det-json", "det-png", "mosaic-png", "coco", "analyze"],
+)
+def test_output_files_are_checked_before_the_work(tmp_path, capsys, argv, flag):
+    # issue 36: an evaluation ran for minutes, then failed with a traceback at its --json / --png;
+    # here the checkpoint does not even exist: the output is what is refused, first
+    f = tmp_path / "taken"
+    f.write_text("x")
+    args = [a.format(file=f, missing=tmp_path / "none.pth") for a in argv]
+    if args[0] == "mosaics":
+        args = ["seg", *args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"inline-attn: error: {flag}") and str(f) in err and "is not a folder" in err, err
+    assert "Traceback" not in err and "none.pth" not in err
+
+
+def test_writable_file_refuses_a_folder_and_creates_the_parent(tmp_path):
+    from inline_attn._io import writable_file
+
+    target = str(tmp_path / "new" / "r.json")
+    assert writable_file(target, "--json") is target and (tmp_path / "new").is_dir()
+    with pytest.raises(ValueError, match=rf"--json {tmp_path} is a folder: expected a file path"):
+        writable_file(tmp_path, "--json")
+
+
+def test_corrupt_json_names_the_file(tmp_path):
+    from inline_attn._io import read_json
+    from inline_attn.dense.coco import read_instances
+    from inline_attn.experiments.ablations import run_ablations
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"images": [1, 2')
+    with pytest.raises(ValueError, match=rf"{bad}: not valid JSON \(Expecting .* at line 1, column"):
+        read_json(bad)
+    with pytest.raises(ValueError, match=rf"{bad}: not valid JSON"):
+        read_instances(bad)
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=rf"{bad}: not a JSON file \(not UTF-8 text"):
+        read_json(bad)
+    results = tmp_path / "runs" / "results"
+    results.mkdir(parents=True)
+    (results / "fmnist-softmax__seed0.json").write_text("{truncated")
+    with pytest.raises(ValueError, match=r"fmnist-softmax__seed0.json: not valid JSON"):
+        run_ablations("quick", output=str(tmp_path / "runs"), parts="g", seeds=1, report_only=True, progress=False)

@@ -5,8 +5,9 @@ the target (``os.replace`` is atomic on POSIX) and the folder is synced, so a re
 resumed after a crash, sees the previous complete file or the new complete file, never a torn
 one. Temporary files left by killed writers are removed by the next write of the same target.
 
-:func:`writable_dir` checks an output folder before a command spends time on work it could not
-save: a clear ValueError naming the path instead of a raw traceback at the first write.
+:func:`writable_dir` and :func:`writable_file` check an output folder or file before a command
+spends time on work it could not save: a clear ValueError naming the path instead of a raw
+traceback at the first write. :func:`read_json` reads a JSON file, naming it when it is corrupt.
 
 :class:`FileLock` is the one inter-process lock (the CPU kernel build, a run's output folder) and
 :func:`pid_alive` the one check that a process still runs (stale temporary files and build folders).
@@ -15,12 +16,13 @@ save: a clear ValueError naming the path instead of a raw traceback at the first
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pathlib
 import re
 import time
-from typing import Callable, Iterator, Optional, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 try:
     import fcntl
@@ -35,8 +37,10 @@ __all__ = [
     "atomic_path",
     "atomic_write_text",
     "pid_alive",
+    "read_json",
     "remove_stale_temps",
     "writable_dir",
+    "writable_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -223,3 +227,26 @@ class FileLock:
 
     def __exit__(self, *exc) -> None:
         self._close()
+
+
+def writable_file(path: P, what: str = "output file") -> P:
+    """Check, before the work, that the file ``path`` can be written: it is not a folder, and its
+    folder is created if needed and writable (:func:`writable_dir`); a ValueError naming ``what``
+    and the path otherwise. Returns ``path`` unchanged."""
+    file = pathlib.Path(path)
+    if file.is_dir():
+        raise ValueError(f"{what} {file} is a folder: expected a file path")
+    writable_dir(file.parent, f"{what}'s folder")
+    return path
+
+
+def read_json(path: PathLike) -> Any:
+    """The JSON value in the file ``path``; a ValueError naming the file when it is not valid JSON."""
+    path = pathlib.Path(path)
+    text = path.read_bytes()
+    try:
+        return json.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a JSON file (not UTF-8 text: {e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -309,3 +310,34 @@ def test_cuda_graphs_flag_on_cpu_says_why_and_times_ungraphed(bench, tmp_path, c
     assert data["meta"]["cuda_graphs"] is True
     assert data["meta"]["why_not_graphed"] == "CUDA graphs need a CUDA device, the step runs on cpu"
     assert data["rows"] and all(r["status"] == "ok" for r in data["rows"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["residual", "--repeats", "0"], "--repeats 0: expected an integer >= 1"),
+        (["attention", "--warmup", "-1"], "--warmup -1: expected an integer >= 0"),
+        (["model", "--threads", "-2"], "--threads -2: expected an integer >= 0"),
+    ],
+)
+def test_bench_refuses_counts_it_cannot_honour(argv, message, tmp_path, capsys):
+    # issue 36: --repeats 0 timed nothing and --warmup -1 ran no warm-up, without a word
+    from inline_attn.cli import main
+
+    assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"repeats": 0}, "repeats=0: expected an integer >= 1"),
+        ({"warmup": -1}, "warmup=-1: expected an integer >= 0"),
+        ({"budget_s": 0.0}, "budget_s=0.0: expected a finite number of seconds > 0"),
+    ],
+)
+def test_time_interleaved_refuses_empty_rounds(kw, message):
+    from inline_attn.bench.timing import time_interleaved
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        time_interleaved({"x": lambda: None}, **kw)

@@ -108,3 +108,19 @@ def test_evaluate_checkpoint_is_the_commands_evaluation(task, metric, demo_check
     assert res["checkpoint"] == str(demo_checkpoints[task]) and res["images"] > 0 and metric in res
     assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task])]) == 0
     assert f"({res['images']} images" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("task,what", [("seg", "class scores"), ("det", "class logits")])
+def test_eval_of_a_checkpoint_with_nan_weights_is_refused(task, what, demo_checkpoints, tmp_path, capsys):
+    # issue 36: seg eval scored NaN weights as the all-background mIoU, with exit 0 (det: no detections)
+    import torch
+
+    state = torch.load(demo_checkpoints[task], map_location="cpu", weights_only=False)
+    for v in state["model"].values():
+        if v.is_floating_point():
+            v.fill_(float("nan"))
+    bad = tmp_path / "nan.pth"
+    torch.save(state, bad)
+    assert main([task, "eval", "--checkpoint", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {bad}: " in err and f"{what} are NaN or inf; a model whose outputs are not finite" in err

@@ -56,6 +56,10 @@ def test_every_dense_yaml_loads(path):
         (SegConfig.load, "data.crop_size", [0, 512], r"data.crop_size=\[0, 512\]: expected two integers >= 1"),
         (SegConfig.load, "sched.warmup_iters", 50000, "sched.warmup_iters=50000 exceeds sched.iters=40000"),
         (SegConfig.load, "model.decod", "upernet", r"unknown config key 'model.decod' \(did you mean decode"),
+        (SegConfig.load, "optim.lr", float("inf"), r"optim.lr=inf: expected a finite number"),
+        (DetConfig.load, "model.center_radius", float("inf"), r"model.center_radius=inf: expected a finite number"),
+        (SegConfig.load, "sched.min_lr", 0.01, r"sched.min_lr=0.01 exceeds optim.lr=0.0002: expected sched.min_lr"),
+        (DetConfig.load, "sched.warmup_iters", 10**9, r"sched.warmup_iters=1000000000 exceeds sched.iters="),
     ],
 )
 def test_bad_values_are_refused_naming_value_and_expectation(load, key, value, message):

@@ -127,6 +127,9 @@ def test_missing_folder_and_files(tmp_path, saved):
         ('{"architecture": "inline_deit_tinyy", "model_args": {}}', "unknown model 'inline_deit_tinyy'.*did you mean"),
         ('{"architecture": "inline_deit_tiny", "model_args": {"depth": "4"}}', "depth='4'"),
         ('{"architecture": "inline_deit_tiny", "model_args": {"colour": 1}}', "takes no argument 'colour'"),
+        # issue 36: a misspelt key was ignored, and out_indices without features_only too
+        ('{"architecture": "inline_deit_tiny", "model_args": {}, "dtyp": "float16"}', r"unknown keys \['dtyp'\]"),
+        ('{"architecture": "inline_deit_tiny", "model_args": {}, "out_indices": [1]}', "out_indices without features"),
     ],
 )
 def test_bad_config_is_a_clear_error(saved, text, match):

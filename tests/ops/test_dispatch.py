@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -240,3 +241,105 @@ def test_layers_take_impl_at_construction():
     assert InLineAttention(12, 3).impl is None
     with pytest.raises(ValueError, match="unknown impl 'fast'"):
         InLineAttention(12, 3, impl="fast")
+
+
+class _CudaLike(torch.Tensor):
+    """CPU values that say they are on CUDA (no CUDA on the test machine): the host decision only."""
+
+    @property
+    def device(self):
+        return torch.device("cuda")
+
+
+# (id, q, feature_map, impl, patches, the reason's words or None for fused): every input class
+# why_not_fused separates; patches name dispatch attributes and the value they take
+_FUSED_TABLE = [
+    ("auto-cpu", "cpu", None, None, {}, None),
+    ("cpu-kernel", "cpu", None, "cpu", {}, None),
+    ("triton-interpreter", "cpu", None, "triton", {"_triton_interpreting": True}, None),
+    ("eager-asked", "cpu", None, "eager", {}, "impl='eager' was asked for"),
+    ("naive-asked", "cpu", None, "naive", {}, "impl='naive' was asked for"),
+    ("feature-map", "cpu", "relu", None, {}, "feature map 'relu' is not fused"),
+    ("feature-map-cpu", "cpu", "relu", "cpu", {}, "feature map 'relu' is not fused"),
+    ("feature-map-triton", "cpu", "relu", "triton", {}, "feature map 'relu' is not fused"),
+    ("meta", "meta", None, None, {}, "no fused kernel for meta tensors"),
+    ("cpu-impl-on-meta", "meta", None, "cpu", {}, "impl='cpu' runs CPU tensors, got meta"),
+    ("triton-on-meta", "meta", None, "triton", {}, "impl='triton' runs CUDA tensors"),
+    ("triton-float64", "float64", None, "triton", {}, "takes float32, bfloat16 or float16 tensors"),
+    ("cpu-unbuilt", "cpu", None, "cpu", {"_cpu_available": False}, "could not be built"),
+    ("auto-cpu-unbuilt", "cpu", None, None, {"_cpu_available": False}, "could not be built"),
+    ("triton-not-interpreted", "cpu", None, "triton", {"_triton_interpreting": False}, "set TRITON_INTERPRET=1"),
+    ("cuda-auto", "cuda", None, None, {"_triton_importable": True, "_triton_interpreting": False}, None),
+    ("cuda-triton", "cuda", None, "triton", {"_triton_importable": True, "_triton_interpreting": False}, None),
+    ("cuda-no-triton", "cuda", None, "triton", {"_triton_importable": False}, "triton is not installed"),
+    (
+        "cuda-interpreted",
+        "cuda",
+        None,
+        "triton",
+        {"_triton_importable": True, "_triton_interpreting": True},
+        "this process runs Triton's interpreter",
+    ),
+    ("cuda-cpu-impl", "cuda", None, "cpu", {}, "impl='cpu' runs CPU tensors, got cuda"),
+]
+
+
+def _q_of(kind: str):
+    if kind == "cuda":
+        return torch.randn(2, 13, 12).as_subclass(_CudaLike)
+    if kind == "float64":
+        return torch.randn(2, 13, 12, dtype=torch.float64)
+    return torch.randn(2, 13, 12, device=kind)
+
+
+def _apply(monkeypatch, patches: dict) -> None:
+    for name, value in patches.items():
+        if name == "_cpu_available":
+            monkeypatch.setattr(dispatch.cpu_kernel, "cpu_kernel_available", lambda v=value: v)
+            monkeypatch.setattr(dispatch.cpu_kernel, "cpu_kernel_error", lambda: "RuntimeError: no g++")
+        else:
+            monkeypatch.setattr(dispatch, name, lambda v=value: v)
+    monkeypatch.setitem(dispatch._state, "warned_triton", True)
+
+
+@pytest.mark.parametrize("case", _FUSED_TABLE, ids=[c[0] for c in _FUSED_TABLE])
+def test_why_not_fused_decision_table(case, monkeypatch, fused_calls):
+    _, kind, feature_map, impl, patches, words = case
+    _apply(monkeypatch, patches)
+    q = _q_of(kind)
+    reason = why_not_fused(q, feature_map, impl)
+    assert (reason is None) == (words is None) and (words is None or words in reason), reason
+    if kind in ("cuda", "meta"):
+        # the host decision only (no CUDA here; meta tensors have no values): choose() answers as
+        # why_not_fused does, or raises its reason
+        if impl in ("cpu", "triton") and reason is not None:
+            with pytest.raises(ValueError, match=re.escape(reason)):
+                dispatch.choose(q, feature_map, impl)
+        else:
+            assert (dispatch.choose(q, feature_map, impl)[0] in ("cpu", "triton")) == (reason is None)
+        return
+    # "fused" means the call runs a fused kernel; an explicit fused impl that is refused raises the reason
+    qq, k, v = _qkv(dtype=q.dtype, device=q.device)
+    call = lambda: inline_tokens(qq, k, v, feature_map=feature_map, impl=impl, **KW)  # noqa: E731
+    if reason is not None and impl in ("cpu", "triton"):
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            call()
+        return
+    call()
+    assert bool(fused_calls) == (reason is None)
+
+
+@pytest.mark.parametrize(
+    "q, impl, match",
+    [
+        ([[1.0]], None, "q must be a torch.Tensor, got list"),
+        (torch.zeros(2, 13, 12, dtype=torch.long), None, "floating-point dtype, got torch.int64"),
+        (torch.zeros(13, 12), None, r"q must be \[B, N, C\]"),
+        (torch.zeros(2, 3, 13, 4), "triton", r"q must be \[B, N, C\]"),
+        (torch.zeros(2, 13, 12), "fused", "unknown impl 'fused'"),
+    ],
+    ids=["list", "long", "2-d", "4-d", "unknown-impl"],
+)
+def test_why_not_fused_refuses_what_no_path_takes(q, impl, match):
+    with pytest.raises(ValueError, match=match):
+        why_not_fused(q, impl=impl)

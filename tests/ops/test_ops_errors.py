@@ -109,3 +109,10 @@ def test_integer_likes_are_sizes():
     np = pytest.importorskip("numpy")
     layer = build_attention("inline", 12, 3, num_prefix_tokens=np.int64(1))
     assert layer(torch.randn(1, 17, 12), (np.int64(4), 4)).shape == (1, 17, 12)
+
+
+def test_softmax_attention_refuses_a_feature_map():
+    # issue 36: attention(kind="softmax", feature_map="relu") ignored the feature map
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="feature_map applies to inline and linear attention, got 'relu'"):
+        attention(q, q, q, kind="softmax", feature_map="relu")

@@ -99,6 +99,147 @@ def test_why_not_graphed_reasons():
     )
 
 
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda reported available: why_not_graphed's host logic past the device check (no GPU here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def _linear():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+def _hooked(kind: str):
+    m = torch.nn.Sequential(_linear())
+    hook = {
+        "forward": lambda: m[0].register_forward_hook(lambda *a: None),
+        "forward-pre": lambda: m[0].register_forward_pre_hook(lambda *a: None),
+        "backward": lambda: m[0].register_full_backward_hook(lambda *a: None),
+        "backward-pre": lambda: m[0].register_full_backward_pre_hook(lambda *a: None),
+        "param-grad": lambda: m[0].weight.register_hook(lambda g: g),
+        "param-accumulate": lambda: m[0].weight.register_post_accumulate_grad_hook(lambda p: None),
+    }[kind]
+    hook()
+    return m
+
+
+def _optimizer(kind: str):
+    params = _linear().parameters()
+    return {
+        "adamw": lambda: torch.optim.AdamW(params),
+        "adamw-capturable": lambda: torch.optim.AdamW(params, capturable=True),
+        "adam-capturable": lambda: torch.optim.Adam(params, capturable=True),
+        "rmsprop": lambda: torch.optim.RMSprop(params),
+        "sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        "sgd-tensor-lr": lambda: torch.optim.SGD(params, lr=torch.tensor(0.1), momentum=0.9),
+        "lbfgs": lambda: torch.optim.LBFGS(params),
+        "adagrad": lambda: torch.optim.Adagrad(params),
+    }[kind]()
+
+
+# (id, keyword arguments, the reason's words or None for "can be captured"): every input class
+# why_not_graphed separates, with torch.cuda faked as available
+_GRAPH_TABLE = [
+    ("plain", {}, None),
+    ("world-size-2", {"world_size": 2}, "2 processes: DDP's gradient all-reduce"),
+    ("dynamic-shapes", {"static_shapes": False}, "dynamic shapes"),
+    ("accum-2", {"accum_steps": 2}, "2 accumulation steps"),
+    ("amp-fp16", {"amp": "fp16"}, "fp16 loss scaling"),
+    ("amp-float16", {"amp": "float16"}, "fp16 loss scaling"),
+    ("amp-half", {"amp": "half"}, "fp16 loss scaling"),
+    ("amp-auto", {"amp": "auto"}, "fp16 loss scaling"),
+    ("amp-torch-float16", {"amp": torch.float16}, "fp16 loss scaling"),
+    ("scaler", {"scaler": "enabled"}, "fp16 loss scaling"),
+    ("scaler-off", {"scaler": "disabled"}, None),
+    ("amp-bf16", {"amp": "bf16"}, None),
+    ("amp-bfloat16", {"amp": "bfloat16"}, None),
+    ("amp-torch-bfloat16", {"amp": torch.bfloat16}, None),
+    ("amp-none", {"amp": "none"}, None),
+    ("amp-fp32", {"amp": torch.float32}, None),
+    *[
+        (f"hook-{k}", {"model": k}, "Python hooks run every step")
+        for k in ("forward", "forward-pre", "backward", "backward-pre", "param-grad", "param-accumulate")
+    ],
+    ("attention-recorder", {"model": "recorder"}, "Python hooks run every step"),
+    *[(f"global-{k}", {"global": k}, "global module hooks") for k in ("forward", "forward-pre", "backward")],
+    ("adamw", {"optimizer": "adamw"}, "AdamW is not capturable: build it with capturable=True"),
+    ("rmsprop", {"optimizer": "rmsprop"}, "RMSprop is not capturable"),
+    ("adamw-capturable", {"optimizer": "adamw-capturable"}, None),
+    ("adam-capturable", {"optimizer": "adam-capturable"}, None),
+    ("sgd", {"optimizer": "sgd"}, None),
+    ("sgd-tensor-lr", {"optimizer": "sgd-tensor-lr"}, "SGD reads a tensor lr on the host unless fused"),
+    ("lbfgs", {"optimizer": "lbfgs"}, "LBFGS has no capturable mode"),
+    ("adagrad", {"optimizer": "adagrad"}, "Adagrad has no capturable mode"),
+]
+
+_GLOBAL_HOOKS = {
+    "forward": lambda: torch.nn.modules.module.register_module_forward_hook(lambda *a: None),
+    "forward-pre": lambda: torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None),
+    "backward": lambda: torch.nn.modules.module.register_module_full_backward_hook(lambda *a: None),
+}
+
+
+@pytest.mark.parametrize("case", _GRAPH_TABLE, ids=[c[0] for c in _GRAPH_TABLE])
+def test_why_not_graphed_decision_table(case, fake_cuda, capturable_on_cpu):
+    _, kw, words = case
+    kw = dict(kw)
+    handle = _GLOBAL_HOOKS[kw.pop("global")]() if "global" in kw else None
+    recorder = None
+    try:
+        if kw.get("model") == "recorder":
+            kw["model"] = _tiny()
+            recorder = record_attention(kw["model"])
+            recorder.__enter__()
+        elif "model" in kw:
+            kw["model"] = _hooked(kw["model"])
+        if "scaler" in kw:
+            kw["scaler"] = torch.amp.GradScaler("cpu", enabled=kw["scaler"] == "enabled")
+        if "optimizer" in kw:
+            kw["optimizer"] = _optimizer(kw["optimizer"])
+        reason = why_not_graphed("cuda", **kw)
+        assert (reason is None) == (words is None) and (words is None or words in reason), reason
+        if "optimizer" in kw:
+            # "can be captured" means the step reads nothing back on the host (what a capture refuses)
+            opt = kw["optimizer"]
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    p.grad = torch.ones_like(p)
+            with StepLog() as log:
+                opt.step(lambda: torch.zeros(())) if isinstance(opt, torch.optim.LBFGS) else opt.step()
+            if reason is None or "on the host" in reason:  # (not capturable: its counter stays on the CPU)
+                assert (log.host_reads == []) == (reason is None), log.host_reads
+    finally:
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"world_size": 0}, r"world_size=0: expected an integer >= 1"),
+        ({"world_size": -1}, r"world_size=-1: expected an integer >= 1"),
+        ({"world_size": 1.5}, r"world_size=1.5: expected an integer >= 1"),
+        ({"accum_steps": 0}, r"accum_steps=0: expected an integer >= 1"),
+        ({"accum_steps": True}, r"accum_steps=True: expected an integer >= 1"),
+        ({"amp": "fp8"}, r"amp='fp8': expected None, one of"),
+        ({"amp": "FP16"}, r"amp='FP16': expected None, one of"),
+        ({"amp": torch.int8}, r"amp=torch.int8: expected None, one of"),
+        ({"model": "resnet"}, r"model=str: expected a torch.nn.modules.module.Module or None"),
+        ({"optimizer": "adamw"}, r"optimizer=str: expected a torch.optim.optimizer.Optimizer or None"),
+        ({"scaler": True}, r"scaler=bool: expected a torch.amp.GradScaler \(is_enabled\(\)\) or None"),
+    ],
+    ids=lambda v: str(v) if not isinstance(v, dict) else next(iter(v)) + "=" + str(next(iter(v.values()))),
+)
+def test_why_not_graphed_refuses_invalid_arguments(kw, match, fake_cuda):
+    with pytest.raises(ValueError, match=match):
+        why_not_graphed("cuda", **kw)
+    with pytest.raises(ValueError, match="device='gpu': expected a torch device"):
+        why_not_graphed("gpu")
+
+
 def test_compile_mode_for_cuda_graphs():
     assert compile_mode_for("default", cuda_graphs=True) == "reduce-overhead"
     assert compile_mode_for("max-autotune-no-cudagraphs", cuda_graphs=True) == "max-autotune"

@@ -198,3 +198,38 @@ def test_reproduce_fmnist_refuses_the_ablation_runner_flags(capsys):
 def test_report_only_refuses_overwrite(tmp_path):
     with pytest.raises(ValueError, match="--report-only .* cannot go with --overwrite"):
         run_ablations("quick", output=str(tmp_path), doc=None, report_only=True, overwrite=True, progress=False)
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [
+        (["fmnist", "--seeds", "5"], "--seeds: options of `reproduce ablations`"),
+        (["fmnist", "--parts", "g", "--max-runs", "-1"], "--parts, --max-runs: options of `reproduce ablations`"),
+        (["fmnist", "--quick"], "--quick: options of `reproduce ablations`"),
+        (["ablations", "--variants", "softmax"], "--variants: options of `reproduce fmnist`"),
+        (["ablations", "--epochs", "2"], "--epochs: options of `reproduce fmnist`"),
+    ],
+)
+def test_reproduce_refuses_the_other_targets_options(argv, refused, capsys, monkeypatch):
+    # issue 36: they were accepted and ignored (fmnist --seeds 5 trained one seed)
+    from inline_attn.cli import main
+
+    monkeypatch.setattr(ablations, "run_ablations", lambda *a, **kw: pytest.fail("ran"))
+    assert main(["reproduce", *argv]) == 2
+    assert refused in capsys.readouterr().err
+
+
+def test_reproduce_ablations_honours_every_output_folder(monkeypatch):
+    # an --output equal to fmnist's default folder was dropped for runs/ablations/<preset>
+    from inline_attn.cli import main
+
+    seen = {}
+
+    def fake(preset, **kw):
+        seen.update(kw)
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+
+    monkeypatch.setattr(ablations, "run_ablations", fake)
+    assert main(["reproduce", "ablations", "--output", "runs/fmnist"]) == 0
+    assert seen["output"] == "runs/fmnist" and seen["seeds"] == 3 and seen["parts"] == "abcdefg"
+    assert main(["reproduce", "ablations"]) == 0 and seen["output"] is None  # runs/ablations/<preset>

@@ -40,6 +40,13 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
         ("optim.no_weight_decay", "5", r"optim.no_weight_decay=5: expected a list of strings or null"),
         ("data.eval_resize", "crop", r"data.eval_resize='crop': expected one of 'shorter', 'squash'"),
         ("train.ema_batch", "-1", r"train.ema_batch=-1: must be >= 1"),
+        # issue 36: .inf passed the numeric fields that refuse .nan; min_lr above the lr made it climb
+        ("optim.lr", ".inf", r"optim.lr=inf: expected a finite number"),
+        ("aug.mixup", ".inf", r"aug.mixup=inf: expected a finite number"),
+        ("optim.clip_grad", ".inf", r"optim.clip_grad=inf: expected a finite number"),
+        ("data.mean", "[0.5, .inf, 0.5]", r"data.mean=\[0.5, inf, 0.5\]: expected finite numbers"),
+        ("sched.min_lr", "0.47", r"sched.min_lr=0.47 exceeds optim.base_lr=0.0005: expected sched.min_lr <= optim"),
+        ("sched.warmup_lr", "0.01", r"sched.warmup_lr=0.01 exceeds optim.base_lr=0.0005"),
     ],
 )
 def test_bad_value_is_refused_naming_the_key(key, value, message, tmp_path, capsys):
@@ -51,6 +58,17 @@ def test_bad_value_is_refused_naming_the_key(key, value, message, tmp_path, caps
 
     assert re.search(message, err), err
     assert not out.exists()  # refused before any work
+
+
+def test_lr_floors_may_not_exceed_an_absolute_lr(tmp_path, capsys):
+    # sched.min_lr 0.47 over optim.lr 0.004 made the lr climb to 0.47
+    out = tmp_path / "run"
+    argv = ["train", "--output", str(out), "--optim.lr", "0.004", "--sched.min_lr", "0.47"]
+    assert main(argv) == 2
+    assert "sched.min_lr=0.47 exceeds optim.lr=0.004: expected sched.min_lr <= optim.lr" in capsys.readouterr().err
+    assert not out.exists()
+    cfg = Config.load(None, [("optim.lr", 0.004), ("sched.min_lr", 0.004), ("sched.warmup_lr", 0.0)])
+    assert cfg.sched.min_lr == cfg.optim.lr  # equal is allowed: a constant lr
 
 
 def test_yaml_errors_name_the_file_and_line(tmp_path, capsys):

@@ -137,3 +137,19 @@ def test_missing_val_split_is_said_clearly(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert f"data folder {root} has no val/ split (it has train/)" in err
+
+
+def test_a_checkpoint_with_nan_weights_is_not_scored(trained, tmp_path, capsys):
+    # its logits are NaN: top-1 would count them as class 0 and report a score
+    import torch
+
+    root, ckpt = trained
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    for v in state["model"].values():
+        if v.is_floating_point():
+            v.fill_(float("nan"))
+    bad = tmp_path / "nan.pth"
+    torch.save(state, bad)
+    assert main(["eval", "--checkpoint", str(bad), "--data", str(root), "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {bad}: " in err and "logits are NaN or inf; a model whose outputs are not finite" in err

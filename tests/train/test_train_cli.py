@@ -177,7 +177,10 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
     assert "ImageNet notes stay." in text and text.count(BEGIN) == 1
     assert "| Softmax attention (pattern S) |" in text and "| InLine (with local residual) |" in text
     assert (tmp_path / "runs" / "inline" / "last.pth").is_file()
-    write_section(doc, render_table([], 1.0, None))  # rewriting replaces the section, once
+    with pytest.raises(ValueError, match=r"reports 2 finished runs and this report 0; the section is kept"):
+        write_section(doc, render_table([], 1.0, None))
+    assert doc.read_text() == text
+    write_section(doc, render_table([], 1.0, None), replace_fewer=True)  # asked: replaces the section, once
     assert doc.read_text().count(BEGIN) == 1 and doc.read_text().count(END) == 1
 
 

@@ -106,6 +106,15 @@ def _cuda_timer(fn: Callable[[], Any], inner: int, device) -> float:
     return start.elapsed_time(end) / 1e3 / inner
 
 
+def _check_rounds(warmup, repeats, min_repeats, budget_s, min_sample_s) -> None:
+    for name, value, low in (("warmup", warmup, 0), ("repeats", repeats, 1), ("min_repeats", min_repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r}: expected an integer >= {low}")
+    for name, value in (("budget_s", budget_s), ("min_sample_s", min_sample_s)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ValueError(f"{name}={value!r}: expected a finite number of seconds > 0")
+
+
 def time_interleaved(
     cases: dict[str, Callable[[], Any]],
     *,
@@ -129,8 +138,10 @@ def time_interleaved(
             so launch gaps of sub-millisecond steps do not dominate; on the CPU by the wall
             clock, one call per sample.
     Returns:
-        label -> :class:`CaseTiming` (seconds per call).
+        label -> :class:`CaseTiming` (seconds per call). Counts out of range (no timed round, a
+        negative warm-up) are a ValueError naming the value.
     """
+    _check_rounds(warmup, repeats, min_repeats, budget_s, min_sample_s)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     cuda = dev.type == "cuda"
     out = {k: CaseTiming() for k in cases}

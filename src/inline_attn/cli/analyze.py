@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import Optional
 
+from .._io import writable_dir
 from ..analysis.analyze import ANALYSES
 
 
@@ -185,7 +186,7 @@ def _models(args) -> Optional[list]:
 def run(args) -> int:
     from ..analysis.analyze import run_analysis
 
-    out = pathlib.Path(args.out or pathlib.Path("analysis") / args.analysis)
+    out = pathlib.Path(writable_dir(args.out or pathlib.Path("analysis") / args.analysis, "--out"))
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:

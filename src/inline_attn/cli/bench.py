@@ -15,6 +15,10 @@ from ..bench.report import format_table
 
 def _setup(args) -> None:
     writable_dir(args.out, "--out")
+    for flag in ("warmup", "repeats", "threads"):
+        low = 1 if flag == "repeats" else 0
+        if getattr(args, flag) < low:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected an integer >= {low}")
     if args.threads:
         torch.set_num_threads(args.threads)
 

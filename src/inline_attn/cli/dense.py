@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .._io import writable_dir
+from .._io import writable_dir, writable_file
 from ..runtime.config import add_override_options, collect_overrides, run_options
 from ..runtime.loop import exit_code
 from ..dense.config import DetConfig, SegConfig
 from ..runtime.output import OVERWRITE_HELP
+from ..experiments.doc_section import add_doc_options
 
 
 def _configs_dir() -> pathlib.Path:
@@ -146,6 +147,7 @@ def cmd_compare(args) -> int:
             seeds=args.seeds,
             output=writable_dir(args.output, "--output"),
             doc=args.doc,
+            replace_fewer=args.replace_fewer,
             command=command,
             overrides=_overrides(args),
             task=task.name,
@@ -157,6 +159,7 @@ def cmd_compare(args) -> int:
 def cmd_eval(args) -> int:
     from ..dense.seg_task import SegTask, evaluate_checkpoint
 
+    _check_output_files(args)
     res = evaluate_checkpoint(
         args.checkpoint, overrides=_overrides(args), device=args.device, amp=args.amp, json_path=args.json, png=args.png
     )
@@ -176,6 +179,7 @@ def cmd_eval(args) -> int:
 def cmd_det_eval(args) -> int:
     from ..dense.det_task import DetTask, evaluate_checkpoint
 
+    _check_output_files(args)
     res = evaluate_checkpoint(
         args.checkpoint, overrides=_overrides(args), device=args.device, amp=args.amp, json_path=args.json, png=args.png
     )
@@ -188,9 +192,20 @@ def cmd_det_eval(args) -> int:
     return 0
 
 
+def _check_output_files(args) -> None:
+    """--json / --png checked before the work: their folders created and writable."""
+    for flag in ("json", "png"):
+        if getattr(args, flag, None):
+            writable_file(getattr(args, flag), f"--{flag}")
+
+
 def cmd_mosaics(args) -> int:
     from ..dense.coco import export_mosaics
     from ..dense.mosaic import FashionMosaics, MosaicSpec
+
+    _check_output_files(args)
+    if args.coco:
+        writable_dir(args.coco, "--coco")
 
     spec = MosaicSpec(
         size=args.size, objects=tuple(args.objects), scale=tuple(args.scale), max_overlap=args.max_overlap
@@ -260,7 +275,7 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
     p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--output", default=f"runs/{task.name}_compare")
-    p.add_argument("--doc", default="docs/dense.md", help="markdown file to write the table into ('' for none)")
+    add_doc_options(p)
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_compare, task=task.name)
 

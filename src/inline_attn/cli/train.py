@@ -6,10 +6,12 @@ import argparse
 import pathlib
 import time
 
+from .._io import writable_file
 from ..runtime.config import add_override_options, collect_overrides as _collect, run_options
 from ..runtime.loop import exit_code
 from ..runtime.output import OVERWRITE_HELP
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
+from ..experiments.doc_section import add_doc_options
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
@@ -53,6 +55,8 @@ def _eval_line(res: dict) -> str:
 def cmd_eval(args) -> int:
     from ..train.evaluate import evaluate_checkpoint
 
+    if args.json:
+        writable_file(args.json, "--json")
     res = evaluate_checkpoint(
         args.checkpoint,
         args.data,
@@ -114,19 +118,37 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# the flags of one `reproduce` target: the other target refuses them instead of ignoring them
+_TARGET_FLAGS = {
+    "fmnist": ("epochs", "variants"),
+    "ablations": ("quick", "preset", "seeds", "parts", "max_runs", "report_only"),
+}
+
+
+def _refuse_other_target_flags(args) -> None:
+    other = "ablations" if args.target == "fmnist" else "fmnist"
+    given = [f"--{k.replace('_', '-')}" for k in _TARGET_FLAGS[other] if getattr(args, k) not in (None, False)]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: options of `reproduce {other}`, which `reproduce {args.target}` does not take"
+        )
+
+
 def cmd_reproduce(args) -> int:
+    _refuse_other_target_flags(args)
     if args.target == "ablations":
-        from ..experiments.ablations import run_ablations
+        from ..experiments.ablations import PARTS, run_ablations
 
         if args.quick and args.preset not in (None, "quick"):
             raise ValueError(f"--quick is --preset quick: it cannot go with --preset {args.preset}")
         res = run_ablations(
             args.preset or ("quick" if args.quick else "full"),
-            output=args.output if args.output != "runs/fmnist" else None,
-            parts=args.parts,
-            seeds=args.seeds,
+            output=args.output,
+            parts=args.parts or PARTS,
+            seeds=args.seeds or 3,
             doc=args.doc,
-            max_runs=args.max_runs,
+            replace_fewer=args.replace_fewer,
+            max_runs=args.max_runs or 0,
             config_dir=args.configs,
             report_only=args.report_only,
             resume=args.resume,
@@ -144,7 +166,12 @@ def cmd_reproduce(args) -> int:
     from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
-        output=args.output, epochs=args.epochs, doc=args.doc, variants=args.variants, config_dir=args.configs
+        output=args.output or "runs/fmnist",
+        epochs=args.epochs,
+        doc=args.doc,
+        variants=args.variants or list(FMNIST_VARIANTS),
+        config_dir=args.configs,
+        replace_fewer=args.replace_fewer,
     )
     return 0 if stopped is None else exit_code(stopped.get("signal"))
 
@@ -253,16 +280,17 @@ def _register_reproduce(subparsers) -> None:
     p.add_argument("target", choices=["fmnist", "ablations"])
     p.add_argument(
         "--output",
-        default="runs/fmnist",
-        help="one subfolder per variant (ablations: default runs/ablations/<preset>)",
+        help="one subfolder per variant (default runs/fmnist; ablations: runs/ablations/<preset>)",
     )
     p.add_argument(
         "--epochs",
         type=_positive(int, "--epochs"),
         help="the same epoch budget for every variant (default: the configs')",
     )
-    p.add_argument("--doc", default="docs/reproduction.md", help="markdown file to write the table into")
-    p.add_argument("--variants", nargs="+", default=list(FMNIST_VARIANTS), choices=list(FMNIST_VARIANTS))
+    add_doc_options(p)
+    p.add_argument(
+        "--variants", nargs="+", choices=list(FMNIST_VARIANTS), help="fmnist: the variants to train (default: all)"
+    )
     p.add_argument("--configs", help="configs folder (default: found automatically)")
     p.add_argument(
         "--quick",
@@ -274,11 +302,9 @@ def _register_reproduce(subparsers) -> None:
         help="ablations: full (default), quick (= --quick) or gpu (10x the full budget per run, on CUDA; "
         "docs/reproduction.md)",
     )
-    p.add_argument("--seeds", type=_positive(int, "--seeds"), default=3, help="ablations: seeds per setting")
-    p.add_argument("--parts", default="abcdefg", help="ablations: letters of the parts to run (default abcdefg)")
-    p.add_argument(
-        "--max-runs", type=int, default=0, help="ablations: stop after training this many runs (0: no limit)"
-    )
+    p.add_argument("--seeds", type=_positive(int, "--seeds"), help="ablations: seeds per setting (default 3)")
+    p.add_argument("--parts", help="ablations: letters of the parts to run (default abcdefg)")
+    p.add_argument("--max-runs", type=int, help="ablations: stop after training this many runs (default 0: no limit)")
     p.add_argument("--report-only", action="store_true", help="ablations: train nothing, tabulate the finished runs")
     p.add_argument("--resume", choices=["auto"], help="ablations: continue the runs in --output")
     p.add_argument("--overwrite", action="store_true", help="ablations: " + OVERWRITE_HELP)

@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._io import read_json
 from ..data.unreadable import UnreadableFiles, decode_image
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
 
@@ -229,7 +230,7 @@ def read_instances(path) -> dict:
     path = pathlib.Path(path)
     if not path.is_file():
         raise ValueError(f"COCO annotation file {path} does not exist")
-    return check_instances(json.loads(path.read_text()), str(path))
+    return check_instances(read_json(path), str(path))
 
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")

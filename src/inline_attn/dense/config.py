@@ -225,14 +225,10 @@ class DenseOptimCfg:
 @dataclass
 class PolySchedCfg:
     iters: int = setting(40000, ge=1, doc="training iterations")
-    warmup_iters: int = setting(0, ge=0, doc="linear warm-up iterations")
+    warmup_iters: int = setting(0, ge=0, at_most="sched.iters", doc="linear warm-up iterations")
     warmup_ratio: float = setting(1.0e-6, gt=0, le=1, doc="warm-up starts at lr * warmup_ratio")
     power: float = setting(0.9, ge=0, doc="poly decay power (0: constant lr)")
-    min_lr: float = setting(0.0, ge=0, doc="lr at the end")
-
-    def check(self) -> None:
-        if self.warmup_iters > self.iters:
-            raise ValueError(f"sched.warmup_iters={self.warmup_iters} exceeds sched.iters={self.iters}")
+    min_lr: float = setting(0.0, ge=0, at_most="optim.lr", doc="lr at the end (at most optim.lr)")
 
 
 @dataclass

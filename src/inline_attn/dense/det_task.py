@@ -69,9 +69,19 @@ def load_detector(path, device="cpu") -> tuple[FCOS, DetConfig]:
 
 @torch.no_grad()
 def predict_det(
-    model: FCOS, dataset, cfg: DetConfig, device, *, indices=None, amp: str = "none", progress: bool = False
+    model: FCOS,
+    dataset,
+    cfg: DetConfig,
+    device,
+    *,
+    indices=None,
+    amp: str = "none",
+    progress: bool = False,
+    source: str = "the model",
 ):
-    """Yield (index, image [3, h, w] 0-255, target, detections) for ``indices`` of ``dataset``."""
+    """Yield (index, image [3, h, w] 0-255, target, detections) for ``indices`` of ``dataset``.
+    Non-finite head outputs raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming
+    ``source``."""
     from tqdm import tqdm
 
     norm = Normalize(cfg.data.mean, cfg.data.std).to(device)
@@ -87,18 +97,28 @@ def predict_det(
             items = [dataset[i] for i in idx]
             img, targets, sizes = det_collate(items)
             with autocast(device, amp):
-                res = model.predict(norm(img.to(device)), sizes)
+                res = model.predict(norm(img.to(device)), sizes, source=source)
             for i, it, t, r in zip(idx, items, targets, res):
                 yield i, it[0], t, {k: v.float().cpu() if k != "labels" else v.cpu() for k, v in r.items()}
     finally:
         model.train(was)
 
 
-def evaluate_det(model: FCOS, dataset, cfg: DetConfig, device, *, amp: str = "none", progress: bool = False) -> dict:
+def evaluate_det(
+    model: FCOS,
+    dataset,
+    cfg: DetConfig,
+    device,
+    *,
+    amp: str = "none",
+    progress: bool = False,
+    source: str = "the model",
+) -> dict:
     """COCO box AP (percent: AP, AP50, AP75, APs, APm, APl) of ``model`` on ``dataset`` (which
-    gives ``coco_gt()``, ``image_id(i)``, ``scale(i)`` and ``cat_ids``)."""
+    gives ``coco_gt()``, ``image_id(i)``, ``scale(i)`` and ``cat_ids``). A model with non-finite
+    outputs is not scored: a ValueError naming ``source`` (the checkpoint)."""
     dets = []
-    for i, _, _, r in predict_det(model, dataset, cfg, device, amp=amp, progress=progress):
+    for i, _, _, r in predict_det(model, dataset, cfg, device, amp=amp, progress=progress, source=source):
         dets += to_coco_detections(r, dataset.image_id(i), dataset.cat_ids, dataset.scale(i))
     gt = dataset.coco_gt()
     if len(dataset) < len(gt["images"]):  # a subset: its images only

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime.finite import require_finite
 from .backbone import DenseBackbone
 from .boxes import clean_targets, decode_ltrb, encode_ltrb, select_detections
 from .heads import FPN
@@ -227,10 +228,17 @@ class FCOS(nn.Module):
     # ---- inference ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor, image_sizes: Optional[Sequence[Sequence[int]]] = None) -> list[dict]:
+    def predict(
+        self, x: torch.Tensor, image_sizes: Optional[Sequence[Sequence[int]]] = None, *, source: str = "the model"
+    ) -> list[dict]:
         """images [B, 3, H, W] -> B dicts ``{"boxes" [D, 4], "scores" [D], "labels" [D]}`` (pixels
-        of the input; ``image_sizes`` (h, w) per image clips to each unpadded image)."""
+        of the input; ``image_sizes`` (h, w) per image clips to each unpadded image). Non-finite
+        head outputs raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming ``source``
+        (the score threshold would drop NaN scores: a broken model would detect nothing)."""
         outs, points = self._outputs(x)
+        for level in outs:
+            for t, what in zip(level, ("class logits", "box regressions", "centre-ness logits")):
+                require_finite(t, source, what)
         sizes = image_sizes or [tuple(x.shape[-2:])] * x.shape[0]
         results = []
         for i in range(x.shape[0]):

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo
+from ..runtime.finite import require_finite
 from .config import SegConfig
 from .data import StepSampler, build_seg_datasets, collate
 from .evaluation import check_class_count, eval_config
@@ -65,9 +66,11 @@ def predict_batches(
     indices=None,
     amp: str = "none",
     progress: bool = False,
+    source: str = "the model",
 ):
     """Yield (image [3, H, W] 0-255, labels [H, W], predicted labels [H, W]) for ``indices`` of an
-    evaluation ``dataset`` with the config's inference mode (whole / slide, flip)."""
+    evaluation ``dataset`` with the config's inference mode (whole / slide, flip). Non-finite
+    class scores raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming ``source``."""
     from tqdm import tqdm
 
     e = cfg.eval
@@ -89,6 +92,7 @@ def predict_batches(
                     probs = model.predict(
                         x, mode=e.mode, crop=e.crop_size, stride=e.stride, out_size=lab.shape[-2:], flip=e.flip
                     )
+                require_finite(probs, source, "class scores")
                 pred = probs.float().argmax(1).cpu()
                 for k in range(img.shape[0]):
                     yield img[k], lab[k], pred[k]
@@ -105,9 +109,11 @@ def evaluate_seg(
     *,
     amp: str = "none",
     progress: bool = False,
+    source: str = "the model",
 ) -> dict:
     """mIoU / mAcc / aAcc (percent) over ``dataset``, each process taking every world_size-th image
-    and the confusion matrices summed across processes."""
+    and the confusion matrices summed across processes. A model with non-finite outputs is not
+    scored: a ValueError naming ``source`` (the checkpoint)."""
     info = info or DistInfo()
     metric = SegMetric(dataset.num_classes, cfg.model.ignore_index, dataset.classes)
     for _, lab, pred in predict_batches(
@@ -118,6 +124,7 @@ def evaluate_seg(
         indices=range(info.rank, len(dataset), info.world_size),
         amp=amp,
         progress=progress and info.is_main,
+        source=source,
     ):
         metric.update(pred, lab)
     return metric.compute(info)

@@ -22,11 +22,11 @@ stopped. The presets differ only in the budget (the GPU preset also in its batch
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
 import platform
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,11 +34,13 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .._io import read_json
 from ..layers import uses_local_residual
 from ..models import PATTERN_KINDS
 from ..runtime.output import claim_output
 from ..runtime.report import markdown_table, write_json
 from ..train.config import Config, configs_dir
+from .doc_section import check_doc
 from .reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
@@ -225,7 +227,7 @@ def run_one(
         return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
     if summary.get("stopped"):
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_json(run_dir / "summary.json")
     return {
         **base,
         "top1": summary["final"]["val_top1"],
@@ -260,9 +262,9 @@ def run_finished(run_dir: pathlib.Path) -> bool:
     if not summary.is_file():
         return False
     try:
-        if json.loads(summary.read_text()).get("stopped"):
+        if read_json(summary).get("stopped"):
             return False
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, AttributeError):  # not valid JSON (read_json), or not an object
         return False
     return any(run_dir.glob("*.pth"))
 
@@ -272,8 +274,8 @@ def preset_of(output: pathlib.Path) -> str:
     name (``runs/ablations/<preset>``), else "full"."""
     for path in sorted((output / "results").glob("*__seed*.json")):
         try:
-            b = json.loads(path.read_text()).get("budget") or {}
-        except (json.JSONDecodeError, AttributeError):
+            b = read_json(path).get("budget") or {}
+        except (ValueError, AttributeError):  # not valid JSON (read_json), or not an object
             continue
         for name, p in PRESETS.items():
             if (b.get("subset"), b.get("epochs")) == (p.subset, p.epochs):
@@ -328,7 +330,7 @@ def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dic
 def _cached(path: pathlib.Path, make: Callable[[], Optional[dict]]) -> tuple[Optional[dict], bool]:
     """(record, made_now): the JSON at ``path`` if it exists, else ``make()`` written atomically."""
     if path.is_file():
-        return json.loads(path.read_text()), False
+        return read_json(path), False
     rec = make()
     if rec is not None:
         write_json(rec, path)
@@ -363,7 +365,7 @@ def run_ablations(
     output: Optional[str] = None,
     parts: str = PARTS,
     seeds: int = 3,
-    doc: Optional[str] = "docs/reproduction.md",
+    doc: Optional[str] = None,
     max_runs: int = 0,
     config_dir: Optional[str] = None,
     budget: Optional[Budget] = None,
@@ -371,8 +373,9 @@ def run_ablations(
     report_only: bool = False,
     resume: Optional[str] = None,
     overwrite: bool = False,
+    replace_fewer: bool = False,
 ) -> dict:
-    """Train what is missing, then tabulate whatever is finished into ``doc``.
+    """Train what is missing, then tabulate whatever is finished (into ``doc`` when given).
 
     Args:
         preset: "full", "quick" or "gpu" (:data:`PRESETS`); ``budget`` replaces its budget (tests).
@@ -384,6 +387,8 @@ def run_ablations(
         resume: "auto" continues the runs in ``output``: a folder holding finished or stopped runs
             is refused without it (or ``overwrite``, which moves them into a subfolder), as
             :func:`~inline_attn.runtime.output.claim_output` refuses for every task.
+        doc: markdown file for the preset's section, checked before any training (None: none);
+            a section there with more finished runs is kept unless ``replace_fewer``.
 
     Returns {"trained": runs trained now, "skipped": runs found finished, "left": runs still to
     train, "stopped": True when a signal stopped a run, "report": the markdown}.
@@ -392,6 +397,9 @@ def run_ablations(
         raise ValueError(f"unknown preset {preset!r}: expected one of {tuple(PRESETS)}")
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if max_runs < 0:
+        raise ValueError(f"max_runs must be >= 0 (0: no limit), got {max_runs}")
+    doc_path = check_doc(doc, replace_fewer)
     budget = budget or PRESETS[preset]
     out = pathlib.Path(output or f"runs/ablations/{preset}")
     res_dir = out / "results"
@@ -416,10 +424,10 @@ def run_ablations(
     if trained:
         log_invocation(out, t0, wall, trained)
     report = render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, _invocations(out))
-    if doc:
-        write_ablation_section(pathlib.Path(doc), report, preset)
+    if doc_path:
+        write_ablation_section(doc_path, report, preset, replace_fewer=replace_fewer)
     if "f" in parts and not stopped:
-        figures = pathlib.Path(doc).parent / "figures" if doc else out
+        figures = doc_path.parent / "figures" if doc_path else out
         plot_accuracy_vs_runtime(results, extras.get("bench", {}), figures, preset)
     return {"trained": trained, "skipped": skipped, "left": left, "stopped": stopped, "report": report}
 
@@ -437,7 +445,7 @@ def log_invocation(out: pathlib.Path, t0: float, wall: float, trained: int) -> N
 
 def _invocations(out: pathlib.Path) -> list[dict]:
     path = out / "invocations.json"
-    return json.loads(path.read_text())["invocations"] if path.is_file() else []
+    return read_json(path)["invocations"] if path.is_file() else []
 
 
 def _read(res_dir: pathlib.Path, todo) -> dict[str, list[dict]]:
@@ -446,7 +454,7 @@ def _read(res_dir: pathlib.Path, todo) -> dict[str, list[dict]]:
     for s, seed in todo:
         p = res_dir / f"{s.key}__seed{seed}.json"
         if p.is_file():
-            by.setdefault(s.key, []).append(json.loads(p.read_text()))
+            by.setdefault(s.key, []).append(read_json(p))
     return by
 
 
@@ -792,6 +800,14 @@ def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, p
     return str(path)
 
 
-def write_ablation_section(path: pathlib.Path, report: str, preset: str) -> None:
-    """Replace this preset's marked section of ``path`` (appended when absent); other text stays."""
-    write_section(path, report, BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->"))
+def ablation_runs(section: str) -> int:
+    """Finished runs an ablation section reports (its "Runs finished: N"; 0 without one)."""
+    m = re.search(r"Runs finished: (\d+)", section)
+    return int(m.group(1)) if m else 0
+
+
+def write_ablation_section(path: pathlib.Path, report: str, preset: str, *, replace_fewer: bool = False) -> None:
+    """Replace this preset's marked section of ``path`` (appended when absent); other text stays.
+    A section with more finished runs than ``report`` is kept (ValueError) unless ``replace_fewer``."""
+    begin, end = BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->")
+    write_section(path, report, begin, end, runs=ablation_runs, replace_fewer=replace_fewer)

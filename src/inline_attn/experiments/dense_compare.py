@@ -10,7 +10,6 @@ finished run is reused, an unfinished one resumed), then write the table between
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import platform
@@ -19,11 +18,13 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._io import read_json
 from ..dense.det_task import DetTask
 from ..dense.seg_task import SegTask
 from ..dense.build import DenseTask
 from ..runtime.report import markdown_table
 from ..runtime.run import train
+from .doc_section import check_doc, replace_section, table_rows
 
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
 
@@ -82,8 +83,8 @@ def compare(
         for seed in seeds:
             out = pathlib.Path(output) / f"{pattern}_s{seed}"
             done = out / "summary.json"
-            if done.is_file() and json.loads(done.read_text()).get("stopped") is None:
-                s = dict(json.loads(done.read_text()), reused=True)
+            if done.is_file() and read_json(done).get("stopped") is None:
+                s = dict(read_json(done), reused=True)
             else:
                 cfg = dense_task.config.load(
                     config,
@@ -151,24 +152,38 @@ def format_table(
     return "\n".join(lines)
 
 
-def write_table(doc, table: str, task: str = "seg") -> pathlib.Path:
-    """Replace the task's marked block of ``doc`` with ``table`` (appended when the markers are absent)."""
+def dense_runs(section: str) -> int:
+    """Finished runs a compare section reports: the seeds listed in its rows."""
+    return sum(len(row[1].split(",")) for row in table_rows(section) if len(row) > 1)
+
+
+def write_table(doc, table: str, task: str = "seg", *, replace_fewer: bool = False) -> pathlib.Path:
+    """Replace the task's marked block of ``doc`` with ``table`` (appended when the markers are
+    absent). A block that reports more finished runs is kept (ValueError) unless ``replace_fewer``."""
     begin, end = markers(task)
     doc = pathlib.Path(doc)
-    text = doc.read_text() if doc.is_file() else ""
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + table + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + ("\n\n" if text else "") + table + "\n"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
+    replace_section(doc, table, begin, end, runs=dense_runs, replace_fewer=replace_fewer)
     return doc
 
 
-def run(config, *, patterns, seeds, output, doc: Optional[str], command: str, overrides=(), task="seg") -> str:
+def run(
+    config,
+    *,
+    patterns,
+    seeds,
+    output,
+    doc: Optional[str],
+    command: str,
+    overrides=(),
+    task="seg",
+    replace_fewer: bool = False,
+) -> str:
+    """Train and tabulate (:func:`compare`, :func:`format_table`); the table goes into ``doc`` when
+    given (checked before any training; :func:`write_table`). Returns the table."""
+    doc_path = check_doc(doc, replace_fewer)
     t0 = time.time()
     rows = compare(config, patterns=patterns, seeds=seeds, output=output, overrides=overrides, task=task)
     table = format_table(rows, command=command, config=str(config), elapsed_min=(time.time() - t0) / 60, task=task)
-    if doc:
-        write_table(doc, table, task)
+    if doc_path:
+        write_table(doc_path, table, task, replace_fewer=replace_fewer)
     return table

@@ -3,17 +3,17 @@ trained with the same budget, tabulated (accuracy, parameters, MACs, images/s) i
 
 from __future__ import annotations
 
-import json
 import pathlib
 import platform
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from .._io import atomic_write_text
+from .._io import read_json
 from ..runtime.report import markdown_table
 from ..train.config import configs_dir, Config
+from .doc_section import check_doc, replace_section, table_rows
 
 # the columns of the Fashion-MNIST table
 COLUMNS = [
@@ -38,15 +38,20 @@ BEGIN, END = "<!-- fmnist-table:begin -->", "<!-- fmnist-table:end -->"
 def reproduce_fmnist(
     output: str = "runs/fmnist",
     epochs: Optional[int] = None,
-    doc: Optional[str] = "docs/reproduction.md",
+    doc: Optional[str] = None,
     variants: Sequence[str] = tuple(LABELS),
     config_dir: Optional[str] = None,
+    replace_fewer: bool = False,
 ) -> tuple[list[dict], Optional[dict]]:
     """Train (or resume) each variant, then tabulate; returns (table rows, the summary of the run
-    a signal stopped, else None). Running it again continues where it stopped."""
+    a signal stopped, else None). Running it again continues where it stopped.
+
+    ``doc``: a markdown file to write the table into (its section: :func:`write_section`, with
+    ``replace_fewer``), checked before any training; None writes none."""
     from ..train.engine import train
     from ..train.evaluate import inference_throughput, load_trained_model
 
+    doc_path = check_doc(doc, replace_fewer)
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     rows = []
     t_all = time.time()
@@ -61,7 +66,7 @@ def reproduce_fmnist(
         if summary.get("stopped"):
             return rows, summary
         out = pathlib.Path(summary["output"])
-        summary = json.loads((out / "summary.json").read_text())
+        summary = read_json(out / "summary.json")
         net, _ = load_trained_model(out / "last.pth")
         threads = torch.get_num_threads()
         torch.set_num_threads(cfg.train.threads or threads)  # the threads it trained with
@@ -87,9 +92,9 @@ def reproduce_fmnist(
     total = time.time() - t_all
     table = render_table(rows, total, epochs)
     print(table)
-    if doc:
-        write_section(pathlib.Path(doc), table)
-        print(f"table written to {doc}")
+    if doc_path:
+        write_section(doc_path, table, replace_fewer=replace_fewer)
+        print(f"table written to {doc_path}")
     return rows, None
 
 
@@ -119,15 +124,22 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: pathlib.Path, table: str, begin: str = BEGIN, end: str = END) -> None:
+def fmnist_runs(section: str) -> int:
+    """Finished runs a Fashion-MNIST section reports: its table's rows, one per variant."""
+    return len(table_rows(section))
+
+
+def write_section(
+    path: pathlib.Path,
+    table: str,
+    begin: str = BEGIN,
+    end: str = END,
+    *,
+    runs: Callable[[str], int] = fmnist_runs,
+    replace_fewer: bool = False,
+) -> None:
     """Replace the section of ``path`` between the markers ``begin`` and ``end`` (the Fashion-MNIST
-    table's by default; appended when absent); other text stays."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text() if path.exists() else "# Reproduction\n\n"
-    block = f"{begin}\n{table}{end}\n"
-    if begin in text and end in text:
-        a, b = text.index(begin), text.index(end) + len(end)
-        text = text[:a] + block.rstrip("\n") + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    atomic_write_text(path, text)
+    table's by default; appended when absent); other text stays. A section that reports more
+    finished runs (``runs``) than ``table`` is kept, with a ValueError, unless ``replace_fewer``."""
+    block = f"{begin}\n{table}{end}"
+    replace_section(path, block, begin, end, runs=runs, replace_fewer=replace_fewer, new_file="# Reproduction\n\n")

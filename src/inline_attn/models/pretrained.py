@@ -94,6 +94,13 @@ def pretrained_config(model: nn.Module) -> dict:
     }
 
 
+# the keys pretrained_config writes (library and pretrained_cfg describe the model, and are not read back)
+_CONFIG_KEYS = frozenset(
+    {"format_version", "library", "architecture", "model_args", "features_only", "out_indices", "dtype"}
+    | {"pretrained_cfg"}
+)
+
+
 def save_pretrained(model: nn.Module, save_directory: PathLike) -> pathlib.Path:
     """Write ``model`` to ``save_directory`` (created if needed) as ``config.json`` +
     ``model.safetensors``; returns the folder. :func:`from_pretrained` reads it back."""
@@ -128,6 +135,13 @@ def read_pretrained_config(folder: PathLike) -> dict:
                 f"from_pretrained: {str(path)!r} has {key}={config.get(key)!r}, expected a {kind.__name__} "
                 "(is it a save_pretrained folder?)"
             )
+    unknown = sorted(set(config) - _CONFIG_KEYS)
+    if unknown:  # a misspelt key would be ignored: the model built without it
+        raise ValueError(
+            f"from_pretrained: {str(path)!r} has unknown keys {unknown} (known: {', '.join(sorted(_CONFIG_KEYS))})"
+        )
+    if config.get("out_indices") is not None and not config.get("features_only"):
+        raise ValueError(f"from_pretrained: {str(path)!r} gives out_indices without features_only=true")
     version = config.get("format_version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise ValueError(

@@ -22,7 +22,6 @@ Internally the feature maps are NHWC ``[B, H, W, C]``.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional, Sequence, Union
 
@@ -41,6 +40,7 @@ from ..layers import (
     to_2tuple,
 )
 from ._base import InLineModel
+from ._cache import tensor_cache
 from ._helpers import parse_pattern
 from .checkpoint import RECOMPUTED_BUFFERS
 from .registry import Family
@@ -112,7 +112,7 @@ def _make_shift_mask(size: tuple[int, int], window: tuple[int, int], shift: tupl
     return torch.zeros(differ.shape, dtype=torch.float32, device="cpu").masked_fill_(differ, _MASK_VALUE)
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def shift_window_mask(
     size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
 ) -> torch.Tensor:
@@ -120,7 +120,8 @@ def shift_window_mask(
 
     ``size`` (Hp, Wp) must be multiples of ``window`` (wh, ww); ``shift`` (sh, sw) is the cyclic
     shift. Pairs of tokens from different image regions get -100 (as the reference), others 0.
-    Cached per geometry and device (do not modify the result in place).
+    Cached per geometry and device (never a tensor made while tracing; do not modify the result
+    in place).
     """
     return _make_shift_mask(size, window, shift).to(device)
 
@@ -134,14 +135,14 @@ def _make_relative_position_index(window: tuple[int, int], table_window: tuple[i
     return (rel[0] + th - 1) * (2 * tw - 1) + rel[1] + tw - 1
 
 
-@functools.lru_cache(maxsize=64)
+@tensor_cache(maxsize=64)
 def relative_position_index(
     window: tuple[int, int], table_window: tuple[int, int], device: torch.device
 ) -> torch.Tensor:
     """[N, N] long index into a ``(2*th-1) * (2*tw-1)`` relative position table for a window.
 
     A window smaller than the table's (a map smaller than the table's window) indexes the same
-    table, since its offsets are a subset. Cached per geometry and device.
+    table, since its offsets are a subset. Cached per geometry and device (as :func:`shift_window_mask`).
     """
     return _make_relative_position_index(window, table_window).to(device)
 

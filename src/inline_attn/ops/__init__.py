@@ -42,8 +42,9 @@ def attention(
         q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv].
         kind: "inline", "linear" or "softmax".
         feature_map: phi for inline (default identity) / linear (default relu).
-        scale: inline / softmax scale, default ``D**-0.5``.
-        bias, mask: softmax only.
+        scale: inline / softmax scale, default ``D**-0.5`` (linear attention's row normalisation
+            cancels it).
+        bias, mask: softmax only (as feature_map is inline / linear only).
         impl: one of :data:`ATTENTION_IMPLS`: "auto" or "eager" (linear-time / SDPA) or "naive"
             (explicit weights; softmax takes them while ``torch.onnx.export`` traces, see
             :func:`.dispatch.attention_path`). The fused kernels compute the whole layer core: use
@@ -62,6 +63,8 @@ def attention(
         raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
     if kind != "softmax" and (bias is not None or mask is not None):
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
+    if kind == "softmax" and feature_map is not None:
+        raise ValueError(f"feature_map applies to inline and linear attention, got {feature_map!r} with kind='softmax'")
     if dispatch.attention_path(impl, kind) == "naive":
         return naive_attention(q, k, v, kind=kind, feature_map=feature_map, scale=scale, bias=bias, mask=mask)
     if kind == "inline":

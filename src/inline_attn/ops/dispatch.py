@@ -102,6 +102,27 @@ def _triton_importable() -> bool:
     return triton_installed()
 
 
+@torch.compiler.assume_constant_result
+def _triton_interpreting() -> bool:
+    from .fused.triton import interpreting
+
+    return interpreting()
+
+
+def _triton_mode_reason(device: torch.device) -> str | None:
+    """Why this process's Triton mode (compiled, or the interpreter: fixed when triton is imported,
+    by ``TRITON_INTERPRET``) cannot run tensors on ``device``, or None (the check the launch makes)."""
+    interpreted = _triton_interpreting()
+    if device.type == "cpu" and not interpreted:
+        return (
+            "impl='triton' on cpu tensors runs under Triton's interpreter, which must be chosen before triton is "
+            "imported: set TRITON_INTERPRET=1 in the environment"
+        )
+    if device.type == "cuda" and interpreted:
+        return "impl='triton' on CUDA tensors, but this process runs Triton's interpreter (TRITON_INTERPRET=1)"
+    return None
+
+
 def _warn_no_triton() -> None:
     if not _state["warned_triton"]:
         _state["warned_triton"] = True
@@ -170,6 +191,9 @@ def unsupported(backend: str, q: torch.Tensor, feature_map=None, num_heads: int 
         return f"impl='triton' takes float32, bfloat16 or float16 tensors, got {q.dtype}"
     if not _triton_importable():
         return "triton is not installed: pip install 'inline-attn[gpu]'"
+    mode = _triton_mode_reason(q.device)
+    if mode is not None:
+        return mode
     if num_heads is not None and q.device.type == "cuda":
         from .fused.triton import unfit_reason
 
@@ -207,9 +231,28 @@ def choose(
 def why_not_fused(
     q: torch.Tensor, feature_map=None, impl: str | None = None, num_heads: int | None = None
 ) -> str | None:
-    """Why the layer core on tensors like ``q`` (``num_heads`` heads) does not run a fused kernel,
-    or None when it does (in the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``)."""
+    """Why the layer core on tensors like ``q`` ([B, N, C], floating point; ``num_heads`` heads)
+    does not run a fused kernel, or None when it does (in the spirit of ``nn.MultiheadAttention``'s
+    ``why_not_fast_path``).
+
+    An explicit fused ``impl`` ("cpu" / "triton") that cannot run these tensors gets the reason
+    its call would raise with. ``q`` that no path takes (not a tensor, not [B, N, C], not floating
+    point) and an unknown ``impl`` are a ValueError.
+    """
+    _check_like_q(q)
+    impl = check_impl(default_impl() if impl is None else impl)
+    if impl in FUSED_IMPLS:
+        return unsupported(impl, q, feature_map, num_heads)
     chosen, reason = choose(q, feature_map, impl, num_heads)
     if chosen in FUSED_IMPLS:
         return None
     return reason or f"impl={chosen!r} was asked for"
+
+
+def _check_like_q(q) -> None:
+    if not isinstance(q, torch.Tensor):
+        raise ValueError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"q must have a floating-point dtype, got {q.dtype}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, N, C] (the layer core's tokens), got shape {tuple(q.shape)}")

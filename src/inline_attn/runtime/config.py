@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import pathlib
 import re
@@ -58,14 +59,21 @@ def setting(
     gt: Optional[float] = None,
     le: Optional[float] = None,
     lt: Optional[float] = None,
+    at_most: Union[None, str, tuple[str, ...]] = None,
+    finite: bool = True,
     factory: Any = dataclasses.MISSING,
     resume: bool = False,
 ):
     """A config field: its default, its help text, the range a number must lie in, and whether it
     may change when a run is resumed (``resume=True``: where the data and outputs are, how the run
     is executed and watched, when it stops; every other setting shapes the training, so
-    :meth:`TypedConfig.differences` reports a change to it)."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "resume": resume}
+    :meth:`TypedConfig.differences` reports a change to it).
+
+    ``at_most``: the dotted key of another setting this one may not exceed (``"optim.lr"``), or
+    several, of which the first that is not null counts; checked on the whole config, skipped
+    while either value is null. ``finite``: a number must be finite (``.inf`` is refused like
+    ``.nan``) unless the field says ``finite=False``."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "resume": resume, "at_most": at_most, "finite": finite}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -117,6 +125,16 @@ def build_section(name: str, section: type, values: Any):
     if hasattr(cfg, "check"):
         cfg.check()
     return cfg
+
+
+def _settings_with_meta(node: Any, prefix: str = ""):
+    """``(dotted key, value, field metadata)`` of every setting under ``node``, nested sections included."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from _settings_with_meta(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value, f.metadata
 
 
 class _WrongType(ValueError):
@@ -175,6 +193,8 @@ def _convert_tuple(key: str, value: Any, tp, args) -> tuple:
     fixed = not (len(args) == 2 and args[1] is Ellipsis)
     if fixed and len(value) != len(args):
         raise bad
+    if any(isinstance(v, float) and math.isinf(v) for v in value):
+        raise ValueError(f"{key}={value!r}: expected finite numbers")
     try:
         return tuple(_convert(key, v, args[0], {}) for v in value)
     except _WrongType:
@@ -198,6 +218,8 @@ def _convert_scalar(key: str, value: Any, tp, meta) -> Any:
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise bad
+        if math.isinf(value) and (meta or {}).get("finite", True):
+            raise ValueError(f"{key}={value!r}: expected a finite number")
         return _in_range(key, float(value), meta)
     if tp is str:
         if not isinstance(value, str) or not value:
@@ -266,7 +288,22 @@ class TypedConfig:
         for name in data:
             if name not in sections:
                 raise ValueError(f"unknown config section {name!r}{suggest(str(name), sections)}")
-        return cls(**{name: build_section(name, sec, data.get(name)) for name, sec in sections.items()})
+        cfg = cls(**{name: build_section(name, sec, data.get(name)) for name, sec in sections.items()})
+        cfg.check_orderings()
+        return cfg
+
+    def check_orderings(self) -> None:
+        """Every setting declared ``at_most`` another is at most it (ValueError naming both)."""
+        for key, value, meta in _settings_with_meta(self):
+            bound_keys = meta.get("at_most")
+            if bound_keys is None or value is None:
+                continue
+            bound_keys = (bound_keys,) if isinstance(bound_keys, str) else bound_keys
+            bound_key = next((k for k in bound_keys if self.get(k) is not None), None)
+            if bound_key is not None and value > self.get(bound_key):
+                raise ValueError(
+                    f"{key}={value!r} exceeds {bound_key}={self.get(bound_key)!r}: expected {key} <= {bound_key}"
+                )
 
     @classmethod
     def load(cls, path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()):

@@ -51,25 +51,86 @@ __all__ = [
 ]
 
 
+# amp names -> whether the step runs fp16 (with a loss scaler); torch's dtype names too. "auto" is
+# fp16 on CUDA, the only device a graph runs on
+_AMP_FP16 = {
+    None: False,
+    "none": False,
+    "fp32": False,
+    "float32": False,
+    "bf16": False,
+    "bfloat16": False,
+    "fp16": True,
+    "float16": True,
+    "half": True,
+    "auto": True,
+    torch.float32: False,
+    torch.bfloat16: False,
+    torch.float16: True,
+}
+
+
 def _hooked_modules(model: nn.Module) -> list[str]:
-    """Names of the modules with a Python hook that runs every step (forward or attention hooks)."""
+    """Names of the modules with a Python hook that runs every step: forward and backward hooks,
+    attention hooks, and hooks on their own parameters (gradient and post-accumulate hooks)."""
     names = []
     for name, m in model.named_modules():
-        if m._forward_hooks or m._forward_pre_hooks or getattr(m, "_attention_hook", None) is not None:
+        params = m.parameters(recurse=False)
+        if (
+            m._forward_hooks
+            or m._forward_pre_hooks
+            or m._backward_hooks
+            or m._backward_pre_hooks
+            or getattr(m, "_attention_hook", None) is not None
+            or any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in params)
+        ):
             names.append(name or type(m).__name__)
     return names
+
+
+def _global_hooks() -> list[str]:
+    """The kinds of global module hooks registered (``torch.nn.modules.module.register_module_*_hook``)."""
+    from torch.nn.modules import module as m
+
+    kinds = {
+        "forward": m._global_forward_hooks,
+        "forward pre": m._global_forward_pre_hooks,
+        "backward": m._global_backward_hooks,
+        "backward pre": m._global_backward_pre_hooks,
+    }
+    return [kind for kind, hooks in kinds.items() if hooks]
 
 
 def _optimizer_reason(optimizer: torch.optim.Optimizer) -> Optional[str]:
     """Why ``optimizer``'s step cannot be captured (it reads its state on the host), or None."""
     groups = optimizer.param_groups
     name = type(optimizer).__name__
-    if any("capturable" in g and not g["capturable"] and not g.get("fused") for g in groups):
-        return f"{name} is not capturable: build it with capturable=True"
+    if any("capturable" in g for g in groups):
+        if any(not g.get("capturable") and not g.get("fused") for g in groups):
+            return f"{name} is not capturable: build it with capturable=True"
+        return None
+    if not isinstance(optimizer, torch.optim.SGD):
+        # no capturable mode (LBFGS, Adagrad, SparseAdam, ...): the step reads its state or a closure on the host
+        return f"{name} has no capturable mode: its step runs on the host (use AdamW or SGD)"
     tensor_lr = any(torch.is_tensor(g.get("lr")) for g in groups)
-    if isinstance(optimizer, torch.optim.SGD) and tensor_lr and not all(g.get("fused") for g in groups):
+    if tensor_lr and not all(g.get("fused") for g in groups):
         return "SGD reads a tensor lr on the host unless fused: build it with fused=True"
     return None
+
+
+def _check_graph_arguments(model, optimizer, scaler, amp, accum_steps: int, world_size: int) -> None:
+    """ValueError naming the argument and what was expected, for a value no step can have."""
+    for key, value in (("world_size", world_size), ("accum_steps", accum_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r}: expected an integer >= 1")
+    if not (isinstance(amp, (str, torch.dtype)) or amp is None) or amp not in _AMP_FP16:
+        names = ", ".join(repr(k) for k in _AMP_FP16 if isinstance(k, str))
+        raise ValueError(f"amp={amp!r}: expected None, one of {names}, or torch.float32 / bfloat16 / float16")
+    for key, value, kind in (("model", model, nn.Module), ("optimizer", optimizer, torch.optim.Optimizer)):
+        if value is not None and not isinstance(value, kind):
+            raise ValueError(f"{key}={type(value).__name__}: expected a {kind.__module__}.{kind.__name__} or None")
+    if scaler is not None and not callable(getattr(scaler, "is_enabled", None)):
+        raise ValueError(f"scaler={type(scaler).__name__}: expected a torch.amp.GradScaler (is_enabled()) or None")
 
 
 def why_not_graphed(
@@ -85,6 +146,9 @@ def why_not_graphed(
 ) -> Optional[str]:
     """Why a step on ``device`` cannot be captured in a CUDA graph (one line), or None when it can.
 
+    Arguments no step can have (``world_size`` or ``accum_steps`` below 1, an unknown ``amp``
+    name, a ``model`` that is not a module, ...) are a ValueError. ``amp``: None, "none", "fp32",
+    "bf16", "fp16", "auto" (fp16 on CUDA), torch's names ("float16", ...) or a torch dtype.
     The checks, in this order (the first that applies is the reason):
 
     1. ``device``: CUDA graphs exist on CUDA only, and torch.cuda must be available;
@@ -92,15 +156,21 @@ def why_not_graphed(
     3. ``static_shapes`` False: the batch or image size changes between steps (each shape would
        need its own graph);
     4. ``accum_steps`` > 1: a step of several micro-batches (and DDP's no_sync between them);
-    5. fp16 (``amp`` "fp16" / torch.float16, or an enabled ``scaler``): dynamic loss scaling
+    5. fp16 (``amp`` fp16 / float16 / auto, or an enabled ``scaler``): dynamic loss scaling
        reads the inf check on the host every step; bf16 and fp32 need no scaler;
-    6. ``model``: per-step Python hooks (an attention recorder, a forward hook): a graph replays
-       kernels, not Python, so the hook would silently stop running;
-    7. ``optimizer``: must update on the device: ``capturable=True`` (Adam, AdamW) keeps the step
-       counter on the GPU; SGD with a tensor lr must be fused (its other paths read the lr on
-       the host). :func:`inline_attn.runtime.optim.prepare_for_capture` sets both up.
+    6. per-step Python hooks: global module hooks, or on ``model`` forward and backward hooks, an
+       attention recorder, gradient hooks of its parameters: a graph replays kernels, not Python,
+       so the hook would silently stop running;
+    7. ``optimizer``: must update on the device: ``capturable=True`` (Adam, AdamW, ...) keeps the
+       step counter on the GPU; SGD with a tensor lr must be fused (its other paths read the lr on
+       the host); an optimizer without a capturable mode (LBFGS, Adagrad) cannot be captured.
+       :func:`inline_attn.runtime.optim.prepare_for_capture` sets AdamW and SGD up.
     """
-    device = torch.device(device)
+    _check_graph_arguments(model, optimizer, scaler, amp, accum_steps, world_size)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r}: expected a torch device such as 'cuda' or 'cuda:0' ({e})") from None
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device, the step runs on {device.type}"
     if not torch.cuda.is_available():
@@ -111,12 +181,13 @@ def why_not_graphed(
         return "the input shapes change between steps (dynamic shapes): each shape would need its own graph"
     if accum_steps > 1:
         return f"{accum_steps} accumulation steps: a captured step is one micro-batch (raise data.batch_size instead)"
-    if amp in ("fp16", torch.float16) or (scaler is not None and scaler.is_enabled()):
+    if _AMP_FP16[amp] or (scaler is not None and scaler.is_enabled()):
         return "fp16 loss scaling checks for inf on the host every step: use bf16"
-    if model is not None:
-        hooked = _hooked_modules(model)
-        if hooked:
-            return f"Python hooks run every step on {hooked[:3]} (a graph replays kernels, not Python)"
+    if _global_hooks():
+        return f"global module hooks ({', '.join(_global_hooks())}) run in Python every step (a graph replays kernels)"
+    hooked = _hooked_modules(model) if model is not None else []
+    if hooked:
+        return f"Python hooks run every step on {hooked[:3]} (a graph replays kernels, not Python)"
     if optimizer is not None:
         return _optimizer_reason(optimizer)
     return None

@@ -178,23 +178,24 @@ class OptimCfg:
 @dataclass
 class SchedCfg:
     epochs: int = setting(300, ge=1, doc="cosine epochs (warm-up included); cool-down epochs come after")
-    warmup_epochs: float = setting(5.0, ge=0, doc="linear warm-up epochs (fractions allowed)")
+    warmup_epochs: float = setting(
+        5.0, ge=0, at_most="sched.epochs", doc="linear warm-up epochs (fractions allowed, at most sched.epochs)"
+    )
     cooldown_epochs: int = setting(10, ge=0, doc="epochs at min_lr after the cosine")
+    # absolute beside an absolute optim.lr, else at the reference batch like optim.base_lr
     warmup_lr: float = setting(
         1.0e-6,
         ge=0,
+        at_most=("optim.lr", "optim.base_lr"),
         doc=f"lr at the start of the warm-up, at a total batch of {LR_REFERENCE_BATCH} (scaled like base_lr)",
     )
     min_lr: float = setting(
         1.0e-5,
         ge=0,
+        at_most=("optim.lr", "optim.base_lr"),
         doc=f"lr at the end of the cosine and in the cool-down, at a total batch "
         f"of {LR_REFERENCE_BATCH} (scaled like base_lr)",
     )
-
-    def check(self) -> None:
-        if self.warmup_epochs > self.epochs:
-            raise ValueError(f"sched.warmup_epochs={self.warmup_epochs} exceeds sched.epochs={self.epochs}")
 
 
 @dataclass

@@ -164,6 +164,7 @@ def evaluate_checkpoint(
     the dataset's, else the model's (``img_size`` / ``crop_pct`` / ``eval_resize`` override them).
     Unreadable images are skipped: ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
     The result is also written to ``json_path`` when given and at least one image was scored.
+    Non-finite logits (a checkpoint with NaN weights) raise a ValueError naming the checkpoint.
     """
     dev = resolve_device(device, what="--device")
     net, record = load_trained_model(checkpoint, model=model, ema=ema)
@@ -175,7 +176,7 @@ def evaluate_checkpoint(
     tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation, info.eval_resize).to(dev)
     batches = Batches(dataset, batch_size, train=False, workers=workers)
     t = time.time()
-    res = evaluate(net, batches, tf, dev, DistInfo(device=dev), amp)
+    res = evaluate(net, batches, tf, dev, DistInfo(device=dev), amp, source=f"checkpoint {checkpoint}")
     res.update(
         model=name,
         checkpoint=str(checkpoint),

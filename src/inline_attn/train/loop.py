@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo, all_reduce_sum
+from ..runtime.finite import require_finite
 from ..runtime.loop import backward, check_finite, optimizer_step, stop_everywhere
 from .data import Batches
 from .graphs import StepGraphs
@@ -44,11 +45,13 @@ def evaluate(
     info: Optional[DistInfo] = None,
     amp: str = "none",
     forward: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    source: str = "the model",
 ) -> dict:
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the readable samples, summed across
     ranks; ``n`` counts the images scored and ``n_unreadable`` the ones that could not be read.
     ``forward``: what computes the logits of a batch instead of ``model(x)`` (a CUDA-graphed
-    forward of ``model``, :meth:`inline_attn.train.graphs.StepGraphs.eval_forward`)."""
+    forward of ``model``, :meth:`inline_attn.train.graphs.StepGraphs.eval_forward`). Non-finite
+    logits raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming ``source``."""
     info = info or DistInfo()
     was_training = model.training
     model.eval()
@@ -59,6 +62,7 @@ def evaluate(
         with autocast(device, amp):
             logits = model(x) if forward is None else forward(x)
         logits = logits.float()
+        require_finite(logits, source, "logits")
         t1, t5 = accuracy_counts(logits, y)
         sums[:4] += torch.tensor(
             [float(F.cross_entropy(logits, y, reduction="sum")), t1, t5, y.numel()], dtype=torch.float64

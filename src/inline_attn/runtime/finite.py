@@ -1,0 +1,29 @@
+"""The one check that evaluation scores only finite model outputs.
+
+A model with NaN or inf weights returns NaN logits / probabilities; argmax, thresholds and
+top-k then turn them into a plausible score (all background, no detections, class 0). Every
+task's evaluation checks the outputs first and stops with :class:`NonFiniteOutputs`, whose
+message names the model's source (the checkpoint).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["NonFiniteOutputs", "require_finite"]
+
+
+class NonFiniteOutputs(ValueError):
+    """A model's outputs hold NaN or inf: it is not scored."""
+
+
+def require_finite(t: torch.Tensor, source: str, what: str) -> None:
+    """NonFiniteOutputs naming ``source`` (e.g. ``"checkpoint runs/x/last.pth"``) and ``what``
+    (e.g. ``"logits"``) when ``t`` holds a NaN or an inf."""
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        bad = int(finite.numel() - finite.sum())
+        raise NonFiniteOutputs(
+            f"{source}: {bad} of the model's {finite.numel()} {what} are NaN or inf; a model whose outputs are not "
+            "finite is not scored (are its weights finite?)"
+        )
