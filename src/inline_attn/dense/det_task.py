@@ -230,7 +230,7 @@ def evaluate_checkpoint(
     _, val = build_det_datasets(cfg, train=False, progress=True)
     check_class_count(model, val, checkpoint)
     t0 = time.time()
-    res = evaluate_det(model, val, cfg, dev, amp=amp, progress=True)
+    res = evaluate_det(model, val, cfg, dev, amp=amp, progress=True, source=f"checkpoint {checkpoint}")
     res.update(checkpoint=str(checkpoint), backbone=cfg.model.backbone, images=len(val))
     res["eval_time_s"] = round(time.time() - t0, 1)
     if png:

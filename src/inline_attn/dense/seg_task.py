@@ -267,7 +267,9 @@ def evaluate_checkpoint(
         _, val = build_seg_datasets(cfg, train=False, progress=info.is_main)
         check_class_count(model, val, checkpoint)
         t0 = time.time()
-        res = evaluate_seg(model, val, cfg, info.device, info, amp=amp, progress=info.is_main)
+        res = evaluate_seg(
+            model, val, cfg, info.device, info, amp=amp, progress=info.is_main, source=f"checkpoint {checkpoint}"
+        )
         res.update(
             checkpoint=str(checkpoint),
             backbone=cfg.model.backbone,
