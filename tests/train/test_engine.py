@@ -155,10 +155,10 @@ def test_gradient_accumulation_matches_big_batch(tmp_path):
 def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
     """A SIGTERM during step 2 stops the run at the end of that step with a checkpoint."""
     root = make_folder(tmp_path / "imgs", per_class=3)
-    from inline_attn.train import loop
+    from inline_attn.train import engine
 
     calls = {"n": 0}
-    real = loop.soft_cross_entropy
+    real = engine.soft_cross_entropy
 
     def loss_then_signal(logits, target):
         calls["n"] += 1
@@ -166,7 +166,7 @@ def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)
         return real(logits, target)
 
-    monkeypatch.setattr(loop, "soft_cross_entropy", loss_then_signal)
+    monkeypatch.setattr(engine, "soft_cross_entropy", loss_then_signal)
     ov = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
     s = train(Config.load(None, base_overrides(tmp_path / "run", **ov)))
     assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 2
@@ -221,16 +221,13 @@ def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
 def test_best_checkpoints_follow_the_best_top1_of_model_and_ema(tmp_path):
     """best.pth / best_ema.pth: the checkpoint of the epoch with the best top-1 so far, a tie going
     to the later epoch (the authors' max_acc.pth, max_ema_acc.pth)."""
-    import types
+    from inline_attn.train.engine import _best, keep_best
 
-    from inline_attn.train.engine import _best, _Run
-
-    run = types.SimpleNamespace(out=tmp_path)
     history = []
     for epoch, (top1, ema) in enumerate([(50.0, 40.0), (60.0, 35.0), (60.0, 45.0), (55.0, 44.0)]):
         (tmp_path / "last.pth").write_text(f"epoch {epoch}")
         history.append({"epoch": epoch, "val_top1": top1, "val_top1_ema": ema})
-        _Run.keep_best(run, history, tmp_path / "last.pth")
+        keep_best(tmp_path, history, tmp_path / "last.pth")
         if epoch == 1:
             assert (tmp_path / "best_ema.pth").read_text() == "epoch 0"
     assert (tmp_path / "best.pth").read_text() == "epoch 2" and (tmp_path / "best_ema.pth").read_text() == "epoch 2"

@@ -1,14 +1,14 @@
 """The pieces of a training loop every task shares.
 
 - :func:`backward` and :func:`optimizer_step`: one update with amp's GradScaler and
-  gradient-norm clipping (classification's epoch runner and the dense iteration loop);
+  gradient-norm clipping (every task's step);
 - :class:`StopFlag`: SIGINT / SIGTERM ask the loop to checkpoint at the next step boundary
   (the command then exits with 128 + signum); :func:`stop_everywhere` makes every process stop
   at the same step;
 - :class:`OutputLock`: one run per output folder (a second run writing the same ``--output``
   is refused with the holder's process id instead of interleaving checkpoints);
-- :class:`LogWindow` and :class:`Cadence`: the loss sums between metric rows and when a run
-  logs, evaluates and checkpoints.
+- :class:`LogWindow`, :class:`Cadence` and :class:`EpochCadence`: the loss sums between metric
+  rows and when a run logs, evaluates and checkpoints (in iterations or in epochs).
 """
 
 from __future__ import annotations
@@ -205,3 +205,15 @@ class Cadence:
 
     def stop_early(self, step: int) -> bool:
         return bool(self.max_steps and step >= self.max_steps and step < self.iters)
+
+
+class EpochCadence(Cadence):
+    """An epoch-based run's cadence (``log_every``: the steps of an epoch): a metrics row and a
+    checkpoint at the end of every epoch; ``max_steps`` (0: none) stops at that step, mid-epoch
+    or at the end, with a checkpoint."""
+
+    def log(self, step: int) -> bool:
+        return step % self.log_every == 0
+
+    def stop_early(self, step: int) -> bool:
+        return bool(self.max_steps and step >= self.max_steps)

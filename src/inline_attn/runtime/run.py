@@ -18,6 +18,7 @@ command's exit status.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import sys
 import time
@@ -43,13 +44,18 @@ __all__ = ["Run", "Task", "train"]
 
 
 class Task:
-    """What a task does its own way; :class:`Run` does the rest."""
+    """What a task does its own way; :class:`Run` does the rest.
 
-    kind: str  # "segmentation" | "detection" (messages)
+    The hooks below the set-up ones have defaults for an iteration-based task with one model,
+    its optimizer and schedule (segmentation, detection); a task with another cadence or
+    checkpoint (classification's epochs, EMA and best checkpoints) overrides them.
+    """
+
+    kind: str  # "segmentation" | "detection" | "classification" (messages)
     config: type  # the typed config class
     csv_columns: list  # metrics.csv
-    loss_keys: tuple  # the losses logged ("loss" first)
-    metric_keys: tuple  # the evaluation numbers in a metrics row
+    loss_keys: tuple = ("loss",)  # the losses logged ("loss" first)
+    metric_keys: tuple = ()  # the evaluation numbers in a metrics row
     distributed: bool = True  # whether the task trains on several processes
     extras: dict = {}  # saved in every checkpoint beside the state
 
@@ -81,7 +87,7 @@ class Task:
         return {}
 
     def batches(self, train_set, cfg, info: DistInfo, step: int) -> Iterator:
-        """The training batches from step ``step`` on."""
+        """What :meth:`step` takes, one item a step, from step ``step`` on."""
         raise NotImplementedError
 
     def losses(self, model: nn.Module, batch, norm: nn.Module, device: torch.device, amp: str) -> tuple[dict, int]:
@@ -102,6 +108,142 @@ class Task:
         """(summary key, path) of a PNG of validation predictions written into ``out``."""
         raise NotImplementedError
 
+    # the run's hooks: defaults for an iteration-based task
+
+    def check(self, cfg, info: DistInfo) -> None:
+        """Refuse a config these processes cannot run, before the output folder is touched."""
+
+    def setup(self, run: "Run") -> None:
+        """Give ``run`` its ``train_set``, ``val_set``, ``model``, ``optimizer``, ``sched``,
+        ``norm`` and ``cadence`` (``run.amp`` and ``run.scaler`` are set)."""
+        cfg = run.cfg
+        run.train_set, run.val_set = self.datasets(cfg, run.show)
+        torch.manual_seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed % 2**32)
+        run.model = self.build_model(cfg, run.train_set.num_classes).to(run.device)
+        run.optimizer, run.sched = self.optimization(cfg, run.model)
+        run.norm = self.input_norm(cfg).to(run.device)
+        run.cadence = self.cadence(cfg)
+
+    def seed_rank(self, cfg, rank: int) -> None:
+        """Seed a fresh run's process ``rank`` (dropout, drop path and augmentation differ per rank)."""
+        torch.manual_seed(cfg.train.seed + SEED_STRIDE * rank)
+
+    def restore(self, run: "Run", path: pathlib.Path, state: dict) -> None:
+        """Continue ``run`` from checkpoint ``state`` read from ``path``, after checking it fits."""
+        where = f"checkpoint {str(path)!r}"
+        check_resume(
+            where, run.cfg.differences(state.get("config") or {}), state.get("world_size"), run.info.world_size
+        )
+        load_module(run.model, state["model"], where, "model")
+        load_optimizer(run.optimizer, state["optimizer"], where)
+        run.sched.load_state_dict(state["scheduler"])
+        if run.scaler is not None and state.get("scaler"):
+            run.scaler.load_state_dict(state["scaler"])
+        run.step, run.history = int(state["step"]), list(state.get("history", []))
+        run.elapsed = float(state.get("elapsed_s", 0.0))
+        ranks = state.get("rng")
+        ranks = [ranks] if isinstance(ranks, torch.Tensor) else (ranks or [])  # one process: a bare state
+        if len(ranks) == run.info.world_size:
+            torch.set_rng_state(ranks[run.info.rank])
+
+    def wrap(self, run: "Run") -> nn.Module:
+        """The model to call: DDP over several processes, the heads' BatchNorm synchronised on GPUs
+        (mmseg's SyncBN)."""
+        if not run.info.enabled:
+            return run.model
+        if run.device.type == "cuda":
+            run.model = nn.SyncBatchNorm.convert_sync_batchnorm(run.model)
+        ids = [run.device.index] if run.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(run.model, device_ids=ids)
+
+    def step(self, run: "Run", model: nn.Module, batch) -> tuple[dict, int]:
+        """One optimizer step of ``model`` (what ``run`` calls) on ``batch``: (losses, images)."""
+        run.optimizer.zero_grad(set_to_none=True)
+        losses, images = self.losses(model, batch, run.norm, run.device, run.amp)
+        check_finite(losses["loss"], f"iteration {run.step}")
+        backward(losses["loss"], run.scaler)
+        optimizer_step(run.model.parameters(), run.optimizer, run.scaler, run.cfg.optim.clip_grad)
+        run.sched.step()
+        return losses, images
+
+    def record(self, run: "Run", window: LogWindow, losses: dict, pbar) -> None:
+        """A metrics row (evaluating when due), appended to the history and ``metrics.csv``."""
+        row = window.row(run.info, losses)
+        row.update(step=run.step, lr=run.sched.lr_at(run.step - 1))
+        row["elapsed_s"] = round(run.elapsed + time.time() - run.t_start, 1)
+        if run.cadence.evaluate(run.step):
+            args = (run.cfg, run.device, run.info, run.amp, run.show)
+            run.last_eval = self.evaluate(run.model, run.val_set, *args)
+            row.update({k: round(run.last_eval[k], 2) for k in self.metric_keys})
+            if run.info.is_main:
+                pbar.write(f"iteration {run.step}/{run.cadence.iters}  {self.eval_line(row)}")
+            run.model.train()
+        run.history.append(row)
+        if run.info.is_main:
+            write_csv(run.history, run.out / "metrics.csv", self.csv_columns)
+
+    def rank_state(self, run: "Run"):
+        """What each process contributes to a checkpoint (its RNG state)."""
+        return torch.get_rng_state()
+
+    def checkpoint(self, run: "Run", ranks: list) -> dict:
+        """The checkpoint: everything a resume needs (``ranks``: :meth:`rank_state` of each process)."""
+        return {
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.sched.state_dict(),
+            "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+            "step": run.step,
+            "history": run.history,
+            "config": run.cfg.to_dict(),
+            "num_classes": run.train_set.num_classes,
+            "classes": list(run.train_set.classes),
+            "rng": ranks,
+            "elapsed_s": run.elapsed + time.time() - run.t_start,
+            "world_size": run.info.world_size,
+            **self.extras,
+        }
+
+    def saved(self, run: "Run", path: pathlib.Path) -> None:
+        """After rank 0 wrote a checkpoint to ``path``."""
+
+    def finish(self, run: "Run", stopped: Optional[str], signum: Optional[int]) -> dict:
+        """The summary of the run (written by rank 0)."""
+        summary = {
+            **self.headline(run.cfg),
+            "params": run.n_params,
+            "iterations": run.step,
+            "world_size": run.info.world_size,
+            "device": str(run.device),
+            "stopped": stopped,
+            "signal": signum if stopped == "signal" else None,
+            "train_time_s": round(run.elapsed + time.time() - run.t_start, 1),
+            "checkpoint": str(run.out / LAST),
+            "output": str(run.out),
+            "classes": list(run.train_set.classes),
+        }
+        summary.update(self.summary(run.cfg, run.history, run.last_eval, list(run.train_set.classes)))
+        if run.info.is_main:
+            if stopped is None and run.cfg.train.predictions_png:
+                self.add_picture(run, summary)
+            write_json(nan_to_none(summary), run.out / "summary.json")
+            if stopped:
+                how = f"stopped ({stopped}) at iteration {run.step}; continue with --train.resume auto"
+                print(how, file=sys.stderr)
+        return summary
+
+    def add_picture(self, run: "Run", summary: dict) -> None:
+        try:
+            args = (run.cfg, run.device, run.out, run.step, run.last_eval)
+            key, path = self.picture(run.model, run.val_set, *args)
+            summary[key] = str(path)
+        except Exception as e:  # a picture is a report, never a reason to fail a finished run
+            log.warning("predictions PNG failed: %s", e)
+
+    def close(self, run: "Run") -> None:
+        """When the run ends, however it ends."""
+
 
 def train(
     task: Task,
@@ -120,75 +262,61 @@ def train(
     with run_session(t.device, t.threads, rank=rank, world_size=world_size, init_method=init_method) as info:
         if info.enabled and not task.distributed:
             raise ValueError(f"{task.kind} training runs in one process (got world size {info.world_size})")
+        task.check(cfg, info)
         with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
             return Run(task, cfg, info).train()
 
 
 class Run:
-    """One training run: set-up, resume, the steps, the closing summary."""
+    """One training run: set-up, resume, the steps, checkpoints, signals, the closing summary.
+
+    ``step`` counts optimizer steps, ``history`` holds the metrics rows, ``elapsed`` the training
+    time of earlier processes (resumes); the task's hooks read and set them.
+    """
 
     def __init__(self, task: Task, cfg: TypedConfig, info: DistInfo):
         self.task, self.cfg, self.info, self.device = task, cfg, info, info.device
         self.out = pathlib.Path(cfg.train.output)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+            if self.device.type == "cuda":
+                torch.backends.cudnn.benchmark = False
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.show = info.is_main and cfg.train.progress
-        self.train_set, self.val_set = task.datasets(cfg, self.show)
-        torch.manual_seed(cfg.train.seed)
-        np.random.seed(cfg.train.seed % 2**32)
-        self.model = task.build_model(cfg, self.train_set.num_classes).to(self.device)
-        self.n_params = count_params(self.model)
-        self.optimizer, self.sched = task.optimization(cfg, self.model)
         self.amp = resolve_amp(cfg.train.amp, self.device)
         self.scaler = grad_scaler(self.amp)
-        self.norm = task.input_norm(cfg).to(self.device)
         self.step, self.history, self.elapsed, self.last_eval = 0, [], 0.0, None
-        self.cadence = task.cadence(cfg)
+        self.t_start = time.time()
+        task.setup(self)
+        self.n_params = count_params(self.model)
 
     def resume_or_seed(self) -> None:
-        """Continue from ``train.resume`` after checking the checkpoint fits; else seed this rank."""
+        """Continue from ``train.resume`` (the task checks the checkpoint fits); else seed this rank."""
         found = load_resume(self.cfg.train.resume, self.out, self.task.load_checkpoint)
         if found is None:
-            torch.manual_seed(self.cfg.train.seed + SEED_STRIDE * self.info.rank)  # dropout, drop path per rank
+            self.task.seed_rank(self.cfg, self.info.rank)
             return
-        path, state = found
-        where = f"checkpoint {str(path)!r}"
-        check_resume(
-            where, self.cfg.differences(state.get("config") or {}), state.get("world_size"), self.info.world_size
-        )
-        load_module(self.model, state["model"], where, "model")
-        load_optimizer(self.optimizer, state["optimizer"], where)
-        self.sched.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step, self.history = int(state["step"]), list(state.get("history", []))
-        self.elapsed = float(state.get("elapsed_s", 0.0))
-        ranks = state.get("rng")
-        ranks = [ranks] if isinstance(ranks, torch.Tensor) else (ranks or [])  # one process: a bare state
-        if len(ranks) == self.info.world_size:
-            torch.set_rng_state(ranks[self.info.rank])
+        self.task.restore(self, *found)
         if self.info.is_main:
-            log.info("resumed from %s at iteration %d", path, self.step)
-
-    def wrapped(self) -> nn.Module:
-        """The model to call: DDP over several processes, the heads' BatchNorm synchronised on GPUs
-        (mmseg's SyncBN)."""
-        if not self.info.enabled:
-            return self.model
-        if self.device.type == "cuda":
-            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            log.info("resumed from %s at iteration %d", found[0], self.step)
 
     def train(self) -> dict:
-        self.resume_or_seed()
-        model = self.wrapped()
-        with StopFlag() as stop:
-            if self.info.is_main:
-                self.cfg.save(self.out / "config.yaml")
-            self.t_start = time.time()
-            stopped = self.iterate(model, stop)
-            return self.finish(stopped, stop.signum)
+        try:
+            self.resume_or_seed()
+            model = self.task.wrap(self)
+            # the handlers go in before config.yaml appears (the sign that a run has started), so a
+            # signal from then on always ends in a checkpoint and the 128 + signum exit
+            with StopFlag() as stop:
+                if self.info.is_main:
+                    self.out.mkdir(parents=True, exist_ok=True)
+                    self.cfg.save(self.out / "config.yaml")
+                self.t_start = time.time()
+                stopped = self.iterate(model, stop)
+                summary = self.task.finish(self, stopped, stop.signum)
+                barrier(self.info)
+                return summary
+        finally:
+            self.task.close(self)
 
     def iterate(self, model: nn.Module, stop: StopFlag) -> Optional[str]:
         """Steps until the schedule ends; the reason when it stops before."""
@@ -199,14 +327,16 @@ class Run:
         bar = dict(desc="train", dynamic_ncols=True, mininterval=1.0, file=sys.stderr, disable=not self.show)
         pbar = tqdm(total=c.iters, initial=self.step, **bar)
         window = LogWindow(self.task.loss_keys)
-        self.model.train()
+        model.train()
         try:
             while self.step < c.iters:
-                losses = self.one_step(model, next(batches), window)
+                losses, images = self.task.step(self, model, next(batches))
+                self.step += 1
+                window.add(losses, images)
                 pbar.set_postfix(loss=f"{losses['loss'].item():.3f}", lr=f"{self.lr:.2e}", refresh=False)
                 pbar.update(1)
                 if c.log(self.step):
-                    self.record(window.row(self.info, losses), pbar)
+                    self.task.record(self, window, losses, pbar)
                 if stop_everywhere(stop.requested(), self.info):
                     self.save()
                     return "signal"
@@ -222,86 +352,14 @@ class Run:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def one_step(self, model: nn.Module, batch, window: LogWindow) -> dict:
-        self.optimizer.zero_grad(set_to_none=True)
-        losses, images = self.task.losses(model, batch, self.norm, self.device, self.amp)
-        check_finite(losses["loss"], f"iteration {self.step}")
-        backward(losses["loss"], self.scaler)
-        optimizer_step(self.model.parameters(), self.optimizer, self.scaler, self.cfg.optim.clip_grad)
-        self.sched.step()
-        self.step += 1
-        window.add(losses, images)
-        return losses
-
-    def record(self, row: dict, pbar) -> None:
-        """A metrics row (evaluating when due), appended to the history and ``metrics.csv``."""
-        row.update(step=self.step, lr=self.sched.lr_at(self.step - 1))
-        row["elapsed_s"] = round(self.elapsed + time.time() - self.t_start, 1)
-        if self.cadence.evaluate(self.step):
-            args = (self.cfg, self.device, self.info, self.amp, self.show)
-            self.last_eval = self.task.evaluate(self.model, self.val_set, *args)
-            row.update({k: round(self.last_eval[k], 2) for k in self.task.metric_keys})
-            if self.info.is_main:
-                pbar.write(f"iteration {self.step}/{self.cadence.iters}  {self.task.eval_line(row)}")
-            self.model.train()
-        self.history.append(row)
-        if self.info.is_main:
-            write_csv(self.history, self.out / "metrics.csv", self.task.csv_columns)
-
     def save(self) -> Optional[pathlib.Path]:
-        """Checkpoint (every rank contributes its RNG state; rank 0 writes)."""
-        rng = [torch.get_rng_state()]
+        """Checkpoint (every rank contributes its :meth:`Task.rank_state`; rank 0 writes)."""
+        ranks = [self.task.rank_state(self)]
         if self.info.enabled:
-            rng = [None] * self.info.world_size
-            dist.all_gather_object(rng, torch.get_rng_state())
+            ranks = [None] * self.info.world_size
+            dist.all_gather_object(ranks, self.task.rank_state(self))
         if not self.info.is_main:
             return None
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.sched.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "step": self.step,
-            "history": self.history,
-            "config": self.cfg.to_dict(),
-            "num_classes": self.train_set.num_classes,
-            "classes": list(self.train_set.classes),
-            "rng": rng,
-            "elapsed_s": self.elapsed + time.time() - self.t_start,
-            "world_size": self.info.world_size,
-            **self.task.extras,
-        }
-        return save_rotating(state, self.out)
-
-    def finish(self, stopped: Optional[str], signum: Optional[int]) -> dict:
-        summary = {
-            **self.task.headline(self.cfg),
-            "params": self.n_params,
-            "iterations": self.step,
-            "world_size": self.info.world_size,
-            "device": str(self.device),
-            "stopped": stopped,
-            "signal": signum if stopped == "signal" else None,
-            "train_time_s": round(self.elapsed + time.time() - self.t_start, 1),
-            "checkpoint": str(self.out / LAST),
-            "output": str(self.out),
-            "classes": list(self.train_set.classes),
-        }
-        summary.update(self.task.summary(self.cfg, self.history, self.last_eval, list(self.train_set.classes)))
-        if self.info.is_main:
-            if stopped is None and self.cfg.train.predictions_png:
-                self.add_picture(summary)
-            write_json(nan_to_none(summary), self.out / "summary.json")
-            if stopped:
-                how = f"stopped ({stopped}) at iteration {self.step}; continue with --train.resume auto"
-                print(how, file=sys.stderr)
-        barrier(self.info)
-        return summary
-
-    def add_picture(self, summary: dict) -> None:
-        try:
-            args = (self.cfg, self.device, self.out, self.step, self.last_eval)
-            key, path = self.task.picture(self.model, self.val_set, *args)
-            summary[key] = str(path)
-        except Exception as e:  # a picture is a report, never a reason to fail a finished run
-            log.warning("predictions PNG failed: %s", e)
+        path = save_rotating(self.task.checkpoint(self, ranks), self.out)
+        self.task.saved(self, path)
+        return path

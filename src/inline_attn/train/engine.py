@@ -7,45 +7,46 @@ mixup/cutmix with label smoothing, per-image augmentation on the training device
 fp32) and writes, from rank 0 only: ``config.yaml``, ``last.pth`` (and ``previous.pth``),
 ``best.pth`` / ``best_ema.pth`` (the epochs with the best top-1), ``metrics.csv``, ``curves.png``,
 ``summary.json`` (and TensorBoard events when tensorboard is installed) into ``train.output``.
-The steps of an epoch are :class:`~inline_attn.train.loop.EpochRunner`'s; checkpoints are
-:mod:`~inline_attn.train.checkpoint`'s.
+It runs as :class:`ClassifyTask` on the one run of every task (:mod:`inline_attn.runtime.run`,
+which claims the output folder, resumes, stops on SIGINT / SIGTERM with a checkpoint and writes
+``config.yaml``); checkpoints are :mod:`~inline_attn.train.checkpoint`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import pathlib
 import random
 import sys
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from ..runtime.compile import compile_module
-from ..runtime.graphs import compile_mode_for
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
-from ..models.profile import count_params, profile
-from ..runtime.amp import grad_scaler, resolve_amp
-from ..runtime.checkpoint import LAST, copy_atomic, rng_state, save_rotating, set_rng_state
-from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum, barrier, run_session
+from ..models.profile import profile
+from ..runtime.amp import autocast, grad_scaler
+from ..runtime.checkpoint import LAST, copy_atomic, rng_state, set_rng_state
+from ..runtime.compile import compile_module
+from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum
 from ..runtime.ema import ModelEma
-from ..runtime.loop import StopFlag
+from ..runtime.graphs import compile_mode_for
+from ..runtime.loop import EpochCadence, backward, check_finite, optimizer_step
 from ..runtime.optim import CosineSchedule, build_optimizer
-from ..runtime.output import claim_output
 from ..runtime.report import write_json
+from ..runtime.run import Run, Task
+from ..runtime.run import train as run_task
 from . import checkpoint as ckpt_io
 from .config import Config
 from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
 from .graphs import StepGraphs, announce
 from .graphs import plan as plan_graphs
-from .loop import EpochRunner, evaluate
+from .loop import evaluate, soft_cross_entropy
 from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_metrics
 from .state import TrainState
@@ -108,7 +109,8 @@ def _seed_everything(seed: int) -> None:
 def train(
     cfg: Config, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
 ) -> dict:
-    """Train with ``cfg`` (a :class:`~inline_attn.train.config.Config`); returns the summary dict.
+    """Train with ``cfg`` (a :class:`~inline_attn.train.config.Config`) on the one run
+    (:func:`inline_attn.runtime.run.train` with :class:`ClassifyTask`); returns the summary dict.
 
     ``rank``/``world_size``/``init_method`` join a process group explicitly (tests); under
     torchrun they come from the environment. A run stopped by SIGINT/SIGTERM saves a checkpoint
@@ -118,18 +120,7 @@ def train(
     """
     if not isinstance(cfg, Config):
         raise ValueError(f"train() takes a Config (inline_attn.train.Config.load), got {type(cfg).__name__}")
-    t = cfg.train
-    with run_session(t.device, t.threads, rank=rank, world_size=world_size, init_method=init_method) as info:
-        with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
-            return _train(cfg, info)
-
-
-def _set_determinism(cfg: Config, device: torch.device) -> None:
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = False
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return run_task(ClassifyTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
 
 
 def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: int, amp: str) -> TrainState:
@@ -150,90 +141,12 @@ def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: i
     return TrainState(model, optimizer, sched, scaler, ema)
 
 
-def _resume_or_seed(state: TrainState, cfg: Config, info: DistInfo, out: pathlib.Path, steps_per_epoch: int) -> None:
-    """Continue from ``train.resume`` (state, this rank's RNG and partial sums), else seed this rank."""
-    resumed = ckpt_io.load_resume(cfg.train.resume, out)
-    if resumed is None:
-        _seed_everything(cfg.train.seed + SEED_STRIDE * info.rank)
-        return
-    path, ckpt = resumed
-    rank_states = ckpt_io.restore(state, ckpt, path, cfg, world_size=info.world_size, steps_per_epoch=steps_per_epoch)
-    if rank_states is not None:
-        set_rng_state(rank_states[info.rank]["rng"])
-        state.partial = rank_states[info.rank]["partial"].clone()
-    if info.is_main:
-        log.info("resumed from %s at epoch %d, step %d", path, state.epoch, state.step)
-
-
-def _train(cfg: Config, info: DistInfo) -> dict:
-    device, out = info.device, pathlib.Path(cfg.train.output)
-    recipe = resolve(cfg, info.world_size)  # a total batch these processes cannot reach fails here
-    _set_determinism(cfg, device)
-    # model init is identical on every rank (DDP also broadcasts); augmentation differs per rank
-    _seed_everything(cfg.train.seed)
-    model_cfg = get_model_config(cfg.model.name)
-    data = data_info(cfg.data, model_cfg)
-    check_model_args(cfg, data)
-    train_set, val_set, data = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
-    if cfg.data.on_device:  # gathered on the device: no host copy a step (the GPU preset, issue 25)
-        train_set, val_set = train_set.to(device), val_set.to(device)
-    model = build_model(cfg, data).to(device)
-    amp = resolve_amp(cfg.train.amp, device)
-    bs, accum, workers = cfg.data.batch_size, recipe.accum_steps, cfg.data.workers
-    pin = device.type == "cuda"
-    train_batches = Batches(
-        train_set,
-        bs,
-        rank=info.rank,
-        world_size=info.world_size,
-        train=True,
-        seed=cfg.train.seed,
-        workers=workers,
-        pin_memory=pin,
-    )
-    val_batches = Batches(
-        val_set,
-        max(bs, MIN_VAL_BATCH),
-        rank=info.rank,
-        world_size=info.world_size,
-        train=False,
-        workers=workers,
-        pin_memory=pin,
-    )
-    steps_per_epoch = len(train_batches) // accum
-    if steps_per_epoch < 1:
-        raise ValueError(f"an epoch has {len(train_batches)} batches, fewer than optim.accum_steps={accum}")
-    state = _new_state(cfg, model, recipe, steps_per_epoch, amp)
-    if info.is_main:
-        print(f"recipe: {recipe.describe()}", file=sys.stderr, flush=True)
-    _resume_or_seed(state, cfg, info, out, steps_per_epoch)
-    if cfg.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    ddp_model = model
-    if info.enabled:
-        ddp_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    graphed, why_not = _plan_graphs(cfg, info, amp, accum, model, state.optimizer)
-    if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
-        ddp_model = compile_module(ddp_model, compile_mode_for(cfg.train.compile_mode, graphed))
-    graphs = StepGraphs(amp, cfg.optim.clip_grad) if graphed and not cfg.train.compile else None
-    # the handlers go in before config.yaml appears (the sign that a run has started), so a signal
-    # from then on always ends in a checkpoint and the 128 + signum exit
-    with StopFlag() as stop:
-        if info.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            cfg.save(out / "config.yaml")
-        runner = _epoch_runner(cfg, ddp_model, train_batches, data, info, amp, accum, steps_per_epoch)
-        runner.graphs = graphs
-        run = _Run(
-            cfg, info, out, data, model_cfg, count_params(model), steps_per_epoch, model_kwargs(cfg, data), recipe
-        )
-        run.graphs_why_not = why_not
-        eval_tf = EvalTransform(
-            data.img_size, data.mean, data.std, data.crop_pct, data.interpolation, data.eval_resize
-        ).to(device)
-        return run.epochs(state, runner, val_batches, eval_tf, stop)
+def _batches(cfg: Config, train_set, val_set, info: DistInfo) -> tuple[Batches, Batches]:
+    """The training batches (shuffled per epoch, this rank's share) and the validation batches."""
+    bs, workers, pin = cfg.data.batch_size, cfg.data.workers, info.device.type == "cuda"
+    shard = dict(rank=info.rank, world_size=info.world_size, workers=workers, pin_memory=pin)
+    train_batches = Batches(train_set, bs, train=True, seed=cfg.train.seed, **shard)
+    return train_batches, Batches(val_set, max(bs, MIN_VAL_BATCH), train=False, **shard)
 
 
 def _plan_graphs(
@@ -257,39 +170,22 @@ def _plan_graphs(
     return graphed, why_not
 
 
-def _epoch_runner(
-    cfg: Config, model: nn.Module, batches: Batches, data: DataInfo, info: DistInfo, amp: str, accum: int, steps: int
-) -> EpochRunner:
-    """The steps of an epoch: the model to call, the on-device augmentation and mixup."""
+def _train_augment(cfg: Config, data: DataInfo) -> TrainAugment:
+    """The per-image augmentation of the training batches (on the training device)."""
     a = cfg.aug
-    return EpochRunner(
-        model=model,
-        batches=batches,
-        device=info.device,
-        info=info,
-        amp=amp,
-        accum=accum,
-        clip_grad=cfg.optim.clip_grad,
-        steps_per_epoch=steps,
-        channels_last=cfg.train.channels_last,
-        total_epochs=cfg.sched.epochs + cfg.sched.cooldown_epochs,
-        max_steps=cfg.train.max_steps,
-        progress=cfg.train.progress,
-        train_aug=TrainAugment(
-            data.img_size,
-            data.mean,
-            data.std,
-            crop="none" if loader_crops(cfg.data, a) else a.crop,
-            scale=a.scale,
-            ratio=a.ratio,
-            padding=a.padding,
-            hflip=a.hflip,
-            auto_augment=a.auto_augment,
-            color_jitter=a.color_jitter,
-            re_prob=a.re_prob,
-            interpolation=data.interpolation,
-        ).to(info.device),
-        mixup=Mixup(data.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing),
+    return TrainAugment(
+        data.img_size,
+        data.mean,
+        data.std,
+        crop="none" if loader_crops(cfg.data, a) else a.crop,
+        scale=a.scale,
+        ratio=a.ratio,
+        padding=a.padding,
+        hflip=a.hflip,
+        auto_augment=a.auto_augment,
+        color_jitter=a.color_jitter,
+        re_prob=a.re_prob,
+        interpolation=data.interpolation,
     )
 
 
@@ -302,199 +198,322 @@ def _best(history: list[dict], key: str) -> Optional[dict]:
     return best
 
 
-class _Run:
-    """The epochs of one run: train, evaluate, record, checkpoint, and the closing summary."""
+def keep_best(out: pathlib.Path, history: list[dict], path: pathlib.Path) -> None:
+    """Copy the epoch's checkpoint ``path`` to best.pth / best_ema.pth in ``out`` when its top-1 /
+    EMA top-1 is the best so far (a tie goes to the later epoch, as the authors' ``>=``)."""
+    row = history[-1]
+    for key, name in (("val_top1", ckpt_io.BEST), ("val_top1_ema", ckpt_io.BEST_EMA)):
+        value = row.get(key)
+        before = [r[key] for r in history[:-1] if r.get(key) is not None]
+        if value is not None and (not before or value >= max(before)):
+            copy_atomic(path, out / name)
 
-    def __init__(
-        self,
-        cfg: Config,
-        info: DistInfo,
-        out: pathlib.Path,
-        data: DataInfo,
-        model_cfg,
-        n_params: int,
-        steps_per_epoch: int,
-        kwargs: dict,
-        recipe: Recipe,
-    ):
-        self.cfg, self.info, self.out, self.data, self.model_cfg = cfg, info, out, data, model_cfg
-        self.n_params, self.steps_per_epoch, self.kwargs, self.recipe = n_params, steps_per_epoch, kwargs, recipe
+
+def _epoch_line(row: dict, total_epochs: int) -> str:
+    msg = (
+        f"epoch {row['epoch'] + 1}/{total_epochs}  train_loss {row['train_loss']:.4f}  "
+        f"lr {row['lr']:.2e}  {row['train_img_s']:.0f} img/s"
+    )
+    if row.get("val_top1") is not None:
+        msg += f"  val_top1 {row['val_top1']:.2f}  val_top5 {row['val_top5']:.2f}"
+    if row.get("val_top1_ema") is not None:
+        msg += f"  ema_top1 {row['val_top1_ema']:.2f}"
+    return msg
+
+
+class ClassifyTask(Task):
+    """Image classification on the one run (:class:`~inline_attn.runtime.run.Run`), in epochs.
+
+    A step is one optimizer step over ``accum`` micro-batches (augmented on the device, mixed),
+    plain or replayed as a CUDA graph, the EMA updated after it; each epoch ends in a metrics row
+    (the loss summed over the processes, top-1 / top-5 of the model and its EMA in fp32 when due),
+    a checkpoint (with each process's RNG state and partial loss sums, so a resume mid-epoch is
+    bit-exact), best.pth / best_ema.pth, ``metrics.csv`` and ``curves.png``. One task per run:
+    it holds the run's :class:`~inline_attn.train.state.TrainState` (epoch, step in epoch, EMA).
+    """
+
+    kind = "classification"
+    config = Config
+
+    def check(self, cfg: Config, info: DistInfo) -> None:
+        """The recipe: a total batch these processes cannot reach fails here."""
+        self.recipe = resolve(cfg, info.world_size)
+
+    def setup(self, run: Run) -> None:
+        cfg, info = run.cfg, run.info
+        # model init is identical on every rank (DDP also broadcasts); augmentation differs per rank
+        _seed_everything(cfg.train.seed)
+        self.model_cfg = get_model_config(cfg.model.name)
+        data = data_info(cfg.data, self.model_cfg)
+        check_model_args(cfg, data)
+        train_set, val_set, self.data = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
+        if cfg.data.on_device:  # gathered on the device: no host copy a step (the GPU preset, issue 25)
+            train_set, val_set = train_set.to(run.device), val_set.to(run.device)
+        run.train_set, run.val_set = train_set, val_set
+        model = build_model(cfg, self.data).to(run.device)
+        self.train_batches, self.val_batches = _batches(cfg, train_set, val_set, info)
+        self.accum = self.recipe.accum_steps
+        self.steps_per_epoch = len(self.train_batches) // self.accum
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"an epoch has {len(self.train_batches)} batches, fewer than optim.accum_steps={self.accum}"
+            )
+        self.state = st = _new_state(cfg, model, self.recipe, self.steps_per_epoch, run.amp)
+        run.model, run.optimizer, run.sched, run.scaler, run.history = (
+            st.model,
+            st.optimizer,
+            st.sched,
+            st.scaler,
+            st.history,
+        )
         self.total_epochs = cfg.sched.epochs + cfg.sched.cooldown_epochs
-        self.t_start = time.time()
-        self.graphs: Optional[StepGraphs] = None  # the runner's, when train.cuda_graphs captures the steps
-        self.graphs_why_not: Optional[str] = None
+        spe = self.steps_per_epoch
+        run.cadence = EpochCadence(self.total_epochs * spe, spe, spe, spe, cfg.train.max_steps)
+        self.row, self.last_path, self.graphs, self.tb = None, None, None, None
+        if info.is_main:
+            print(f"recipe: {self.recipe.describe()}", file=sys.stderr, flush=True)
 
-    def epochs(
-        self, state: TrainState, runner: EpochRunner, val_batches: Batches, eval_tf: nn.Module, stop: StopFlag
-    ) -> dict:
-        """Train until the schedule ends or ``stop`` (installed by the caller) is set."""
-        self.graphs = runner.graphs
-        tb = TensorBoard(self.out / "tb" if (self.info.is_main and self.cfg.train.tensorboard) else None)
-        try:
-            while state.epoch < self.total_epochs:
-                t_epoch = time.time()
-                reason, seen = runner.run(state, stop.requested)
-                if state.step_in_epoch < self.steps_per_epoch:  # stopped mid-epoch
-                    return self.finish(state, reason, self.save(state), stop.signum)
-                row = self.end_of_epoch(state, seen, time.time() - t_epoch, val_batches, eval_tf)
-                path = self.save(state)
-                if self.info.is_main:
-                    self.keep_best(state.history, path)
-                    self.record(state, row, tb)
-                if reason:
-                    return self.finish(state, reason, path, stop.signum)
-            return self.finish(state, None, self.out / LAST)
-        finally:
-            tb.close()
+    def load_checkpoint(self, path) -> dict:
+        return ckpt_io.load(path)
 
-    def end_of_epoch(
-        self, state: TrainState, seen: int, epoch_time: float, val_batches: Batches, eval_tf: nn.Module
-    ) -> dict:
-        """Reduce the epoch's loss, evaluate when due; the epoch's history row (state advanced)."""
-        sums = all_reduce_sum(state.partial.clone(), self.info)
+    def seed_rank(self, cfg: Config, rank: int) -> None:
+        _seed_everything(cfg.train.seed + SEED_STRIDE * rank)
+
+    def restore(self, run: Run, path: pathlib.Path, ckpt: dict) -> None:
+        """The state, this rank's RNG and partial sums from ``ckpt`` (checked to fit this run)."""
+        st, info = self.state, run.info
+        ranks = ckpt_io.restore(
+            st, ckpt, path, run.cfg, world_size=info.world_size, steps_per_epoch=self.steps_per_epoch
+        )
+        if ranks is not None:
+            set_rng_state(ranks[info.rank]["rng"])
+            st.partial = ranks[info.rank]["partial"].clone()
+        run.step, run.history, run.elapsed = st.step, st.history, st.elapsed_s
+
+    def wrap(self, run: Run) -> nn.Module:
+        """channels_last, DDP, CUDA graphs or torch.compile as configured; the augmentation."""
+        cfg, info = run.cfg, run.info
+        if cfg.train.channels_last:
+            run.model = self.state.model = run.model.to(memory_format=torch.channels_last)
+        model = run.model
+        if info.enabled:
+            ids = [info.device.index] if info.device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        graphed, self.why_not = _plan_graphs(cfg, info, run.amp, self.accum, run.model, run.optimizer)
+        if cfg.train.compile:  # the fused InLine op stays one node of the graph (a custom op)
+            model = compile_module(model, compile_mode_for(cfg.train.compile_mode, graphed))
+        self.graphs = StepGraphs(run.amp, cfg.optim.clip_grad) if graphed and not cfg.train.compile else None
+        d, a = self.data, cfg.aug
+        self.train_aug = _train_augment(cfg, d).to(info.device)
+        self.mixup = Mixup(d.num_classes, a.mixup, a.cutmix, a.mixup_prob, a.mixup_switch_prob, a.smoothing)
+        self.eval_tf = EvalTransform(d.img_size, d.mean, d.std, d.crop_pct, d.interpolation, d.eval_resize)
+        self.eval_tf = self.eval_tf.to(info.device)
+        self.tb = TensorBoard(run.out / "tb" if (info.is_main and cfg.train.tensorboard) else None)
+        return model
+
+    def batches(self, train_set, cfg: Config, info: DistInfo, step: int) -> Iterator:
+        """The epoch's batch iterator once a step (the step takes its ``accum`` micro-batches from
+        it), from the state's epoch and step in it on."""
+        st = self.state
+        while True:
+            it = self.train_batches.iterate(st.epoch, st.step_in_epoch * self.accum)
+            self.t_epoch, self.seen = time.time(), 0
+            for _ in range(st.step_in_epoch, self.steps_per_epoch):
+                yield it
+
+    def _batch(self, run: Run, it) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next batch on the device, augmented and mixed: (images, soft targets, labels)."""
+        x, y = next(it)
+        x = self.train_aug(x.to(run.device, non_blocking=True))
+        if run.cfg.train.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = y.to(run.device, non_blocking=True)
+        x, target = self.mixup(x, y)
+        return x, target, y
+
+    def step(self, run: Run, model: nn.Module, it) -> tuple[dict, int]:
+        """One optimizer step over ``accum`` micro-batches (or its CUDA graph replayed)."""
+        st = self.state
+        step_loss = self._graphed_step(run, model, it) if self.graphs is not None else self._plain_step(run, model, it)
+        st.step += 1
+        st.step_in_epoch += 1
+        st.partial += step_loss
+        self.seen += int(step_loss[1])
+        return {"loss": step_loss[0] / step_loss[1]}, int(step_loss[1])
+
+    def _plain_step(self, run: Run, model: nn.Module, it) -> torch.Tensor:
+        """[loss sum, samples] of one step: ``accum`` micro-batches, DDP syncing on the last."""
+        st = self.state
+        st.optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros(2, dtype=torch.float64)
+        for m in range(self.accum):
+            x, target, y = self._batch(run, it)
+            sync = m == self.accum - 1 or not run.info.enabled
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with autocast(run.device, run.amp):
+                    logits = model(x)
+                loss = soft_cross_entropy(logits, target)
+                check_finite(loss, f"epoch {st.epoch}, step {st.step}")
+                backward(loss / self.accum, st.scaler)
+            step_loss += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
+        optimizer_step(st.model.parameters(), st.optimizer, st.scaler, run.cfg.optim.clip_grad)
+        st.sched.step()
+        if st.ema is not None:
+            st.ema.update(st.model)
+        return step_loss
+
+    def _graphed_step(self, run: Run, model: nn.Module, it) -> torch.Tensor:
+        """:meth:`_plain_step` through :attr:`graphs` (one micro-batch, no scaler): the step with its
+        EMA update replayed, the loss read after it, then the schedule written into the tensor lr."""
+        st = self.state
+        x, target, y = self._batch(run, it)
+        loss = self.graphs.train_step(st, model, soft_cross_entropy, x, target)
+        check_finite(loss, f"epoch {st.epoch}, step {st.step}")
+        step_loss = torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
+        st.sched.step()
+        return step_loss
+
+    def record(self, run: Run, window, losses: dict, pbar) -> None:
+        """The end of an epoch: its loss reduced over the processes, evaluation when due; the
+        history row (written out by :meth:`saved`, after the epoch's checkpoint)."""
+        st, info = self.state, run.info
+        epoch_time = time.time() - self.t_epoch
+        sums = all_reduce_sum(st.partial.clone(), info)
         row = {
-            "epoch": state.epoch,
-            "step": state.step,
-            "lr": state.lr,
+            "epoch": st.epoch,
+            "step": st.step,
+            "lr": st.lr,
             "train_loss": sums[0].item() / max(sums[1].item(), 1),
             "epoch_time_s": round(epoch_time, 2),
-            "train_img_s": round(seen * self.info.world_size / max(epoch_time, 1e-9), 1),
+            "train_img_s": round(self.seen * info.world_size / max(epoch_time, 1e-9), 1),
         }
-        if (state.epoch + 1) % self.cfg.train.eval_every == 0 or state.epoch + 1 == self.total_epochs:
-            # reported numbers in fp32 whatever the training precision (the authors' validate())
-            graphs = self.graphs
-            forward = graphs.eval_forward(state.model) if graphs is not None else None
-            ev = evaluate(state.model, val_batches, eval_tf, self.info.device, self.info, "none", forward)
-            row.update(val_loss=ev["loss"], val_top1=ev["top1"], val_top5=ev["top5"])
-            if ev["n_unreadable"] and self.info.is_main:
-                log.warning("validation: %d images scored, %d unreadable skipped", ev["n"], ev["n_unreadable"])
-            if state.ema is not None:
-                forward = graphs.eval_forward(state.ema.module) if graphs is not None else None
-                ema = evaluate(state.ema.module, val_batches, eval_tf, self.info.device, self.info, "none", forward)
-                row["val_top1_ema"] = ema["top1"]
-        state.history.append(row)
-        state.epoch, state.step_in_epoch = state.epoch + 1, 0
-        state.partial.zero_()
-        return row
+        if (st.epoch + 1) % run.cfg.train.eval_every == 0 or st.epoch + 1 == self.total_epochs:
+            row.update(self._evaluate(run))
+        st.history.append(row)
+        st.epoch, st.step_in_epoch = st.epoch + 1, 0
+        st.partial.zero_()
+        self.row = row
 
-    def save(self, state: TrainState) -> Optional[pathlib.Path]:
-        """Checkpoint (every rank contributes its RNG and partial sums; rank 0 writes)."""
-        rank_state = {"rng": rng_state(), "partial": state.partial.clone()}
-        gathered = [rank_state]
-        if self.info.enabled:
-            gathered = [None] * self.info.world_size
-            dist.all_gather_object(gathered, rank_state)
-        if not self.info.is_main:
-            return None
+    def _evaluate(self, run: Run) -> dict:
+        """val_loss / val_top1 / val_top5 (and val_top1_ema), in fp32 whatever the training
+        precision (the authors' validate())."""
+        st, info, graphs = self.state, run.info, self.graphs
+        forward = graphs.eval_forward(st.model) if graphs is not None else None
+        ev = evaluate(st.model, self.val_batches, self.eval_tf, info.device, info, "none", forward)
+        out = dict(val_loss=ev["loss"], val_top1=ev["top1"], val_top5=ev["top5"])
+        if ev["n_unreadable"] and info.is_main:
+            log.warning("validation: %d images scored, %d unreadable skipped", ev["n"], ev["n_unreadable"])
+        if st.ema is not None:
+            forward = graphs.eval_forward(st.ema.module) if graphs is not None else None
+            ema = evaluate(st.ema.module, self.val_batches, self.eval_tf, info.device, info, "none", forward)
+            out["val_top1_ema"] = ema["top1"]
+        return out
+
+    def rank_state(self, run: Run) -> dict:
+        return {"rng": rng_state(), "partial": self.state.partial.clone()}
+
+    def checkpoint(self, run: Run, ranks: list) -> dict:
         extra = {
-            "model_name": self.cfg.model.name,
-            "model_kwargs": self.kwargs,
+            "model_name": run.cfg.model.name,
+            "model_kwargs": model_kwargs(run.cfg, self.data),
             "pretrained_cfg": self.model_cfg.to_dict(),
         }
-        sd = ckpt_io.state_dict(
-            state,
-            self.cfg,
-            rank_states=gathered,
-            world_size=self.info.world_size,
+        return ckpt_io.state_dict(
+            self.state,
+            run.cfg,
+            rank_states=ranks,
+            world_size=run.info.world_size,
             steps_per_epoch=self.steps_per_epoch,
             extra=extra,
-            t_start=self.t_start,
+            t_start=run.t_start,
         )
-        return save_rotating(sd, self.out)
 
-    def keep_best(self, history: list[dict], path: pathlib.Path) -> None:
-        """Copy the epoch's checkpoint to best.pth / best_ema.pth when its top-1 / EMA top-1 is the
-        best so far (a tie goes to the later epoch, as the authors' ``>=``)."""
-        row = history[-1]
-        for key, name in (("val_top1", ckpt_io.BEST), ("val_top1_ema", ckpt_io.BEST_EMA)):
-            value = row.get(key)
-            before = [r[key] for r in history[:-1] if r.get(key) is not None]
-            if value is not None and (not before or value >= max(before)):
-                copy_atomic(path, self.out / name)
+    def saved(self, run: Run, path: pathlib.Path) -> None:
+        """At an epoch's end: best.pth / best_ema.pth, metrics.csv, TensorBoard, curves.png, a line."""
+        self.last_path = path
+        if self.row is None:
+            return
+        row, self.row, history = self.row, None, self.state.history
+        keep_best(run.out, history, path)
+        write_metrics(history, run.out / "metrics.csv")
+        self.tb.log(row)
+        plot_curves(history, run.out / "curves.png", title=run.cfg.model.name)
+        print(_epoch_line(row, self.total_epochs), file=sys.stderr, flush=True)
 
-    def graphs_summary(self) -> dict:
+    def graphs_summary(self, cfg: Config) -> dict:
         """``train.cuda_graphs`` as it ran: the setting, whether the steps were graphed (or why not),
         and how many training / evaluation steps were replayed and run ungraphed in this process."""
-        out = {"setting": self.cfg.train.cuda_graphs, "graphed": False, "why_not": self.graphs_why_not}
+        out = {"setting": cfg.train.cuda_graphs, "graphed": False, "why_not": self.why_not}
         if self.graphs is not None:
             counts = self.graphs.counts()
             why_not = counts.pop("train_why_not", None)
             out.update(graphed=why_not is None and counts["train_replays"] > 0, why_not=why_not, **counts)
-        elif self.cfg.train.compile and self.graphs_why_not is None and self.cfg.train.cuda_graphs is not False:
+        elif cfg.train.compile and self.why_not is None and cfg.train.cuda_graphs is not False:
             out.update(graphed=True, how="torch.compile mode reduce-overhead")
         return out
 
-    def record(self, state: TrainState, row: dict, tb: TensorBoard) -> None:
-        write_metrics(state.history, self.out / "metrics.csv")
-        tb.log(row)
-        plot_curves(state.history, self.out / "curves.png", title=self.cfg.model.name)
-        msg = (
-            f"epoch {row['epoch'] + 1}/{self.total_epochs}  train_loss {row['train_loss']:.4f}  "
-            f"lr {row['lr']:.2e}  {row['train_img_s']:.0f} img/s"
-        )
-        if row.get("val_top1") is not None:
-            msg += f"  val_top1 {row['val_top1']:.2f}  val_top5 {row['val_top5']:.2f}"
-        if row.get("val_top1_ema") is not None:
-            msg += f"  ema_top1 {row['val_top1_ema']:.2f}"
-        print(msg, file=sys.stderr, flush=True)
-
-    def finish(
-        self,
-        state: TrainState,
-        stopped: Optional[str],
-        ckpt_path: Optional[pathlib.Path],
-        signum: Optional[int] = None,
-    ) -> dict:
-        info, history = self.info, state.history
+    def finish(self, run: Run, stopped: Optional[str], signum: Optional[int]) -> dict:
+        st, info, history = self.state, run.info, self.state.history
+        ckpt_path = self.last_path if stopped else run.out / LAST
         summary = {
-            "model": self.cfg.model.name,
-            "model_kwargs": self.cfg.model.kwargs,
-            "params": self.n_params,
+            "model": run.cfg.model.name,
+            "model_kwargs": run.cfg.model.kwargs,
+            "params": run.n_params,
             "epochs_done": len(history),
-            "steps": state.step,
+            "steps": st.step,
             "world_size": info.world_size,
             "rank": info.rank,
             "device": str(info.device),
             "stopped": stopped,
             "signal": signum if stopped == "signal" else None,
             "checkpoint": str(ckpt_path) if ckpt_path else None,
-            "output": str(self.out),
+            "output": str(run.out),
+            "recipe": self.recipe.to_dict(),
+            "cuda_graphs": self.graphs_summary(run.cfg),
         }
-        summary["recipe"] = self.recipe.to_dict()
-        summary["cuda_graphs"] = self.graphs_summary()
         if history:
-            last = history[-1]
-            summary.update(
-                final={k: last.get(k) for k in ("train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema")},
-                train_img_s=round(float(np.median([r["train_img_s"] for r in history])), 1),
-            )
-            for key, tag, name in (("val_top1", "", ckpt_io.BEST), ("val_top1_ema", "_ema", ckpt_io.BEST_EMA)):
-                best = _best(history, key)
-                if best is not None:
-                    summary[f"best_val_top1{tag}"] = best["value"]
-                    summary[f"best{tag}_epoch"] = best["epoch"]
-                    summary[f"best{tag}_checkpoint"] = str(self.out / name)
+            summary.update(self._results(run.out, history))
         if stopped is None:
-            summary["train_time_s"] = round(state.elapsed_s + time.time() - self.t_start, 1)
+            summary["train_time_s"] = round(st.elapsed_s + time.time() - run.t_start, 1)
             if info.is_main:
-                try:
-                    summary["macs"] = profile(
-                        state.model, (self.data.in_chans, self.data.img_size, self.data.img_size)
-                    ).macs
-                except Exception as e:  # counting is a report, never a reason to fail a finished run
-                    log.warning("MAC count failed: %s", e)
-                summary["curves"] = str(self.out / "curves.png")
-                write_json(summary, self.out / "summary.json")
+                self._write_summary(run, summary)
         elif info.is_main:
             how = (
                 "run the same command again"
-                if self.cfg.train.resume == "auto"
+                if run.cfg.train.resume == "auto"
                 else "run the same command with --resume auto"
             )
             print(
-                f"stopped ({stopped}) at step {state.step}; checkpoint {ckpt_path}; {how} to continue",
+                f"stopped ({stopped}) at step {st.step}; checkpoint {ckpt_path}; {how} to continue",
                 file=sys.stderr,
                 flush=True,
             )
-        barrier(info)
         return summary
+
+    def _results(self, out: pathlib.Path, history: list[dict]) -> dict:
+        """The last epoch's numbers, the median throughput and the best epochs."""
+        last = history[-1]
+        res = {
+            "final": {k: last.get(k) for k in ("train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema")},
+            "train_img_s": round(float(np.median([r["train_img_s"] for r in history])), 1),
+        }
+        for key, tag, name in (("val_top1", "", ckpt_io.BEST), ("val_top1_ema", "_ema", ckpt_io.BEST_EMA)):
+            best = _best(history, key)
+            if best is not None:
+                res[f"best_val_top1{tag}"] = best["value"]
+                res[f"best{tag}_epoch"] = best["epoch"]
+                res[f"best{tag}_checkpoint"] = str(out / name)
+        return res
+
+    def _write_summary(self, run: Run, summary: dict) -> None:
+        d = self.data
+        try:
+            summary["macs"] = profile(self.state.model, (d.in_chans, d.img_size, d.img_size)).macs
+        except Exception as e:  # counting is a report, never a reason to fail a finished run
+            log.warning("MAC count failed: %s", e)
+        summary["curves"] = str(run.out / "curves.png")
+        write_json(summary, run.out / "summary.json")
+
+    def close(self, run: Run) -> None:
+        if self.tb is not None:
+            self.tb.close()
