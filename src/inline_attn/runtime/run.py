@@ -3,8 +3,11 @@ closing summary; each task supplies its hooks (:class:`Task`).
 
 ``train(task, cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``, ``last.pth``
 (atomically, at the task's checkpoint cadence, at the end and on SIGINT / SIGTERM; the one it
-replaces kept as ``previous.pth``), ``metrics.csv``, ``summary.json`` and the task's picture of
-validation predictions. The output folder is claimed first
+replaces kept as ``previous.pth``), ``metrics.csv``, ``summary.json`` and the task's own files (a
+picture of validation predictions; classification's best checkpoints and curves). The task's
+cadence says when a metrics row and a checkpoint are due: every so many iterations
+(:class:`~inline_attn.runtime.loop.Cadence`) or at the end of every epoch
+(:class:`~inline_attn.runtime.loop.EpochCadence`). The output folder is claimed first
 (:func:`~inline_attn.runtime.output.claim_output`): a second run is refused while the first holds
 it, and a new run into a folder holding a finished or interrupted one unless ``train.overwrite``.
 ``train.resume`` continues a run when its training-shaping settings (every setting not declared

@@ -375,7 +375,7 @@ class ClassifyTask(Task):
 
     def record(self, run: Run, window, losses: dict, pbar) -> None:
         """The end of an epoch: its loss reduced over the processes, evaluation when due; the
-        history row (written out by :meth:`saved`, after the epoch's checkpoint)."""
+        history row and its line (the files follow in :meth:`saved`, after the epoch's checkpoint)."""
         st, info = self.state, run.info
         epoch_time = time.time() - self.t_epoch
         sums = all_reduce_sum(st.partial.clone(), info)
@@ -393,6 +393,8 @@ class ClassifyTask(Task):
         st.epoch, st.step_in_epoch = st.epoch + 1, 0
         st.partial.zero_()
         self.row = row
+        if info.is_main:
+            pbar.write(_epoch_line(row, self.total_epochs), file=sys.stderr)
 
     def _evaluate(self, run: Run) -> dict:
         """val_loss / val_top1 / val_top5 (and val_top1_ema), in fp32 whatever the training
@@ -429,7 +431,7 @@ class ClassifyTask(Task):
         )
 
     def saved(self, run: Run, path: pathlib.Path) -> None:
-        """At an epoch's end: best.pth / best_ema.pth, metrics.csv, TensorBoard, curves.png, a line."""
+        """At an epoch's end: best.pth / best_ema.pth, metrics.csv, TensorBoard, curves.png."""
         self.last_path = path
         if self.row is None:
             return
@@ -438,7 +440,6 @@ class ClassifyTask(Task):
         write_metrics(history, run.out / "metrics.csv")
         self.tb.log(row)
         plot_curves(history, run.out / "curves.png", title=run.cfg.model.name)
-        print(_epoch_line(row, self.total_epochs), file=sys.stderr, flush=True)
 
     def graphs_summary(self, cfg: Config) -> dict:
         """``train.cuda_graphs`` as it ran: the setting, whether the steps were graphed (or why not),
