@@ -10,7 +10,7 @@ import pathlib
 from typing import Optional
 
 from .._io import writable_dir
-from ..analysis.analyze import ANALYSES
+from ..analysis.analyze import ANALYSES, OPTION_ANALYSES, check_options
 
 
 def register(subparsers) -> None:
@@ -112,7 +112,7 @@ def _add_data_options(p) -> None:
         metavar="INDEX",
         help="analyse exactly these images (indices into the data) instead of the first N",
     )
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None, help="images per forward pass (default 64)")
 
 
 def _add_analysis_options(p) -> None:
@@ -120,17 +120,23 @@ def _add_analysis_options(p) -> None:
     p.add_argument(
         "--queries",
         nargs="+",
-        default=["0.5,0.5"],
-        help="attention-maps: query positions as row,col fractions of the image, or 'cls'",
+        default=None,
+        help="attention-maps: query positions as row,col fractions of the image, or 'cls' (default 0.5,0.5)",
     )
-    p.add_argument("--ks", nargs="+", type=int, default=[3, 5, 7], help="masking: window sizes k")
+    p.add_argument("--ks", nargs="+", type=int, default=None, help="masking: odd window sizes k (default 3 5 7)")
     p.add_argument(
         "--rtol",
         type=float,
         default=None,
         help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="masking / injectivity: seed of the random masks and constructed queries (default 0); "
+        "with --runs also the seed of the runs",
+    )
 
 
 def _kind_runs(args) -> Optional[dict]:
@@ -145,7 +151,7 @@ def _kind_runs(args) -> Optional[dict]:
             )
         from ..experiments.ablations import part_d_runs
 
-        seed = args.seed if args.run_seed is None else args.run_seed
+        seed = (args.seed or 0) if args.run_seed is None else args.run_seed
         if seed < 0:
             raise ValueError(f"--run-seed must be >= 0, got {seed}")
         return part_d_runs(args.runs, args.kinds, seed=seed)
@@ -172,7 +178,15 @@ def _models(args) -> Optional[list]:
     from ..analysis.analyze import load_kind_models, load_models
     from ..analysis.common import parse_model_args
 
+    if args.run_seed is not None and not args.runs:
+        raise ValueError(f"--run-seed {args.run_seed} picks the runs of --runs FOLDER: give --runs, or no --run-seed")
     if args.analysis == "injectivity" and not (args.runs or args.kinds and args.checkpoint):
+        given = [f for f in ("model", "checkpoint", "label", "model_args") if getattr(args, f)]
+        if given:
+            raise ValueError(
+                f"{', '.join('--' + f.replace('_', '-') for f in given)}: injectivity of the constructed queries "
+                "builds its own layers (trained models: --kinds with one --checkpoint per kind, or --runs)"
+            )
         return None
     model_args = parse_model_args(args.model_args)
     if args.kinds or args.runs:
@@ -193,21 +207,26 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    written = run_analysis(
-        args.analysis,
-        out,
-        models=_models(args),
-        kinds=args.kinds,
+    options = dict(
         data=args.data,
-        layers=args.layers,
         num_images=args.num_images,
         images=args.images,
         batch_size=args.batch_size,
         queries=args.queries,
         ks=args.ks,
         rtol=args.rtol,
-        seed=args.seed,
+        # with --runs the seed also picks the runs: only the analyses that draw from it get it
+        seed=None if args.runs and args.analysis not in OPTION_ANALYSES["seed"] else args.seed,
+    )
+    check_options(args.analysis, **options)  # before the models are loaded
+    written = run_analysis(
+        args.analysis,
+        out,
+        models=_models(args),
+        kinds=args.kinds,
+        layers=args.layers,
         progress=not args.no_progress,
+        **options,
     )
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
     return 0
