@@ -274,7 +274,7 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
         (["injectivity", "--batch-size", 8], "--batch-size is an option of confusion,"),
         (["injectivity", "--ks", 3], "--ks is an option of masking: analyze injectivity does not take it"),
         (["injectivity", "--layers", 0], "--layers picks the layer of trained models"),
-        (["injectivity", "--model", "inline_deit_tiny"], "--model: injectivity of the constructed queries"),
+        (["injectivity", "--model", "inline_deit_tiny"], "injectivity of fresh layers takes no --model"),
         (["injectivity", "--run-seed", 1], "--run-seed 1 picks the runs of --runs FOLDER"),
         (["confusion", "{common}", "--seed", 3], "--seed is an option of injectivity, masking: analyze confusion"),
         (["confusion", "{common}", "--queries", "cls"], "--queries is an option of attention-maps: analyze confusion"),

@@ -181,11 +181,10 @@ def _models(args) -> Optional[list]:
     if args.run_seed is not None and not args.runs:
         raise ValueError(f"--run-seed {args.run_seed} picks the runs of --runs FOLDER: give --runs, or no --run-seed")
     if args.analysis == "injectivity" and not (args.runs or args.kinds and args.checkpoint):
-        given = [f for f in ("model", "checkpoint", "label", "model_args") if getattr(args, f)]
-        if given:
+        if args.model or args.checkpoint or args.label or args.model_args:
             raise ValueError(
-                f"{', '.join('--' + f.replace('_', '-') for f in given)}: injectivity of the constructed queries "
-                "builds its own layers (trained models: --kinds with one --checkpoint per kind, or --runs)"
+                "injectivity of fresh layers takes no --model/--checkpoint/--label/--model-args "
+                "(trained models: --kinds with one --checkpoint per kind, or --runs)"
             )
         return None
     model_args = parse_model_args(args.model_args)
@@ -207,17 +206,9 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    options = dict(
-        data=args.data,
-        num_images=args.num_images,
-        images=args.images,
-        batch_size=args.batch_size,
-        queries=args.queries,
-        ks=args.ks,
-        rtol=args.rtol,
-        # with --runs the seed also picks the runs: only the analyses that draw from it get it
-        seed=None if args.runs and args.analysis not in OPTION_ANALYSES["seed"] else args.seed,
-    )
+    options = {key: getattr(args, key) for key in OPTION_ANALYSES}
+    if args.runs and args.analysis not in OPTION_ANALYSES["seed"]:
+        options["seed"] = None  # it picked the runs; this analysis draws nothing from it
     check_options(args.analysis, **options)  # before the models are loaded
     written = run_analysis(
         args.analysis,
