@@ -70,6 +70,28 @@ def test_eval_refuses_model_overrides_it_cannot_apply(task, demo_checkpoints, ca
     assert "builds the model from the checkpoint: --model.backbone cannot change it" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "task, argv, message",
+    [
+        ("seg", ["--sched.iters", "5"], "--sched.iters: seg eval reads only the data and eval settings;"),
+        (
+            "det",
+            ["--train.seed", "1"],
+            "--train.seed: det eval reads only the data and eval settings and train.threads;",
+        ),
+        ("seg", ["--device", "gpu"], "--device='gpu': expected auto, cpu, cuda or cuda:N"),
+        ("det", ["--device", "gpu"], "--device='gpu': expected auto, cpu, cuda or cuda:N"),
+    ],
+    ids=["seg-sched", "det-train", "seg-device", "det-device"],
+)
+def test_eval_refuses_settings_it_does_not_read(task, argv, message, demo_checkpoints, capsys):
+    """Issue 36: training settings were accepted by eval and ignored; det eval's bad --device was a
+    raw RuntimeError, seg eval's named train.device."""
+    assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task]), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and message in err, err
+
+
 @pytest.mark.parametrize("task,other", [("seg", "det"), ("det", "seg")])
 def test_eval_names_a_checkpoint_of_the_other_task(task, other, demo_checkpoints, capsys):
     # issue 26: a detection checkpoint in seg eval was a raw KeyError: 'decode'

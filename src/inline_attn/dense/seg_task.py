@@ -258,8 +258,9 @@ def evaluate_checkpoint(
     The result adds ``checkpoint``, ``backbone``, ``decode``, ``mode`` (whole / slide), ``images``,
     ``eval_time_s``, ``rank`` and, with ``png``, ``predictions_png`` to the metrics.
     """
-    from ..runtime.distributed import cleanup, init_distributed
+    from ..runtime.distributed import cleanup, init_distributed, resolve_device
 
+    resolve_device(device, what="--device")  # a bad name is the eval flag's error, not train.device's
     info = init_distributed(device)
     try:
         model, cfg = load_segmentor(checkpoint, info.device)
