@@ -276,6 +276,10 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
         (["injectivity", "--layers", 0], "--layers picks the layer of trained models"),
         (["injectivity", "--model", "inline_deit_tiny"], "injectivity of fresh layers takes no --model"),
         (["injectivity", "--run-seed", 1], "--run-seed 1 picks the runs of --runs FOLDER"),
+        (
+            ["injectivity", "--runs", "nowhere", "--model-args", "depth=1"],
+            "give no --model / --checkpoint / --label / --model-args",
+        ),
         (["confusion", "{common}", "--seed", 3], "--seed is an option of injectivity, masking: analyze confusion"),
         (["confusion", "{common}", "--queries", "cls"], "--queries is an option of attention-maps: analyze confusion"),
         (["locality", "{common}", "--rtol", 0.1], "--rtol is an option of confusion, injectivity: analyze locality"),

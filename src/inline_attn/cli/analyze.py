@@ -145,9 +145,10 @@ def _kind_runs(args) -> Optional[dict]:
     from ..analysis.compare_kinds import check_kinds
 
     if args.runs:
-        if args.model or args.checkpoint or args.label:
+        if args.model or args.checkpoint or args.label or args.model_args:
             raise ValueError(
-                "--runs finds each kind's trained model in the folder: give no --model / --checkpoint / --label"
+                "--runs finds each kind's trained model in the folder: give no --model / --checkpoint / --label / "
+                "--model-args"
             )
         from ..experiments.ablations import part_d_runs
 
