@@ -278,7 +278,7 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
         (["injectivity", "--run-seed", 1], "--run-seed 1 picks the runs of --runs FOLDER"),
         (
             ["injectivity", "--runs", "nowhere", "--model-args", "depth=1"],
-            "give no --model / --checkpoint / --label / --model-args",
+            "has each kind.s trained model: no --model/--checkpoint/--label/--model-args",
         ),
         (["confusion", "{common}", "--seed", 3], "--seed is an option of injectivity, masking: analyze confusion"),
         (["confusion", "{common}", "--queries", "cls"], "--queries is an option of attention-maps: analyze confusion"),

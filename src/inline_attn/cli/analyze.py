@@ -146,10 +146,7 @@ def _kind_runs(args) -> Optional[dict]:
 
     if args.runs:
         if args.model or args.checkpoint or args.label or args.model_args:
-            raise ValueError(
-                "--runs finds each kind's trained model in the folder: give no --model / --checkpoint / --label / "
-                "--model-args"
-            )
+            raise ValueError("--runs has each kind's trained model: no --model/--checkpoint/--label/--model-args")
         from ..experiments.ablations import part_d_runs
 
         seed = (args.seed or 0) if args.run_seed is None else args.run_seed
@@ -183,10 +180,7 @@ def _models(args) -> Optional[list]:
         raise ValueError(f"--run-seed {args.run_seed} picks the runs of --runs FOLDER: give --runs, or no --run-seed")
     if args.analysis == "injectivity" and not (args.runs or args.kinds and args.checkpoint):
         if args.model or args.checkpoint or args.label or args.model_args:
-            raise ValueError(
-                "injectivity of fresh layers takes no --model/--checkpoint/--label/--model-args "
-                "(trained models: --kinds with one --checkpoint per kind, or --runs)"
-            )
+            raise ValueError("injectivity of fresh layers takes no --model/--checkpoint/--label/--model-args")
         return None
     model_args = parse_model_args(args.model_args)
     if args.kinds or args.runs:
