@@ -289,6 +289,7 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
         (["confusion", "{common}", "--rtol", "inf"], "--rtol must be a finite number >= 0, got inf"),
         (["masking", "{common}", "--ks", 3, 0, 4], r"--ks \[0, 4\]: window sizes must be odd positive integers"),
         (["locality", "{common}", "--batch-size", 0], "--batch-size must be >= 1, got 0"),
+        (["locality", "{common}", "--num-images", -2], r"--num-images must be >= 0 \(0: all\), got -2"),
         (["locality", "{common}", "--images", 0, "--num-images", 2], "--images names the images: give no --num-images"),
     ],
     ids=lambda v: " ".join(map(str, v)) if isinstance(v, list) else None,

@@ -120,6 +120,8 @@ def check_options(analysis: str, **options) -> None:
             )
     if options.get("num_images") is not None and options.get("images") is not None:
         raise ValueError("--images names the images: give no --num-images with it")
+    if options.get("num_images") is not None and options["num_images"] < 0:
+        raise ValueError(f"--num-images must be >= 0 (0: all), got {options['num_images']}")
     if options.get("batch_size") is not None and options["batch_size"] < 1:
         raise ValueError(f"--batch-size must be >= 1, got {options['batch_size']}")
     rtol = options.get("rtol")
@@ -217,8 +219,6 @@ def _run_on_images(analysis, out, models, data, layers, *, num_images, images, b
     from .common import load_images
 
     n_img = DEFAULT_IMAGES[analysis] if num_images is None else num_images
-    if n_img < 0:
-        raise ValueError(f"--num-images must be >= 0, got {n_img}")
     first = models[0]
     image_set = load_images(
         data,
