@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
 import struct
 
 import numpy as np
@@ -263,3 +264,43 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
     assert "expected 'fmnist' or an ImageNet-layout folder" in capsys.readouterr().err
     assert run("locality", "--model", "no_such_model", "--data", "fmnist", "--out", tmp_path) == 2
     assert "unknown model 'no_such_model'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["injectivity", "--data", "fmnist"], "--data is an option of confusion, attention-maps, locality, masking"),
+        (["injectivity", "--num-images", 5], "--num-images is an option of confusion, attention-maps, locality"),
+        (["injectivity", "--batch-size", 8], "--batch-size is an option of confusion,"),
+        (["injectivity", "--ks", 3], "--ks is an option of masking: analyze injectivity does not take it"),
+        (["injectivity", "--layers", 0], "--layers picks the layer of trained models"),
+        (["injectivity", "--model", "inline_deit_tiny"], "injectivity of fresh layers takes no --model"),
+        (["injectivity", "--run-seed", 1], "--run-seed 1 picks the runs of --runs FOLDER"),
+        (
+            ["injectivity", "--runs", "nowhere", "--model-args", "depth=1"],
+            "has each kind.s trained model: no --model/--checkpoint/--label/--model-args",
+        ),
+        (["confusion", "{common}", "--seed", 3], "--seed is an option of injectivity, masking: analyze confusion"),
+        (["confusion", "{common}", "--queries", "cls"], "--queries is an option of attention-maps: analyze confusion"),
+        (["locality", "{common}", "--rtol", 0.1], "--rtol is an option of confusion, injectivity: analyze locality"),
+        (["masking", "{common}", "--queries", "cls"], "--queries is an option of attention-maps: analyze masking"),
+        (["attention-maps", "{common}", "--ks", 3], "--ks is an option of masking: analyze attention-maps"),
+        (["confusion", "{common}", "--rtol", -1], "--rtol must be a finite number >= 0, got -1.0"),
+        (["confusion", "{common}", "--rtol", "inf"], "--rtol must be a finite number >= 0, got inf"),
+        (["masking", "{common}", "--ks", 3, 0, 4], r"--ks \[0, 4\]: window sizes must be odd positive integers"),
+        (["locality", "{common}", "--batch-size", 0], "--batch-size must be >= 1, got 0"),
+        (["locality", "{common}", "--num-images", -2], r"--num-images must be >= 0 \(0: all\), got -2"),
+        (["locality", "{common}", "--images", 0, "--num-images", 2], "--images names the images: give no --num-images"),
+    ],
+    ids=lambda v: " ".join(map(str, v)) if isinstance(v, list) else None,
+)
+def test_an_option_the_analysis_ignores_or_a_bad_value_is_refused(tmp_path, fmnist_dir, capsys, argv, message):
+    """Issue 36: each option either changes the analysis or is refused before any model is built,
+    naming the option and the analyses that read it (or the value and what is expected)."""
+    common = ["--model", "inline_deit_tiny", "--model-args", *DEIT, "--data", f"fmnist:{fmnist_dir}"]
+    argv = [a for arg in argv for a in (common if arg == "{common}" else [arg])]
+    assert run(*argv, "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and len(err.splitlines()) == 1, err
+    assert re.search(message, err), err
+    assert not list((tmp_path / "out").iterdir())  # refused before anything was written

@@ -152,4 +152,4 @@ def test_missing_kinds_are_named_with_the_command_that_trains_them(tmp_path, run
     assert run("locality", "--runs", runs, "--kinds", "performer", "--data", "fmnist", "--out", tmp_path / "o") == 2
     assert "unknown attention kind(s) ['performer']: part d trains" in capsys.readouterr().err
     assert run("locality", "--runs", runs, "--model", "inline_swin_tiny", "--data", "fmnist", "--out", tmp_path) == 2
-    assert "--runs finds each kind's trained model in the folder" in capsys.readouterr().err
+    assert "--runs has each kind's trained model: no --model" in capsys.readouterr().err

@@ -4,6 +4,7 @@ result lines and leaves a checkpoint that ``eval`` accepts. Tiny budgets on the 
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -69,6 +70,28 @@ def test_eval_refuses_model_overrides_it_cannot_apply(task, demo_checkpoints, ca
     assert "builds the model from the checkpoint: --model.backbone cannot change it" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "task, argv, message",
+    [
+        ("seg", ["--sched.iters", "5"], "--sched.iters: seg eval reads only the data and eval settings;"),
+        (
+            "det",
+            ["--train.seed", "1"],
+            "--train.seed: det eval reads only the data and eval settings and train.threads;",
+        ),
+        ("seg", ["--device", "gpu"], "--device='gpu': expected auto, cpu, cuda or cuda:N"),
+        ("det", ["--device", "gpu"], "--device='gpu': expected auto, cpu, cuda or cuda:N"),
+    ],
+    ids=["seg-sched", "det-train", "seg-device", "det-device"],
+)
+def test_eval_refuses_settings_it_does_not_read(task, argv, message, demo_checkpoints, capsys):
+    """Issue 36: training settings were accepted by eval and ignored; det eval's bad --device was a
+    raw RuntimeError, seg eval's named train.device."""
+    assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task]), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and message in err, err
+
+
 @pytest.mark.parametrize("task,other", [("seg", "det"), ("det", "seg")])
 def test_eval_names_a_checkpoint_of_the_other_task(task, other, demo_checkpoints, capsys):
     # issue 26: a detection checkpoint in seg eval was a raw KeyError: 'decode'
@@ -96,6 +119,46 @@ def test_mosaics_command_writes_coco_and_a_png(tmp_path, capsys):
     assert len(list((tmp_path / "coco" / "images").glob("*.png"))) == 3 and (tmp_path / "m.png").stat().st_size > 0
     assert main(["seg", "mosaics", "--num", "3"]) == 2
     assert "nothing to do: give --coco DIR and/or --png FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--coco", "{tmp}/coco", "--rows", "2"], "--rows 2 sets the rows of the --png FILE: give --png, or no --rows"),
+        (["--png", "{tmp}/m.png", "--rows", "0"], "--rows 0: expected 1 to 3 (the number of mosaics)"),
+        (["--png", "{tmp}/m.png", "--rows", "4"], "--rows 4: expected 1 to 3 (the number of mosaics)"),
+        (["--png", "{tmp}/m.png", "--max-overlap", "-0.1"], "max_overlap=-0.1 must be a fraction in [0, 1]"),
+        (["--png", "{tmp}/m.png", "--max-overlap", "nan"], "max_overlap=nan must be a fraction in [0, 1]"),
+        (["--png", "{tmp}/m.png", "--seed", "-1"], "seed=-1: must be >= 0"),
+        (["--png", "{tmp}/m.png", "--objects", "0", "2"], "objects=(0, 2) must satisfy 1 <= min <= max"),
+        (["--png", "{tmp}/m.png", "--size", "20"], "a garment of scale 1.0 (28 px) does not fit a 20 px mosaic"),
+    ],
+    ids=["rows-without-png", "rows-0", "rows-over-num", "overlap-negative", "overlap-nan", "seed", "objects", "size"],
+)
+def test_mosaics_refuses_an_argument_it_would_ignore_or_fail_on(tmp_path, capsys, argv, message):
+    """Issue 36: --rows without --png was ignored, more rows than mosaics silently shrank, a
+    negative seed failed inside numpy, an overlap outside [0, 1] was taken."""
+    argv = ["seg", "mosaics", "--num", "3", *(a.format(tmp=tmp_path) for a in argv)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and message in err, err
+    assert not (tmp_path / "m.png").exists() and not (tmp_path / "coco" / "annotations").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--train.output", "x"], "--train.output: seg info reports the parameters of the model section's segmentor"),
+        (["--model.pretrained", "x.pth"], "--model.pretrained: seg info reports"),
+        (["--data.crop_size", "[256, 256]"], "--data.crop_size: seg info reports"),
+    ],
+    ids=["train-section", "weights", "crop-size-without-macs"],
+)
+def test_seg_info_refuses_a_setting_that_changes_nothing_it_reports(capsys, argv, message):
+    config = pathlib.Path(__file__).parents[2] / "configs" / "ade20k" / "semantic_fpn_inline_pvt_tiny.yaml"
+    assert main(["seg", "info", "-c", str(config), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and message in err, err
 
 
 @pytest.mark.parametrize("task,metric", [("seg", "mIoU"), ("det", "AP")])

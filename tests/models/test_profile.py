@@ -117,3 +117,22 @@ def test_cli_info_reports_params_and_macs(capsys):
     assert "12,032,232" in capsys.readouterr().out
     assert main(["info", "inline_nope"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["inline_deit_tiny", "--no-macs", "--img-size", "32", "32"],
+            "--img-size 32 32 is the size the MACs are counted",
+        ),
+        (["inline_deit_tiny", "--img-size", "0", "32"], "--img-size 0 32: expected two positive sizes H W"),
+        (["configs/ade20k/semantic_fpn_inline_pvt_tiny.yaml", "--img-size", "64", "64"], "profiled at its crop size"),
+    ],
+    ids=["img-size-without-macs", "img-size-0", "img-size-of-a-config"],
+)
+def test_cli_info_refuses_a_size_it_would_not_use(capsys, argv, message):
+    """Issue 36: --img-size was ignored with --no-macs and for a segmentation config."""
+    assert main(["info", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and message in err, err

@@ -106,6 +106,27 @@ def test_eval_flag_errors_name_the_flag(trained, args, message, capsys):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "4"], "--workers: Fashion-MNIST is evaluated from memory at input size 16"),
+        (
+            ["--img-size", "28", "--crop-pct", "0.9"],
+            "--crop-pct: Fashion-MNIST is evaluated from memory at input size 28",
+        ),
+        (["--img-size", "28", "--eval-resize", "squash"], "--eval-resize: Fashion-MNIST is evaluated from memory"),
+    ],
+    ids=["workers", "crop-pct", "eval-resize"],
+)
+def test_eval_refuses_fmnist_options_that_change_nothing(trained, args, message, capsys):
+    """Issue 36: Fashion-MNIST is read from memory (no loader processes) and its 28 x 28 images
+    are not resized at input size 28, so these options were accepted and ignored."""
+    _, ckpt = trained
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", "fmnist", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: ") and message in err, err
+
+
 def test_eval_runtime_errors_name_eval_flags(trained, tmp_path, capsys):
     root, ckpt = trained
     assert main(["eval", "--checkpoint", str(ckpt), "--data", str(root), "--device", "gpu"]) == 2

@@ -24,6 +24,18 @@ from .report import (
 
 ANALYSES = ("injectivity", "confusion", "attention-maps", "locality", "masking")
 DEFAULT_IMAGES = {"confusion": 500, "attention-maps": 4, "locality": 500, "masking": 0}
+_ON_IMAGES = ("confusion", "attention-maps", "locality", "masking")
+# option -> the analyses that read it; given (not None) to any other analysis, it is refused
+OPTION_ANALYSES = {
+    "data": _ON_IMAGES,
+    "num_images": _ON_IMAGES,
+    "images": _ON_IMAGES,
+    "batch_size": _ON_IMAGES,
+    "queries": ("attention-maps",),
+    "ks": ("masking",),
+    "rtol": ("confusion", "injectivity"),
+    "seed": ("injectivity", "masking"),
+}
 
 
 def load_models(
@@ -97,6 +109,34 @@ def _check_layers(models: Sequence[LoadedModel], layers) -> None:
             raise ValueError(f"model {lm.label}: {e}") from None
 
 
+def check_options(analysis: str, **options) -> None:
+    """Refuse the options (keyword -> value; None: not given) that ``analysis`` would ignore, and
+    values it would fail on only after the models and images are loaded."""
+    for key, value in options.items():
+        if value is not None and analysis not in OPTION_ANALYSES[key]:
+            raise ValueError(
+                f"--{key.replace('_', '-')} is an option of {', '.join(OPTION_ANALYSES[key])}: "
+                f"analyze {analysis} does not take it"
+            )
+    if options.get("num_images") is not None and options.get("images") is not None:
+        raise ValueError("--images names the images: give no --num-images with it")
+    if options.get("num_images") is not None and options["num_images"] < 0:
+        raise ValueError(f"--num-images must be >= 0 (0: all), got {options['num_images']}")
+    if options.get("batch_size") is not None and options["batch_size"] < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {options['batch_size']}")
+    rtol = options.get("rtol")
+    if rtol is not None and not (0 <= rtol < float("inf")):
+        raise ValueError(f"--rtol must be a finite number >= 0, got {rtol}")
+    bad_ks = [k for k in options.get("ks") or () if k < 1 or k % 2 == 0]
+    if bad_ks:
+        raise ValueError(f"--ks {bad_ks}: window sizes must be odd positive integers (e.g. 3 5 7)")
+    if options.get("queries") is not None:
+        from .attention_maps import parse_query
+
+        for q in options["queries"]:
+            parse_query(q)
+
+
 def run_analysis(
     analysis: str,
     out: PathLike,
@@ -107,21 +147,39 @@ def run_analysis(
     layers: Optional[Sequence] = None,
     num_images: Optional[int] = None,
     images: Optional[Sequence[int]] = None,
-    batch_size: int = 64,
-    queries: Sequence[str] = ("0.5,0.5",),
-    ks: Sequence[int] = (3, 5, 7),
+    batch_size: Optional[int] = None,
+    queries: Optional[Sequence[str]] = None,
+    ks: Optional[Sequence[int]] = None,
     rtol: Optional[float] = None,
-    seed: int = 0,
+    seed: Optional[int] = None,
     progress: bool = True,
 ) -> list[pathlib.Path]:
     """Run ``analysis`` (one of :data:`ANALYSES`) on ``models`` over the images of ``data`` (the first
     ``num_images``, default :data:`DEFAULT_IMAGES`, or exactly ``images``) and write its files into
     ``out``; returns their paths. Injectivity takes no data: the constructed queries through each of
-    ``kinds`` (or through the trained ``models``), or through linear and InLine attention."""
+    ``kinds`` (or through the trained ``models``), or through linear and InLine attention.
+
+    An option left None takes its default (``batch_size`` 64, ``queries`` the centre "0.5,0.5",
+    ``ks`` 3 5 7, ``rtol`` 1e-3, ``seed`` 0); one given to an analysis that does not read it (see
+    :data:`OPTION_ANALYSES`) is refused, as are ``layers`` for injectivity without trained models."""
     if analysis not in ANALYSES:
         raise ValueError(f"unknown analysis {analysis!r}: expected one of {list(ANALYSES)}")
+    check_options(
+        analysis,
+        data=data,
+        num_images=num_images,
+        images=images,
+        batch_size=batch_size,
+        queries=queries,
+        ks=ks,
+        rtol=rtol,
+        seed=seed,
+    )
     rtol = DEFAULT_RTOL if rtol is None else rtol
+    seed = 0 if seed is None else seed
     if analysis == "injectivity":
+        if models is None and layers:
+            raise ValueError("--layers picks the layer of trained models: injectivity of fresh layers takes none")
         if models is None and not kinds:
             return write_injectivity(out, seed=seed, rtol=rtol)
         if models is None:
@@ -130,7 +188,26 @@ def run_analysis(
             kinds, message = split_by_weights(kinds, analysis)
             if message:
                 print(message)
-        return write_injectivity_kinds(out, kinds=kinds, models=models, layers=layers, data=data, seed=seed, rtol=rtol)
+        return write_injectivity_kinds(out, kinds=kinds, models=models, layers=layers, seed=seed, rtol=rtol)
+    return _run_on_images(
+        analysis,
+        out,
+        models,
+        data,
+        layers,
+        num_images=num_images,
+        images=images,
+        batch_size=64 if batch_size is None else batch_size,
+        queries=("0.5,0.5",) if queries is None else queries,
+        ks=(3, 5, 7) if ks is None else ks,
+        rtol=rtol,
+        seed=seed,
+        progress=progress,
+    )
+
+
+def _run_on_images(analysis, out, models, data, layers, *, num_images, images, batch_size, **options):
+    """The analyses that run ``models`` over images (all but injectivity)."""
     if not models:
         raise ValueError(f"analyze {analysis} needs models")
     chosen = parse_layers(layers)
@@ -142,8 +219,6 @@ def run_analysis(
     from .common import load_images
 
     n_img = DEFAULT_IMAGES[analysis] if num_images is None else num_images
-    if n_img < 0:
-        raise ValueError(f"--num-images must be >= 0, got {n_img}")
     first = models[0]
     image_set = load_images(
         data,
@@ -153,14 +228,22 @@ def run_analysis(
         crop_pct=first.crop_pct,
         interpolation=first.interpolation,
     )
-    common = dict(layers=layers, batch_size=batch_size, progress=progress, data=data)
+    common = dict(layers=layers, batch_size=batch_size, progress=options["progress"], data=data)
     if analysis == "confusion":
-        return write_confusion(models, image_set, out, rtol=rtol, **common)
+        return write_confusion(models, image_set, out, rtol=options["rtol"], **common)
     if analysis == "locality":
         return write_locality(models, image_set, out, **common)
     if analysis == "masking":
-        return write_masking(models, image_set, out, ks=ks, seed=seed, **common)
-    return write_attention_maps(models, image_set, out, queries=queries, **common)
+        return write_masking(models, image_set, out, ks=options["ks"], seed=options["seed"], **common)
+    return write_attention_maps(models, image_set, out, queries=options["queries"], **common)
 
 
-__all__ = ["ANALYSES", "DEFAULT_IMAGES", "run_analysis", "load_kind_models", "load_models"]
+__all__ = [
+    "ANALYSES",
+    "DEFAULT_IMAGES",
+    "OPTION_ANALYSES",
+    "check_options",
+    "run_analysis",
+    "load_kind_models",
+    "load_models",
+]

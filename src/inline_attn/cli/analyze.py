@@ -10,7 +10,7 @@ import pathlib
 from typing import Optional
 
 from .._io import writable_dir
-from ..analysis.analyze import ANALYSES
+from ..analysis.analyze import ANALYSES, OPTION_ANALYSES, check_options
 
 
 def register(subparsers) -> None:
@@ -112,7 +112,7 @@ def _add_data_options(p) -> None:
         metavar="INDEX",
         help="analyse exactly these images (indices into the data) instead of the first N",
     )
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None, help="images per forward pass (default 64)")
 
 
 def _add_analysis_options(p) -> None:
@@ -120,17 +120,23 @@ def _add_analysis_options(p) -> None:
     p.add_argument(
         "--queries",
         nargs="+",
-        default=["0.5,0.5"],
-        help="attention-maps: query positions as row,col fractions of the image, or 'cls'",
+        default=None,
+        help="attention-maps: query positions as row,col fractions of the image, or 'cls' (default 0.5,0.5)",
     )
-    p.add_argument("--ks", nargs="+", type=int, default=[3, 5, 7], help="masking: window sizes k")
+    p.add_argument("--ks", nargs="+", type=int, default=None, help="masking: odd window sizes k (default 3 5 7)")
     p.add_argument(
         "--rtol",
         type=float,
         default=None,
         help="confusion / injectivity: rows are equal when no weight differs by more than rtol/N (default 1e-3)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random masks and constructed queries")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="masking / injectivity: seed of the random masks and constructed queries (default 0); "
+        "with --runs also the seed of the runs",
+    )
 
 
 def _kind_runs(args) -> Optional[dict]:
@@ -139,13 +145,11 @@ def _kind_runs(args) -> Optional[dict]:
     from ..analysis.compare_kinds import check_kinds
 
     if args.runs:
-        if args.model or args.checkpoint or args.label:
-            raise ValueError(
-                "--runs finds each kind's trained model in the folder: give no --model / --checkpoint / --label"
-            )
+        if args.model or args.checkpoint or args.label or args.model_args:
+            raise ValueError("--runs has each kind's trained model: no --model/--checkpoint/--label/--model-args")
         from ..experiments.ablations import part_d_runs
 
-        seed = args.seed if args.run_seed is None else args.run_seed
+        seed = (args.seed or 0) if args.run_seed is None else args.run_seed
         if seed < 0:
             raise ValueError(f"--run-seed must be >= 0, got {seed}")
         return part_d_runs(args.runs, args.kinds, seed=seed)
@@ -172,7 +176,11 @@ def _models(args) -> Optional[list]:
     from ..analysis.analyze import load_kind_models, load_models
     from ..analysis.common import parse_model_args
 
+    if args.run_seed is not None and not args.runs:
+        raise ValueError(f"--run-seed {args.run_seed} picks the runs of --runs FOLDER: give --runs, or no --run-seed")
     if args.analysis == "injectivity" and not (args.runs or args.kinds and args.checkpoint):
+        if args.model or args.checkpoint or args.label or args.model_args:
+            raise ValueError("injectivity of fresh layers takes no --model/--checkpoint/--label/--model-args")
         return None
     model_args = parse_model_args(args.model_args)
     if args.kinds or args.runs:
@@ -193,21 +201,18 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    options = {key: getattr(args, key) for key in OPTION_ANALYSES}
+    if args.runs and args.analysis not in OPTION_ANALYSES["seed"]:
+        options["seed"] = None  # it picked the runs; this analysis draws nothing from it
+    check_options(args.analysis, **options)  # before the models are loaded
     written = run_analysis(
         args.analysis,
         out,
         models=_models(args),
         kinds=args.kinds,
-        data=args.data,
         layers=args.layers,
-        num_images=args.num_images,
-        images=args.images,
-        batch_size=args.batch_size,
-        queries=args.queries,
-        ks=args.ks,
-        rtol=args.rtol,
-        seed=args.seed,
         progress=not args.no_progress,
+        **options,
     )
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
     return 0

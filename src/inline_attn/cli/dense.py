@@ -336,7 +336,7 @@ def register_seg(subparsers) -> None:
     p.add_argument("--fmnist", help="Fashion-MNIST folder (default: $INLINE_ATTN_FMNIST or Debian's)")
     p.add_argument("--coco", metavar="DIR", help="write DIR/images, DIR/labels, DIR/annotations/instances_<split>.json")
     p.add_argument("--png", metavar="FILE", help="write a PNG of the first --rows mosaics")
-    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--rows", type=int, default=None, help="--png: how many mosaics it shows (default 4)")
     p.set_defaults(func=cmd_mosaics)
 
     p = sub.add_parser("info", allow_abbrev=False, help="parameter counts (and MACs) of a config's segmentor")

@@ -21,6 +21,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if args.name.endswith((".yaml", ".yml")):  # a segmentation config: its segmentor's parameters
         from ..dense.seg_task import format_segmentor_info, segmentor_info
 
+        if args.img_size:
+            raise ValueError(f"--img-size: a segmentation config ({args.name}) is profiled at its crop size")
+
         info = segmentor_info(args.name, macs=not args.no_macs)
         print(json.dumps(info, indent=1) if args.json else format_segmentor_info(info))
         return 0

@@ -256,7 +256,7 @@ def _register_eval(subparsers) -> None:
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"])
-    p.add_argument("--workers", type=_non_negative_int, default=2)
+    p.add_argument("--workers", type=_non_negative_int, help="loader processes of a folder (default 2)")
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(func=cmd_eval)
 

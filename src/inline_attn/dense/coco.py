@@ -122,19 +122,24 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
 
 
 def export_mosaics(
-    mosaics: FashionMosaics, *, coco=None, png=None, rows: int = 4, progress: bool = True
+    mosaics: FashionMosaics, *, coco=None, png=None, rows: Optional[int] = None, progress: bool = True
 ) -> dict[str, pathlib.Path]:
     """Write ``mosaics`` as a COCO-format folder under ``coco`` (:func:`write_coco`) and/or a PNG of
-    the first ``rows`` mosaics to ``png``; returns {"coco": instances JSON, "png": PNG} of those written."""
+    the first ``rows`` mosaics (default 4, at most all of them) to ``png``; returns {"coco": instances
+    JSON, "png": PNG} of those written. ``rows`` without ``png``, or more rows than mosaics, is refused."""
     if not coco and not png:
         raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    if rows is not None and not png:
+        raise ValueError(f"--rows {rows} sets the rows of the --png FILE: give --png, or no --rows")
+    if rows is not None and not 1 <= rows <= len(mosaics):
+        raise ValueError(f"--rows {rows}: expected 1 to {len(mosaics)} (the number of mosaics)")
     out = {}
     if coco:
         out["coco"] = write_coco(mosaics, coco, progress=progress)
     if png:
         from .viz import save_mosaic_samples
 
-        out["png"] = save_mosaic_samples(mosaics, png, n=min(rows, len(mosaics)))
+        out["png"] = save_mosaic_samples(mosaics, png, n=min(4, len(mosaics)) if rows is None else rows)
     return out
 
 

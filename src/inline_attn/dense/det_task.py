@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..runtime.amp import autocast
-from ..runtime.distributed import DistInfo
+from ..runtime.distributed import DistInfo, resolve_device
 from .coco import coco_box_ap, to_coco_detections
 from .config import DetConfig
 from .data import StepSampler, build_det_datasets, det_collate
@@ -222,9 +222,9 @@ def evaluate_checkpoint(
     The result adds ``checkpoint``, ``backbone``, ``images``, ``eval_time_s`` and, with ``png``,
     ``detections_png`` to the metrics.
     """
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else device.replace("auto", "cpu"))
+    dev = resolve_device(device, what="--device")
     model, cfg = load_detector(checkpoint, dev)
-    cfg = eval_config(cfg, overrides, "det")
+    cfg = eval_config(cfg, overrides, "det", reads=("train.threads",))
     if cfg.train.threads:  # the run's thread count (small ops: a second thread may only contend)
         torch.set_num_threads(int(cfg.train.threads))
     _, val = build_det_datasets(cfg, train=False, progress=True)

@@ -13,16 +13,26 @@ from typing import Any, Iterable
 from ..runtime.config import TypedConfig
 
 
-def eval_config(cfg: TypedConfig, overrides: Iterable[tuple[str, Any]], task: str) -> TypedConfig:
-    """The checkpoint's config with ``overrides`` (dotted keys) applied; a ``ValueError`` for a
-    ``model.*`` key, which cannot change a model already built from the checkpoint (it used to be
-    accepted, ignored and printed as if it had been applied)."""
+def eval_config(
+    cfg: TypedConfig, overrides: Iterable[tuple[str, Any]], task: str, *, reads: tuple[str, ...] = ()
+) -> TypedConfig:
+    """The checkpoint's config with ``overrides`` (dotted keys) applied. A ``model.*`` key cannot
+    change a model already built from the checkpoint (it used to be accepted, ignored and printed
+    as if it had been applied), and the training sections (``optim``, ``sched``, ``train``; but the
+    keys in ``reads``) are not read by an evaluation: both are refused with a ``ValueError``."""
     overrides = list(overrides)
     model_keys = [key for key, _ in overrides if key.split(".")[0] == "model"]
     if model_keys:
         raise ValueError(
             f"{task} eval builds the model from the checkpoint: --{', --'.join(model_keys)} cannot change it "
             "(train or fine-tune with --model.checkpoint for another model)"
+        )
+    unread = [key for key, _ in overrides if key.split(".")[0] not in ("data", "eval") and key not in reads]
+    if unread:
+        more = f" and {', '.join(reads)}" if reads else ""
+        raise ValueError(
+            f"--{', --'.join(unread)}: {task} eval reads only the data and eval settings{more}; "
+            "that setting changes nothing in it"
         )
     return cfg.replace(**dict(overrides))
 

@@ -66,6 +66,8 @@ class MosaicSpec:
             )
         if not 0 <= self.threshold < 255:
             raise ValueError(f"threshold={self.threshold} must be in [0, 255)")
+        if not 0 <= self.max_overlap <= 1:  # NaN too
+            raise ValueError(f"max_overlap={self.max_overlap} must be a fraction in [0, 1]")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,6 +153,8 @@ class FashionMosaics(torch.utils.data.Dataset):
             raise ValueError(f"mosaic split {split!r}: expected 'train' or 'val'")
         if num < 1:
             raise ValueError(f"num={num} mosaics: must be >= 1")
+        if seed < 0:  # numpy's generators take non-negative seeds only
+            raise ValueError(f"seed={seed}: must be >= 0")
         self.split, self.num, self.seed = split, int(num), int(seed)
         self.spec = spec or MosaicSpec()
         if garments is None:

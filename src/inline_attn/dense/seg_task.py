@@ -258,8 +258,9 @@ def evaluate_checkpoint(
     The result adds ``checkpoint``, ``backbone``, ``decode``, ``mode`` (whole / slide), ``images``,
     ``eval_time_s``, ``rank`` and, with ``png``, ``predictions_png`` to the metrics.
     """
-    from ..runtime.distributed import cleanup, init_distributed
+    from ..runtime.distributed import cleanup, init_distributed, resolve_device
 
+    resolve_device(device, what="--device")  # a bad name is the eval flag's error, not train.device's
     info = init_distributed(device)
     try:
         model, cfg = load_segmentor(checkpoint, info.device)
@@ -293,6 +294,7 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
     segmentor, and its MACs at the crop size when ``macs``."""
     from ..models.profile import count_params, profile
 
+    _refuse_unread_overrides(overrides, macs)
     cfg = SegConfig.load(config, overrides)
     n = num_classes or cfg.model.num_classes or (11 if cfg.data.dataset == "mosaic" else 150)
     model = build_from_config(cfg.replace(**{"model.pretrained": None, "model.checkpoint": None}), int(n))
@@ -314,6 +316,23 @@ def segmentor_info(config, overrides=(), *, num_classes=None, macs: bool = False
         out["macs"] = profile(model, (3, *size)).macs
         out["macs_input"] = list(size)
     return out
+
+
+def _refuse_unread_overrides(overrides, macs: bool) -> None:
+    """``segmentor_info`` builds the model section's segmentor (without its weights) for the data
+    set's classes, and reads the crop size only for the MACs: an override of anything else would
+    change nothing it reports."""
+    reads = ("data.dataset", "data.crop_size", "data.mosaic.size") if macs else ("data.dataset",)
+    keys = [item[0] if isinstance(item, tuple) else str(item).split("=", 1)[0] for item in overrides]
+    unread = [
+        k for k in keys if not (k.startswith("model.") or k in reads) or k in ("model.pretrained", "model.checkpoint")
+    ]
+    if unread:
+        what = "for data.dataset's classes" + (" and its MACs at data.crop_size" if macs else "")
+        raise ValueError(
+            f"{', '.join('--' + k for k in unread)}: seg info reports the parameters of the model section's "
+            f"segmentor (random weights) {what}; that setting changes nothing in it"
+        )
 
 
 def format_segmentor_info(info: dict) -> str:

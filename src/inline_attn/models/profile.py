@@ -89,6 +89,12 @@ def model_info(name: str, img_size: Optional[Sequence[int]] = None, *, macs: boo
     without ``macs``) and config, as ``inline-attn info`` reports them."""
     from .registry import create_model, get_model_config
 
+    if img_size is not None and not macs:
+        raise ValueError(
+            f"--img-size {' '.join(map(str, img_size))} is the size the MACs are counted at: not with --no-macs"
+        )
+    if img_size is not None and (len(img_size) != 2 or min(img_size) < 1):
+        raise ValueError(f"--img-size {' '.join(map(str, img_size))}: expected two positive sizes H W")
     cfg = get_model_config(name)
     model = create_model(name)
     size = cfg.input_size if img_size is None else (cfg.input_size[0], *img_size)

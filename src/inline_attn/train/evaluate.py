@@ -142,6 +142,19 @@ def _load_into(net: nn.Module, source, where: str) -> None:
         raise ValueError(f"checkpoint {where}: {e}") from None
 
 
+def _refuse_unused_for_fmnist(img_size: int, **given) -> None:
+    """Fashion-MNIST is evaluated from memory (no loader processes) and its 28 x 28 images are only
+    normalised at input size 28 (no resize, no crop): the options that would do nothing."""
+    unused = ["workers"] if given["workers"] is not None else []
+    if img_size == 28:
+        unused += [k for k in ("crop_pct", "eval_resize") if given[k] is not None]
+    if unused:
+        raise ValueError(
+            f"{', '.join('--' + k.replace('_', '-') for k in unused)}: Fashion-MNIST is evaluated from memory at "
+            f"input size {img_size} (no loader processes; 28 x 28 images are not resized or cropped)"
+        )
+
+
 def evaluate_checkpoint(
     checkpoint: PathLike,
     data: str,
@@ -155,7 +168,7 @@ def evaluate_checkpoint(
     eval_resize: Optional[str] = None,
     device: str = "auto",
     amp: str = "none",
-    workers: int = 2,
+    workers: Optional[int] = None,
     json_path: Optional[PathLike] = None,
 ) -> dict:
     """Top-1/top-5 of a checkpoint on ``data`` ("fmnist", "fmnist:DIR" or an ImageNet-layout folder).
@@ -165,6 +178,8 @@ def evaluate_checkpoint(
     Unreadable images are skipped: ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
     The result is also written to ``json_path`` when given and at least one image was scored.
     Non-finite logits (a checkpoint with NaN weights) raise a ValueError naming the checkpoint.
+    ``workers`` (loader processes for a folder, default 2) is refused for Fashion-MNIST, which is
+    read from memory, and so are ``crop_pct`` / ``eval_resize`` when its 28 x 28 images are not resized.
     """
     dev = resolve_device(device, what="--device")
     net, record = load_trained_model(checkpoint, model=model, ema=ema)
@@ -172,9 +187,11 @@ def evaluate_checkpoint(
     name = record["model_name"]
     fmnist, _ = parse_source(data)
     info = trained_data_info(record, fmnist=fmnist, img_size=img_size, crop_pct=crop_pct, eval_resize=eval_resize)
+    if fmnist:
+        _refuse_unused_for_fmnist(info.img_size, workers=workers, crop_pct=crop_pct, eval_resize=eval_resize)
     dataset, _ = open_eval_source(data, info, split, what="--data")
     tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation, info.eval_resize).to(dev)
-    batches = Batches(dataset, batch_size, train=False, workers=workers)
+    batches = Batches(dataset, batch_size, train=False, workers=2 if workers is None else workers)
     t = time.time()
     res = evaluate(net, batches, tf, dev, DistInfo(device=dev), amp, source=f"checkpoint {checkpoint}")
     res.update(
