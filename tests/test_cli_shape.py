@@ -15,8 +15,10 @@ import inline_attn
 CLI = pathlib.Path(inline_attn.__file__).resolve().parent / "cli"
 # Non-argparse lines of cli/ functions (what `cli_logic_lines` counts): 892 at ec828ee, 453 once the
 # analyses' writers, checkpoint evaluation, the benchmarks' runs and model info moved into the
-# library. Issue 35 asks for 300; what is left is argument mapping, printing and cli/train.py.
-MAX_LOGIC_LINES = 460
+# library, 483 with issue 36's refusals (argparse value types, output files checked before the
+# work, flags that do not go together). Issue 35 asks for 300; what is left is argument mapping,
+# those refusals, printing and cli/train.py's reproduce command.
+MAX_LOGIC_LINES = 485
 
 _PARSER_CALLS = {"add_argument", "add_parser", "add_subparsers", "add_argument_group", "set_defaults"}
 _WRITES = {
