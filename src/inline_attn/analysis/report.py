@@ -12,7 +12,7 @@ import json
 import pathlib
 from typing import Optional, Sequence
 
-from ..runtime.report import write_csv
+from ..runtime.report import markdown_table, write_csv
 from .common import ImageBatches, ImageSet, LoadedModel, PathLike
 from .confusion import DEFAULT_RTOL
 
@@ -264,12 +264,11 @@ def write_masking(
 def masking_table(per_model: dict, ks) -> str:
     """Markdown table: model | no mask | local kxk | random kxk ... (top-1 %)."""
     head = ["model", "no mask"] + [f"{m} {k}x{k}" for k in ks for m in ("local", "random")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for label, rows in per_model.items():
         by = {(r["mask"], r["k"]): r["top1"] for r in rows}
-        cells = [label, f"{by[('none', 0)]:.2f}"] + [f"{by[(m, k)]:.2f}" for k in ks for m in ("local", "random")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        table.append([label, f"{by[('none', 0)]:.2f}"] + [f"{by[(m, k)]:.2f}" for k in ks for m in ("local", "random")])
+    return "\n".join(markdown_table(table, head)) + "\n"
 
 
 def write_attention_maps(

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from ..ops.fused import triton as launchers
+from ..runtime.report import markdown_table
 
 
 @dataclass(frozen=True)
@@ -431,7 +432,7 @@ def summary_table(result: dict) -> str:
     columns = ("target", "configurations", "over a limit", "shapes sent to eager", "refused shapes", "failing steps")
     columns += ("max shared (bytes)",)
     columns += ("limit", "max registers", "spilling")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    rows = []
     for t in TARGETS:
         rows = [r for r in result["configs"] if r["target"] == t.name]
         if not rows:
@@ -448,8 +449,8 @@ def summary_table(result: dict) -> str:
             regs or "-",
             spilling if regs else "-",
         )
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return "\n".join(markdown_table(rows, columns))
 
 
 def main(argv=None) -> int:
