@@ -41,6 +41,7 @@ def audit(tmp_path_factory):
     cmd = [sys.executable, "-m", "inline_attn.bench.kernel_audit", "--out", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert (out / "summary.md").read_text() == proc.stdout  # the table it prints is the one it writes
     return proc, json.loads((out / "audit.json").read_text())
 
 
@@ -60,6 +61,19 @@ def test_only_head_dim_128_on_99_kb_devices_goes_to_the_eager_path(audit):
     assert refused == {("sm_86", 128, True), ("sm_89", 128, True)}, result["refused"]
     fused_128 = {r["target"] for r in result["configs"] if r["kernel"] == "inline_bwd_fused" and r["meta"]["D"] == 128}
     assert fused_128 == {"sm_80", "sm_90"}
+
+
+def test_the_summary_has_one_row_per_target_with_nothing_over_a_limit(audit):
+    proc, _ = audit
+    header, rule, *rows = proc.stdout.strip().splitlines()
+    assert header.startswith("| target | configurations | over a limit |") and set(rule) == {"|", "-"}
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| sm_80 (A100)",
+        "| sm_86 (RTX 3090 / A6000)",
+        "| sm_89 (RTX 4090 / L40)",
+        "| sm_90 (H100 / H200)",
+    ]
+    assert all(row.split(" | ")[2] == "0" for row in rows), rows
 
 
 def test_every_kernel_family_is_audited_on_every_target(audit):

@@ -430,27 +430,21 @@ def summary_table(result: dict) -> str:
     """Per target: distinct configurations, those over a limit, refused shapes, failing training
     steps, the largest shared memory and (with --registers) the largest register count and spills."""
     columns = ("target", "configurations", "over a limit", "shapes sent to eager", "refused shapes", "failing steps")
-    columns += ("max shared (bytes)",)
-    columns += ("limit", "max registers", "spilling")
-    rows = []
+    columns += ("max shared (bytes)", "limit", "max registers", "spilling")
+    table = []
     for t in TARGETS:
-        rows = [r for r in result["configs"] if r["target"] == t.name]
-        if not rows:
+        configs = [r for r in result["configs"] if r["target"] == t.name]
+        if not configs:
             continue
-        regs = max((r.get("registers", 0) for r in rows), default=0)
-        spilling = sum(1 for r in rows if r.get("spills", 0) > 0)
+        regs = max((r.get("registers", 0) for r in configs), default=0)
+        spilling = sum(1 for r in configs if r.get("spills", 0) > 0)
         refused = sum(1 for r in result["refused"] if r["target"] == t.name and not r["eager"])
         eager = sum(1 for r in result["refused"] if r["target"] == t.name and r["eager"])
         failing = sum(1 for s in result["steps"] if s["target"] == t.name and not s["ok"])
-        cells = (f"{t.name} ({t.gpus})", len(rows), sum(not r["ok"] for r in rows), eager, refused, failing)
-        cells += (
-            f"{max(r['shared'] for r in rows):,}",
-            f"{t.shared_per_block:,}",
-            regs or "-",
-            spilling if regs else "-",
-        )
-        rows.append(cells)
-    return "\n".join(markdown_table(rows, columns))
+        cells = (f"{t.name} ({t.gpus})", len(configs), sum(not r["ok"] for r in configs), eager, refused, failing)
+        cells += (f"{max(r['shared'] for r in configs):,}", f"{t.shared_per_block:,}", regs or "-")
+        table.append((*cells, spilling if regs else "-"))
+    return "\n".join(markdown_table(table, columns))
 
 
 def main(argv=None) -> int:
