@@ -189,18 +189,19 @@ def _compiled_shared_bytes(kernel, args: tuple, meta: dict) -> int:
     return kernel.warmup(*args, grid=(1,), **meta).metadata.shared
 
 
-def _fitted_launch(kernel, grid: tuple, args: tuple, meta: dict, what: str) -> None:
+def _fitted_launch(kernel, grid: tuple, args: tuple, meta: dict, what) -> None:
     """Launch ``kernel`` with the first configuration from ``meta`` down that fits the device (:func:`_fit`)."""
     _launch(kernel, grid, *args, **_fit(kernel, args, meta, what))
 
 
-def _fit(kernel, args: tuple, meta: dict, what: str) -> dict:
+def _fit(kernel, args: tuple, meta: dict, what) -> dict:
     """The first of :func:`_candidates` whose compiled kernel fits the device's shared memory per
     block (the planned ``meta`` itself under the interpreter, which has no limit); cached per
     kernel, configuration, dtypes and device.
 
     Raises:
-        ValueError: no configuration fits; names the kernel, ``what`` (the shape) and the device.
+        ValueError: no configuration fits; names the kernel, the shape (``what()``: formatted only
+            then, not on every launch) and the device.
     """
     limits = device_limits(args[0].device)  # every kernel's first argument is a tensor
     if limits.shared_per_block is None:
@@ -218,7 +219,7 @@ def _fit(kernel, args: tuple, meta: dict, what: str) -> dict:
                 break
         else:
             raise ValueError(
-                f"impl='triton': no launch configuration of {kernel.fn.__name__} for {what} fits {limits.name} "
+                f"impl='triton': no launch configuration of {kernel.fn.__name__} for {what()} fits {limits.name} "
                 f"({limits.shared_per_block} bytes of shared memory per block; the smallest needs {min(needs)}): "
                 "use impl='eager' for this layer"
             )
@@ -344,8 +345,7 @@ class _Plan:
     rows: int
     geometry: tuple[int, int, int, int, int, int]
 
-    @property
-    def what(self) -> str:
+    def describe(self) -> str:
         """The shape, for error messages."""
         n, c, h, w, p, heads = self.geometry
         grid = f"{n} tokens ({h}x{w} grid, {p} prefix)"
@@ -414,7 +414,7 @@ def inline_forward_triton(
         w9_arg = _residual_arg(w9, out)
         if plan.fused:
             args = (q, k, v, w9_arg, out, *_strides(q, k, v), plan.geometry, float(scale))
-            _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.what)
+            _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
         else:
             _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
     return out if out.dtype == q.dtype else out.to(q.dtype)
@@ -429,11 +429,11 @@ def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None
     fin = _workspace(plan.pairs, bd * bd + bd, like=q)
     partial_args = (k, v, ws, *_strides(k, v), plan.geometry, plan.chunk)
     partial_meta = dict(BLOCK_N=meta["BLOCK_N"], PREC=meta["PREC"], **plan.reduce_meta)
-    _fitted_launch(mod.inline_fwd_partial, (plan.pairs, plan.chunks), partial_args, partial_meta, plan.what)
+    _fitted_launch(mod.inline_fwd_partial, (plan.pairs, plan.chunks), partial_args, partial_meta, plan.describe)
     finalize_args = (v, ws, fin, *_strides(v), plan.geometry, plan.chunk, plan.chunks, float(scale))
-    _fitted_launch(mod.inline_fwd_finalize, (plan.pairs,), finalize_args, plan.reduce_meta, plan.what)
+    _fitted_launch(mod.inline_fwd_finalize, (plan.pairs,), finalize_args, plan.reduce_meta, plan.describe)
     rows_args = (q, v, w9_arg, out, fin, *_strides(q, v), plan.geometry, plan.rows)
-    _fitted_launch(mod.inline_fwd_rows, plan.rows_grid, rows_args, meta, plan.what)
+    _fitted_launch(mod.inline_fwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 
 def inline_backward_triton(
@@ -471,7 +471,7 @@ def inline_backward_triton(
         w9_arg = _residual_arg(w9, dq)
         if plan.fused:
             args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), plan.geometry, float(scale))
-            _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.what)
+            _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
         else:
             _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
     if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
@@ -490,12 +490,12 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
     ws = _workspace(plan.pairs, plan.chunks, 2 * bd * bd + 19 * bd, like=q)
     fin = _workspace(plan.pairs, 2 * bd * bd + 3 * bd, like=q)
     partial_args = (q, k, v, grad, ws, *_strides(q, k, v, grad), plan.geometry, plan.chunk)
-    _fitted_launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), partial_args, meta, plan.what)
+    _fitted_launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), partial_args, meta, plan.describe)
     finalize_args = (k, v, ws, fin, dw_arg, *_strides(k, v), plan.geometry, plan.chunk, plan.chunks, float(scale))
     finalize_meta = dict(HAS_RES=meta["HAS_RES"], **plan.reduce_meta)
-    _fitted_launch(mod.inline_bwd_finalize, (plan.pairs,), finalize_args, finalize_meta, plan.what)
+    _fitted_launch(mod.inline_bwd_finalize, (plan.pairs,), finalize_args, finalize_meta, plan.describe)
     rows_args = (k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k, v, grad), plan.geometry, float(scale), plan.rows)
-    _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.what)
+    _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 
 def _block_b(b: int) -> int:
@@ -519,7 +519,9 @@ def predictor_forward_triton(
         block_n, warps = tiling(x, n, d, num_heads)
         args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), n, c, num_heads)
         meta = dict(D=d, BD=_block_d(d), BLOCK_N=block_n, num_warps=warps)
-        _fitted_launch(mod.predictor_fwd, (b * num_heads,), args, meta, _predictor_what(b, n, c, num_heads))
+        _fitted_launch(
+            mod.predictor_fwd, (b * num_heads,), args, meta, functools.partial(_predictor_what, b, n, c, num_heads)
+        )
     return ctx, taps
 
 
@@ -556,7 +558,7 @@ def predictor_backward_triton(
         return dctx, dw1, db1, dw2, db2
     bd = _block_d(d)
     grads = (dw1, db1, dw2, db2)
-    what = _predictor_what(b, n, c, num_heads)
+    what = functools.partial(_predictor_what, b, n, c, num_heads)
     # up to 16 samples (one block of the smallest size) the programs write the gradients directly
     meta = dict(D=d, BD=bd, BLOCK_B=_block_b(b), DIRECT=b <= 16, PREC="ieee", num_warps=4)
     # the workspace's size depends on the sample block, so the block is fitted first (dctx stands in for it)
