@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("triton")
 
 FAMILIES = {
+    "inline_fwd_resident",
+    "inline_bwd_resident",
     "inline_fwd_fused",
     "inline_bwd_fused",
     "inline_fwd_partial",
@@ -100,3 +102,27 @@ def test_a_smaller_device_gets_fewer_pipeline_stages(audit):
         if r["kernel"] == "inline_fwd_fused" and r["meta"]["D"] == 128
     }
     assert stages == {"sm_90": 3, "sm_80": 2}, stages
+
+
+def test_the_resident_launch_runs_where_it_fits_and_falls_back_where_not(audit):
+    # InLine-DeiT-T's [256, 32] tiles: the bf16 backward needs 86,016 bytes of shared memory on
+    # sm_80-89 (131,072 on sm_90), the fp32 one 135,168, over the 99 KB of sm_86 / sm_89, where the
+    # fused launch runs those shapes instead
+    _, result = audit
+
+    def targets(kernel, dtype):
+        return {
+            r["target"]
+            for r in result["configs"]
+            if r["kernel"] == kernel and r["meta"].get("NP") == 256 and r["meta"]["D"] == 32 and r["dtypes"][0] == dtype
+        }
+
+    everywhere = {"sm_80", "sm_86", "sm_89", "sm_90"}
+    assert targets("inline_fwd_resident", "bfloat16") == targets("inline_bwd_resident", "bfloat16") == everywhere
+    assert targets("inline_bwd_resident", "float32") == {"sm_80", "sm_90"}
+    fused_fp32 = {
+        r["target"]
+        for r in result["configs"]
+        if r["kernel"] == "inline_bwd_fused" and r["meta"]["D"] == 32 and r["dtypes"][0] == "float32"
+    }
+    assert {"sm_86", "sm_89"} <= fused_fp32

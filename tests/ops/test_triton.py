@@ -61,26 +61,62 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("split", [1, 2], ids=["fused-launch", "split-launch"])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
-def test_triton_float32_matches_naive(shape, split, monkeypatch):
+# the launch shapes: "resident" (every shape here fits it), "fused" and "split" (resident off)
+LAUNCHES = {"resident": None, "fused": 1, "split": 2}
+
+
+def _force_launch(monkeypatch, launch: str, n: int) -> str:
+    """Make every core launch of the test take ``launch`` (the split one over 16-row tiles, so that
+    ``n`` tokens make chunks); returns the forward kernel's name."""
+    if launch != "resident":
+        monkeypatch.setitem(triton_core._state, "resident", False)
+        monkeypatch.setattr(triton_core, "_split", lambda *a: LAUNCHES[launch])
+    if launch == "split":
+        monkeypatch.setitem(triton_core._state, "tiling", (16, 2))
+        if n <= 16:
+            return "inline_fwd_fused"  # one tile: nothing to split
+    return {"resident": "inline_fwd_resident", "fused": "inline_fwd_fused", "split": "inline_fwd_partial"}[launch]
+
+
+def _check_float32(shape, layout="fused"):
+    """Outputs and the gradients of q, k, v and the taps against float64; returns the launches."""
     b, h, w, heads, d, p = shape
-    monkeypatch.setattr(triton_core, "_split", lambda *a: split)
-    q, k, v = _qkv(shape, torch.float32, requires_grad=True)
+    q, k, v = _qkv(shape, torch.float32, layout=layout, requires_grad=True)
     taps = _taps(shape, torch.float32).requires_grad_()
     kw = dict(num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
-    out = inline_tokens(q, k, v, residual_weights=taps, impl="triton", **kw)
-    qd, kd, vd, td = (t.detach().double().requires_grad_() for t in (q, k, v, taps))
-    ref = inline_tokens(qd, kd, vd, residual_weights=td, impl="naive", **kw)
-    assert out.dtype == torch.float32 and out.is_contiguous()
-    assert _rel(out, ref) < 2e-6, _rel(out, ref)
-    g = torch.randn_like(ref)
-    got = torch.autograd.grad(out, (q, k, v, taps), g.float())
+    with triton_core.record_launches() as log:
+        out = inline_tokens(q, k, v, residual_weights=taps, impl="triton", **kw)
+        qd, kd, vd, td = (t.detach().double().requires_grad_() for t in (q, k, v, taps))
+        ref = inline_tokens(qd, kd, vd, residual_weights=td, impl="naive", **kw)
+        assert out.dtype == torch.float32 and out.is_contiguous()
+        assert _rel(out, ref) < 2e-6, _rel(out, ref)
+        g = torch.randn_like(ref)
+        got = torch.autograd.grad(out, (q, k, v, taps), g.float())
     want = torch.autograd.grad(ref, (qd, kd, vd, td), g)
     for name, a, r in zip("qkvw", got, want):
         err = _rel(a, r)
         print(f"d{name}: rel err {err:.1e}")
         assert err < 1e-5, (name, err)
+    return log
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_triton_float32_matches_naive(shape, launch, monkeypatch):
+    b, h, w, heads, d, p = shape
+    kernel = _force_launch(monkeypatch, launch, p + h * w)
+    log = _check_float32(shape)
+    assert kernel in [x.kernel for x in log]
+
+
+@pytest.mark.parametrize("layout", ["split", "transposed"])
+@pytest.mark.parametrize("shape", [(2, 16, 16, 1, 32, 0), (1, 14, 14, 2, 24, 1), (2, 8, 16, 1, 64, 0)], ids=_ids)
+def test_triton_resident_largest_tiles(shape, layout):
+    # the largest problems the resident launch takes: 256 rows at head dim 32 (DeiT's 197 tokens,
+    # CSwin-B's head dim 24), 128 at 64; q / kv split and transposed buffers read in place
+    log = _check_float32(shape, layout)
+    assert sorted(x.kernel for x in log) == ["inline_bwd_resident", "inline_fwd_resident"]
+    assert {x.meta["NP"] * x.meta["BD"] for x in log} == {triton_core.RESIDENT_TILE}
 
 
 @pytest.mark.parametrize("layout", ["split", "transposed"])

@@ -8,7 +8,7 @@ around the attention core. A small model's eager GPU step waits on exactly that.
 - ``inline-cpu``: the InLine layer on the C++ kernel, as it runs;
 - ``inline-triton-stub``: the InLine layer on the Triton path with its kernel launches stubbed
   out (the launchers' host work and the tensors they allocate, no kernel; at this shape the
-  launchers take the fused launches, the ones stubbed), so the CPU measures what a GPU step's
+  launchers take the resident launches, the ones stubbed), so the CPU measures what a GPU step's
   host pays;
 - ``inline-eager``: the InLine layer on aten ops only (for reference).
 
@@ -33,7 +33,7 @@ from ..ops import use_impl
 from ..ops.fused import triton as triton_core
 
 CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
-_KERNELS = ("inline_fwd_fused", "inline_bwd_fused", "predictor_fwd", "predictor_bwd_samples", "predictor_bwd_reduce")
+_KERNELS = ("inline_fwd_resident", "inline_bwd_resident", "predictor_fwd", "predictor_bwd_samples", "predictor_bwd_reduce")
 
 
 class _StubKernel:

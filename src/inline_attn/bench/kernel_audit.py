@@ -333,7 +333,7 @@ def layer_grid() -> list[LayerShape]:
 
 def test_shapes() -> list[LayerShape]:
     """The ``make test`` subset: the shapes that failed on a GPU (issue 33) and the head dims of the
-    published models and of custom widths (24, 32, 64, 128), on the fused and the split launch."""
+    published models and of custom widths (24, 32, 64, 128), on the resident, fused and split launches."""
     bf16 = "bfloat16"
     return [
         LayerShape(1024, (14, 14), 0, 3, 32, bf16),  # the layer at C 96, 14x14, B 1024
@@ -343,7 +343,10 @@ def test_shapes() -> list[LayerShape]:
         LayerShape(64, (14, 14), 0, 4, 24, bf16),  # CSwin-B's head dim
         LayerShape(64, (14, 14), 0, 2, 64, "float32"),  # custom widths, fp32
         LayerShape(1, (56, 56), 0, 3, 32, bf16),  # few pairs, many tokens: the split launch
-        LayerShape(16, (7, 7), 0, 2, 128, "float32"),  # over 99 KB at any tile: the eager path there
+        LayerShape(16, (14, 14), 0, 2, 128, "float32"),  # over 99 KB at any tile: the eager path there
+        LayerShape(128, (14, 14), 1, 6, 32, bf16),  # InLine-DeiT-T at batch 128: the resident launch's largest tile
+        LayerShape(64, (8, 16), 0, 2, 64, bf16),  # head dim 64: the resident launch up to 128 tokens
+        LayerShape(64, (7, 7), 0, 3, 32, "float32"),  # fp32 windows, resident
     ]
 
 

@@ -21,7 +21,14 @@ from pathlib import Path
 import torch
 
 _KERNELS_MODULE = "inline_attn.ops.fused.triton_kernels"
-_state: dict = {"module": None, "interpret": None, "tiling": None, "simulated": None, "shared_bytes": None}
+_state: dict = {
+    "module": None,
+    "interpret": None,
+    "tiling": None,
+    "simulated": None,
+    "shared_bytes": None,
+    "resident": os.environ.get("INLINE_ATTN_TRITON_RESIDENT", "1") != "0",
+}
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
 # for head dims over 32), the number of (sample, head) programs per multiprocessor below which the
@@ -34,6 +41,10 @@ TUNING_FILE = Path(__file__).with_name("triton_tuning.json")
 _PROGRAMS_PER_SM = int(os.environ.get("INLINE_ATTN_TRITON_PROGRAMS_PER_SM", 8))
 ROW_BLOCKS_MAX = 8
 _SPLIT_MIN_BLOCKS = 8  # split the reductions only from 8 row tiles (512 tokens) up
+# The resident launch (:func:`_resident_meta`): one operand's tile of a program holds at most this
+# many elements (N up to 256 at head dim 32, 128 at 64), 32 a thread over at most RESIDENT_WARPS warps.
+RESIDENT_TILE = 8192
+RESIDENT_WARPS = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +186,7 @@ def _candidates(meta: dict) -> list[dict]:
     at one stage the tile (BLOCK_N, or BLOCK_B for the predictor) halved down to 16 rows. A halved
     BLOCK_N still divides every chunk and row block of the plan, so the result is unchanged."""
     out = [dict(meta, num_stages=s) for s in (3, 2, 1)]
-    tile = next((t for t in ("BLOCK_N", "BLOCK_B") if t in meta), None)
+    tile = next((t for t in ("BLOCK_N", "BLOCK_B") if t in meta), None)  # the resident tile (NP) is fixed
     size = meta[tile] // 2 if tile else 0
     while size >= 16:
         out.append(dict(meta, num_stages=1, **{tile: size}))
@@ -218,11 +229,13 @@ def _fit(kernel, args: tuple, meta: dict, what) -> dict:
                 fit = _fit_cache[key] = cand
                 break
         else:
-            raise ValueError(
-                f"impl='triton': no launch configuration of {kernel.fn.__name__} for {what()} fits {limits.name} "
-                f"({limits.shared_per_block} bytes of shared memory per block; the smallest needs {min(needs)}): "
-                "use impl='eager' for this layer"
-            )
+            fit = _fit_cache[key] = min(needs)  # a refusal is cached too: not compiled again on every call
+    if isinstance(fit, int):
+        raise ValueError(
+            f"impl='triton': no launch configuration of {kernel.fn.__name__} for {what()} fits {limits.name} "
+            f"({limits.shared_per_block} bytes of shared memory per block; the smallest needs {fit}): "
+            "use impl='eager' for this layer"
+        )
     return fit
 
 
@@ -347,9 +360,7 @@ class _Plan:
 
     def describe(self) -> str:
         """The shape, for error messages."""
-        n, c, h, w, p, heads = self.geometry
-        grid = f"{n} tokens ({h}x{w} grid, {p} prefix)"
-        return f"{self.pairs // heads} samples of {grid}, {heads} heads of {c // heads} channels"
+        return _describe(self.pairs // self.geometry[-1], self.geometry)
 
     @property
     def fused(self) -> bool:
@@ -364,6 +375,47 @@ class _Plan:
     def reduce_meta(self) -> dict:
         """The meta-parameters of the split launch's partial-sum finalizers (no tiles: one program a pair)."""
         return dict(D=self.meta["D"], BD=self.meta["BD"], num_warps=self.meta["num_warps"])
+
+
+def _describe(samples: int, geometry: tuple) -> str:
+    n, c, h, w, p, heads = geometry
+    return f"{samples} samples of {n} tokens ({h}x{w} grid, {p} prefix), {heads} heads of {c // heads} channels"
+
+
+def _resident_meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -> dict | None:
+    """The resident launch's compile-time arguments for q [B, N, C] (one program per (sample, head)
+    holding [NP, BD] tiles, NP >= N a power of two), or None when a tile would exceed
+    RESIDENT_TILE elements (or the launch is switched off: :func:`resident_launch`)."""
+    bd, rows = _block_d(d), max(16, triton_next_pow2(n))
+    if not _state["resident"] or rows * bd > RESIDENT_TILE:
+        return None
+    warps = max(2, min(RESIDENT_WARPS, rows * bd // 1024))  # 32 elements of a tile per thread
+    return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(q.dtype), num_warps=warps)
+
+
+def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool) -> dict | None:
+    """The resident launch's fitted configuration for q [B, N, C], or None when the shape does not
+    fit its tile or its compiled kernel not the device's shared memory (the RTX 3090 / 4090's
+    99 KB at N 256 in the backward): the fused / split launches run it then."""
+    meta = _resident_meta(q, q.shape[1], q.shape[2] // heads, heads, has_res)
+    if meta is None:
+        return None
+    try:
+        return _fit(kernel, args, meta, str)
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def resident_launch(enabled: bool):
+    """Inside the block, shapes that fit it take the resident launch (``enabled``, the default) or
+    the fused / split launches (not): what the tests and gpu-check's comparison switch. The
+    environment variable INLINE_ATTN_TRITON_RESIDENT=0 switches it off for a whole process."""
+    saved, _state["resident"] = _state["resident"], bool(enabled)
+    try:
+        yield
+    finally:
+        _state["resident"] = saved
 
 
 def _plan(q: torch.Tensor, num_heads: int, h: int, w: int, p: int, split: int | None, has_res: bool) -> _Plan:
@@ -404,16 +456,23 @@ def inline_forward_triton(
     """O = InLine(q, k, v) + R(v, w9): q, k, v [B, N, C] (any strides), w9 [B, 9, C] or None.
 
     ``split`` forces the number of token chunks of the reduction (1 = the fused launch); the
-    default chooses from the device size. Returns [B, N, C] contiguous in q's dtype.
+    default takes the resident launch when a (sample, head) problem fits a program's registers
+    (:func:`_resident_meta`), else chooses the chunks from the device size. Returns [B, N, C]
+    contiguous in q's dtype.
     """
     mod = load_kernels(q.device)
     b, n, c = q.shape
     out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
     if b > 0 and n > 0:
-        plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
         w9_arg = _residual_arg(w9, out)
+        # the resident and the fused kernels take the same arguments
+        args = (q, k, v, w9_arg, out, *_strides(q, k, v), (n, c, h, w, p, num_heads), float(scale))
+        resident = _resident_fit(mod.inline_fwd_resident, args, q, num_heads, w9 is not None) if split is None else None
+        if resident is not None:
+            _launch(mod.inline_fwd_resident, (b * num_heads,), *args, **resident)
+            return out if out.dtype == q.dtype else out.to(q.dtype)
+        plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
         if plan.fused:
-            args = (q, k, v, w9_arg, out, *_strides(q, k, v), plan.geometry, float(scale))
             _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
         else:
             _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
@@ -465,12 +524,17 @@ def inline_backward_triton(
         device=q.device,
         dtype=(torch.float32 if interpreting() else w9.dtype) if has_res else q.dtype,
     )
+    grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
     if b > 0 and n > 0:
-        plan = _plan(q, num_heads, h, w, p, split, has_res)
-        grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
         w9_arg = _residual_arg(w9, dq)
-        if plan.fused:
-            args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), plan.geometry, float(scale))
+        # the resident and the fused kernels take the same arguments
+        geometry = (n, c, h, w, p, num_heads)
+        args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), geometry, float(scale))
+        resident = _resident_fit(mod.inline_bwd_resident, args, q, num_heads, has_res) if split is None else None
+        plan = None if resident is not None else _plan(q, num_heads, h, w, p, split, has_res)
+        if resident is not None:
+            _launch(mod.inline_bwd_resident, (b * num_heads,), *args, **resident)
+        elif plan.fused:
             _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
         else:
             _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
@@ -599,8 +663,11 @@ def _unfit_reason(limits: DeviceLimits, heads: int, d: int, dtype: torch.dtype, 
     c = heads * d
     q = torch.empty(1, 16 * 16, 3 * c, device="meta", dtype=dtype)[..., :c]
     w9 = torch.empty(1, 9, c, device="meta")
+    rows = max(16, RESIDENT_TILE // _block_d(d))  # the resident launch's largest tile at this head dim
+    q_resident = torch.empty(1, rows, 3 * c, device="meta", dtype=dtype)[..., :c]
     with simulated_device(limits, shared_bytes or _compiled_shared_bytes):
         try:
+            plan_layer_step(q_resident, w9, q_resident, heads, 1, rows, 0, None)
             for split in (1, 2):  # the fused launch and the split one
                 plan_layer_step(q, w9, q, heads, 16, 16, 0, split)
         except ValueError as err:

@@ -535,6 +535,113 @@ def inline_bwd_rows(
     _bwd_rows(g, k, v, w9, grads, cmask, m, dm, kbar, vbar, gbar, scale / N, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
 
 
+# The resident launch: when one (sample, head) problem fits a program's registers (N up to 256 at
+# head dim 32, 128 at 64), the program loads K and V once, and Q (forward) or Q and G (backward)
+# once, as single [NP, BD] tiles (NP >= N), centres K and V on their exact means, and does the
+# core, the residual and its taps' gradients with no loop over tokens and no second read of an
+# operand from memory (the taps' shifted rows come from the cache).
+
+
+@triton.jit
+def _centred(k, v, n, m2, N):
+    """The [NP, BD] tiles of K and V at rows n, centred on their means (rows past N zero), and the
+    value means (v_bar)."""
+    kt = _tile(k, n, m2)
+    vt = _tile(v, n, m2)
+    vbar = tl.sum(vt, axis=0) / N
+    kc = tl.where(m2, kt - (tl.sum(kt, axis=0) / N)[None, :], 0.0)
+    return kc, tl.where(m2, vt - vbar[None, :], 0.0), vbar
+
+
+@triton.jit
+def inline_fwd_resident(
+    Q,
+    K,
+    V,
+    W9,
+    O,
+    q_st,
+    k_st,
+    v_st,
+    geo,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    NP: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (sample, head), every operand read once: M = alpha Kc^T Vc, then
+    O = Q M + v_bar + R(V, w)."""
+    N, C, _, _, _, heads = geo
+    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
+    n, m2 = _block(0, N, cmask, NP)
+    v = _view(V, v_st, b, ch)
+    kc, vc, vbar = _centred(_view(K, k_st, b, ch), v, n, m2, N)
+    m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
+    out = tl.dot(_tile(_view(Q, q_st, b, ch), n, m2), m, input_precision=PREC) + vbar[None, :]
+    if HAS_RES:
+        out = _add_taps(out, _dense(W9, b, 9, C, ch), v, cmask, _grid_coords(n, N, geo), geo, 1)
+    _store(_dense(O, b, N, C, ch), n, out, m2)
+
+
+@triton.jit
+def _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo):
+    """The residual's weight gradient of one (sample, head), dw[t] = sum_n G_n * V_{n+t} over grid
+    rows, stored tap by tap into DW [B, 9, C]."""
+    dw = _dense(DW, b, 9, C, ch)
+    gt = tl.where(cells[2][:, None], gt, 0.0)
+    for t in range(9):  # a loop, as in _add_taps
+        vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
+        tl.store(dw[0] + t * dw[1] + dw[2], tl.sum(gt * vn, axis=0).to(DW.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def inline_bwd_resident(
+    Q,
+    K,
+    V,
+    W9,
+    G,
+    DQ,
+    DK,
+    DV,
+    DW,
+    q_st,
+    k_st,
+    v_st,
+    g_st,
+    geo,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    NP: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (sample, head), every operand read once: M recomputed, dM = Q^T G, then
+    dQ = G M^T, dK = alpha Vc dM^T, dV = alpha Kc dM + g_bar + R^T(G, w), and dw."""
+    N, C, _, _, _, heads = geo
+    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
+    n, m2 = _block(0, N, cmask, NP)
+    alpha = scale / N
+    v, g = _view(V, v_st, b, ch), _view(G, g_st, b, ch)
+    kc, vc, _ = _centred(_view(K, k_st, b, ch), v, n, m2, N)
+    m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * alpha
+    gt = _tile(g, n, m2)
+    dm = tl.dot(tl.trans(_tile(_view(Q, q_st, b, ch), n, m2)), gt, input_precision=PREC)
+    dq_out, dk_out, dv_out = _grads(DQ, DK, DV, b, N, C, ch)
+    # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
+    _store(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)
+    _store(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
+    dv = tl.dot(kc, dm, input_precision=PREC) * alpha + (tl.sum(gt, axis=0) / N)[None, :]
+    if HAS_RES:
+        cells = _grid_coords(n, N, geo)
+        dv = _add_taps(dv, _dense(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
+        _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo)
+    _store(dv_out, n, dv, m2)
+
+
 # The residual predictor (paper Sec. 4.2): per sample b and head h (the predictor's groups are the
 # heads), with x the layer input and d channels ``ch = [h*d, (h+1)*d)``:
 #
