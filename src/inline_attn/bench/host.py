@@ -33,7 +33,6 @@ from ..ops import use_impl
 from ..ops.fused import triton as triton_core
 
 CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
-_KERNELS = ("inline_fwd_resident", "inline_bwd_resident", "predictor_fwd", "predictor_bwd_samples", "predictor_bwd_reduce")
 
 
 class _StubKernel:
@@ -52,7 +51,8 @@ def stubbed_triton_launches() -> Iterator[None]:
     """Every fused-launch kernel of the Triton layer core does nothing inside the block (CPU
     tensors: the launchers run as on a GPU, under the interpreter's module, without its kernels)."""
     mod = triton_core.load_kernels(torch.device("cpu"))
-    saved = {name: getattr(mod, name) for name in _KERNELS}
+    # the launchable kernels: the module's public jit functions (its helpers' names begin with _)
+    saved = {name: k for name, k in vars(mod).items() if not name.startswith("_") and hasattr(k, "fn")}
     try:
         for name, kernel in saved.items():
             setattr(mod, name, _StubKernel(kernel))
