@@ -328,11 +328,18 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     assert layer["values"]["layer56_eager"] == 2.0 and layer["values"]["layer56_graphed"] == 3.0
     assert math.isnan(layer["values"]["layer14_graphed"])
     assert layer["notes"]["layer14_graphed"] == "SDPA backend flash; InLine layer: OOM"
-    monkeypatch.setattr(
-        goals_step, "core_shares", lambda copy: [{"side": 7, "pct_of_copy": 12.0, "GBps": 500.0, "batch": 1024}]
-    )
+    core_rows = [
+        {"side": 7, "pct_of_copy": 12.0, "GBps": 500.0, "batch": 1024, "launch": "resident", "fused_GBps": 400.0},
+        {"side": 56, "pct_of_copy": 15.0, "GBps": 630.0, "batch": 64, "launch": "split"},
+    ]
+    monkeypatch.setattr(goals_step, "core_shares", lambda copy: core_rows)
     ctx.env = {"copy_GBps": 4000}
-    assert goals_step.part_core(ctx)["values"] == {"core7": 12.0}
+    core = goals_step.part_core(ctx)
+    assert core["values"] == {"core7": 12.0, "core56": 15.0}
+    assert core["notes"] == {
+        "core7": "500 GB/s, B 1024, resident (fused launch: 400 GB/s)",
+        "core56": "630 GB/s, B 64, split",
+    }
 
 
 def test_a_graphed_goal_is_not_met_by_steps_that_ran_ungraphed():

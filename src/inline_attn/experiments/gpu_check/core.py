@@ -15,7 +15,8 @@ ELEMENTS_MOVED = 11  # x B N C: see the module docstring
 
 
 def core_row(batch: int, heads: int, d: int, side: int) -> dict:
-    """Time the forward and backward kernels at one shape -> grid, batch, fwd / bwd ms, GB/s."""
+    """Time the forward and backward kernels at one shape -> grid, batch, the launch taken, fwd /
+    bwd ms, GB/s; where it is the resident launch, the fused launch's GB/s beside it (interleaved)."""
     from ...bench.timing import time_interleaved
     from ...ops.fused import triton as tc
 
@@ -24,25 +25,37 @@ def core_row(batch: int, heads: int, d: int, side: int) -> dict:
     w9 = torch.randn(batch, 9, c, device="cuda", dtype=torch.bfloat16)
     g = torch.randn(batch, n, c, device="cuda", dtype=torch.bfloat16)
     args = (heads, d**-0.5, side, side, 0)
-    t = time_interleaved(
-        {
-            "fwd": lambda: tc.inline_forward_triton(q, k, v, w9, *args),
-            "bwd": lambda: tc.inline_backward_triton(q, k, v, w9, g, *args),
-        },
-        warmup=3,
-        repeats=10,
-        device="cuda",
-    )
-    fwd, bwd = t["fwd"].median, t["bwd"].median
+
+    def steps(resident: bool) -> dict:
+        def fwd():
+            with tc.resident_launch(resident):
+                tc.inline_forward_triton(q, k, v, w9, *args)
+
+        def bwd():
+            with tc.resident_launch(resident):
+                tc.inline_backward_triton(q, k, v, w9, g, *args)
+
+        return {f"fwd_{resident}": fwd, f"bwd_{resident}": bwd}
+
+    with tc.record_launches() as log:
+        tc.inline_forward_triton(q, k, v, w9, *args)
+    resident = log[0].kernel == "inline_fwd_resident"
+    cases = {**steps(True), **(steps(False) if resident else {})}
+    t = time_interleaved(cases, warmup=3, repeats=10, device="cuda")
     nbytes = ELEMENTS_MOVED * batch * n * c * 2
-    return {
+    fwd, bwd = t["fwd_True"].median, t["bwd_True"].median
+    row = {
         "grid": f"{side}x{side}",
         "side": side,
         "batch": batch,
+        "launch": {"inline_fwd_resident": "resident", "inline_fwd_fused": "fused"}.get(log[0].kernel, "split"),
         "fwd_ms": fwd * 1e3,
         "bwd_ms": bwd * 1e3,
         "GBps": nbytes / (fwd + bwd) / 1e9,
     }
+    if resident:
+        row["fused_GBps"] = nbytes / (t["fwd_False"].median + t["bwd_False"].median) / 1e9
+    return row
 
 
 def core_shares(copy_gbps: float) -> list[dict]:

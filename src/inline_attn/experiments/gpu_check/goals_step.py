@@ -150,8 +150,14 @@ def part_core(ctx: StepContext) -> dict:
     """The Triton core's share of the copy rate at 7x7 ... 112x112."""
     rows = core_shares(ctx.env["copy_GBps"])
     values = {f"core{r['side']}": r["pct_of_copy"] for r in rows}
-    notes = {f"core{r['side']}": f"{r['GBps']:.0f} GB/s, B {r['batch']}" for r in rows}
+    notes = {f"core{r['side']}": _core_note(r) for r in rows}
     return {"values": values, "notes": notes, "rows": rows}
+
+
+def _core_note(row: dict) -> str:
+    """'630 GB/s, B 64, split' (and the fused launch's GB/s where the resident one ran)."""
+    note = f"{row['GBps']:.0f} GB/s, B {row['batch']}, {row.get('launch', '?')}"
+    return note + (f" (fused launch: {row['fused_GBps']:.0f} GB/s)" if "fused_GBps" in row else "")
 
 
 def part_deit1024(ctx: StepContext) -> dict:

@@ -275,7 +275,8 @@ def tiling(q: torch.Tensor, n: int, d: int, heads: int) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def forced_tiling(block_n: int, num_warps: int):
-    """Every launch inside the block uses this tile and these warps (the autotune sweep's candidates)."""
+    """Every launch inside the block uses this tile and these warps (the autotune sweep's candidates):
+    the tiled (fused / split) launches, so the resident launch is off inside it."""
     if block_n not in (16, 32, 64, 128) or num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"tiling ({block_n}, {num_warps}): BLOCK_N in (16, 32, 64, 128), num_warps a power of 2 <= 16")
     _state["tiling"] = (block_n, num_warps)
@@ -385,10 +386,11 @@ def _describe(samples: int, geometry: tuple) -> str:
 def _resident_meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -> dict | None:
     """The resident launch's compile-time arguments for q [B, N, C] (one program per (sample, head)
     holding [NP, BD] tiles, NP >= N a power of two), or None when a tile would exceed
-    RESIDENT_TILE elements (or the launch is switched off: :func:`resident_launch`)."""
+    RESIDENT_TILE elements (or the launch is switched off: :func:`resident_launch`,
+    :func:`forced_tiling`)."""
     bd, rows = _block_d(d), max(16, triton_next_pow2(n))
-    if not _state["resident"] or rows * bd > RESIDENT_TILE:
-        return None
+    if not _state["resident"] or _state["tiling"] is not None or rows * bd > RESIDENT_TILE:
+        return None  # off, or inside forced_tiling (which sweeps the tiled launches), or too big
     warps = max(2, min(RESIDENT_WARPS, rows * bd // 1024))  # 32 elements of a tile per thread
     return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(q.dtype), num_warps=warps)
 

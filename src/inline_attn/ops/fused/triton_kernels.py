@@ -122,6 +122,18 @@ def _add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
 
 
 @triton.jit
+def _add_taps_by_row(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
+    """:func:`_add_taps` with the three taps of a kernel row unrolled: three shifted loads in
+    flight at a time (a third of the latency rounds) where the tiles are small enough per thread
+    for the registers to hold them (the resident launch)."""
+    for r in range(3):
+        for col in tl.static_range(3):
+            wt = _row(w9, 3 * r + col, cmask)
+            acc += wt[None, :] * _shifted_tile(src, cmask, cells, geo, SIGN * (r - 1), SIGN * (col - 1))
+    return acc
+
+
+@triton.jit
 def _no_stats(BD: tl.constexpr):
     """The centred statistics of no tokens: (count, key means, value means, S)."""
     return 0.0, tl.zeros([BD], dtype=tl.float32), tl.zeros([BD], dtype=tl.float32), tl.zeros([BD, BD], dtype=tl.float32)
@@ -581,7 +593,7 @@ def inline_fwd_resident(
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
     out = tl.dot(_tile(_view(Q, q_st, b, ch), n, m2), m, input_precision=PREC) + vbar[None, :]
     if HAS_RES:
-        out = _add_taps(out, _dense(W9, b, 9, C, ch), v, cmask, _grid_coords(n, N, geo), geo, 1)
+        out = _add_taps_by_row(out, _dense(W9, b, 9, C, ch), v, cmask, _grid_coords(n, N, geo), geo, 1)
     _store(_dense(O, b, N, C, ch), n, out, m2)
 
 
@@ -591,9 +603,11 @@ def _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo):
     rows, stored tap by tap into DW [B, 9, C]."""
     dw = _dense(DW, b, 9, C, ch)
     gt = tl.where(cells[2][:, None], gt, 0.0)
-    for t in range(9):  # a loop, as in _add_taps
-        vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
-        tl.store(dw[0] + t * dw[1] + dw[2], tl.sum(gt * vn, axis=0).to(DW.dtype.element_ty), mask=cmask)
+    for r in range(3):  # rows of taps as a loop, a row's three taps unrolled (as _add_taps_by_row)
+        for col in tl.static_range(3):
+            vn = _shifted_tile(v, cmask, cells, geo, r - 1, col - 1)
+            tap = dw[0] + (3 * r + col) * dw[1] + dw[2]
+            tl.store(tap, tl.sum(gt * vn, axis=0).to(DW.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -637,7 +651,7 @@ def inline_bwd_resident(
     dv = tl.dot(kc, dm, input_precision=PREC) * alpha + (tl.sum(gt, axis=0) / N)[None, :]
     if HAS_RES:
         cells = _grid_coords(n, N, geo)
-        dv = _add_taps(dv, _dense(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
+        dv = _add_taps_by_row(dv, _dense(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
         _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo)
     _store(dv_out, n, dv, m2)
 
