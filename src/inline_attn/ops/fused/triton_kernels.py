@@ -11,17 +11,23 @@ the tensors live on the CPU. Per sample b and head h (d channels ``[h*d, (h+1)*d
                dV = alpha (K - k_bar) dM + mean(G) + R^T(G, w),  dw[t] = sum_n G_n * V_{n+t}
 
 Each pass is a reduction over the tokens (the d x d products, the means, the residual's weight
-gradient) followed by a token-parallel pass. The centred product is accumulated in one pass,
-tile by tile, with the pairwise update of Chan, Golub and LeVeque (1979): each tile's product is
-centred on the tile's own means and merged with a rank-1 correction, so no sum carries the
-``N k_bar v_bar^T`` term whose cancellation would cost digits at large N. Keys and values are
-first shifted by their token-0 row, so the means the merge subtracts are of the spread's size
-even when the activations' mean is far from zero.
+gradient) followed by a token-parallel pass. In the tiled launches (fused and split, below) the
+centred product is accumulated in one pass, tile by tile, with the pairwise update of Chan, Golub
+and LeVeque (1979): each tile's product is centred on the tile's own means and merged with a
+rank-1 correction, so no sum carries the ``N k_bar v_bar^T`` term whose cancellation would cost
+digits at large N. Keys and values are first shifted by their token-0 row, so the means the merge
+subtracts are of the spread's size even when the activations' mean is far from zero.
 
-Two launch shapes:
+Three launch shapes:
 
-- ``fused``: one program per (sample, head) does the reduction and then the token pass (the
-  second read of V / K / G mostly hits L2). Used when the (sample, head) pairs fill the GPU.
+- ``resident``: one program per (sample, head) holds the whole problem as single [NP, BD] tiles
+  (NP >= N; up to 256 tokens at head dim 32, 128 at 64): each operand is read once, K and V are
+  centred on their exact means (two passes over registers), and there is no loop over tokens.
+  Used wherever it fits: DeiT's 197 tokens, Swin's windows of 7 and 14, the hierarchical models'
+  later stages.
+- ``fused``: one program per (sample, head) does the reduction and then the token pass, both in
+  tiles of BLOCK_N rows (the second read of V / K / G mostly hits L2). Used for longer sequences
+  when the (sample, head) pairs fill the GPU.
 - ``split``: the reduction is split over token chunks (``*_partial``), a small kernel merges the
   chunks in a fixed order (``*_finalize``), and the token pass runs over row blocks
   (``*_rows``). Used when there are few pairs and many tokens.
