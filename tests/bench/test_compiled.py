@@ -48,3 +48,15 @@ def test_each_model_eager_and_compiled_interleaved(monkeypatch):
 def test_counts_out_of_range_are_refused():
     with pytest.raises(ValueError, match="warmup=5, max_warmup=2"):
         compiled.compile_ab([ModelCase("A", _tiny, 8)], warmup=5, max_warmup=2)
+
+
+def test_thread_times_are_taken_round_robin_after_the_warm_up():
+    from inline_attn.bench.timing import thread_times_interleaved
+
+    calls = []
+    cases = {k: (lambda k=k: calls.append(k)) for k in "ab"}
+    times = thread_times_interleaved(cases, repeats=3, warmup=2)
+    assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3
+    assert {k: len(t) for k, t in times.items()} == {"a": 3, "b": 3} and all(x >= 0 for t in times.values() for x in t)
+    with pytest.raises(ValueError, match="repeats=0"):
+        thread_times_interleaved(cases, repeats=0)

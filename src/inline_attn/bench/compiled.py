@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -31,7 +30,7 @@ from ..runtime.compile import compile_module
 from ..runtime.report import markdown_table
 from .model import ModelCase, preset_cases
 from .sweep import amp_dtype, run_context
-from .timing import synchronize, time_interleaved
+from .timing import synchronize, thread_times_interleaved, time_interleaved
 
 __all__ = ["compile_ab", "compiled_graphs", "training_step", "warm_until_compiled"]
 
@@ -72,20 +71,9 @@ def warm_until_compiled(step: Callable[[], None], warmup: int, max_warmup: int) 
     return calls
 
 
-def _thread_times(steps: dict, repeats: int) -> dict[str, list[float]]:
-    """Each step's CPU seconds per call on this thread, ``repeats`` rounds, round-robin."""
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(repeats):
-        for label, step in steps.items():
-            t0 = time.thread_time()
-            step()
-            times[label].append(time.thread_time() - t0)
-    return times
-
-
 def _timed(steps: dict, repeats: int, device: torch.device) -> dict[str, list[float]]:
     if device.type == "cpu":
-        return _thread_times(steps, repeats)
+        return thread_times_interleaved(steps, repeats=repeats)
     timings = time_interleaved(steps, warmup=0, repeats=repeats, min_repeats=repeats, device=device)
     failed = {k: t.status for k, t in timings.items() if not t.ok}
     if failed:
