@@ -30,3 +30,10 @@ def test_every_goal_row_has_its_floor_and_whether_a_gpu_must_measure_it():
     lines = floor.table(rows)
     assert lines[0].startswith("| what | measured (H200, ec828ee) | goal | at the floors |")
     assert len(lines) == 14
+
+
+def test_the_core_row_has_the_shapes_gpu_check_times():
+    from inline_attn.experiments.gpu_check import core
+
+    assert floor.CORE_SHAPES == tuple((b, side) for b, heads, d, side in core.CORE_SHAPES)
+    assert {heads * d for _, heads, d, _ in core.CORE_SHAPES} == {96}

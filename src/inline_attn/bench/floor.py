@@ -150,6 +150,7 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
+CORE_SHAPES = ((1024, 7), (256, 14), (64, 56), (16, 112))  # (batch, grid side) of gpu-check's core part, C 96
 # issue 34's rows: key -> (what, measured on the H200 at ec828ee, goal)
 ISSUE_ROWS = {
     "deit_eager": ("InLine-DeiT-T / DeiT-T, eager, 224 px, B 128", "0.70-0.81x", ">= 1.05x"),
@@ -227,7 +228,7 @@ def _layer_row(key: str, side: int, batch: int, dev: Device) -> dict:
 
 
 def _kernel_rows(dev: Device) -> list[dict]:
-    shapes = ((1024, 7), (256, 14), (64, 56), (16, 112))  # the goals step's (gpu_check/core.py)
+    shapes = CORE_SHAPES
     floor_ms = [1e3 * ELEMENTS_MOVED * b * s * s * 96 * BF16 / dev.copy_Bps for b, s in shapes]
     core = "11 B N C x 2 bytes at 4.2 TB/s: " + ", ".join(
         f"{s}^2 B {b} {_fmt(ms)} ms (40 %: {_fmt(ms / 0.4)} ms)" for (b, s), ms in zip(shapes, floor_ms)
