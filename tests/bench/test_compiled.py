@@ -33,9 +33,12 @@ def test_each_model_eager_and_compiled_interleaved(monkeypatch):
     monkeypatch.setattr(
         compiled, "compile_module", lambda m, mode: built.append(mode) or torch.compile(m, backend="eager")
     )
+    inputs, step = [], compiled.training_step
+    monkeypatch.setattr(compiled, "training_step", lambda m, x, t, amp: inputs.append((x, t)) or step(m, x, t, amp))
     cases = [ModelCase("A", _tiny, 8), ModelCase("B", _tiny, 8)]
     res = compiled.compile_ab(cases, batch=2, repeats=3, warmup=1, max_warmup=4)
     assert built == ["default", "default"]
+    assert len(inputs) == 4 and all(x is inputs[0][0] and t is inputs[0][1] for x, t in inputs)  # the same batch
     assert [r["model"] for r in res["rows"]] == ["A", "B"]
     for r in res["rows"]:
         assert r["repeats"] == 3 and r["recompiles"] == 0
