@@ -523,20 +523,24 @@ def test_train_step_runs_the_demo_recipe_graphed_and_not(tmp_path):
         assert cfg.data.subset // 64 * train_step.TRAIN_EPOCHS == 100  # steps of each run
 
 
-def test_compile_times_each_model_against_itself_compiled(monkeypatch, tmp_path):
-    from inline_attn.bench import model
+def test_compile_times_both_models_eager_and_compiled_in_one_run_and_prints_both_ratios(monkeypatch, tmp_path):
+    from inline_attn.bench import compiled
 
-    signature, seen = inspect.signature(model.bench_models), []
+    signature, seen = inspect.signature(compiled.compile_ab), []
 
-    def bench_models(cases, **kw):
+    def compile_ab(cases, **kw):
         signature.bind(cases, **kw)
-        seen.append([c.label for c in cases])
-        assert cases[0].overrides.get("compile") is None and cases[1].overrides["compile"] == 1
-        assert len({c.x for c in cases}) == 1  # interleaved
-        return {"rows": _rows({cases[0].label: 100.0, cases[1].label: 80.0}), "meta": {}}
+        seen.append(([c.label for c in cases], kw["device"], kw["amp"], kw["batch"]))
+        rows = [
+            dict(model="DeiT-T", eager_img_s=100.0, compiled_img_s=110.0, ratio=1.1, recompiles=0),
+            dict(model="InLine-DeiT-T", eager_img_s=100.0, compiled_img_s=80.0, ratio=0.8, recompiles=0),
+        ]
+        return {"rows": rows, "meta": {}}
 
-    monkeypatch.setattr(model, "bench_models", bench_models)
+    monkeypatch.setattr(compiled, "compile_ab", compile_ab)
     result = compile_step.run(StepContext(tmp_path, True, time.time() + 1000))
-    assert seen == [["InLine-DeiT-T", "InLine-DeiT-T compiled"], ["DeiT-T", "DeiT-T compiled"]]
+    assert seen == [(["DeiT-T", "InLine-DeiT-T"], "cuda", "bf16", 128)]  # one interleaved run of both
     assert result["values"] == {"compile_inline": 0.8}
-    assert result["notes"]["compile_inline"] == "80 against 100 img/s; DeiT-T (softmax twin) compiled / eager 0.80x"
+    both = "DeiT-T compiled / eager 1.10x; InLine-DeiT-T compiled / eager 0.80x"
+    assert result["notes"]["compile_inline"] == f"80 against 100 img/s; {both}; 0 graphs compiled while timed"
+    assert result["summary"].endswith("DeiT-T compiled / eager 1.10x, InLine-DeiT-T compiled / eager 0.80x")

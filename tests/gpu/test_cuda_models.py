@@ -89,3 +89,29 @@ def test_compile_inductor_bf16_training_step_matches_eager(name):
     assert _rel(out, ref) < 2e-2
     out.float().square().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_compiled_training_step_has_no_graph_break_on_the_triton_path():
+    # the CUDA-only part of the dispatch (whether the kernels fit the GPU's shared memory) is traced
+    # here, and nowhere on the CPU test machines. Train mode with drop path, bf16 autocast, as trained
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    kw, res = FAMILIES["inline_deit_tiny"]
+    model = create_model("inline_deit_tiny", img_size=res, num_classes=10, drop_path_rate=0.1, **kw).cuda().train()
+    x = torch.randn(4, 3, res, res, device="cuda")
+
+    def step(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(x)
+
+    torch._dynamo.reset()
+    counters["graph_break"].clear()
+    compiled = torch.compile(step, backend="aot_eager")
+    frames = counters["stats"]["unique_graphs"]
+    for _ in range(2):  # the second step reuses the first one's graph
+        model.zero_grad(set_to_none=True)
+        compiled(x).float().square().mean().backward()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] - frames == 1
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

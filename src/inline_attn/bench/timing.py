@@ -36,6 +36,7 @@ __all__ = [
     "measure_matmul_rate",
     "peak_memory",
     "synchronize",
+    "thread_times_interleaved",
     "time_interleaved",
 ]
 
@@ -179,6 +180,27 @@ def time_interleaved(
             if max(sum(t * inner[k] for t in out[k].times) for k in live) > budget_s:
                 break
     return out
+
+
+def thread_times_interleaved(
+    cases: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 0
+) -> dict[str, list[float]]:
+    """Each case's CPU seconds per call on this thread, ``repeats`` rounds round-robin after
+    ``warmup`` untimed calls of each. This thread's CPU time, not the wall clock: on a shared
+    machine the wall clock adds the time other processes hold the core, and with one intra-op
+    thread every CPU kernel (a CPU backward included: the autograd engine runs it on the calling
+    thread) runs on this thread, so its CPU time is the whole call."""
+    _check_rounds(warmup, repeats, 1, None, 1.0)
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(repeats):
+        for label, fn in cases.items():
+            t0 = time.thread_time()
+            fn()
+            times[label].append(time.thread_time() - t0)
+    return times
 
 
 class TensorMemoryTracker(TorchDispatchMode):

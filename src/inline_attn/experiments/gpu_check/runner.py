@@ -50,7 +50,7 @@ STEPS = {
     "tests": Step(tests_step.run, 150, 40),
     "goals": Step(goals_step.run, 180, 30, _names(goals_step.PARTS)),
     "profile": Step(profile_step.run, 90, 15, _names(profile_step.PARTS)),
-    "compile": Step(compile_step.run, 100, 45, _names(compile_step.PARTS), default=False),
+    "compile": Step(compile_step.run, 100, 90, _names(compile_step.PARTS), default=False),
     "train": Step(train_step.run, 45, 30, default=False),
     "autotune": Step(autotune_step.run, 120, 60, default=False),
 }
