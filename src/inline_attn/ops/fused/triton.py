@@ -115,11 +115,11 @@ def load_kernels(device: torch.device):
         ValueError: triton is not installed, or this process's Triton mode (fixed when triton was
             imported, by ``TRITON_INTERPRET``) does not match the tensors' device.
     """
-    if _state["module"] is not None and device.type == "cuda" and not _state["interpret"]:
+    want = device.type != "cuda" and _state["simulated"] is None  # interpreted: CPU tensors, no simulated GPU
+    if _state["module"] is not None and _state["interpret"] == want:
         return _state["module"]  # the common case, on every launch: nothing to check again
     if not triton_installed():
         raise ValueError("impl='triton' needs the triton package: pip install 'inline-attn[gpu]'")
-    want = device.type != "cuda" and _state["simulated"] is None
     if interpreting() != want:
         if want:
             raise ValueError(
