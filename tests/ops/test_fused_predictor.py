@@ -79,7 +79,7 @@ def test_predictor_forward_and_backward_match_float64(backend, shape):
 
 
 # (B, (H, W), prefix, heads, head_dim)
-LAYER_SHAPES = [(1, (5, 7), 1, 3, 24), (2, (4, 4), 0, 2, 32), (1, (3, 5), 2, 1, 48)]
+LAYER_SHAPES = [(1, (5, 7), 1, 3, 24), (2, (4, 4), 0, 2, 32), (1, (3, 5), 2, 1, 48), (3, (4, 6), 1, 2, 64)]
 
 
 @pytest.mark.parametrize("shape", LAYER_SHAPES, ids=lambda s: "B{}_{}x{}_p{}_h{}_d{}".format(s[0], *s[1], *s[2:]))
