@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-# (batch, heads, head dim, grid side): 50,176 tokens at 7^2 and 14^2, 200,704 at 56^2 and 112^2; 3 heads of 32 (Swin-T's stage 1)
+# (batch, heads, head dim, grid side): 50,176 tokens at 7^2 and 14^2, 200,704 at 56^2 and 112^2;
+# 3 heads of 32 (Swin-T's stage 1)
 CORE_SHAPES = ((1024, 3, 32, 7), (256, 3, 32, 14), (64, 3, 32, 56), (16, 3, 32, 112))
 ELEMENTS_MOVED = 11  # x B N C: see the module docstring
 

@@ -267,7 +267,14 @@ def tiling(q: torch.Tensor, n: int, d: int, heads: int) -> tuple[int, int]:
     paper's Swin / PVT heads, is its own key), else BLOCK_N and NUM_WARPS (doubled over 32)."""
     if _state["tiling"] is not None:
         return _state["tiling"]
-    entry = _tuning_table(str(TUNING_FILE)).get(tuning_key(device_limits(q.device).name, n, d, heads, q.dtype))
+    return _tuned_tiling(str(TUNING_FILE), device_limits(q.device).name, token_bucket(n), d, heads, q.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_tiling(path: str, device_name: str, bucket: int, d: int, heads: int, dtype: torch.dtype) -> tuple[int, int]:
+    """:func:`tiling` from the table at ``path``: looked up once per key (the key's f-string and
+    the table lookup cost host time on every launch otherwise)."""
+    entry = _tuning_table(path).get(tuning_key(device_name, bucket, d, heads, dtype))
     if entry is not None:
         return int(entry["BLOCK_N"]), int(entry["num_warps"])
     return BLOCK_N, NUM_WARPS if _block_d(d) <= 32 else 2 * NUM_WARPS
