@@ -119,19 +119,12 @@ def _shifted_tile(view, cmask, cells, geo, dy, dx):
 @triton.jit
 def _add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
     """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
-    residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx))."""
-    # a loop, not unrolled: unrolled, the nine tile loads are hoisted together and the kernels spill
-    for t in range(9):
-        wt = _row(w9, t, cmask)
-        acc += wt[None, :] * _shifted_tile(src, cmask, cells, geo, SIGN * (t // 3 - 1), SIGN * (t % 3 - 1))
-    return acc
+    residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx)).
 
-
-@triton.jit
-def _add_taps_by_row(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
-    """:func:`_add_taps` with the three taps of a kernel row unrolled: three shifted loads in
-    flight at a time (a third of the latency rounds) where the tiles are small enough per thread
-    for the registers to hold them (the resident launch)."""
+    The kernel's rows run as a loop and a row's three taps unrolled: three shifted tile loads in
+    flight at a time, a third of the latency rounds of a loop over the nine taps. Unrolling all nine
+    hoists their loads together and the kernels spill; three fit the bf16 kernels' registers
+    (ptxas for sm_90, docs/benchmarks.md "Kernel resources")."""
     for r in range(3):
         for col in tl.static_range(3):
             wt = _row(w9, 3 * r + col, cmask)
@@ -349,7 +342,7 @@ def _bwd_sums(
         if HAS_RES:
             cells = _grid_coords(n, n_hi, geo)
             gt = tl.where(cells[2][:, None], gt, 0.0)
-            for t in range(9):  # not unrolled, as in _add_taps
+            for t in range(9):  # a loop: inside the token loop, unrolled taps would spill
                 vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
                 dw += tl.where(taps[:, None] == t, tl.sum(gt * vn, axis=0)[None, :], 0.0)
     return cnt, mk, mv, s, dm, gs, dw
@@ -599,7 +592,7 @@ def inline_fwd_resident(
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
     out = tl.dot(_tile(_view(Q, q_st, b, ch), n, m2), m, input_precision=PREC) + vbar[None, :]
     if HAS_RES:
-        out = _add_taps_by_row(out, _dense(W9, b, 9, C, ch), v, cmask, _grid_coords(n, N, geo), geo, 1)
+        out = _add_taps(out, _dense(W9, b, 9, C, ch), v, cmask, _grid_coords(n, N, geo), geo, 1)
     _store(_dense(O, b, N, C, ch), n, out, m2)
 
 
@@ -609,7 +602,7 @@ def _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo):
     rows, stored tap by tap into DW [B, 9, C]."""
     dw = _dense(DW, b, 9, C, ch)
     gt = tl.where(cells[2][:, None], gt, 0.0)
-    for r in range(3):  # rows of taps as a loop, a row's three taps unrolled (as _add_taps_by_row)
+    for r in range(3):  # rows of taps as a loop, a row's three taps unrolled (as in _add_taps)
         for col in tl.static_range(3):
             vn = _shifted_tile(v, cmask, cells, geo, r - 1, col - 1)
             tap = dw[0] + (3 * r + col) * dw[1] + dw[2]
@@ -657,7 +650,7 @@ def inline_bwd_resident(
     dv = tl.dot(kc, dm, input_precision=PREC) * alpha + (tl.sum(gt, axis=0) / N)[None, :]
     if HAS_RES:
         cells = _grid_coords(n, N, geo)
-        dv = _add_taps_by_row(dv, _dense(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
+        dv = _add_taps(dv, _dense(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
         _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo)
     _store(dv_out, n, dv, m2)
 
