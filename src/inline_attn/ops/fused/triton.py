@@ -318,7 +318,7 @@ def _split(device: torch.device, pairs: int, n: int, block_n: int) -> int:
 
 def _strides(*tensors: torch.Tensor) -> tuple[tuple[int, int, int], ...]:
     """The (batch, token, channel) strides of each of ``tensors``, one tuple a tensor: the kernels' stride arguments."""
-    return tuple((t.stride(0), t.stride(1), t.stride(2)) for t in tensors)
+    return tuple(map(torch.Tensor.stride, tensors))  # 3-d tensors: (batch, token, channel); no Python frame per tensor
 
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
