@@ -1,10 +1,11 @@
 """The residual predictor inside the fused layer core, against the float64 reference.
 
-In eager mode the layer core's ``autograd.Function`` runs the predictor (token mean, the two
-grouped products, GELU) and the core in one autograd node: on Triton one predictor kernel each way, on the
-C++ backend the same math on aten ops (:mod:`inline_attn.ops.predictor`). Outputs and gradients
-(of x, q, k, v and the predictor's parameters) on awkward shapes: batch 1, odd N, H != W, prefix
-tokens, head dims 24/32/48, strided views; Triton under its interpreter on a machine without CUDA.
+In eager mode the layer core runs the predictor (token mean, the two grouped products, GELU) and
+the core in one autograd node: on Triton an ``autograd.Function`` with one predictor kernel each
+way, on the CPU the C++ op ``inline_attn::cpu_layer`` (forward, backward and autograd in C++).
+Outputs and gradients (of x, q, k, v and the predictor's parameters) on awkward shapes: batch 1,
+odd N, H != W, prefix tokens, head dims 24/32/48, strided views; Triton under its interpreter on a
+machine without CUDA.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 from inline_attn.layers import build_attention
 from inline_attn.ops import use_impl
 from inline_attn.ops.fused import triton as triton_core
-from inline_attn.ops.predictor import predict_residual, predictor_backward, predictor_forward
+from inline_attn.ops import inline_tokens
+from inline_attn.ops.fused import cpu as cpu_kernel
+from inline_attn.ops.predictor import predict_residual
 from op_helpers import naive_inline_layer
 
 pytest.importorskip("triton")
@@ -49,9 +52,19 @@ def _ids(s):
     return "B{}_N{}_h{}_d{}".format(*s)
 
 
+def _predictor_grads(ctx, dtaps, params, heads, n):
+    """float64 (dctx / N, dw1, db1, dw2, db2) of the taps for their gradient dtaps [B, 9, C], by
+    autograd through the reference math."""
+    ctx64 = ctx.detach().double().requires_grad_()
+    params64 = [p.detach().double().requires_grad_() for p in params]
+    b, c = ctx.shape
+    taps = predict_residual(ctx64, *params64, groups=heads).reshape(b, c, 9).transpose(1, 2)
+    dctx, *dparams = torch.autograd.grad(taps, (ctx64, *params64), dtaps.double())
+    return [dctx / n, *dparams]
+
+
 @pytest.mark.parametrize("shape", PREDICTOR_SHAPES, ids=_ids)
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_predictor_forward_and_backward_match_float64(backend, shape):
+def test_triton_predictor_forward_and_backward_match_float64(shape):
     b, n, heads, d = shape
     c = heads * d
     base = torch.randn(b, c, n + 1, dtype=torch.float64, device=DEVICE)
@@ -62,19 +75,15 @@ def test_predictor_forward_and_backward_match_float64(backend, shape):
     want = torch.autograd.grad(ref, (x64, *params64), g)
     x = x64.detach().float()
     params = [p.detach().float() for p in params64]
-    if backend == "triton":
-        ctx, taps = triton_core.predictor_forward_triton(x, *(p.reshape(p.shape[0], -1) for p in params), heads)
-        flat = [p.reshape(p.shape[0], -1) for p in params[:3]]
-        dctx, *dparams = triton_core.predictor_backward_triton(ctx, g.float().contiguous(), *flat, n=n, num_heads=heads)
-    else:
-        ctx, taps = predictor_forward(x, *params, heads)
-        dctx, *dparams = predictor_backward(ctx, g.float(), *params[:3], heads, n)
+    ctx, taps = triton_core.predictor_forward_triton(x, *(p.reshape(p.shape[0], -1) for p in params), heads)
+    flat = [p.reshape(p.shape[0], -1) for p in params[:3]]
+    dctx, *dparams = triton_core.predictor_backward_triton(ctx, g.float().contiguous(), *flat, n=n, num_heads=heads)
     assert ctx.dtype == taps.dtype == torch.float32 and taps.shape == (b, 9, c)
     assert _rel(ctx, x64.mean(1)) < 1e-6 and _rel(taps, ref) < 2e-6, (_rel(ctx, x64.mean(1)), _rel(taps, ref))
     # dx is dctx / N on every token
     errs = [_rel(dctx.unsqueeze(1).expand(b, n, c), want[0])]
     errs += [_rel(a.reshape(r.shape), r) for a, r in zip(dparams, want[1:])]
-    print(f"{backend} {shape}: rel errs dx, dw1, db1, dw2, db2 {['%.1e' % e for e in errs]}")
+    print(f"triton {shape}: rel errs dx, dw1, db1, dw2, db2 {['%.1e' % e for e in errs]}")
     assert max(errs) < 1e-5, errs
 
 
@@ -107,6 +116,104 @@ def test_inline_layer_with_fused_predictor_matches_float64(backend, shape):
     assert max(errs.values()) < 2e-5, errs
 
 
+needs_cpu_kernel = pytest.mark.skipif(
+    DEVICE != "cpu" or not cpu_kernel.cpu_kernel_available(), reason="the C++ kernel (CPU, built)"
+)
+# (B, (H, W), prefix, heads, head_dim, weights as Conv1d [rows, d, 1] or flat [rows, d])
+CPU_LAYER_SHAPES = [
+    (1, (5, 7), 1, 3, 24, True),
+    (17, (3, 3), 0, 2, 32, False),
+    (2, (4, 6), 2, 1, 48, True),
+    (3, (1, 1), 0, 4, 8, False),
+]
+
+
+def _cpu_layer_id(s):
+    return "B{}_{}x{}_p{}_h{}_d{}_conv{}".format(s[0], *s[1], *s[2:])
+
+
+def _cpu_layer_inputs(b, hw, p, heads, d, conv, dtype):
+    """x (token-strided) and q, k, v (views into one qkv tensor) [B, N, C], the predictor's
+    parameters; float64 leaves cast to ``dtype``."""
+    c, n = heads * d, p + hw[0] * hw[1]
+    g = torch.Generator().manual_seed(b * 100 + n)
+    x = torch.randn(b, c, n, generator=g, dtype=torch.float64).to(dtype).transpose(1, 2)
+    q, k, v = torch.randn(b, n, 3 * c, generator=g, dtype=torch.float64).to(dtype).chunk(3, dim=-1)
+    params = [(t if conv else t.squeeze(-1)).to(dtype) for t in _params(c, d)]
+    return [t.requires_grad_() for t in (x, q, k, v)], [t.requires_grad_() for t in params]
+
+
+def _cpu_layer_reference(x, q, k, v, params, heads, hw, p):
+    """The layer core in float64 on the naive path: InLine + the predicted residual."""
+    weights = predict_residual(x.mean(dim=1), *params, groups=heads)
+    return inline_tokens(
+        q, k, v, num_heads=heads, feat_size=hw, residual_weights=weights, num_prefix_tokens=p, impl="naive"
+    )
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("shape", CPU_LAYER_SHAPES, ids=_cpu_layer_id)
+def test_cpu_layer_op_matches_float64(shape, dtype):
+    # the C++ layer op (predictor + core, its autograd in C++) on strided views against the naive
+    # float64 path: the output and the gradients of x, q, k, v and the predictor's parameters
+    b, hw, p, heads, d, conv = shape
+    tokens, params = _cpu_layer_inputs(*shape, dtype)
+    out = cpu_kernel.cpu_layer(*tokens, *params, heads, d**-0.5, *hw, p)
+    tokens64 = [t.detach().double().requires_grad_() for t in tokens]
+    params64 = [t.detach().double().requires_grad_() for t in params]
+    ref = _cpu_layer_reference(*tokens64, params64, heads, hw, p)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    got = torch.autograd.grad(out, tokens + params, g.to(dtype))
+    want = torch.autograd.grad(ref, tokens64 + params64, g)
+    names = ["out", "x", "q", "k", "v", "w1", "b1", "w2", "b2"]
+    errs = dict(zip(names, [_rel(out, ref)] + [_rel(a, r) for a, r in zip(got, want)]))
+    print(dtype, shape, {k: f"{e:.1e}" for k, e in errs.items()})
+    assert out.dtype == dtype and all(a.shape == t.shape and a.dtype == dtype for a, t in zip(got, tokens + params))
+    assert max(errs.values()) < (2e-5 if dtype == torch.float32 else 1e-12), errs
+
+
+@needs_cpu_kernel
+def test_cpu_layer_op_in_bf16_is_the_float32_computation_rounded():
+    # bf16 tokens (autocast's q, k, v) are computed in float32: the output and the tokens' gradients
+    # are the float32 op's, rounded once; x and the predictor's (float32) gradients are the same
+    shape = (2, (3, 4), 1, 2, 16, True)
+    (x, q, k, v), params = _cpu_layer_inputs(*shape, torch.float32)
+    q16, k16, v16 = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q16, k16, v16))
+    args = (2, 16**-0.5, 3, 4, 1)
+    out16 = cpu_kernel.cpu_layer(x, q16, k16, v16, *params, *args)
+    out32 = cpu_kernel.cpu_layer(x, q32, k32, v32, *params, *args)
+    g = torch.randn(out32.shape)
+    got = torch.autograd.grad(out16, (x, q16, k16, v16, *params), g.bfloat16())
+    want = torch.autograd.grad(out32, (x, q32, k32, v32, *params), g.bfloat16().float())
+    assert out16.dtype == torch.bfloat16 and torch.equal(out16, out32.bfloat16())
+    for a, r in zip(got, want):
+        assert a.dtype == (torch.bfloat16 if r.shape == q.shape and a is not got[0] else torch.float32)
+        assert torch.equal(a, r.to(a.dtype))
+
+
+@needs_cpu_kernel
+def test_cpu_layer_op_errors_and_edges():
+    (x, q, k, v), params = _cpu_layer_inputs(1, (2, 3), 0, 2, 8, True, torch.float32)
+    args = (2, 8**-0.5, 2, 3, 0)
+    out = cpu_kernel.cpu_layer(x, q, k, v, *params, *args)
+    with pytest.raises(RuntimeError, match="no derivative"):  # the C++ backward has no derivative
+        torch.autograd.grad(out, q, torch.ones_like(out), create_graph=True)
+    wrong_w2 = r"w2 must be \[9C, C/heads\(, 1\)\] \(1152 elements for C=16, num_heads=2\)"
+    with pytest.raises(RuntimeError, match=wrong_w2):
+        cpu_kernel.cpu_layer(x, q, k, v, params[0], params[1], params[2][:-1], params[3], *args)
+    with pytest.raises(RuntimeError, match="x must be .* with q's shape"):
+        cpu_kernel.cpu_layer(x[:, :-1], q, k, v, *params, *args)
+    with pytest.raises(RuntimeError, match="N=6 must equal 0 \\+ 2\\*2"):
+        cpu_kernel.cpu_layer(x, q, k, v, *params, 2, 0.1, 2, 2, 0)
+    # no samples: an empty output, zero parameter gradients
+    empty = [t.detach()[:0].requires_grad_() for t in (x, q, k, v)]
+    out = cpu_kernel.cpu_layer(*empty, *params, *args)
+    grads = torch.autograd.grad(out.sum(), params)
+    assert out.shape == (0, 6, 16) and all(not gr.any() for gr in grads)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_eager_layer_core_is_one_autograd_node(backend):
     # the predictor runs inside the layer core's autograd.Function: no GELU, product or mean nodes
@@ -121,8 +228,9 @@ def test_eager_layer_core_is_one_autograd_node(backend):
             continue
         seen.append(node)
         todo.extend(f for f, _ in node.next_functions)
-    names = [type(node).__name__ for node in seen]
-    assert names.count("_InLineLayerCoreBackward") == 1, names
+    names = [node.name() for node in seen]
+    core = "InlineLayer" if backend == "cpu" else "_TritonLayerCoreBackward"
+    assert sum(core in name for name in names) == 1, names
     assert not any(k in name for name in names for k in ("Gelu", "Baddbmm", "Mean", "Bmm")), names
 
 
@@ -171,7 +279,7 @@ def test_layer_tokens_bad_input_is_a_clear_error(change, match):
         inline_layer_tokens(args["x"], q, k, v, predictor=predictor, num_heads=2, feat_size=(3, 4), num_prefix_tokens=1)
 
 
-def test_predictor_backward_over_sample_blocks_matches_aten():
+def test_predictor_backward_over_sample_blocks_matches_float64():
     # up to 16 samples one program per head writes the gradients; more samples (Swin's windows) are
     # split into blocks of 16 / 32 samples whose workspace rows a second launch sums: 600 samples
     # make 19 blocks, over the reduction's 16 blocks a step, so its last step is ragged
@@ -185,7 +293,7 @@ def test_predictor_backward_over_sample_blocks_matches_aten():
         with triton_core.record_launches() as log:
             got = triton_core.predictor_backward_triton(ctx, dtaps, *flat, n=n, num_heads=heads)
         assert [x.kernel for x in log] == (launches or ["predictor_bwd_samples", "predictor_bwd_reduce"])
-        want = predictor_backward(ctx.double(), dtaps.double(), *(p.double() for p in params[:3]), heads, n)
+        want = _predictor_grads(ctx, dtaps, params, heads, n)
         errs = [_rel(a.reshape(r.shape), r) for a, r in zip(got, want)]
         assert max(errs) < 1e-5, (b, errs)
     assert -(-600 // triton_core._block_b(600)) == 19

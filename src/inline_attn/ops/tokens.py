@@ -152,9 +152,9 @@ def inline_layer_tokens(
             (:meth:`inline_attn.layers.LocalResidual.predictor_params`).
         the rest: as :func:`inline_tokens`.
 
-    On the fused implementations in eager mode the prediction runs inside the layer core's
-    ``autograd.Function`` (:func:`~inline_attn.ops.fused.op.inline_layer_core`; on Triton one kernel
-    each way); otherwise (and while compiling, exporting or under a dispatch mode) it is
+    On the fused implementations in eager mode the prediction runs inside the layer core's one
+    autograd node (:func:`~inline_attn.ops.fused.op.inline_layer_core`: in C++ on the CPU, one
+    kernel each way on Triton); otherwise (and while compiling, exporting or under a dispatch mode) it is
     :func:`predict_residual` under autograd beside the core.
     """
     check_tokens(q, k, v)

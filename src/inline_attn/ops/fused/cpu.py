@@ -6,11 +6,17 @@ window, DeiT-T's 14x14 grid) those passes cost more than the arithmetic. The ker
 per sample (or per head when samples are few) while its tokens are in cache and calls the BLAS
 bundled with PyTorch for the two D x D products (docs/benchmarks.md measures it).
 
-It registers two private ops, ``inline_attn::cpu_forward`` and ``inline_attn::cpu_backward``
-(float32 / float64, the layout described in the C++ file); :mod:`inline_attn.ops.fused` calls
-them through :func:`cpu_forward` / :func:`cpu_backward` as the ``"cpu"`` backend of the public
-op, after copying inputs whose layout BLAS cannot read and upcasting bf16 / fp16 to float32. It is
-compiled with g++ on first use (~15 s once per install, cached; see :mod:`.cpu_build`, and
+It registers three private ops (the layout described in the C++ file):
+
+- ``inline_attn::cpu_forward`` and ``inline_attn::cpu_backward`` (float32 / float64): the core
+  alone, the ``"cpu"`` backend of the public op (:mod:`inline_attn.ops.fused.op`), called through
+  :func:`cpu_forward` / :func:`cpu_backward`, which copy inputs whose layout BLAS cannot read and
+  upcast bf16 / fp16 to float32;
+- ``inline_attn::cpu_layer`` (:data:`cpu_layer`): an eager layer's whole core with its residual
+  predictor, forward and backward in C++ (its autograd is registered there: one C++ autograd node
+  and no Python per layer step); any float dtypes and layouts.
+
+It is compiled with g++ on first use (~15 s once per install, cached; see :mod:`.cpu_build`, and
 ``inline-attn build-kernel`` to build it ahead). If the build fails the dispatch uses the eager
 path and :func:`cpu_kernel_error` says why.
 """
@@ -24,7 +30,7 @@ import torch
 from . import cpu_build
 from .._checks import cast
 
-__all__ = ["cpu_backward", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error"]
+__all__ = ["cpu_backward", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error", "cpu_layer"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "inline_cpu.cpp"
 _OP_NAME = "inline_attn::cpu_forward"
@@ -40,6 +46,15 @@ _LIB.define(
     "cpu_backward(Tensor q, Tensor k, Tensor v, Tensor? w9, Tensor grad, int num_heads, float scale, int H, "
     "int W, int num_prefix_tokens) -> Tensor[]"
 )
+_LIB.define(
+    "cpu_layer(Tensor x, Tensor q, Tensor k, Tensor v, Tensor w1, Tensor b1, Tensor w2, Tensor b2, int num_heads, "
+    "float scale, int H, int W, int num_prefix_tokens) -> Tensor"
+)
+#: ``cpu_layer(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens) -> O [B, N, C]``:
+#: the layer core with its residual predictor (:func:`inline_attn.ops.fused.op.inline_layer_core`
+#: documents the arguments) once the kernel is loaded (:func:`cpu_kernel_available`); the op itself,
+#: so that a layer step calls no Python wrapper
+cpu_layer = torch.ops.inline_attn.cpu_layer.default
 
 
 def _load() -> bool:

@@ -14,9 +14,9 @@ in the graph as one opaque node (``fullgraph=True`` works); autograd through
 raises instead of silently dropping terms); FLOP formulas for ``FlopCounterMode``.
 
 :func:`inline_layer_core` adds the residual predictor (the layer input's token mean, two grouped
-products, GELU: :mod:`inline_attn.ops.predictor`) inside the same ``autograd.Function`` in eager
-mode, so that a layer crosses one autograd boundary and, on Triton, its predictor costs one kernel
-each way.
+products, GELU: :mod:`inline_attn.ops.predictor`) inside one autograd node in eager mode: the C++
+op ``cpu_layer`` on the CPU (forward, backward and autograd in C++), one ``autograd.Function``
+with one predictor kernel each way on Triton.
 
 :func:`inline_core` is what callers use: the custom op while ``torch.compile`` traces, and outside
 it the same two functions through one ``torch.autograd.Function``, which skips the custom op's
@@ -33,7 +33,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
 
 from .._checks import cast
-from ..predictor import predictor_backward, predictor_dtype, predictor_forward
 from . import cpu as cpu_kernel
 
 BACKENDS = ("cpu", "triton")
@@ -193,85 +192,61 @@ def inline_core(
 
 
 # The layer core with its residual predictor: ``O = InLine(q, k, v) + R(v, P(mean_n x))`` in one
-# autograd.Function, so that eager mode crosses one autograd boundary per layer and the Triton
-# backend runs the predictor in one kernel each way (forward: predictor_fwd + the core's;
-# backward: the core's + predictor_bwd) instead of a dozen aten launches.
+# autograd node, so that an eager layer step crosses one autograd boundary. On the CPU the node is
+# the C++ op's own (``cpu_layer``: the predictor and the core each way in C++, no Python); on
+# Triton it is :class:`_TritonLayerCore`, with the predictor in one kernel each way
+# (forward: predictor_fwd + the core's; backward: the core's + predictor_bwd).
+
+_triton_layer_kernels: list = []  # (predictor fwd, core fwd, core bwd, predictor bwd), imported once
 
 
-def _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend):
-    if backend == "cpu":
-        return predictor_forward(x, w1, b1, w2, b2, num_heads)
-    from .triton import predictor_forward_triton
+def _triton_layer():
+    if not _triton_layer_kernels:
+        from .triton import (
+            inline_backward_triton,
+            inline_forward_triton,
+            predictor_backward_triton,
+            predictor_forward_triton,
+        )
 
-    dtype = predictor_dtype(w1)
-    ctx, taps = predictor_forward_triton(x, *_flat_params(w1, b1, w2, b2), num_heads)
-    return cast(ctx, dtype), cast(taps, dtype)
-
-
-def _predictor_backward_impl(ctx, dtaps, w1, b1, w2, n, num_heads, backend):
-    if backend == "cpu":
-        return predictor_backward(ctx, dtaps, w1, b1, w2, num_heads, n)
-    from .triton import predictor_backward_triton
-
-    grads = predictor_backward_triton(
-        cast(ctx, torch.float32), _flat_params(dtaps)[0], *_flat_params(w1, b1, w2), n=n, num_heads=num_heads
-    )
-    return tuple(cast(g, ctx.dtype) for g in grads)
+        kernels = predictor_forward_triton, inline_forward_triton, inline_backward_triton, predictor_backward_triton
+        _triton_layer_kernels.extend(kernels)
+    return _triton_layer_kernels
 
 
 def _flat_params(*params):
     """The predictor's parameters as the kernels read them: fp32, contiguous. The kernels index
     the weights by flat offsets, so a Conv1d weight [rows, C/g, 1] is read as [rows, C/g] without
     a reshape; float32 contiguous parameters (the usual case) are passed as they are."""
-    return tuple(p if p.dtype == torch.float32 and p.is_contiguous() else p.float().contiguous() for p in params)
+    return [p if p.dtype == torch.float32 and p.is_contiguous() else p.float().contiguous() for p in params]
 
 
-def _layer_forward_impl(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens, backend):
-    ctx, taps = _predictor_forward_impl(x, w1, b1, w2, b2, num_heads, backend)
-    out = _forward_impl(q, k, v, taps, num_heads, scale, H, W, num_prefix_tokens, backend)
-    return out, ctx, taps
-
-
-def _layer_backward_impl(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads, scale, H, W, num_prefix_tokens, backend):
-    dq, dk, dv, dtaps = _backward_impl(q, k, v, taps, grad, num_heads, scale, H, W, num_prefix_tokens, backend)
-    dctx, dw1, db1, dw2, db2 = _predictor_backward_impl(ctx, dtaps, w1, b1, w2, q.shape[1], num_heads, backend)
-    return dctx, dq, dk, dv, dw1, db1, dw2, db2
-
-
-def _layer_grads(saved, x_meta, grad, args):
-    """The layer core's input gradients from its saved tensors: dx is dctx / N broadcast over the
+class _TritonLayerCore(torch.autograd.Function):
+    """The layer core with its predictor on the Triton kernels (eager mode only): ``args`` is
+    (num_heads, scale, H, W, num_prefix_tokens). The predictor's kernels compute and return fp32;
+    the gradients are cast back to each input's dtype, and x's is dctx / N broadcast over the
     tokens (an expanded view: autograd adds it to the projection's gradient of x)."""
-    q, k, v, ctx, taps, w1, b1, w2 = saved
-    x_shape, x_dtype, b2_dtype = x_meta
-    dctx, dq, dk, dv, dw1, db1, dw2, db2 = _layer_backward_impl(q, k, v, ctx, taps, w1, b1, w2, grad, *args)
-    dx = cast(dctx, x_dtype).unsqueeze(1).expand(x_shape)
-    return (
-        dx,
-        dq,
-        dk,
-        dv,
-        cast(dw1.view(w1.shape), w1.dtype),
-        cast(db1, b1.dtype),
-        cast(dw2.view(w2.shape), w2.dtype),
-        cast(db2, b2_dtype),
-    )
-
-
-class _InLineLayerCore(torch.autograd.Function):
-    """The layer op's forward and backward without its dispatch overhead (eager mode only)."""
 
     @staticmethod
-    def forward(ctx, x, q, k, v, w1, b1, w2, b2, *args):
-        out, c, taps = _layer_forward_impl(x, q, k, v, w1, b1, w2, b2, *args)
+    def forward(ctx, x, q, k, v, w1, b1, w2, b2, args):
+        predictor_fwd, core_fwd, _, _ = _triton_layer()
+        c, taps = predictor_fwd(x, *_flat_params(w1, b1, w2, b2), args[0])
         ctx.save_for_backward(q, k, v, c, taps, w1, b1, w2)
-        ctx.x_meta = (x.shape, x.dtype, b2.dtype)
-        ctx.args = args
-        return out
+        ctx.meta = (x.shape, x.dtype, b2.dtype, args)
+        return core_fwd(q, k, v, taps, *args)
 
     @staticmethod
     def backward(ctx, grad):
         _no_double_backward()
-        return *_layer_grads(ctx.saved_tensors, ctx.x_meta, grad, ctx.args), None, None, None, None, None, None
+        _, _, core_bwd, predictor_bwd = _triton_layer()
+        q, k, v, c, taps, w1, b1, w2 = ctx.saved_tensors
+        x_shape, x_dtype, b2_dtype, args = ctx.meta
+        dq, dk, dv, dtaps = core_bwd(q, k, v, taps, grad, *args)
+        dtaps, w1f, b1f, w2f = _flat_params(dtaps, w1, b1, w2)
+        dctx, dw1, db1, dw2, db2 = predictor_bwd(c, dtaps, w1f, b1f, w2f, n=q.shape[1], num_heads=args[0])
+        dx = cast(dctx, x_dtype).unsqueeze(1).expand(x_shape)
+        dw1, dw2 = cast(dw1.view(w1.shape), w1.dtype), cast(dw2.view(w2.shape), w2.dtype)
+        return dx, dq, dk, dv, dw1, cast(db1, b1.dtype), dw2, cast(db2, b2_dtype), None
 
 
 def inline_layer_core(
@@ -281,8 +256,12 @@ def inline_layer_core(
 
     x: [B, N, C] the layer input (its token mean is the predictor's context); q, k, v as
     :func:`inline_forward`; w1 [C, C/h(, 1)], b1 [C], w2 [9C, C/h(, 1)], b2 [9C] the predictor's
-    grouped products (one group per head). While :func:`runs_as_custom_op`, callers predict the
-    weights on aten ops and call :func:`inline_core` instead (one ``inline_forward`` node per layer
-    for export and its ONNX translation, the FLOP formula for ``FlopCounterMode``, and inductor
-    fuses the predictor's small ops itself)."""
-    return _InLineLayerCore.apply(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens, backend)
+    grouped products (one group per head). One autograd node: the C++ op ``cpu_layer`` (its
+    autograd registered in C++) or :class:`_TritonLayerCore`. While :func:`runs_as_custom_op`,
+    callers predict the weights on aten ops and call :func:`inline_core` instead (one
+    ``inline_forward`` node per layer for export and its ONNX translation, the FLOP formula for
+    ``FlopCounterMode``, and inductor fuses the predictor's small ops itself)."""
+    if backend == "cpu":
+        return cpu_kernel.cpu_layer(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens)
+    _check_backend(backend)
+    return _TritonLayerCore.apply(x, q, k, v, w1, b1, w2, b2, (num_heads, scale, H, W, num_prefix_tokens))

@@ -13,13 +13,23 @@
 // d = C / heads. w9 (optional) is [B, 9, C] contiguous: tap t = 3 * (dy + 1) + (dx + 1) of channel
 // c's 3x3 residual kernel. Tokens [0, p) are prefix tokens (no residual); token p + y * W + x is
 // grid cell (y, x). The result is [B, N, C] contiguous. inline_attn/ops/fused/cpu.py copies
-// inputs that break this layout before calling.
+// inputs that break this layout before calling cpu_forward / cpu_backward.
+//
+// cpu_layer is the whole layer core of an InLine layer with its residual predictor (paper
+// Sec. 4.2): ctx = mean_n x, taps = W2 GELU(W1 ctx + b1) + b2 (grouped products, one group per
+// head; channel c takes outputs [9c, 9c + 9)), then the core above with w9 = taps. Its autograd is
+// registered here too (InlineLayer), so that an eager layer step crosses one C++ autograd node
+// and no Python on this path: a small layer's step is host-bound, and the predictor's dozen aten
+// ops and a Python autograd.Function cost more than the arithmetic. It takes any float dtypes and
+// layouts: everything is computed in float64 when q or w1 is float64, else in float32.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <climits>
+#include <cmath>
 #include <vector>
 
 extern "C" {
@@ -41,6 +51,14 @@ inline void gemm(char ta, char tb, int m, int n, int k, float alpha, const float
 inline void gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda,
                  const double* b, int ldb, double beta, double* c, int ldc) {
   dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+// Row-major C [m, n] = alpha op(A) op(B) + beta C, with A, B, C row-major (leading dimensions lda,
+// ldb, ldc): the column-major gemm of the transposes, C^T = op(B)^T op(A)^T.
+template <typename T>
+inline void gemm_rows(char ta, char tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                      const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  gemm(tb, ta, int(n), int(m), int(k), alpha, b, int(ldb), a, int(lda), beta, c, int(ldc));
 }
 
 // The token stride as a BLAS leading dimension: a single token's stride is meaningless (PyTorch
@@ -306,11 +324,262 @@ std::vector<at::Tensor> inline_backward_cpu(const at::Tensor& q, const at::Tenso
   return {dq, dk, dv, dw.defined() ? dw : at::empty({0}, q.options())};
 }
 
+// ---- The layer core with its residual predictor (cpu_layer) ----
+
+// The residual predictor's parameters, contiguous in the compute type: w1 [C, cg] (a Conv1d
+// weight [C, cg, 1] read flat), b1 [C], w2 [9C, cg], b2 [9C]; group g (one per head) owns w1's
+// rows [g cg, (g + 1) cg) and w2's rows [9 g cg, 9 (g + 1) cg).
+struct Params {
+  at::Tensor w1, b1, w2, b2;
+};
+
+template <typename T>
+struct Predictor {
+  const T *w1, *b1, *w2, *b2;
+  int64_t C, groups, cg;
+  Predictor(const Params& p, int64_t C, int64_t groups)
+      : w1(p.w1.data_ptr<T>()), b1(p.b1.data_ptr<T>()), w2(p.w2.data_ptr<T>()), b2(p.b2.data_ptr<T>()), C(C),
+        groups(groups), cg(C / groups) {}
+};
+
+// Exact GELU (nn.GELU's default) and its derivative Phi(y) + y phi(y), as aten's gelu_backward.
+template <typename T>
+inline T gelu(T y) {
+  return T(0.5) * y * (T(1) + std::erf(y * T(M_SQRT1_2)));
+}
+template <typename T>
+inline T gelu_grad(T y) {
+  const T cdf = T(0.5) * (T(1) + std::erf(y * T(M_SQRT1_2)));
+  const T pdf = std::exp(T(-0.5) * y * y) * T(0.3989422804014327);  // 1 / sqrt(2 pi)
+  return cdf + y * pdf;
+}
+
+// y1 [B, C] = W1 ctx + b1 per group: the first product's pre-activation.
+template <typename T>
+void predictor_hidden(const Predictor<T>& P, const T* ctx, int64_t B, T* y1) {
+  const int64_t C = P.C, cg = P.cg;
+  for (int64_t g = 0; g < P.groups; ++g)
+    gemm_rows('N', 'T', B, cg, cg, T(1), ctx + g * cg, C, P.w1 + g * cg * cg, cg, T(0), y1 + g * cg, C);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c) y1[b * C + c] += P.b1[c];
+}
+
+// ctx [B, C] = mean_n x and taps [B, 9, C]: taps[b, t, c] = (W2 GELU(y1) + b2)[b, 9c + t], the
+// second product per group on rows [B, 9C].
+template <typename T>
+void predictor_forward(const Predictor<T>& P, const Tokens<T>& X, int64_t B, int64_t N, T* ctx, T* taps) {
+  const int64_t C = P.C, cg = P.cg;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) column_means(X.at(b, 0), X.sn, N, C, ctx + b * C);
+  });
+  std::vector<T> a(B * C), y2(B * 9 * C);
+  predictor_hidden(P, ctx, B, a.data());
+  for (T& e : a) e = gelu(e);
+  for (int64_t g = 0; g < P.groups; ++g)
+    gemm_rows('N', 'T', B, 9 * cg, cg, T(1), a.data() + g * cg, C, P.w2 + 9 * g * cg * cg, cg, T(0),
+              y2.data() + 9 * g * cg, 9 * C);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t t = 0; t < 9; ++t) taps[(b * 9 + t) * C + c] = y2[b * 9 * C + 9 * c + t] + P.b2[9 * c + t];
+}
+
+// Gradients of predictor_forward for the taps' gradient dtaps [B, 9, C]: dctx [B, C] already
+// divided by N (every token's share of the mean), and dw1 [C, cg], db1 [C], dw2 [9C, cg], db2 [9C]
+// summed over the samples. With y1 recomputed and a = GELU(y1), per group:
+// dW2 = dy2^T a, da = dy2 W2, dy1 = da GELU'(y1), dW1 = dy1^T ctx, dctx = dy1 W1 / N.
+template <typename T>
+void predictor_backward(const Predictor<T>& P, const T* ctx, const T* dtaps, int64_t B, int64_t N, T* dctx, T* dw1,
+                        T* db1, T* dw2, T* db2) {
+  const int64_t C = P.C, cg = P.cg;
+  std::vector<T> y1(B * C), a(B * C), dy2(B * 9 * C), dy1(B * C);
+  predictor_hidden(P, ctx, B, y1.data());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = gelu(y1[i]);
+  std::fill(db2, db2 + 9 * C, T(0));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t t = 0; t < 9; ++t) {
+        const T g = dtaps[(b * 9 + t) * C + c];
+        dy2[b * 9 * C + 9 * c + t] = g;
+        db2[9 * c + t] += g;
+      }
+  for (int64_t g = 0; g < P.groups; ++g) {
+    const T* dy2g = dy2.data() + 9 * g * cg;
+    gemm_rows('T', 'N', 9 * cg, cg, B, T(1), dy2g, 9 * C, a.data() + g * cg, C, T(0), dw2 + 9 * g * cg * cg, cg);
+    gemm_rows('N', 'N', B, cg, 9 * cg, T(1), dy2g, 9 * C, P.w2 + 9 * g * cg * cg, cg, T(0), dy1.data() + g * cg, C);
+  }
+  std::fill(db1, db1 + C, T(0));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c) {
+      T& e = dy1[b * C + c];
+      e *= gelu_grad(y1[b * C + c]);
+      db1[c] += e;
+    }
+  for (int64_t g = 0; g < P.groups; ++g) {
+    const T* dy1g = dy1.data() + g * cg;
+    gemm_rows('T', 'N', cg, cg, B, T(1), dy1g, C, ctx + g * cg, C, T(0), dw1 + g * cg * cg, cg);
+    gemm_rows('N', 'N', B, cg, cg, T(1) / T(N), dy1g, C, P.w1 + g * cg * cg, cg, T(0), dctx + g * cg, C);
+  }
+}
+
+// The layer's compute type: float64 when q or the predictor's weights are float64, else float32
+// (bf16 / fp16 tokens under autocast are computed in float32, as the core alone).
+at::ScalarType compute_type(const at::Tensor& q, const at::Tensor& w1) {
+  return q.scalar_type() == at::kDouble || w1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor cast_to(const at::Tensor& t, at::ScalarType type) { return t.scalar_type() == type ? t : t.to(type); }
+
+// A [B, N, C] input (q's shape) in the compute type and the layout the loops read (unit channel
+// stride, rows that do not overlap: a fused qkv projection's views pass as they are).
+at::Tensor as_tokens(const at::Tensor& t, const char* name, const at::Tensor& q, at::ScalarType type) {
+  TORCH_CHECK(t.dim() == 3 && t.sizes() == q.sizes(), name, " must be [B, N, C] with q's shape ", q.sizes(), ", got ",
+              t.sizes());
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), name, " must be floating point, got ", t.scalar_type());
+  at::Tensor u = cast_to(t, type);
+  const bool readable = (u.size(2) <= 1 || u.stride(2) == 1) && row_stride(u) >= u.size(2);
+  return readable ? u : u.contiguous();
+}
+
+at::Tensor as_param(const at::Tensor& t, const char* name, int64_t numel, const char* shape, int64_t C, int64_t heads,
+                    at::ScalarType type) {
+  TORCH_CHECK(t.numel() == numel, name, " must be ", shape, " (", numel, " elements for C=", C, ", num_heads=", heads,
+              "), got shape ", t.sizes());
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()) && t.device().is_cpu(), name,
+              " must be a floating-point CPU tensor, got ", t.scalar_type(), " on ", t.device());
+  return cast_to(t, type).contiguous();
+}
+
+Params as_params(const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2, int64_t C,
+                 int64_t heads, at::ScalarType type) {
+  TORCH_CHECK(heads > 0 && C % heads == 0, "C=", C, " must be a multiple of num_heads=", heads);
+  const int64_t cg = C / heads;
+  return {as_param(w1, "w1", C * cg, "[C, C/heads(, 1)]", C, heads, type),
+          as_param(b1, "b1", C, "[C]", C, heads, type),
+          as_param(w2, "w2", 9 * C * cg, "[9C, C/heads(, 1)]", C, heads, type),
+          as_param(b2, "b2", 9 * C, "[9C]", C, heads, type)};
+}
+
+// {out [B, N, C] in q's dtype, ctx [B, C], taps [B, 9, C] in the compute type}.
+std::vector<at::Tensor> layer_forward(const at::Tensor& x, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& w1, const at::Tensor& b1,
+                                      const at::Tensor& w2, const at::Tensor& b2, int64_t heads, double scale,
+                                      int64_t H, int64_t W, int64_t p) {
+  TORCH_CHECK(q.dim() == 3, "q must be [B, N, C], got ", q.sizes());
+  const at::ScalarType type = compute_type(q, w1);
+  const at::Tensor xt = as_tokens(x, "x", q, type), qt = as_tokens(q, "q", q, type);
+  const at::Tensor kt = as_tokens(k, "k", q, type), vt = as_tokens(v, "v", q, type);
+  check_inputs(qt, kt, vt, std::nullopt, heads, H, W, p);
+  const int64_t B = q.size(0), N = q.size(1), C = q.size(2);
+  const Params params = as_params(w1, b1, w2, b2, C, heads, type);
+  const auto opts = qt.options();
+  at::Tensor ctx = at::empty({B, C}, opts), taps = at::empty({B, 9, C}, opts), out = at::empty({B, N, C}, opts);
+  AT_DISPATCH_FLOATING_TYPES(type, "inline_layer_forward", [&] {
+    predictor_forward<scalar_t>(Predictor<scalar_t>(params, C, heads), Tokens<scalar_t>(xt), B, N,
+                                ctx.data_ptr<scalar_t>(), taps.data_ptr<scalar_t>());
+    inline_forward<scalar_t>(qt, kt, vt, taps.data_ptr<scalar_t>(), out, heads, scale, H, W, p);
+  });
+  return {cast_to(out, q.scalar_type()), ctx, taps};
+}
+
+// Gradients of layer_forward from its saved ctx and taps: {dctx / N [B, C], dq, dk, dv [B, N, C],
+// dw1 [C, cg], db1 [C], dw2 [9C, cg], db2 [9C]}, all in the compute type (ctx's dtype).
+std::vector<at::Tensor> layer_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& ctx, const at::Tensor& taps, const Params& raw,
+                                       const at::Tensor& grad, int64_t heads, double scale, int64_t H, int64_t W,
+                                       int64_t p) {
+  const at::ScalarType type = ctx.scalar_type();
+  const at::Tensor qt = as_tokens(q, "q", q, type), kt = as_tokens(k, "k", q, type);
+  const at::Tensor vt = as_tokens(v, "v", q, type), gt = as_tokens(grad, "grad", q, type);
+  const at::Tensor w9 = check_inputs(qt, kt, vt, taps, heads, H, W, p);
+  const int64_t B = q.size(0), N = q.size(1), C = q.size(2), cg = C / heads;
+  const Params params = as_params(raw.w1, raw.b1, raw.w2, raw.b2, C, heads, type);
+  const auto opts = qt.options();
+  at::Tensor dq = at::empty({B, N, C}, opts), dk = at::empty({B, N, C}, opts), dv = at::empty({B, N, C}, opts);
+  at::Tensor dw9 = at::zeros({B, 9, C}, opts), dctx = at::empty({B, C}, opts);
+  at::Tensor dw1 = at::empty({C, cg}, opts), db1 = at::empty({C}, opts);
+  at::Tensor dw2 = at::empty({9 * C, cg}, opts), db2 = at::empty({9 * C}, opts);
+  AT_DISPATCH_FLOATING_TYPES(type, "inline_layer_backward", [&] {
+    inline_backward<scalar_t>(qt, kt, vt, w9.data_ptr<scalar_t>(), gt, dq, dk, dv, dw9.data_ptr<scalar_t>(), heads,
+                              scale, H, W, p);
+    predictor_backward<scalar_t>(Predictor<scalar_t>(params, C, heads), ctx.data_ptr<scalar_t>(),
+                                 dw9.data_ptr<scalar_t>(), B, N, dctx.data_ptr<scalar_t>(), dw1.data_ptr<scalar_t>(),
+                                 db1.data_ptr<scalar_t>(), dw2.data_ptr<scalar_t>(), db2.data_ptr<scalar_t>());
+  });
+  return {dctx, dq, dk, dv, dw1, db1, dw2, db2};
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The layer core's autograd node: saves q, k, v, the predictor's weights and the forward's ctx
+// and taps; x's gradient is dctx / N broadcast over the tokens (an expanded view, which autograd
+// adds to the projection's gradient of x).
+class InlineLayer : public torch::autograd::Function<InlineLayer> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                            const at::Tensor& b2, int64_t heads, double scale, int64_t H, int64_t W, int64_t p) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::vector<at::Tensor> r = layer_forward(x, q, k, v, w1, b1, w2, b2, heads, scale, H, W, p);
+    ctx->save_for_backward({q, k, v, r[1], r[2], w1, b1, w2, b2});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["H"] = H;
+    ctx->saved_data["W"] = W;
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    return r[0];
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "inline_attn::cpu_layer has no derivative: second-order gradients of the fused InLine kernels are "
+                "not implemented (use impl='eager' for double backward)");
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &w1 = s[5], &b1 = s[6], &w2 = s[7], &b2 = s[8];
+    auto& d = ctx->saved_data;
+    const std::vector<at::Tensor> r =
+        layer_backward(q, k, v, s[3], s[4], Params{w1, b1, w2, b2}, grads[0], d["heads"].toInt(),
+                       d["scale"].toDouble(), d["H"].toInt(), d["W"].toInt(), d["p"].toInt());
+    at::Tensor dx = cast_to(r[0], d["x_dtype"].toScalarType()).unsqueeze(1).expand(q.sizes());
+    return {dx,
+            cast_to(r[1], q.scalar_type()),
+            cast_to(r[2], k.scalar_type()),
+            cast_to(r[3], v.scalar_type()),
+            cast_to(r[4].view(w1.sizes()), w1.scalar_type()),
+            cast_to(r[5], b1.scalar_type()),
+            cast_to(r[6].view(w2.sizes()), w2.scalar_type()),
+            cast_to(r[7], b2.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor inline_layer_autograd(const at::Tensor& x, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                 const at::Tensor& b2, int64_t heads, double scale, int64_t H, int64_t W, int64_t p) {
+  return InlineLayer::apply(x, q, k, v, w1, b1, w2, b2, heads, scale, H, W, p);
+}
+
+// Below autograd (inference mode, or redispatched): the forward alone.
+at::Tensor inline_layer_cpu(const at::Tensor& x, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
+                            int64_t heads, double scale, int64_t H, int64_t W, int64_t p) {
+  return layer_forward(x, q, k, v, w1, b1, w2, b2, heads, scale, H, W, p)[0];
+}
+
 }  // namespace
 
-// The schemas are defined in Python (inline_attn/ops/fused/cpu.py); the public op
-// inline_attn::inline_forward (inline_attn/ops/fused/op.py) calls these as its CPU backend.
+// The schemas are defined in Python (inline_attn/ops/fused/cpu.py). The public op
+// inline_attn::inline_forward (inline_attn/ops/fused/op.py) calls cpu_forward / cpu_backward as
+// its CPU backend; an eager InLine layer calls cpu_layer, whose autograd is InlineLayer.
 TORCH_LIBRARY_IMPL(inline_attn, CPU, m) {
   m.impl("cpu_forward", &inline_forward_cpu);
   m.impl("cpu_backward", &inline_backward_cpu);
+  m.impl("cpu_layer", &inline_layer_cpu);
 }
+
+TORCH_LIBRARY_IMPL(inline_attn, Autograd, m) { m.impl("cpu_layer", &inline_layer_autograd); }
