@@ -69,22 +69,30 @@ def check_count(name: str, value, minimum: int = 0) -> int:
 
 def check_feat_size(feat_size, num_tokens: int, num_prefix_tokens: int = 0) -> tuple[int, int]:
     """Validate ``feat_size=(H, W)`` (ints) against a token count ``N = num_prefix_tokens + H*W``."""
-    try:
-        sides = tuple(as_int(s) for s in feat_size)
-    except TypeError:
-        sides = ()
-    if len(sides) != 2 or None in sides:
-        raise ValueError(f"feat_size must be a pair (H, W) of ints, got {feat_size!r}")
-    h, w = sides
+    if type(feat_size) is tuple and len(feat_size) == 2 and type(feat_size[0]) is type(feat_size[1]) is int:
+        h, w = feat_size  # a layer's (H, W): nothing to convert (checked on every layer call)
+    else:
+        h, w = _int_pair(feat_size)
     if h <= 0 or w <= 0:
         raise ValueError(f"feat_size must be positive, got H={h}, W={w}")
-    num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
+    if type(num_prefix_tokens) is not int or num_prefix_tokens < 0:
+        num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
     if num_tokens != num_prefix_tokens + h * w:
         raise ValueError(
             f"token count N={num_tokens} does not match num_prefix_tokens + H*W = "
             f"{num_prefix_tokens} + {h}*{w} = {num_prefix_tokens + h * w}"
         )
     return h, w
+
+
+def _int_pair(feat_size) -> tuple[int, int]:
+    try:
+        sides = tuple(as_int(s) for s in feat_size)
+    except TypeError:
+        sides = ()
+    if len(sides) != 2 or None in sides:
+        raise ValueError(f"feat_size must be a pair (H, W) of ints, got {feat_size!r}")
+    return sides
 
 
 def check_tensor(name: str, t) -> None:

@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from .fused import cpu as cpu_kernel
+from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
 
 IMPLS = ("auto", "naive", "eager", "cpu", "triton")
 FUSED_IMPLS = ("cpu", "triton")
@@ -97,16 +98,12 @@ def use_impl(impl: str):
 
 @torch.compiler.assume_constant_result
 def _triton_importable() -> bool:
-    from .fused.triton import triton_installed
-
-    return triton_installed()
+    return triton_launchers.triton_installed()
 
 
 @torch.compiler.assume_constant_result
 def _triton_interpreting() -> bool:
-    from .fused.triton import interpreting
-
-    return interpreting()
+    return triton_launchers.interpreting()
 
 
 def _triton_mode_reason(device: torch.device) -> str | None:
@@ -195,9 +192,7 @@ def unsupported(backend: str, q: torch.Tensor, feature_map=None, num_heads: int 
     if mode is not None:
         return mode
     if num_heads is not None and q.device.type == "cuda":
-        from .fused.triton import unfit_reason
-
-        return unfit_reason(q, num_heads)
+        return triton_launchers.unfit_reason(q, num_heads)
     return None
 
 

@@ -263,5 +263,6 @@ def inline_layer_core(
     ``FlopCounterMode``, and inductor fuses the predictor's small ops itself)."""
     if backend == "cpu":
         return cpu_kernel.cpu_layer(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens)
-    _check_backend(backend)
+    if backend != "triton":
+        _check_backend(backend)
     return _TritonLayerCore.apply(x, q, k, v, w1, b1, w2, b2, (num_heads, scale, H, W, num_prefix_tokens))
