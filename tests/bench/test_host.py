@@ -96,8 +96,8 @@ def test_triton_layer_step_with_stubbed_launches():
         "op.py:backward": 1,
         "op.py:_no_double_backward": 1,
         "op.py:_triton_layer": 2,
-        "op.py:_flat_params": 2,
-        "op.py:<listcomp>": 2,
+        "op.py:_flat_params": 1,
+        "op.py:<listcomp>": 1,
     }, core
 
 

@@ -230,23 +230,23 @@ class _TritonLayerCore(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, q, k, v, w1, b1, w2, b2, args):
         predictor_fwd, core_fwd, _, _ = _triton_layer()
-        c, taps = predictor_fwd(x, *_flat_params(w1, b1, w2, b2), args[0])
-        ctx.save_for_backward(q, k, v, c, taps, w1, b1, w2)
-        ctx.meta = (x.shape, x.dtype, b2.dtype, args)
+        w1f, b1f, w2f, b2f = _flat_params(w1, b1, w2, b2)
+        c, taps = predictor_fwd(x, w1f, b1f, w2f, b2f, args[0])  # fp32, contiguous
+        ctx.save_for_backward(q, k, v, c, taps, w1f, b1f, w2f)
+        ctx.meta = (x.shape, x.dtype, w1.shape, w1.dtype, b1.dtype, w2.shape, w2.dtype, b2.dtype, args)
         return core_fwd(q, k, v, taps, *args)
 
     @staticmethod
     def backward(ctx, grad):
         _no_double_backward()
         _, _, core_bwd, predictor_bwd = _triton_layer()
-        q, k, v, c, taps, w1, b1, w2 = ctx.saved_tensors
-        x_shape, x_dtype, b2_dtype, args = ctx.meta
-        dq, dk, dv, dtaps = core_bwd(q, k, v, taps, grad, *args)
-        dtaps, w1f, b1f, w2f = _flat_params(dtaps, w1, b1, w2)
+        q, k, v, c, taps, w1f, b1f, w2f = ctx.saved_tensors
+        x_shape, x_dtype, w1_shape, w1_dtype, b1_dtype, w2_shape, w2_dtype, b2_dtype, args = ctx.meta
+        dq, dk, dv, dtaps = core_bwd(q, k, v, taps, grad, *args)  # dtaps: fp32 contiguous, as taps
         dctx, dw1, db1, dw2, db2 = predictor_bwd(c, dtaps, w1f, b1f, w2f, n=q.shape[1], num_heads=args[0])
         dx = cast(dctx, x_dtype).unsqueeze(1).expand(x_shape)
-        dw1, dw2 = cast(dw1.view(w1.shape), w1.dtype), cast(dw2.view(w2.shape), w2.dtype)
-        return dx, dq, dk, dv, dw1, cast(db1, b1.dtype), dw2, cast(db2, b2_dtype), None
+        dw1, dw2 = cast(dw1.view(w1_shape), w1_dtype), cast(dw2.view(w2_shape), w2_dtype)
+        return dx, dq, dk, dv, dw1, cast(db1, b1_dtype), dw2, cast(db2, b2_dtype), None
 
 
 def inline_layer_core(
