@@ -125,6 +125,7 @@ CPU_LAYER_SHAPES = [
     (17, (3, 3), 0, 2, 32, False),
     (2, (4, 6), 2, 1, 48, True),
     (3, (1, 1), 0, 4, 8, False),
+    (300, (2, 3), 1, 2, 8, True),  # many samples: the predictor's loops split over threads
 ]
 
 

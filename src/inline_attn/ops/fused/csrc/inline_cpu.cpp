@@ -28,6 +28,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <vector>
@@ -354,14 +355,38 @@ inline T gelu_grad(T y) {
   return cdf + y * pdf;
 }
 
+// f(b) for every sample b, in parallel over the samples (Swin has thousands of windows a layer;
+// one sample's work is a few hundred values, hence the grain).
+template <typename F>
+void for_each_sample(int64_t B, int64_t values_per_sample, F&& f) {
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, values_per_sample));
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) f(b);
+  });
+}
+
+// sums[j] = sum_b rows[b * cols + j], in parallel over blocks of columns (each sum has one owner
+// and one order, so the result does not depend on the thread count).
+template <typename T>
+void column_sums(const T* rows, int64_t B, int64_t cols, T* sums) {
+  at::parallel_for(0, cols, 256, [&](int64_t begin, int64_t end) {
+    std::fill(sums + begin, sums + end, T(0));
+    for (int64_t b = 0; b < B; ++b) {
+      const T* r = rows + b * cols;
+      for (int64_t j = begin; j < end; ++j) sums[j] += r[j];
+    }
+  });
+}
+
 // y1 [B, C] = W1 ctx + b1 per group: the first product's pre-activation.
 template <typename T>
 void predictor_hidden(const Predictor<T>& P, const T* ctx, int64_t B, T* y1) {
   const int64_t C = P.C, cg = P.cg;
   for (int64_t g = 0; g < P.groups; ++g)
     gemm_rows('N', 'T', B, cg, cg, T(1), ctx + g * cg, C, P.w1 + g * cg * cg, cg, T(0), y1 + g * cg, C);
-  for (int64_t b = 0; b < B; ++b)
+  for_each_sample(B, C, [&](int64_t b) {
     for (int64_t c = 0; c < C; ++c) y1[b * C + c] += P.b1[c];
+  });
 }
 
 // ctx [B, C] = mean_n x and taps [B, 9, C]: taps[b, t, c] = (W2 GELU(y1) + b2)[b, 9c + t], the
@@ -369,18 +394,19 @@ void predictor_hidden(const Predictor<T>& P, const T* ctx, int64_t B, T* y1) {
 template <typename T>
 void predictor_forward(const Predictor<T>& P, const Tokens<T>& X, int64_t B, int64_t N, T* ctx, T* taps) {
   const int64_t C = P.C, cg = P.cg;
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) column_means(X.at(b, 0), X.sn, N, C, ctx + b * C);
-  });
+  for_each_sample(B, N * C, [&](int64_t b) { column_means(X.at(b, 0), X.sn, N, C, ctx + b * C); });
   std::vector<T> a(B * C), y2(B * 9 * C);
   predictor_hidden(P, ctx, B, a.data());
-  for (T& e : a) e = gelu(e);
+  for_each_sample(B, C, [&](int64_t b) {
+    for (int64_t c = 0; c < C; ++c) a[b * C + c] = gelu(a[b * C + c]);
+  });
   for (int64_t g = 0; g < P.groups; ++g)
     gemm_rows('N', 'T', B, 9 * cg, cg, T(1), a.data() + g * cg, C, P.w2 + 9 * g * cg * cg, cg, T(0),
               y2.data() + 9 * g * cg, 9 * C);
-  for (int64_t b = 0; b < B; ++b)
+  for_each_sample(B, 9 * C, [&](int64_t b) {
     for (int64_t c = 0; c < C; ++c)
       for (int64_t t = 0; t < 9; ++t) taps[(b * 9 + t) * C + c] = y2[b * 9 * C + 9 * c + t] + P.b2[9 * c + t];
+  });
 }
 
 // Gradients of predictor_forward for the taps' gradient dtaps [B, 9, C]: dctx [B, C] already
@@ -393,27 +419,22 @@ void predictor_backward(const Predictor<T>& P, const T* ctx, const T* dtaps, int
   const int64_t C = P.C, cg = P.cg;
   std::vector<T> y1(B * C), a(B * C), dy2(B * 9 * C), dy1(B * C);
   predictor_hidden(P, ctx, B, y1.data());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = gelu(y1[i]);
-  std::fill(db2, db2 + 9 * C, T(0));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t t = 0; t < 9; ++t) {
-        const T g = dtaps[(b * 9 + t) * C + c];
-        dy2[b * 9 * C + 9 * c + t] = g;
-        db2[9 * c + t] += g;
-      }
+  for_each_sample(B, 9 * C, [&](int64_t b) {
+    for (int64_t c = 0; c < C; ++c) {
+      a[b * C + c] = gelu(y1[b * C + c]);
+      for (int64_t t = 0; t < 9; ++t) dy2[b * 9 * C + 9 * c + t] = dtaps[(b * 9 + t) * C + c];
+    }
+  });
+  column_sums(dy2.data(), B, 9 * C, db2);
   for (int64_t g = 0; g < P.groups; ++g) {
     const T* dy2g = dy2.data() + 9 * g * cg;
     gemm_rows('T', 'N', 9 * cg, cg, B, T(1), dy2g, 9 * C, a.data() + g * cg, C, T(0), dw2 + 9 * g * cg * cg, cg);
     gemm_rows('N', 'N', B, cg, 9 * cg, T(1), dy2g, 9 * C, P.w2 + 9 * g * cg * cg, cg, T(0), dy1.data() + g * cg, C);
   }
-  std::fill(db1, db1 + C, T(0));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t c = 0; c < C; ++c) {
-      T& e = dy1[b * C + c];
-      e *= gelu_grad(y1[b * C + c]);
-      db1[c] += e;
-    }
+  for_each_sample(B, C, [&](int64_t b) {
+    for (int64_t c = 0; c < C; ++c) dy1[b * C + c] *= gelu_grad(y1[b * C + c]);
+  });
+  column_sums(dy1.data(), B, C, db1);
   for (int64_t g = 0; g < P.groups; ++g) {
     const T* dy1g = dy1.data() + g * cg;
     gemm_rows('T', 'N', cg, cg, B, T(1), dy1g, C, ctx + g * cg, C, T(0), dw1 + g * cg * cg, cg);
