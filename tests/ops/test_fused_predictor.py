@@ -215,10 +215,12 @@ def test_cpu_layer_op_errors_and_edges():
     assert out.shape == (0, 6, 16) and all(not gr.any() for gr in grads)
 
 
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "no-residual"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_eager_layer_core_is_one_autograd_node(backend):
-    # the predictor runs inside the layer core's autograd.Function: no GELU, product or mean nodes
-    layer = build_attention("inline", 48, 2, num_prefix_tokens=1).to(DEVICE)
+def test_eager_layer_core_is_one_autograd_node(backend, residual):
+    # the predictor runs inside the layer core's autograd node: no GELU, product or mean nodes; on
+    # the CPU the node is the C++ op's own (the layer's, or the core's without a residual)
+    layer = build_attention("inline", 48, 2, num_prefix_tokens=1, local_residual=residual).to(DEVICE)
     x = torch.randn(2, 1 + 12, 48, device=DEVICE, requires_grad=True)
     with use_impl(backend):
         out = layer(x, (3, 4))
@@ -230,8 +232,13 @@ def test_eager_layer_core_is_one_autograd_node(backend):
         seen.append(node)
         todo.extend(f for f, _ in node.next_functions)
     names = [node.name() for node in seen]
-    core = "InlineLayer" if backend == "cpu" else "_TritonLayerCoreBackward"
-    assert sum(core in name for name in names) == 1, names
+    core = {
+        ("cpu", True): "InlineLayer>",
+        ("cpu", False): "InlineCore>",
+        ("triton", True): "_TritonLayerCoreBackward",
+        ("triton", False): "_InLineCoreBackward",
+    }[backend, residual]
+    assert sum(name.endswith(core) for name in names) == 1, names
     assert not any(k in name for name in names for k in ("Gelu", "Baddbmm", "Mean", "Bmm")), names
 
 

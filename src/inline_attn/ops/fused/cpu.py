@@ -14,7 +14,9 @@ It registers three private ops (the layout described in the C++ file):
   upcast bf16 / fp16 to float32;
 - ``inline_attn::cpu_layer`` (:data:`cpu_layer`): an eager layer's whole core with its residual
   predictor, forward and backward in C++ (its autograd is registered there: one C++ autograd node
-  and no Python per layer step); any float dtypes and layouts.
+  and no Python per layer step); any float dtypes and layouts;
+- ``inline_attn::cpu_core`` (:data:`cpu_core`): the core alone (taps given, or none) the same way,
+  for eager calls of :func:`inline_attn.ops.inline_tokens`.
 
 It is compiled with g++ on first use (~15 s once per install, cached; see :mod:`.cpu_build`, and
 ``inline-attn build-kernel`` to build it ahead). If the build fails the dispatch uses the eager
@@ -30,7 +32,7 @@ import torch
 from . import cpu_build
 from .._checks import cast
 
-__all__ = ["cpu_backward", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error", "cpu_layer"]
+__all__ = ["cpu_backward", "cpu_core", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error", "cpu_layer"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "inline_cpu.cpp"
 _OP_NAME = "inline_attn::cpu_forward"
@@ -55,6 +57,14 @@ _LIB.define(
 #: documents the arguments) once the kernel is loaded (:func:`cpu_kernel_available`); the op itself,
 #: so that a layer step calls no Python wrapper
 cpu_layer = torch.ops.inline_attn.cpu_layer.default
+_LIB.define(
+    "cpu_core(Tensor q, Tensor k, Tensor v, Tensor? w9, int num_heads, float scale, int H, int W, "
+    "int num_prefix_tokens) -> Tensor"
+)
+#: ``cpu_core(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens) -> O [B, N, C]``: the core
+#: alone (:func:`inline_attn.ops.fused.op.inline_forward` documents the arguments) with its autograd
+#: node in C++, as :data:`cpu_layer`
+cpu_core = torch.ops.inline_attn.cpu_core.default
 
 
 def _load() -> bool:

@@ -158,7 +158,8 @@ def _no_double_backward() -> None:
 
 
 class _InLineCore(torch.autograd.Function):
-    """The custom op's forward and backward without its dispatch overhead (eager mode only)."""
+    """The custom op's forward and backward without its dispatch overhead (eager mode only; the
+    C++ backend has its own autograd node, ``cpu_core``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, w9, *args):
@@ -185,9 +186,12 @@ def inline_core(
 ) -> Tensor:
     """The fused layer core (arguments as :func:`inline_forward`): the custom op under
     ``torch.compile`` or a dispatch mode (``FlopCounterMode``, memory trackers: they see one op
-    with its FLOP formula), the same kernels through :class:`_InLineCore` otherwise."""
+    with its FLOP formula), the same kernels otherwise: the C++ op ``cpu_core`` (its autograd node
+    in C++) or :class:`_InLineCore` around the Triton launchers."""
     if runs_as_custom_op():
         return inline_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
+    if backend == "cpu":
+        return cpu_kernel.cpu_core(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
     return _InLineCore.apply(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
 
 

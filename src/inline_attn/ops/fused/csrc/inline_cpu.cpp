@@ -21,7 +21,8 @@
 // registered here too (InlineLayer), so that an eager layer step crosses one C++ autograd node
 // and no Python on this path: a small layer's step is host-bound, and the predictor's dozen aten
 // ops and a Python autograd.Function cost more than the arithmetic. It takes any float dtypes and
-// layouts: everything is computed in float64 when q or w1 is float64, else in float32.
+// layouts: everything is computed in float64 when q or w1 is float64, else in float32. cpu_core is
+// the core alone with its own C++ autograd node (InlineCore), for eager calls with given taps.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -284,6 +285,7 @@ at::Tensor check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tens
   TORCH_CHECK(w.dim() == 3 && w.size(0) == B && w.size(1) == 9 && w.size(2) == C,
               "w9 must be [B, 9, C], got ", w.sizes());
   TORCH_CHECK(w.scalar_type() == q.scalar_type(), "w9 must have q's dtype");
+  TORCH_CHECK(w.device().is_cpu(), "w9 must be on the CPU, got ", w.device());
   return w;
 }
 
@@ -456,6 +458,7 @@ at::Tensor as_tokens(const at::Tensor& t, const char* name, const at::Tensor& q,
   TORCH_CHECK(t.dim() == 3 && t.sizes() == q.sizes(), name, " must be [B, N, C] with q's shape ", q.sizes(), ", got ",
               t.sizes());
   TORCH_CHECK(at::isFloatingType(t.scalar_type()), name, " must be floating point, got ", t.scalar_type());
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
   at::Tensor u = cast_to(t, type);
   const bool readable = (u.size(2) <= 1 || u.stride(2) == 1) && row_stride(u) >= u.size(2);
   return readable ? u : u.contiguous();
@@ -494,6 +497,7 @@ std::vector<at::Tensor> layer_forward(const at::Tensor& x, const at::Tensor& q, 
   const Params params = as_params(w1, b1, w2, b2, C, heads, type);
   const auto opts = qt.options();
   at::Tensor ctx = at::empty({B, C}, opts), taps = at::empty({B, 9, C}, opts), out = at::empty({B, N, C}, opts);
+  if (q.numel() == 0) return {cast_to(out, q.scalar_type()), ctx, taps};
   AT_DISPATCH_FLOATING_TYPES(type, "inline_layer_forward", [&] {
     predictor_forward<scalar_t>(Predictor<scalar_t>(params, C, heads), Tokens<scalar_t>(xt), B, N,
                                 ctx.data_ptr<scalar_t>(), taps.data_ptr<scalar_t>());
@@ -519,6 +523,7 @@ std::vector<at::Tensor> layer_backward(const at::Tensor& q, const at::Tensor& k,
   at::Tensor dw9 = at::zeros({B, 9, C}, opts), dctx = at::empty({B, C}, opts);
   at::Tensor dw1 = at::empty({C, cg}, opts), db1 = at::empty({C}, opts);
   at::Tensor dw2 = at::empty({9 * C, cg}, opts), db2 = at::empty({9 * C}, opts);
+  if (q.numel() == 0) return {dctx, dq, dk, dv, dw1.zero_(), db1.zero_(), dw2.zero_(), db2.zero_()};
   AT_DISPATCH_FLOATING_TYPES(type, "inline_layer_backward", [&] {
     inline_backward<scalar_t>(qt, kt, vt, w9.data_ptr<scalar_t>(), gt, dq, dk, dv, dw9.data_ptr<scalar_t>(), heads,
                               scale, H, W, p);
@@ -529,8 +534,85 @@ std::vector<at::Tensor> layer_backward(const at::Tensor& q, const at::Tensor& k,
   return {dctx, dq, dk, dv, dw1, db1, dw2, db2};
 }
 
+// ---- The core alone (cpu_core): the C++ autograd node of an eager core call ----
+
+// The core on any float tokens and taps, computed in float64 for float64 q, else float32:
+// {out [B, N, C] in q's dtype}. w9: [B, 9, C] residual taps (any float dtype) or undefined.
+at::Tensor core_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& w9,
+                        int64_t heads, double scale, int64_t H, int64_t W, int64_t p) {
+  TORCH_CHECK(q.dim() == 3, "q must be [B, N, C], got ", q.sizes());
+  const at::ScalarType type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (q.numel() == 0) return at::empty(q.sizes(), q.options());
+  const std::optional<at::Tensor> w = w9.defined() ? std::optional<at::Tensor>(cast_to(w9, type)) : std::nullopt;
+  const at::Tensor out = inline_forward_cpu(as_tokens(q, "q", q, type), as_tokens(k, "k", q, type),
+                                            as_tokens(v, "v", q, type), w, heads, scale, H, W, p);
+  return cast_to(out, q.scalar_type());
+}
+
+// {dq, dk, dv, dw9} of core_forward in the inputs' dtypes (dw9 undefined without taps).
+std::vector<at::Tensor> core_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& w9, const at::Tensor& grad, int64_t heads, double scale,
+                                      int64_t H, int64_t W, int64_t p) {
+  const at::ScalarType type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (q.numel() == 0)
+    return {at::zeros(q.sizes(), q.options()), at::zeros(q.sizes(), q.options()), at::zeros(q.sizes(), q.options()),
+            w9.defined() ? at::zeros(w9.sizes(), w9.options()) : at::Tensor()};
+  const std::optional<at::Tensor> w = w9.defined() ? std::optional<at::Tensor>(cast_to(w9, type)) : std::nullopt;
+  const std::vector<at::Tensor> r =
+      inline_backward_cpu(as_tokens(q, "q", q, type), as_tokens(k, "k", q, type), as_tokens(v, "v", q, type), w,
+                          as_tokens(grad, "grad", q, type), heads, scale, H, W, p);
+  return {cast_to(r[0], q.scalar_type()), cast_to(r[1], k.scalar_type()), cast_to(r[2], v.scalar_type()),
+          w9.defined() ? cast_to(r[3], w9.scalar_type()) : at::Tensor()};
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+void check_first_order() {
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "inline_attn's C++ kernels have no derivative: second-order gradients of the fused InLine kernels are "
+              "not implemented (use impl='eager' for double backward)");
+}
+
+// The core's autograd node: saves q, k, v and the taps; M is recomputed in the backward.
+class InlineCore : public torch::autograd::Function<InlineCore> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& w9, int64_t heads, double scale, int64_t H, int64_t W,
+                            int64_t p) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const at::Tensor w = w9.has_value() ? *w9 : at::Tensor();
+    at::Tensor out = core_forward(q, k, v, w, heads, scale, H, W, p);
+    ctx->save_for_backward({q, k, v, w});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["H"] = H;
+    ctx->saved_data["W"] = W;
+    ctx->saved_data["p"] = p;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_first_order();
+    const variable_list s = ctx->get_saved_variables();
+    auto& d = ctx->saved_data;
+    std::vector<at::Tensor> r = core_backward(s[0], s[1], s[2], s[3], grads[0], d["heads"].toInt(),
+                                              d["scale"].toDouble(), d["H"].toInt(), d["W"].toInt(), d["p"].toInt());
+    return {r[0], r[1], r[2], r[3], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor inline_core_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& w9, int64_t heads, double scale, int64_t H, int64_t W,
+                                int64_t p) {
+  return InlineCore::apply(q, k, v, w9, heads, scale, H, W, p);
+}
+
+at::Tensor inline_core_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& w9, int64_t heads, double scale, int64_t H, int64_t W,
+                           int64_t p) {
+  return core_forward(q, k, v, w9.has_value() ? *w9 : at::Tensor(), heads, scale, H, W, p);
+}
 
 // The layer core's autograd node: saves q, k, v, the predictor's weights and the forward's ctx
 // and taps; x's gradient is dctx / N broadcast over the tokens (an expanded view, which autograd
@@ -553,9 +635,7 @@ class InlineLayer : public torch::autograd::Function<InlineLayer> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "inline_attn::cpu_layer has no derivative: second-order gradients of the fused InLine kernels are "
-                "not implemented (use impl='eager' for double backward)");
+    check_first_order();
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor &q = s[0], &k = s[1], &v = s[2], &w1 = s[5], &b1 = s[6], &w2 = s[7], &b2 = s[8];
     auto& d = ctx->saved_data;
@@ -596,11 +676,16 @@ at::Tensor inline_layer_cpu(const at::Tensor& x, const at::Tensor& q, const at::
 
 // The schemas are defined in Python (inline_attn/ops/fused/cpu.py). The public op
 // inline_attn::inline_forward (inline_attn/ops/fused/op.py) calls cpu_forward / cpu_backward as
-// its CPU backend; an eager InLine layer calls cpu_layer, whose autograd is InlineLayer.
+// its CPU backend; in eager mode an InLine layer calls cpu_layer (autograd: InlineLayer) and a
+// core call with given taps cpu_core (autograd: InlineCore).
 TORCH_LIBRARY_IMPL(inline_attn, CPU, m) {
   m.impl("cpu_forward", &inline_forward_cpu);
   m.impl("cpu_backward", &inline_backward_cpu);
   m.impl("cpu_layer", &inline_layer_cpu);
+  m.impl("cpu_core", &inline_core_cpu);
 }
 
-TORCH_LIBRARY_IMPL(inline_attn, Autograd, m) { m.impl("cpu_layer", &inline_layer_autograd); }
+TORCH_LIBRARY_IMPL(inline_attn, Autograd, m) {
+  m.impl("cpu_layer", &inline_layer_autograd);
+  m.impl("cpu_core", &inline_core_autograd);
+}
