@@ -18,7 +18,7 @@ It registers three private ops (the layout described in the C++ file):
 - ``inline_attn::cpu_core`` (:data:`cpu_core`): the core alone (taps given, or none) the same way,
   for eager calls of :func:`inline_attn.ops.inline_tokens`.
 
-It is compiled with g++ on first use (~15 s once per install, cached; see :mod:`.cpu_build`, and
+It is compiled with g++ on first use (30-60 s once per install, cached; see :mod:`.cpu_build`, and
 ``inline-attn build-kernel`` to build it ahead). If the build fails the dispatch uses the eager
 path and :func:`cpu_kernel_error` says why.
 """

@@ -68,7 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 KERNEL_SOURCE = Path(__file__).with_name("csrc") / "inline_cpu.cpp"
-# a build takes 15-40 s on a 2-core machine; waiting several times that for another builder is
+# a build takes 30-60 s on a 2-core machine; waiting several times that for another builder is
 # still better than the eager path for the rest of a long process
 DEFAULT_LOCK_TIMEOUT = 180.0
 DEFAULT_CFLAGS = ("-O3", "-march=native", "-fopenmp")

@@ -19,8 +19,9 @@ op ``cpu_layer`` on the CPU (forward, backward and autograd in C++), one ``autog
 with one predictor kernel each way on Triton.
 
 :func:`inline_core` is what callers use: the custom op while ``torch.compile`` traces, and outside
-it the same two functions through one ``torch.autograd.Function``, which skips the custom op's
-Python dispatch (~60-100 us a call on these CPUs, as much as a small layer's whole core).
+it the same kernels under one autograd node (the C++ op ``cpu_core``'s own on the CPU, one
+``torch.autograd.Function`` on Triton), which skips the custom op's Python dispatch (~60-100 us a
+call on these CPUs, as much as a small layer's whole core).
 """
 
 from __future__ import annotations
