@@ -323,7 +323,7 @@ def _strides(*tensors: torch.Tensor) -> tuple[tuple[int, int, int], ...]:
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype:
     # The interpreter's fp32 -> bf16/fp16 store truncates (triton#11584): write fp32, round in torch.
-    return torch.float32 if interpreting() and q.dtype != torch.float32 else q.dtype
+    return torch.float32 if _state["interpret"] and q.dtype != torch.float32 else q.dtype  # after load_kernels
 
 
 def _launch_shape(q: torch.Tensor, pairs: int, n: int, split: int | None, block_n: int = BLOCK_N) -> tuple[int, int]:
@@ -395,11 +395,19 @@ def _resident_meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -
     holding [NP, BD] tiles, NP >= N a power of two), or None when a tile would exceed
     RESIDENT_TILE elements (or the launch is switched off: :func:`resident_launch`,
     :func:`forced_tiling`)."""
+    if not _state["resident"] or _state["tiling"] is not None:
+        return None  # off, or inside forced_tiling (which sweeps the tiled launches)
+    return _resident_config(n, d, has_res, q.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_config(n: int, d: int, has_res: bool, dtype: torch.dtype) -> dict | None:
+    """:func:`_resident_meta` of a shape, built once (the dict is never mutated: launches copy it)."""
     bd, rows = _block_d(d), max(16, triton_next_pow2(n))
-    if not _state["resident"] or _state["tiling"] is not None or rows * bd > RESIDENT_TILE:
-        return None  # off, or inside forced_tiling (which sweeps the tiled launches), or too big
+    if rows * bd > RESIDENT_TILE:
+        return None
     warps = max(2, min(RESIDENT_WARPS, rows * bd // 1024))  # 32 elements of a tile per thread
-    return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(q.dtype), num_warps=warps)
+    return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(dtype), num_warps=warps)
 
 
 def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool) -> dict | None:
@@ -526,7 +534,9 @@ def inline_backward_triton(
     b, n, c = q.shape
     has_res = w9 is not None
     dt = _out_dtype(q)
-    dq, dk, dv = (torch.empty((b, n, c), device=q.device, dtype=dt) for _ in range(3))
+    dq = torch.empty((b, n, c), device=q.device, dtype=dt)
+    dk = torch.empty((b, n, c), device=q.device, dtype=dt)
+    dv = torch.empty((b, n, c), device=q.device, dtype=dt)
     # every (sample, head) program writes all nine taps of its channels: no fill needed
     dw = torch.empty(
         (b, 9, c) if has_res else (0,),
@@ -622,7 +632,8 @@ def predictor_backward_triton(
     b, c = ctx.shape
     d = c // num_heads
     dctx = torch.empty_like(ctx)
-    dw1, dw2 = (torch.empty(w.shape, device=ctx.device, dtype=torch.float32) for w in (w1, w2))
+    dw1 = torch.empty(w1.shape, device=ctx.device, dtype=torch.float32)
+    dw2 = torch.empty(w2.shape, device=ctx.device, dtype=torch.float32)
     db1 = torch.empty((c,), device=ctx.device, dtype=torch.float32)
     db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
     if b == 0:
