@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from collections import Counter
 from typing import Callable, Iterator
 
@@ -31,6 +30,7 @@ import torch
 from ..layers import build_attention
 from ..ops import use_impl
 from ..ops.fused import triton as triton_core
+from .timing import thread_times_interleaved
 
 CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
 
@@ -107,22 +107,6 @@ def python_calls(step: Callable[[], None]) -> Counter:
     return +calls
 
 
-def _interleaved_cpu_times(steps: dict, *, warmup: int, repeats: int) -> dict[str, list[float]]:
-    """Each step's CPU seconds per call, round-robin. This thread's CPU time, not the wall clock:
-    on a shared machine the wall clock adds the time other processes hold the core, and with one
-    thread every kernel runs on this thread, so its CPU time is the whole step."""
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    times: dict[str, list[float]] = {case: [] for case in steps}
-    for _ in range(repeats):
-        for case, step in steps.items():
-            t0 = time.thread_time()
-            step()
-            times[case].append(time.thread_time() - t0)
-    return times
-
-
 def bench_host(cases=CASES, *, repeats: int = 2000, threads: int = 1, **shape) -> dict:
     """Interleaved medians (us) of each case's layer step and their ratios to ``sdpa``.
 
@@ -134,7 +118,7 @@ def bench_host(cases=CASES, *, repeats: int = 2000, threads: int = 1, **shape) -
         steps = layer_steps(cases, **shape)
         stub = stubbed_triton_launches() if "inline-triton-stub" in steps else contextlib.nullcontext()
         with stub, use_impl("auto"):
-            times = _interleaved_cpu_times(steps, warmup=20, repeats=repeats)
+            times = thread_times_interleaved(steps, warmup=20, repeats=repeats)
     finally:
         torch.set_num_threads(previous)
     rows = [dict(case=case, median_us=statistics.median(t) * 1e6) for case, t in times.items()]
