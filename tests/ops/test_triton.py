@@ -215,3 +215,15 @@ def test_interpreter_bf16_dot_is_wrong_without_upcast():
     c = torch.empty(16, 16)
     dot_kernel[(1,)](a, b, c, N=16)
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_resident_launch_switch_applies_inside_its_block_only():
+    # gpu-check's core part times the fused launch beside the resident one with this switch
+    q, k, v = torch.randn(2, 16, 3 * 32, device=DEVICE).chunk(3, dim=-1)
+    kw = dict(num_heads=2, feat_size=(4, 4), impl="triton")
+    with triton_core.record_launches() as log:
+        with triton_core.resident_launch(False):
+            off = inline_tokens(q, k, v, **kw)
+        on = inline_tokens(q, k, v, **kw)
+    assert [x.kernel for x in log] == ["inline_fwd_fused", "inline_fwd_resident"]
+    torch.testing.assert_close(off, on, rtol=2e-6, atol=1e-6)
