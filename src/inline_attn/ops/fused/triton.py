@@ -41,7 +41,7 @@ TUNING_FILE = Path(__file__).with_name("triton_tuning.json")
 _PROGRAMS_PER_SM = int(os.environ.get("INLINE_ATTN_TRITON_PROGRAMS_PER_SM", 8))
 ROW_BLOCKS_MAX = 8
 _SPLIT_MIN_BLOCKS = 8  # split the reductions only from 8 row tiles (512 tokens) up
-# The resident launch (:func:`_resident_meta`): one operand's tile of a program holds at most this
+# The resident launch (:func:`_resident_config`): one operand's tile of a program holds at most this
 # many elements (N up to 256 at head dim 32, 128 at 64), 32 a thread over at most RESIDENT_WARPS warps.
 RESIDENT_TILE = 8192
 RESIDENT_WARPS = 8
@@ -368,7 +368,9 @@ class _Plan:
 
     def describe(self) -> str:
         """The shape, for error messages."""
-        return _describe(self.pairs // self.geometry[-1], self.geometry)
+        n, c, h, w, p, heads = self.geometry
+        grid = f"{n} tokens ({h}x{w} grid, {p} prefix)"
+        return f"{self.pairs // heads} samples of {grid}, {heads} heads of {c // heads} channels"
 
     @property
     def fused(self) -> bool:
@@ -385,24 +387,11 @@ class _Plan:
         return dict(D=self.meta["D"], BD=self.meta["BD"], num_warps=self.meta["num_warps"])
 
 
-def _describe(samples: int, geometry: tuple) -> str:
-    n, c, h, w, p, heads = geometry
-    return f"{samples} samples of {n} tokens ({h}x{w} grid, {p} prefix), {heads} heads of {c // heads} channels"
-
-
-def _resident_meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -> dict | None:
-    """The resident launch's compile-time arguments for q [B, N, C] (one program per (sample, head)
-    holding [NP, BD] tiles, NP >= N a power of two), or None when a tile would exceed
-    RESIDENT_TILE elements (or the launch is switched off: :func:`resident_launch`,
-    :func:`forced_tiling`)."""
-    if not _state["resident"] or _state["tiling"] is not None:
-        return None  # off, or inside forced_tiling (which sweeps the tiled launches)
-    return _resident_config(n, d, has_res, q.dtype)
-
-
 @functools.lru_cache(maxsize=None)
 def _resident_config(n: int, d: int, has_res: bool, dtype: torch.dtype) -> dict | None:
-    """:func:`_resident_meta` of a shape, built once (the dict is never mutated: launches copy it)."""
+    """The resident launch's compile-time arguments for N tokens of head dim d (one program per
+    (sample, head) holding [NP, BD] tiles, NP >= N a power of two), or None when a tile would
+    exceed RESIDENT_TILE elements. Built once per shape (the dict is never mutated: launches copy it)."""
     bd, rows = _block_d(d), max(16, triton_next_pow2(n))
     if rows * bd > RESIDENT_TILE:
         return None
@@ -411,10 +400,13 @@ def _resident_config(n: int, d: int, has_res: bool, dtype: torch.dtype) -> dict 
 
 
 def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool) -> dict | None:
-    """The resident launch's fitted configuration for q [B, N, C], or None when the shape does not
-    fit its tile or its compiled kernel not the device's shared memory (the RTX 3090 / 4090's
-    99 KB at N 256 in the backward): the fused / split launches run it then."""
-    meta = _resident_meta(q, q.shape[1], q.shape[2] // heads, heads, has_res)
+    """The resident launch's fitted configuration for q [B, N, C], or None when it is switched off
+    (:func:`resident_launch`, or inside :func:`forced_tiling`, which sweeps the tiled launches), the
+    shape does not fit its tile, or its compiled kernel not the device's shared memory (the fp32
+    backward at N 256 on a 99 KB GPU): the fused / split launches run it then."""
+    if not _state["resident"] or _state["tiling"] is not None:
+        return None
+    meta = _resident_config(q.shape[1], q.shape[2] // heads, has_res, q.dtype)
     if meta is None:
         return None
     try:
@@ -474,7 +466,7 @@ def inline_forward_triton(
 
     ``split`` forces the number of token chunks of the reduction (1 = the fused launch); the
     default takes the resident launch when a (sample, head) problem fits a program's registers
-    (:func:`_resident_meta`), else chooses the chunks from the device size. Returns [B, N, C]
+    (:func:`_resident_config`), else chooses the chunks from the device size. Returns [B, N, C]
     contiguous in q's dtype.
     """
     mod = load_kernels(q.device)
@@ -487,12 +479,12 @@ def inline_forward_triton(
         resident = _resident_fit(mod.inline_fwd_resident, args, q, num_heads, w9 is not None) if split is None else None
         if resident is not None:
             _launch(mod.inline_fwd_resident, (b * num_heads,), *args, **resident)
-            return out if out.dtype == q.dtype else out.to(q.dtype)
-        plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
-        if plan.fused:
-            _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
         else:
-            _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
+            plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
+            if plan.fused:
+                _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
+            else:
+                _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
     return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
@@ -550,13 +542,14 @@ def inline_backward_triton(
         geometry = (n, c, h, w, p, num_heads)
         args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), geometry, float(scale))
         resident = _resident_fit(mod.inline_bwd_resident, args, q, num_heads, has_res) if split is None else None
-        plan = None if resident is not None else _plan(q, num_heads, h, w, p, split, has_res)
         if resident is not None:
             _launch(mod.inline_bwd_resident, (b * num_heads,), *args, **resident)
-        elif plan.fused:
-            _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
         else:
-            _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
+            plan = _plan(q, num_heads, h, w, p, split, has_res)
+            if plan.fused:
+                _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
+            else:
+                _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
     if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
         dq, dk, dv = (t.to(q.dtype) for t in (dq, dk, dv))
     if has_res and dw.dtype != w9.dtype:
