@@ -343,3 +343,34 @@ def test_why_not_fused_decision_table(case, monkeypatch, fused_calls):
 def test_why_not_fused_refuses_what_no_path_takes(q, impl, match):
     with pytest.raises(ValueError, match=match):
         why_not_fused(q, impl=impl)
+
+
+def test_the_gpu_fit_check_is_one_constant_under_compile(monkeypatch):
+    # the CUDA-only fit check (planning launches on meta tensors, a cache keyed by kernels) is not
+    # traceable: under torch.compile it must run once at trace time and enter the graph as a
+    # constant, with no graph break (seen on an H200 when the mark sat on an lru_cache wrapper)
+    from torch._dynamo.utils import counters
+
+    from inline_attn.ops.fused import triton as launchers
+
+    seen = []
+
+    def unfit_reason(limits, heads, d, dtype):  # like the real one, nothing Dynamo may trace
+        seen.append(d)
+        torch._dynamo.graph_break()
+
+    monkeypatch.setattr(launchers, "_cuda_limits", lambda index: launchers.DeviceLimits("GPU", 132, 232_448))
+    monkeypatch.setattr(launchers, "_unfit_reason", unfit_reason)
+
+    def fn(x):
+        reason = launchers._cuda_unfit_reason(0, 3, x.shape[-1] // 3, x.dtype)
+        return x + 1 if reason is None else x - 1
+
+    torch._dynamo.reset()
+    counters["graph_break"].clear()
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    x = torch.zeros(2, 5, 12)
+    for _ in range(2):
+        assert torch.equal(compiled(x), x + 1)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert seen == [4]  # evaluated once, while tracing

@@ -98,14 +98,18 @@ def simulated_device(limits: DeviceLimits, shared_bytes):
     inside the block the launchers take meta tensors as that GPU's, ``shared_bytes(kernel, args, meta)``
     stands in for compiling a configuration (the shared memory it needs), and nothing is launched
     (wrap the block in :func:`record_launches` to see what would be). Triton must not be in
-    interpreter mode in this process."""
+    interpreter mode in this process. Logs opened outside the block do not see its planned
+    launches: the dispatch's fit check plans on a simulated device during a real call."""
     _state["simulated"], _state["shared_bytes"] = limits, shared_bytes
     _fit_cache.clear()
+    outer_logs = _launch_logs[:]
+    _launch_logs.clear()
     try:
         yield
     finally:
         _state["simulated"], _state["shared_bytes"] = None, None
         _fit_cache.clear()
+        _launch_logs[:] = outer_logs
 
 
 def load_kernels(device: torch.device):
@@ -668,7 +672,6 @@ def plan_layer_step(q, w9, grad, num_heads: int, h: int, w: int, p: int, split: 
     inline_backward_triton(q, q, q, w9, grad, num_heads, 1.0, h, w, p, split)
 
 
-@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, not traced
 @functools.lru_cache(maxsize=None)
 def _unfit_reason(limits: DeviceLimits, heads: int, d: int, dtype: torch.dtype, shared_bytes=None) -> str | None:
     """:func:`unfit_reason` for a device's limits (``shared_bytes``: how a configuration's shared
@@ -695,4 +698,12 @@ def unfit_reason(q: torch.Tensor, num_heads: int) -> str | None:
     shape and dtype. None off CUDA (the interpreter has no limit)."""
     if q.device.type != "cuda":
         return None
-    return _unfit_reason(device_limits(q.device), num_heads, q.shape[-1] // num_heads, q.dtype)
+    return _cuda_unfit_reason(q.device.index, num_heads, q.shape[-1] // num_heads, q.dtype)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, not traced
+def _cuda_unfit_reason(index: int, heads: int, d: int, dtype: torch.dtype) -> str | None:
+    """:func:`unfit_reason` on CUDA device ``index``. Plain arguments and no cache wrapper of its
+    own: Dynamo unwraps an lru_cache and traces its body, dropping the mark, and the body (meta
+    tensors, the fit cache keyed by kernels) breaks the graph."""
+    return _unfit_reason(_cuda_limits(index), heads, d, dtype)
