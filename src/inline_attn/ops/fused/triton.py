@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from . import launch_cache
+
 _KERNELS_MODULE = "inline_attn.ops.fused.triton_kernels"
 _state: dict = {
     "module": None,
@@ -160,12 +162,16 @@ def _dtypes(args: tuple) -> tuple:
 
 
 def _launch(kernel, grid: tuple, *args, **meta) -> None:
-    """Launch ``kernel`` over ``grid`` (nothing runs for a simulated device); every open
-    :func:`record_launches` log gets the launch."""
+    """Launch ``kernel`` over ``grid`` (nothing runs for a simulated device; on a GPU through
+    :mod:`.launch_cache`); every open :func:`record_launches` log gets the launch."""
     for log in _launch_logs:
         log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args)))
-    if _state["simulated"] is None:
+    if _state["simulated"] is not None:
+        return
+    if _state["interpret"]:
         kernel[grid](*args, **meta)
+    else:
+        launch_cache.launch(kernel, grid, args, meta)
 
 
 @contextlib.contextmanager
