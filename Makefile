@@ -60,7 +60,7 @@ kernel-audit: $(STAMP)
 # native Triton tests, issue 34's goal table, the profile of five models), each in its own time
 # box. GPU_CHECK_OUT gets summary.md, gpu_check.json and a few logs, never a checkpoint (at most 6
 # flat files of at most 16 MB): on a lease, `make gpu-check GPU_CHECK_OUT=$OUT`. On demand:
-# GPU_CHECK_ARGS="--steps compile train autotune"; one goal row: "--steps goals --parts deit".
+# GPU_CHECK_ARGS="--steps train autotune"; one goal row: "--steps goals --parts deit".
 GPU_PYTHON ?= python3
 GPU_CHECK_OUT ?= gpu_check_results
 gpu-check:

@@ -4,8 +4,9 @@ The cache launches the kernel Triton compiled for the first call with a key; a l
 the same key but arguments Triton would compile differently (an unaligned pointer, a stride of 1)
 would run the wrong binary. Here Triton's own binder (compile mode, for sm_90, no GPU needed)
 specializes families of argument lists of the resident forward's signature (one argument run
-through a pool of values), and the lists of a family that share a key must share a specialization. The binder needs Triton in compile mode, so the
-check runs in a subprocess (this process interprets on a machine without CUDA).
+through a pool of values), and the lists of a family that share a key must share a
+specialization. The binder needs Triton in compile mode, so the check runs in a subprocess (this
+process interprets on a machine without CUDA).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ rate or its FLOPs over the bf16 rate, whichever is longer; a step's floor adds i
   GELU and the other elementwise kernels are left out, so a real step's ceiling is lower than the
   ratio of floors suggests.
 
-:func:`goal_rows` gives every row of the table with the value measured on 2026-11-26 (H200, commit
-``ec828ee``), the goal, the floor and its arithmetic, and whether it is still to be measured on a
-GPU; ``python -m inline_attn.bench.floor`` prints it as Markdown (docs/benchmarks.md).
+:func:`goal_rows` gives every row of the table with its goal, the floor and its arithmetic;
+``python -m inline_attn.bench.floor`` prints it as Markdown (docs/benchmarks.md puts the values
+measured on the H200 runs beside it).
 """
 
 from __future__ import annotations
@@ -151,28 +151,30 @@ def _fmt(x: float) -> str:
 
 
 CORE_SHAPES = ((1024, 7), (256, 14), (64, 56), (16, 112))  # (batch, grid side) of gpu-check's core part, C 96
-# issue 34's rows: key -> (what, measured on the H200 at ec828ee, goal)
+# issue 34's rows: key -> (what, goal); the values measured are in docs/benchmarks.md
 ISSUE_ROWS = {
-    "deit_eager": ("InLine-DeiT-T / DeiT-T, eager, 224 px, B 128", "0.70-0.81x", ">= 1.05x"),
-    "deit_graphed": ("InLine-DeiT-T / DeiT-T, CUDA-graphed", "0.83x", ">= 1.1x"),
-    "deit1024": ("InLine-DeiT-T / DeiT-T at 1024 px, B 64", "1.55x", ">= 2.5x"),
-    "swin_published": ("InLine-Swin-T (window 56) / Swin-T (window 7), B 64", "1.30-1.33x", ">= 1.4x"),
-    "swin_w7": ("InLine-Swin-T / Swin-T, both at window 7, B 64", "crashed (shared memory)", ">= 1.15x"),
-    "swin_w56": ("InLine-Swin-T / Swin-T, both at window 56, B 64", "3.66x", ">= 4x"),
-    "layer56": ("layer fwd+bwd / SDPA layer, 56x56 B 64", "2.08x eager, 3.12x graphed", ">= 3x eager, >= 4x graphed"),
-    "layer14": ("layer fwd+bwd / SDPA layer, 14x14 B 1024", "crashed (shared memory)", ">= 1.5x graphed"),
-    "core": ("Triton core fwd+bwd / copy rate, 7^2, 14^2, 56^2, 112^2 (C 96)", "10 / 10 / 15 / 16 %", ">= 40 %"),
-    "inline_kernels": ("InLine kernels' GPU ms in an InLine-DeiT-T step, B 128", "3.87 ms", "<= 1.2 ms"),
-    "cswin_busy": ("InLine-CSwin-T: GPU-busy share of a step", "37 % (4,193 kernels)", ">= 80 %"),
-    "host": ("host time, layer fwd+bwd, InLine / SDPA (CPU, B 1, 4x4, C 96)", "2.3-2.6x", "<= 1.25x"),
+    "deit_eager": ("InLine-DeiT-T / DeiT-T, eager, 224 px, B 128", ">= 1.05x"),
+    "deit_graphed": ("InLine-DeiT-T / DeiT-T, CUDA-graphed", ">= 1.1x"),
+    "deit1024": ("InLine-DeiT-T / DeiT-T at 1024 px, B 64", ">= 2.5x"),
+    "swin_published": ("InLine-Swin-T (window 56) / Swin-T (window 7), B 64", ">= 1.4x"),
+    "swin_w7": ("InLine-Swin-T / Swin-T, both at window 7, B 64", ">= 1.15x"),
+    "swin_w56": ("InLine-Swin-T / Swin-T, both at window 56, B 64", ">= 4x"),
+    "layer56": ("layer fwd+bwd / SDPA layer, 56x56 B 64", ">= 3x eager, >= 4x graphed"),
+    "layer14": ("layer fwd+bwd / SDPA layer, 14x14 B 1024", ">= 1.5x graphed"),
+    "core": ("Triton core fwd+bwd / copy rate, 7^2, 14^2, 56^2, 112^2 (C 96)", ">= 40 %"),
+    "inline_kernels": ("InLine kernels' GPU ms in an InLine-DeiT-T step, B 128", "<= 1.2 ms"),
+    "cswin_busy": ("InLine-CSwin-T: GPU-busy share of a step", ">= 80 %"),
+    "host": ("host time, layer fwd+bwd, InLine / SDPA layer (B 1, 4x4, C 96)", "<= 1.25x"),
+    "compile": ("InLine-DeiT-T, torch.compile / eager, B 128", ">= 1.00x"),
 }
-# InLine-DeiT-T's profiled step on the H200 (B 128): GPU busy 17.8 ms, 3.87 of it InLine's kernels; DeiT-T's 15.6
-PROFILED_MS = dict(inline_busy=17.8, inline_kernels=3.87, softmax_busy=15.6)
+# one profiled training step with AdamW on an H200 (B 128, run A of 2026-11-26, docs/benchmarks.md):
+# InLine-DeiT-T's GPU busy 20.7 ms, 3.24 of it InLine's kernels; DeiT-T's 17.5
+PROFILED_MS = dict(inline_busy=20.7, inline_kernels=3.24, softmax_busy=17.5)
 
 
-def _row(key: str, floor: str, how: str, gpu: str = "to be measured") -> dict:
-    what, measured, goal = ISSUE_ROWS[key]
-    return dict(what=what, measured=measured, goal=goal, floor=floor, how=how, gpu=gpu)
+def _row(key: str, floor: str, how: str) -> dict:
+    what, goal = ISSUE_ROWS[key]
+    return dict(what=what, goal=goal, floor=floor, how=how)
 
 
 def _ratio_row(key: str, base: StepFloor, ours: StepFloor, dev: Device) -> dict:
@@ -249,25 +251,28 @@ def _kernel_rows(dev: Device) -> list[dict]:
 
 def _host_rows() -> list[dict]:
     cswin = (
-        "no byte floor: the GPU is idle while the host launches. Busy 37 % of 165 ms = 61 ms; 80 % busy means a "
-        "step of at most 76 ms, about 1,900 launches at the 39 us each that 4,193 took"
+        "no byte floor: the GPU is idle while the host launches. Busy 49 % of 135.2 ms = 66.3 ms (run A); 80 % "
+        "busy means a step of at most 83 ms"
     )
-    host = "CPU time, no GPU floor (python -m inline_attn.bench.host)"
-    return [_row("cswin_busy", "-", cswin), _row("host", "-", host, "on the CPU")]
+    return [
+        _row("cswin_busy", "-", cswin),
+        _row("host", "-", "host time, no GPU floor (on the CPU: python -m inline_attn.bench.host)"),
+        _row("compile", "-", "no floor: two step times of one model on one device"),
+    ]
 
 
 def goal_rows(dev: Device = H200) -> list[dict]:
-    """Issue 34's goal table, one dict per row: what, measured (H200, 2026-11-26, ``ec828ee``),
-    goal, floor (the value at the floors), how (the arithmetic), gpu (still to be measured?)."""
+    """Issue 34's goal table, one dict per row: what, goal, floor (the value at the floors), how
+    (the arithmetic)."""
     return _model_rows(dev) + _kernel_rows(dev) + _host_rows()
 
 
-COLUMNS = ("what", "measured (H200, ec828ee)", "goal", "at the floors", "arithmetic", "GPU")
+COLUMNS = ("what", "goal", "at the floors", "arithmetic")
 
 
 def table(rows: Sequence[dict]) -> list[str]:
     """``rows`` of :func:`goal_rows` as Markdown lines."""
-    keys = ("what", "measured", "goal", "floor", "how", "gpu")
+    keys = ("what", "goal", "floor", "how")
     return markdown_table([[r[k] for k in keys] for r in rows], COLUMNS)
 
 

@@ -205,14 +205,14 @@ def part_host(ctx: StepContext) -> dict:
     return {"values": {"host_ratio": us["inline"] / us["softmax"]}, "notes": {"host_ratio": note}, "rows": [us]}
 
 
-# in order of value; usual seconds on an H100 once the kernels are compiled (estimates, not yet timed there)
+# in order of value; usual seconds: the longer of two runs on an H200 (2026-11-26), rounded up
 PARTS = (
-    Part("deit", 30, part_deit),
-    Part("swin", 35, part_swin),
-    Part("layer", 20, part_layer),
-    Part("core", 20, part_core),  # with the fused launch timed beside the resident one at 7^2 and 14^2
-    Part("deit1024", 30, part_deit1024),
-    Part("host", 8, part_host),
+    Part("deit", 10, part_deit),
+    Part("swin", 40, part_swin),
+    Part("layer", 5, part_layer),
+    Part("core", 10, part_core),  # with the fused launch timed beside the resident one at 7^2 and 14^2
+    Part("deit1024", 10, part_deit1024),
+    Part("host", 6, part_host),
 )
 
 

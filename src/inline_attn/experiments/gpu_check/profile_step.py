@@ -79,11 +79,12 @@ def part_name(label: str) -> str:
     return label.lower()
 
 
-# usual seconds on an H100 (estimates, not yet timed there): build, 3 warm-up, 5 timed and 3 profiled steps
+# usual seconds (build, 3 warm-up, 5 timed and 3 profiled steps): 3-5 s a model on an H200
+# (2026-11-26), 13 s for InLine-CSwin-T; with a margin
 PARTS = tuple(
     Part(
         part_name(label),
-        25 if "CSwin" in label else 15,
+        20 if "CSwin" in label else 8,
         functools.partial(profile_model, label=label, name=name, overrides=ov),
     )
     for label, name, ov in MODELS

@@ -25,15 +25,16 @@ TEST_FILES = (
     "tests/runtime/test_graphs.py",
     "tests/ops/test_custom_ops.py",
     "tests/gpu",
-    "tests/ops/test_kernel_resources.py",
 )
 GRACE_S = 20.0  # from SIGINT to SIGKILL, inside the box
 MAX_FAILURES_LISTED = 15
 
 
 def workers() -> int:
-    """pytest-xdist workers: the compiles are CPU-bound, the tests share one GPU."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    """pytest-xdist workers: the compiles are CPU-bound (most of a cold run), the tests share one
+    GPU; two cores are left to the GPU's feeding. On an H200's 16 cores, 8 workers ran 140 tests in
+    130 s cold and 14 workers 216 in 160 s."""
+    return max(1, (os.cpu_count() or 2) - 2)
 
 
 def tests_command(files: list[str], quick: bool, xdist: bool) -> list[str]:
