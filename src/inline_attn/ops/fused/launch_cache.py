@@ -18,6 +18,8 @@ Launch hooks (profilers such as proton register them) send every launch through 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _I32, _I64 = 2**31, 2**63
@@ -43,9 +45,16 @@ def specialization(args) -> tuple:
 
 
 def _hooked() -> bool:
+    runtime = _runtime_knobs()
+    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
+
+
+@functools.cache
+def _runtime_knobs():
+    """Triton's runtime knobs, imported on the first launch (triton is optional: not at import time)."""
     from triton import knobs
 
-    return bool(knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls)
+    return knobs.runtime
 
 
 def _entry(kernel, compiled, n_args: int, meta: dict):
