@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from ._checks import check_feat_size, check_num_heads, check_tensor
+from .feature_maps import get_feature_map
 from .fused import cpu as cpu_kernel
 from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
 
@@ -224,17 +226,30 @@ def choose(
 
 
 def why_not_fused(
-    q: torch.Tensor, feature_map=None, impl: str | None = None, num_heads: int | None = None
+    q: torch.Tensor,
+    feature_map=None,
+    impl: str | None = None,
+    num_heads: int | None = None,
+    *,
+    feat_size: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
 ) -> str | None:
-    """Why the layer core on tensors like ``q`` ([B, N, C], floating point; ``num_heads`` heads)
-    does not run a fused kernel, or None when it does (in the spirit of ``nn.MultiheadAttention``'s
-    ``why_not_fast_path``).
+    """Why the layer core on tensors like ``q`` ([B, N, C], floating point; ``num_heads`` heads,
+    ``feat_size`` (H, W) with ``N = num_prefix_tokens + H*W``) does not run a fused kernel, or None
+    when it does (in the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``).
 
     An explicit fused ``impl`` ("cpu" / "triton") that cannot run these tensors gets the reason
-    its call would raise with. ``q`` that no path takes (not a tensor, not [B, N, C], not floating
-    point) and an unknown ``impl`` are a ValueError.
+    its call would raise with. What :func:`~inline_attn.ops.inline_tokens` itself refuses is a
+    ValueError here too, with the same message: ``q`` that no path takes (not a tensor, not
+    [B, N, C], not floating point, C = 0), heads that do not divide C, a token count that does not
+    match ``feat_size`` (when given), an unknown feature map or ``impl``.
     """
     _check_like_q(q)
+    if num_heads is not None:
+        check_num_heads(num_heads, q.shape[-1])
+    if feat_size is not None:
+        check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
+    get_feature_map(feature_map)
     impl = check_impl(default_impl() if impl is None else impl)
     if impl in FUSED_IMPLS:
         return unsupported(impl, q, feature_map, num_heads)
@@ -245,9 +260,8 @@ def why_not_fused(
 
 
 def _check_like_q(q) -> None:
-    if not isinstance(q, torch.Tensor):
-        raise ValueError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    if not q.dtype.is_floating_point:
-        raise ValueError(f"q must have a floating-point dtype, got {q.dtype}")
+    check_tensor("q", q)
     if q.dim() != 3:
         raise ValueError(f"q must be [B, N, C] (the layer core's tokens), got shape {tuple(q.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"the channel count C must be positive, got C=0 (q of shape {tuple(q.shape)})")

@@ -15,7 +15,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_qkv, check_residual
+from ._checks import check_qkv, check_residual, check_scale, mapped
 from .feature_maps import FeatureMap, get_feature_map
 
 
@@ -67,9 +67,10 @@ def inline_attention(
     check_qkv(q, k, v)
     phi = get_feature_map(feature_map)
     n = k.shape[2]
+    scale = check_scale(scale)
     s = q.shape[-1] ** -0.5 if scale is None else scale
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         k_bar = kf.mean(dim=2, keepdim=True)  # [B, H, 1, D]
         v_bar = vf.mean(dim=2, keepdim=True)  # [B, H, 1, Dv]
         # both factors centred: sum_j (k_j - k_bar) v_j^T equals sum_j (k_j - k_bar)(v_j - v_bar)^T,
@@ -99,7 +100,7 @@ def linear_attention(
     check_qkv(q, k, v)
     phi = get_feature_map(feature_map)
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         kv = kf.transpose(-2, -1) @ vf  # [B, H, D, Dv]
         z = kf.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
         out = (qf @ kv) / (qf @ z + eps)
@@ -126,6 +127,7 @@ def softmax_attention(
         [B, H, Nq, Dv].
     """
     check_qkv(q, k, v)
+    scale = check_scale(scale, "softmax")
     attn_mask = bias
     if mask is not None:
         if mask.dtype == torch.bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_qkv, check_residual
+from ._checks import check_qkv, check_residual, check_scale, mapped
 from .feature_maps import FeatureMap, get_feature_map
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
@@ -54,7 +54,8 @@ def attention_weights(
         k: [B, H, Nk, D] keys (before the feature map).
         kind: "inline", "linear" or "softmax".
         feature_map: phi for "inline" (default identity) and "linear" (default relu).
-        scale: InLine and softmax scale; default ``D**-0.5``.
+        scale: InLine and softmax scale, a positive real; default ``D**-0.5`` (linear attention
+            takes none: its row normalisation cancels it).
         bias, mask: softmax only; additive bias / boolean keep-mask (True = attend) or additive
             float mask, broadcastable to [B, H, Nq, Nk].
         eps: linear attention's denominator guard.
@@ -64,6 +65,7 @@ def attention_weights(
     """
     check_qkv(q, k)
     d = q.shape[-1]
+    scale = check_scale(scale, kind)
     if kind == "softmax":
         s = d**-0.5 if scale is None else scale
         return torch.softmax(_softmax_logits(q, k, s, bias, mask), dim=-1)
@@ -71,17 +73,17 @@ def attention_weights(
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
     if kind == "linear":
         phi = get_feature_map("relu" if feature_map is None else feature_map)
-        sim = phi(q) @ phi(k).transpose(-2, -1)
+        sim = mapped(phi, q, "q") @ mapped(phi, k, "k").transpose(-2, -1)
         # the normaliser in float32 at least: in fp16 its square (the division's gradient) underflows
         wide = torch.promote_types(sim.dtype, torch.float32)
         return (sim / (sim.sum(dim=-1, keepdim=True, dtype=wide) + eps)).to(sim.dtype)
     if kind == "inline":
         phi = get_feature_map(feature_map)
         s = d**-0.5 if scale is None else scale
-        pk = phi(k)
+        pk = mapped(phi, k, "k")
         n = pk.shape[2]
         centred = pk - pk.mean(dim=2, keepdim=True)
-        return (1.0 + s * (phi(q) @ centred.transpose(-2, -1))) / n
+        return (1.0 + s * (mapped(phi, q, "q") @ centred.transpose(-2, -1))) / n
     raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
 
 
