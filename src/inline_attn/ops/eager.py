@@ -21,7 +21,8 @@ from .feature_maps import FeatureMap, get_feature_map
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     dev = t.device.type
-    if torch.is_autocast_enabled(dev):
+    # meta tensors (shape inference) have no autocast state to ask for
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return None
 

@@ -451,9 +451,27 @@ def add_override_options(p: argparse.ArgumentParser, config: type[TypedConfig], 
 
 def run_options(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """A training command's ``--resume`` and ``--overwrite`` flags as config overrides
-    (``train.resume``, ``train.overwrite``), the ones given."""
+    (``train.resume``, ``train.overwrite``), the ones given. These flags and ``--output`` name
+    ``train.*`` settings that the ``--train.*`` and ``--set`` flags name too: the same setting given
+    two values on one command line (``--output A --train.output B``) is a ValueError naming both."""
     pairs = (("train.resume", args.resume), ("train.overwrite", True if args.overwrite else None))
-    return [(key, value) for key, value in pairs if value]
+    given = [(key, value) for key, value in pairs if value]
+    output = getattr(args, "output", None)
+    refuse_conflicts(collect_overrides(args) + given + ([("train.output", output)] if output else []))
+    return given
+
+
+_FLAG_OF = {"train.output": "--output", "train.resume": "--resume", "train.overwrite": "--overwrite"}
+
+
+def refuse_conflicts(overrides: Iterable[tuple[str, Any]]) -> None:
+    """ValueError when one key of ``overrides`` (a command line's) is given two different values."""
+    seen: dict[str, Any] = {}
+    for key, value in overrides:
+        if key in seen and seen[key] != value:
+            alias = f" ({_FLAG_OF[key]} is --{key})" if key in _FLAG_OF else ""
+            raise ValueError(f"{key} is given two values, {seen[key]!r} and {value!r}{alias}: give it once")
+        seen[key] = value
 
 
 def collect_overrides(args: argparse.Namespace, mappings: Iterable[str] = ()) -> list[tuple[str, Any]]:
@@ -472,4 +490,5 @@ def collect_overrides(args: argparse.Namespace, mappings: Iterable[str] = ()) ->
             raise ValueError(f"--set {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
         out.append((k, parse_value(v)))
+    refuse_conflicts(out)
     return out
