@@ -68,7 +68,7 @@ def test_the_replayed_step_trains_as_the_plain_step(fmnist):
 
 
 def test_the_resident_run_is_the_classification_trainers_recipe(fmnist, tmp_path):
-    from inline_attn.train.engine import train
+    from inline_attn.train.task import train
 
     ov = [*TINY, ("aug.hflip", 0.0)]
     mine = _run(fmnist, swin_setting("linear"), extra=ov).train(curve_points=1)

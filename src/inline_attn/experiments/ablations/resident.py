@@ -10,7 +10,7 @@ model, the label-smoothed cross-entropy, backward, clipping and AdamW are all in
 the host is then: copy the indices in, replay, keep the loss on the device, write the learning
 rate into the optimizer's tensor lr. Nothing is read back until a curve point (a few per run).
 
-The recipe is the classification trainer's (:func:`inline_attn.train.engine.train`) for the
+The recipe is the classification trainer's (:func:`inline_attn.train.task.train`) for the
 locality task: the same model and initialisation (seeded the same way), the same batch order
 (the sampler's permutation of ``seed + epoch``), AdamW with the recipe's learning rate, timm's
 cosine schedule, clipping, label smoothing, the flip with its probability, evaluation through
@@ -47,7 +47,7 @@ from ...runtime.graphs import GraphedEvalStep, GraphedTrainStep, capture, why_no
 from ...runtime.optim import CosineSchedule, build_optimizer, prepare_for_capture
 from ...train.config import Config
 from ...train.data import data_info
-from ...train.engine import build_model
+from ...train.task import build_model
 from ...train.recipe import resolve
 
 EVAL_BATCH = 1000  # evaluation batches: 10 for the 10,000 test images, one graph each way
