@@ -15,7 +15,8 @@ from inline_attn.dense import seg_task
 from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg
 from inline_attn.dense.seg_task import build_from_config, train_seg
 from inline_attn.runtime.checkpoint import LAST, PREVIOUS, load_resume, save_rotating
-from inline_attn.runtime.loop import OutputLock, exit_code
+from inline_attn.runtime.output import OutputLock
+from inline_attn.runtime.signals import exit_code
 from inline_attn.runtime.optim import build_optimizer
 
 from seg_helpers import make_ade

@@ -297,7 +297,7 @@ def test_trainer_step_graphs_match_the_plain_steps_on_cuda():
     ungraphed, and the evaluation forward; against the plain steps on the same optimizer."""
     from inline_attn.runtime.optim import CosineSchedule, build_optimizer, prepare_for_capture
     from inline_attn.train.graphs import StepGraphs
-    from inline_attn.train.loop import soft_cross_entropy
+    from inline_attn.train.evaluate import soft_cross_entropy
     from inline_attn.train.state import TrainState
 
     def state():

@@ -28,12 +28,12 @@ from inline_attn.runtime.optim import (
     prepare_for_capture,
     set_lr,
 )
-from inline_attn.train import engine as engine_mod
+from inline_attn.train import task as task_mod
 from inline_attn.train import graphs as graphs_mod
 from inline_attn.train.config import Config
-from inline_attn.train.engine import train
+from inline_attn.train.task import train
 from inline_attn.train.graphs import StepGraphs, announce, plan
-from inline_attn.train.loop import soft_cross_entropy
+from inline_attn.train.evaluate import soft_cross_entropy
 from inline_attn.train.state import TrainState
 
 from train_helpers import base_overrides, make_fmnist
@@ -444,10 +444,10 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
     assert isinstance(group["lr"], float) and group["capturable"] is False
 
     # the same optimizer, ungraphed: the trainer's own step with a capture-ready AdamW
-    build = engine_mod.build_optimizer
-    monkeypatch.setattr(engine_mod, "build_optimizer", lambda *a, **k: prepare_for_capture(build(*a, **k)))
+    build = task_mod.build_optimizer
+    monkeypatch.setattr(task_mod, "build_optimizer", lambda *a, **k: prepare_for_capture(build(*a, **k)))
     ready = _run(tmp_path, "ready", **{"train.cuda_graphs": False})
-    monkeypatch.setattr(engine_mod, "build_optimizer", build)
+    monkeypatch.setattr(task_mod, "build_optimizer", build)
     _same_run(forced, ready)
     plain = _run(tmp_path, "plain", **{"train.cuda_graphs": False})
     for key in ("train_loss", "val_loss"):
@@ -456,7 +456,7 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
 
 def _run_forced(tmp_path, monkeypatch, make_graphs):
     monkeypatch.setattr(graphs_mod, "why_not_graphed", lambda *a, **k: None)
-    monkeypatch.setattr(engine_mod, "StepGraphs", make_graphs)
+    monkeypatch.setattr(task_mod, "StepGraphs", make_graphs)
     return _run(tmp_path, "forced", **{"train.cuda_graphs": True})
 
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 from inline_attn.cli import main
 from inline_attn.models import create_model
 from inline_attn.train.config import Config
-from inline_attn.train.engine import _new_state
+from inline_attn.train.task import _new_state
 from inline_attn.runtime.optim import no_decay_names
 from inline_attn.train.recipe import accumulation, resolve
 

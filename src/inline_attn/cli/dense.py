@@ -17,7 +17,7 @@ from typing import Callable
 
 from .._io import writable_dir, writable_file
 from ..runtime.config import add_override_options, collect_overrides, run_options
-from ..runtime.loop import exit_code
+from ..runtime.signals import exit_code
 from ..dense.config import DetConfig, SegConfig
 from ..runtime.output import OVERWRITE_HELP
 from ..experiments.doc_section import add_doc_options

@@ -12,7 +12,7 @@ import torch.nn as nn
 from ..data.transforms import Normalize
 from ..models.checkpoint import read_checkpoint, unwrap_state_dict
 from ..runtime.config import TypedConfig
-from ..runtime.loop import Cadence
+from ..runtime.run import Cadence
 from ..runtime.optim import PolySchedule, build_optimizer
 from ..runtime.run import Task
 

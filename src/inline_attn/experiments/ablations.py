@@ -213,7 +213,7 @@ def run_one(
     setting: Setting, seed: int, budget: Budget, output: pathlib.Path, config_dir: pathlib.Path
 ) -> Optional[dict]:
     """Train (or finish) one run and return its record; None when a signal stopped it."""
-    from ..train.engine import train
+    from ..train.task import train
 
     run_dir = output / setting.key / f"seed{seed}"
     ov = list(setting.overrides) + _budget_overrides(setting, budget)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -271,3 +272,27 @@ class PolySchedule(StepSchedule):
         if t < self.warmup_iters:
             lr *= 1 - (1 - t / self.warmup_iters) * (1 - self.warmup_ratio)
         return lr
+
+
+def backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+    """``loss.backward()``, scaled under fp16."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def optimizer_step(
+    params: Iterable[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scaler: Optional[torch.amp.GradScaler],
+    clip_grad: Optional[float],
+) -> None:
+    """Apply the accumulated gradients: unscale (fp16), clip their total norm to ``clip_grad``
+    (None or 0: off), step the optimizer (the scaler skips a step with non-finite gradients)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if clip_grad:
+        nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], float(clip_grad))
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()

@@ -6,15 +6,15 @@ closing summary; each task supplies its hooks (:class:`Task`).
 replaces kept as ``previous.pth``), ``metrics.csv``, ``summary.json`` and the task's own files (a
 picture of validation predictions; classification's best checkpoints and curves). The task's
 cadence says when a metrics row and a checkpoint are due: every so many iterations
-(:class:`~inline_attn.runtime.loop.Cadence`) or at the end of every epoch
-(:class:`~inline_attn.runtime.loop.EpochCadence`). The output folder is claimed first
+(:class:`Cadence`) or at the end of every epoch
+(:class:`EpochCadence`). The output folder is claimed first
 (:func:`~inline_attn.runtime.output.claim_output`): a second run is refused while the first holds
 it, and a new run into a folder holding a finished or interrupted one unless ``train.overwrite``.
 ``train.resume`` continues a run when its training-shaping settings (every setting not declared
 ``resume=True``), number of processes and weights fit (a ValueError naming what differs otherwise).
 
 The summary says how a run ended: ``stopped`` is None (finished), ``"max_steps"`` or ``"signal"``
-(``signal``: its number); :func:`~inline_attn.runtime.loop.exit_code` turns that into the
+(``signal``: its number); :func:`~inline_attn.runtime.signals.exit_code` turns that into the
 command's exit status.
 """
 
@@ -25,7 +25,8 @@ import os
 import pathlib
 import sys
 import time
-from typing import Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -36,14 +37,85 @@ from ..models.profile import count_params
 from .amp import grad_scaler, resolve_amp
 from .checkpoint import LAST, check_resume, load_module, load_optimizer, load_resume, save_rotating
 from .config import TypedConfig
-from .distributed import SEED_STRIDE, DistInfo, barrier, run_session
-from .loop import Cadence, LogWindow, StopFlag, backward, check_finite, optimizer_step, stop_everywhere
+from .distributed import SEED_STRIDE, DistInfo, all_reduce, barrier, run_session
+from .finite import check_finite
+from .optim import backward, optimizer_step
+from .signals import StopFlag, stop_everywhere
 from .output import claim_output
 from .report import nan_to_none, write_csv, write_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Run", "Task", "train"]
+__all__ = ["Cadence", "EpochCadence", "LogWindow", "Run", "Task", "train"]
+
+
+@dataclass
+class LogWindow:
+    """Loss sums of this process since the last metrics row: ``add`` after every step, ``row``
+    reduces them over the processes into per-step means and the images per second."""
+
+    keys: Sequence[str]
+    sums: torch.Tensor = field(init=False)
+    started: float = field(init=False, default_factory=time.time)
+    steps: int = 0
+
+    def __post_init__(self):
+        self.sums = torch.zeros(len(self.keys) + 1, dtype=torch.float64)  # the losses, images
+
+    def add(self, losses: dict, images: int) -> None:
+        zero = torch.zeros(())
+        values = [losses.get(k, zero).item() for k in self.keys] + [images]
+        self.sums += torch.tensor(values, dtype=torch.float64)
+        self.steps += 1
+
+    def row(self, info: DistInfo, present: Iterable[str]) -> dict:
+        """``{key: mean per step}`` (None for a key not in ``present``) and ``img_s``; resets."""
+        sums = all_reduce(self.sums.clone(), info)
+        n, present = max(1, self.steps), set(present)
+        out = {k: sums[i].item() / n / info.world_size if k in present else None for i, k in enumerate(self.keys)}
+        out["img_s"] = round(sums[-1].item() / max(time.time() - self.started, 1e-9), 2)
+        self.sums.zero_()
+        self.steps, self.started = 0, time.time()
+        return out
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When an iteration-based run logs, evaluates and checkpoints (intervals in iterations;
+    ``eval_every`` 0: only at the end; ``max_steps`` 0: no early stop)."""
+
+    iters: int
+    log_every: int
+    eval_every: int
+    ckpt_every: int
+    max_steps: int = 0
+
+    def final(self, step: int) -> bool:
+        return step == self.iters or bool(self.max_steps and step >= self.max_steps)
+
+    def evaluate(self, step: int) -> bool:
+        return bool(self.eval_every and step % self.eval_every == 0) or step == self.iters
+
+    def log(self, step: int) -> bool:
+        return step % self.log_every == 0 or self.final(step) or bool(self.eval_every and step % self.eval_every == 0)
+
+    def checkpoint(self, step: int) -> bool:
+        return step % self.ckpt_every == 0 or self.final(step)
+
+    def stop_early(self, step: int) -> bool:
+        return bool(self.max_steps and step >= self.max_steps and step < self.iters)
+
+
+class EpochCadence(Cadence):
+    """An epoch-based run's cadence (``log_every``: the steps of an epoch): a metrics row and a
+    checkpoint at the end of every epoch; ``max_steps`` (0: none) stops at that step, mid-epoch
+    or at the end, with a checkpoint."""
+
+    def log(self, step: int) -> bool:
+        return step % self.log_every == 0
+
+    def stop_early(self, step: int) -> bool:
+        return bool(self.max_steps and step >= self.max_steps)
 
 
 class Task:

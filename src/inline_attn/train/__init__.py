@@ -1,9 +1,9 @@
 """Training and evaluation: the paper's recipe on one process or many (torchrun), resumable."""
 
 from .config import Config, configs_dir
-from .engine import train
+from .task import train
 from .evaluate import evaluate_checkpoint, inference_throughput, load_trained_model
-from .loop import accuracy_counts, evaluate, soft_cross_entropy
+from .evaluate import accuracy_counts, evaluate, soft_cross_entropy
 from .state import TrainState
 
 __all__ = [

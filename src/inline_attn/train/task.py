@@ -35,7 +35,9 @@ from ..runtime.compile import compile_module
 from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum
 from ..runtime.ema import ModelEma
 from ..runtime.graphs import compile_mode_for
-from ..runtime.loop import EpochCadence, backward, check_finite, optimizer_step
+from ..runtime.finite import check_finite
+from ..runtime.optim import backward, optimizer_step
+from ..runtime.run import EpochCadence
 from ..runtime.optim import CosineSchedule, build_optimizer
 from ..runtime.report import write_json
 from ..runtime.run import Run, Task
@@ -46,7 +48,7 @@ from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
 from .graphs import StepGraphs, announce
 from .graphs import plan as plan_graphs
-from .loop import evaluate, soft_cross_entropy
+from .evaluate import evaluate, soft_cross_entropy
 from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_metrics
 from .state import TrainState
