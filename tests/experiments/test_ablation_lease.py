@@ -146,8 +146,12 @@ def test_the_report_sets_each_verdict_beside_the_cpu_presets_and_says_where_it_f
     )
     assert "**Flips**: The local residual helps InLine at every window size: **agrees**" in section
     text = doc.read_text()
-    assert text.startswith(before.rstrip("\n")) and text.count("<!-- ablations:begin lease -->") == 1
+    full = before[before.index("<!-- ablations:begin full -->") : before.index("<!-- ablations:end full -->")]
+    assert full in text and text.count("<!-- ablations:begin lease -->") == 1  # the CPU presets' sections stay
+    assert "Runs finished: 0 of 81" in before and "Runs finished: 0 of 81" not in text  # the prepared one is filled
     png = tmp_path / lease_report.FIGURE
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="no lease run records"):
         lease_report.write_lease_report([tmp_path / "typo"], doc)
+    assert lease.main(["--output", str(out), "--report-only", "--doc", str(doc)]) == 0  # the documented command
+    assert lease.main(["--output", str(out), "--report-only"]) == 2  # no --doc: said, nothing written

@@ -41,10 +41,10 @@ CHUNKS = ("d", "a", "bc")  # by value: the claims decided against the paper firs
 SEEDS = 3
 LOG = "lease-log.json"
 # the estimate (docs/reproduction.md, "The lease preset"): each setting's graphed step at batch 256
-# from its launch counts (launches.py; docs/ablations-lease/launches.json, STEP_MS where a setting
+# from its launch counts (launches.py; docs/results/ablations/lease/launches.json, STEP_MS where a setting
 # is not there), the process's start-up (CUDA, the Triton kernels' first compiles), and a run's
 # model, capture and curve evaluations (24,000 test images: 7 points on 2,000, the last on 10,000)
-LAUNCHES = "docs/ablations-lease/launches.json"
+LAUNCHES = "docs/results/ablations/lease/launches.json"
 STEP_MS = {"H100": 8.0, "H200": 6.6}  # the mean of the settings' estimates in LAUNCHES
 STARTUP_S = 60.0
 RUN_OVERHEAD_S = 1.5
@@ -101,16 +101,21 @@ def write_chunk(out: pathlib.Path, name: str, records: dict[str, dict]) -> None:
     atomic_write_text(out / name, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def describe_plan(plan, done: dict, device: str = "H100") -> str:
-    """The plan by chunk: runs, finished, the estimated seconds of the rest on ``device``."""
-    lines, total = [f"lease plan ({LEASE.describe()}; estimates for an {device})"], STARTUP_S
+def describe_plan(plan, done: dict) -> str:
+    """The plan by chunk: runs, finished, the estimated minutes of the rest on an H100 and an H200."""
+    lines, total = [f"lease plan ({LEASE.describe()}; estimated minutes on an H100 / an H200)"], [STARTUP_S] * 2
     for name in dict.fromkeys(c for c, _, _ in plan):
         runs = [(s, sd) for c, s, sd in plan if c == name]
         todo = [s for s, sd in runs if run_id(s, sd) not in done]
-        left, est = len(todo), sum(estimate_s(s, device) for s in todo)
-        total += est
-        lines.append(f"  {name}: {len(runs)} runs, {len(runs) - left} finished, {left} to train, ~{est / 60:.1f} min")
-    lines.append(f"  all that is left, with ~{STARTUP_S:.0f} s of start-up: ~{total / 60:.1f} min")
+        est = [sum(estimate_s(s, device) for s in todo) for device in ("H100", "H200")]
+        total = [t + e for t, e in zip(total, est)]
+        lines.append(
+            f"  {name}: {len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to train, "
+            f"~{est[0] / 60:.1f} / {est[1] / 60:.1f} min"
+        )
+    lines.append(
+        f"  all that is left, with ~{STARTUP_S:.0f} s of start-up: ~{total[0] / 60:.1f} / {total[1] / 60:.1f} min"
+    )
     return "\n".join(lines)
 
 
