@@ -72,9 +72,10 @@ gpu-check:
 # docs/reproduction.md), CUDA-graphed, in one process, time-boxed to ABLATIONS_BUDGET_S of wall time (no run
 # starts that would pass it; the timeout is a backstop). It continues from the committed records in
 # docs/results/ablations/lease and writes every record, old and new, into ABLATIONS_OUT: 3 chunk files and
-# lease-log.json. Needs the Fashion-MNIST files ($$INLINE_ATTN_FMNIST, or carry data/fashion-mnist). On a lease:
-# `make ablations-lease ABLATIONS_OUT=$$OUT INLINE_ATTN_FMNIST=data/fashion-mnist`; then copy the four files
-# into docs/results/ablations/lease and write the report (see docs/reproduction.md).
+# lease-log.json. Needs the Fashion-MNIST files: $$INLINE_ATTN_FMNIST, the Debian package's folder, or
+# data/fashion-mnist (copy the package's folder there and carry it to the GPU machine). On a lease:
+# `make ablations-lease ABLATIONS_OUT=$$OUT`; then copy the four files into docs/results/ablations/lease and
+# write the report (docs/reproduction.md, "The lease preset").
 ABLATIONS_OUT ?= runs/ablations/lease
 ABLATIONS_BUDGET_S ?= 450
 ablations-lease:

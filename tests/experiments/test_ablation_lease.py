@@ -155,3 +155,12 @@ def test_the_report_sets_each_verdict_beside_the_cpu_presets_and_says_where_it_f
         lease_report.write_lease_report([tmp_path / "typo"], doc)
     assert lease.main(["--output", str(out), "--report-only", "--doc", str(doc)]) == 0  # the documented command
     assert lease.main(["--output", str(out), "--report-only"]) == 2  # no --doc: said, nothing written
+
+
+def test_a_lease_without_fashion_mnist_says_where_it_looked_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("INLINE_ATTN_FMNIST", str(tmp_path / "nothing"))
+    monkeypatch.setattr(lease, "DEFAULT_FMNIST_DIR", str(tmp_path / "nor-here"))
+    monkeypatch.setattr(lease, "configs_dir", lambda: tmp_path / "configs")
+    with pytest.raises(ValueError, match=r"no Fashion-MNIST files .*nothing.*nor-here.*data/fashion-mnist"):
+        lease.run_lease(tmp_path / "out", device="cpu", say=lambda line: None)
+    assert not (tmp_path / "out").exists()

@@ -21,6 +21,7 @@ import argparse
 import functools
 import gc
 import json
+import os
 import pathlib
 import platform
 import sys
@@ -31,6 +32,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..._io import atomic_write_text, read_json
+from ...data.fmnist import DEFAULT_FMNIST_DIR, INSTALL_HINT
 from ...train.config import Config, configs_dir
 from . import ABLATION_CONFIG, Budget, Setting, part_settings, unique
 
@@ -117,6 +119,22 @@ def describe_plan(plan, done: dict) -> str:
         f"  all that is left, with ~{STARTUP_S:.0f} s of start-up: ~{total[0] / 60:.1f} / {total[1] / 60:.1f} min"
     )
     return "\n".join(lines)
+
+
+def find_fmnist(path=None) -> pathlib.Path:
+    """The Fashion-MNIST folder: ``path``, else ``$INLINE_ATTN_FMNIST``, the Debian package's folder,
+    or ``data/fashion-mnist`` in the checkout (a GPU machine gets it carried there); a ValueError
+    naming the places looked at, before any GPU work, when none holds the files."""
+    places = [path] if path else [os.environ.get("INLINE_ATTN_FMNIST"), DEFAULT_FMNIST_DIR]
+    places += [] if path else [str(configs_dir().parent / "data" / "fashion-mnist")]
+    for place in filter(None, places):
+        if (pathlib.Path(place) / "train-images-idx3-ubyte.gz").is_file() or (
+            pathlib.Path(place) / "train-images-idx3-ubyte"
+        ).is_file():
+            return pathlib.Path(place)
+    raise ValueError(
+        f"no Fashion-MNIST files (train-images-idx3-ubyte[.gz]) in {[p for p in places if p]}: {INSTALL_HINT}"
+    )
 
 
 def run_config(setting: Setting, seed: int, budget: Budget, data_path, overrides: Sequence[tuple] = ()) -> Config:
@@ -215,6 +233,7 @@ def run_lease(
     say(describe_plan(plan, records))
     if dry_run:
         return {"trained": 0, "left": len(todo), "stopped": "dry run", "records": records}
+    data_path = find_fmnist(data_path)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: torch.cuda is not available here (the lease preset runs on a GPU)")
