@@ -96,6 +96,30 @@ def test_a_tiny_lease_stops_at_its_limit_and_the_next_lease_continues_from_the_r
     assert set(runs) == set(chunk["runs"]) | {"linear-relu-w28__seed0"}  # the earlier records come along
     log = json.loads((tmp_path / "lease2" / "lease-log.json").read_text())["invocations"]
     assert [e["runs_trained"] for e in log] == [2, 1] and log[0]["device"] == "cpu"
+    assert log[0]["graph_check"]["ok"] and log[0]["graph_check"]["flips_redrawn"]
+
+
+def _baked(fn, *, warmup=3, pool=None):
+    """A capture whose replays repeat the capture call's results: what a graph does with a draw made on the host."""
+    out = fn()
+    return (lambda: out), None
+
+
+def test_the_graph_check_passes_a_faithful_capture_and_stops_a_lease_whose_graph_repeats_its_draws(fmnist, tmp_path):
+    from inline_attn.experiments.ablations.resident import graph_check
+
+    cfg = lease.run_config(swin_setting("inline"), 0, TOY, fmnist, [*TINY, ("aug.hflip", 0.0)])
+    data = ResidentData.load(fmnist, cfg.data.subset, cfg.data.val_subset, torch.device("cpu"))
+    good = graph_check(cfg, data, "cpu", eager_capture)
+    assert good["ok"] and good["graphed"] and good["max_rel_diff"] <= 1e-5
+    bad = graph_check(cfg, data, "cpu", _baked)
+    assert not bad["flips_redrawn"] and not bad["ok"]
+
+    kw = dict(device="cpu", data_path=fmnist, seeds=1, budget=TOY, overrides=TINY, say=lambda line: None)
+    res = lease.run_lease(tmp_path / "out", capture_fn=_baked, **kw)
+    assert res["trained"] == 0 and res["stopped"].startswith("graph check failed")
+    log = json.loads((tmp_path / "out" / "lease-log.json").read_text())["invocations"]
+    assert log[0]["stopped"].startswith("graph check failed") and not log[0]["graph_check"]["ok"]
 
 
 def test_the_resident_step_refuses_what_it_does_not_implement():

@@ -224,7 +224,7 @@ def run_lease(
     seconds of wall time would pass; returns {"trained", "left", "stopped" (why it stopped early,
     else None), "records"}. ``budget``, ``overrides`` and ``capture_fn``: the tests' tiny runs
     (``capture_fn`` as in :class:`~.resident.ResidentRun`)."""
-    from .resident import ResidentData, ResidentRun, model_macs
+    from .resident import ResidentData, graph_check
 
     t0, out = time.perf_counter(), pathlib.Path(output)
     plan, resume_from = lease_plan(seeds, chunks), [pathlib.Path(p) for p in resume_from]
@@ -240,43 +240,56 @@ def run_lease(
     out.mkdir(parents=True, exist_ok=True)
     _write_all(out, plan, records)
     _carry_log(out, resume_from)
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    done, stopped, startup = [], None, None
-    data, macs = None, {}
-    for n, (chunk, setting, seed) in enumerate(todo):
-        if max_runs and n >= max_runs:
-            stopped = "max runs"
-            break
-        if time.perf_counter() - t0 + _expected_s(setting, done, dev) > budget_s:
-            stopped = "time budget"
-            break
-        cfg = run_config(setting, seed, budget, data_path, overrides)
-        if data is None:
-            data = ResidentData.load(cfg.data.path, cfg.data.subset, cfg.data.val_subset, dev)
-        if setting.key not in macs:
-            macs[setting.key] = model_macs(cfg)
-        t_run = time.perf_counter()
-        numbers = ResidentRun(cfg, data, dev, capture_fn).train(curve_points=curve_points)
-        startup = startup if startup is not None else t_run - t0 + numbers["seconds"]["capture_s"]
-        done.append((setting, time.perf_counter() - t_run))
-        records[run_id(setting, seed)] = _record(setting, seed, cfg, numbers, macs[setting.key], budget)
-        _write_all(out, [p for p in plan if p[0] == chunk], records)
-        _free(dev)
-        say(_run_line(n, len(todo), setting, seed, numbers, done[-1][1]))
-    entry = {
-        "started_utc": started,
-        "device": "cpu" if dev.type != "cuda" else torch.cuda.get_device_name(dev),
-        "torch": torch.__version__,
-        "host": platform.node(),
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "startup_s": None if startup is None else round(startup, 1),
-        "runs_trained": len(done),
-        "stopped": stopped,
-        "left": len(todo) - len(done),
-    }
+    entry = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "device": _device(dev)}
+    entry.update(torch=torch.__version__, host=platform.node(), graph_check=None)
+    done, stopped = [], None
+    if todo:
+        first = run_config(todo[0][1], 0, budget, data_path, overrides)
+        data = ResidentData.load(first.data.path, first.data.subset, first.data.val_subset, dev)
+        if dev.type == "cuda" or capture_fn is not None:  # graphs will run: first, do they train as the plain step?
+            no_flip = run_config(todo[0][1], 0, budget, data_path, [*overrides, ("aug.hflip", 0.0)])
+            entry["graph_check"] = graph_check(no_flip, data, dev, capture_fn)
+            say(f"graph check: {entry['graph_check']}")
+            stopped = None if entry["graph_check"]["ok"] else "graph check failed: the graphed step trains differently"
+        if stopped is None:
+            run = dict(budget=budget, data_path=data_path, overrides=overrides, curve_points=curve_points)
+            done, stopped = _train(todo, plan, records, out, data, dev, t0, budget_s, max_runs, capture_fn, say, run)
+    entry.update(wall_s=round(time.perf_counter() - t0, 1), runs_trained=len(done), stopped=stopped)
+    entry.update(left=len(todo) - len(done), run_seconds=[round(t, 2) for _, t in done])
+    entry["startup_s"] = round(entry["wall_s"] - sum(t for _, t in done), 1)  # data, graph check, first compiles
     _log_invocation(out, entry)
     say(f"lease: {entry['runs_trained']} runs trained in {entry['wall_s']:.0f} s, {entry['left']} left")
     return {"trained": len(done), "left": entry["left"], "stopped": stopped, "records": records}
+
+
+def _device(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+
+
+def _train(
+    todo, plan, records, out, data, dev, t0, budget_s, max_runs, capture_fn, say, run
+) -> tuple[list, Optional[str]]:
+    """Train ``todo`` in order, each record written into its chunk file at once, until ``max_runs``
+    or until the next run would pass ``budget_s`` -> ([(setting, seconds)], why it stopped or None)."""
+    from .resident import ResidentRun, model_macs
+
+    done, macs = [], {}
+    for n, (chunk, setting, seed) in enumerate(todo):
+        if max_runs and n >= max_runs:
+            return done, "max runs"
+        if time.perf_counter() - t0 + _expected_s(setting, done, dev) > budget_s:
+            return done, "time budget"
+        cfg = run_config(setting, seed, run["budget"], run["data_path"], run["overrides"])
+        if setting.key not in macs:
+            macs[setting.key] = model_macs(cfg)
+        t_run = time.perf_counter()
+        numbers = ResidentRun(cfg, data, dev, capture_fn).train(curve_points=run["curve_points"])
+        done.append((setting, time.perf_counter() - t_run))
+        records[run_id(setting, seed)] = _record(setting, seed, cfg, numbers, macs[setting.key], run["budget"])
+        _write_all(out, [p for p in plan if p[0] == chunk], records)
+        _free(dev)
+        say(_run_line(n, len(todo), setting, seed, numbers, done[-1][1]))
+    return done, None
 
 
 def _run_line(n: int, total: int, setting: Setting, seed: int, numbers: dict, seconds: float) -> str:
