@@ -188,3 +188,11 @@ def test_a_lease_without_fashion_mnist_says_where_it_looked_before_any_work(tmp_
     with pytest.raises(ValueError, match=r"no Fashion-MNIST files .*nothing.*nor-here.*data/fashion-mnist"):
         lease.run_lease(tmp_path / "out", device="cpu", say=lambda line: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(fmnist, monkeypatch):
+    from inline_attn.experiments.ablations import resident
+
+    monkeypatch.setattr(resident, "_labelled_loss", lambda *a: lambda logits, idx: logits.sum() * float("nan"))
+    rec = _run(fmnist, swin_setting("linear")).train(curve_points=2)
+    assert rec["top1"] is None and rec["diverged"] == "training loss not finite by step 1 of 2"
