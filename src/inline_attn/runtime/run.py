@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..models.profile import count_params
 from .amp import grad_scaler, resolve_amp
 from .checkpoint import LAST, check_resume, load_module, load_optimizer, load_resume, save_rotating
 from .config import TypedConfig
@@ -363,7 +362,7 @@ class Run:
         self.step, self.history, self.elapsed, self.last_eval = 0, [], 0.0, None
         self.t_start = time.time()
         task.setup(self)
-        self.n_params = count_params(self.model)
+        self.n_params = sum(p.numel() for p in self.model.parameters())
 
     def resume_or_seed(self) -> None:
         """Continue from ``train.resume`` (the task checks the checkpoint fits); else seed this rank."""

@@ -54,7 +54,7 @@ def evaluate(
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the readable samples, summed across
     ranks; ``n`` counts the images scored and ``n_unreadable`` the ones that could not be read.
     ``forward``: what computes the logits of a batch instead of ``model(x)`` (a CUDA-graphed
-    forward of ``model``, :meth:`inline_attn.train.graphs.StepGraphs.eval_forward`). Non-finite
+    forward of ``model``, :meth:`inline_attn.runtime.graphs.StepGraphs.eval_forward`). Non-finite
     logits raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming ``source``."""
     info = info or DistInfo()
     was_training = model.training

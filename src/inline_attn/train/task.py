@@ -34,7 +34,7 @@ from ..runtime.checkpoint import LAST, copy_atomic, rng_state, set_rng_state
 from ..runtime.compile import compile_module
 from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum
 from ..runtime.ema import ModelEma
-from ..runtime.graphs import compile_mode_for
+from ..runtime.graphs import StepGraphs, compile_mode_for, graphs_line, why_not_graphed
 from ..runtime.finite import check_finite
 from ..runtime.optim import backward, optimizer_step
 from ..runtime.run import EpochCadence
@@ -46,8 +46,6 @@ from . import checkpoint as ckpt_io
 from .config import Config
 from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
-from .graphs import StepGraphs, announce
-from .graphs import plan as plan_graphs
 from .evaluate import evaluate, soft_cross_entropy
 from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_metrics
@@ -152,21 +150,23 @@ def _batches(cfg: Config, train_set, val_set, info: DistInfo) -> tuple[Batches, 
 
 
 def _plan_graphs(
-    cfg: Config, info: DistInfo, amp: str, accum: int, model: nn.Module, optimizer: torch.optim.Optimizer
+    cfg: Config, info: DistInfo, amp: str, accum: int, model: nn.Module, optimizer
 ) -> tuple[bool, Optional[str]]:
     """``train.cuda_graphs`` on this run: (graphed?, why not), the one line said on rank 0."""
     t = cfg.train
-    graphed, why_not = plan_graphs(
-        t.cuda_graphs,
-        info.device,
-        amp=amp,
-        accum_steps=accum,
-        world_size=info.world_size,
-        compile=t.compile,
-        model=model,
-        optimizer=optimizer,
-    )
-    line = announce(t.cuda_graphs, graphed, why_not, info.device, t.compile)
+    why_not = None
+    if t.cuda_graphs is not False:
+        why_not = why_not_graphed(
+            info.device,
+            model=model,
+            optimizer=optimizer,
+            amp=amp,
+            accum_steps=accum,
+            world_size=info.world_size,
+            compile=t.compile,
+        )
+    graphed = t.cuda_graphs is not False and why_not is None
+    line = graphs_line(t.cuda_graphs, graphed, why_not, info.device, t.compile)
     if line and info.is_main:
         print(line, file=sys.stderr, flush=True)
     return graphed, why_not
@@ -369,7 +369,7 @@ class ClassifyTask(Task):
         EMA update replayed, the loss read after it, then the schedule written into the tensor lr."""
         st = self.state
         x, target, y = self._batch(run, it)
-        loss = self.graphs.train_step(st, model, soft_cross_entropy, x, target)
+        loss = self.graphs.train_step(model, st.optimizer, st.ema, soft_cross_entropy, x, target)
         check_finite(loss, f"epoch {st.epoch}, step {st.step}")
         step_loss = torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
         st.sched.step()
