@@ -2,10 +2,10 @@
 
 A step of the ablation models (24-96 channels) is bound by its kernels' count, not its arithmetic.
 :func:`step_launches` runs one training step (the resident step of ``resident.py``: gather,
-flip, resize, model, label-smoothed loss, backward, clipping, AdamW with the multi-tensor updates
-a CUDA device uses) under a dispatch mode that counts the aten ops that launch a kernel (views
-and allocations do not) with the bytes each reads and writes. Run at two batch sizes, each op's
-bytes are ``a + b * batch`` (the op sequence does not change with the batch), which gives them at
+flip, resize, model, label-smoothed loss, backward, clipping, the fused AdamW a CUDA device uses)
+under a dispatch mode that counts the aten ops that launch a kernel (views and allocations do
+not) with the bytes each reads and writes. Run at two batch sizes, each op's bytes are
+``a + b * batch`` (the op sequence does not change with the batch), which gives them at
 the lease's batch of 256.
 
 :func:`graphed_step_ms` turns a count into a step time, as an estimate: replayed from a CUDA graph
@@ -78,9 +78,10 @@ class LaunchLog(TorchDispatchMode):
 
 def one_step(run, batch: int) -> tuple[LaunchLog, float]:
     """One resident training step of ``run`` (a :class:`~.resident.ResidentRun`) on ``batch`` images
-    -> (its launch log, its FLOPs), the optimizer in its multi-tensor (foreach) form as on CUDA."""
+    -> (its launch log, its FLOPs), AdamW fused as :func:`~inline_attn.runtime.optim.build_optimizer`
+    builds it on CUDA (one kernel a parameter group)."""
     for group in run.optimizer.param_groups:
-        group["foreach"] = True
+        group["fused"], group["foreach"] = True, False
     from ...runtime.graphs import train_step
 
     idx = torch.arange(batch)

@@ -47,7 +47,7 @@ LOG = "lease-log.json"
 # is not there), the process's start-up (CUDA, the Triton kernels' first compiles), and a run's
 # model, capture and curve evaluations (24,000 test images: 7 points on 2,000, the last on 10,000)
 LAUNCHES = "docs/results/ablations/lease/launches.json"
-STEP_MS = {"H100": 8.0, "H200": 6.6}  # the mean of the settings' estimates in LAUNCHES
+STEP_MS = {"H100": 8.0, "H200": 6.5}  # the mean of the settings' estimates in LAUNCHES
 STARTUP_S = 60.0
 RUN_OVERHEAD_S = 1.5
 STEPS = 2 * (60000 // 256)
