@@ -1,6 +1,6 @@
 """What a GPU would launch for one ablation training step, counted on the CPU, and the step time it implies.
 
-A step of the ablation models (24-96 channels) is bound by its kernels' count, not its arithmetic.
+Run eagerly on a GPU, a step of the ablation models (24-96 channels) waits on the host's launches.
 :func:`step_launches` runs one training step (the resident step of ``resident.py``: gather,
 flip, resize, model, label-smoothed loss, backward, clipping, the fused AdamW a CUDA device uses)
 under a dispatch mode that counts the aten ops that launch a kernel (views and allocations do
@@ -13,7 +13,7 @@ each kernel costs at least ``KERNEL_FLOOR_US`` (a graph node's launch and a smal
 else its bytes at ``BANDWIDTH_SHARE`` of the device's memory bandwidth; the matmuls' FLOPs are
 added at ``FLOPS_SHARE`` of its fp32 rate. The constants are assumptions, not measurements: the
 lease's first runs measure the step (``step_ms`` in their records) and the runner plans the rest
-of its time from those.
+of its time from those. By this estimate a graphed step is bound by its bytes, not its launches.
 """
 
 from __future__ import annotations
