@@ -331,8 +331,8 @@ def graph_check(cfg: Config, data: ResidentData, device, capture_fn: Optional[Ca
 
     ``cfg`` (its flip off: the warm-up before capture would otherwise draw other flips) trains
     ``steps`` batches of ``data`` both ways; their per-step training losses must agree within
-    :data:`GRAPH_CHECK_RTOL` (the capturable AdamW computes in float32 on the device: close, not
-    bitwise). And the flip, replayed twice from one graph, must draw anew (a draw baked into the
+    :data:`GRAPH_CHECK_RTOL` (the graphed AdamW reads its learning rate from a device tensor:
+    close, not bitwise). And the flip, replayed twice from one graph, must draw anew (a draw baked into the
     graph would flip the same images every step). -> {"max_rel_diff", "flips_redrawn", "graphed", "ok"}.
     """
     batch = cfg.data.batch_size
