@@ -28,7 +28,8 @@ from .data import StepSampler, build_det_datasets, det_collate
 from .detector import FCOS, build_detector
 from .evaluation import check_class_count, eval_config
 from ..data.transforms import Normalize
-from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained
+from ..runtime.checkpoint import read_run_checkpoint
+from .build import DenseTask, build_dense_model, load_trained
 
 __all__ = [
     "DetTask",
@@ -55,9 +56,9 @@ def load_det_checkpoint(path) -> dict:
     """A checkpoint written by a detection run (ValueError naming the file when it is not one;
     a segmentation checkpoint is named as such)."""
     try:
-        return load_run_checkpoint(path, DET_CHECKPOINT_KEYS, "detection")
+        return read_run_checkpoint(path, DET_CHECKPOINT_KEYS, "detection")
     except ValueError:
-        load_run_checkpoint(path, DET_CHECKPOINT_KEYS[:-1], "detection")  # not even a dense run: its own message
+        read_run_checkpoint(path, DET_CHECKPOINT_KEYS[:-1], "detection")  # not even a dense run: its own message
         raise ValueError(f"{path} is a segmentation checkpoint: evaluate it with `inline-attn seg eval`") from None
 
 
@@ -189,7 +190,7 @@ class DetTask(DenseTask):
         }
         return out | (last_eval or {})
 
-    def picture(self, model, val_set, cfg: DetConfig, device, out: pathlib.Path, step: int, last_eval):
+    def picture(self, model, val_set, cfg: DetConfig, device, out: pathlib.Path, step: int, history: list, last_eval):
         title = f"FCOS on {cfg.model.backbone}, iteration {step}"
         title += f", box AP {last_eval['AP']:.1f}" if last_eval else ""
         return "detections_png", save_detections_png(model, val_set, cfg, device, out / "detections.png", title=title)

@@ -28,7 +28,8 @@ from .evaluation import check_class_count, eval_config
 from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
-from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained
+from ..runtime.checkpoint import read_run_checkpoint
+from .build import DenseTask, build_dense_model, load_trained
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
@@ -151,7 +152,7 @@ def save_predictions_png(
 def load_seg_checkpoint(path) -> dict:
     """A checkpoint written by a segmentation run (ValueError naming the file when it is not one,
     or when it is a detection checkpoint, which holds every key of ours and more)."""
-    state = load_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
+    state = read_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
     if "detector" in state:
         raise ValueError(f"{path} is a detection checkpoint: evaluate it with `inline-attn det eval`")
     return state
@@ -216,7 +217,7 @@ class SegTask(DenseTask):
             out["per_class_IoU"] = dict(zip(classes, last_eval["per_class_IoU"]))
         return out
 
-    def picture(self, model, val_set, cfg: SegConfig, device, out: pathlib.Path, step: int, last_eval):
+    def picture(self, model, val_set, cfg: SegConfig, device, out: pathlib.Path, step: int, history: list, last_eval):
         title = f"{cfg.model.backbone} + {cfg.model.decode}, iteration {step}"
         title += f", mIoU {last_eval['mIoU']:.1f}" if last_eval else ""
         return "predictions_png", save_predictions_png(

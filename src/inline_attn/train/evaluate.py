@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
-from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
+from .._io import read_checkpoint
+from ..models.checkpoint import load_checkpoint, unwrap_state_dict
 from ..runtime.checkpoint import LAST
 from .checkpoint import BEST
 from .data import Batches
