@@ -196,3 +196,28 @@ def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(fmnist, monke
     monkeypatch.setattr(resident, "_labelled_loss", lambda *a: lambda logits, idx: logits.sum() * float("nan"))
     rec = _run(fmnist, swin_setting("linear")).train(curve_points=2)
     assert rec["top1"] is None and rec["diverged"] == "training loss not finite by step 1 of 2"
+
+
+def test_a_run_that_raises_is_logged_and_left_for_the_next_lease_and_three_in_a_row_end_it(
+    fmnist, tmp_path, monkeypatch
+):
+    from inline_attn.experiments.ablations import resident
+
+    real = resident.ResidentRun.train
+
+    def train(self, **kw):
+        if self.cfg.model.kwargs["pattern"] != "III":  # every attention but InLine runs out of resources
+            raise RuntimeError("OutOfResources: shared memory, required: 250112\nTriton's details")
+        return real(self, **kw)
+
+    monkeypatch.setattr(resident.ResidentRun, "train", train)
+    kw = dict(device="cpu", data_path=fmnist, seeds=1, budget=TOY, overrides=TINY, say=lambda line: None)
+    res = lease.run_lease(tmp_path / "out", curve_points=1, **kw)
+    assert res["trained"] == 1 and res["stopped"].startswith("3 runs failed in a row")
+    log = json.loads((tmp_path / "out" / "lease-log.json").read_text())["invocations"][0]
+    assert log["errors"][0] == {
+        "run": "softmax-w28__seed0",
+        "error": "RuntimeError: OutOfResources: shared memory, required: 250112",
+    }
+    runs = json.loads((tmp_path / "out" / "lease-1-d.json").read_text())["runs"]
+    assert list(runs) == ["inline-identity-w28-res__seed0"]  # no record: the next lease trains the failed ones

@@ -47,10 +47,11 @@ LOG = "lease-log.json"
 # is not there), the process's start-up (CUDA, the Triton kernels' first compiles), and a run's
 # model, capture and curve evaluations (24,000 test images: 7 points on 2,000, the last on 10,000)
 LAUNCHES = "docs/results/ablations/lease/launches.json"
-STEP_MS = {"H100": 8.0, "H200": 6.6}  # the mean of the settings' estimates in LAUNCHES
+STEP_MS = {"H100": 8.0, "H200": 6.5}  # the mean of the settings' estimates in LAUNCHES
 STARTUP_S = 60.0
 RUN_OVERHEAD_S = 1.5
 STEPS = 2 * (60000 // 256)
+MAX_FAILURES_IN_A_ROW = 3  # a run that raises is logged and skipped; this many in a row end the lease
 
 
 @functools.cache
@@ -253,6 +254,7 @@ def run_lease(
             stopped = None if entry["graph_check"]["ok"] else "graph check failed: the graphed step trains differently"
         if stopped is None:
             run = dict(budget=budget, data_path=data_path, overrides=overrides, curve_points=curve_points)
+            run["errors"] = entry["errors"] = []
             done, stopped = _train(todo, plan, records, out, data, dev, t0, budget_s, max_runs, capture_fn, say, run)
     entry.update(wall_s=round(time.perf_counter() - t0, 1), runs_trained=len(done), stopped=stopped)
     entry.update(left=len(todo) - len(done), run_seconds=[round(t, 2) for _, t in done])
@@ -273,17 +275,30 @@ def _train(
     or until the next run would pass ``budget_s`` -> ([(setting, seconds)], why it stopped or None)."""
     from .resident import ResidentRun, model_macs
 
-    done, macs = [], {}
+    done, macs, failed = [], {}, 0
     for n, (chunk, setting, seed) in enumerate(todo):
         if max_runs and n >= max_runs:
             return done, "max runs"
         if time.perf_counter() - t0 + _expected_s(setting, done, dev) > budget_s:
             return done, "time budget"
-        cfg = run_config(setting, seed, run["budget"], run["data_path"], run["overrides"])
-        if setting.key not in macs:
-            macs[setting.key] = model_macs(cfg)
         t_run = time.perf_counter()
-        numbers = ResidentRun(cfg, data, dev, capture_fn).train(curve_points=run["curve_points"])
+        try:
+            cfg = run_config(setting, seed, run["budget"], run["data_path"], run["overrides"])
+            if setting.key not in macs:
+                macs[setting.key] = model_macs(cfg)
+            numbers = ResidentRun(cfg, data, dev, capture_fn).train(curve_points=run["curve_points"])
+        except Exception as err:  # noqa: BLE001 - one run's failure (a kernel out of resources) must not end the lease
+            text = str(err).strip().splitlines()
+            run["errors"].append(
+                {"run": run_id(setting, seed), "error": f"{type(err).__name__}: {text[0] if text else ''}"}
+            )
+            say(f"[{n + 1}/{len(todo)}] {setting.key} seed {seed}: failed, no record ({run['errors'][-1]['error']})")
+            _free(dev)
+            failed += 1
+            if failed >= MAX_FAILURES_IN_A_ROW:
+                return done, f"{failed} runs failed in a row (the device may be unusable: see errors)"
+            continue
+        failed = 0
         done.append((setting, time.perf_counter() - t_run))
         records[run_id(setting, seed)] = _record(setting, seed, cfg, numbers, macs[setting.key], run["budget"])
         _write_all(out, [p for p in plan if p[0] == chunk], records)
