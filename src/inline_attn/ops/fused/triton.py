@@ -646,30 +646,41 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
     _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 
-def _block_b(b: int) -> int:
-    """Samples per program of the predictor's backward: tl.dot's smallest tile (16) for small
-    batches, up to 64 for many samples (Swin's windows: B * 64 per layer at window 7), so that the
-    workspace the reduction reads stays small."""
-    return 16 if b <= 256 else 32 if b <= 2048 else 64
+# The predictor's programs take blocks of PREDICTOR_BLOCK_B samples (tl.dot's smallest tile; one
+# block per program forward, every block in turn backward) and read x in tiles of PREDICTOR_BLOCK_T tokens.
+PREDICTOR_BLOCK_B = 16
+PREDICTOR_BLOCK_T = 8
+
+
+def _predictor_warps(d: int) -> int:
+    return 4 if _block_d(d) <= 32 else 8
 
 
 def predictor_forward_triton(
     x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, num_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual predictor in one launch: x [B, N, C] (any strides), w1 [C, d], b1 [C], w2 [9C, d],
-    b2 [9C] (contiguous; one group per head) -> (ctx [B, C], taps [B, 9, C]), both fp32."""
+    b2 [9C] (contiguous; one group per head) -> (ctx [B, C], taps [B, 9, C]), both fp32.
+
+    Parallel over (head, block of samples): each program reads its head's weights once for its block.
+    """
     mod = load_kernels(x.device)
     b, n, c = x.shape
     d = c // num_heads
     ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
     taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
     if b > 0 and n > 0:
-        block_n, warps = tiling(x, n, d, num_heads)
-        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), n, c, num_heads)
-        meta = dict(D=d, BD=_block_d(d), BLOCK_N=block_n, num_warps=warps)
-        _fitted_launch(
-            mod.predictor_fwd, (b * num_heads,), args, meta, functools.partial(_predictor_what, b, n, c, num_heads)
+        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), b, n, c)
+        meta = dict(
+            D=d,
+            BD=_block_d(d),
+            BLOCK_B=PREDICTOR_BLOCK_B,
+            BLOCK_T=PREDICTOR_BLOCK_T,
+            PREC="ieee",
+            num_warps=_predictor_warps(d),
         )
+        grid = (num_heads, -(-b // PREDICTOR_BLOCK_B))
+        _fitted_launch(mod.predictor_fwd, grid, args, meta, functools.partial(_predictor_what, b, n, c, num_heads))
     return ctx, taps
 
 
@@ -689,9 +700,9 @@ def predictor_backward_triton(
     """Gradients of :func:`predictor_forward_triton` for the taps' gradient dtaps [B, 9, C] (fp32,
     contiguous): (dctx / N [B, C], dw1, db1, dw2, db2), all fp32.
 
-    Parallel over (head, block of samples): each program takes its samples back through both
-    products and writes its share of the weight gradients; one block writes them directly, more
-    blocks write workspace rows that a second launch sums in block order (bit-reproducible).
+    One launch, parallel over (head, slot) for the ten weight gradients of each head (W1 with b1,
+    and W2 with b2 per tap): each program sums its gradient over every sample in a fixed order
+    (bit-reproducible); slot 0 also takes the samples back through both products for dctx.
     """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
@@ -701,27 +712,11 @@ def predictor_backward_triton(
     dw2 = torch.empty(w2.shape, device=ctx.device, dtype=torch.float32)
     db1 = torch.empty((c,), device=ctx.device, dtype=torch.float32)
     db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
-    if b == 0:
-        for g in (dw1, db1, dw2, db2):
-            g.zero_()
-        return dctx, dw1, db1, dw2, db2
-    bd = _block_d(d)
-    grads = (dw1, db1, dw2, db2)
+    # with no samples every program writes zero sums: the gradients need no fill
+    args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
     what = functools.partial(_predictor_what, b, n, c, num_heads)
-    # up to 16 samples (one block of the smallest size) the programs write the gradients directly
-    meta = dict(D=d, BD=bd, BLOCK_B=_block_b(b), DIRECT=b <= 16, PREC="ieee", num_warps=4)
-    # the workspace's size depends on the sample block, so the block is fitted first (dctx stands in for it)
-    args = [ctx, dtaps, w1, b1, w2, dctx, dctx, *grads, b, n, c]
-    meta = _fit(mod.predictor_bwd_samples, tuple(args), meta, what)
-    blocks = -(-b // meta["BLOCK_B"])
-    if blocks > 1:
-        args[6] = _workspace(blocks * num_heads * 10, bd * bd + bd, like=ctx)
-    _launch(mod.predictor_bwd_samples, (num_heads, blocks), *args, **meta)
-    if blocks > 1:
-        reduce_meta = dict(D=d, BD=bd, BLOCK_R=16, num_warps=2)
-        _fitted_launch(
-            mod.predictor_bwd_reduce, (num_heads * 10, d), (args[6], *grads, blocks, num_heads), reduce_meta, what
-        )
+    _fitted_launch(mod.predictor_bwd, (num_heads * 10,), args, meta, what)
     return dctx, dw1, db1, dw2, db2
 
 
