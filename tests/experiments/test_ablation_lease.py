@@ -96,6 +96,30 @@ def test_a_tiny_lease_stops_at_its_limit_and_the_next_lease_continues_from_the_r
     assert set(runs) == set(chunk["runs"]) | {"linear-relu-w28__seed0"}  # the earlier records come along
     log = json.loads((tmp_path / "lease2" / "lease-log.json").read_text())["invocations"]
     assert [e["runs_trained"] for e in log] == [2, 1] and log[0]["device"] == "cpu"
+    assert log[0]["graph_check"]["ok"] and log[0]["graph_check"]["flips_redrawn"]
+
+
+def _baked(fn, *, warmup=3, pool=None):
+    """A capture whose replays repeat the capture call's results: what a graph does with a draw made on the host."""
+    out = fn()
+    return (lambda: out), None
+
+
+def test_the_graph_check_passes_a_faithful_capture_and_stops_a_lease_whose_graph_repeats_its_draws(fmnist, tmp_path):
+    from inline_attn.experiments.ablations.resident import graph_check
+
+    cfg = lease.run_config(swin_setting("inline"), 0, TOY, fmnist, [*TINY, ("aug.hflip", 0.0)])
+    data = ResidentData.load(fmnist, cfg.data.subset, cfg.data.val_subset, torch.device("cpu"))
+    good = graph_check(cfg, data, "cpu", eager_capture)
+    assert good["ok"] and good["graphed"] and good["max_rel_diff"] <= 1e-5
+    bad = graph_check(cfg, data, "cpu", _baked)
+    assert not bad["flips_redrawn"] and not bad["ok"]
+
+    kw = dict(device="cpu", data_path=fmnist, seeds=1, budget=TOY, overrides=TINY, say=lambda line: None)
+    res = lease.run_lease(tmp_path / "out", capture_fn=_baked, **kw)
+    assert res["trained"] == 0 and res["stopped"].startswith("graph check failed")
+    log = json.loads((tmp_path / "out" / "lease-log.json").read_text())["invocations"]
+    assert log[0]["stopped"].startswith("graph check failed") and not log[0]["graph_check"]["ok"]
 
 
 def test_the_resident_step_refuses_what_it_does_not_implement():
@@ -146,8 +170,54 @@ def test_the_report_sets_each_verdict_beside_the_cpu_presets_and_says_where_it_f
     )
     assert "**Flips**: The local residual helps InLine at every window size: **agrees**" in section
     text = doc.read_text()
-    assert text.startswith(before.rstrip("\n")) and text.count("<!-- ablations:begin lease -->") == 1
+    full = before[before.index("<!-- ablations:begin full -->") : before.index("<!-- ablations:end full -->")]
+    assert full in text and text.count("<!-- ablations:begin lease -->") == 1  # the CPU presets' sections stay
+    assert "Runs finished: 0 of 81" in before and "Runs finished: 0 of 81" not in text  # the prepared one is filled
     png = tmp_path / lease_report.FIGURE
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="no lease run records"):
         lease_report.write_lease_report([tmp_path / "typo"], doc)
+    assert lease.main(["--output", str(out), "--report-only", "--doc", str(doc)]) == 0  # the documented command
+    assert lease.main(["--output", str(out), "--report-only"]) == 2  # no --doc: said, nothing written
+
+
+def test_a_lease_without_fashion_mnist_says_where_it_looked_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("INLINE_ATTN_FMNIST", str(tmp_path / "nothing"))
+    monkeypatch.setattr(lease, "DEFAULT_FMNIST_DIR", str(tmp_path / "nor-here"))
+    monkeypatch.setattr(lease, "configs_dir", lambda: tmp_path / "configs")
+    with pytest.raises(ValueError, match=r"no Fashion-MNIST files .*nothing.*nor-here.*data/fashion-mnist"):
+        lease.run_lease(tmp_path / "out", device="cpu", say=lambda line: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(fmnist, monkeypatch):
+    from inline_attn.experiments.ablations import resident
+
+    monkeypatch.setattr(resident, "_labelled_loss", lambda *a: lambda logits, idx: logits.sum() * float("nan"))
+    rec = _run(fmnist, swin_setting("linear")).train(curve_points=2)
+    assert rec["top1"] is None and rec["diverged"] == "training loss not finite by step 1 of 2"
+
+
+def test_a_run_that_raises_is_logged_and_left_for_the_next_lease_and_three_in_a_row_end_it(
+    fmnist, tmp_path, monkeypatch
+):
+    from inline_attn.experiments.ablations import resident
+
+    real = resident.ResidentRun.train
+
+    def train(self, **kw):
+        if self.cfg.model.kwargs["pattern"] != "III":  # every attention but InLine runs out of resources
+            raise RuntimeError("OutOfResources: shared memory, required: 250112\nTriton's details")
+        return real(self, **kw)
+
+    monkeypatch.setattr(resident.ResidentRun, "train", train)
+    kw = dict(device="cpu", data_path=fmnist, seeds=1, budget=TOY, overrides=TINY, say=lambda line: None)
+    res = lease.run_lease(tmp_path / "out", curve_points=1, **kw)
+    assert res["trained"] == 1 and res["stopped"].startswith("3 runs failed in a row")
+    log = json.loads((tmp_path / "out" / "lease-log.json").read_text())["invocations"][0]
+    assert log["errors"][0] == {
+        "run": "softmax-w28__seed0",
+        "error": "RuntimeError: OutOfResources: shared memory, required: 250112",
+    }
+    runs = json.loads((tmp_path / "out" / "lease-1-d.json").read_text())["runs"]
+    assert list(runs) == ["inline-identity-w28-res__seed0"]  # no record: the next lease trains the failed ones

@@ -1,11 +1,11 @@
 """What a GPU would launch for one ablation training step, counted on the CPU, and the step time it implies.
 
-A step of the ablation models (24-96 channels) is bound by its kernels' count, not its arithmetic.
+Run eagerly on a GPU, a step of the ablation models (24-96 channels) waits on the host's launches.
 :func:`step_launches` runs one training step (the resident step of ``resident.py``: gather,
-flip, resize, model, label-smoothed loss, backward, clipping, AdamW with the multi-tensor updates
-a CUDA device uses) under a dispatch mode that counts the aten ops that launch a kernel (views
-and allocations do not) with the bytes each reads and writes. Run at two batch sizes, each op's
-bytes are ``a + b * batch`` (the op sequence does not change with the batch), which gives them at
+flip, resize, model, label-smoothed loss, backward, clipping, the fused AdamW a CUDA device uses)
+under a dispatch mode that counts the aten ops that launch a kernel (views and allocations do
+not) with the bytes each reads and writes. Run at two batch sizes, each op's bytes are
+``a + b * batch`` (the op sequence does not change with the batch), which gives them at
 the lease's batch of 256.
 
 :func:`graphed_step_ms` turns a count into a step time, as an estimate: replayed from a CUDA graph
@@ -13,7 +13,7 @@ each kernel costs at least ``KERNEL_FLOOR_US`` (a graph node's launch and a smal
 else its bytes at ``BANDWIDTH_SHARE`` of the device's memory bandwidth; the matmuls' FLOPs are
 added at ``FLOPS_SHARE`` of its fp32 rate. The constants are assumptions, not measurements: the
 lease's first runs measure the step (``step_ms`` in their records) and the runner plans the rest
-of its time from those.
+of its time from those. By this estimate a graphed step is bound by its bytes, not its launches.
 """
 
 from __future__ import annotations
@@ -78,9 +78,10 @@ class LaunchLog(TorchDispatchMode):
 
 def one_step(run, batch: int) -> tuple[LaunchLog, float]:
     """One resident training step of ``run`` (a :class:`~.resident.ResidentRun`) on ``batch`` images
-    -> (its launch log, its FLOPs), the optimizer in its multi-tensor (foreach) form as on CUDA."""
+    -> (its launch log, its FLOPs), AdamW fused as :func:`~inline_attn.runtime.optim.build_optimizer`
+    builds it on CUDA (one kernel a parameter group)."""
     for group in run.optimizer.param_groups:
-        group["foreach"] = True
+        group["fused"], group["foreach"] = True, False
     from ...runtime.graphs import train_step
 
     idx = torch.arange(batch)

@@ -21,6 +21,7 @@ import argparse
 import functools
 import gc
 import json
+import os
 import pathlib
 import platform
 import sys
@@ -31,6 +32,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..._io import atomic_write_text, read_json
+from ...data.fmnist import DEFAULT_FMNIST_DIR, INSTALL_HINT
 from ...train.config import Config, configs_dir
 from . import ABLATION_CONFIG, Budget, Setting, part_settings, unique
 
@@ -41,14 +43,15 @@ CHUNKS = ("d", "a", "bc")  # by value: the claims decided against the paper firs
 SEEDS = 3
 LOG = "lease-log.json"
 # the estimate (docs/reproduction.md, "The lease preset"): each setting's graphed step at batch 256
-# from its launch counts (launches.py; docs/ablations-lease/launches.json, STEP_MS where a setting
+# from its launch counts (launches.py; docs/results/ablations/lease/launches.json, STEP_MS where a setting
 # is not there), the process's start-up (CUDA, the Triton kernels' first compiles), and a run's
 # model, capture and curve evaluations (24,000 test images: 7 points on 2,000, the last on 10,000)
-LAUNCHES = "docs/ablations-lease/launches.json"
-STEP_MS = {"H100": 8.0, "H200": 6.6}  # the mean of the settings' estimates in LAUNCHES
+LAUNCHES = "docs/results/ablations/lease/launches.json"
+STEP_MS = {"H100": 8.0, "H200": 6.5}  # the mean of the settings' estimates in LAUNCHES
 STARTUP_S = 60.0
 RUN_OVERHEAD_S = 1.5
 STEPS = 2 * (60000 // 256)
+MAX_FAILURES_IN_A_ROW = 3  # a run that raises is logged and skipped; this many in a row end the lease
 
 
 @functools.cache
@@ -101,17 +104,38 @@ def write_chunk(out: pathlib.Path, name: str, records: dict[str, dict]) -> None:
     atomic_write_text(out / name, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def describe_plan(plan, done: dict, device: str = "H100") -> str:
-    """The plan by chunk: runs, finished, the estimated seconds of the rest on ``device``."""
-    lines, total = [f"lease plan ({LEASE.describe()}; estimates for an {device})"], STARTUP_S
+def describe_plan(plan, done: dict) -> str:
+    """The plan by chunk: runs, finished, the estimated minutes of the rest on an H100 and an H200."""
+    lines, total = [f"lease plan ({LEASE.describe()}; estimated minutes on an H100 / an H200)"], [STARTUP_S] * 2
     for name in dict.fromkeys(c for c, _, _ in plan):
         runs = [(s, sd) for c, s, sd in plan if c == name]
         todo = [s for s, sd in runs if run_id(s, sd) not in done]
-        left, est = len(todo), sum(estimate_s(s, device) for s in todo)
-        total += est
-        lines.append(f"  {name}: {len(runs)} runs, {len(runs) - left} finished, {left} to train, ~{est / 60:.1f} min")
-    lines.append(f"  all that is left, with ~{STARTUP_S:.0f} s of start-up: ~{total / 60:.1f} min")
+        est = [sum(estimate_s(s, device) for s in todo) for device in ("H100", "H200")]
+        total = [t + e for t, e in zip(total, est)]
+        lines.append(
+            f"  {name}: {len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to train, "
+            f"~{est[0] / 60:.1f} / {est[1] / 60:.1f} min"
+        )
+    lines.append(
+        f"  all that is left, with ~{STARTUP_S:.0f} s of start-up: ~{total[0] / 60:.1f} / {total[1] / 60:.1f} min"
+    )
     return "\n".join(lines)
+
+
+def find_fmnist(path=None) -> pathlib.Path:
+    """The Fashion-MNIST folder: ``path``, else ``$INLINE_ATTN_FMNIST``, the Debian package's folder,
+    or ``data/fashion-mnist`` in the checkout (a GPU machine gets it carried there); a ValueError
+    naming the places looked at, before any GPU work, when none holds the files."""
+    places = [path] if path else [os.environ.get("INLINE_ATTN_FMNIST"), DEFAULT_FMNIST_DIR]
+    places += [] if path else [str(configs_dir().parent / "data" / "fashion-mnist")]
+    for place in filter(None, places):
+        if (pathlib.Path(place) / "train-images-idx3-ubyte.gz").is_file() or (
+            pathlib.Path(place) / "train-images-idx3-ubyte"
+        ).is_file():
+            return pathlib.Path(place)
+    raise ValueError(
+        f"no Fashion-MNIST files (train-images-idx3-ubyte[.gz]) in {[p for p in places if p]}: {INSTALL_HINT}"
+    )
 
 
 def run_config(setting: Setting, seed: int, budget: Budget, data_path, overrides: Sequence[tuple] = ()) -> Config:
@@ -201,7 +225,7 @@ def run_lease(
     seconds of wall time would pass; returns {"trained", "left", "stopped" (why it stopped early,
     else None), "records"}. ``budget``, ``overrides`` and ``capture_fn``: the tests' tiny runs
     (``capture_fn`` as in :class:`~.resident.ResidentRun`)."""
-    from .resident import ResidentData, ResidentRun, model_macs
+    from .resident import ResidentData, graph_check
 
     t0, out = time.perf_counter(), pathlib.Path(output)
     plan, resume_from = lease_plan(seeds, chunks), [pathlib.Path(p) for p in resume_from]
@@ -210,49 +234,77 @@ def run_lease(
     say(describe_plan(plan, records))
     if dry_run:
         return {"trained": 0, "left": len(todo), "stopped": "dry run", "records": records}
+    data_path = find_fmnist(data_path)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: torch.cuda is not available here (the lease preset runs on a GPU)")
     out.mkdir(parents=True, exist_ok=True)
     _write_all(out, plan, records)
     _carry_log(out, resume_from)
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    done, stopped, startup = [], None, None
-    data, macs = None, {}
-    for n, (chunk, setting, seed) in enumerate(todo):
-        if max_runs and n >= max_runs:
-            stopped = "max runs"
-            break
-        if time.perf_counter() - t0 + _expected_s(setting, done, dev) > budget_s:
-            stopped = "time budget"
-            break
-        cfg = run_config(setting, seed, budget, data_path, overrides)
-        if data is None:
-            data = ResidentData.load(cfg.data.path, cfg.data.subset, cfg.data.val_subset, dev)
-        if setting.key not in macs:
-            macs[setting.key] = model_macs(cfg)
-        t_run = time.perf_counter()
-        numbers = ResidentRun(cfg, data, dev, capture_fn).train(curve_points=curve_points)
-        startup = startup if startup is not None else t_run - t0 + numbers["seconds"]["capture_s"]
-        done.append((setting, time.perf_counter() - t_run))
-        records[run_id(setting, seed)] = _record(setting, seed, cfg, numbers, macs[setting.key], budget)
-        _write_all(out, [p for p in plan if p[0] == chunk], records)
-        _free(dev)
-        say(_run_line(n, len(todo), setting, seed, numbers, done[-1][1]))
-    entry = {
-        "started_utc": started,
-        "device": "cpu" if dev.type != "cuda" else torch.cuda.get_device_name(dev),
-        "torch": torch.__version__,
-        "host": platform.node(),
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "startup_s": None if startup is None else round(startup, 1),
-        "runs_trained": len(done),
-        "stopped": stopped,
-        "left": len(todo) - len(done),
-    }
+    entry = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "device": _device(dev)}
+    entry.update(torch=torch.__version__, host=platform.node(), graph_check=None)
+    done, stopped = [], None
+    if todo:
+        first = run_config(todo[0][1], 0, budget, data_path, overrides)
+        data = ResidentData.load(first.data.path, first.data.subset, first.data.val_subset, dev)
+        if dev.type == "cuda" or capture_fn is not None:  # graphs will run: first, do they train as the plain step?
+            no_flip = run_config(todo[0][1], 0, budget, data_path, [*overrides, ("aug.hflip", 0.0)])
+            entry["graph_check"] = graph_check(no_flip, data, dev, capture_fn)
+            say(f"graph check: {entry['graph_check']}")
+            stopped = None if entry["graph_check"]["ok"] else "graph check failed: the graphed step trains differently"
+        if stopped is None:
+            run = dict(budget=budget, data_path=data_path, overrides=overrides, curve_points=curve_points)
+            run["errors"] = entry["errors"] = []
+            done, stopped = _train(todo, plan, records, out, data, dev, t0, budget_s, max_runs, capture_fn, say, run)
+    entry.update(wall_s=round(time.perf_counter() - t0, 1), runs_trained=len(done), stopped=stopped)
+    entry.update(left=len(todo) - len(done), run_seconds=[round(t, 2) for _, t in done])
+    entry["startup_s"] = round(entry["wall_s"] - sum(t for _, t in done), 1)  # data, graph check, first compiles
     _log_invocation(out, entry)
     say(f"lease: {entry['runs_trained']} runs trained in {entry['wall_s']:.0f} s, {entry['left']} left")
     return {"trained": len(done), "left": entry["left"], "stopped": stopped, "records": records}
+
+
+def _device(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+
+
+def _train(
+    todo, plan, records, out, data, dev, t0, budget_s, max_runs, capture_fn, say, run
+) -> tuple[list, Optional[str]]:
+    """Train ``todo`` in order, each record written into its chunk file at once, until ``max_runs``
+    or until the next run would pass ``budget_s`` -> ([(setting, seconds)], why it stopped or None)."""
+    from .resident import ResidentRun, model_macs
+
+    done, macs, failed = [], {}, 0
+    for n, (chunk, setting, seed) in enumerate(todo):
+        if max_runs and n >= max_runs:
+            return done, "max runs"
+        if time.perf_counter() - t0 + _expected_s(setting, done, dev) > budget_s:
+            return done, "time budget"
+        t_run = time.perf_counter()
+        try:
+            cfg = run_config(setting, seed, run["budget"], run["data_path"], run["overrides"])
+            if setting.key not in macs:
+                macs[setting.key] = model_macs(cfg)
+            numbers = ResidentRun(cfg, data, dev, capture_fn).train(curve_points=run["curve_points"])
+        except Exception as err:  # noqa: BLE001 - one run's failure (a kernel out of resources) must not end the lease
+            text = str(err).strip().splitlines()
+            run["errors"].append(
+                {"run": run_id(setting, seed), "error": f"{type(err).__name__}: {text[0] if text else ''}"}
+            )
+            say(f"[{n + 1}/{len(todo)}] {setting.key} seed {seed}: failed, no record ({run['errors'][-1]['error']})")
+            _free(dev)
+            failed += 1
+            if failed >= MAX_FAILURES_IN_A_ROW:
+                return done, f"{failed} runs failed in a row (the device may be unusable: see errors)"
+            continue
+        failed = 0
+        done.append((setting, time.perf_counter() - t_run))
+        records[run_id(setting, seed)] = _record(setting, seed, cfg, numbers, macs[setting.key], run["budget"])
+        _write_all(out, [p for p in plan if p[0] == chunk], records)
+        _free(dev)
+        say(_run_line(n, len(todo), setting, seed, numbers, done[-1][1]))
+    return done, None
 
 
 def _run_line(n: int, total: int, setting: Setting, seed: int, numbers: dict, seconds: float) -> str:

@@ -51,6 +51,8 @@ from ...train.task import build_model
 from ...train.recipe import resolve
 
 EVAL_BATCH = 1000  # evaluation batches: 10 for the 10,000 test images, one graph each way
+GRAPH_CHECK_RTOL = 1e-3  # graph_check: the replayed step's losses against the plain step's
+PLAIN = object()  # ResidentRun's capture_fn for the plain step on any device (the graph check's reference)
 
 
 def check_resident_recipe(cfg: Config) -> None:
@@ -183,7 +185,8 @@ class ResidentRun:
 
     ``capture_fn``: None captures with :func:`~inline_attn.runtime.graphs.capture` where a graph
     can run (CUDA) and runs the plain step elsewhere; a function (the tests'
-    :func:`~inline_attn.runtime.graphs.eager_capture`) is used on any device."""
+    :func:`~inline_attn.runtime.graphs.eager_capture`) is used on any device; :data:`PLAIN` runs
+    the plain step everywhere."""
 
     def __init__(self, cfg: Config, data: ResidentData, device: torch.device, capture_fn: Optional[Callable] = None):
         check_resident_recipe(cfg)
@@ -216,8 +219,10 @@ class ResidentRun:
         self.loss_fn = _labelled_loss(data.train_labels, info.num_classes, cfg.aug.smoothing)
         if capture_fn is None and self.device.type == "cuda":
             capture_fn = capture
-        self.capture_fn = capture_fn
-        if capture_fn is None:  # off the GPU without the tests' stand-in: the plain step, saying why
+        self.capture_fn = None if capture_fn is PLAIN else capture_fn
+        if capture_fn is PLAIN:
+            self.why_not = "the plain step, asked for"
+        elif capture_fn is None:  # off the GPU without the tests' stand-in: the plain step, saying why
             self.why_not = why_not_graphed(self.device)
         elif self.device.type == "cuda":
             prepare_for_capture(self.optimizer)  # the lr a tensor the schedule writes, AdamW's step on the device
@@ -319,3 +324,34 @@ def model_macs(cfg: Config) -> Optional[int]:
         return profile(build_model(cfg, info), (info.in_chans, info.img_size, info.img_size)).macs
     except Exception:  # noqa: BLE001 - a count is a report, never a reason to lose a run
         return None
+
+
+def graph_check(cfg: Config, data: ResidentData, device, capture_fn: Optional[Callable] = None, steps: int = 4) -> dict:
+    """The replayed step against the plain step, before a campaign trusts its graphs.
+
+    ``cfg`` (its flip off: the warm-up before capture would otherwise draw other flips) trains
+    ``steps`` batches of ``data`` both ways; their per-step training losses must agree within
+    :data:`GRAPH_CHECK_RTOL` (the graphed AdamW reads its learning rate from a device tensor:
+    close, not bitwise). And the flip, replayed twice from one graph, must draw anew (a draw baked
+    into the graph would flip the same images every step). A step that could not be captured is
+    not a failure: the runs go ungraphed, slower, each record saying why.
+    -> {"graphed", "why_not", "max_rel_diff", "flips_redrawn" (None ungraphed), "ok"}.
+    """
+    batch = cfg.data.batch_size
+    steps = min(steps, len(data.train_labels) // batch)
+    n = steps * batch
+    small = ResidentData(data.train_images[:n], data.train_labels[:n], data.val_images[:batch], data.val_labels[:batch])
+    graphed = ResidentRun(cfg, small, device, capture_fn).train(curve_points=steps, curve_images=batch)
+    plain = ResidentRun(cfg, small, device, PLAIN).train(curve_points=steps, curve_images=batch)
+    losses = zip(graphed["curve"]["train_loss"], plain["curve"]["train_loss"])
+    diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in losses]
+    max_diff = max(diffs) if len(diffs) == steps else float("inf")
+    out = {"graphed": graphed["graphed"], "why_not": graphed["why_not"], "max_rel_diff": max_diff}
+    if not graphed["graphed"]:  # no graph: the runs go ungraphed (slower, each record says why), not wrong
+        return {**out, "flips_redrawn": None, "ok": True}
+    flip = FlipResize(2 * data.train_images.shape[-1], (0.5,), (0.5,), 0.5).to(device)
+    x = data.train_images[:batch].clone()
+    replay, _ = (capture_fn or capture)(lambda: flip(x), warmup=1)
+    first = replay().clone()
+    redrawn = not torch.equal(first, replay())
+    return {**out, "flips_redrawn": redrawn, "ok": redrawn and max_diff <= GRAPH_CHECK_RTOL}
