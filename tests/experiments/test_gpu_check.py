@@ -375,6 +375,22 @@ def test_kernel_stats_count_kernels_per_step_and_the_inline_kernels_time():
     assert kernels.device_busy_ms(events) == pytest.approx(2.6)
 
 
+def test_gpu_time_leaves_out_user_annotation_spans():
+    # the optimizer's step is a user annotation on the GPU's timeline too, spanning AdamW's kernels
+    # and the host gaps between them: counted, AdamW's time would be counted twice and the gaps with it
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def ev(name, us, annotation=False):
+        return SimpleNamespace(name=name, device_type=cuda, self_device_time_total=us, is_user_annotation=annotation)
+
+    events = [ev("Optimizer.step#AdamW.step", 930.0, annotation=True), ev("multi_tensor_apply_kernel", 100.0)]
+    events += [ev("inline_fwd_stream", 50.0), ev("ProfilerStep#3", 5000.0, annotation=True)]
+    assert kernels.device_busy_ms(events) == pytest.approx(0.15)
+    stats = kernels.kernel_stats(events, steps=1)
+    assert stats["gpu_busy_ms"] == pytest.approx(0.15) and stats["kernels"] == 2
+    assert [t["name"] for t in stats["top"]] == ["multi_tensor_apply_kernel", "inline_fwd_stream"]
+
+
 def test_the_profile_gives_its_goal_values_and_the_summary_its_top_kernels(tmp_path):
     assert [label for label, _, _ in profile_step.MODELS] == [
         "InLine-DeiT-T",
