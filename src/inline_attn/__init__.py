@@ -3,6 +3,7 @@
 Public API:
     ops:    inline_attention, linear_attention, softmax_attention, attention_weights, local_residual
     layers: InLineAttention, LinearAttention, SoftmaxAttention, build_attention, record_attention
+    convert: convert (InLine into a timm / torchvision / nn.MultiheadAttention model)
     models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile,
             save_pretrained, from_pretrained
     export: inline_attn.export.export_onnx (needs the export extra)
@@ -17,6 +18,7 @@ from .layers import (
     record_attention,
 )
 from .models import create_model, from_pretrained, get_model_config, list_models, save_pretrained
+from .models.convert import convert
 from .models.checkpoint import load_checkpoint, save_checkpoint
 from .models.profile import profile
 from .ops import attention, attention_weights, inline_attention, linear_attention, local_residual, softmax_attention
@@ -30,6 +32,7 @@ __all__ = [
     "attention",
     "attention_weights",
     "build_attention",
+    "convert",
     "create_model",
     "from_pretrained",
     "get_model_config",

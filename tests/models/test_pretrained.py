@@ -166,3 +166,16 @@ def test_what_config_json_cannot_describe_is_refused_before_writing(tmp_path):
     with pytest.raises(ValueError, match="is a file, expected a folder"):
         save_pretrained(create_model("inline_deit_tiny", **SMALL_OVERRIDES["deit"]), tmp_path / "file")
     assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_customised_model_does_not_claim_the_published_models_facts(tmp_path):
+    small = dict(img_size=64, embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=8)
+    model = create_model("inline_swin_tiny", num_classes=10, pattern="ISIS", **small)
+    facts = json.loads((save_pretrained(model, tmp_path / "m") / "config.json").read_text())["pretrained_cfg"]
+    assert facts["num_classes"] == 10 and facts["extra"]["pattern"] == "ISIS"
+    assert facts["input_size"] == [3, 64, 64]
+    assert facts["paper_top1"] is None and facts["num_params"] is None and facts["macs_g"] is None
+    published = get_model_config("inline_swin_tiny")
+    with torch.device("meta"):  # only the config matters
+        assert create_model("inline_swin_tiny", drop_path_rate=0.1).pretrained_cfg.paper_top1 == published.paper_top1
+        assert create_model("inline_swin_tiny").pretrained_cfg is published

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Optional, Sequence, Union
 
 import torch.nn as nn
 
@@ -170,6 +171,29 @@ def get_model_config(name: str) -> ModelConfig:
     return _lookup(name)[1]
 
 
+# overrides that change how a model trains or computes, not the network it is: the paper's numbers still hold
+_TRAINING_ONLY = frozenset({"drop_rate", "drop_path_rate", "attn_drop_rate", "impl"})
+
+
+def described_config(cfg: ModelConfig, overrides: dict) -> ModelConfig:
+    """The :class:`ModelConfig` of a model built with ``overrides``: the variant's own without them;
+    otherwise its class count, input size and recorded arguments follow the overrides, and the
+    paper's numbers (top-1, parameters, MACs), which describe the published network, are dropped
+    unless every override only changes training (drop rates, ``impl``)."""
+    if not overrides:
+        return cfg
+    size = overrides.get("img_size", cfg.input_size[1:])
+    sides = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    changes = dict(
+        num_classes=overrides.get("num_classes", cfg.num_classes),
+        input_size=(overrides.get("in_chans", cfg.input_size[0]), *sides),
+        extra={**cfg.extra, **{k: v for k, v in overrides.items() if k in cfg.extra}},
+    )
+    if not set(overrides) <= _TRAINING_ONLY:
+        changes.update(paper_top1=None, num_params=None, macs_g=None)
+    return replace(cfg, **changes)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -203,12 +227,51 @@ def _check_overrides(name: str, overrides: dict) -> None:
                 fail(key, "a number in [0, 1)")
 
 
+def _load_pretrained(model: nn.Module, cfg: ModelConfig, pretrained) -> None:
+    """Load ``pretrained`` (True: the authors' published file; a path or URL) into ``model``, strictly,
+    except the classifier when the model's class count differs from the variant's."""
+    from .checkpoint import load_checkpoint, read_state_dict
+    from .weights import published_url, weights_file
+
+    if pretrained is True:
+        source = published_url(cfg.name)
+    elif isinstance(pretrained, (str, os.PathLike)):
+        source = pretrained
+    else:
+        raise ValueError(
+            f"create_model({cfg.name!r}, pretrained={pretrained!r}): expected True, False, or a checkpoint path or URL"
+        )
+    path = weights_file(source, model_name=cfg.name)
+    if getattr(model, "num_classes", cfg.num_classes) == cfg.num_classes:
+        load_checkpoint(model, path, strict=True)
+        return
+    # a new classifier (fine-tuning): its fresh weights stay, every other weight must fit
+    head = cfg.classifier + "."
+    state = {k: v for k, v in read_state_dict(path).items() if not k.startswith(head)}
+    result = load_checkpoint(model, state, strict=False)
+    result.missing = [k for k in result.missing if not k.startswith(head)]
+    if not result.ok:
+        raise ValueError(f"pretrained weights {str(path)!r} do not fit {cfg.name!r}: {result.describe()}")
+
+
 def create_model(
-    name: str, *, checkpoint_path: Optional[str] = None, features_only: bool = False, out_indices=None, **overrides
+    name: str,
+    *,
+    pretrained: Union[bool, str, os.PathLike] = False,
+    checkpoint_path: Optional[str] = None,
+    features_only: bool = False,
+    out_indices=None,
+    **overrides,
 ) -> nn.Module:
     """Build a registered model; ``overrides`` replace the variant's constructor arguments.
 
-    The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`) and ``model.model_args`` (the
+    ``pretrained=True`` loads the authors' released ImageNet-1k weights, downloaded once into
+    torch.hub's cache (:mod:`inline_attn.models.weights`); ``pretrained="PATH_OR_URL"`` loads that
+    checkpoint (a URL is cached the same way). With a ``num_classes`` other than the variant's, the
+    classifier is left freshly initialised (fine-tuning) and every other weight must fit.
+
+    The model gets ``model.pretrained_cfg`` (a :class:`ModelConfig`: the variant's, or what
+    :func:`described_config` makes of it for a customised model) and ``model.model_args`` (the
     overrides, what :func:`inline_attn.save_pretrained` records). With ``checkpoint_path``,
     weights are loaded strictly through :func:`inline_attn.load_checkpoint`. With
     ``features_only`` the model becomes a feature backbone after the checkpoint is loaded into the
@@ -238,13 +301,18 @@ def create_model(
         if unknown is None:
             raise
         raise ValueError(f"model {name!r} takes no argument {unknown.group(1)!r}") from e
-    model.pretrained_cfg = cfg
+    model.pretrained_cfg = described_config(cfg, overrides)
     # impl says how the model computes, not what it is: a saved model does not pin it
     model.model_args = {k: v for k, v in overrides.items() if k != "impl"}
+    pretrained = False if pretrained is None else pretrained
+    if pretrained is not False and checkpoint_path is not None:
+        raise ValueError(f"create_model({name!r}): pass pretrained= or checkpoint_path=, not both")
     if checkpoint_path is not None:
         from .checkpoint import load_checkpoint
 
         load_checkpoint(model, checkpoint_path, strict=True)
+    if pretrained is not False:
+        _load_pretrained(model, cfg, pretrained)
     if features_only:
         model.to_features_only(out_indices)
     return model
