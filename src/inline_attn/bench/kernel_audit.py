@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write_text
 from ..ops.fused import triton as launchers
 from ..runtime.report import markdown_table
 
@@ -173,10 +174,7 @@ class Compiler:
         if self.cache_file is None:
             return
         self.cache = {**self._read_cache(), **self.cache}
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.cache))
-        os.replace(tmp, self.cache_file)
+        atomic_write_text(self.cache_file, json.dumps(self.cache))
 
     def shared_bytes(self, kernel, args: tuple, meta: dict) -> int:
         """What :func:`~inline_attn.ops.fused.triton.simulated_device` calls for each candidate."""
@@ -560,8 +558,8 @@ def main(argv=None) -> int:
     table = summary_table(result)
     print(table)
     if args.out is not None:
-        (args.out / "audit.json").write_text(json.dumps(result, indent=1, default=str))
-        (args.out / "summary.md").write_text(table + "\n")
+        atomic_write_text(args.out / "audit.json", json.dumps(result, indent=1, default=str))
+        atomic_write_text(args.out / "summary.md", table + "\n")
     bad = any(not r["ok"] for r in result["configs"]) or any(not r["eager"] for r in result["refused"])
     bad = bad or any(not s["ok"] for s in result["steps"])
     return 1 if bad else 0
