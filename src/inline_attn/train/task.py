@@ -36,6 +36,7 @@ from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum
 from ..runtime.ema import ModelEma
 from ..runtime.graphs import compile_mode_for
 from ..runtime.finite import check_finite
+from ..models.timm_contract import layer_ids
 from ..runtime.optim import backward, optimizer_step
 from ..runtime.run import EpochCadence
 from ..runtime.optim import CosineSchedule, build_optimizer
@@ -92,6 +93,8 @@ def build_model(cfg: Config, data: DataInfo) -> nn.Module:
         model = create_model(cfg.model.name, **kwargs)
     except TypeError as e:  # an override the constructor does not take
         raise ValueError(f"model {cfg.model.name!r} rejected its arguments {kwargs}: {e}") from e
+    if cfg.model.grad_checkpointing:
+        model.set_grad_checkpointing(True)
     if cfg.model.checkpoint:
         load_initial_weights(
             model,
@@ -127,7 +130,10 @@ def train(
 
 def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: int, amp: str) -> TrainState:
     o, s = cfg.optim, cfg.sched
-    optimizer = build_optimizer(model, o.opt, recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
+    layers = None if o.layer_decay is None else layer_ids(model)
+    optimizer = build_optimizer(
+        model, o.opt, recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay, layer_decay=(o.layer_decay, layers)
+    )
     sched = CosineSchedule(
         optimizer,
         lr=recipe.lr,
