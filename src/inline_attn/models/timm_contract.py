@@ -65,7 +65,7 @@ def group_matcher(model, coarse: bool = False) -> dict:
 
     Coarse: one group per level (DeiT's block, the other families' stage). Fine: one per block,
     ``(level, block)``; a level's modules outside its blocks (a downsampling) come before them,
-    ``(level, -1)``; the final norm after every block. The entries are listed most specific first
+    ``(level,)``; the final norm joins the last block. The entries are listed most specific first
     (timm takes the first that matches)."""
     stem = model._stem_modules()
     entries = []
@@ -74,12 +74,10 @@ def group_matcher(model, coarse: bool = False) -> dict:
             if name in stem:
                 continue
             blocks = None if coarse else _block_list(model, name)
-            if blocks is None:
-                entries.append((_prefix(name), (i,) if coarse else (i, -1)))
-                continue
-            seq, n = blocks
-            entries += [(_prefix(f"{seq}.{j}"), (i, j)) for j in range(n)]
-            entries.append((_prefix(name), (i, -1)))
+            if blocks is not None:
+                seq, n = blocks
+                entries += [(_prefix(f"{seq}.{j}"), (i, j)) for j in range(n)]
+            entries.append((_prefix(name), (i,)))  # (i,) sorts before (i, 0): a downsampling first
     entries.sort(key=lambda e: -len(e[0]))  # more specific (longer) prefixes first
     entries.append((_prefix("norm"), (AFTER_BLOCKS,)))
     return {"stem": "|".join(_prefix(s) for s in stem), "blocks": entries}
