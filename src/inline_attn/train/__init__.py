@@ -4,11 +4,9 @@ from .config import Config, configs_dir
 from .task import train
 from .evaluate import evaluate_checkpoint, inference_throughput, load_trained_model
 from .evaluate import accuracy_counts, evaluate, soft_cross_entropy
-from .state import TrainState
 
 __all__ = [
     "Config",
-    "TrainState",
     "accuracy_counts",
     "configs_dir",
     "evaluate",

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
-from ..models.checkpoint import load_checkpoint, read_checkpoint, unwrap_state_dict
+from .._io import read_checkpoint
+from ..models.checkpoint import load_checkpoint, unwrap_state_dict
 from ..runtime.checkpoint import LAST
 from .checkpoint import BEST
 from .data import Batches
@@ -54,7 +55,7 @@ def evaluate(
     """Top-1 / top-5 accuracy (%) and mean cross-entropy over the readable samples, summed across
     ranks; ``n`` counts the images scored and ``n_unreadable`` the ones that could not be read.
     ``forward``: what computes the logits of a batch instead of ``model(x)`` (a CUDA-graphed
-    forward of ``model``, :meth:`inline_attn.train.graphs.StepGraphs.eval_forward`). Non-finite
+    forward of ``model``, :meth:`inline_attn.runtime.graphs.StepGraphs.eval_forward`). Non-finite
     logits raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming ``source``."""
     info = info or DistInfo()
     was_training = model.training
