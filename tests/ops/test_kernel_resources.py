@@ -20,19 +20,18 @@ import pytest
 pytest.importorskip("triton")
 
 FAMILIES = {
+    "inline_fwd_stream",
+    "inline_bwd_stream",
     "inline_fwd_resident",
     "inline_bwd_resident",
     "inline_fwd_fused",
     "inline_bwd_fused",
     "inline_fwd_partial",
-    "inline_fwd_finalize",
     "inline_fwd_rows",
     "inline_bwd_partial",
-    "inline_bwd_finalize",
     "inline_bwd_rows",
     "predictor_fwd",
-    "predictor_bwd_samples",
-    "predictor_bwd_reduce",
+    "predictor_bwd",
 }
 
 

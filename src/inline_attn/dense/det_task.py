@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 import torch.nn as nn
 
+from .._io import atomic_write_text
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo, resolve_device
 from .coco import coco_box_ap, to_coco_detections
@@ -227,5 +228,5 @@ def evaluate_checkpoint(
     if png:
         res["detections_png"] = str(save_detections_png(model, val, cfg, dev, png))
     if json_path:
-        pathlib.Path(json_path).write_text(json.dumps(res, indent=1))
+        atomic_write_text(json_path, json.dumps(res, indent=1))
     return res

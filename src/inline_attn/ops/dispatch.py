@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from ._checks import check_feat_size, check_num_heads
+from .feature_maps import get_feature_map
 from .fused import cpu as cpu_kernel
 from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
 
@@ -39,11 +41,11 @@ ATTENTION_IMPLS = tuple(i for i in IMPLS if i not in FUSED_IMPLS)
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _env_impl() -> str:
+def _env_impl() -> str | None:
+    """``$INLINE_ATTN_IMPL`` (default "auto"), None when it names no impl: the import goes on, and
+    the first op that needs the default says what is wrong (:func:`default_impl`)."""
     value = os.environ.get("INLINE_ATTN_IMPL", "auto")
-    if value not in IMPLS:
-        raise ValueError(f"INLINE_ATTN_IMPL={value!r}: expected one of {IMPLS}")
-    return value
+    return value if value in IMPLS else None
 
 
 _state = {"default": _env_impl(), "warned_triton": False}
@@ -80,8 +82,12 @@ def residual_path(impl: str | None) -> str:
 
 
 def default_impl() -> str:
-    """The implementation layers use when they are given none (see the module docstring)."""
-    return _state["default"]
+    """The implementation layers use when they are given none (see the module docstring); a
+    ValueError when ``$INLINE_ATTN_IMPL`` names no implementation."""
+    impl = _state["default"]
+    if impl is None:
+        raise ValueError(f"INLINE_ATTN_IMPL={os.environ.get('INLINE_ATTN_IMPL')!r}: expected one of {IMPLS}")
+    return impl
 
 
 @contextlib.contextmanager
@@ -232,19 +238,29 @@ def why_not_fused(
     k: torch.Tensor | None = None,
     key_padding_mask: torch.Tensor | None = None,
     is_causal: bool = False,
+    feat_size: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
 ) -> str | None:
     """Why the InLine op on tensors like ``q`` does not run a fused kernel, or None when it does (in
     the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``).
 
-    ``q`` [B, N, C] (``num_heads`` heads): the layer core :func:`inline_attn.ops.inline_tokens`.
-    ``q`` [B, H, Nq, D]: :func:`inline_attn.ops.inline_attention` with ``k`` (default: self-attention),
+    ``q`` [B, N, C] (``num_heads`` heads, ``feat_size`` (H, W) with ``N = num_prefix_tokens + H*W``):
+    the layer core :func:`inline_attn.ops.inline_tokens`. ``q`` [B, H, Nq, D]:
+    :func:`inline_attn.ops.inline_attention` with ``k`` (default: self-attention),
     ``key_padding_mask`` and ``is_causal`` as it would be called.
 
     An explicit fused ``impl`` ("cpu" / "triton") that cannot run these tensors gets the reason
-    its call would raise with. ``q`` that no path takes (not a tensor, not [B, N, C] or
-    [B, H, N, D], not floating point) and an unknown ``impl`` are a ValueError.
+    its call would raise with. What the call itself refuses is a ValueError here too, with the same
+    message: ``q`` that no path takes (not a tensor, not [B, N, C] or [B, H, N, D], not floating
+    point, C = 0), heads that do not divide C, a token count that does not match ``feat_size`` (when
+    given), an unknown feature map or ``impl``.
     """
     _check_like_q(q)
+    if num_heads is not None and q.dim() == 3:
+        check_num_heads(num_heads, q.shape[-1])
+    if feat_size is not None and q.dim() == 3:
+        check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
+    get_feature_map(feature_map)
     impl = check_impl(default_impl() if impl is None else impl)
     if q.dim() == 4:
         mode = sdpa_mode_reason(q, q if k is None else k, key_padding_mask, is_causal)
@@ -306,3 +322,5 @@ def _check_like_q(q) -> None:
             f"q must be [B, N, C] (the layer core's tokens) or [B, H, N, D] (inline_attention's), got shape "
             f"{tuple(q.shape)}"
         )
+    if q.shape[-1] == 0:
+        raise ValueError(f"the channel count C must be positive, got C=0 (q of shape {tuple(q.shape)})")
