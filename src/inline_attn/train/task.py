@@ -34,6 +34,7 @@ from ..runtime.compile import compile_module
 from ..runtime.distributed import DistInfo, all_reduce_sum
 from ..runtime.graphs import StepGraphs, compile_mode_for, graphs_line, why_not_graphed
 from ..runtime.finite import check_finite
+from ..models.timm_contract import layer_ids
 from ..runtime.optim import CosineSchedule, backward, build_optimizer, optimizer_step
 from ..runtime.report import write_json
 from ..runtime.run import EpochCadence, Run, Task
@@ -85,6 +86,8 @@ def build_model(cfg: Config, data: DataInfo) -> nn.Module:
         model = create_model(cfg.model.name, **kwargs)
     except TypeError as e:  # an override the constructor does not take
         raise ValueError(f"model {cfg.model.name!r} rejected its arguments {kwargs}: {e}") from e
+    if cfg.model.grad_checkpointing:
+        model.set_grad_checkpointing(True)
     if cfg.model.checkpoint:
         load_initial_weights(
             model,
@@ -110,6 +113,14 @@ def train(
     if not isinstance(cfg, Config):
         raise ValueError(f"train() takes a Config (inline_attn.train.Config.load), got {type(cfg).__name__}")
     return run_task(ClassifyTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
+
+
+def optimizer_for(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The config's optimizer over ``model`` at ``lr``, with layer-wise lr decay when
+    ``optim.layer_decay`` is set (the layers of the model's ``group_matcher``)."""
+    o = cfg.optim
+    layers = None if o.layer_decay is None else layer_ids(model)
+    return build_optimizer(model, o.opt, lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay, (o.layer_decay, layers))
 
 
 def build_schedule(
@@ -254,8 +265,7 @@ class ClassifyTask(Task):
         return build_model(cfg, self.data)
 
     def optimization(self, cfg: Config, model: nn.Module) -> tuple:
-        o = cfg.optim
-        optimizer = build_optimizer(model, o.opt, self.recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
+        optimizer = optimizer_for(cfg, model, self.recipe.lr)
         return optimizer, build_schedule(cfg, optimizer, self.recipe, self.steps_per_epoch)
 
     def ema_decay(self, cfg: Config) -> Optional[float]:
