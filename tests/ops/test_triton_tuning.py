@@ -95,10 +95,10 @@ def test_forced_tiling_applies_inside_its_block_only(monkeypatch):
     launches = _spy_launches(monkeypatch)
     q, k, v = torch.randn(1, 9, 3 * 32, device=DEVICE).chunk(3, dim=-1)
     kw = dict(num_heads=2, feat_size=(3, 3), impl="triton")
-    with triton_core.forced_tiling(32, 8):
+    with triton_core.forced_tiling(32, 1):  # the fused launch's tiles (the streaming kernels have their own)
         forced = inline_tokens(q, k, v, **kw)
     inline_tokens(q, k, v, **kw)
-    assert launches[0]["num_warps"] == 8 and launches[-1]["num_warps"] != 8
+    assert launches[0]["num_warps"] == 1 and launches[-1]["num_warps"] != 1
     torch.testing.assert_close(forced, inline_tokens(q, k, v, **kw))
     with pytest.raises(ValueError, match="BLOCK_N in"):
         with triton_core.forced_tiling(48, 2):

@@ -115,6 +115,14 @@ def train(
     return run_task(ClassifyTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
 
 
+def optimizer_for(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The config's optimizer over ``model`` at ``lr``, with layer-wise lr decay when
+    ``optim.layer_decay`` is set (the layers of the model's ``group_matcher``)."""
+    o = cfg.optim
+    layers = None if o.layer_decay is None else layer_ids(model)
+    return build_optimizer(model, o.opt, lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay, (o.layer_decay, layers))
+
+
 def build_schedule(
     cfg: Config, optimizer: torch.optim.Optimizer, recipe: Recipe, steps_per_epoch: int
 ) -> CosineSchedule:
@@ -257,11 +265,7 @@ class ClassifyTask(Task):
         return build_model(cfg, self.data)
 
     def optimization(self, cfg: Config, model: nn.Module) -> tuple:
-        o = cfg.optim
-        layers = None if o.layer_decay is None else layer_ids(model)
-        optimizer = build_optimizer(
-            model, o.opt, self.recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay, (o.layer_decay, layers)
-        )
+        optimizer = optimizer_for(cfg, model, self.recipe.lr)
         return optimizer, build_schedule(cfg, optimizer, self.recipe, self.steps_per_epoch)
 
     def ema_decay(self, cfg: Config) -> Optional[float]:
