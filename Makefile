@@ -29,16 +29,18 @@ fmnist-data:
 		echo "could not install dataset-fashion-mnist; the demo will say what to do"; \
 	fi
 
+# a re-run writes beside the earlier one (runs/demo-2, ...); ARGS passes options, e.g.
+# `make demo-seg ARGS=--overwrite` (replaces the earlier run, moving its files into a subfolder)
 demo: $(STAMP) fmnist-data
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn demo
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn demo $(ARGS)
 
 # segmentation demo: InLine-PVT + Semantic FPN on Fashion-MNIST mosaics (docs/dense.md)
 demo-seg: $(STAMP) fmnist-data
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn seg demo
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn seg demo $(ARGS)
 
 # detection demo: FCOS on InLine-PVT on Fashion-MNIST mosaics, box AP and a PNG of detections (docs/dense.md)
 demo-det: $(STAMP) fmnist-data
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn det demo
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn det demo $(ARGS)
 
 # lint and format check (ruff, configured in pyproject.toml), then the tests; the dense tests train on real
 # Fashion-MNIST mosaics, so the data is installed first

@@ -19,7 +19,7 @@ from .._io import writable_dir, writable_file
 from ..runtime.config import add_override_options, collect_overrides, run_options
 from ..runtime.loop import exit_code
 from ..dense.config import DetConfig, SegConfig
-from ..runtime.output import OVERWRITE_HELP
+from ..runtime.output import OVERWRITE_HELP, demo_output
 from ..experiments.doc_section import add_doc_options
 
 
@@ -105,7 +105,8 @@ def cmd_demo(args) -> int:
     command = TASKS[args.task]
     task = command.task()
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / command.demo_config
-    ov = [("train.output", writable_dir(args.output, "--output"))] + _overrides(args) + run_options(args)
+    output = demo_output(args.output, f"runs/{args.task}_demo", continuing=args.resume or args.overwrite)
+    ov = [("train.output", writable_dir(output, "--output"))] + _overrides(args) + run_options(args)
     cfg = task.config.load(cfg_path, ov)
     print(
         f"{command.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
@@ -256,7 +257,7 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
         help=f"train {task.demo_title} on Fashion-MNIST mosaics",
         description=demo_desc,
     )
-    p.add_argument("--output", default=f"runs/{task.name}_demo")
+    p.add_argument("--output", help=f"output folder (default runs/{task.name}_demo, or -2, ... beside earlier ones)")
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

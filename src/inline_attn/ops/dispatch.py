@@ -29,6 +29,7 @@ import warnings
 
 import torch
 
+from .compile_marks import constant_when_compiled
 from .fused import cpu as cpu_kernel
 from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
 
@@ -96,12 +97,12 @@ def use_impl(impl: str):
         _state["default"] = previous
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def _triton_importable() -> bool:
     return triton_launchers.triton_installed()
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def _triton_interpreting() -> bool:
     return triton_launchers.interpreting()
 
