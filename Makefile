@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test bench kernel-audit gpu-check clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ test: $(STAMP) fmnist-data
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_PINNED=constraints.txt $(BIN)/python -m pytest -q tests
+
+# the documentation's snippets marked `python slow` (make test runs every other block, tests/test_docs.py)
+test-docs-slow: $(STAMP) fmnist-data
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_DOCS_SLOW=1 $(BIN)/python -m pytest -q tests/test_docs.py -k python_blocks
 
 bench: $(STAMP)
 	$(BIN)/inline-attn bench attention
