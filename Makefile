@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check ablations-lease clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,22 @@ gpu-check:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
 	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.experiments.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# On a GPU machine: the ablations' lease preset (parts a-d, 3 seeds, 2 epochs of the 60,000 images a run;
+# docs/reproduction.md), CUDA-graphed, in one process, time-boxed to ABLATIONS_BUDGET_S of wall time (no run
+# starts that would pass it; the timeout is a backstop). It continues from the committed records in
+# docs/results/ablations/lease and writes every record, old and new, into ABLATIONS_OUT: 3 chunk files and
+# lease-log.json. Needs the Fashion-MNIST files: $$INLINE_ATTN_FMNIST, the Debian package's folder, or
+# data/fashion-mnist (copy the package's folder there and carry it to the GPU machine). On a lease:
+# `make ablations-lease ABLATIONS_OUT=$$OUT`; then copy the four files into docs/results/ablations/lease and
+# write the report (docs/reproduction.md, "The lease preset").
+ABLATIONS_OUT ?= runs/ablations/lease
+ABLATIONS_BUDGET_S ?= 450
+ablations-lease:
+	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
+		{ echo "ablations-lease: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
+	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m inline_attn.experiments.ablations.lease \
+		--output $(ABLATIONS_OUT) --resume-from docs/results/ablations/lease --budget-s $(ABLATIONS_BUDGET_S) $(ABLATIONS_ARGS)
 
 # Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch
 # venv; then run `make clean test` and commit the new file on its own if the suite passes.

@@ -3,6 +3,7 @@
 Public API:
     ops:    inline_attention, linear_attention, softmax_attention, attention_weights, local_residual
     layers: InLineAttention, LinearAttention, SoftmaxAttention, build_attention, record_attention
+    convert: convert (InLine into a timm / torchvision / nn.MultiheadAttention model)
     models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile,
             save_pretrained, from_pretrained
     export: inline_attn.export.export_onnx (needs the export extra)
@@ -26,6 +27,7 @@ _ADDRESSES = {
     "build_attention": "inline_attn.layers",
     "hook_attention": "inline_attn.layers",
     "record_attention": "inline_attn.layers",
+    "convert": "inline_attn.models.convert",
     "create_model": "inline_attn.models",
     "from_pretrained": "inline_attn.models",
     "get_model_config": "inline_attn.models",

@@ -9,6 +9,9 @@ one. Temporary files left by killed writers are removed by the next write of the
 spends time on work it could not save: a clear ValueError naming the path instead of a raw
 traceback at the first write. :func:`read_json` reads a JSON file, naming it when it is corrupt.
 
+:func:`read_checkpoint` reads a checkpoint file (torch or safetensors), naming the file and why
+when it cannot (empty, truncated, foreign, refused by ``weights_only``).
+
 :class:`FileLock` is the one inter-process lock (the CPU kernel build, a run's output folder) and
 :func:`pid_alive` the one check that a process still runs (stale temporary files and build folders).
 """
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import pathlib
+import pickle
 import re
 import time
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
@@ -37,6 +41,7 @@ __all__ = [
     "atomic_path",
     "atomic_write_text",
     "pid_alive",
+    "read_checkpoint",
     "read_json",
     "remove_stale_temps",
     "writable_dir",
@@ -250,3 +255,54 @@ def read_json(path: PathLike) -> Any:
         raise ValueError(f"{path}: not a JSON file (not UTF-8 text: {e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def _is_zip(path: pathlib.Path) -> bool:
+    """torch.save's format is a zip archive: such a file that fails to load is damaged."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def _read_failure(path: pathlib.Path, e: Exception, weights_only: bool) -> str:
+    """Why ``path`` could not be read, in words a user can act on."""
+    size = path.stat().st_size
+    text = str(e)
+    first = text.splitlines()[0] if text else ""
+    refused = "weights_only" in text or "weights only" in text.lower()
+    if size == 0:
+        return f"cannot read checkpoint {str(path)!r}: the file is empty (0 bytes; a write was interrupted?)"
+    if refused:
+        why = "it stores Python objects besides tensors"
+    elif _is_zip(path) or "PytorchStreamReader" in text or isinstance(e, EOFError):
+        why = "the file is truncated or corrupted"
+    elif isinstance(e, pickle.UnpicklingError):
+        why = "the file is not a PyTorch or safetensors checkpoint"
+    else:
+        why = "unreadable"
+    hint = " (if you trust the file, pass weights_only=False)" if weights_only and refused else ""
+    return f"cannot read checkpoint {str(path)!r} ({size} bytes): {why} ({type(e).__name__}: {first}){hint}"
+
+
+def read_checkpoint(source: Union[str, os.PathLike], *, weights_only: bool = True):
+    """The object a checkpoint file holds (a ``.safetensors`` file or a torch pickle), on CPU.
+
+    ``weights_only`` (torch files): refuse pickled objects other than tensors and containers, as
+    torch.load does; pass False only for files you trust (training checkpoints also store RNG
+    states and configs). A missing, empty, truncated or foreign file raises ValueError naming it.
+    """
+    path = pathlib.Path(source)
+    if not path.is_file():
+        raise ValueError(f"checkpoint file {str(path)!r} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    is_safetensors = path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{")
+    import torch  # here, not at the top: the rest of this module needs no torch
+
+    try:
+        if is_safetensors:
+            from safetensors.torch import load_file
+
+            return load_file(str(path), device="cpu")
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    except Exception as e:  # truncated / corrupted / foreign files: one clear error
+        raise ValueError(_read_failure(path, e, weights_only)) from e

@@ -12,7 +12,8 @@ import torch
 
 from inline_attn.cli import main
 from inline_attn.dense.config import DetConfig
-from inline_attn.dense.det_task import load_detector, train_det
+from inline_attn.dense.det_task import DetTask, load_detector
+from inline_attn.runtime.run import train
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "train"))
 from train_helpers import make_fmnist  # noqa: E402
@@ -54,9 +55,9 @@ def fm(tmp_path):
 
 
 def test_resume_equals_uninterrupted(tmp_path, fm):
-    full = train_det(DetConfig.load(None, tiny(tmp_path / "a", fm)))
-    train_det(DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.max_steps": 2})))
-    resumed = train_det(DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.resume": "auto"})))
+    full = train(DetTask(), DetConfig.load(None, tiny(tmp_path / "a", fm)))
+    train(DetTask(), DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.max_steps": 2})))
+    resumed = train(DetTask(), DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.resume": "auto"})))
     assert resumed["iterations"] == full["iterations"] == 4
     a = torch.load(tmp_path / "a" / "last.pth", weights_only=False)["model"]
     b = torch.load(tmp_path / "b" / "last.pth", weights_only=False)["model"]
@@ -110,9 +111,9 @@ def test_segmentation_checkpoint_is_refused(tmp_path, fm):
     with pytest.raises(ValueError, match="not a detection checkpoint"):
         load_detector(tmp_path / "x.pth")
     with pytest.raises(ValueError, match="data.dataset='voc'"):
-        train_det(DetConfig.load(None, tiny(tmp_path / "o", fm, **{"data.dataset": "voc"})))
+        train(DetTask(), DetConfig.load(None, tiny(tmp_path / "o", fm, **{"data.dataset": "voc"})))
     with pytest.raises(ValueError, match="data.coco"):
-        train_det(DetConfig.load(None, tiny(tmp_path / "o", fm, **{"data.dataset": "coco"})))
+        train(DetTask(), DetConfig.load(None, tiny(tmp_path / "o", fm, **{"data.dataset": "coco"})))
     with pytest.raises(ValueError, match="unknown config key 'model.decode'"):
         DetConfig.load(None, [("model.decode", "upernet")])
 
@@ -137,7 +138,7 @@ def test_mosaic_training_loss_falls(tmp_path):
             ("train.checkpoint_interval", 1000),
         ],
     )
-    s = train_det(cfg)
+    s = train(DetTask(), cfg)
     print(
         f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}, AP {s['AP']:.2f}, AP50 {s['AP50']:.2f}, "
         f"{s['train_time_s']:.0f} s"

@@ -13,9 +13,11 @@ import torch
 
 from inline_attn.dense import seg_task
 from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg
-from inline_attn.dense.seg_task import build_from_config, train_seg
+from inline_attn.dense.seg_task import SegTask, build_from_config
+from inline_attn.runtime.run import train
 from inline_attn.runtime.checkpoint import LAST, PREVIOUS, load_resume, save_rotating
-from inline_attn.runtime.loop import OutputLock, exit_code
+from inline_attn.runtime.output import OutputLock
+from inline_attn.runtime.signals import exit_code
 from inline_attn.runtime.optim import build_optimizer
 
 from seg_helpers import make_ade
@@ -77,7 +79,7 @@ def test_sgd_is_nesterov_everywhere_and_a_dense_run_takes_it(tmp_path, ade):
     (they built plain SGD before); the paper's dense recipes use AdamW."""
     opt = build_optimizer(torch.nn.Linear(2, 2), "sgd", 0.1, 0.0)
     assert opt.defaults["momentum"] == 0.9 and opt.defaults["nesterov"]
-    s = train_seg(_seg(tmp_path / "sgd", ade, **{"optim.opt": "sgd"}))
+    s = train(SegTask(), _seg(tmp_path / "sgd", ade, **{"optim.opt": "sgd"}))
     assert s["iterations"] == 2 and s["stopped"] is None
     saved = torch.load(tmp_path / "sgd" / LAST, weights_only=False)["optimizer"]["param_groups"][0]
     assert saved["nesterov"] and saved["momentum"] == 0.9
@@ -110,24 +112,24 @@ def test_a_new_head_setting_is_one_field(monkeypatch):
     ],
 )
 def test_resume_refuses_a_changed_batch_schedule_or_backbone(tmp_path, ade, key, value, message):
-    train_seg(_seg(tmp_path / "run", ade))
+    train(SegTask(), _seg(tmp_path / "run", ade))
     before = (tmp_path / "run" / LAST).read_bytes()
     changed = _seg(tmp_path / "run", ade, **{"train.resume": "auto", key: value})
     if key == "model.backbone":  # a Swin of the same tiny size: the error must be the config's, not load_state_dict's
         kw = {"embed_dim": 8, "depths": [1, 1, 1, 1], "num_heads": [1, 1, 1, 1], "window_size": 2, "img_size": 32}
         changed = changed.replace(**{"model.backbone_kwargs": kw})
     with pytest.raises(ValueError, match="cannot resume from .*" + message):
-        train_seg(changed)
+        train(SegTask(), changed)
     assert (tmp_path / "run" / LAST).read_bytes() == before  # nothing written
 
 
 def test_resume_falls_back_without_destroying_the_fallback(tmp_path, ade):
     out = tmp_path / "run"
-    train_seg(_seg(out, ade))  # checkpoints at iterations 2 (previous.pth is written by a later save)
+    train(SegTask(), _seg(out, ade))  # checkpoints at iterations 2 (previous.pth is written by a later save)
     good = torch.load(out / LAST, weights_only=False)
     (out / PREVIOUS).write_bytes((out / LAST).read_bytes())
     (out / LAST).write_bytes(b"truncated")
-    s = train_seg(_seg(out, ade, **{"train.resume": "auto", "train.max_steps": 0}))
+    s = train(SegTask(), _seg(out, ade, **{"train.resume": "auto", "train.max_steps": 0}))
     assert s["iterations"] == 2  # resumed at the end: the fallback's step
     assert (out / (LAST + ".unreadable")).read_bytes() == b"truncated"
     assert torch.load(out / PREVIOUS, weights_only=False)["step"] == good["step"]  # the fallback survived
@@ -159,25 +161,25 @@ def test_both_checkpoints_unreadable_stops_instead_of_restarting(tmp_path, ade):
     for name in (LAST, PREVIOUS):
         (out / name).write_bytes(b"garbage")
     with pytest.raises(ValueError, match="no readable checkpoint to resume from"):
-        train_seg(_seg(out, ade, **{"train.resume": "auto"}))
+        train(SegTask(), _seg(out, ade, **{"train.resume": "auto"}))
     assert (out / LAST).read_bytes() == b"garbage" and (out / PREVIOUS).read_bytes() == b"garbage"
 
 
 def test_a_second_run_on_the_same_output_is_refused(tmp_path, ade):
     with OutputLock(tmp_path / "run"):
         with pytest.raises(ValueError, match="is in use by another run"):
-            train_seg(_seg(tmp_path / "run", ade))
-    assert train_seg(_seg(tmp_path / "run", ade))["iterations"] == 2  # free again once released
+            train(SegTask(), _seg(tmp_path / "run", ade))
+    assert train(SegTask(), _seg(tmp_path / "run", ade))["iterations"] == 2  # free again once released
 
 
 def test_a_new_run_into_a_finished_one_is_refused_and_overwrite_moves_it_aside(tmp_path, ade):
     out = tmp_path / "run"
-    train_seg(_seg(out, ade))
+    train(SegTask(), _seg(out, ade))
     before = {n: (out / n).read_bytes() for n in (LAST, "summary.json", "metrics.csv", "config.yaml")}
     with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
-        train_seg(_seg(out, ade))
+        train(SegTask(), _seg(out, ade))
     assert {n: (out / n).read_bytes() for n in before} == before
-    assert train_seg(_seg(out, ade, **{"train.overwrite": True}))["iterations"] == 2
+    assert train(SegTask(), _seg(out, ade, **{"train.overwrite": True}))["iterations"] == 2
     (aside,) = out.glob("replaced-*")
     assert {n: (aside / n).read_bytes() for n in before} == before
 
@@ -193,7 +195,7 @@ def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatc
         return real(self, *a, **k)
 
     monkeypatch.setattr(seg_task.SegTask, "losses", losses_then_signal)
-    s = train_seg(_seg(tmp_path / "run", ade, **{"sched.iters": 4, "train.checkpoint_interval": 100}))
+    s = train(SegTask(), _seg(tmp_path / "run", ade, **{"sched.iters": 4, "train.checkpoint_interval": 100}))
     assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["iterations"] == 1
     assert torch.load(tmp_path / "run" / LAST, weights_only=False)["step"] == 1
     assert exit_code(s["signal"]) == 128 + signal.SIGTERM
@@ -230,12 +232,12 @@ def test_runtime_imports_no_task_and_dense_no_private_train_names():
 
 def test_a_config_of_another_task_or_a_dict_is_refused(tmp_path, ade):
     with pytest.raises(ValueError, match="segmentation training takes a SegConfig, got DetConfig"):
-        train_seg(DetConfig())
+        train(SegTask(), DetConfig())
     with pytest.raises(ValueError, match="segmentation training takes a SegConfig, got dict"):
-        train_seg(_seg(tmp_path / "run", ade).to_dict())
+        train(SegTask(), _seg(tmp_path / "run", ade).to_dict())
 
 
 def test_an_output_under_a_file_is_a_clear_error(tmp_path, ade):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"cannot write the run's outputs into .*file/run \(NotADirectoryError"):
-        train_seg(_seg(tmp_path / "file" / "run", ade))
+        train(SegTask(), _seg(tmp_path / "file" / "run", ade))

@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 
 from inline_attn.cli import main
 from inline_attn.dense.config import SegConfig
-from inline_attn.dense.seg_task import load_segmentor, train_seg
+from inline_attn.dense.seg_task import SegTask, load_segmentor
+from inline_attn.runtime.run import train
 from inline_attn.runtime.optim import PolySchedule
 
 from seg_helpers import make_ade
@@ -67,14 +68,15 @@ def test_poly_schedule_by_hand():
 
 
 def test_resume_equals_uninterrupted(tmp_path, ade):
-    straight = train_seg(SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade})))
+    straight = train(SegTask(), SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade})))
     assert straight["iterations"] == 4 and straight["stopped"] is None
-    cut = train_seg(
-        SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.max_steps": 2}))
+    cut = train(
+        SegTask(), SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.max_steps": 2}))
     )
     assert cut["stopped"] == "max_steps" and cut["iterations"] == 2
-    resumed = train_seg(
-        SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.resume": "auto"}))
+    resumed = train(
+        SegTask(),
+        SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.resume": "auto"})),
     )
     assert resumed["iterations"] == 4
     a = torch.load(tmp_path / "a" / "last.pth", weights_only=False)["model"]
@@ -93,7 +95,7 @@ def _free_port() -> int:
 
 def _worker(rank, world, port, cfg, q):
     torch.set_num_threads(1)
-    s = train_seg(cfg, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    s = train(SegTask(), cfg, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     q.put((rank, s["mIoU"]))
 
 
@@ -153,7 +155,7 @@ def test_command_line_train_eval_info(tmp_path, ade, capsys):
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path, ade):
-    train_seg(SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade, "sched.iters": 1})))
+    train(SegTask(), SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade, "sched.iters": 1})))
     ckpt = tmp_path / "a" / "last.pth"
     other_classes = SegConfig.load(
         overrides=tiny_overrides(
@@ -227,7 +229,7 @@ def test_mosaic_training_learns(tmp_path):
             ("optim.clip_grad", 1.0),
         ],
     )
-    s = train_seg(cfg)
+    s = train(SegTask(), cfg)
     _, val = build_seg_datasets(cfg, train=False)
     bg_only = SegMetric(11)
     for i in range(len(val)):

@@ -62,7 +62,7 @@ def test_an_unwritable_doc_stops_every_command_before_any_work(tmp_path, monkeyp
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     doc = str(blocker / "doc.md")
-    monkeypatch.setattr("inline_attn.train.engine.train", _no_training)
+    monkeypatch.setattr("inline_attn.train.task.train", _no_training)
     monkeypatch.setattr("inline_attn.experiments.dense_compare.compare", _no_training)
     for call in (
         lambda: reproduce_fmnist(output=str(tmp_path / "runs"), doc=doc),

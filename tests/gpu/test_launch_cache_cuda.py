@@ -18,8 +18,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("offset", [0, 1])  # data 16-byte aligned, and not
-@pytest.mark.parametrize("side, resident", [(7, True), (14, False), (40, True)])  # resident, fused, split launches
-def test_a_cached_launch_matches_the_first_one(dtype, offset, side, resident):
+@pytest.mark.parametrize(
+    "side, core", [(7, "stream"), (7, "resident"), (14, "tiled"), (40, "stream")]
+)  # the streaming, resident and fused launches, and the split one
+def test_a_cached_launch_matches_the_first_one(dtype, offset, side, core):
     b, heads, d = 3, 2, 32
     n, c = side * side, heads * d
     buf = torch.randn(b * n * 3 * c + offset, device="cuda").to(dtype)
@@ -30,7 +32,7 @@ def test_a_cached_launch_matches_the_first_one(dtype, offset, side, resident):
     launch_cache._entries.clear()
 
     def step():
-        with launchers.resident_launch(resident):
+        with launchers.core_kernels(core):
             out = launchers.inline_forward_triton(q, k, v, w9, *args)
             return (out, *launchers.inline_backward_triton(q, k, v, w9, g, *args))
 

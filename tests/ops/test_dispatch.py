@@ -346,10 +346,10 @@ def test_why_not_fused_decision_table(case, monkeypatch, fused_calls):
         ([[1.0]], None, "q must be a torch.Tensor, got list"),
         (torch.zeros(2, 13, 12, dtype=torch.long), None, "floating-point dtype, got torch.int64"),
         (torch.zeros(13, 12), None, r"q must be \[B, N, C\]"),
-        (torch.zeros(2, 3, 13, 4), "triton", r"q must be \[B, N, C\]"),
+        (torch.zeros(2, 3, 13, 4, 1), "triton", r"or \[B, H, N, D\]"),
         (torch.zeros(2, 13, 12), "fused", "unknown impl 'fused'"),
     ],
-    ids=["list", "long", "2-d", "4-d", "unknown-impl"],
+    ids=["list", "long", "2-d", "5-d", "unknown-impl"],
 )
 def test_why_not_fused_refuses_what_no_path_takes(q, impl, match):
     with pytest.raises(ValueError, match=match):

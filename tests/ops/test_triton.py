@@ -61,15 +61,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-# the launch shapes: "resident" (every shape here fits it), "fused" and "split" (resident off)
+# the launch shapes of the kernels before the streaming ones (test_triton_stream.py tests those):
+# "resident" (every shape here fits it), "fused" and "split"
 LAUNCHES = {"resident": None, "fused": 1, "split": 2}
 
 
 def _force_launch(monkeypatch, launch: str, n: int) -> str:
     """Make every core launch of the test take ``launch`` (the split one over 16-row tiles, so that
     ``n`` tokens make chunks); returns the forward kernel's name."""
+    monkeypatch.setitem(triton_core._state, "core", "resident" if launch == "resident" else "tiled")
     if launch != "resident":
-        monkeypatch.setitem(triton_core._state, "resident", False)
         monkeypatch.setattr(triton_core, "_split", lambda *a: LAUNCHES[launch])
     if launch == "split":
         monkeypatch.setitem(triton_core._state, "tiling", (16, 2))
@@ -111,9 +112,10 @@ def test_triton_float32_matches_naive(shape, launch, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["split", "transposed"])
 @pytest.mark.parametrize("shape", [(2, 16, 16, 1, 32, 0), (1, 14, 14, 2, 24, 1), (2, 8, 16, 1, 64, 0)], ids=_ids)
-def test_triton_resident_largest_tiles(shape, layout):
+def test_triton_resident_largest_tiles(shape, layout, monkeypatch):
     # the largest problems the resident launch takes: 256 rows at head dim 32 (DeiT's 197 tokens,
     # CSwin-B's head dim 24), 128 at 64; q / kv split and transposed buffers read in place
+    monkeypatch.setitem(triton_core._state, "core", "resident")
     log = _check_float32(shape, layout)
     assert sorted(x.kernel for x in log) == ["inline_bwd_resident", "inline_fwd_resident"], log
     assert {x.meta["NP"] * x.meta["BD"] for x in log} == {triton_core.RESIDENT_TILE}
@@ -198,7 +200,10 @@ def test_triton_empty_batch():
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="pins an interpreter bug; compiled kernels are not affected")
-@pytest.mark.xfail(strict=True, reason="triton#11584: the interpreter's bf16 tl.dot is wrong (kernels upcast first)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="triton#11584: the interpreter's bf16 tl.dot is wrong (interpreter_shim corrects it for the tests)",
+)
 def test_interpreter_bf16_dot_is_wrong_without_upcast():
     import triton
     import triton.language as tl
@@ -215,15 +220,3 @@ def test_interpreter_bf16_dot_is_wrong_without_upcast():
     c = torch.empty(16, 16)
     dot_kernel[(1,)](a, b, c, N=16)
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-2, atol=1e-2)
-
-
-def test_resident_launch_switch_applies_inside_its_block_only():
-    # gpu-check's core part times the fused launch beside the resident one with this switch
-    q, k, v = torch.randn(2, 16, 3 * 32, device=DEVICE).chunk(3, dim=-1)
-    kw = dict(num_heads=2, feat_size=(4, 4), impl="triton")
-    with triton_core.record_launches() as log:
-        with triton_core.resident_launch(False):
-            off = inline_tokens(q, k, v, **kw)
-        on = inline_tokens(q, k, v, **kw)
-    assert [x.kernel for x in log] == ["inline_fwd_fused", "inline_fwd_resident"]
-    torch.testing.assert_close(off, on, rtol=2e-6, atol=1e-6)

@@ -296,15 +296,16 @@ def test_trainer_step_graphs_match_the_plain_steps_on_cuda():
     capturable (tensor lr the schedule writes between replays), the EMA, a smaller batch run
     ungraphed, and the evaluation forward; against the plain steps on the same optimizer."""
     from inline_attn.runtime.optim import CosineSchedule, build_optimizer, prepare_for_capture
-    from inline_attn.train.graphs import StepGraphs
-    from inline_attn.train.loop import soft_cross_entropy
-    from inline_attn.train.state import TrainState
+    from types import SimpleNamespace
+
+    from inline_attn.runtime.graphs import StepGraphs
+    from inline_attn.train.evaluate import soft_cross_entropy
 
     def state():
         model = _tiny().eval()  # no stochastic-depth draws: both sides compute the same
         opt = build_optimizer(model, "adamw", 1e-3, 0.05)
         sched = CosineSchedule(opt, lr=1e-3, steps_per_epoch=3, epochs=2, warmup_epochs=1, warmup_lr=1e-5)
-        return TrainState(model, opt, sched, None, ModelEma(model, 0.9))
+        return SimpleNamespace(model=model, optimizer=opt, sched=sched, ema=ModelEma(model, 0.9))
 
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     batches = []
@@ -315,7 +316,7 @@ def test_trainer_step_graphs_match_the_plain_steps_on_cuda():
     prepare_for_capture(plain.optimizer)
     graphs = StepGraphs("bf16", 1.0)
     for x, t in batches:
-        loss = graphs.train_step(graphed, graphed.model, soft_cross_entropy, x, t).clone()
+        loss = graphs.train_step(graphed.model, graphed.optimizer, graphed.ema, soft_cross_entropy, x, t).clone()
         graphed.sched.step()
         ref = train_step(
             plain.model, plain.optimizer, soft_cross_entropy, x, t, ema=plain.ema, amp=torch.bfloat16, clip_grad=1.0

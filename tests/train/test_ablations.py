@@ -8,7 +8,7 @@ import pytest
 from train_helpers import make_fmnist
 
 from inline_attn.experiments import ablations
-from inline_attn.train import engine
+from inline_attn.train import task as task_mod
 from inline_attn.experiments.ablations import Budget, compare, fmt, plan, run_ablations, verdict
 
 TOY = Budget(
@@ -23,13 +23,13 @@ def two_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("INLINE_ATTN_FMNIST", str(make_fmnist(tmp_path / "fm", n_train=128, n_test=8)))
     monkeypatch.setattr(ablations, "FMNIST_VARIANTS", ("softmax", "inline"))
     calls = []
-    real = engine.train
+    real = task_mod.train
 
     def counting(cfg):
         calls.append(cfg.train.output)
         return real(cfg)
 
-    monkeypatch.setattr(engine, "train", counting)
+    monkeypatch.setattr(task_mod, "train", counting)
     kw = dict(output=str(tmp_path / "out"), parts="g", seeds=1, doc=str(tmp_path / "doc.md"), budget=TOY)
     return kw, calls, tmp_path
 
@@ -58,7 +58,7 @@ def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
 
 def test_a_stopped_run_leaves_no_result_and_is_trained_next_time(two_runs, monkeypatch):
     kw, calls, tmp = two_runs
-    monkeypatch.setattr(engine, "train", lambda cfg: {"stopped": "signal", "signal": 15})
+    monkeypatch.setattr(task_mod, "train", lambda cfg: {"stopped": "signal", "signal": 15})
     res = run_ablations("quick", progress=False, **kw)
     assert res["stopped"] and res["trained"] == 0 and res["left"] == 2
     assert not list((tmp / "out" / "results").glob("*.json"))
@@ -70,7 +70,7 @@ def test_a_diverged_run_is_a_result_shown_as_diverged(two_runs, monkeypatch):
     def diverge(cfg):
         raise FloatingPointError("loss is nan at epoch 0, step 1")
 
-    monkeypatch.setattr(engine, "train", diverge)
+    monkeypatch.setattr(task_mod, "train", diverge)
     res = run_ablations("quick", progress=False, **kw)
     assert res["trained"] == 2 and res["left"] == 0
     assert "| softmax | diverged (1 of 1) |" in res["report"]

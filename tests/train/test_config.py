@@ -242,7 +242,7 @@ def test_every_shipped_recipe_is_valid(name):
     """Each config file loads and its model builds (on the meta device) with its data settings."""
     from inline_attn.models import get_model_config
     from inline_attn.train.data import data_info
-    from inline_attn.train.engine import check_model_args
+    from inline_attn.train.task import check_model_args
 
     cfg = Config.load(CONFIGS / name)
     check_model_args(cfg, data_info(cfg.data, get_model_config(cfg.model.name)))

@@ -2,7 +2,7 @@
 trainer's host logic, on the CPU.
 
 What is checked here is everything around the capture: the config field, the decision table
-(:func:`inline_attn.runtime.graphs.why_not_graphed`, :func:`inline_attn.train.graphs.plan`), the CPU
+(:func:`inline_attn.runtime.graphs.why_not_graphed`, :func:`inline_attn.runtime.graphs.graphs_line`), the CPU
 run that asked for graphs being bit-identical to the one that did not, the optimizer made ready
 for capture (tensor lr written in place by the schedule, capturable AdamW, fused SGD, checkpoints
 in the plain form) and the graphed step's orchestration (static buffers, copy-in, the warm-up
@@ -19,7 +19,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from inline_attn.runtime.graphs import GraphedTrainStep, eager_capture, train_step, why_not_graphed
+from inline_attn.runtime import graphs as graphs_mod
+from inline_attn.runtime.graphs import (
+    GraphedTrainStep,
+    StepGraphs,
+    eager_capture,
+    graphs_line,
+    train_step,
+    why_not_graphed,
+)
 from inline_attn.runtime.ema import ModelEma
 from inline_attn.runtime.optim import (
     CosineSchedule,
@@ -28,13 +36,11 @@ from inline_attn.runtime.optim import (
     prepare_for_capture,
     set_lr,
 )
-from inline_attn.train import engine as engine_mod
-from inline_attn.train import graphs as graphs_mod
+from inline_attn.train import task as task_mod
 from inline_attn.train.config import Config
-from inline_attn.train.engine import train
-from inline_attn.train.graphs import StepGraphs, announce, plan
-from inline_attn.train.loop import soft_cross_entropy
-from inline_attn.train.state import TrainState
+from inline_attn.train.task import train
+from inline_attn.train.evaluate import soft_cross_entropy
+from types import SimpleNamespace
 
 from train_helpers import base_overrides, make_fmnist
 
@@ -114,39 +120,52 @@ def test_why_not_graphed_decision_table(monkeypatch):
     assert "accumulation" in why_not_graphed("cuda", accum_steps=2, amp="fp16")
 
 
-def test_trainer_plan_and_its_one_line(monkeypatch):
+def test_trainer_decision_and_its_one_line(monkeypatch):
     net = _net()
-    opt = build_optimizer(net, "adamw", 1e-3, 0.05)
+    # on CUDA the trainer's AdamW is fused (capture-safe); here its parameters stay on the CPU
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
     common = dict(amp="none", accum_steps=1, world_size=1, compile=False, model=net, optimizer=opt)
-    assert plan(False, CUDA, **common) == (False, None)
-    graphed, reason = plan("auto", CPU, **common)
-    assert not graphed and reason == "CUDA graphs need a CUDA device, the step runs on cpu"
+    reason = why_not_graphed(CPU, **common)
+    assert reason == "CUDA graphs need a CUDA device, the step runs on cpu"
     # auto on the CPU says nothing (a CPU run prints what it printed before); true says why
-    assert announce("auto", False, reason, CPU, False) is None
-    assert announce(True, False, reason, CPU, False) == (
+    assert graphs_line("auto", False, reason, CPU, False) is None
+    assert graphs_line(True, False, reason, CPU, False) == (
         "train.cuda_graphs=true: running ungraphed: CUDA graphs need a CUDA device, the step runs on cpu"
     )
-    assert announce(False, False, None, CUDA, False) is None
+    assert graphs_line(False, False, None, CUDA, False) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    # the plain optimizer is fine: the trainer makes it capturable before the capture
-    assert plan("auto", CUDA, **common) == (True, None)
+    assert why_not_graphed(CUDA, **common) is None
     assert (
-        announce("auto", True, None, CUDA, False)
+        graphs_line("auto", True, None, CUDA, False)
         == "train.cuda_graphs=auto: on (training and evaluation steps captured)"
     )
     for change, words in (
         (dict(amp="fp16"), "fp16"),
+        (dict(amp="auto"), "fp16"),
         (dict(accum_steps=2), "accumulation"),
         (dict(world_size=2), "processes"),
-        (dict(optimizer=torch.optim.RMSprop(net.parameters())), "RMSprop cannot be captured here"),
+        (dict(optimizer=torch.optim.RMSprop(net.parameters())), "RMSprop is not capturable"),
+        (dict(optimizer=torch.optim.AdamW(net.parameters(), differentiable=True)), "differentiable AdamW"),
+        (dict(optimizer=torch.optim.AdamW(net.parameters())), "capturable=True"),
     ):
-        graphed, reason = plan(True, CUDA, **{**common, **change})
-        assert not graphed and words in reason
-        assert announce("auto", False, reason, CUDA, False).startswith("train.cuda_graphs=auto: running ungraphed: ")
+        reason = why_not_graphed(CUDA, **{**common, **change})
+        assert reason is not None and words in reason
+        assert graphs_line("auto", False, reason, CUDA, False).startswith("train.cuda_graphs=auto: running ungraphed: ")
     # with torch.compile inductor's reduce-overhead mode graphs the model: only device and processes count
-    assert plan(True, CUDA, **{**common, "compile": True, "amp": "fp16", "accum_steps": 2}) == (True, None)
-    assert not plan(True, CUDA, **{**common, "compile": True, "world_size": 2})[0]
-    assert "reduce-overhead" in announce(True, True, None, CUDA, True)
+    assert why_not_graphed(CUDA, **{**common, "compile": True, "amp": "fp16", "accum_steps": 2}) is None
+    assert why_not_graphed(CUDA, **{**common, "compile": True, "world_size": 2}) is not None
+    assert "reduce-overhead" in graphs_line(True, True, None, CUDA, True)
+
+
+def test_adamw_is_fused_on_cuda_only(monkeypatch):
+    """build_optimizer gives AdamW its fused, capture-safe kernel where the parameters are on CUDA,
+    and the plain implementation elsewhere (a CPU run computes what it computed before)."""
+    net = _net()
+    assert not build_optimizer(net, "adamw", 1e-3, 0.05).param_groups[0].get("fused")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    groups = build_optimizer(net, "adamw", 1e-3, 0.05).param_groups
+    assert all(g["fused"] for g in groups)
+    assert not build_optimizer(net, "sgd", 1e-3, 0.05).param_groups[0].get("fused")
 
 
 # --- (b) asked for on the CPU: one line, and the same run as without
@@ -308,7 +327,7 @@ def _tiny_state(ema=True):
     net = _net()
     opt = build_optimizer(net, "adamw", 1e-2, 0.05)
     sched = CosineSchedule(opt, lr=1e-2, steps_per_epoch=4, epochs=2, warmup_epochs=1, warmup_lr=1e-4, min_lr=1e-5)
-    return TrainState(net, opt, sched, None, ModelEma(net, 0.9) if ema else None)
+    return SimpleNamespace(model=net, optimizer=opt, sched=sched, ema=ModelEma(net, 0.9) if ema else None)
 
 
 def _batches(n=5, b=8, seed=0):
@@ -325,7 +344,7 @@ def _graphed_run(state, batches, capture_fn):
     graphs = StepGraphs("none", 1.0, capture_fn=capture_fn)
     losses = []
     for x, t in batches:
-        losses.append(graphs.train_step(state, state.model, soft_cross_entropy, x, t).item())
+        losses.append(graphs.train_step(state.model, state.optimizer, state.ema, soft_cross_entropy, x, t).item())
         state.sched.step()
     return graphs, losses
 
@@ -444,10 +463,10 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
     assert isinstance(group["lr"], float) and group["capturable"] is False
 
     # the same optimizer, ungraphed: the trainer's own step with a capture-ready AdamW
-    build = engine_mod.build_optimizer
-    monkeypatch.setattr(engine_mod, "build_optimizer", lambda *a, **k: prepare_for_capture(build(*a, **k)))
+    build = task_mod.build_optimizer
+    monkeypatch.setattr(task_mod, "build_optimizer", lambda *a, **k: prepare_for_capture(build(*a, **k)))
     ready = _run(tmp_path, "ready", **{"train.cuda_graphs": False})
-    monkeypatch.setattr(engine_mod, "build_optimizer", build)
+    monkeypatch.setattr(task_mod, "build_optimizer", build)
     _same_run(forced, ready)
     plain = _run(tmp_path, "plain", **{"train.cuda_graphs": False})
     for key in ("train_loss", "val_loss"):
@@ -455,8 +474,8 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
 
 
 def _run_forced(tmp_path, monkeypatch, make_graphs):
-    monkeypatch.setattr(graphs_mod, "why_not_graphed", lambda *a, **k: None)
-    monkeypatch.setattr(engine_mod, "StepGraphs", make_graphs)
+    monkeypatch.setattr(task_mod, "why_not_graphed", lambda *a, **k: None)
+    monkeypatch.setattr(task_mod, "StepGraphs", make_graphs)
     return _run(tmp_path, "forced", **{"train.cuda_graphs": True})
 
 

@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 from inline_attn.train import checkpoint as ckpt_io
 from inline_attn.train.config import Config
-from inline_attn.train.engine import train
+from inline_attn.train.task import train
 
 from train_helpers import base_overrides, make_folder
 

@@ -6,7 +6,7 @@ import pytest
 
 from inline_attn.cli import main
 from inline_attn.train.config import Config
-from inline_attn.train.engine import train
+from inline_attn.train.task import train
 from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model, run_checkpoint, trained_data_info
 
 from train_helpers import base_overrides, make_folder

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from inline_attn.models import create_model, get_model_config
 from inline_attn.train.config import Config
 from inline_attn.train.data import data_info
-from inline_attn.train.engine import build_model
+from inline_attn.train.task import build_model
 from inline_attn.models.swin import resize_rel_pos_table
 from inline_attn.train.finetune import load_initial_weights, resize_pos_embed_bicubic
 

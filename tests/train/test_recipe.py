@@ -12,7 +12,8 @@ import torch.nn as nn
 from inline_attn.cli import main
 from inline_attn.models import create_model
 from inline_attn.train.config import Config
-from inline_attn.train.engine import _new_state
+from inline_attn.runtime.optim import build_optimizer
+from inline_attn.train.task import build_schedule
 from inline_attn.runtime.optim import no_decay_names
 from inline_attn.train.recipe import accumulation, resolve
 
@@ -62,7 +63,8 @@ def test_a_total_batch_that_cannot_be_reached_is_refused_with_the_numbers(tmp_pa
 def _schedule(config: str, steps_per_epoch: int):
     cfg = Config.load(CONFIGS / config)
     recipe = resolve(cfg, 8)
-    return _new_state(cfg, nn.Linear(2, 2), recipe, steps_per_epoch, "none").sched
+    model = nn.Linear(2, 2)
+    return build_schedule(cfg, build_optimizer(model, "adamw", recipe.lr, 0.0), recipe, steps_per_epoch)
 
 
 def test_swin_tiny_schedule_is_timm_0_4_12s_curve():

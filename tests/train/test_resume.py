@@ -9,7 +9,7 @@ import torch
 from inline_attn.cli import main
 from inline_attn.train import checkpoint as ckpt_io
 from inline_attn.train.config import Config
-from inline_attn.train.engine import train
+from inline_attn.train.task import train
 
 from train_helpers import base_overrides, make_folder
 
@@ -70,7 +70,7 @@ def test_fallback_is_not_overwritten_by_the_unreadable_checkpoint(interrupted, t
 
 
 def test_a_second_run_on_the_same_output_is_refused(interrupted, tmp_path):
-    from inline_attn.runtime.loop import OutputLock
+    from inline_attn.runtime.output import OutputLock
 
     _, src, common = interrupted
     out = _copy_run(src, tmp_path / "run")

@@ -11,7 +11,7 @@ from inline_attn.data import TensorImageDataset
 from inline_attn.runtime.config import parse_value
 from inline_attn.train.config import Config
 from inline_attn.train.data import Batches
-from inline_attn.train.loop import accuracy_counts, evaluate
+from inline_attn.train.evaluate import accuracy_counts, evaluate
 from inline_attn.experiments.reproduce import BEGIN, END, render_table, write_section
 
 from train_helpers import TINY_DEIT, make_fmnist

@@ -29,7 +29,8 @@ from ..runtime.graphs import compile_mode_for
 from ..layers import build_attention
 from ..layers.linear_family import LINEAR_CORES
 from .flops import attention_layer_flops, counted_layer_flops
-from .sweep import Measured, PointTiming, amp_dtype, dtype_name, measure_point, resolve_dtype, run_context
+from ..runtime.amp import amp_dtype
+from .sweep import Measured, PointTiming, dtype_name, measure_point, resolve_dtype, run_context
 from .timing import _failure, measure_matmul_rate, time_interleaved
 
 __all__ = [

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from ..runtime.compile import compile_module
 from ..runtime.report import markdown_table
 from .model import ModelCase, preset_cases
-from .sweep import amp_dtype, run_context
+from ..runtime.amp import amp_dtype
+from .sweep import run_context
 from .timing import synchronize, thread_times_interleaved, time_interleaved
 
 __all__ = ["compile_ab", "compiled_graphs", "training_step", "warm_until_compiled"]

@@ -23,7 +23,8 @@ from ..runtime.compile import compile_module
 from ..runtime.graphs import compile_mode_for
 from ..models.swin import SOFTMAX_WINDOW_DIVISOR
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
-from .sweep import Measured, PointTiming, amp_dtype, dtype_name, measure_point, resolve_dtype, run_context
+from ..runtime.amp import amp_dtype
+from .sweep import Measured, PointTiming, dtype_name, measure_point, resolve_dtype, run_context
 from .timing import _failure, measure_matmul_rate
 
 __all__ = [

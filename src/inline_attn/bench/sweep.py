@@ -20,17 +20,13 @@ from ..ops import use_impl
 from .timing import peak_memory, time_interleaved
 
 __all__ = [
-    "AMP_DTYPES",
     "Measured",
     "PointTiming",
-    "amp_dtype",
     "dtype_name",
     "measure_point",
     "resolve_dtype",
     "run_context",
 ]
-
-AMP_DTYPES = {None: None, "none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -58,13 +54,6 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``, as results record it."""
     return str(dtype).replace("torch.", "")
-
-
-def amp_dtype(amp: Optional[str]) -> Optional[torch.dtype]:
-    """The autocast dtype of ``amp`` (None / "none": no autocast, "bf16", "fp16")."""
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"unknown amp {amp!r}: expected none, bf16 or fp16")
-    return AMP_DTYPES[amp]
 
 
 def run_context(

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .._io import writable_dir, writable_file
 from ..runtime.config import add_override_options, collect_overrides, run_options
-from ..runtime.loop import exit_code
+from ..runtime.signals import exit_code
 from ..dense.config import DetConfig, SegConfig
 from ..runtime.output import OVERWRITE_HELP, demo_output
 from ..experiments.doc_section import add_doc_options
@@ -92,7 +92,9 @@ def cmd_train(args) -> int:
     if args.output:
         ov.append(("train.output", writable_dir(args.output, "--output")))
     ov += run_options(args)
-    summary = task.train(task.config.load(args.config, ov))
+    from ..runtime.run import train
+
+    summary = train(task, task.config.load(args.config, ov))
     if summary.get("stopped") is None and task.metric_keys[0] in summary:
         print(
             f"done: {task.result_line(summary)}  ({summary['iterations']} iterations, "
@@ -112,8 +114,10 @@ def cmd_demo(args) -> int:
         f"{command.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
         flush=True,
     )
+    from ..runtime.run import train
+
     t0 = time.time()
-    s = task.train(cfg)
+    s = train(task, cfg)
     if s.get("stopped"):
         return exit_code(s.get("signal"))
     print(

@@ -8,7 +8,7 @@ import time
 
 from .._io import writable_file
 from ..runtime.config import add_override_options, collect_overrides as _collect, run_options
-from ..runtime.loop import exit_code
+from ..runtime.signals import exit_code
 from ..runtime.output import OVERWRITE_HELP, demo_output
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
 from ..experiments.doc_section import add_doc_options
@@ -25,7 +25,7 @@ def collect_overrides(args: argparse.Namespace) -> list:
 
 
 def cmd_train(args) -> int:
-    from ..train.engine import train
+    from ..train.task import train
 
     overrides = collect_overrides(args) + run_options(args)
     if args.output:
@@ -79,7 +79,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from ..train.engine import train
+    from ..train.task import train
     from ..train.evaluate import evaluate_checkpoint
 
     cfg_path = pathlib.Path(args.config) if args.config else configs_dir() / DEMO_CONFIG

@@ -121,6 +121,10 @@ class ImageFolder(Dataset):
     def labels(self) -> torch.Tensor:
         return torch.tensor([t for _, t in self.samples])
 
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
     def __len__(self) -> int:
         return len(self.samples)
 

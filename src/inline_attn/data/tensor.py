@@ -20,6 +20,10 @@ class TensorImageDataset(Dataset):
         self.labels = labels.long()
         self.classes = list(classes) if classes is not None else [str(i) for i in range(int(labels.max()) + 1)]
 
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
     def __len__(self) -> int:
         return self.images.shape[0]
 

@@ -1,7 +1,8 @@
 """What segmentation and detection share around the run (:mod:`inline_attn.runtime.run`): the
-model built from a dense config, whole-model weights loaded strictly, the run's checkpoints read
-back, and :class:`DenseTask`, the iteration-based hooks both tasks take (AdamW / SGD with the poly
-schedule, the cadence in iterations, the images normalised, the backbone in the summary)."""
+model built from a dense config, whole-model weights loaded strictly, a trained model rebuilt from
+its run's checkpoint, and :class:`DenseTask`, the iteration-based hooks both tasks take (AdamW /
+SGD with the poly schedule, the cadence in iterations, the images normalised, the backbone in the
+summary, the classes in the checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Callable
 import torch.nn as nn
 
 from ..data.transforms import Normalize
-from ..models.checkpoint import read_checkpoint, unwrap_state_dict
+from .._io import read_checkpoint
+from ..models.checkpoint import unwrap_state_dict
 from ..runtime.config import TypedConfig
-from ..runtime.loop import Cadence
+from ..runtime.run import Cadence
 from ..runtime.optim import PolySchedule, build_optimizer
 from ..runtime.run import Task
 
-__all__ = ["DenseTask", "build_dense_model", "load_run_checkpoint", "load_trained", "load_weights"]
+__all__ = ["DenseTask", "build_dense_model", "load_trained", "load_weights"]
 
 
 def build_dense_model(cfg: TypedConfig, num_classes: int, builder: Callable, head_key: str) -> nn.Module:
@@ -69,19 +71,6 @@ def load_weights(model: nn.Module, path, head_key: str) -> None:
     model.load_state_dict(sd)
 
 
-def load_run_checkpoint(path, keys, kind: str) -> dict:
-    """A checkpoint written by a run of ``kind`` (``keys`` it must hold);
-    ValueError naming the file when it is not one."""
-    state = read_checkpoint(path, weights_only=False)  # ours: configs and RNG states beside the weights
-    missing = [k for k in keys if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise ValueError(
-            f"{path} is not a {kind} checkpoint of inline-attn (no {', '.join(missing)}); "
-            f"to start from its weights use --model.checkpoint or --model.pretrained"
-        )
-    return state
-
-
 def load_trained(task: "DenseTask", path, state: dict, device="cpu") -> tuple[nn.Module, TypedConfig]:
     """(model, config) of the run that wrote ``state``, the checkpoint read from ``path``: its
     config without the starting weights (``model.checkpoint``, ``model.pretrained``), the model
@@ -98,10 +87,11 @@ class DenseTask(Task):
     the head of the summary."""
 
     head_key: str  # the classifier's weight (its rows: the classes), for mismatch messages
-    checkpoint_keys: tuple  # what a checkpoint of the task holds
+    extras: dict = {}  # saved in every checkpoint beside the classes
 
-    def load_checkpoint(self, path) -> dict:
-        return load_run_checkpoint(path, self.checkpoint_keys, self.kind)
+    def extra_state(self, run) -> dict:
+        """The classes the model predicts (an evaluation rebuilds it from them) and :attr:`extras`."""
+        return {"num_classes": run.train_set.num_classes, "classes": list(run.train_set.classes), **self.extras}
 
     def optimization(self, cfg, model: nn.Module) -> tuple:
         o, s = cfg.optim, cfg.sched

@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from ..runtime.config import (
+    OptimCfg,
+    RunCfg,
     TypedConfig,
-    check_device,
     check_mean_std,
-    check_output,
     setting,
 )
-from ..runtime.optim import OPTIMIZERS
 
 __all__ = [
     "BACKBONE_SETTINGS",
@@ -209,17 +208,10 @@ class DetDataCfg(DenseDataCfg):
 
 
 @dataclass
-class DenseOptimCfg:
-    opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw (the paper's dense recipes) | sgd (momentum 0.9, Nesterov)")
+class DenseOptimCfg(OptimCfg):
     lr: float = setting(2.0e-4, gt=0, doc="learning rate (not scaled with the batch)")
     weight_decay: float = setting(1.0e-4, ge=0, doc="weight decay (not on norms, biases, position tables)")
-    betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
-    eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
     clip_grad: Optional[float] = setting(None, ge=0, doc="max gradient norm (null or 0: off)")
-
-    def check(self) -> None:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas={list(self.betas)}: each must be in [0, 1)")
 
 
 @dataclass
@@ -258,30 +250,11 @@ class SegEvalCfg(DetEvalCfg):
 
 
 @dataclass
-class DenseTrainCfg:
+class DenseTrainCfg(RunCfg):
     output: str = setting("runs/seg", doc="output folder", resume=True)
-    seed: int = setting(0, ge=0, doc="random seed")
-    device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
-    amp: Literal["none", "bf16", "fp16", "auto"] = setting("none", doc="none | bf16 | fp16 (CUDA) | auto")
-    resume: Optional[str] = setting(
-        None, doc="null | auto (the output folder's checkpoint) | a checkpoint path", resume=True
-    )
-    overwrite: bool = setting(
-        False,
-        doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)",
-        resume=True,
-    )
     checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)", resume=True)
-    max_steps: int = setting(0, ge=0, doc="stop (with a checkpoint) after N iterations (0: no limit)", resume=True)
     log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations", resume=True)
-    progress: bool = setting(True, doc="progress bar", resume=True)
-    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
-    deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
     predictions_png: bool = setting(True, doc="a PNG of validation predictions beside the ground truth", resume=True)
-
-    def check(self) -> None:
-        check_device("train.device", self.device)
-        check_output("train.output", self.output)
 
 
 @dataclass

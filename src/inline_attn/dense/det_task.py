@@ -1,11 +1,12 @@
-"""Detection training and evaluation: the detection hooks of the dense training loop
+"""Detection training and evaluation: :class:`DetTask`, the detection hooks of the one run
 (:mod:`inline_attn.runtime.run`: poly schedule, atomic rotating checkpoints with resume and its
 checks, signals, metrics CSV, summary JSON; one process) for FCOS on the mosaics or a
 COCO-layout folder, COCO box AP, a picture of detections.
 
-``train_det(cfg)`` writes into ``train.output``: ``config.yaml``, ``last.pth`` (atomically, every
-``train.checkpoint_interval`` iterations, at the end and on SIGINT / SIGTERM), ``metrics.csv``,
-``summary.json`` and ``detections.png`` (validation images: ground truth beside the detections).
+``inline_attn.runtime.run.train(DetTask(), cfg)`` writes into ``train.output``: ``config.yaml``,
+``last.pth`` (atomically, every ``train.checkpoint_interval`` iterations, at the end and on SIGINT /
+SIGTERM), ``metrics.csv``, ``summary.json`` and ``detections.png`` (validation images: ground truth
+beside the detections).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from .data import StepSampler, build_det_datasets, det_collate
 from .detector import FCOS, build_detector
 from .evaluation import check_class_count, eval_config
 from ..data.transforms import Normalize
-from ..runtime.run import train
-from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained
+from ..runtime.checkpoint import read_run_checkpoint
+from .build import DenseTask, build_dense_model, load_trained
 
 __all__ = [
     "DetTask",
@@ -37,7 +38,6 @@ __all__ = [
     "evaluate_det",
     "load_detector",
     "predict_det",
-    "train_det",
 ]
 
 DET_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "config", "num_classes", "detector")
@@ -53,17 +53,17 @@ def build_det_from_config(cfg: DetConfig, num_classes: int) -> FCOS:
 
 
 def load_det_checkpoint(path) -> dict:
-    """A checkpoint written by :func:`train_det` (ValueError naming the file when it is not one;
+    """A checkpoint written by a detection run (ValueError naming the file when it is not one;
     a segmentation checkpoint is named as such)."""
     try:
-        return load_run_checkpoint(path, DET_CHECKPOINT_KEYS, "detection")
+        return read_run_checkpoint(path, DET_CHECKPOINT_KEYS, "detection")
     except ValueError:
-        load_run_checkpoint(path, DET_CHECKPOINT_KEYS[:-1], "detection")  # not even a dense run: its own message
+        read_run_checkpoint(path, DET_CHECKPOINT_KEYS[:-1], "detection")  # not even a dense run: its own message
         raise ValueError(f"{path} is a segmentation checkpoint: evaluate it with `inline-attn seg eval`") from None
 
 
 def load_detector(path, device="cpu") -> tuple[FCOS, DetConfig]:
-    """(model, config) from a ``last.pth`` written by :func:`train_det`."""
+    """(model, config) from a ``last.pth`` written by a detection run."""
     return load_trained(DetTask(), path, load_det_checkpoint(path), device)
 
 
@@ -178,9 +178,6 @@ class DetTask(DenseTask):
         """The metrics of a finished run or an evaluation, as the commands print them."""
         return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
 
-    def train(self, cfg: DetConfig) -> dict:
-        return train_det(cfg)
-
     def summary(self, cfg: DetConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
         out = {
             "detector": "fcos",
@@ -189,16 +186,10 @@ class DetTask(DenseTask):
         }
         return out | (last_eval or {})
 
-    def picture(self, model, val_set, cfg: DetConfig, device, out: pathlib.Path, step: int, last_eval):
+    def picture(self, model, val_set, cfg: DetConfig, device, out: pathlib.Path, step: int, history: list, last_eval):
         title = f"FCOS on {cfg.model.backbone}, iteration {step}"
         title += f", box AP {last_eval['AP']:.1f}" if last_eval else ""
         return "detections_png", save_detections_png(model, val_set, cfg, device, out / "detections.png", title=title)
-
-
-def train_det(cfg: DetConfig) -> dict:
-    """Train an FCOS detector with ``cfg`` (a :class:`~inline_attn.dense.config.DetConfig`); returns
-    the summary (``stopped``: None, "max_steps" or "signal")."""
-    return train(DetTask(), cfg)
 
 
 def evaluate_checkpoint(
@@ -210,7 +201,7 @@ def evaluate_checkpoint(
     json_path=None,
     png=None,
 ) -> dict:
-    """COCO box AP (AP, AP50, AP75, APs, APm, APl) of a ``last.pth`` written by :func:`train_det`, on
+    """COCO box AP (AP, AP50, AP75, APs, APm, APl) of a ``last.pth`` written by a detection run, on
     its config's validation set with ``overrides`` (dotted keys; not ``model.*``), in one process
     with the run's thread count.
 

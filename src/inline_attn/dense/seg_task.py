@@ -1,11 +1,11 @@
-"""Segmentation training and evaluation: the segmentation hooks of the dense training loop
+"""Segmentation training and evaluation: :class:`SegTask`, the segmentation hooks of the one run
 (:mod:`inline_attn.runtime.run`: iteration-based, one process or many under torchrun, resumable,
 interruptible, with AMP) and inference (whole / slide, flip), mIoU, a picture of predictions.
 
-``train_seg(cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``, ``last.pth``
-(atomically, every ``train.checkpoint_interval`` iterations, at the end and on SIGINT / SIGTERM),
-``metrics.csv``, ``summary.json`` and ``predictions.png`` (validation images, ground truth,
-prediction).
+``inline_attn.runtime.run.train(SegTask(), cfg)`` writes, from rank 0, into ``train.output``:
+``config.yaml``, ``last.pth`` (atomically, every ``train.checkpoint_interval`` iterations, at the
+end and on SIGINT / SIGTERM), ``metrics.csv``, ``summary.json`` and ``predictions.png``
+(validation images, ground truth, prediction).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from .evaluation import check_class_count, eval_config
 from .heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
-from ..runtime.run import train
-from .build import DenseTask, build_dense_model, load_run_checkpoint, load_trained
+from ..runtime.checkpoint import read_run_checkpoint
+from .build import DenseTask, build_dense_model, load_trained
 from .segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "load_segmentor",
     "predict_batches",
     "segmentor_info",
-    "train_seg",
 ]
 
 HEAD_KEY = "decode_head.conv_seg.weight"
@@ -147,16 +146,16 @@ def save_predictions_png(
 
 
 def load_seg_checkpoint(path) -> dict:
-    """A checkpoint written by :func:`train_seg` (ValueError naming the file when it is not one,
+    """A checkpoint written by a segmentation run (ValueError naming the file when it is not one,
     or when it is a detection checkpoint, which holds every key of ours and more)."""
-    state = load_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
+    state = read_run_checkpoint(path, SEG_CHECKPOINT_KEYS, "segmentation")
     if "detector" in state:
         raise ValueError(f"{path} is a detection checkpoint: evaluate it with `inline-attn det eval`")
     return state
 
 
 def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
-    """(model, config) from a ``last.pth`` written by :func:`train_seg`."""
+    """(model, config) from a ``last.pth`` written by a segmentation run."""
     return load_trained(SegTask(), path, load_seg_checkpoint(path), device)
 
 
@@ -207,9 +206,6 @@ class SegTask(DenseTask):
         """The metrics of a finished run or an evaluation, as the commands print them."""
         return self.eval_line(res)
 
-    def train(self, cfg: SegConfig) -> dict:
-        return train_seg(cfg)
-
     def summary(self, cfg: SegConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
         out = {"decode": cfg.model.decode}
         if last_eval is not None:
@@ -217,24 +213,12 @@ class SegTask(DenseTask):
             out["per_class_IoU"] = dict(zip(classes, last_eval["per_class_IoU"]))
         return out
 
-    def picture(self, model, val_set, cfg: SegConfig, device, out: pathlib.Path, step: int, last_eval):
+    def picture(self, model, val_set, cfg: SegConfig, device, out: pathlib.Path, step: int, history: list, last_eval):
         title = f"{cfg.model.backbone} + {cfg.model.decode}, iteration {step}"
         title += f", mIoU {last_eval['mIoU']:.1f}" if last_eval else ""
         return "predictions_png", save_predictions_png(
             model, val_set, cfg, device, out / "predictions.png", title=title
         )
-
-
-def train_seg(
-    cfg: SegConfig, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
-) -> dict:
-    """Train a segmentor with ``cfg`` (a :class:`~inline_attn.dense.config.SegConfig`); returns the
-    summary (``stopped``: None, "max_steps" or "signal").
-
-    ``rank`` / ``world_size`` / ``init_method`` join a process group explicitly (tests); under
-    torchrun they come from the environment.
-    """
-    return train(SegTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
 
 
 def evaluate_checkpoint(
@@ -247,7 +231,7 @@ def evaluate_checkpoint(
     png=None,
 ) -> dict:
     """mIoU / mAcc / aAcc and per-class IoU / Acc (percent) of a ``last.pth`` written by
-    :func:`train_seg`, on its config's validation split with ``overrides`` (dotted keys; not
+    a segmentation run, on its config's validation split with ``overrides`` (dotted keys; not
     ``model.*``). Under torchrun each process scores its share of the images.
 
     Rank 0 writes ``png`` (a few predictions beside the ground truth) and ``json_path`` (the result).

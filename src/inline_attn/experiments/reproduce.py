@@ -48,7 +48,7 @@ def reproduce_fmnist(
 
     ``doc``: a markdown file to write the table into (its section: :func:`write_section`, with
     ``replace_fewer``), checked before any training; None writes none."""
-    from ..train.engine import train
+    from ..train.task import train
     from ..train.evaluate import inference_throughput, load_trained_model
 
     doc_path = check_doc(doc, replace_fewer)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
@@ -21,13 +20,12 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._io import atomic_path
+from .._io import atomic_path, read_checkpoint
 
 __all__ = [
     "LoadResult",
     "RECOMPUTED_BUFFERS",
     "load_checkpoint",
-    "read_checkpoint",
     "read_state_dict",
     "save_checkpoint",
     "unwrap_state_dict",
@@ -111,55 +109,6 @@ def unwrap_state_dict(obj, *, ema: bool = False, where: str = "mapping") -> dict
     if all(k.startswith("module.") for k in sd):  # saved from DistributedDataParallel
         sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd
-
-
-def _is_zip(path: pathlib.Path) -> bool:
-    """torch.save's format is a zip archive: such a file that fails to load is damaged."""
-    with open(path, "rb") as f:
-        return f.read(4) == b"PK\x03\x04"
-
-
-def _read_failure(path: pathlib.Path, e: Exception, weights_only: bool) -> str:
-    """Why ``path`` could not be read, in words a user can act on."""
-    size = path.stat().st_size
-    text = str(e)
-    first = text.splitlines()[0] if text else ""
-    refused = "weights_only" in text or "weights only" in text.lower()
-    if size == 0:
-        return f"cannot read checkpoint {str(path)!r}: the file is empty (0 bytes; a write was interrupted?)"
-    if refused:
-        why = "it stores Python objects besides tensors"
-    elif _is_zip(path) or "PytorchStreamReader" in text or isinstance(e, EOFError):
-        why = "the file is truncated or corrupted"
-    elif isinstance(e, pickle.UnpicklingError):
-        why = "the file is not a PyTorch or safetensors checkpoint"
-    else:
-        why = "unreadable"
-    hint = " (if you trust the file, pass weights_only=False)" if weights_only and refused else ""
-    return f"cannot read checkpoint {str(path)!r} ({size} bytes): {why} ({type(e).__name__}: {first}){hint}"
-
-
-def read_checkpoint(source: Union[str, os.PathLike], *, weights_only: bool = True):
-    """The object a checkpoint file holds (a ``.safetensors`` file or a torch pickle), on CPU.
-
-    ``weights_only`` (torch files): refuse pickled objects other than tensors and containers, as
-    torch.load does; pass False only for files you trust (training checkpoints also store RNG
-    states and configs). A missing, empty, truncated or foreign file raises ValueError naming it.
-    """
-    path = pathlib.Path(source)
-    if not path.is_file():
-        raise ValueError(f"checkpoint file {str(path)!r} does not exist")
-    with open(path, "rb") as f:
-        head = f.read(16)
-    is_safetensors = path.suffix == ".safetensors" or (len(head) >= 9 and head[8:9] == b"{")
-    try:
-        if is_safetensors:
-            from safetensors.torch import load_file
-
-            return load_file(str(path), device="cpu")
-        return torch.load(path, map_location="cpu", weights_only=weights_only)
-    except Exception as e:  # truncated / corrupted / foreign files: one clear error
-        raise ValueError(_read_failure(path, e, weights_only)) from e
 
 
 def read_state_dict(source: Union[str, os.PathLike, Mapping], *, weights_only: bool = True, ema: bool = False) -> dict:

@@ -3,9 +3,12 @@
 - :func:`inline_tokens`: the InLine layer core on token-major [B, N, C] tensors (all heads plus
   the local residual), the op every model family calls; its implementation is chosen in one place,
   :mod:`.dispatch` (``impl``: :data:`IMPLS` = auto, naive, eager, cpu, triton; :func:`why_not_fused`).
+- :func:`inline_attention`, :func:`linear_attention`: shaped like SDPA on [B, H, N, D] tensors
+  (:mod:`.sdpa`): cross-attention, key-padding masks, causal order; :func:`inline_attention_step`
+  and :func:`inline_state` carry causal InLine token by token (:class:`InLineState`).
 - :func:`attention`: one attention kind (inline, linear, softmax) on [B, H, N, D] tensors, by the
-  naive reference (explicit weights, :mod:`.naive`) or the eager path (:mod:`.eager`): the impls of
-  :data:`ATTENTION_IMPLS`, the subset of :data:`IMPLS` without the fused kernels.
+  naive reference (explicit weights, :mod:`.naive`) or the linear-time / SDPA path: the impls of
+  :data:`ATTENTION_IMPLS`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import torch
 
 from .fused import _triton_env  # noqa: F401  (must run before anything imports triton)
 
-from .eager import inline_attention, linear_attention, local_residual, softmax_attention
+from .eager import local_residual, softmax_attention
+from .causal import InLineState
+from .sdpa import inline_attention, inline_attention_step, inline_state, linear_attention
 from .feature_maps import FEATURE_MAPS, FeatureMap, get_feature_map
 from .naive import ATTENTION_KINDS, attention_weights, naive_attention, naive_local_residual
 from .fused.cpu import cpu_kernel_available, cpu_kernel_error
@@ -34,6 +39,8 @@ def attention(
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
     impl: str = "auto",
 ) -> torch.Tensor:
     """Attention of one kind, by one implementation: the single dispatch point.
@@ -45,10 +52,12 @@ def attention(
         scale: inline / softmax scale, default ``D**-0.5`` (linear attention's row normalisation
             cancels it).
         bias, mask: softmax only (as feature_map is inline / linear only).
-        impl: one of :data:`ATTENTION_IMPLS`: "auto" or "eager" (linear-time / SDPA) or "naive"
+        key_padding_mask: [B, Nk] bool, True = a padded key; is_causal: query i sees keys ``j <= i``
+            (every kind; a query that sees no key gets zeros).
+        impl: one of :data:`ATTENTION_IMPLS`: "auto" (InLine: the fused kernel where it applies,
+            :func:`inline_attention`; else as "eager"), "eager" (linear-time / SDPA) or "naive"
             (explicit weights; softmax takes them while ``torch.onnx.export`` traces, see
-            :func:`.dispatch.attention_path`). The fused kernels compute the whole layer core: use
-            :func:`inline_tokens` for them.
+            :func:`.dispatch.attention_path`). An explicit fused kernel: call :func:`inline_attention`.
     Returns:
         [B, H, Nq, Dv].
     """
@@ -65,17 +74,22 @@ def attention(
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
     if kind == "softmax" and feature_map is not None:
         raise ValueError(f"feature_map applies to inline and linear attention, got {feature_map!r} with kind='softmax'")
+    modes = dict(key_padding_mask=key_padding_mask, is_causal=is_causal)
     if dispatch.attention_path(impl, kind) == "naive":
-        return naive_attention(q, k, v, kind=kind, feature_map=feature_map, scale=scale, bias=bias, mask=mask)
+        return naive_attention(q, k, v, kind=kind, feature_map=feature_map, scale=scale, bias=bias, mask=mask, **modes)
     if kind == "inline":
-        return inline_attention(q, k, v, feature_map="identity" if feature_map is None else feature_map, scale=scale)
+        phi = "identity" if feature_map is None else feature_map
+        return inline_attention(q, k, v, feature_map=phi, scale=scale, impl=impl, **modes)
     if kind == "linear":
-        return linear_attention(q, k, v, feature_map="relu" if feature_map is None else feature_map)
-    return softmax_attention(q, k, v, scale=scale, bias=bias, mask=mask)
+        return linear_attention(q, k, v, feature_map="relu" if feature_map is None else feature_map, **modes)
+    return softmax_attention(q, k, v, scale=scale, bias=bias, mask=mask, **modes)
 
 
 __all__ = [
     "ATTENTION_IMPLS",
+    "InLineState",
+    "inline_attention_step",
+    "inline_state",
     "check_count",
     "check_feat_size",
     "cpu_kernel_available",

@@ -141,3 +141,25 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t.to(dtype)``, without the call when t has that dtype: a no-op ``to`` still costs a
     dispatch (~0.5 us), and a fused layer step made two dozen of them."""
     return t if t.dtype == dtype else t.to(dtype)
+
+
+def check_attention_modes(q: torch.Tensor, k: torch.Tensor, key_padding_mask, is_causal) -> None:
+    """The modes of the SDPA-shaped ops: ``key_padding_mask`` None or a bool [B, Nk] tensor on q's
+    device; ``is_causal`` a bool, True only for ``Nq == Nk`` (query i sees keys ``j <= i``)."""
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal must be a bool, got {is_causal!r}")
+    if is_causal and q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"is_causal=True needs as many queries as keys (query i sees keys 0..i), got Nq={q.shape[2]} and "
+            f"Nk={k.shape[2]}; to extend a sequence token by token use inline_attention_step"
+        )
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
+        raise ValueError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
+    expected = (k.shape[0], k.shape[2])
+    if tuple(key_padding_mask.shape) != expected:
+        raise ValueError(f"key_padding_mask must be [B, Nk] = {expected}, got {tuple(key_padding_mask.shape)}")
+    if key_padding_mask.device != q.device:
+        raise ValueError(f"key_padding_mask must be on q's device {q.device}, got {key_padding_mask.device}")

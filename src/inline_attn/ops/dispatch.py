@@ -225,18 +225,33 @@ def choose(
 
 
 def why_not_fused(
-    q: torch.Tensor, feature_map=None, impl: str | None = None, num_heads: int | None = None
+    q: torch.Tensor,
+    feature_map=None,
+    impl: str | None = None,
+    num_heads: int | None = None,
+    *,
+    k: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
 ) -> str | None:
-    """Why the layer core on tensors like ``q`` ([B, N, C], floating point; ``num_heads`` heads)
-    does not run a fused kernel, or None when it does (in the spirit of ``nn.MultiheadAttention``'s
-    ``why_not_fast_path``).
+    """Why the InLine op on tensors like ``q`` does not run a fused kernel, or None when it does (in
+    the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``).
+
+    ``q`` [B, N, C] (``num_heads`` heads): the layer core :func:`inline_attn.ops.inline_tokens`.
+    ``q`` [B, H, Nq, D]: :func:`inline_attn.ops.inline_attention` with ``k`` (default: self-attention),
+    ``key_padding_mask`` and ``is_causal`` as it would be called.
 
     An explicit fused ``impl`` ("cpu" / "triton") that cannot run these tensors gets the reason
-    its call would raise with. ``q`` that no path takes (not a tensor, not [B, N, C], not floating
-    point) and an unknown ``impl`` are a ValueError.
+    its call would raise with. ``q`` that no path takes (not a tensor, not [B, N, C] or
+    [B, H, N, D], not floating point) and an unknown ``impl`` are a ValueError.
     """
     _check_like_q(q)
     impl = check_impl(default_impl() if impl is None else impl)
+    if q.dim() == 4:
+        mode = sdpa_mode_reason(q, q if k is None else k, key_padding_mask, is_causal)
+        if mode is not None and impl != "naive":
+            return mode
+        q, num_heads = _heads_as_tokens(q), q.shape[1]
     if impl in FUSED_IMPLS:
         return unsupported(impl, q, feature_map, num_heads)
     chosen, reason = choose(q, feature_map, impl, num_heads)
@@ -245,10 +260,50 @@ def why_not_fused(
     return reason or f"impl={chosen!r} was asked for"
 
 
+def sdpa_mode_reason(q: torch.Tensor, k: torch.Tensor, key_padding_mask, is_causal: bool) -> str | None:
+    """Why the fused layer core cannot compute this mode of the SDPA-shaped op (it is bidirectional,
+    unmasked self-attention), or None."""
+    if key_padding_mask is not None:
+        return "a key_padding_mask is given and the fused op has no masks"
+    if is_causal:
+        return "is_causal=True and the fused op is bidirectional"
+    if q.shape[2] != k.shape[2]:
+        return f"cross-attention (Nq={q.shape[2]} queries, Nk={k.shape[2]} keys) and the fused op is self-attention"
+    return None
+
+
+def _heads_as_tokens(q: torch.Tensor) -> torch.Tensor:
+    """A tensor like the layer core's [B, N, C] for [B, H, N, D] q (what the fused checks read:
+    device, dtype, C); empty, so nothing is copied."""
+    return q.new_empty((0, 0, q.shape[1] * q.shape[3]))
+
+
+def choose_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, is_causal: bool, feature_map, impl: str | None
+) -> tuple[str, str | None]:
+    """(implementation, reason) for :func:`inline_attn.ops.inline_attention` on [B, H, N, D] tensors:
+    :func:`choose` on the heads as tokens, eager (with the reason) for the modes the fused op lacks;
+    an explicit fused impl that cannot run them raises ``ValueError``."""
+    impl = check_impl(default_impl() if impl is None else impl)
+    if impl in ("naive", "eager"):
+        return impl, None
+    mode = sdpa_mode_reason(q, k, key_padding_mask, is_causal) or (
+        "v's head_dim differs from q's and the fused op takes one head_dim" if v.shape[-1] != q.shape[-1] else None
+    )
+    if mode is not None:
+        if impl in FUSED_IMPLS:
+            raise ValueError(f"impl={impl!r}: {mode}")
+        return "eager", mode
+    return choose(_heads_as_tokens(q), feature_map, impl, q.shape[1])
+
+
 def _check_like_q(q) -> None:
     if not isinstance(q, torch.Tensor):
         raise ValueError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if not q.dtype.is_floating_point:
         raise ValueError(f"q must have a floating-point dtype, got {q.dtype}")
-    if q.dim() != 3:
-        raise ValueError(f"q must be [B, N, C] (the layer core's tokens), got shape {tuple(q.shape)}")
+    if q.dim() not in (3, 4):
+        raise ValueError(
+            f"q must be [B, N, C] (the layer core's tokens) or [B, H, N, D] (inline_attention's), got shape "
+            f"{tuple(q.shape)}"
+        )

@@ -15,7 +15,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_qkv, check_residual
+from ._checks import check_attention_modes, check_qkv, check_residual
 from .feature_maps import FeatureMap, get_feature_map
 
 
@@ -42,7 +42,7 @@ def _as_compute(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def inline_attention(
+def eager_inline_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -79,7 +79,7 @@ def inline_attention(
     return out.to(out_dtype)
 
 
-def linear_attention(
+def eager_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -114,6 +114,8 @@ def softmax_attention(
     scale: float | None = None,
     bias: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
 ) -> torch.Tensor:
     """Softmax attention through ``F.scaled_dot_product_attention``.
 
@@ -122,10 +124,29 @@ def softmax_attention(
         scale: defaults to ``D**-0.5``.
         bias: additive float bias broadcastable to [B, H, Nq, N] (e.g. relative position bias).
         mask: boolean keep-mask (True = attend) or additive float mask, broadcastable likewise.
+        key_padding_mask: [B, N] bool, True = a padded key; is_causal: query i sees keys ``j <= i``.
+            A query that sees no key gets zeros (SDPA's NaN row replaced).
     Returns:
         [B, H, Nq, Dv].
     """
     check_qkv(q, k, v)
+    check_attention_modes(q, k, key_padding_mask, is_causal)
+    if key_padding_mask is None and not is_causal:
+        return _sdpa(q, k, v, scale, bias, mask)
+    allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+    if is_causal:
+        allowed = allowed.tril()
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]
+    seen = allowed.any(dim=-1, keepdim=True)
+    allowed = allowed | ~seen  # a row without keys attends to all (no NaN, in the gradient either), then is zeroed
+    if mask is not None:
+        mask = mask & allowed if mask.dtype == torch.bool else mask.masked_fill(~allowed, float("-inf"))
+    out = _sdpa(q, k, v, scale, bias, allowed if mask is None else mask)
+    return out.masked_fill(~seen, 0.0)
+
+
+def _sdpa(q, k, v, scale, bias, mask):
     attn_mask = bias
     if mask is not None:
         if mask.dtype == torch.bool:

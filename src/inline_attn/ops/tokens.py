@@ -13,7 +13,7 @@ import torch
 
 from . import dispatch
 from ._checks import check_tensor, check_feat_size, check_num_heads, check_tokens
-from .eager import inline_attention, local_residual
+from .eager import eager_inline_attention, local_residual
 from .fused.op import inline_core, inline_layer_core, runs_as_custom_op
 from .feature_maps import FeatureMap
 from .naive import naive_attention, naive_local_residual
@@ -120,7 +120,9 @@ def inline_tokens(
     if chosen == "naive":
         out = naive_attention(qh, kh, vh, kind="inline", feature_map=feature_map, scale=s)
     else:
-        out = inline_attention(qh, kh, vh, feature_map="identity" if feature_map is None else feature_map, scale=s)
+        out = eager_inline_attention(
+            qh, kh, vh, feature_map="identity" if feature_map is None else feature_map, scale=s
+        )
     out = out.transpose(1, 2).reshape(b, n, c)
     if residual_weights is None:
         return out

@@ -4,14 +4,15 @@
   overrides, did-you-mean, type and range checks, ``--section.key`` flag generation;
 - :mod:`~inline_attn.runtime.checkpoint`: atomic rotating checkpoints, one resume path;
 - :mod:`~inline_attn.runtime.run`: the one training run every task drives through its hooks
-  (:class:`~inline_attn.runtime.run.Task`);
-- :mod:`~inline_attn.runtime.loop`: the optimizer step (amp, GradScaler, clipping), signals,
-  the output-folder lock, the log window and the cadence of an iteration loop;
-- :mod:`~inline_attn.runtime.output`: the output folder's rule (a finished or interrupted run is
-  continued or explicitly replaced, never overwritten by accident);
+  (:class:`~inline_attn.runtime.run.Task`), its cadence and its log window;
+- :mod:`~inline_attn.runtime.signals`: SIGINT / SIGTERM stop a run at a step boundary, with a
+  checkpoint and the 128 + signum exit;
+- :mod:`~inline_attn.runtime.output`: the output folder's rule (one run at a time, its lock; a
+  finished or interrupted run is continued or explicitly replaced, never overwritten by accident);
 - :mod:`~inline_attn.runtime.graphs`: CUDA-graphed training and evaluation steps, and why a
   step cannot be captured; :mod:`~inline_attn.runtime.compile`: the torch.compile modes;
-- :mod:`~inline_attn.runtime.optim`, :mod:`~inline_attn.runtime.amp`,
+- :mod:`~inline_attn.runtime.optim` (optimizers, schedules, the optimizer step with amp's
+  GradScaler and clipping), :mod:`~inline_attn.runtime.amp`,
   :mod:`~inline_attn.runtime.distributed`, :mod:`~inline_attn.runtime.ema`,
   :mod:`~inline_attn.runtime.report` (run records and the Markdown table writer).
 

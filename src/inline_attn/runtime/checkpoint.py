@@ -22,12 +22,14 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from .._io import atomic_path
+from .._io import atomic_path, read_checkpoint
 
 PathLike = Union[str, os.PathLike]
 LAST = "last.pth"
 PREVIOUS = "previous.pth"
 UNREADABLE_SUFFIX = ".unreadable"
+# what every run checkpoint holds (a task's checkpoint_keys add to it)
+RUN_KEYS = ("model", "optimizer", "scheduler", "step", "config")
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,32 @@ def _set_aside(path: pathlib.Path) -> None:
         pass
 
 
+def read_run_checkpoint(path: PathLike, keys: tuple = RUN_KEYS, kind: str = "inline-attn") -> dict:
+    """The one reader of run checkpoints: the file read (a ValueError naming it and why when it
+    cannot be), then checked to hold ``keys`` (a ValueError naming the file, what it lacks and how
+    to start from its weights instead)."""
+    # ours hold config dicts, RNG states and numpy arrays beside the weights: not weights_only-safe
+    state = read_checkpoint(path, weights_only=False)
+    missing = [k for k in keys if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(
+            f"checkpoint {str(path)!r} is not a training checkpoint of {kind} (no {', '.join(missing)}); "
+            "to start from its weights use --model.checkpoint instead of --resume"
+        )
+    return state
+
+
+def rank_states(state: dict) -> list[dict]:
+    """Each process's entry of a run checkpoint (``{"rng": ..., **the task's}``); a checkpoint of
+    an earlier segmentation or detection run (torch RNG states under ``rng``) reads the same way."""
+    ranks = state.get("rank_states")
+    if ranks is None:
+        old = state.get("rng")
+        old = [old] if isinstance(old, torch.Tensor) else (old or [])
+        ranks = [{"rng": {"torch": r}} for r in old]
+    return list(ranks)
+
+
 def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -116,9 +144,12 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """The generators :func:`rng_state` saved (those it holds)."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "python" in state:
+        random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Literal, Optional, Union
 import yaml
 
 from .._io import atomic_write_text
+from .optim import OPTIMIZERS
 
 PathLike = Union[str, os.PathLike]
 _SCI_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")
@@ -266,6 +267,51 @@ def check_output(key: str, output: str) -> None:
     out = pathlib.Path(output)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{key}={output!r} is a file: expected a folder for the run's outputs")
+
+
+@dataclass
+class RunCfg:
+    """The ``train`` settings every run shares, declared once; a task's ``train`` section adds its
+    own (and its ``output`` default)."""
+
+    output: str = setting("runs/train", doc="output folder", resume=True)
+    seed: int = setting(0, ge=0, doc="random seed")
+    deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
+    device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
+    amp: Literal["none", "bf16", "fp16", "auto"] = setting(
+        "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)"
+    )
+    resume: Optional[str] = setting(
+        None, doc="null | auto (the output folder's checkpoint) | a checkpoint path", resume=True
+    )
+    overwrite: bool = setting(
+        False,
+        doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)",
+        resume=True,
+    )
+    max_steps: int = setting(
+        0, ge=0, doc="stop with a checkpoint after N optimizer steps (iterations; 0: no limit)", resume=True
+    )
+    progress: bool = setting(True, doc="progress bar", resume=True)
+    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
+
+    def check(self) -> None:
+        check_device("train.device", self.device)
+        check_output("train.output", self.output)
+
+
+@dataclass
+class OptimCfg:
+    """The ``optim`` settings every task shares, declared once; a task's section adds its own and
+    its ``lr``, ``weight_decay`` and ``clip_grad`` (whose meaning and defaults differ by task)."""
+
+    opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw | sgd (momentum 0.9, Nesterov)")
+    betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
+    eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
+
+    def check(self) -> None:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas={list(self.betas)}: each must be in [0, 1)")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NonFiniteOutputs", "require_finite"]
+__all__ = ["NonFiniteOutputs", "check_finite", "require_finite"]
 
 
 class NonFiniteOutputs(ValueError):
@@ -27,3 +27,9 @@ def require_finite(t: torch.Tensor, source: str, what: str) -> None:
             f"{source}: {bad} of the model's {finite.numel()} {what} are NaN or inf; a model whose outputs are not "
             "finite is not scored (are its weights finite?)"
         )
+
+
+def check_finite(loss: torch.Tensor, where: str) -> None:
+    """A non-finite loss stops the run, naming where (``iteration 12``)."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"loss is {loss.item()} at {where}")

@@ -20,8 +20,8 @@ Use::
     print(step.why_not)           # None when graphed, else why it runs ungraphed
     loss = step(images, targets)  # copies into the static inputs and replays (or runs the step)
 
-The classification trainer uses these through ``train.cuda_graphs``
-(:mod:`inline_attn.train.graphs`). What the CPU tests check is the host side: the decision table
+The classification trainer uses these through ``train.cuda_graphs`` (:class:`StepGraphs`, each
+step captured lazily at its first batch). What the CPU tests check is the host side: the decision table
 of :func:`why_not_graphed`, the static buffers, the copy-in, the warm-up undone, a batch of
 another shape run ungraphed and the EMA order, with the capture itself replaced by eager
 execution (the ``capture_fn`` argument). The capture and replay on a GPU are checked only by
@@ -32,42 +32,34 @@ execution (the ``capture_fn`` argument). The capture and replay on a GPU are che
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional
+import logging
+import sys
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn as nn
 
+from .amp import amp_dtype, amp_name
 from .compile import check_compile_mode
+from .optim import prepare_for_capture
+
+log = logging.getLogger(__name__)
+
+Setting = Union[str, bool]  # "auto" | True | False (train.cuda_graphs)
 
 __all__ = [
     "GraphedEvalStep",
     "GraphedTrainStep",
+    "StepGraphs",
     "capture",
+    "capture_beside_loader",
+    "graphs_line",
     "compile_mode_for",
     "eager_capture",
     "graph_steps",
     "train_step",
     "why_not_graphed",
 ]
-
-
-# amp names -> whether the step runs fp16 (with a loss scaler); torch's dtype names too. "auto" is
-# fp16 on CUDA, the only device a graph runs on
-_AMP_FP16 = {
-    None: False,
-    "none": False,
-    "fp32": False,
-    "float32": False,
-    "bf16": False,
-    "bfloat16": False,
-    "fp16": True,
-    "float16": True,
-    "half": True,
-    "auto": True,
-    torch.float32: False,
-    torch.bfloat16: False,
-    torch.float16: True,
-}
 
 
 def _hooked_modules(model: nn.Module) -> list[str]:
@@ -105,6 +97,8 @@ def _optimizer_reason(optimizer: torch.optim.Optimizer) -> Optional[str]:
     """Why ``optimizer``'s step cannot be captured (it reads its state on the host), or None."""
     groups = optimizer.param_groups
     name = type(optimizer).__name__
+    if any(g.get("differentiable") for g in groups):
+        return f"a differentiable {name} cannot be captured"
     if any("capturable" in g for g in groups):
         if any(not g.get("capturable") and not g.get("fused") for g in groups):
             return f"{name} is not capturable: build it with capturable=True"
@@ -123,9 +117,8 @@ def _check_graph_arguments(model, optimizer, scaler, amp, accum_steps: int, worl
     for key, value in (("world_size", world_size), ("accum_steps", accum_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}={value!r}: expected an integer >= 1")
-    if not (isinstance(amp, (str, torch.dtype)) or amp is None) or amp not in _AMP_FP16:
-        names = ", ".join(repr(k) for k in _AMP_FP16 if isinstance(k, str))
-        raise ValueError(f"amp={amp!r}: expected None, one of {names}, or torch.float32 / bfloat16 / float16")
+    if amp != "auto":
+        amp_name(amp)  # a ValueError naming an unknown amp
     for key, value, kind in (("model", model, nn.Module), ("optimizer", optimizer, torch.optim.Optimizer)):
         if value is not None and not isinstance(value, kind):
             raise ValueError(f"{key}={type(value).__name__}: expected a {kind.__module__}.{kind.__name__} or None")
@@ -143,8 +136,11 @@ def why_not_graphed(
     amp: Optional[str | torch.dtype] = None,
     accum_steps: int = 1,
     world_size: int = 1,
+    compile: bool = False,
 ) -> Optional[str]:
-    """Why a step on ``device`` cannot be captured in a CUDA graph (one line), or None when it can.
+    """Why a step on ``device`` cannot be captured in a CUDA graph (one line), or None when it can:
+    the one answer to "can this run be graphed?" (the trainer's ``train.cuda_graphs``, the
+    benchmarks' ``--cuda-graphs``, :class:`GraphedTrainStep`).
 
     Arguments no step can have (``world_size`` or ``accum_steps`` below 1, an unknown ``amp``
     name, a ``model`` that is not a module, ...) are a ValueError. ``amp``: None, "none", "fp32",
@@ -163,8 +159,13 @@ def why_not_graphed(
        so the hook would silently stop running;
     7. ``optimizer``: must update on the device: ``capturable=True`` (Adam, AdamW, ...) keeps the
        step counter on the GPU; SGD with a tensor lr must be fused (its other paths read the lr on
-       the host); an optimizer without a capturable mode (LBFGS, Adagrad) cannot be captured.
-       :func:`inline_attn.runtime.optim.prepare_for_capture` sets AdamW and SGD up.
+       the host); an optimizer without a capturable mode (LBFGS, Adagrad) or a differentiable
+       one cannot be captured. :func:`~inline_attn.runtime.optim.build_optimizer` builds AdamW
+       fused on CUDA (capture-safe); :func:`~inline_attn.runtime.optim.prepare_for_capture` sets
+       AdamW and SGD up for a schedule between replays.
+
+    With ``compile`` (``torch.compile`` in inductor's ``reduce-overhead`` mode, which captures the
+    model's graphs itself and decides the rest) only checks 1 and 2 apply.
     """
     _check_graph_arguments(model, optimizer, scaler, amp, accum_steps, world_size)
     try:
@@ -177,11 +178,13 @@ def why_not_graphed(
         return "CUDA graphs need a CUDA device, and torch.cuda is not available"
     if world_size > 1:
         return f"{world_size} processes: DDP's gradient all-reduce is not captured (CUDA graphs run on one process)"
+    if compile:
+        return None
     if not static_shapes:
         return "the input shapes change between steps (dynamic shapes): each shape would need its own graph"
     if accum_steps > 1:
         return f"{accum_steps} accumulation steps: a captured step is one micro-batch (raise data.batch_size instead)"
-    if _AMP_FP16[amp] or (scaler is not None and scaler.is_enabled()):
+    if amp == "auto" or amp_name(amp) == "fp16" or (scaler is not None and scaler.is_enabled()):
         return "fp16 loss scaling checks for inf on the host every step: use bf16"
     if _global_hooks():
         return f"global module hooks ({', '.join(_global_hooks())}) run in Python every step (a graph replays kernels)"
@@ -446,3 +449,98 @@ def graph_steps(
             out[name] = fn
             failed.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     return out, ("capture failed for " + "; ".join(failed)) if failed else None
+
+
+def graphs_line(
+    setting: Setting, graphed: bool, reason: Optional[str], device: torch.device, compile: bool
+) -> Optional[str]:
+    """The run's one line about ``train.cuda_graphs`` = ``setting``, or None where it says nothing
+    (off, or ``auto`` off the GPU, so a CPU run prints what it printed before graphs existed)."""
+    shown = str(setting).lower() if isinstance(setting, bool) else str(setting)
+    if graphed:
+        how = "torch.compile mode reduce-overhead" if compile else "training and evaluation steps captured"
+        return f"train.cuda_graphs={shown}: on ({how})"
+    if reason is None or (setting == "auto" and device.type != "cuda"):
+        return None
+    return f"train.cuda_graphs={shown}: running ungraphed: {reason}"
+
+
+def capture_beside_loader(fn: Callable[[], object], *, warmup: int = 3, pool=None):
+    """:func:`capture` in the ``thread_local`` error mode: the loader's pin-memory thread may
+    allocate page-locked memory while the step is captured (in the default ``global`` mode that
+    call would fail and void the capture)."""
+    return capture(fn, warmup=warmup, pool=pool, capture_error_mode="thread_local")
+
+
+class StepGraphs:
+    """The CUDA graphs of one run's steps, each captured lazily at its first batch.
+
+    :meth:`train_step` runs one training step through a :class:`GraphedTrainStep` (static input
+    buffers, the batch copied in, replayed; a batch of another shape runs the plain step on the
+    same state); :meth:`eval_forward` gives a model's evaluation forward through a
+    :class:`GraphedEvalStep`. ``amp``: a name of :data:`~inline_attn.runtime.amp.AMP_NAMES`.
+    ``capture_fn`` is :func:`capture_beside_loader`; the CPU tests pass :func:`eager_capture`.
+    """
+
+    def __init__(
+        self, amp: str, clip_grad: Optional[float], *, capture_fn: Callable = capture_beside_loader, warmup: int = 3
+    ):
+        self.amp, self.clip_grad, self.capture_fn, self.warmup = amp_dtype(amp), clip_grad, capture_fn, warmup
+        self.train: Optional[GraphedTrainStep] = None
+        self.evals: dict[int, GraphedEvalStep] = {}
+
+    def train_step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ema: Optional[nn.Module],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        """One optimizer step of ``model`` on (inputs, targets), the ``ema`` update included -> the
+        loss (a static tensor when replayed: read it before the next step). The schedule is the
+        caller's (``optimizer`` is made ready for capture at the first step)."""
+        if self.train is None:
+            prepare_for_capture(optimizer)
+            self.train = GraphedTrainStep(
+                model,
+                optimizer,
+                loss_fn,
+                inputs,
+                targets,
+                ema=ema,
+                amp=self.amp,
+                clip_grad=self.clip_grad,
+                warmup=self.warmup,
+                why_not=None,
+                capture_fn=self.capture_fn,
+            )
+            if self.train.why_not is not None:
+                print(f"train.cuda_graphs: running ungraphed: {self.train.why_not}", file=sys.stderr, flush=True)
+        return self.train(inputs, targets)
+
+    def eval_forward(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``model``'s evaluation forward (fp32, no grad), captured at its first batch."""
+
+        def forward(inputs: torch.Tensor) -> torch.Tensor:
+            step = self.evals.get(id(model))
+            if step is None or step.model is not model:
+                step = GraphedEvalStep(model, inputs, warmup=2, why_not=None, capture_fn=self.capture_fn)
+                if step.why_not is not None:
+                    log.warning("evaluation runs ungraphed: %s", step.why_not)
+                self.evals[id(model)] = step
+            return step(inputs)
+
+        return forward
+
+    def counts(self) -> dict:
+        """Replays and ungraphed steps so far, for the run's summary."""
+        out = {"train_replays": 0, "train_ungraphed": 0, "eval_replays": 0, "eval_ungraphed": 0}
+        if self.train is not None:
+            out.update(train_replays=self.train.replays, train_ungraphed=self.train.ungraphed_steps)
+            out["train_why_not"] = self.train.why_not
+        for step in self.evals.values():
+            out["eval_replays"] += step.replays
+            out["eval_ungraphed"] += step.ungraphed_steps
+        return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -62,10 +63,13 @@ def build_optimizer(
     no_weight_decay=None,
 ) -> torch.optim.Optimizer:
     """``opt`` (one of :data:`OPTIMIZERS`) over :func:`param_groups`: ``adamw`` with ``betas`` and
-    ``eps``, or ``sgd`` with momentum 0.9 and Nesterov."""
+    ``eps``, or ``sgd`` with momentum 0.9 and Nesterov. AdamW over CUDA parameters is fused (one
+    kernel for the whole update, its step counters on the device: capture-safe); elsewhere the
+    plain implementation, as before."""
     groups = param_groups(model, weight_decay, no_weight_decay)
     if opt == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+        cuda = all(p.is_cuda for g in groups for p in g["params"]) and any(g["params"] for g in groups)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if cuda else {}))
     if opt == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM, nesterov=True)
     raise ValueError(f"optim.opt={opt!r}: expected one of {', '.join(OPTIMIZERS)}")
@@ -85,15 +89,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 _PLAIN_GROUPS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, list[dict]]" = weakref.WeakKeyDictionary()
 
 
-def capture_unsupported(optimizer: torch.optim.Optimizer) -> str | None:
-    """Why :func:`prepare_for_capture` cannot prepare ``optimizer`` (one line), or None."""
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.SGD)):
-        return f"{type(optimizer).__name__} cannot be captured here: AdamW / Adam (capturable) and SGD (fused) can"
-    if any(g.get("differentiable") for g in optimizer.param_groups):
-        return "a differentiable optimizer cannot be captured"
-    return None
-
-
 def prepare_for_capture(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Make ``optimizer`` (AdamW / Adam or SGD) update on the device, in place, so its step can be
     captured in a CUDA graph and its learning rate changed between replays.
@@ -104,9 +99,13 @@ def prepare_for_capture(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
     that a capture refuses). The update is the same algorithm in float32 device arithmetic (bias
     corrections, lr), so it is close to, not bitwise equal to, the plain optimizer's. Idempotent.
     """
-    reason = capture_unsupported(optimizer)
-    if reason is not None:
-        raise ValueError(reason)
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.SGD)) or any(
+        g.get("differentiable") for g in optimizer.param_groups
+    ):
+        raise ValueError(
+            f"prepare_for_capture takes a plain AdamW / Adam or SGD, got {type(optimizer).__name__} "
+            "(inline_attn.runtime.graphs.why_not_graphed says why a step cannot be captured)"
+        )
     if optimizer not in _PLAIN_GROUPS:
         _PLAIN_GROUPS[optimizer] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     adam = isinstance(optimizer, torch.optim.Adam)
@@ -271,3 +270,27 @@ class PolySchedule(StepSchedule):
         if t < self.warmup_iters:
             lr *= 1 - (1 - t / self.warmup_iters) * (1 - self.warmup_ratio)
         return lr
+
+
+def backward(loss: torch.Tensor, scaler: Optional[torch.amp.GradScaler]) -> None:
+    """``loss.backward()``, scaled under fp16."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def optimizer_step(
+    params: Iterable[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scaler: Optional[torch.amp.GradScaler],
+    clip_grad: Optional[float],
+) -> None:
+    """Apply the accumulated gradients: unscale (fp16), clip their total norm to ``clip_grad``
+    (None or 0: off), step the optimizer (the scaler skips a step with non-finite gradients)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if clip_grad:
+        nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], float(clip_grad))
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()

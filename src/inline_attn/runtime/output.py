@@ -18,12 +18,52 @@ import sys
 import time
 from typing import Iterator, Optional, Sequence
 
-from .loop import LOCK_NAME, OutputLock
+from .._io import FileLock, LockHeld
 
 # what a training run leaves once it has saved a checkpoint or finished
 RUN_FILES = ("last.pth", "previous.pth", "summary.json")
 REPLACED_PREFIX = "replaced-"
 OVERWRITE_HELP = "replace a finished or interrupted run in the output folder (its files move into a subfolder)"
+LOCK_NAME = ".lock"
+
+
+class OutputLock:
+    """An exclusive lock on ``folder/.lock`` for the life of a run (rank 0 only).
+
+    Two runs writing one output folder would interleave their checkpoints and metrics; the
+    second is refused with a ValueError naming the folder and the process holding it. The lock
+    is a :class:`~inline_attn._io.FileLock`: the kernel drops it when the holder dies, so a
+    killed run never leaves a stale lock behind.
+    """
+
+    def __init__(self, folder: pathlib.Path, enabled: bool = True):
+        self.folder, self.enabled = pathlib.Path(folder), enabled
+        self._lock: Optional[FileLock] = None
+
+    def __enter__(self) -> "OutputLock":
+        if not self.enabled:
+            return self
+        lock = FileLock(self.folder / LOCK_NAME)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            lock.__enter__()
+        except LockHeld as e:
+            raise ValueError(
+                f"output folder {self.folder} is in use by another run (process {e.holder}, lock {e.path}): "
+                "wait for it to finish, stop it, or choose another --output"
+            ) from None
+        except OSError as e:  # a read-only place, or a file where a folder should be
+            raise ValueError(
+                f"cannot write the run's outputs into {self.folder} ({type(e).__name__}: {e.strerror or e}): "
+                "choose a writable --output folder"
+            ) from None
+        self._lock = lock
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(*exc)
+            self._lock = None
 
 
 def _found(folder: pathlib.Path, patterns: Sequence[str]) -> list[str]:
@@ -56,7 +96,7 @@ def claim_output(
     lock: bool = True,
     run_files: Sequence[str] = RUN_FILES,
 ) -> Iterator[pathlib.Path]:
-    """Hold ``folder`` for one run: the output lock (:class:`~inline_attn.runtime.loop.OutputLock`,
+    """Hold ``folder`` for one run: the output lock (:class:`OutputLock`,
     when ``lock``), then the overwrite rule; yields the folder.
 
     ``run_files``: globs (relative to ``folder``) whose matches show that a run is there. With

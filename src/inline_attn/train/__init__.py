@@ -1,14 +1,12 @@
 """Training and evaluation: the paper's recipe on one process or many (torchrun), resumable."""
 
 from .config import Config, configs_dir
-from .engine import train
+from .task import train
 from .evaluate import evaluate_checkpoint, inference_throughput, load_trained_model
-from .loop import accuracy_counts, evaluate, soft_cross_entropy
-from .state import TrainState
+from .evaluate import accuracy_counts, evaluate, soft_cross_entropy
 
 __all__ = [
     "Config",
-    "TrainState",
     "accuracy_counts",
     "configs_dir",
     "evaluate",

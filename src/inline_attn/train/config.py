@@ -21,21 +21,20 @@ from typing import Literal, Optional, Union
 
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.config import (
+    OptimCfg,
+    RunCfg,
     TypedConfig,
-    check_device,
     check_mean_std,
-    check_output,
     fields_of,
     setting,
 )
-from ..runtime.optim import OPTIMIZERS
 
 __all__ = [
     "AugCfg",
     "Config",
     "DataCfg",
     "ModelCfg",
-    "OptimCfg",
+    "ClassifyOptimCfg",
     "SchedCfg",
     "TrainCfg",
     "configs_dir",
@@ -142,8 +141,7 @@ class AugCfg:
 
 
 @dataclass
-class OptimCfg:
-    opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw | sgd (momentum 0.9, Nesterov)")
+class ClassifyOptimCfg(OptimCfg):
     lr: Optional[float] = setting(
         None,
         gt=0,
@@ -152,8 +150,6 @@ class OptimCfg:
     )
     base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH}")
     weight_decay: float = setting(0.05, ge=0, doc="AdamW weight decay")
-    betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
-    eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
     clip_grad: Optional[float] = setting(5.0, ge=0, doc="max gradient norm (null or 0: off)")
     accum_steps: int = setting(
         1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the number it implies)"
@@ -169,10 +165,6 @@ class OptimCfg:
         doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
         "biases (null: the model's no_weight_decay())",
     )
-
-    def check(self) -> None:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas={list(self.betas)}: each must be in [0, 1)")
 
 
 @dataclass
@@ -199,14 +191,7 @@ class SchedCfg:
 
 
 @dataclass
-class TrainCfg:
-    output: str = setting("runs/train", doc="output folder", resume=True)
-    seed: int = setting(0, ge=0, doc="random seed")
-    deterministic: bool = setting(False, doc="deterministic algorithms (slower)")
-    device: str = setting("auto", doc="auto | cpu | cuda | cuda:N")
-    amp: Literal["none", "bf16", "fp16", "auto"] = setting(
-        "none", doc="none | bf16 | fp16 (CUDA, with a GradScaler) | auto (fp16 on CUDA, none on CPU)"
-    )
+class TrainCfg(RunCfg):
     compile: bool = setting(
         False, doc="torch.compile the model (the fused InLine op compiles as one node)", resume=True
     )
@@ -232,23 +217,8 @@ class TrainCfg:
         doc="total batch at which ema_decay holds: the run uses ema_decay ** (total_batch / ema_batch), "
         "the same averaging horizon in images (null: ema_decay as is)",
     )
-    resume: Optional[str] = setting(
-        None, doc="null | auto (the output folder's checkpoint) | a checkpoint path", resume=True
-    )
-    overwrite: bool = setting(
-        False,
-        doc="replace a finished or interrupted run in the output folder (its files move into a subfolder)",
-        resume=True,
-    )
     eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)", resume=True)
-    max_steps: int = setting(0, ge=0, doc="stop with a checkpoint after N optimizer steps (0: no limit)", resume=True)
-    progress: bool = setting(True, doc="progress bar", resume=True)
-    threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
     tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed", resume=True)
-
-    def check(self) -> None:
-        check_device("train.device", self.device)
-        check_output("train.output", self.output)
 
 
 @dataclass
@@ -258,7 +228,7 @@ class Config(TypedConfig):
     model: ModelCfg = field(default_factory=ModelCfg)
     data: DataCfg = field(default_factory=DataCfg)
     aug: AugCfg = field(default_factory=AugCfg)
-    optim: OptimCfg = field(default_factory=OptimCfg)
+    optim: ClassifyOptimCfg = field(default_factory=ClassifyOptimCfg)
     sched: SchedCfg = field(default_factory=SchedCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
 

@@ -1,4 +1,4 @@
-"""Datasets and batch iteration for the engine (sharded by rank, resumable mid-epoch)."""
+"""Datasets and batch iteration for classification training (sharded by rank, resumable mid-epoch)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,14 +25,19 @@ from ..compile_marks import constant_when_compiled
 
 from . import launch_cache
 
-_KERNELS_MODULE = "inline_attn.ops.fused.triton_kernels"
+_KERNEL_MODULES = ("inline_attn.ops.fused.triton_kernels", "inline_attn.ops.fused.triton_stream")
+# The core's kernels (:func:`core_kernels`): "stream" (the streaming programs of .triton_stream, the
+# default), "resident" (the resident launch where it fits, else the fused one) or "tiled" (the fused
+# launch); the reduction split over token chunks runs the split launch under each.
+CORE_KERNELS = ("stream", "resident", "tiled")
 _state: dict = {
     "module": None,
     "interpret": None,
     "tiling": None,
     "simulated": None,
     "shared_bytes": None,
-    "resident": os.environ.get("INLINE_ATTN_TRITON_RESIDENT", "1") != "0",
+    "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "stream"),
+    "narrow_interpreted": False,
 }
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
@@ -141,7 +147,13 @@ def load_kernels(device: torch.device):
         )
     if _state["module"] is None:
         _state["interpret"] = want
-        _state["module"] = importlib.import_module(_KERNELS_MODULE)
+        from triton.runtime.jit import KernelInterface
+
+        kernels = {}  # the launchable kernels of both modules (their helpers' names begin with _)
+        for name in _KERNEL_MODULES:
+            module = importlib.import_module(name)
+            kernels.update((k, f) for k, f in vars(module).items() if isinstance(f, KernelInterface) and k[0] != "_")
+        _state["module"] = types.SimpleNamespace(**kernels)
     return _state["module"]
 
 
@@ -412,11 +424,11 @@ def _resident_config(n: int, d: int, has_res: bool, dtype: torch.dtype) -> dict 
 
 
 def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool) -> dict | None:
-    """The resident launch's fitted configuration for q [B, N, C], or None when it is switched off
-    (:func:`resident_launch`, or inside :func:`forced_tiling`, which sweeps the tiled launches), the
-    shape does not fit its tile, or its compiled kernel not the device's shared memory (the fp32
-    backward at N 256 on a 99 KB GPU): the fused / split launches run it then."""
-    if not _state["resident"] or _state["tiling"] is not None:
+    """The resident launch's fitted configuration for q [B, N, C], or None when the core kernels are
+    not "resident" (:func:`core_kernels`; inside :func:`forced_tiling`, which sweeps the tiled
+    launches, neither), the shape does not fit its tile, or its compiled kernel not the device's
+    shared memory (the fp32 backward at N 256 on a 99 KB GPU): the fused / split launches run it then."""
+    if _state["core"] != "resident" or _state["tiling"] is not None:
         return None
     meta = _resident_config(q.shape[1], q.shape[2] // heads, has_res, q.dtype)
     if meta is None:
@@ -428,15 +440,59 @@ def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: boo
 
 
 @contextlib.contextmanager
-def resident_launch(enabled: bool):
-    """Inside the block, shapes that fit it take the resident launch (``enabled``, the default) or
-    the fused / split launches (not): what the tests and gpu-check's comparison switch. The
-    environment variable INLINE_ATTN_TRITON_RESIDENT=0 switches it off for a whole process."""
-    saved, _state["resident"] = _state["resident"], bool(enabled)
+def core_kernels(kind: str):
+    """Inside the block the core's one-program-per-(sample, head) launches run ``kind``'s kernels:
+    "stream" (the default: the streaming programs), "resident" (the resident launch where it fits,
+    else the fused one: the kernels before the streaming ones) or "tiled" (the fused launch); what
+    the tests and gpu-check's old-against-new comparison switch. INLINE_ATTN_TRITON_CORE sets it
+    for a whole process.
+
+    Raises:
+        ValueError: ``kind`` is not one of CORE_KERNELS.
+    """
+    if kind not in CORE_KERNELS:
+        raise ValueError(f"core kernels {kind!r}: expected one of {CORE_KERNELS}")
+    saved, _state["core"] = _state["core"], kind
     try:
         yield
     finally:
-        _state["resident"] = saved
+        _state["core"] = saved
+
+
+# The streaming launch (:func:`_stream_config`): (rows per tile, warps per program) per head-dim
+# block, for bf16 / fp16 and fp32 inputs, forward and backward: the largest tiles whose kernels ptxas
+# compiles for sm_90 without spills in at most 80 registers forward and 128 backward (24 and 16
+# resident warps per multiprocessor; tests/ops/test_kernel_occupancy.py holds them to it). Head dims
+# over 64 (32 in fp32) spill in these programs: the fused launch runs them.
+STREAM_TILES = {
+    (16, "narrow"): ((32, 8), (32, 8)),
+    (32, "narrow"): ((32, 8), (32, 8)),
+    (64, "narrow"): ((16, 8), (16, 8)),
+    (16, "fp32"): ((32, 8), (16, 8)),
+    (32, "fp32"): ((32, 8), (16, 8)),
+}
+
+
+def _stream_config(d: int, has_res: bool, dtype: torch.dtype, backward: bool) -> dict | None:
+    """The streaming kernels' compile-time arguments at head dim d, or None when they are not the
+    core kernels (:func:`core_kernels`, or inside :func:`forced_tiling`) or the head dim is not in
+    STREAM_TILES. NARROW: bf16 / fp16 operands straight into tl.dot (on a GPU, or under the
+    interpreter with the tests' shim of its 16-bit products, ``_state["narrow_interpreted"]``)."""
+    if _state["core"] != "stream" or _state["tiling"] is not None:
+        return None
+    narrow = dtype != torch.float32 and (not _state["interpret"] or _state["narrow_interpreted"])
+    return _stream_meta(d, has_res, dtype, narrow, backward)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_meta(d: int, has_res: bool, dtype: torch.dtype, narrow: bool, backward: bool) -> dict | None:
+    """:func:`_stream_config`, built once per shape (the dict is never mutated: launches copy it)."""
+    tiles = STREAM_TILES.get((_block_d(d), "fp32" if dtype == torch.float32 else "narrow"))
+    if tiles is None:
+        return None
+    block_n, warps = tiles[backward]
+    prec = _precision(dtype)  # without NARROW, fp32 operands: exact products for fp32 inputs, tf32 for bf16 values
+    return dict(D=d, BD=_block_d(d), BLOCK_N=block_n, HAS_RES=has_res, NARROW=narrow, PREC=prec, num_warps=warps)
 
 
 def _plan(q: torch.Tensor, num_heads: int, h: int, w: int, p: int, split: int | None, has_res: bool) -> _Plan:
@@ -493,7 +549,10 @@ def inline_forward_triton(
             _launch(mod.inline_fwd_resident, (b * num_heads,), *args, **resident)
         else:
             plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
-            if plan.fused:
+            stream = _stream_config(c // num_heads, w9 is not None, q.dtype, False)
+            if plan.fused and stream is not None:
+                _fitted_launch(mod.inline_fwd_stream, (plan.pairs,), args, stream, plan.describe)
+            elif plan.fused:
                 _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
             else:
                 _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
@@ -558,7 +617,10 @@ def inline_backward_triton(
             _launch(mod.inline_bwd_resident, (b * num_heads,), *args, **resident)
         else:
             plan = _plan(q, num_heads, h, w, p, split, has_res)
-            if plan.fused:
+            stream = _stream_config(c // num_heads, has_res, q.dtype, True)
+            if plan.fused and stream is not None:
+                _fitted_launch(mod.inline_bwd_stream, (plan.pairs,), args, stream, plan.describe)
+            elif plan.fused:
                 _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
             else:
                 _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
@@ -586,30 +648,41 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
     _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 
-def _block_b(b: int) -> int:
-    """Samples per program of the predictor's backward: tl.dot's smallest tile (16) for small
-    batches, up to 64 for many samples (Swin's windows: B * 64 per layer at window 7), so that the
-    workspace the reduction reads stays small."""
-    return 16 if b <= 256 else 32 if b <= 2048 else 64
+# The predictor's programs take blocks of PREDICTOR_BLOCK_B samples (tl.dot's smallest tile; one
+# block per program forward, every block in turn backward) and read x in tiles of PREDICTOR_BLOCK_T tokens.
+PREDICTOR_BLOCK_B = 16
+PREDICTOR_BLOCK_T = 8
+
+
+def _predictor_warps(d: int) -> int:
+    return 4 if _block_d(d) <= 32 else 8
 
 
 def predictor_forward_triton(
     x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, num_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual predictor in one launch: x [B, N, C] (any strides), w1 [C, d], b1 [C], w2 [9C, d],
-    b2 [9C] (contiguous; one group per head) -> (ctx [B, C], taps [B, 9, C]), both fp32."""
+    b2 [9C] (contiguous; one group per head) -> (ctx [B, C], taps [B, 9, C]), both fp32.
+
+    Parallel over (head, block of samples): each program reads its head's weights once for its block.
+    """
     mod = load_kernels(x.device)
     b, n, c = x.shape
     d = c // num_heads
     ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
     taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
     if b > 0 and n > 0:
-        block_n, warps = tiling(x, n, d, num_heads)
-        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), n, c, num_heads)
-        meta = dict(D=d, BD=_block_d(d), BLOCK_N=block_n, num_warps=warps)
-        _fitted_launch(
-            mod.predictor_fwd, (b * num_heads,), args, meta, functools.partial(_predictor_what, b, n, c, num_heads)
+        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), b, n, c)
+        meta = dict(
+            D=d,
+            BD=_block_d(d),
+            BLOCK_B=PREDICTOR_BLOCK_B,
+            BLOCK_T=PREDICTOR_BLOCK_T,
+            PREC="ieee",
+            num_warps=_predictor_warps(d),
         )
+        grid = (num_heads, -(-b // PREDICTOR_BLOCK_B))
+        _fitted_launch(mod.predictor_fwd, grid, args, meta, functools.partial(_predictor_what, b, n, c, num_heads))
     return ctx, taps
 
 
@@ -629,9 +702,9 @@ def predictor_backward_triton(
     """Gradients of :func:`predictor_forward_triton` for the taps' gradient dtaps [B, 9, C] (fp32,
     contiguous): (dctx / N [B, C], dw1, db1, dw2, db2), all fp32.
 
-    Parallel over (head, block of samples): each program takes its samples back through both
-    products and writes its share of the weight gradients; one block writes them directly, more
-    blocks write workspace rows that a second launch sums in block order (bit-reproducible).
+    One launch, parallel over (head, slot) for the ten weight gradients of each head (W1 with b1,
+    and W2 with b2 per tap): each program sums its gradient over every sample in a fixed order
+    (bit-reproducible); slot 0 also takes the samples back through both products for dctx.
     """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
@@ -641,27 +714,11 @@ def predictor_backward_triton(
     dw2 = torch.empty(w2.shape, device=ctx.device, dtype=torch.float32)
     db1 = torch.empty((c,), device=ctx.device, dtype=torch.float32)
     db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
-    if b == 0:
-        for g in (dw1, db1, dw2, db2):
-            g.zero_()
-        return dctx, dw1, db1, dw2, db2
-    bd = _block_d(d)
-    grads = (dw1, db1, dw2, db2)
+    # with no samples every program writes zero sums: the gradients need no fill
+    args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
     what = functools.partial(_predictor_what, b, n, c, num_heads)
-    # up to 16 samples (one block of the smallest size) the programs write the gradients directly
-    meta = dict(D=d, BD=bd, BLOCK_B=_block_b(b), DIRECT=b <= 16, PREC="ieee", num_warps=4)
-    # the workspace's size depends on the sample block, so the block is fitted first (dctx stands in for it)
-    args = [ctx, dtaps, w1, b1, w2, dctx, dctx, *grads, b, n, c]
-    meta = _fit(mod.predictor_bwd_samples, tuple(args), meta, what)
-    blocks = -(-b // meta["BLOCK_B"])
-    if blocks > 1:
-        args[6] = _workspace(blocks * num_heads * 10, bd * bd + bd, like=ctx)
-    _launch(mod.predictor_bwd_samples, (num_heads, blocks), *args, **meta)
-    if blocks > 1:
-        reduce_meta = dict(D=d, BD=bd, BLOCK_R=16, num_warps=2)
-        _fitted_launch(
-            mod.predictor_bwd_reduce, (num_heads * 10, d), (args[6], *grads, blocks, num_heads), reduce_meta, what
-        )
+    _fitted_launch(mod.predictor_bwd, (num_heads * 10,), args, meta, what)
     return dctx, dw1, db1, dw2, db2
 
 

@@ -698,31 +698,41 @@ def predictor_fwd(
     CTX,
     TAPS,
     x_st,
+    B,
     N,
     C,
-    heads,
     D: tl.constexpr,
     BD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    """One program per (sample, head): the token mean of x over the head's channels, then the
-    head's two products and the GELU; writes ctx [B, C] and the taps [B, 9, C] (fp32)."""
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
+    """Programs (head, block of BLOCK_B samples): the token means of x over the head's channels
+    ([BLOCK_B, BLOCK_T, BD] tiles summed over tokens), then the head's two products and the GELU
+    for the whole block, the head's weights read once; writes ctx [B, C] and the taps [B, 9, C] (fp32)."""
+    head = tl.program_id(0)
     i = tl.arange(0, BD)
-    x = _view(X, x_st, b, ch)
-    acc = tl.zeros([BD], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        n, m2 = _block(start, N, cmask, BLOCK_N)
-        acc += tl.sum(_tile(x, n, m2), axis=0)
+    ch = head * D + i
+    cmask = i < D
+    rb = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    m2 = (rb < B)[:, None] & cmask[None, :]
+    tok = tl.arange(0, BLOCK_T)
+    rows = X + rb[:, None, None].to(tl.int64) * x_st[0] + ch[None, None, :] * x_st[2]
+    acc = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
+    for start in range(0, N, BLOCK_T):
+        t = start + tok
+        m3 = m2[:, None, :] & (t < N)[None, :, None]
+        acc += tl.sum(tl.load(rows + t[None, :, None] * x_st[1], mask=m3, other=0.0).to(tl.float32), axis=1)
     ctx = acc / N
-    tl.store(CTX + b * C + ch, ctx, mask=cmask)
+    tl.store(CTX + rb[:, None] * C + ch[None, :], ctx, mask=m2)
     w1 = _head_block(W1, ch * D, i, cmask)  # [j, i]
-    y1 = tl.sum(w1 * ctx[None, :], axis=1) + tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
-    a = _gelu(y1)
-    for t in tl.static_range(9):
+    b1 = tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
+    a = _gelu(tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :])
+    for t in range(9):
         w2 = _head_block(W2, (9 * ch + t) * D, i, cmask)
-        tap = tl.sum(w2 * a[None, :], axis=1) + tl.load(B2 + 9 * ch + t, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(TAPS + b * 9 * C + t * C + ch, tap, mask=cmask)
+        b2 = tl.load(B2 + 9 * ch + t, mask=cmask, other=0.0).to(tl.float32)
+        tap = tl.dot(a, tl.trans(w2), input_precision=PREC) + b2[None, :]
+        tl.store(TAPS + rb[:, None] * 9 * C + t * C + ch[None, :], tap, mask=m2)
 
 
 @triton.jit
@@ -750,14 +760,37 @@ def _store_slot(DW1, DB1, DW2, DB2, head, slot, mat, vec, D: tl.constexpr, BD: t
 
 
 @triton.jit
-def predictor_bwd_samples(
+def _slot_sums(CTX, DTAPS, W2, DCTX, w1, b1, rb, ch, i, cmask, slot, B, N, C, D: tl.constexpr, PREC: tl.constexpr):
+    """One block of samples' share of a slot's gradient ([BD, BD], [j, i]) and of its bias (over j);
+    slot 0 also stores the block's dctx / N."""
+    m2 = (rb < B)[:, None] & cmask[None, :]
+    ctx = tl.load(CTX + rb[:, None] * C + ch[None, :], mask=m2, other=0.0)
+    y1 = tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
+    if slot == 0:
+        da = tl.zeros_like(ctx)
+        for t in range(9):
+            g = tl.load(DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=m2, other=0.0)
+            da += tl.dot(g, _head_block(W2, (9 * ch + t) * D, i, cmask), input_precision=PREC)
+        dy1 = da * _gelu_grad(y1)  # zero on padded samples: their dtaps were loaded as zeros
+        tl.store(DCTX + rb[:, None] * C + ch[None, :], tl.dot(dy1, w1, input_precision=PREC) / N, mask=m2)
+        mat = tl.dot(tl.trans(dy1), ctx, input_precision=PREC)
+        vec = tl.sum(dy1, axis=0)
+    else:
+        a = tl.where(m2, _gelu(y1), 0.0)  # zero on padded samples: they add nothing to dW2
+        g = tl.load(DTAPS + rb[:, None] * 9 * C + (slot - 1) * C + ch[None, :], mask=m2, other=0.0)
+        mat = tl.dot(tl.trans(g), a, input_precision=PREC)
+        vec = tl.sum(g, axis=0)
+    return mat, vec
+
+
+@triton.jit
+def predictor_bwd(
     CTX,
     DTAPS,
     W1,
     B1,
     W2,
     DCTX,
-    WS,
     DW1,
     DB1,
     DW2,
@@ -768,81 +801,24 @@ def predictor_bwd_samples(
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    DIRECT: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Programs (head, sample block): the gradient back through both products for BLOCK_B samples
-    (dctx / N [B, C] stored), and the block's share of the ten weight gradients (dW1 with db1, and
-    dW2 with db2 per tap): stored straight into the gradients when one block holds every sample
-    (DIRECT), else into the block's workspace rows, which :func:`predictor_bwd_reduce` sums."""
-    head = tl.program_id(0)
-    blk = tl.program_id(1)
+    """Programs (head * 10 + slot): one of a head's ten weight gradients (slot 0: dW1 with db1, and
+    dctx / N [B, C]; slot 1 + t: dW2 with db2 of tap t), summed over every sample in blocks of
+    BLOCK_B in a fixed order: one launch, no atomics, bit-reproducible. The head's W1 is read once
+    per program, W2's taps once per block of samples (slot 0)."""
+    head = tl.program_id(0) // 10
+    slot = tl.program_id(0) % 10
     i = tl.arange(0, BD)
     ch = head * D + i
     cmask = i < D
-    rb = blk * BLOCK_B + tl.arange(0, BLOCK_B)
-    m2 = (rb < B)[:, None] & cmask[None, :]
     w1 = _head_block(W1, ch * D, i, cmask)  # [j, i]
     b1 = tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
-    ctx = tl.load(CTX + rb[:, None] * C + ch[None, :], mask=m2, other=0.0)
-    y1 = tl.dot(ctx, tl.trans(w1), input_precision=PREC) + b1[None, :]
-    a = tl.where(m2, _gelu(y1), 0.0)  # zero on padded samples: they add nothing to dW2
-    ws = WS + ((blk * tl.num_programs(0) + head) * 10).to(tl.int64) * (BD * BD + BD)
-    c, sq = _square(BD)
-    da = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
-    for t in tl.static_range(9):
-        g = tl.load(DTAPS + rb[:, None] * 9 * C + t * C + ch[None, :], mask=m2, other=0.0)
-        da += tl.dot(g, _head_block(W2, (9 * ch + t) * D, i, cmask), input_precision=PREC)
-        dw2 = tl.dot(tl.trans(g), a, input_precision=PREC)
-        if DIRECT:
-            _store_slot(DW1, DB1, DW2, DB2, head, 1 + t, dw2, tl.sum(g, axis=0), D, BD)
-        else:
-            tl.store(ws + (1 + t) * (BD * BD + BD) + sq, dw2)
-            tl.store(ws + (1 + t) * (BD * BD + BD) + BD * BD + c, tl.sum(g, axis=0))
-    dy1 = da * _gelu_grad(y1)  # zero on padded samples: their dtaps were loaded as zeros
-    tl.store(DCTX + rb[:, None] * C + ch[None, :], tl.dot(dy1, w1, input_precision=PREC) / N, mask=m2)
-    dw1 = tl.dot(tl.trans(dy1), ctx, input_precision=PREC)
-    if DIRECT:
-        _store_slot(DW1, DB1, DW2, DB2, head, 0, dw1, tl.sum(dy1, axis=0), D, BD)
-    else:
-        tl.store(ws + sq, dw1)
-        tl.store(ws + BD * BD + c, tl.sum(dy1, axis=0))
-
-
-@triton.jit
-def predictor_bwd_reduce(
-    WS,
-    DW1,
-    DB1,
-    DW2,
-    DB2,
-    blocks,
-    heads,
-    D: tl.constexpr,
-    BD: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-):
-    """Programs (head * 10 + slot, row j): row j of one slot's gradient (and its bias entry) summed
-    over the sample blocks' workspace rows, BLOCK_R blocks at a time in a fixed order (no atomics:
-    bit-reproducible)."""
-    head = tl.program_id(0) // 10
-    slot = tl.program_id(0) % 10
-    j = tl.program_id(1)
-    r = tl.arange(0, BLOCK_R)
-    c = tl.arange(0, BD)
-    acc = tl.zeros([BLOCK_R, BD], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for b0 in range(0, blocks, BLOCK_R):
-        rb = b0 + r
-        rmask = rb < blocks
-        base = WS + ((rb * heads + head) * 10 + slot).to(tl.int64) * (BD * BD + BD)
-        acc += tl.load(base[:, None] + j * BD + c[None, :], mask=rmask[:, None], other=0.0)
-        acc_b += tl.load(base + BD * BD + j, mask=rmask, other=0.0)
-    row = _out_rows(head, slot, j, D)
-    cmask = c < D
-    if slot == 0:
-        tl.store(DW1 + row * D + c, tl.sum(acc, axis=0), mask=cmask)
-        tl.store(DB1 + row, tl.sum(acc_b, axis=0))
-    else:
-        tl.store(DW2 + row * D + c, tl.sum(acc, axis=0), mask=cmask)
-        tl.store(DB2 + row, tl.sum(acc_b, axis=0))
+    mat = tl.zeros([BD, BD], dtype=tl.float32)
+    vec = tl.zeros([BD], dtype=tl.float32)
+    for b0 in range(0, B, BLOCK_B):
+        rb = b0 + tl.arange(0, BLOCK_B)
+        m, v = _slot_sums(CTX, DTAPS, W2, DCTX, w1, b1, rb, ch, i, cmask, slot, B, N, C, D, PREC)
+        mat += m
+        vec += v
+    _store_slot(DW1, DB1, DW2, DB2, head, slot, mat, vec, D, BD)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
-import random
 import sys
 import time
 from typing import Iterator, Optional
@@ -29,27 +28,23 @@ import torch.nn as nn
 from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import profile
-from ..runtime.amp import autocast, grad_scaler
-from ..runtime.checkpoint import LAST, copy_atomic, rng_state, set_rng_state
+from ..runtime.amp import autocast
+from ..runtime.checkpoint import LAST, copy_atomic
 from ..runtime.compile import compile_module
-from ..runtime.distributed import SEED_STRIDE, DistInfo, all_reduce_sum
-from ..runtime.ema import ModelEma
-from ..runtime.graphs import compile_mode_for
-from ..runtime.loop import EpochCadence, backward, check_finite, optimizer_step
-from ..runtime.optim import CosineSchedule, build_optimizer
+from ..runtime.distributed import DistInfo, all_reduce_sum
+from ..runtime.graphs import StepGraphs, compile_mode_for, graphs_line, why_not_graphed
+from ..runtime.finite import check_finite
+from ..runtime.optim import CosineSchedule, backward, build_optimizer, optimizer_step
 from ..runtime.report import write_json
-from ..runtime.run import Run, Task
+from ..runtime.run import EpochCadence, Run, Task
 from ..runtime.run import train as run_task
 from . import checkpoint as ckpt_io
 from .config import Config
 from .data import Batches, build_datasets, data_info, loader_crops
 from .finetune import load_initial_weights
-from .graphs import StepGraphs, announce
-from .graphs import plan as plan_graphs
-from .loop import evaluate, soft_cross_entropy
+from .evaluate import evaluate, soft_cross_entropy
 from .recipe import Recipe, resolve
 from .report import TensorBoard, plot_curves, write_metrics
-from .state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +95,6 @@ def build_model(cfg: Config, data: DataInfo) -> nn.Module:
     return model
 
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def train(
     cfg: Config, *, rank: Optional[int] = None, world_size: Optional[int] = None, init_method: Optional[str] = None
 ) -> dict:
@@ -123,10 +112,12 @@ def train(
     return run_task(ClassifyTask(), cfg, rank=rank, world_size=world_size, init_method=init_method)
 
 
-def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: int, amp: str) -> TrainState:
-    o, s = cfg.optim, cfg.sched
-    optimizer = build_optimizer(model, o.opt, recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
-    sched = CosineSchedule(
+def build_schedule(
+    cfg: Config, optimizer: torch.optim.Optimizer, recipe: Recipe, steps_per_epoch: int
+) -> CosineSchedule:
+    """timm 0.4.12's cosine with warm-up and cool-down, per optimizer step, at the recipe's lr."""
+    s = cfg.sched
+    return CosineSchedule(
         optimizer,
         lr=recipe.lr,
         steps_per_epoch=steps_per_epoch,
@@ -136,9 +127,6 @@ def _new_state(cfg: Config, model: nn.Module, recipe: Recipe, steps_per_epoch: i
         warmup_lr=recipe.warmup_lr,
         min_lr=recipe.min_lr,
     )
-    scaler = grad_scaler(amp)
-    ema = ModelEma(model, recipe.ema_decay) if recipe.ema_decay is not None else None
-    return TrainState(model, optimizer, sched, scaler, ema)
 
 
 def _batches(cfg: Config, train_set, val_set, info: DistInfo) -> tuple[Batches, Batches]:
@@ -150,21 +138,23 @@ def _batches(cfg: Config, train_set, val_set, info: DistInfo) -> tuple[Batches, 
 
 
 def _plan_graphs(
-    cfg: Config, info: DistInfo, amp: str, accum: int, model: nn.Module, optimizer: torch.optim.Optimizer
+    cfg: Config, info: DistInfo, amp: str, accum: int, model: nn.Module, optimizer
 ) -> tuple[bool, Optional[str]]:
     """``train.cuda_graphs`` on this run: (graphed?, why not), the one line said on rank 0."""
     t = cfg.train
-    graphed, why_not = plan_graphs(
-        t.cuda_graphs,
-        info.device,
-        amp=amp,
-        accum_steps=accum,
-        world_size=info.world_size,
-        compile=t.compile,
-        model=model,
-        optimizer=optimizer,
-    )
-    line = announce(t.cuda_graphs, graphed, why_not, info.device, t.compile)
+    why_not = None
+    if t.cuda_graphs is not False:
+        why_not = why_not_graphed(
+            info.device,
+            model=model,
+            optimizer=optimizer,
+            amp=amp,
+            accum_steps=accum,
+            world_size=info.world_size,
+            compile=t.compile,
+        )
+    graphed = t.cuda_graphs is not False and why_not is None
+    line = graphs_line(t.cuda_graphs, graphed, why_not, info.device, t.compile)
     if line and info.is_main:
         print(line, file=sys.stderr, flush=True)
     return graphed, why_not
@@ -225,32 +215,32 @@ class ClassifyTask(Task):
     """Image classification on the one run (:class:`~inline_attn.runtime.run.Run`), in epochs.
 
     A step is one optimizer step over ``accum`` micro-batches (augmented on the device, mixed),
-    plain or replayed as a CUDA graph, the EMA updated after it; each epoch ends in a metrics row
-    (the loss summed over the processes, top-1 / top-5 of the model and its EMA in fp32 when due),
-    a checkpoint (with each process's RNG state and partial loss sums, so a resume mid-epoch is
-    bit-exact), best.pth / best_ema.pth, ``metrics.csv`` and ``curves.png``. One task per run:
-    it holds the run's :class:`~inline_attn.train.state.TrainState` (epoch, step in epoch, EMA).
+    plain or replayed as a CUDA graph, the run's EMA updated after it; each epoch ends in a
+    metrics row (the loss summed over the processes, top-1 / top-5 of the model and its EMA in
+    fp32 when due), a checkpoint (with each process's partial loss sums beside its RNG state, so
+    a resume mid-epoch is bit-exact), best.pth / best_ema.pth, ``metrics.csv`` and ``curves.png``.
+    It keeps where the run stands in the epoch (``epoch``, ``step_in_epoch``, ``partial``).
     """
 
     kind = "classification"
     config = Config
+    checkpoint_keys = ("epoch", "step_in_epoch")
 
     def check(self, cfg: Config, info: DistInfo) -> None:
         """The recipe: a total batch these processes cannot reach fails here."""
-        self.recipe = resolve(cfg, info.world_size)
+        self.recipe, self.info = resolve(cfg, info.world_size), info
+        self.epoch, self.step_in_epoch, self.partial = 0, 0, torch.zeros(2, dtype=torch.float64)
+        self.row, self.graphs, self.tb = None, None, None
 
-    def setup(self, run: Run) -> None:
-        cfg, info = run.cfg, run.info
-        # model init is identical on every rank (DDP also broadcasts); augmentation differs per rank
-        _seed_everything(cfg.train.seed)
+    def datasets(self, cfg: Config, progress: bool):
+        """The data (checked against the model first) and its batches, this process's share."""
+        info = self.info
         self.model_cfg = get_model_config(cfg.model.name)
         data = data_info(cfg.data, self.model_cfg)
         check_model_args(cfg, data)
         train_set, val_set, self.data = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
-        if cfg.data.on_device:  # gathered on the device: no host copy a step (the GPU preset, issue 25)
-            train_set, val_set = train_set.to(run.device), val_set.to(run.device)
-        run.train_set, run.val_set = train_set, val_set
-        model = build_model(cfg, self.data).to(run.device)
+        if cfg.data.on_device:  # gathered on the device: no host copy a step (the GPU preset)
+            train_set, val_set = train_set.to(info.device), val_set.to(info.device)
         self.train_batches, self.val_batches = _batches(cfg, train_set, val_set, info)
         self.accum = self.recipe.accum_steps
         self.steps_per_epoch = len(self.train_batches) // self.accum
@@ -258,43 +248,43 @@ class ClassifyTask(Task):
             raise ValueError(
                 f"an epoch has {len(self.train_batches)} batches, fewer than optim.accum_steps={self.accum}"
             )
-        self.state = st = _new_state(cfg, model, self.recipe, self.steps_per_epoch, run.amp)
-        run.model, run.optimizer, run.sched, run.scaler, run.history = (
-            st.model,
-            st.optimizer,
-            st.sched,
-            st.scaler,
-            st.history,
-        )
+        return train_set, val_set
+
+    def build_model(self, cfg: Config, num_classes: int) -> nn.Module:
+        return build_model(cfg, self.data)
+
+    def optimization(self, cfg: Config, model: nn.Module) -> tuple:
+        o = cfg.optim
+        optimizer = build_optimizer(model, o.opt, self.recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
+        return optimizer, build_schedule(cfg, optimizer, self.recipe, self.steps_per_epoch)
+
+    def ema_decay(self, cfg: Config) -> Optional[float]:
+        return self.recipe.ema_decay
+
+    def cadence(self, cfg: Config) -> EpochCadence:
         self.total_epochs = cfg.sched.epochs + cfg.sched.cooldown_epochs
         spe = self.steps_per_epoch
-        run.cadence = EpochCadence(self.total_epochs * spe, spe, spe, spe, cfg.train.max_steps)
-        self.row, self.last_path, self.graphs, self.tb = None, None, None, None
-        if info.is_main:
+        if self.info.is_main:
             print(f"recipe: {self.recipe.describe()}", file=sys.stderr, flush=True)
+        return EpochCadence(self.total_epochs * spe, spe, spe, spe, cfg.train.max_steps)
 
-    def load_checkpoint(self, path) -> dict:
-        return ckpt_io.load(path)
-
-    def seed_rank(self, cfg: Config, rank: int) -> None:
-        _seed_everything(cfg.train.seed + SEED_STRIDE * rank)
-
-    def restore(self, run: Run, path: pathlib.Path, ckpt: dict) -> None:
-        """The state, this rank's RNG and partial sums from ``ckpt`` (checked to fit this run)."""
-        st, info = self.state, run.info
-        ranks = ckpt_io.restore(
-            st, ckpt, path, run.cfg, world_size=info.world_size, steps_per_epoch=self.steps_per_epoch
-        )
-        if ranks is not None:
-            set_rng_state(ranks[info.rank]["rng"])
-            st.partial = ranks[info.rank]["partial"].clone()
-        run.step, run.history, run.elapsed = st.step, st.history, st.elapsed_s
+    def load_extra_state(self, run: Run, where: str, state: dict, rank: Optional[dict]) -> None:
+        """Where the epoch stood, and this rank's partial sums (the epoch must have as many steps)."""
+        saved_steps = state.get("steps_per_epoch")
+        if saved_steps is not None and int(saved_steps) != self.steps_per_epoch:
+            raise ValueError(
+                f"cannot resume from {where}: an epoch had {saved_steps} steps, now {self.steps_per_epoch} "
+                "(the training data changed)"
+            )
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        if rank is not None:
+            self.partial = rank["partial"].clone()
 
     def wrap(self, run: Run) -> nn.Module:
         """channels_last, DDP, CUDA graphs or torch.compile as configured; the augmentation."""
         cfg, info = run.cfg, run.info
         if cfg.train.channels_last:
-            run.model = self.state.model = run.model.to(memory_format=torch.channels_last)
+            run.model = run.model.to(memory_format=torch.channels_last)
         model = run.model
         if info.enabled:
             ids = [info.device.index] if info.device.type == "cuda" else None
@@ -313,13 +303,19 @@ class ClassifyTask(Task):
 
     def batches(self, train_set, cfg: Config, info: DistInfo, step: int) -> Iterator:
         """The epoch's batch iterator once a step (the step takes its ``accum`` micro-batches from
-        it), from the state's epoch and step in it on."""
-        st = self.state
+        it), from the epoch and the step in it on."""
         while True:
-            it = self.train_batches.iterate(st.epoch, st.step_in_epoch * self.accum)
+            it = self.train_batches.iterate(self.epoch, self.step_in_epoch * self.accum)
             self.t_epoch, self.seen = time.time(), 0
-            for _ in range(st.step_in_epoch, self.steps_per_epoch):
+            for _ in range(self.step_in_epoch, self.steps_per_epoch):
                 yield it
+
+    def losses(self, model: nn.Module, batch, norm: nn.Module, device: torch.device, amp: str) -> tuple[dict, int]:
+        """The soft-target cross-entropy of ``batch`` (images, soft targets, labels), and its size."""
+        x, target, y = batch
+        with autocast(device, amp):
+            logits = model(x)
+        return {"loss": soft_cross_entropy(logits, target)}, y.numel()
 
     def _batch(self, run: Run, it) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The next batch on the device, augmented and mixed: (images, soft targets, labels)."""
@@ -333,113 +329,111 @@ class ClassifyTask(Task):
 
     def step(self, run: Run, model: nn.Module, it) -> tuple[dict, int]:
         """One optimizer step over ``accum`` micro-batches (or its CUDA graph replayed)."""
-        st = self.state
         step_loss = self._graphed_step(run, model, it) if self.graphs is not None else self._plain_step(run, model, it)
-        st.step += 1
-        st.step_in_epoch += 1
-        st.partial += step_loss
+        self.step_in_epoch += 1
+        self.partial += step_loss
         self.seen += int(step_loss[1])
         return {"loss": step_loss[0] / step_loss[1]}, int(step_loss[1])
 
     def _plain_step(self, run: Run, model: nn.Module, it) -> torch.Tensor:
         """[loss sum, samples] of one step: ``accum`` micro-batches, DDP syncing on the last."""
-        st = self.state
-        st.optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros(2, dtype=torch.float64)
         for m in range(self.accum):
-            x, target, y = self._batch(run, it)
+            batch = self._batch(run, it)
             sync = m == self.accum - 1 or not run.info.enabled
             with contextlib.nullcontext() if sync else model.no_sync():
-                with autocast(run.device, run.amp):
-                    logits = model(x)
-                loss = soft_cross_entropy(logits, target)
-                check_finite(loss, f"epoch {st.epoch}, step {st.step}")
-                backward(loss / self.accum, st.scaler)
-            step_loss += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
-        optimizer_step(st.model.parameters(), st.optimizer, st.scaler, run.cfg.optim.clip_grad)
-        st.sched.step()
-        if st.ema is not None:
-            st.ema.update(st.model)
+                losses, n = self.losses(model, batch, run.norm, run.device, run.amp)
+                loss = losses["loss"]
+                check_finite(loss, f"epoch {self.epoch}, step {run.step}")
+                backward(loss / self.accum, run.scaler)
+            step_loss += torch.tensor([loss.item() * n, n], dtype=torch.float64)
+        optimizer_step(run.model.parameters(), run.optimizer, run.scaler, run.cfg.optim.clip_grad)
+        run.sched.step()
+        if run.ema is not None:
+            run.ema.update(run.model)
         return step_loss
 
     def _graphed_step(self, run: Run, model: nn.Module, it) -> torch.Tensor:
         """:meth:`_plain_step` through :attr:`graphs` (one micro-batch, no scaler): the step with its
         EMA update replayed, the loss read after it, then the schedule written into the tensor lr."""
-        st = self.state
         x, target, y = self._batch(run, it)
-        loss = self.graphs.train_step(st, model, soft_cross_entropy, x, target)
-        check_finite(loss, f"epoch {st.epoch}, step {st.step}")
+        loss = self.graphs.train_step(model, run.optimizer, run.ema, soft_cross_entropy, x, target)
+        check_finite(loss, f"epoch {self.epoch}, step {run.step}")
         step_loss = torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64)
-        st.sched.step()
+        run.sched.step()
         return step_loss
 
     def record(self, run: Run, window, losses: dict, pbar) -> None:
         """The end of an epoch: its loss reduced over the processes, evaluation when due; the
         history row and its line (the files follow in :meth:`saved`, after the epoch's checkpoint)."""
-        st, info = self.state, run.info
+        info = run.info
         epoch_time = time.time() - self.t_epoch
-        sums = all_reduce_sum(st.partial.clone(), info)
+        sums = all_reduce_sum(self.partial.clone(), info)
         row = {
-            "epoch": st.epoch,
-            "step": st.step,
-            "lr": st.lr,
+            "epoch": self.epoch,
+            "step": run.step,
+            "lr": run.sched.get_last_lr(),
             "train_loss": sums[0].item() / max(sums[1].item(), 1),
             "epoch_time_s": round(epoch_time, 2),
             "train_img_s": round(self.seen * info.world_size / max(epoch_time, 1e-9), 1),
         }
-        if (st.epoch + 1) % run.cfg.train.eval_every == 0 or st.epoch + 1 == self.total_epochs:
-            row.update(self._evaluate(run))
-        st.history.append(row)
-        st.epoch, st.step_in_epoch = st.epoch + 1, 0
-        st.partial.zero_()
+        if (self.epoch + 1) % run.cfg.train.eval_every == 0 or self.epoch + 1 == self.total_epochs:
+            row.update(self.evaluate(run.model, run.val_set, run.cfg, run.device, info, "none", run.show, run.ema))
+        run.history.append(row)
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self.partial.zero_()
         self.row = row
         if info.is_main:
-            pbar.write(_epoch_line(row, self.total_epochs), file=sys.stderr)
+            pbar.write(self.eval_line(row), file=sys.stderr)
 
-    def _evaluate(self, run: Run) -> dict:
+    def evaluate(self, model, val_set, cfg, device, info, amp, progress, ema=None) -> dict:
         """val_loss / val_top1 / val_top5 (and val_top1_ema), in fp32 whatever the training
         precision (the authors' validate())."""
-        st, info, graphs = self.state, run.info, self.graphs
-        forward = graphs.eval_forward(st.model) if graphs is not None else None
-        ev = evaluate(st.model, self.val_batches, self.eval_tf, info.device, info, "none", forward)
+        graphs = self.graphs
+        forward = graphs.eval_forward(model) if graphs is not None else None
+        ev = evaluate(model, self.val_batches, self.eval_tf, info.device, info, amp, forward)
         out = dict(val_loss=ev["loss"], val_top1=ev["top1"], val_top5=ev["top5"])
         if ev["n_unreadable"] and info.is_main:
             log.warning("validation: %d images scored, %d unreadable skipped", ev["n"], ev["n_unreadable"])
-        if st.ema is not None:
-            forward = graphs.eval_forward(st.ema.module) if graphs is not None else None
-            ema = evaluate(st.ema.module, self.val_batches, self.eval_tf, info.device, info, "none", forward)
-            out["val_top1_ema"] = ema["top1"]
+        if ema is not None:
+            forward = graphs.eval_forward(ema.module) if graphs is not None else None
+            out["val_top1_ema"] = evaluate(ema.module, self.val_batches, self.eval_tf, info.device, info, amp, forward)[
+                "top1"
+            ]
         return out
 
-    def rank_state(self, run: Run) -> dict:
-        return {"rng": rng_state(), "partial": self.state.partial.clone()}
+    def eval_line(self, row: dict) -> str:
+        return _epoch_line(row, self.total_epochs)
 
-    def checkpoint(self, run: Run, ranks: list) -> dict:
-        extra = {
+    def rank_state(self, run: Run) -> dict:
+        return {"partial": self.partial.clone()}
+
+    def extra_state(self, run: Run) -> dict:
+        """Where the epoch stands, and what evaluation needs to rebuild the model."""
+        return {
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "steps_per_epoch": self.steps_per_epoch,
             "model_name": run.cfg.model.name,
             "model_kwargs": model_kwargs(run.cfg, self.data),
             "pretrained_cfg": self.model_cfg.to_dict(),
         }
-        return ckpt_io.state_dict(
-            self.state,
-            run.cfg,
-            rank_states=ranks,
-            world_size=run.info.world_size,
-            steps_per_epoch=self.steps_per_epoch,
-            extra=extra,
-            t_start=run.t_start,
-        )
 
     def saved(self, run: Run, path: pathlib.Path) -> None:
         """At an epoch's end: best.pth / best_ema.pth, metrics.csv, TensorBoard, curves.png."""
-        self.last_path = path
         if self.row is None:
             return
-        row, self.row, history = self.row, None, self.state.history
+        row, self.row, history = self.row, None, run.history
         keep_best(run.out, history, path)
         write_metrics(history, run.out / "metrics.csv")
         self.tb.log(row)
-        plot_curves(history, run.out / "curves.png", title=run.cfg.model.name)
+        self.picture(run.model, run.val_set, run.cfg, run.device, run.out, run.step, history, None)
+
+    def picture(self, model, val_set, cfg, device, out: pathlib.Path, step: int, history: list, last_eval) -> tuple:
+        """The training curves so far (loss and top-1 per epoch)."""
+        plot_curves(history, out / "curves.png", title=cfg.model.name)
+        return "curves", out / "curves.png"
 
     def graphs_summary(self, cfg: Config) -> dict:
         """``train.cuda_graphs`` as it ran: the setting, whether the steps were graphed (or why not),
@@ -454,62 +448,52 @@ class ClassifyTask(Task):
         return out
 
     def finish(self, run: Run, stopped: Optional[str], signum: Optional[int]) -> dict:
-        st, info, history = self.state, run.info, self.state.history
-        ckpt_path = self.last_path if stopped else run.out / LAST
+        info, history = run.info, run.history
         summary = {
             "model": run.cfg.model.name,
             "model_kwargs": run.cfg.model.kwargs,
             "params": run.n_params,
             "epochs_done": len(history),
-            "steps": st.step,
+            "steps": run.step,
             "world_size": info.world_size,
             "rank": info.rank,
             "device": str(info.device),
             "stopped": stopped,
             "signal": signum if stopped == "signal" else None,
-            "checkpoint": str(ckpt_path) if ckpt_path else None,
+            "checkpoint": str(run.out / LAST),
             "output": str(run.out),
             "recipe": self.recipe.to_dict(),
             "cuda_graphs": self.graphs_summary(run.cfg),
         }
         if history:
-            summary.update(self._results(run.out, history))
+            summary.update(self.summary(run.cfg, history, None, []))
+            for tag, name in (("", ckpt_io.BEST), ("_ema", ckpt_io.BEST_EMA)):
+                if f"best_val_top1{tag}" in summary:
+                    summary[f"best{tag}_checkpoint"] = str(run.out / name)
         if stopped is None:
-            summary["train_time_s"] = round(st.elapsed_s + time.time() - run.t_start, 1)
+            summary["train_time_s"] = round(run.elapsed + time.time() - run.t_start, 1)
             if info.is_main:
                 self._write_summary(run, summary)
-        elif info.is_main:
-            how = (
-                "run the same command again"
-                if run.cfg.train.resume == "auto"
-                else "run the same command with --resume auto"
-            )
-            print(
-                f"stopped ({stopped}) at step {st.step}; checkpoint {ckpt_path}; {how} to continue",
-                file=sys.stderr,
-                flush=True,
-            )
         return summary
 
-    def _results(self, out: pathlib.Path, history: list[dict]) -> dict:
+    def summary(self, cfg: Config, history: list, last_eval: Optional[dict], classes: list) -> dict:
         """The last epoch's numbers, the median throughput and the best epochs."""
         last = history[-1]
         res = {
             "final": {k: last.get(k) for k in ("train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema")},
             "train_img_s": round(float(np.median([r["train_img_s"] for r in history])), 1),
         }
-        for key, tag, name in (("val_top1", "", ckpt_io.BEST), ("val_top1_ema", "_ema", ckpt_io.BEST_EMA)):
+        for key, tag in (("val_top1", ""), ("val_top1_ema", "_ema")):
             best = _best(history, key)
             if best is not None:
                 res[f"best_val_top1{tag}"] = best["value"]
                 res[f"best{tag}_epoch"] = best["epoch"]
-                res[f"best{tag}_checkpoint"] = str(out / name)
         return res
 
     def _write_summary(self, run: Run, summary: dict) -> None:
         d = self.data
         try:
-            summary["macs"] = profile(self.state.model, (d.in_chans, d.img_size, d.img_size)).macs
+            summary["macs"] = profile(run.model, (d.in_chans, d.img_size, d.img_size)).macs
         except Exception as e:  # counting is a report, never a reason to fail a finished run
             log.warning("MAC count failed: %s", e)
         summary["curves"] = str(run.out / "curves.png")

@@ -34,14 +34,14 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .._io import read_json
-from ..layers import uses_local_residual
-from ..models import PATTERN_KINDS
-from ..runtime.output import claim_output
-from ..runtime.report import markdown_table, write_json
-from ..train.config import Config, configs_dir
-from .doc_section import check_doc
-from .reproduce import write_section
+from ..._io import read_json
+from ...layers import uses_local_residual
+from ...models import PATTERN_KINDS
+from ...runtime.output import claim_output
+from ...runtime.report import markdown_table, write_json
+from ...train.config import Config, configs_dir
+from ..doc_section import check_doc
+from ..reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
 FEATURE_MAPS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
@@ -213,7 +213,7 @@ def run_one(
     setting: Setting, seed: int, budget: Budget, output: pathlib.Path, config_dir: pathlib.Path
 ) -> Optional[dict]:
     """Train (or finish) one run and return its record; None when a signal stopped it."""
-    from ..train.engine import train
+    from ...train.task import train
 
     run_dir = output / setting.key / f"seed{seed}"
     ov = list(setting.overrides) + _budget_overrides(setting, budget)
@@ -246,8 +246,8 @@ def run_one(
 
 def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) -> dict:
     """Part e on one trained run: top-1 unmasked, local k x k masked, as many random keys masked."""
-    from ..analysis.common import ImageBatches, load_images, load_model
-    from ..analysis.masking import masked_accuracy
+    from ...analysis.common import ImageBatches, load_images, load_model
+    from ...analysis.masking import masked_accuracy
 
     lm = load_model(None, output / setting.key / f"seed{seed}")
     images = load_images("fmnist", num_images=budget.mask_images)
@@ -312,8 +312,8 @@ def part_d_runs(output, kinds: Optional[Sequence[str]] = None, seed: int = 0) ->
 
 def bench_one(setting: Setting, budget: Budget, config_dir: pathlib.Path) -> dict:
     """Inference img/s of the setting's model (random weights: speed does not depend on them), one thread."""
-    from ..models import create_model
-    from ..train.evaluate import inference_throughput
+    from ...models import create_model
+    from ...train.evaluate import inference_throughput
 
     cfg = Config.load(config_dir / setting.config, list(setting.overrides))
     img = cfg.data.img_size or 28

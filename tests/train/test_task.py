@@ -1,4 +1,4 @@
-"""The engine: short runs on generated data, exact resume, interruption, gradient accumulation."""
+"""Classification training: short runs on generated data, exact resume, interruption, gradient accumulation."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import torch
 from inline_attn.models import create_model
 from inline_attn.train import checkpoint as ckpt_io
 from inline_attn.train.config import Config
-from inline_attn.train.engine import train
+from inline_attn.train.task import train
 from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model
 
 from train_helpers import base_overrides, make_fmnist, make_folder
@@ -155,10 +155,10 @@ def test_gradient_accumulation_matches_big_batch(tmp_path):
 def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
     """A SIGTERM during step 2 stops the run at the end of that step with a checkpoint."""
     root = make_folder(tmp_path / "imgs", per_class=3)
-    from inline_attn.train import engine
+    from inline_attn.train import task as task_mod
 
     calls = {"n": 0}
-    real = engine.soft_cross_entropy
+    real = task_mod.soft_cross_entropy
 
     def loss_then_signal(logits, target):
         calls["n"] += 1
@@ -166,7 +166,7 @@ def test_sigterm_saves_and_returns_then_resumes(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)
         return real(logits, target)
 
-    monkeypatch.setattr(engine, "soft_cross_entropy", loss_then_signal)
+    monkeypatch.setattr(task_mod, "soft_cross_entropy", loss_then_signal)
     ov = {"data.path": str(root), "data.img_size": 16, "sched.epochs": 2}
     s = train(Config.load(None, base_overrides(tmp_path / "run", **ov)))
     assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 2
@@ -204,11 +204,11 @@ def test_schedule_state_restores_the_step():
 def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
     root = make_folder(tmp_path / "imgs", per_class=3)
     ov = {"data.path": str(root), "data.img_size": 16}
-    from inline_attn.train import engine
+    from inline_attn.train import task as task_mod
 
     precisions = []
-    real = engine.evaluate
-    monkeypatch.setattr(engine, "evaluate", lambda *a, **k: precisions.append(a[5]) or real(*a, **k))
+    real = task_mod.evaluate
+    monkeypatch.setattr(task_mod, "evaluate", lambda *a, **k: precisions.append(a[5]) or real(*a, **k))
     s = train(Config.load(None, base_overrides(tmp_path / "bf16", **ov, **{"train.amp": "bf16", "train.ema": True})))
     assert s["steps"] == 2 and s["final"]["train_loss"] == s["final"]["train_loss"]  # finite, not NaN
     assert precisions == ["none", "none"]  # the model and its EMA are evaluated in fp32
@@ -221,7 +221,7 @@ def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
 def test_best_checkpoints_follow_the_best_top1_of_model_and_ema(tmp_path):
     """best.pth / best_ema.pth: the checkpoint of the epoch with the best top-1 so far, a tie going
     to the later epoch (the authors' max_acc.pth, max_ema_acc.pth)."""
-    from inline_attn.train.engine import _best, keep_best
+    from inline_attn.train.task import _best, keep_best
 
     history = []
     for epoch, (top1, ema) in enumerate([(50.0, 40.0), (60.0, 35.0), (60.0, 45.0), (55.0, 44.0)]):

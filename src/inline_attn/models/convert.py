@@ -1,0 +1,314 @@
+"""Put InLine into an existing model: :func:`convert` replaces its attention modules in place.
+
+Recognised modules (by their structure: neither timm nor torchvision is imported):
+
+- timm's ``Attention`` (ViT, DeiT, and EVA-style layouts with ``q_proj`` / ``k_proj`` / ``v_proj``;
+  called ``attn(x, attn_mask=None, is_causal=False)``) -> :class:`InLineTimmAttention`;
+- timm Swin's ``WindowAttention`` (``attn(x_windows, mask=None)``) -> :class:`InLineWindowAttention`;
+  the window is the grid, and the shift mask is not applied (as the reference InLine-Swin blocks);
+  the relative position bias table is dropped;
+- any ``nn.MultiheadAttention`` (torchvision's ViT encoder among them; batch_first or not) ->
+  :class:`InLineMultiheadAttention`, called the same way and returning ``(out, None)``.
+
+The replacement is called exactly as the module it replaces. Projections (q, k, v and the output)
+are copied bit for bit. The local residual (paper Sec. 4.2) needs the token grid: it comes from the
+model's patch convolution (``patch_embed.proj`` in timm, ``conv_proj`` in torchvision; a forward
+hook records each input's grid, so it follows the input size; the tokens before the grid are the
+prefix tokens), from the window (Swin), or from a square token count after ``num_prefix_tokens``.
+Its predictor's last layer starts at zero, so the residual starts as a no-op and fine-tuning starts
+from the network as it was, with the softmax replaced by its first-order expansion.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from ..layers.local_residual import LocalResidual
+from ..ops import inline_attention, linear_attention
+from ..ops.tokens import add_to_grid_tokens, grid_residual
+
+CONVERT_KINDS = ("inline", "linear")
+
+
+class TokenGrid:
+    """The token grid of the model's current input: set by a forward hook on its patch convolution
+    (:meth:`follow`), or a fixed (H, W) (a window), or the square count after ``num_prefix_tokens``."""
+
+    def __init__(self, fixed: Optional[tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None):
+        self.current = fixed
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def follow(self, conv: nn.Module) -> None:
+        def record(_module, _inputs, output):
+            self.current = (int(output.shape[-2]), int(output.shape[-1]))
+
+        conv.register_forward_hook(record)
+
+    def locate(self, n: int) -> tuple[tuple[int, int], int]:
+        """(grid (H, W), prefix token count) for n tokens."""
+        if self.current is None:
+            p = self.num_prefix_tokens or 0
+            side = math.isqrt(max(n - p, 0))
+            if side * side != n - p or side == 0:
+                raise ValueError(f"{n} tokens after {p} prefix tokens are not a square grid: pass num_prefix_tokens")
+            return (side, side), p
+        h, w = self.current
+        if n < h * w:
+            raise ValueError(f"{n} tokens cannot hold the model's {h}x{w} patch grid")
+        return (h, w), n - h * w
+
+
+def _zero_last_layer(residual: LocalResidual) -> LocalResidual:
+    last = residual[2]
+    nn.init.zeros_(last.weight)
+    nn.init.zeros_(last.bias)
+    return residual
+
+
+class _Converted(nn.Module):
+    """What the replacements share: the attention kind, the grid and the local residual."""
+
+    def __init__(self, kind: str, dim: int, num_heads: int, grid: Optional[TokenGrid], scale: float, context: int):
+        """dim: the attention's channels (V's); context: the input's (the residual needs both equal)."""
+        super().__init__()
+        self.kind, self.num_heads, self.scale = kind, num_heads, scale
+        self.grid = grid
+        with_residual = grid is not None and context == dim
+        self.residual = _zero_last_layer(LocalResidual(dim, num_heads)) if with_residual else None
+
+    def attend(self, x, q, k, v, key_padding_mask=None, is_causal=False):
+        """x: [B, N, C] the layer input (the residual's context); q, k, v: [B, h, N, d] -> [B, N, C]."""
+        if self.kind == "inline":
+            out = inline_attention(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale)
+        else:
+            out = linear_attention(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        b, h, n, d = out.shape
+        out = out.transpose(1, 2).reshape(b, n, h * d)
+        if self.residual is None or is_causal or q.shape[2] != k.shape[2]:
+            return out  # the residual is for self-attention on a grid, and would see later tokens
+        grid, prefix = self.grid.locate(n)
+        weights = self.residual.predict(x.mean(dim=1))
+        v_tokens = v.transpose(1, 2).reshape(b, n, h * d)
+        return add_to_grid_tokens(out, grid_residual(v_tokens, weights, grid, prefix).to(out.dtype), prefix)
+
+
+class InLineTimmAttention(_Converted):
+    """Replaces timm's ``Attention``: ``forward(x, attn_mask=None, is_causal=False) -> [B, N, C]``,
+    with its attribute names (qkv or q_proj / k_proj / v_proj, q_norm, k_norm, norm, proj, ...).
+    ``attn_mask`` must be None: InLine's linear form has no per-pair masks."""
+
+    def __init__(self, old: nn.Module, kind: str, grid: Optional[TokenGrid]):
+        head_dim = old.head_dim
+        projection = old.qkv if getattr(old, "qkv", None) is not None else old.q_proj
+        scale = getattr(old, "scale", head_dim**-0.5)
+        super().__init__(kind, head_dim * old.num_heads, old.num_heads, grid, scale, projection.in_features)
+        self.head_dim, self.attn_dim = head_dim, head_dim * old.num_heads
+        for name in ("qkv", "q_proj", "k_proj", "v_proj", "proj"):  # the projections: the same modules
+            setattr(self, name, getattr(old, name, None))
+        for name in ("q_norm", "k_norm", "attn_drop", "norm", "proj_drop"):  # optional in older timm
+            setattr(self, name, getattr(old, name, None) or nn.Identity())
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False):
+        b, n, _ = x.shape
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            q, k, v = (
+                p(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+                for p in (self.q_proj, self.k_proj, self.v_proj)
+            )
+        q, k = self.q_norm(q), self.k_norm(k)
+        _no_pair_mask(attn_mask)
+        out = self.attend(x, q, k, v, is_causal=is_causal)
+        return self.proj_drop(self.proj(self.norm(out)))
+
+
+class InLineWindowAttention(_Converted):
+    """Replaces timm Swin's ``WindowAttention``: ``forward(x, mask=None)`` on [B * windows, Wh * Ww, C];
+    the shift mask is accepted and not applied (the reference InLine-Swin blocks)."""
+
+    def __init__(self, old: nn.Module, kind: str, residual: bool):
+        ws = (old.window_size, old.window_size) if isinstance(old.window_size, int) else tuple(old.window_size)
+        dim, attn_dim = old.qkv.in_features, old.qkv.out_features // 3
+        grid = TokenGrid(fixed=ws) if residual else None
+        super().__init__(kind, attn_dim, old.num_heads, grid, old.scale, dim)
+        self.dim, self.window_size, self.window_area = dim, ws, ws[0] * ws[1]
+        self.head_dim = attn_dim // old.num_heads
+        self.qkv, self.attn_drop, self.proj, self.proj_drop = old.qkv, old.attn_drop, old.proj, old.proj_drop
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.proj_drop(self.proj(self.attend(x, q, k, v)))
+
+
+def _no_pair_mask(attn_mask) -> None:
+    if attn_mask is not None:
+        raise ValueError(
+            f"a converted InLine attention takes no attn_mask (got {attn_mask.dtype} {tuple(attn_mask.shape)}): "
+            "InLine's linear form has no per-pair masks; use a key-padding mask or is_causal"
+        )
+
+
+class InLineMultiheadAttention(_Converted):
+    """Replaces ``nn.MultiheadAttention``, with its parameter names (``in_proj_weight`` or
+    ``q_proj_weight`` / ``k_proj_weight`` / ``v_proj_weight``, ``in_proj_bias``, ``out_proj``):
+    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False) -> (out, None)``. No weights are formed, so none are
+    returned; ``attn_mask`` is taken only as the causal mask (with ``is_causal=True``)."""
+
+    def __init__(self, old: nn.MultiheadAttention, kind: str, grid: Optional[TokenGrid]):
+        if old.bias_k is not None or old.add_zero_attn:
+            raise ValueError("nn.MultiheadAttention with add_bias_kv or add_zero_attn has no InLine form")
+        e = old.embed_dim
+        super().__init__(kind, e, old.num_heads, grid, (e // old.num_heads) ** -0.5, e)
+        self.embed_dim, self.kdim, self.vdim, self.head_dim = e, old.kdim, old.vdim, e // old.num_heads
+        self.batch_first, self._qkv_same_embed_dim = old.batch_first, old._qkv_same_embed_dim
+        for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
+            setattr(self, name, getattr(old, name))
+        self.out_proj = old.out_proj
+
+    def _projections(self) -> tuple[tuple[torch.Tensor, ...], tuple[Optional[torch.Tensor], ...]]:
+        if self._qkv_same_embed_dim:
+            weights = self.in_proj_weight.chunk(3)
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        biases = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
+        return weights, biases
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: Optional[torch.Tensor] = None,
+        need_weights: bool = True,
+        attn_mask: Optional[torch.Tensor] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, None]:
+        if attn_mask is not None and not is_causal:
+            _no_pair_mask(attn_mask)
+        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+            raise ValueError(f"key_padding_mask must be bool (True = padding) for InLine, got {key_padding_mask.dtype}")
+        inputs = (query, key, value) if self.batch_first else (t.transpose(0, 1) for t in (query, key, value))
+        weights, biases = self._projections()
+        heads = [
+            nn.functional.linear(t, w, b).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+            for t, w, b in zip(inputs, weights, biases, strict=True)
+        ]
+        x = query if self.batch_first else query.transpose(0, 1)
+        out = self.out_proj(self.attend(x, *heads, key_padding_mask=key_padding_mask, is_causal=is_causal))
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One replaced module: its path, the old and new class, and the parameters added (the local
+    residual's predictor) and dropped (e.g. Swin's relative position bias table)."""
+
+    path: str
+    old_class: str
+    new_class: str
+    params_added: int
+    params_dropped: int
+
+
+class ChangeTable(list):
+    """The :class:`Change` rows of one :func:`convert`; ``str()`` is a Markdown table."""
+
+    def __str__(self) -> str:
+        rows = ["| module | was | now | params added | params dropped |", "|---|---|---|---:|---:|"]
+        rows += [
+            f"| {c.path} | {c.old_class} | {c.new_class} | {c.params_added:,} | {c.params_dropped:,} |" for c in self
+        ]
+        return "\n".join(rows)
+
+
+def _kind_of(module: nn.Module) -> Optional[str]:
+    """Which replacement a module takes ("mha", "window", "timm"), or None."""
+    if type(module).__module__.startswith("inline_attn"):
+        return None
+    if isinstance(module, nn.MultiheadAttention):
+        return "mha"
+
+    def has(*names):
+        return all(hasattr(module, n) for n in names)
+
+    if has("qkv", "num_heads", "proj", "window_size", "relative_position_bias_table"):
+        return "window"
+    if has("num_heads", "head_dim", "proj") and (has("qkv") or has("q_proj", "k_proj", "v_proj")):
+        if "rope" in inspect.signature(module.forward).parameters:
+            raise ValueError(f"{type(module).__name__} takes rotary embeddings (rope), which convert does not handle")
+        return "timm"
+    return None
+
+
+def _model_grid(model: nn.Module, num_prefix_tokens: Optional[int], local_residual: Optional[bool]):
+    """The model's :class:`TokenGrid` (None: no local residual outside windows)."""
+    if local_residual is False:
+        return None
+    for path in ("patch_embed.proj", "conv_proj"):  # timm, torchvision
+        try:
+            conv = model.get_submodule(path)
+        except AttributeError:
+            continue
+        grid = TokenGrid()
+        grid.follow(conv)
+        return grid
+    if num_prefix_tokens is not None:
+        return TokenGrid(num_prefix_tokens=num_prefix_tokens)
+    if local_residual:
+        raise ValueError("local_residual=True needs the token grid: no patch convolution found, pass num_prefix_tokens")
+    return None
+
+
+def convert(
+    model: nn.Module,
+    kind: str = "inline",
+    *,
+    num_prefix_tokens: Optional[int] = None,
+    local_residual: Optional[bool] = None,
+) -> ChangeTable:
+    """Replace the attention modules of ``model`` in place (see the module docstring).
+
+    Args:
+        model: any ``nn.Module``; timm / torchvision models included.
+        kind: "inline" (paper Eq. 5 with the local residual) or "linear" (no residual).
+        num_prefix_tokens: tokens before a square grid, where the model has no patch convolution.
+        local_residual: None = where the grid is known (inline only); False = never; True = required.
+    Returns:
+        the :class:`ChangeTable` of what changed (``print`` it for a Markdown table).
+    """
+    if kind not in CONVERT_KINDS:
+        raise ValueError(f"unknown kind {kind!r}: convert takes one of {CONVERT_KINDS}")
+    grid = _model_grid(model, num_prefix_tokens, local_residual) if kind == "inline" else None
+    targets = [(path, m, _kind_of(m)) for path, m in model.named_modules()]
+    changes = ChangeTable()
+    for path, old, which in targets:
+        if which is None:
+            continue
+        if not path:
+            raise ValueError(
+                f"convert replaces the attention modules inside a model; got a {type(old).__name__} itself"
+            )
+        if which == "mha":
+            new = InLineMultiheadAttention(old, kind, grid)
+        elif which == "window":
+            new = InLineWindowAttention(old, kind, kind == "inline" and local_residual is not False)
+        else:
+            new = InLineTimmAttention(old, kind, grid)
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent), name, new)
+        kept = {id(p) for p in new.parameters()}
+        was = {id(p) for p in old.parameters()}
+        added = sum(p.numel() for p in new.parameters() if id(p) not in was)
+        dropped = sum(p.numel() for p in old.parameters() if id(p) not in kept)
+        changes.append(Change(path, type(old).__name__, type(new).__name__, added, dropped))
+    return changes

@@ -1,0 +1,248 @@
+"""The streaming Triton kernels of the InLine layer core: one program per (sample, head) with few
+live registers, the launchers' default wherever the (sample, head) pairs fill the GPU (paper Eq. 5
+and Sec. 4.2, identity feature map; the notation of :mod:`.triton_kernels`).
+
+Each program streams over its tokens twice in tiles of BLOCK_N rows: a reduction loop (the d x d
+products and the means), then a token loop (the outputs). Only the d x d accumulators, a few
+vectors and the tiles in flight are live, so many programs share a multiprocessor (occupancy hides
+the loads' latency), where the resident launch of :mod:`.triton_kernels` holds a whole problem per
+program (one 8-warp program per multiprocessor).
+
+Precision. With ``NARROW`` (bf16 / fp16 inputs on a GPU) the tiles go into ``tl.dot`` in the
+inputs' dtype, with fp32 accumulation:
+
+- K and V are shifted by their token-0 row in fp32 before they are rounded to the operand dtype,
+  so the rounded values are of the spread's size even when the activations' mean is far from zero,
+  and M is the small fp32 correction of the shifted sums,
+  ``M = alpha (S - s_k s_v^T / N)`` with ``S = sum (K - k_0)^T (V - v_0)`` and ``s = sum (X - x_0)``;
+  the backward centres V and K on their exact means the same way before rounding them.
+- The fp32 matrices a token loop multiplies by (M and dM) are split into two operands,
+  ``hi = M rounded`` and ``lo = (M - hi) rounded``, and multiplied twice: 16 bits of M instead of
+  8, for one more tensor-core product on a loop bounded by memory.
+
+Without ``NARROW`` (fp32 inputs, or Triton's interpreter, whose bf16 ``tl.dot`` is wrong,
+triton#11584) every operand is fp32 and the products use ``PREC``.
+
+Neither kernel uses atomics: results are bit-reproducible run to run. Arguments as the fused
+kernels of :mod:`.triton_kernels` (views with their strides, ``geo = (N, C, H, W, P, heads)``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_kernels import _add_taps, _block, _dense, _grads, _grid_coords, _pair, _row, _shifted_tile, _view
+
+
+@triton.jit
+def _operand(x, NARROW: tl.constexpr, OPS: tl.constexpr):
+    """An fp32 tile as a tl.dot operand: in the inputs' dtype OPS with NARROW, else fp32."""
+    if NARROW:
+        x = x.to(OPS)
+    return x
+
+
+@triton.jit
+def _load(view, n, mask, NARROW: tl.constexpr):
+    """A [BLOCK_N, BD] tile of a view as a tl.dot operand: as stored with NARROW (no conversion,
+    half the registers of fp32), else fp32."""
+    ptr, sn, cols = view
+    t = tl.load(ptr + n[:, None] * sn + cols[None, :], mask=mask, other=0.0)
+    if not NARROW:
+        t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
+def _shifted(view, n, m2, shift):
+    """The fp32 tile of a view's rows n minus ``shift`` (a [BD] row), masked rows zero."""
+    ptr, sn, cols = view
+    t = tl.load(ptr + n[:, None] * sn + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    return tl.where(m2, t - shift[None, :], 0.0)
+
+
+@triton.jit
+def _hi_lo(m, NARROW: tl.constexpr, OPS: tl.constexpr):
+    """An fp32 matrix as two operands whose sum is it to 16 bits (NARROW), or as itself (hi; lo unused)."""
+    hi = m
+    lo = m
+    if NARROW:
+        hi = m.to(OPS)
+        lo = (m - hi.to(tl.float32)).to(OPS)
+    return hi, lo
+
+
+@triton.jit
+def _times(a, hi, lo, NARROW: tl.constexpr, PREC: tl.constexpr):
+    """a @ (hi + lo): two products with NARROW, one (hi is the fp32 matrix) without."""
+    out = tl.dot(a, hi, input_precision=PREC)
+    if NARROW:
+        out = tl.dot(a, lo, out, input_precision=PREC)
+    return out
+
+
+@triton.jit
+def _stream_stats(
+    k, v, cmask, ck, cv, N, BD: tl.constexpr, BLOCK_N: tl.constexpr, NARROW: tl.constexpr, PREC: tl.constexpr
+):
+    """The reduction over all tokens of K - ck and V - cv: (S, the key sums, the value sums)."""
+    OPS: tl.constexpr = k[0].dtype.element_ty
+    s = tl.zeros([BD, BD], dtype=tl.float32)
+    sk = tl.zeros([BD], dtype=tl.float32)
+    sv = tl.zeros([BD], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        n, m2 = _block(start, N, cmask, BLOCK_N)
+        kt = _shifted(k, n, m2, ck)
+        vt = _shifted(v, n, m2, cv)
+        sk += tl.sum(kt, axis=0)
+        sv += tl.sum(vt, axis=0)
+        s = tl.dot(tl.trans(_operand(kt, NARROW, OPS)), _operand(vt, NARROW, OPS), s, input_precision=PREC)
+    return s, sk, sv
+
+
+@triton.jit
+def inline_fwd_stream(
+    Q,
+    K,
+    V,
+    W9,
+    O,
+    q_st,
+    k_st,
+    v_st,
+    geo,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    NARROW: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (sample, head): M = alpha (S - s_k s_v^T / N) streamed over the tokens,
+    then O = Q M + v_bar + R(V, w) streamed over them again."""
+    N, C, _, _, _, heads = geo
+    OPS: tl.constexpr = Q.dtype.element_ty
+    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
+    k, v = _view(K, k_st, b, ch), _view(V, v_st, b, ch)
+    cv = _row(v, 0, cmask)
+    s, sk, sv = _stream_stats(k, v, cmask, _row(k, 0, cmask), cv, N, BD, BLOCK_N, NARROW, PREC)
+    m_hi, m_lo = _hi_lo((s - sk[:, None] * (sv / N)[None, :]) * (scale / N), NARROW, OPS)
+    vbar = cv + sv / N
+    q, w9, o = _view(Q, q_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
+    for start in range(0, N, BLOCK_N):
+        n, m2 = _block(start, N, cmask, BLOCK_N)
+        out = _times(_load(q, n, m2, NARROW), m_hi, m_lo, NARROW, PREC) + vbar[None, :]
+        if HAS_RES:
+            out = _add_taps(out, w9, v, cmask, _grid_coords(n, N, geo), geo, 1)
+        ptr, sn, cols = o
+        tl.store(ptr + n[:, None] * sn + cols[None, :], out.to(ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _stream_bwd_sums(
+    q,
+    k,
+    v,
+    g,
+    cmask,
+    ck,
+    cv,
+    geo,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    NARROW: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """The backward's reduction over all tokens: the forward's sums (M is recomputed), dM = Q^T G,
+    sum G and the residual's weight gradient dw[t] = sum_n G_n * V_{n+t} ([16, BD], rows 0..8)."""
+    N = geo[0]
+    OPS: tl.constexpr = q[0].dtype.element_ty
+    s = tl.zeros([BD, BD], dtype=tl.float32)
+    dm = tl.zeros([BD, BD], dtype=tl.float32)
+    sk = tl.zeros([BD], dtype=tl.float32)
+    sv = tl.zeros([BD], dtype=tl.float32)
+    gs = tl.zeros([BD], dtype=tl.float32)
+    dw = tl.zeros([16, BD], dtype=tl.float32)
+    taps = tl.arange(0, 16)
+    for start in range(0, N, BLOCK_N):
+        n, m2 = _block(start, N, cmask, BLOCK_N)
+        kt = _shifted(k, n, m2, ck)
+        vt = _shifted(v, n, m2, cv)
+        sk += tl.sum(kt, axis=0)
+        sv += tl.sum(vt, axis=0)
+        s = tl.dot(tl.trans(_operand(kt, NARROW, OPS)), _operand(vt, NARROW, OPS), s, input_precision=PREC)
+        gt = _load(g, n, m2, NARROW)
+        dm = tl.dot(tl.trans(_load(q, n, m2, NARROW)), gt, dm, input_precision=PREC)
+        gf = gt.to(tl.float32)
+        gs += tl.sum(gf, axis=0)
+        if HAS_RES:
+            cells = _grid_coords(n, N, geo)
+            gf = tl.where(cells[2][:, None], gf, 0.0)
+            for t in range(9):  # a loop: unrolled, the nine shifted tiles' loads are hoisted together
+                vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
+                dw += tl.where(taps[:, None] == t, tl.sum(gf * vn, axis=0)[None, :], 0.0)
+    return s, sk, sv, dm, gs, dw
+
+
+@triton.jit
+def inline_bwd_stream(
+    Q,
+    K,
+    V,
+    W9,
+    G,
+    DQ,
+    DK,
+    DV,
+    DW,
+    q_st,
+    k_st,
+    v_st,
+    g_st,
+    geo,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    NARROW: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (sample, head): the reduction (M recomputed, dM, the means, dw), then
+    dQ = G M^T, dK = alpha (V - v_bar) dM^T, dV = alpha (K - k_bar) dM + g_bar + R^T(G, w) streamed
+    over the tokens again."""
+    N, C, _, _, _, heads = geo
+    OPS: tl.constexpr = Q.dtype.element_ty
+    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
+    q, k, v, g = _view(Q, q_st, b, ch), _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
+    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    s, sk, sv, dm, gs, dw = _stream_bwd_sums(q, k, v, g, cmask, ck, cv, geo, BD, BLOCK_N, HAS_RES, NARROW, PREC)
+    alpha = scale / N
+    if HAS_RES:
+        taps = tl.arange(0, 16)
+        dw_out = _dense(DW, b, 9, C, ch)
+        mask = (taps < 9)[:, None] & cmask[None, :]
+        tl.store(dw_out[0] + taps[:, None] * dw_out[1] + dw_out[2][None, :], dw.to(DW.dtype.element_ty), mask=mask)
+    mt_hi, mt_lo = _hi_lo(tl.trans((s - sk[:, None] * (sv / N)[None, :]) * alpha), NARROW, OPS)
+    dm_hi, dm_lo = _hi_lo(dm, NARROW, OPS)
+    dmt_hi, dmt_lo = _hi_lo(tl.trans(dm), NARROW, OPS)
+    kbar, vbar, gbar = ck + sk / N, cv + sv / N, gs / N
+    dq_out, dk_out, dv_out = _grads(DQ, DK, DV, b, N, C, ch)
+    w9 = _dense(W9, b, 9, C, ch)
+    for start in range(0, N, BLOCK_N):
+        n, m2 = _block(start, N, cmask, BLOCK_N)
+        rows = n[:, None] * C
+        # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
+        dq = _times(_load(g, n, m2, NARROW), mt_hi, mt_lo, NARROW, PREC)
+        tl.store(dq_out[0] + rows + dq_out[2][None, :], dq.to(DQ.dtype.element_ty), mask=m2)
+        vc = _operand(_shifted(v, n, m2, vbar), NARROW, OPS)
+        dk = _times(vc, dmt_hi, dmt_lo, NARROW, PREC) * alpha
+        tl.store(dk_out[0] + rows + dk_out[2][None, :], dk.to(DK.dtype.element_ty), mask=m2)
+        kc = _operand(_shifted(k, n, m2, kbar), NARROW, OPS)
+        dv = _times(kc, dm_hi, dm_lo, NARROW, PREC) * alpha + gbar[None, :]
+        if HAS_RES:
+            dv = _add_taps(dv, w9, g, cmask, _grid_coords(n, N, geo), geo, -1)
+        tl.store(dv_out[0] + rows + dv_out[2][None, :], dv.to(DV.dtype.element_ty), mask=m2)
