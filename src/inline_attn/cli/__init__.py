@@ -64,8 +64,7 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParse
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     try:
         rc = args.func(args)
     except ValueError as e:  # user errors: one clear line, no traceback
