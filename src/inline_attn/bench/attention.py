@@ -231,6 +231,19 @@ def _measure_grids(
     return rows, why_not
 
 
+def _announce(grids: int, kinds: int, modes: int, budget_s: Optional[float]) -> None:
+    """One line on stderr before a sweep: its cases and how long their timed rounds may take."""
+    cases = grids * kinds * modes
+    bound = (
+        f"; rounds stop after {budget_s:g} s a case (about {cases * budget_s / 60:.1f} min in all)" if budget_s else ""
+    )
+    print(
+        f"bench attention: {cases} cases ({grids} grids x {kinds} kinds x {modes} modes){bound}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 #: ``--quick``: three small grids, few rounds, a short budget per case
 QUICK = {"sizes": (7, 14, 28), "repeats": 3, "budget_s": 2.0}
 
@@ -278,8 +291,6 @@ def bench_attention(
             ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
             ungraphed and ``meta["why_not_graphed"]`` says why.
         quick: :data:`QUICK` instead of ``sizes``, ``repeats`` and ``budget_s`` (a first look).
-
-    Says on stderr how many cases it times and the most time their rounds may take.
     """
     if quick:
         sizes, repeats, budget_s = QUICK["sizes"], QUICK["repeats"], QUICK["budget_s"]
@@ -291,15 +302,7 @@ def bench_attention(
     timing = PointTiming(warmup, repeats, budget_s, memory, cuda_graphs)
     torch.manual_seed(seed)
     rate = measure_matmul_rate(dtype=autocast or dt, device=dev)
-    cases = len(sizes) * len(parsed) * len(modes)
-    bound = (
-        f"; rounds stop after {budget_s:g} s a case (about {cases * budget_s / 60:.1f} min in all)" if budget_s else ""
-    )
-    print(
-        f"bench attention: {cases} cases ({len(sizes)} grids x {len(parsed)} kinds x {len(modes)} modes){bound}",
-        file=sys.stderr,
-        flush=True,
-    )
+    _announce(len(sizes), len(parsed), len(modes), budget_s)
     rows, why_not = _measure_grids(sweep, sizes, batch, token_budget, rate, timing)
     return {
         "meta": {
