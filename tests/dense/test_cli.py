@@ -187,3 +187,14 @@ def test_eval_of_a_checkpoint_with_nan_weights_is_refused(task, what, demo_check
     assert main([task, "eval", "--checkpoint", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"checkpoint {bad}: " in err and f"{what} are NaN or inf; a model whose outputs are not finite" in err
+
+
+def test_eval_help_lists_only_the_settings_evaluation_reads(capsys):
+    from inline_attn.cli import main
+
+    for argv in (["seg", "eval", "--help"], ["det", "eval", "--help"], ["seg", "info", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = capsys.readouterr().out
+        assert "--data.path" in text and "--model.backbone" in text and "--set KEY=VALUE" in text
+        assert not any(f"--{s}." in text for s in ("optim", "sched", "train")), argv

@@ -29,8 +29,12 @@ def _configs_dir() -> pathlib.Path:
     return configs_dir()
 
 
-def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig) -> None:
-    add_override_options(p, config, "model.backbone_kwargs.pattern=SSSS")
+# what evaluation and model info read of a config (the optimizer, schedule and run settings are training's)
+EVAL_SECTIONS = ("model", "data", "eval")
+
+
+def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig, sections=None) -> None:
+    add_override_options(p, config, "model.backbone_kwargs.pattern=SSSS", sections)
 
 
 def _overrides(args: argparse.Namespace) -> list:
@@ -313,7 +317,7 @@ def register_seg(subparsers) -> None:
     _eval_args(p)
     p.add_argument("--per-class", action="store_true", help="print each class's IoU and accuracy")
     p.add_argument("--png", help="write a PNG of a few predictions beside the ground truth")
-    _add_overrides(p)
+    _add_overrides(p, sections=EVAL_SECTIONS)
     p.set_defaults(func=cmd_eval)
 
     _demo_and_compare(
@@ -348,7 +352,7 @@ def register_seg(subparsers) -> None:
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--macs", action="store_true", help="also count MACs at the crop size (slow for big models)")
     p.add_argument("--json", action="store_true")
-    _add_overrides(p)
+    _add_overrides(p, sections=EVAL_SECTIONS)
     p.set_defaults(func=cmd_info)
 
 
@@ -371,7 +375,7 @@ def register_det(subparsers) -> None:
     )
     _eval_args(p)
     p.add_argument("--png", help="write a PNG of a few images: ground truth beside the detections")
-    _add_overrides(p, DetConfig)
+    _add_overrides(p, DetConfig, EVAL_SECTIONS)
     p.set_defaults(func=cmd_det_eval)
 
     _demo_and_compare(
