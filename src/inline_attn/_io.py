@@ -3,7 +3,9 @@
 A file is written to a temporary sibling (``.<name>.tmp<pid>``), flushed to disk, renamed over
 the target (``os.replace`` is atomic on POSIX) and the folder is synced, so a reader, or a run
 resumed after a crash, sees the previous complete file or the new complete file, never a torn
-one. Temporary files left by killed writers are removed by the next write of the same target.
+one. Temporary files left by killed writers are removed by the next write of the same target. A
+write that fails (a full or read-only disk) is one :class:`WriteFailed` naming the path and the
+cause, the previous file intact.
 
 :func:`writable_dir` and :func:`writable_file` check an output folder or file before a command
 spends time on work it could not save: a clear ValueError naming the path instead of a raw
@@ -19,6 +21,7 @@ when it cannot (empty, truncated, foreign, refused by ``weights_only``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -38,12 +41,14 @@ PathLike = Union[str, os.PathLike]
 __all__ = [
     "FileLock",
     "LockHeld",
+    "WriteFailed",
     "atomic_path",
     "atomic_write_text",
     "pid_alive",
     "read_checkpoint",
     "read_json",
     "remove_stale_temps",
+    "save_figure",
     "writable_dir",
     "writable_file",
 ]
@@ -99,16 +104,59 @@ def _fsync_dir(folder: pathlib.Path) -> None:
         os.close(fd)
 
 
+class WriteFailed(OSError):
+    """A file could not be written (a full or read-only disk, no permission, a folder in the
+    way): the message names the path and the cause, and says the previous file is kept."""
+
+    def __init__(self, path: pathlib.Path, errno_: Optional[int], cause: str):
+        super().__init__(errno_, f"cannot write {path}: {cause}; the previous file, if any, is unchanged")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+# what writers that wrap the OS error say when a write fails (torch.save's zip writer, safetensors)
+_WRITE_FAILURE = re.compile(r"enforce fail|file write failed|I/O error|os error \d+|unexpected pos", re.I)
+
+
+def _write_failure(e: BaseException, folder: pathlib.Path) -> Optional[tuple[Optional[int], str]]:
+    """``(errno, cause in words)`` when ``e`` is a failed write into ``folder``, else None (the
+    writer's own error, raised as it is). torch.save reports a full disk as an ``enforce fail``
+    without the OS error: the cause is then read from the folder's filesystem."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.errno, os.strerror(e.errno)
+    if isinstance(e, OSError) or not _WRITE_FAILURE.search(str(e)):
+        return None
+    found = re.search(r"os error (\d+)", str(e))
+    if found:
+        return int(found.group(1)), os.strerror(int(found.group(1)))
+    with contextlib.suppress(OSError):
+        st = os.statvfs(folder)
+        if st.f_flag & os.ST_RDONLY:
+            return errno.EROFS, os.strerror(errno.EROFS)
+        if st.f_bavail * st.f_frsize < 1 << 20:
+            return errno.ENOSPC, os.strerror(errno.ENOSPC)
+    return None, str(e).splitlines()[0]
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[pathlib.Path]:
     """Yield a temporary path to write; on a clean exit it replaces ``path`` atomically.
 
     ``with atomic_path("run/last.pth") as tmp: torch.save(state, tmp)``. On an exception the
-    temporary file is removed and ``path`` is untouched. Writers that pick a format from the
-    file name (matplotlib) must be told the format explicitly.
+    temporary file is removed and ``path`` is untouched; a failed write (a full or read-only disk,
+    no permission, a folder named ``path``) is a :class:`WriteFailed` naming the path and the
+    cause. Writers that pick a format from the file name (matplotlib) must be told the format
+    explicitly.
     """
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteFailed(path, e.errno, f"its folder cannot be created ({e.strerror or e})") from None
+    if path.is_dir():
+        raise WriteFailed(path, errno.EISDIR, "a folder has that name")
     remove_stale_temps(path)
     tmp = _temp_name(path)
     try:
@@ -116,9 +164,14 @@ def atomic_path(path: PathLike) -> Iterator[pathlib.Path]:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as e:
+        failure = _write_failure(e, path.parent)
+        if failure is None:
+            raise
+        raise WriteFailed(path, *failure) from e
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 
@@ -131,6 +184,14 @@ def atomic_write_text(path: PathLike, write: Union[str, Callable]) -> pathlib.Pa
                 write(f)
             else:
                 f.write(write)
+    return path
+
+
+def save_figure(fig, path: PathLike, **savefig_kwargs) -> pathlib.Path:
+    """``fig.savefig`` atomically (the format from the file's suffix: ``.png``, ``.pdf``, ``.svg``)."""
+    path = pathlib.Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".").lower() or None, **savefig_kwargs)
     return path
 
 

@@ -221,19 +221,20 @@ def test_the_goal_table_gives_each_goal_its_value_verdict_device_and_command():
     assert lines[0] == "| goal | measured | target | verdict | device | notes | command |"
     assert len(lines) == 2 + len(goals.GOALS)
     cmd = '`make gpu-check GPU_CHECK_ARGS="--steps goals --parts deit"`'
-    row = "| InLine-DeiT-T / DeiT-T, eager, 224 px, B 128 | 0.83x | >= 1.05x | missed | NVIDIA H100 80GB HBM3 |"
-    assert f"{row} SDPA backend cudnn | {cmd} |" in lines
+    row = "| InLine-DeiT-T / DeiT-T, eager, 224 px, B 128 | 0.83x | (>= 1.03x) | reported | NVIDIA H100 80GB HBM3 |"
+    assert f"{row} SDPA backend cudnn | {cmd} |" in lines  # an eager row beside its graphed goal
     assert any(
-        line.startswith("| InLine-DeiT-T / DeiT-T, CUDA-graphed, 224 px, B 128 | 1.12x | >= 1.10x | met |")
+        line.startswith("| InLine-DeiT-T / DeiT-T, CUDA-graphed, 224 px, B 128 | 1.12x | >= 1.03x | met |")
         for line in lines
     )
-    assert any("| 1.10x | <= 1.25x | met |" in line for line in lines)  # host time: at most
-    assert any("| 15 % | >= 40 % | missed |" in line for line in lines)
-    assert any("| not measured: part swin failed (OutOfMemoryError: CUDA) | >= 1.15x | - |" in line for line in lines)
+    assert any("| 1.10x | <= 1.05x | missed |" in line for line in lines)  # host time: at most
+    assert any("| 15 % | >= 70 % | missed |" in line for line in lines)
+    assert any("| not measured: part swin failed (OutOfMemoryError: CUDA) | >= 1.03x | - |" in line for line in lines)
     assert any("not measured: part layer not started: 3 s left in the box" in line for line in lines)
     # the core part ran: a size it gave no value for says only that
     assert any(
-        line.startswith("| Triton core fwd+bwd / copy rate, 7x7 | not measured | >= 40 % | - |") for line in lines
+        line.startswith("| Triton core fwd+bwd / copy rate, 7x7 B 1024 | not measured | >= 50 % | - |")
+        for line in lines
     )
     profile_row = next(line for line in lines if "GPU-busy share" in line)
     assert "not measured: the profile step not started: 10 s of the 420 s budget left" in profile_row
@@ -244,7 +245,7 @@ def test_the_goal_table_gives_each_goal_its_value_verdict_device_and_command():
 def test_every_goal_names_a_part_of_its_step():
     for goal in goals.GOALS:
         assert goal.part in runner.STEPS[goal.step].parts, goal
-    assert tuple(shape[-1] for shape in core.CORE_SHAPES) == goals.CORE_SIDES
+    assert tuple(shape.key for shape in core.CORE_SHAPES) == tuple(goals.CORE_GOALS)
 
 
 def test_parts_run_in_order_within_the_box_and_a_failing_part_does_not_stop_the_rest(tmp_path):
@@ -328,17 +329,18 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     assert layer["values"]["layer56_eager"] == 2.0 and layer["values"]["layer56_graphed"] == 3.0
     assert math.isnan(layer["values"]["layer14_graphed"])
     assert layer["notes"]["layer14_graphed"] == "SDPA backend flash; InLine layer: OOM"
+    row = dict(batch=1024, launch="inline_fwd_stream", old_launch="inline_fwd_resident", GBps=2500.0)
     core_rows = [
-        {"side": 7, "pct_of_copy": 12.0, "GBps": 500.0, "batch": 1024, "launch": "resident", "fused_GBps": 400.0},
-        {"side": 56, "pct_of_copy": 15.0, "GBps": 630.0, "batch": 64, "launch": "split"},
+        {**row, "key": "7", "pct_of_copy": 62.0, "old_pct_of_copy": 12.0, "sdpa_ratio": 2.5},
+        {**row, "key": "56", "batch": 64, "pct_of_copy": 71.0, "old_pct_of_copy": 15.0, "sdpa_ratio": 9.0},
     ]
-    monkeypatch.setattr(goals_step, "core_shares", lambda copy: core_rows)
-    ctx.env = {"copy_GBps": 4000}
+    monkeypatch.setattr(goals_step, "core_shares", lambda: core_rows)
     core = goals_step.part_core(ctx)
-    assert core["values"] == {"core7": 12.0, "core56": 15.0}
+    assert core["values"] == {"core7": 62.0, "core56": 71.0}
+    old = "inline_fwd_stream; old kernels (inline_fwd_resident)"
     assert core["notes"] == {
-        "core7": "500 GB/s, B 1024, resident (fused launch: 400 GB/s)",
-        "core56": "630 GB/s, B 64, split",
+        "core7": f"2500 GB/s, B 1024, {old} 12 %; SDPA's core 2.50x its time",
+        "core56": f"2500 GB/s, B 64, {old} 15 %; SDPA's core 9.00x its time",
     }
 
 
@@ -375,6 +377,22 @@ def test_kernel_stats_count_kernels_per_step_and_the_inline_kernels_time():
     assert kernels.device_busy_ms(events) == pytest.approx(2.6)
 
 
+def test_gpu_time_leaves_out_user_annotation_spans():
+    # the optimizer's step is a user annotation on the GPU's timeline too, spanning AdamW's kernels
+    # and the host gaps between them: counted, AdamW's time would be counted twice and the gaps with it
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def ev(name, us, annotation=False):
+        return SimpleNamespace(name=name, device_type=cuda, self_device_time_total=us, is_user_annotation=annotation)
+
+    events = [ev("Optimizer.step#AdamW.step", 930.0, annotation=True), ev("multi_tensor_apply_kernel", 100.0)]
+    events += [ev("inline_fwd_stream", 50.0), ev("ProfilerStep#3", 5000.0, annotation=True)]
+    assert kernels.device_busy_ms(events) == pytest.approx(0.15)
+    stats = kernels.kernel_stats(events, steps=1)
+    assert stats["gpu_busy_ms"] == pytest.approx(0.15) and stats["kernels"] == 2
+    assert [t["name"] for t in stats["top"]] == ["multi_tensor_apply_kernel", "inline_fwd_stream"]
+
+
 def test_the_profile_gives_its_goal_values_and_the_summary_its_top_kernels(tmp_path):
     assert [label for label, _, _ in profile_step.MODELS] == [
         "InLine-DeiT-T",
@@ -400,7 +418,7 @@ def test_the_profile_gives_its_goal_values_and_the_summary_its_top_kernels(tmp_p
     text = output.save(tmp_path, {"device": "H200"}, results, ["--steps", "profile"])
     assert "| InLine-DeiT-T | 32.2 | 17.8 | 55 | 1302 | 3.87 |" in text
     assert "| inline_bwd_fused | 1.990 | 12.0 |" in text
-    assert "| InLine kernels' GPU ms, InLine-DeiT-T | 3.87 ms | <= 1.20 ms | missed | H200 |" in text
+    assert "| InLine kernels' GPU ms, InLine-DeiT-T, B 128 | 3.87 ms | <= 0.50 ms | missed | H200 |" in text
     saved = json.loads((tmp_path / "gpu_check.json").read_text())
     assert saved["results"]["profile"]["parts"]["inline-deit-t"]["top"] == top
 

@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("triton")
 
 FAMILIES = {
+    "inline_fwd_stream",
+    "inline_bwd_stream",
     "inline_fwd_resident",
     "inline_bwd_resident",
     "inline_fwd_fused",
@@ -31,8 +33,7 @@ FAMILIES = {
     "inline_bwd_finalize",
     "inline_bwd_rows",
     "predictor_fwd",
-    "predictor_bwd_samples",
-    "predictor_bwd_reduce",
+    "predictor_bwd",
 }
 
 

@@ -171,7 +171,9 @@ def test_resume_from_a_weights_only_file_says_what_to_use(interrupted, tmp_path)
     _, src, common = interrupted
     path = tmp_path / "weights.pth"
     torch.save({"model": ckpt_io.load(src / "last.pth")["model"]}, path)
-    with pytest.raises(ValueError, match="is not a training checkpoint.*--model.checkpoint"):
+    with pytest.raises(
+        ValueError, match="is not a classification checkpoint of an inline-attn run.*--model.checkpoint"
+    ):
         train(Config.load(None, base_overrides(tmp_path / "run", **common, **{"train.resume": str(path)})))
 
 

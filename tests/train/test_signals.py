@@ -30,7 +30,7 @@ def long_run(tmp_path):
     return path, tmp_path / "run"
 
 
-def _stop_when_training(cmd, out, timeout=120, delay=1.0):
+def _stop_when_training(cmd, out, timeout=120, delay=1.0, signum=signal.SIGTERM):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -40,7 +40,7 @@ def _stop_when_training(cmd, out, timeout=120, delay=1.0):
             assert time.time() - t0 < timeout, "the run never started"
             time.sleep(0.1)
         time.sleep(delay)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
@@ -51,13 +51,17 @@ def _stop_when_training(cmd, out, timeout=120, delay=1.0):
 
 # delay 0: the signal lands as soon as config.yaml appears, before the first step (the handlers
 # must already be in place: a loaded machine once stretched that gap past a second)
-@pytest.mark.parametrize("delay", [0.0, 1.0])
-def test_sigterm_exits_143_with_a_checkpoint_and_the_resume_hint(long_run, delay):
+# SIGHUP (the terminal closed) is handled as SIGTERM
+@pytest.mark.parametrize("delay, signum", [(0.0, signal.SIGTERM), (1.0, signal.SIGTERM), (1.0, signal.SIGHUP)])
+def test_sigterm_exits_143_with_a_checkpoint_and_the_resume_hint(long_run, delay, signum):
     cfg, out = long_run
     rc, _, err = _stop_when_training(
-        [sys.executable, "-m", "inline_attn.cli", "train", "-c", str(cfg), "--output", str(out)], out, delay=delay
+        [sys.executable, "-m", "inline_attn.cli", "train", "-c", str(cfg), "--output", str(out)],
+        out,
+        delay=delay,
+        signum=signum,
     )
-    assert rc == 128 + signal.SIGTERM, err
+    assert rc == 128 + signum, err
     assert "Traceback" not in err and "run the same command with --resume auto to continue" in err
     assert (out / "last.pth").is_file()
 

@@ -13,6 +13,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
+from .._io import save_figure
 from ..layers.record import AttentionRecord
 from .tokens import token_layout
 
@@ -195,5 +196,5 @@ def plot_attention_maps(
     qname = "cls query" if query == "cls" else f"query at ({query[0]:g}, {query[1]:g})"
     fig.suptitle(title or f"Attention maps, {qname}\n(cf. paper Fig. 4)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -17,6 +17,8 @@ from typing import Any, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from ..runtime.finite import require_finite_weights
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -92,6 +94,7 @@ def load_model(
 
         model, record = load_trained_model(checkpoint, model=name, **kwargs)
         name, kwargs, ckpt_file = record["model_name"], record["model_kwargs"], record["path"]
+        require_finite_weights(model, f"checkpoint {ckpt_file}")
         if record.get("config"):  # the run's data settings are known
             info = trained_data_info(record)
     elif name is None:

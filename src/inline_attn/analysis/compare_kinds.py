@@ -20,6 +20,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from .._io import save_figure
 from ..layers.attention import ATTENTION_CHOICES, build_attention
 from ..layers.linear_family import LINEAR_CORES, LinearCore
 from ..layers.record import attention_layers, record_attention
@@ -240,7 +241,7 @@ def plot_injectivity_by_kind(res: dict, path) -> None:
     ax.set_title("Injectivity on constructed queries, every attention kind (cf. paper Fig. 1)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, not over them
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 

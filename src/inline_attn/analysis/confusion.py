@@ -20,6 +20,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from .._io import save_figure
 from ..layers.record import AttentionRecord
 from .tokens import expand_groups, token_layout
 
@@ -208,7 +209,7 @@ def plot_confusion_histogram(per_model: dict, path, *, title: Optional[str] = No
     ax.set_title(title or "Semantic confusion (cf. paper Fig. 3)", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 

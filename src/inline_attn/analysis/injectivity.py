@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._io import save_figure
 from ..ops import attention_weights
 from .confusion import DEFAULT_RTOL, confused_pairs, distinct_rows, row_tolerance
 
@@ -161,5 +162,5 @@ def plot_injectivity(res: dict, path, *, title: Optional[str] = None) -> None:
                 ax.set_xlabel("key", fontsize=7)
     fig.suptitle(title or "Attention weights of distinct queries (cf. paper Fig. 1)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .._io import save_figure
 from ..layers.record import AttentionRecord
 from .tokens import TokenLayout, expand_groups, interior_queries, token_layout, window_mask
 
@@ -151,5 +152,5 @@ def plot_locality(per_model: dict, path, *, title: Optional[str] = None) -> None
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7 if many else 8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if many else {}))
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -23,6 +23,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from .._io import save_figure
 from ..layers.record import AttentionRecord
 from .tokens import expand_groups, token_layout, window_mask
 
@@ -183,7 +184,7 @@ def plot_masking(per_model: dict, ks: Sequence[int], path, *, title: Optional[st
     ax.set_title(title or "Masking local vs random keys (cf. paper Table 2)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -211,5 +212,5 @@ def _plot_masking_panels(plt, per_model: dict, ks: Sequence[int], path, title: O
     axes.flat[0].legend(fontsize=6)
     fig.suptitle(title or "Masking the local k x k window vs as many random keys (cf. paper Table 2)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -12,6 +12,7 @@ import json
 import pathlib
 from typing import Optional, Sequence
 
+from .._io import atomic_write_text
 from ..runtime.report import markdown_table, write_csv
 from .common import ImageBatches, ImageSet, LoadedModel, PathLike
 from .confusion import DEFAULT_RTOL
@@ -45,7 +46,7 @@ def _write_meta(path: pathlib.Path, analysis: str, data, layers, models: Sequenc
         "models": [{"label": m.label, "name": m.name, "checkpoint": m.checkpoint, "kwargs": m.kwargs} for m in models],
         **results,
     }
-    path.write_text(json.dumps(meta, indent=1))
+    atomic_write_text(path, json.dumps(meta, indent=1))
 
 
 def _kinds_of(models: Sequence[LoadedModel]) -> dict:
@@ -61,7 +62,7 @@ def write_injectivity(out: PathLike, *, seed: int = 0, rtol: float = DEFAULT_RTO
 
     out = _folder(out)
     res = injectivity(seed=seed, rtol=rtol)
-    (out / "injectivity.json").write_text(json.dumps(to_json(res), indent=1))
+    atomic_write_text((out / "injectivity.json"), json.dumps(to_json(res), indent=1))
     plot_injectivity(res, out / "injectivity.png")
     rows = [
         {
@@ -127,7 +128,7 @@ def write_injectivity_kinds(
         written.append(out / "injectivity_kinds.json")
     else:
         res = injectivity_by_kind(kinds, seed=seed, rtol=rtol)
-    (out / "injectivity_kinds.md").write_text(injectivity_table(res) + note)
+    atomic_write_text((out / "injectivity_kinds.md"), injectivity_table(res) + note)
     plot_injectivity_by_kind(res, out / "injectivity_kinds.png")
     return [out / "injectivity_kinds.md", out / "injectivity_kinds.png"] + written
 
@@ -183,7 +184,7 @@ def write_confusion(
         summary=summary,
     )
     plot_confusion_histogram(totals, out / "confusion.png")
-    (out / "confusion.md").write_text(confusion_table(summary, _kinds_of(models)))
+    atomic_write_text((out / "confusion.md"), confusion_table(summary, _kinds_of(models)))
     return [out / f"confusion.{ext}" for ext in ("csv", "json", "md", "png")]
 
 
@@ -226,7 +227,7 @@ def write_locality(
         dict(data=data, layers=layers),
     )
     plot_locality(per_model, out / "locality.png")
-    (out / "locality.md").write_text(locality_table(per_model, _kinds_of(models)))
+    atomic_write_text((out / "locality.md"), locality_table(per_model, _kinds_of(models)))
     return [out / f"locality.{ext}" for ext in ("csv", "json", "md", "png")]
 
 
@@ -256,7 +257,7 @@ def write_masking(
         return masked_accuracy(model, batches, ks=ks, layers=chosen, seed=seed, progress=progress, desc=desc)
 
     per_model = _measure_each("masking", models, images, out, batch_size, measure, dict(data=data, layers=layers))
-    (out / "masking.md").write_text(masking_table(per_model, ks) + masking_note(_kinds_of(models)))
+    atomic_write_text((out / "masking.md"), masking_table(per_model, ks) + masking_note(_kinds_of(models)))
     plot_masking(per_model, ks, out / "masking.png")
     return [out / f"masking.{ext}" for ext in ("csv", "json", "md", "png")]
 

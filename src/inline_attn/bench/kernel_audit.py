@@ -47,28 +47,54 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write_text
 from ..ops.fused import triton as launchers
 from ..runtime.report import markdown_table
 
 
 @dataclass(frozen=True)
 class Target:
-    """A CUDA target: its name, compute capability, GPUs, SM count and shared memory per block."""
+    """A CUDA target: its name, compute capability, GPUs, SM count, shared memory per block, and
+    what bounds the programs resident on one multiprocessor: warps, blocks and shared memory."""
 
     name: str
     capability: int
     gpus: str
     sms: int
     shared_per_block: int
+    warps_per_sm: int
+    blocks_per_sm: int
+    shared_per_sm: int
 
 
+# CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"
 TARGETS = (
-    Target("sm_80", 80, "A100", 108, 166_912),
-    Target("sm_86", 86, "RTX 3090 / A6000", 82, 101_376),
-    Target("sm_89", 89, "RTX 4090 / L40", 128, 101_376),
-    Target("sm_90", 90, "H100 / H200", 132, 232_448),
+    Target("sm_80", 80, "A100", 108, 166_912, 64, 32, 167_936),
+    Target("sm_86", 86, "RTX 3090 / A6000", 82, 101_376, 48, 16, 102_400),
+    Target("sm_89", 89, "RTX 4090 / L40", 128, 101_376, 48, 24, 102_400),
+    Target("sm_90", 90, "H100 / H200", 132, 232_448, 64, 32, 233_472),
 )
 REGISTERS_PER_THREAD = 255
+REGISTERS_PER_SM = 65_536  # every target: allocated per warp in units of 256
+SHARED_RESERVED_PER_BLOCK = 1_024  # the driver's share of each resident block's shared memory
+
+
+def resident_warps(target: Target, registers: int, warps: int, shared: int) -> int:
+    """Warps of one kernel resident on a multiprocessor of ``target`` when each program (block) has
+    ``warps`` warps of threads using ``registers`` registers and ``shared`` bytes of shared memory."""
+    per_warp = -(-registers * 32 // 256) * 256
+    blocks = min(
+        REGISTERS_PER_SM // (per_warp * warps) if registers else target.blocks_per_sm,
+        target.warps_per_sm // warps,
+        target.blocks_per_sm,
+        target.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK),
+    )
+    return blocks * warps
+
+
+# the core kernels the audit plans every shape with: the default streaming ones, and the resident
+# launch that gpu-check times beside them (the fused and split launches run under both)
+AUDITED_CORES = ("stream", "resident")
 
 
 @dataclass(frozen=True)
@@ -148,10 +174,7 @@ class Compiler:
         if self.cache_file is None:
             return
         self.cache = {**self._read_cache(), **self.cache}
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.cache))
-        os.replace(tmp, self.cache_file)
+        atomic_write_text(self.cache_file, json.dumps(self.cache))
 
     def shared_bytes(self, kernel, args: tuple, meta: dict) -> int:
         """What :func:`~inline_attn.ops.fused.triton.simulated_device` calls for each candidate."""
@@ -233,9 +256,10 @@ def _ptxas_usage(ptx: str, capability: int) -> dict:
     return {"registers": int(regs.group(1)) if regs else 0, "spills": sum(map(int, spills.groups())) if spills else 0}
 
 
-def layer_launches(shape: LayerShape, target: Target, compiler: Compiler) -> list:
+def layer_launches(shape: LayerShape, target: Target, compiler: Compiler, cores=AUDITED_CORES) -> list:
     """The launches of one training step (forward and backward) of a layer of ``shape`` on ``target``,
-    as the library's launchers plan them (meta tensors; nothing runs)."""
+    as the library's launchers plan them (meta tensors; nothing runs), with each of the core kernels
+    ``cores`` (:func:`~inline_attn.ops.fused.triton.core_kernels`)."""
     dt = getattr(torch, shape.dtype)
     b, n, c = shape.batch, shape.tokens, shape.heads * shape.head_dim
     q = torch.empty(b, n, 3 * c, device="meta", dtype=dt)[..., :c]  # a view into a qkv projection
@@ -243,14 +267,18 @@ def layer_launches(shape: LayerShape, target: Target, compiler: Compiler) -> lis
     limits = launchers.DeviceLimits(target.gpus, target.sms, target.shared_per_block)
     with compiling_for(target), launchers.simulated_device(limits, compiler.shared_bytes):
         with launchers.record_launches() as log:
-            if shape.predictor or w9 is None:
-                launchers.plan_layer_step(q, w9, q.contiguous(), shape.heads, *shape.grid, shape.prefix)
-            else:  # CSwin's stripes: the residual's weights come from outside the kernels
-                launchers.inline_forward_triton(q, q, q, w9, shape.heads, 1.0, *shape.grid, shape.prefix)
-                launchers.inline_backward_triton(
-                    q, q, q, w9, q.contiguous(), shape.heads, 1.0, *shape.grid, shape.prefix
-                )
+            for core in cores:
+                with launchers.core_kernels(core):
+                    _plan_step(q, w9, shape)
     return log
+
+
+def _plan_step(q, w9, shape: LayerShape) -> None:
+    if shape.predictor or w9 is None:
+        launchers.plan_layer_step(q, w9, q.contiguous(), shape.heads, *shape.grid, shape.prefix)
+    else:  # CSwin's stripes: the residual's weights come from outside the kernels
+        launchers.inline_forward_triton(q, q, q, w9, shape.heads, 1.0, *shape.grid, shape.prefix)
+        launchers.inline_backward_triton(q, q, q, w9, q.contiguous(), shape.heads, 1.0, *shape.grid, shape.prefix)
 
 
 def _captured_shape(mod, args, dtype: str) -> list[LayerShape]:
@@ -429,6 +457,48 @@ def run_audit(shapes, model_cases=(), batches=(1, 16, 64, 256), targets=TARGETS,
     return {"configs": rows, "refused": refused, "steps": steps}
 
 
+# The bf16 layers whose kernels must keep a multiprocessor busy: InLine-DeiT-T's at batch 128,
+# Swin-T's first stage at windows of 7 (batch 64: 4,096 windows) and a 14 x 14 map at batch 256;
+# the goals: resident warps per multiprocessor of the core's kernels on sm_90, and no spills anywhere
+OCCUPANCY_SHAPES = {
+    "DeiT-T": LayerShape(128, (14, 14), 1, 6, 32, "bfloat16"),
+    "Swin 7x7": LayerShape(64 * 64, (7, 7), 0, 3, 32, "bfloat16"),
+    "14x14": LayerShape(256, (14, 14), 0, 3, 32, "bfloat16"),
+}
+OCCUPANCY_GOALS = {"inline_fwd": 24, "inline_bwd": 16}
+OCCUPANCY_TARGET = "sm_90"
+
+
+def occupancy(targets=TARGETS, compiler=None) -> list[dict]:
+    """One row per (target, shape of OCCUPANCY_SHAPES, kernel the launchers choose): registers,
+    spilled bytes, shared memory, warps per program and resident warps per multiprocessor, and
+    ``goal`` (the resident warps the core's kernels need on OCCUPANCY_TARGET, else None)."""
+    compiler = compiler or Compiler(registers=True)
+    rows = []
+    for target in targets:
+        for label, shape in OCCUPANCY_SHAPES.items():
+            for launch in layer_launches(shape, target, compiler, cores=("stream",)):
+                meta = tuple(sorted(launch.meta.items()))
+                r = compiler.seen[(launch.kernel, meta, launch.dtypes, target.capability)]
+                warps = launch.meta["num_warps"]
+                goal = OCCUPANCY_GOALS.get(launch.kernel[:10]) if target.name == OCCUPANCY_TARGET else None
+                resident = resident_warps(target, r["registers"], warps, r["shared"])
+                rows.append(dict(target=target.name, shape=label, kernel=launch.kernel, warps=warps, **r))
+                rows[-1].update(resident_warps=resident, goal=goal, ok=r["spills"] == 0 and resident >= (goal or 1))
+    compiler.save()
+    return rows
+
+
+def occupancy_table(rows: list[dict]) -> str:
+    columns = ("target", "shape", "kernel", "warps", "registers", "spilled bytes", "shared", "resident warps", "goal")
+    cells = [
+        (r["target"], r["shape"], r["kernel"], r["warps"], r["registers"], r["spills"], f"{r['shared']:,}")
+        + (r["resident_warps"], r["goal"] or "-")
+        for r in rows
+    ]
+    return "\n".join(markdown_table(cells, columns))
+
+
 def summary_table(result: dict) -> str:
     """Per target: distinct configurations, those over a limit, refused shapes, failing training
     steps, the largest shared memory and (with --registers) the largest register count and spills."""
@@ -462,6 +532,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--registers", action="store_true", help="compile on through ptxas: registers and spills (slow)"
     )
+    parser.add_argument(
+        "--occupancy",
+        action="store_true",
+        help="registers, spills and resident warps of the kernels at OCCUPANCY_SHAPES (compiles through ptxas)",
+    )
     parser.add_argument("--targets", nargs="+", default=[t.name for t in TARGETS], choices=[t.name for t in TARGETS])
     parser.add_argument("--out", type=Path, default=None, help="folder for audit.json and summary.md")
     args = parser.parse_args(argv)
@@ -470,6 +545,8 @@ def main(argv=None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     targets = tuple(t for t in TARGETS if t.name in args.targets)
+    if args.occupancy:
+        return _report_occupancy(targets, args.out)
     shapes, cases = (layer_grid(), MODEL_CASES) if args.full else (test_shapes(), TEST_MODEL_CASES)
     result = run_audit(
         shapes,
@@ -481,11 +558,21 @@ def main(argv=None) -> int:
     table = summary_table(result)
     print(table)
     if args.out is not None:
-        (args.out / "audit.json").write_text(json.dumps(result, indent=1, default=str))
-        (args.out / "summary.md").write_text(table + "\n")
+        atomic_write_text(args.out / "audit.json", json.dumps(result, indent=1, default=str))
+        atomic_write_text(args.out / "summary.md", table + "\n")
     bad = any(not r["ok"] for r in result["configs"]) or any(not r["eager"] for r in result["refused"])
     bad = bad or any(not s["ok"] for s in result["steps"])
     return 1 if bad else 0
+
+
+def _report_occupancy(targets, out: Path | None) -> int:
+    rows = occupancy(targets)
+    table = occupancy_table(rows)
+    print(table)
+    if out is not None:
+        (out / "occupancy.json").write_text(json.dumps(rows, indent=1))
+        (out / "occupancy.md").write_text(table + "\n")
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

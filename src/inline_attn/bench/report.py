@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._io import save_figure
 from ..runtime.report import markdown_table
 
 __all__ = ["format_table", "machine_info", "plot_sweep", "save_result", "threads_label", "write_results"]
@@ -150,9 +151,7 @@ def plot_sweep(
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    path = save_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -1,7 +1,7 @@
 """``python -m inline_attn.cli.torchrun ...``: torchrun, ending quietly when a signal stops the run.
 
 It takes torchrun's arguments unchanged (``python -m inline_attn.cli.torchrun --nproc_per_node=8 -m
-inline_attn.cli train -c ...``). When the launcher or its workers get SIGINT/SIGTERM, the workers
+inline_attn.cli train -c ...``). When the launcher or its workers get SIGINT/SIGTERM/SIGHUP, the workers
 of ``inline-attn train`` save a checkpoint and exit with 128 + the signal's number; plain
 torchrun then prints a traceback (its own SignalException, or a ChildFailedError for the
 workers' exit codes). This launcher prints one line instead and exits with the same code. Any
@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _stopped_by_signal(exitcodes: Sequence[int]) -> Optional[int]:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._io import read_json
+from .._io import atomic_write_text, read_json
 from ..data.unreadable import UnreadableFiles, decode_image
 from ..runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
@@ -116,7 +116,7 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
             Image.fromarray(s["label"].numpy()).save(out / "labels" / img["file_name"])
     path = out / "annotations" / f"instances_{dataset.split}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(coco))
+    atomic_write_text(path, json.dumps(coco))
     return path
 
 

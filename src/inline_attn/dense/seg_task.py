@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 import torch.nn as nn
 
+from .._io import atomic_write_text
 from ..runtime.amp import autocast
 from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo
@@ -263,7 +264,7 @@ def evaluate_checkpoint(
         if info.is_main and png:
             res["predictions_png"] = str(save_predictions_png(model, val, cfg, info.device, png))
         if info.is_main and json_path:
-            pathlib.Path(json_path).write_text(json.dumps(res, indent=1))
+            atomic_write_text(json_path, json.dumps(res, indent=1))
     finally:
         cleanup(info)
     return res

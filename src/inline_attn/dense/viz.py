@@ -8,6 +8,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from .._io import save_figure
+
 __all__ = ["colorize", "palette", "save_detections", "save_mosaic_samples", "save_predictions"]
 
 
@@ -74,7 +76,7 @@ def _save(fig, path, title: Optional[str], *, fontsize: int, bottom: float, top:
     fig.tight_layout(rect=(0, bottom, 1, top if title else 1))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    save_figure(fig, path, dpi=dpi)
     plt.close(fig)
     return path
 

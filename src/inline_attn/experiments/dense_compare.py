@@ -22,6 +22,7 @@ from .._io import read_json
 from ..dense.det_task import DetTask
 from ..dense.seg_task import SegTask
 from ..dense.build import DenseTask
+from ..runtime.config import check_distinct
 from ..runtime.report import markdown_table
 from ..runtime.run import train
 from .doc_section import check_doc, replace_section, table_rows
@@ -77,6 +78,8 @@ def compare(
 ) -> list[dict]:
     """Train every (pattern, seed) with ``config`` (same data, recipe and budget) for ``task``
     ("seg" or "det"); returns one summary per run with ``pattern`` and ``seed`` added."""
+    check_distinct("patterns", patterns)
+    check_distinct("seeds", seeds)
     dense_task, _, _ = _task(task)
     rows = []
     for pattern in patterns:

@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .._io import read_json
+from ..runtime.config import check_distinct
 from ..runtime.report import markdown_table
 from ..train.config import configs_dir, Config
 from .doc_section import check_doc, replace_section, table_rows
@@ -51,6 +52,7 @@ def reproduce_fmnist(
     from ..train.task import train
     from ..train.evaluate import inference_throughput, load_trained_model
 
+    check_distinct("variants", variants)
     doc_path = check_doc(doc, replace_fewer)
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     rows = []

@@ -20,12 +20,12 @@ from .attention import (
     check_kind,
     make_feature_map,
 )
-from .common import DropPath, Mlp, PreNormBlock, drop_path, init_weights_, to_2tuple
+from .common import DropPath, Mlp, PreNormBlock, drop_path, drop_path_rates, init_weights_, to_2tuple, trunc_normal_
 from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, LinearCore, make_core
 from .local_residual import LocalResidual, uses_local_residual
 from .options import BlockOptions
-from .patch_embed import PatchEmbed, pad_small_input, tokens_to_nchw
+from .patch_embed import PatchEmbed, check_images, pad_small_input, tokens_to_nchw
 from .pos_embed import resize_pos_embed
 from .record import AttentionRecord, RecordableAttention, attention_layers, hook_attention, record_attention
 
@@ -60,7 +60,9 @@ __all__ = [
     "attention_layers",
     "build_attention",
     "check_heads",
+    "check_images",
     "drop_path",
+    "drop_path_rates",
     "hook_attention",
     "init_weights_",
     "make_feature_map",
@@ -68,6 +70,7 @@ __all__ = [
     "record_attention",
     "resize_pos_embed",
     "to_2tuple",
+    "trunc_normal_",
     "uses_local_residual",
     "tokens_to_nchw",
 ]

@@ -14,6 +14,12 @@ def to_2tuple(x) -> tuple[int, int]:
     return int(x), int(x)
 
 
+def drop_path_rates(rate: float, blocks: int) -> list[float]:
+    """Stochastic depth rising linearly from 0 to ``rate`` over ``blocks`` blocks, in plain Python
+    (no tensor: a model built under ``FakeTensorMode`` or on the meta device has no values to read)."""
+    return [rate * i / max(blocks - 1, 1) for i in range(blocks)]
+
+
 def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Stochastic depth: zero whole samples with probability p, rescale the rest by 1/(1-p)."""
     if p == 0.0 or not training:
@@ -85,6 +91,15 @@ class PreNormBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
+    """``nn.init.trunc_normal_(t, std=std)`` (within two units, not two std, as timm's ViT init); a
+    fake tensor (a model built under ``FakeTensorMode``) is left as it is: it has no values to draw,
+    and the draw's rejection step would read them."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t if is_fake(t) else nn.init.trunc_normal_(t, std=std)
+
+
 def init_weights_(module: nn.Module) -> None:
     """The reference models' initialisation (timm's ViT init), in place.
 
@@ -96,7 +111,7 @@ def init_weights_(module: nn.Module) -> None:
 
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
+            trunc_normal_(m.weight, std=0.02)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.LayerNorm):

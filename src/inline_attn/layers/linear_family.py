@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..ops import attention_weights, linear_attention
 from ..ops import linear_family as lf
 from ..ops.tokens import add_to_grid_tokens
+from .common import trunc_normal_
 
 
 def _heads(t: torch.Tensor, h: int) -> torch.Tensor:
@@ -260,7 +261,7 @@ class FocusedCore(LinearCore):
 
 def _trunc_normal(*shape: int) -> nn.Parameter:
     """A parameter drawn from N(0, 0.02^2) truncated at +-2 (the authors' bias init)."""
-    return nn.Parameter(nn.init.trunc_normal_(torch.empty(*shape), std=0.02))
+    return nn.Parameter(trunc_normal_(torch.empty(*shape), std=0.02))
 
 
 class AgentCore(LinearCore):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .common import to_2tuple
 
-__all__ = ["PatchEmbed", "pad_small_input", "tokens_to_nchw"]
+__all__ = ["PatchEmbed", "check_images", "pad_small_input", "tokens_to_nchw"]
 
 _WARNED_SMALL: set[str] = set()
 
@@ -35,6 +35,28 @@ def pad_small_input(x: torch.Tensor, min_size: tuple[int, int], owner: str) -> t
             stacklevel=3,
         )
     return F.pad(x, (0, pad_w, 0, pad_h))
+
+
+def check_images(x, in_chans: int, weight: torch.Tensor) -> None:
+    """A model's input: images ``[B, in_chans, H, W]`` with H, W >= 1 (B = 0 is an empty batch), a
+    floating tensor of the stem's ``weight`` dtype (any floating dtype under autocast, which casts
+    it); a ValueError saying what to do otherwise."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"expected images as a torch.Tensor [B, {in_chans}, H, W], got {type(x).__name__}")
+    if x.dim() != 4 or x.shape[1] != in_chans:
+        raise ValueError(f"expected images [B, {in_chans}, H, W], got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(
+            f"images of dtype {x.dtype}: convert them to floating point first (for 8-bit images "
+            "x.float() / 255, then the model's normalisation: model.pretrained_cfg.mean and std)"
+        )
+    if x.dtype != weight.dtype and not (x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)):
+        raise ValueError(
+            f"images of dtype {x.dtype} but the model's weights are {weight.dtype}: cast the images "
+            f"(x.to({weight.dtype})) or the model (model.to({x.dtype}))"
+        )
+    if x.shape[2] == 0 or x.shape[3] == 0:
+        raise ValueError(f"images of size {x.shape[2]}x{x.shape[3]}: expected at least one pixel on each side")
 
 
 class PatchEmbed(nn.Module):
@@ -71,11 +93,12 @@ class PatchEmbed(nn.Module):
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(f"expected images [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}")
         ph, pw = self.patch_size
         if self.is_stem:
+            check_images(x, self.proj.in_channels, self.proj.weight)
             x = pad_small_input(x, self.patch_size, type(self).__name__)
+        elif x.dim() != 4 or x.shape[1] != self.proj.in_channels:
+            raise ValueError(f"expected maps [B, {self.proj.in_channels}, H, W], got shape {tuple(x.shape)}")
         pad_h, pad_w = (-x.shape[2]) % ph, (-x.shape[3]) % pw
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))

@@ -243,6 +243,8 @@ class RecordableAttention(nn.Module):
         ``token_coords`` (a tensor or a zero-argument callable) is only used while a hook is
         installed."""
         kind = kind or self.kind
+        if kind == "linear":  # the layer's head_dim**-0.5: linear attention's normalisation cancels it
+            scale = None
         hook = self._attention_hook
         if hook is None:
             if kind == "softmax" and attn_drop is not None and attn_drop.p > 0 and self.training:

@@ -13,6 +13,7 @@ import functools
 from typing import Callable, Hashable
 
 import torch
+from torch._guards import detect_fake_mode
 
 __all__ = ["TensorCache", "tensor_cache"]
 
@@ -26,8 +27,9 @@ def _storable(t: torch.Tensor) -> bool:
 class TensorCache:
     """``build(*key) -> Tensor``, memoized for up to ``maxsize`` keys (least recently used out).
 
-    While ``torch.compile`` / ``torch.export`` trace, the cache is bypassed (the build becomes part
-    of the graph); a fake or meta result is never stored. The tensor is built outside inference
+    While ``torch.compile`` / ``torch.export`` trace or a ``FakeTensorMode`` is active, the cache is
+    bypassed (the build becomes part of the graph, or a fake tensor); a fake or meta result is never
+    stored. The tensor is built outside inference
     mode, so one first made under ``torch.inference_mode()`` still serves training. Callers must
     not modify the result in place.
     """
@@ -40,7 +42,9 @@ class TensorCache:
         functools.update_wrapper(self, build)
 
     def __call__(self, *key: Hashable) -> torch.Tensor:
-        if torch.compiler.is_compiling():
+        # under FakeTensorMode the key (a device "cpu") cannot tell fake from real: a stored real
+        # tensor must not enter the fake computation, nor a fake one be stored
+        if torch.compiler.is_compiling() or detect_fake_mode() is not None:
             return self._build(*key)
         hit = self._store.get(key)
         if hit is not None:

@@ -45,8 +45,8 @@ def pattern_stage_count(pattern: str) -> int:
 def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
     """``pattern`` ("IIIS", "IIMS2", "I") -> per stage, per block attention kind.
 
-    Raises ValueError naming the pattern when its letters do not match the number of stages or
-    an M stage has no block count.
+    Raises ValueError naming the pattern when its letters do not match the number of stages, an M
+    stage has no block count, or the count is 0 or more than an M stage's blocks.
     """
     if not isinstance(pattern, str):
         raise ValueError(f"pattern must be a string such as 'IIIS', got {pattern!r}")
@@ -61,6 +61,12 @@ def parse_pattern(pattern: str, depths: Sequence[int]) -> list[list[str]]:
         raise ValueError(f"pattern {pattern!r} marks a stage M but gives no M<n> block count")
     if "M" not in letters and mixed is not None:
         raise ValueError(f"pattern {pattern!r} gives a block count but marks no stage M")
+    mixed_depths = [d for letter, d in zip(letters, depths) if letter == "M"]
+    if mixed is not None and not 1 <= int(mixed) <= min(mixed_depths):
+        raise ValueError(
+            f"pattern {pattern!r}: the InLine block count of a mixed stage must be in [1, {min(mixed_depths)}] "
+            f"(the M stages have {mixed_depths} blocks), got {int(mixed)}"
+        )
     kinds = []
     for letter, depth in zip(letters, depths):
         if letter == "M":

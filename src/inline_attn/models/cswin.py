@@ -40,12 +40,14 @@ import torch
 import torch.nn as nn
 
 from ..layers import (
+    drop_path_rates,
     BlockOptions,
     DropPath,
     LocalResidual,
     Mlp,
     RecordableAttention,
     check_heads,
+    check_images,
     init_weights_,
     LINEAR_CORES,
     check_kind,
@@ -416,7 +418,7 @@ class InLineCSwin(InLineModel):
             _ToTokens(),
             nn.LayerNorm(embed_dim),
         )
-        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()  # cpu: meta builds
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         feature_info = []
         attention = dict(
             qkv_bias=qkv_bias, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop_rate
@@ -457,10 +459,8 @@ class InLineCSwin(InLineModel):
     # ---- the contract's hooks (state: tokens [B, H*W, C] and the grid (H, W))
 
     def _stem(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        in_chans = self.stage1_conv_embed[0].in_channels
-        if x.dim() != 4 or x.shape[1] != in_chans:
-            raise ValueError(f"expected images [B, {in_chans}, H, W], got shape {tuple(x.shape)}")
         stem = self.stage1_conv_embed[0]
+        check_images(x, stem.in_channels, stem.weight)
         x = pad_small_input(x, stem.stride, type(self).__name__)
         x = stem(x)
         feat_size = (x.shape[2], x.shape[3])

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 
 from ..layers import (
+    trunc_normal_,
+    drop_path_rates,
     BlockOptions,
     PatchEmbed,
     PreNormBlock,
@@ -106,7 +108,7 @@ class InLineDeiT(InLineModel):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth decay
+        dpr = drop_path_rates(drop_path_rate, depth)
         attention = dict(
             qkv_bias=qkv_bias, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop_rate
         )
@@ -136,8 +138,8 @@ class InLineDeiT(InLineModel):
     def _init_weights(self) -> None:
         # as the reference (timm ViT, mode ''): trunc-normal 0.02 for pos_embed and the cls token,
         # then the shared linear / LayerNorm init
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        trunc_normal_(self.pos_embed, std=0.02)
+        trunc_normal_(self.cls_token, std=0.02)
         init_weights_(self)
 
     def _pos_embed(self, x: torch.Tensor, feat_size: tuple[int, int]) -> torch.Tensor:

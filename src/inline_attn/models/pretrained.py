@@ -140,6 +140,14 @@ def read_pretrained_config(folder: PathLike) -> dict:
         raise ValueError(
             f"from_pretrained: {str(path)!r} has unknown keys {unknown} (known: {', '.join(sorted(_CONFIG_KEYS))})"
         )
+    if not isinstance(config.get("features_only", False), bool):
+        raise ValueError(
+            f"from_pretrained: {str(path)!r} has features_only={config['features_only']!r}, expected true or false"
+        )
+    if "dtype" in config and not isinstance(getattr(torch, str(config["dtype"]), None), torch.dtype):
+        raise ValueError(f"from_pretrained: {str(path)!r} has dtype={config['dtype']!r}, not a torch dtype")
+    if "dtype" in config and not getattr(torch, config["dtype"]).is_floating_point:
+        raise ValueError(f"from_pretrained: {str(path)!r} has dtype={config['dtype']!r}, expected a floating dtype")
     if config.get("out_indices") is not None and not config.get("features_only"):
         raise ValueError(f"from_pretrained: {str(path)!r} gives out_indices without features_only=true")
     version = config.get("format_version", FORMAT_VERSION)
@@ -148,6 +156,20 @@ def read_pretrained_config(folder: PathLike) -> dict:
             f"from_pretrained: {str(path)!r} has format_version={version!r}, this library reads {FORMAT_VERSION}"
         )
     return config
+
+
+def _check_placement(device, dtype) -> None:
+    """``from_pretrained``'s ``device`` and ``dtype``: a device this build has, a floating torch.dtype."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"from_pretrained(dtype={dtype!r}): expected a floating torch.dtype such as torch.float16")
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"from_pretrained(device={device!r}): not a device ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"from_pretrained(device={device!r}): CUDA is not available in this build or machine")
 
 
 def from_pretrained(
@@ -160,10 +182,12 @@ def from_pretrained(
         device: where to put the model (default CPU).
         dtype: cast the weights to this dtype (default: the saved one, ``config["dtype"]``).
 
-    A missing or unreadable file, an unknown model name, bad arguments or weights that do not fit the
-    model raise ValueError naming the file.
+    A missing or unreadable file, an unknown model name, bad arguments (checked as
+    :func:`create_model` checks them), weights that do not fit the model, a ``dtype`` that is not a
+    floating ``torch.dtype`` or a ``device`` this machine lacks raise ValueError naming it.
     """
     config = read_pretrained_config(folder)
+    _check_placement(device, dtype)
     folder = pathlib.Path(folder)
     name = config["architecture"]
     weights = folder / WEIGHTS_NAME
@@ -196,8 +220,5 @@ def from_pretrained(
         for t in [*model.parameters(), *model.buffers()]:
             t.data = t.data.clone()
     if dtype is None:
-        saved = config.get("dtype", "float32")
-        dtype = getattr(torch, saved, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"from_pretrained: {str(folder / CONFIG_NAME)!r} has dtype={saved!r}, not a torch dtype")
+        dtype = getattr(torch, config.get("dtype", "float32"))
     return model.to(device=device, dtype=dtype).eval()

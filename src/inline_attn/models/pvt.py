@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 
 from ..layers import (
+    trunc_normal_,
+    drop_path_rates,
     BlockOptions,
     PatchEmbed,
     PreNormBlock,
@@ -205,7 +207,7 @@ class InLinePVT(InLineModel):
         self.pattern = pattern
 
         total = sum(depths)
-        dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        dpr = drop_path_rates(drop_path_rate, total)
         attention = dict(qkv_bias=qkv_bias, feature_map=feature_map, attn_drop=attn_drop_rate)
         feature_info, cur, stride = [], 0, 1
         grid = to_2tuple(img_size)  # each stage embeds the previous stage's grid (stage 1: the image)
@@ -246,7 +248,7 @@ class InLinePVT(InLineModel):
         # as the reference: trunc-normal 0.02 for the position embeddings, then the shared
         # linear / LayerNorm init (convs keep PyTorch's default)
         for i in range(self._num_levels):
-            nn.init.trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
+            trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
         init_weights_(self)
 
     def forward(self, x: torch.Tensor):

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch.nn as nn
 
-from ..ops.dispatch import IMPLS
+from .args import check_model_args
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
@@ -135,6 +135,7 @@ class Family:
             return self.cls(**{**defaults, **overrides})
 
         factory.__name__ = factory.__qualname__ = name
+        factory.model_cls = self.cls  # whose constructor's annotations type the overrides (check_model_args)
         factory.__module__ = self.cls.__module__
         args = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
         factory.__doc__ = f"{title}: {args} (``overrides`` replace any constructor argument)."
@@ -142,6 +143,8 @@ class Family:
 
 
 def _lookup(name: str):
+    if not isinstance(name, str):
+        raise ValueError(f"model name {name!r}: expected a registered model's name, a string (see list_models())")
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
         hint = f"; did you mean {close}?" if close else f"; known models: {sorted(_REGISTRY)}"
@@ -192,39 +195,6 @@ def described_config(cfg: ModelConfig, overrides: dict) -> ModelConfig:
     if not set(overrides) <= _TRAINING_ONLY:
         changes.update(paper_top1=None, num_params=None, macs_g=None)
     return replace(cfg, **changes)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_overrides(name: str, overrides: dict) -> None:
-    """Clear errors for the common constructor arguments (the constructors check the rest)."""
-
-    def fail(key, expected):
-        raise ValueError(f"create_model({name!r}, {key}={overrides[key]!r}): expected {expected}")
-
-    for key, low in (("num_classes", 0), ("in_chans", 1)):
-        if key in overrides and not (_is_int(overrides[key]) and overrides[key] >= low):
-            fail(key, f"an integer >= {low}" + (" (0: no classifier head)" if key == "num_classes" else ""))
-    for key in ("depth", "depths"):  # blocks: one count, or one per stage
-        if key in overrides:
-            d = overrides[key]
-            per_stage = d if isinstance(d, (list, tuple)) else (d,)
-            if not (per_stage and all(_is_int(v) and v >= 1 for v in per_stage)):
-                fail(key, "an integer >= 1, or a sequence of them (one per stage)")
-    if "img_size" in overrides:
-        size = overrides["img_size"]
-        sides = size if isinstance(size, (list, tuple)) else (size,)
-        if not (1 <= len(sides) <= 2 and all(_is_int(v) and v >= 1 for v in sides)):
-            fail("img_size", "a positive integer or a (height, width) pair")
-    if overrides.get("impl") is not None and overrides["impl"] not in IMPLS:
-        fail("impl", f"one of {IMPLS}, or None for the process default")
-    for key in ("drop_rate", "drop_path_rate"):
-        if key in overrides:
-            v = overrides[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                fail(key, "a number in [0, 1)")
 
 
 def _load_pretrained(model: nn.Module, cfg: ModelConfig, pretrained) -> None:
@@ -283,12 +253,16 @@ def create_model(
     ``impl`` (one of :data:`inline_attn.ops.IMPLS`) sets every attention layer's implementation
     (:meth:`~inline_attn.models._base.InLineModel.set_impl`); it is not recorded in ``model_args``.
 
-    A bad value of a common argument (``num_classes``, ``in_chans``, ``depth``/``depths``,
-    ``img_size``, ``impl``, the drop rates, ``out_indices`` without ``features_only``) or an argument the
-    family does not take is a ValueError naming it.
+    An argument the family does not take, a value that does not fit the constructor's annotated
+    type and the argument's range (:func:`~inline_attn.models.args.check_model_args`: ``patch_size=8.0``,
+    ``qkv_bias="no"``, ``attn_drop_rate=nan``), a ``features_only`` that is not a bool or
+    ``out_indices`` without ``features_only`` is a ValueError naming it.
     """
     fn, cfg = _lookup(name)
-    _check_overrides(name, overrides)
+    if hasattr(fn, "model_cls"):
+        check_model_args(name, fn.model_cls, overrides)
+    if not isinstance(features_only, bool):
+        raise ValueError(f"create_model({name!r}, features_only={features_only!r}): expected true or false")
     if out_indices is not None and not features_only:
         raise ValueError(
             f"create_model({name!r}, out_indices={out_indices!r}): out_indices selects the maps "
@@ -296,7 +270,7 @@ def create_model(
         )
     try:
         model = fn(**overrides)
-    except TypeError as e:
+    except TypeError as e:  # a model registered without a model_cls: its constructor's own refusal
         unknown = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if unknown is None:
             raise

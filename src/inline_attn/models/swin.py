@@ -30,6 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers import (
+    trunc_normal_,
+    drop_path_rates,
     BlockOptions,
     PatchEmbed,
     PreNormBlock,
@@ -82,7 +84,7 @@ def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
     b, h, w, c = x.shape
     wh, ww = window
     x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, wh * ww, c)
+    return x.reshape(b * (h // wh) * (w // ww), wh * ww, c)  # no -1: an empty batch has 0 elements
 
 
 def window_reverse(windows: torch.Tensor, window: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
@@ -90,8 +92,9 @@ def window_reverse(windows: torch.Tensor, window: tuple[int, int], size: tuple[i
     wh, ww = window
     h, w = size
     c = windows.shape[-1]
-    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, h, w, c)
+    b = windows.shape[0] // ((h // wh) * (w // ww))
+    x = windows.view(b, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h, w, c)
 
 
 def _region_ids(length: int, window: int, shift: int) -> torch.Tensor:
@@ -517,7 +520,7 @@ class InLineSwin(InLineModel):
         # the patch conv zero-pads inputs its stride does not divide
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, norm_layer=nn.LayerNorm)
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         attention = dict(
             qkv_bias=qkv_bias, feature_map=feature_map, local_residual=local_residual, attn_drop=attn_drop_rate
         )
@@ -551,7 +554,7 @@ class InLineSwin(InLineModel):
         init_weights_(self)
         for m in self.modules():  # and the relative position tables, as the reference
             if isinstance(m, WindowAttention):
-                nn.init.trunc_normal_(m.relative_position_bias_table, std=0.02)
+                trunc_normal_(m.relative_position_bias_table, std=0.02)
 
     def forward(self, x: torch.Tensor):
         """images [B, C_in, H, W] -> logits [B, num_classes] (a features_only model: its maps)."""
@@ -562,7 +565,7 @@ class InLineSwin(InLineModel):
     def _stem(self, x: torch.Tensor) -> torch.Tensor:
         """images [B, C_in, H, W] -> [B, H/4, W/4, C] (ceil)."""
         tokens, (h, w) = self.patch_embed(x)
-        return self.pos_drop(tokens.view(tokens.shape[0], h, w, -1))
+        return self.pos_drop(tokens.view(tokens.shape[0], h, w, tokens.shape[-1]))
 
     def _run_level(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The previous stage's patch merging (stored with that stage, as the reference), then

@@ -26,7 +26,7 @@ from .fused.cpu import cpu_kernel_available, cpu_kernel_error
 from . import dispatch
 from .dispatch import ATTENTION_IMPLS, IMPLS, default_impl, use_impl, why_not_fused
 from .tokens import grid_residual, inline_tokens
-from ._checks import check_count, check_feat_size
+from ._checks import check_count, check_feat_size, check_scale
 
 
 def attention(
@@ -49,8 +49,8 @@ def attention(
         q: [B, H, Nq, D]; k: [B, H, N, D]; v: [B, H, N, Dv].
         kind: "inline", "linear" or "softmax".
         feature_map: phi for inline (default identity) / linear (default relu).
-        scale: inline / softmax scale, default ``D**-0.5`` (linear attention's row normalisation
-            cancels it).
+        scale: inline / softmax scale, a positive real, default ``D**-0.5`` (linear attention takes
+            none: its row normalisation cancels it, so a scale there is refused).
         bias, mask: softmax only (as feature_map is inline / linear only).
         key_padding_mask: [B, Nk] bool, True = a padded key; is_causal: query i sees keys ``j <= i``
             (every kind; a query that sees no key gets zeros).
@@ -72,6 +72,7 @@ def attention(
         raise ValueError(f"unknown attention kind {kind!r}: expected one of {ATTENTION_KINDS}")
     if kind != "softmax" and (bias is not None or mask is not None):
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
+    check_scale(scale, kind)
     if kind == "softmax" and feature_map is not None:
         raise ValueError(f"feature_map applies to inline and linear attention, got {feature_map!r} with kind='softmax'")
     modes = dict(key_padding_mask=key_padding_mask, is_causal=is_causal)

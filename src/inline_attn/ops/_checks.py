@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 
 import torch
@@ -141,6 +143,34 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t.to(dtype)``, without the call when t has that dtype: a no-op ``to`` still costs a
     dispatch (~0.5 us), and a fused layer step made two dozen of them."""
     return t if t.dtype == dtype else t.to(dtype)
+
+
+def check_scale(scale, kind: str = "inline") -> float | None:
+    """``scale`` of an attention ``kind``: None (the default, ``head_dim**-0.5``) or a positive finite
+    real number, returned as a float; linear attention takes none (its row normalisation cancels any
+    scale, so a given one would be silently ignored)."""
+    if scale is None or isinstance(scale, torch.SymFloat):
+        return scale
+    if kind == "linear":
+        raise ValueError(
+            f"scale={scale!r}: linear attention takes no scale (its row normalisation cancels it); pass scale=None"
+        )
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale={scale!r}: expected a positive real number, or None for head_dim**-0.5")
+    return float(scale)
+
+
+def mapped(phi, x: torch.Tensor, name: str) -> torch.Tensor:
+    """``phi(x)``, checked to be a tensor of ``x``'s shape: a feature map is applied per element or
+    per token, and one that changed the head dim would pair queries and keys wrongly."""
+    y = phi(x)
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(
+            f"feature_map {getattr(phi, '__name__', type(phi).__name__)} turned {name} of shape {tuple(x.shape)} "
+            f"into {got}: a feature map must keep the shape"
+        )
+    return y
 
 
 def check_attention_modes(q: torch.Tensor, k: torch.Tensor, key_padding_mask, is_causal) -> None:

@@ -29,7 +29,9 @@ import warnings
 
 import torch
 
+from ._checks import check_feat_size, check_num_heads
 from .compile_marks import constant_when_compiled
+from .feature_maps import get_feature_map
 from .fused import cpu as cpu_kernel
 from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
 
@@ -233,19 +235,29 @@ def why_not_fused(
     k: torch.Tensor | None = None,
     key_padding_mask: torch.Tensor | None = None,
     is_causal: bool = False,
+    feat_size: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
 ) -> str | None:
     """Why the InLine op on tensors like ``q`` does not run a fused kernel, or None when it does (in
     the spirit of ``nn.MultiheadAttention``'s ``why_not_fast_path``).
 
-    ``q`` [B, N, C] (``num_heads`` heads): the layer core :func:`inline_attn.ops.inline_tokens`.
-    ``q`` [B, H, Nq, D]: :func:`inline_attn.ops.inline_attention` with ``k`` (default: self-attention),
+    ``q`` [B, N, C] (``num_heads`` heads, ``feat_size`` (H, W) with ``N = num_prefix_tokens + H*W``):
+    the layer core :func:`inline_attn.ops.inline_tokens`. ``q`` [B, H, Nq, D]:
+    :func:`inline_attn.ops.inline_attention` with ``k`` (default: self-attention),
     ``key_padding_mask`` and ``is_causal`` as it would be called.
 
     An explicit fused ``impl`` ("cpu" / "triton") that cannot run these tensors gets the reason
-    its call would raise with. ``q`` that no path takes (not a tensor, not [B, N, C] or
-    [B, H, N, D], not floating point) and an unknown ``impl`` are a ValueError.
+    its call would raise with. What the call itself refuses is a ValueError here too, with the same
+    message: ``q`` that no path takes (not a tensor, not [B, N, C] or [B, H, N, D], not floating
+    point, C = 0), heads that do not divide C, a token count that does not match ``feat_size`` (when
+    given), an unknown feature map or ``impl``.
     """
     _check_like_q(q)
+    if num_heads is not None and q.dim() == 3:
+        check_num_heads(num_heads, q.shape[-1])
+    if feat_size is not None and q.dim() == 3:
+        check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
+    get_feature_map(feature_map)
     impl = check_impl(default_impl() if impl is None else impl)
     if q.dim() == 4:
         mode = sdpa_mode_reason(q, q if k is None else k, key_padding_mask, is_causal)
@@ -307,3 +319,5 @@ def _check_like_q(q) -> None:
             f"q must be [B, N, C] (the layer core's tokens) or [B, H, N, D] (inline_attention's), got shape "
             f"{tuple(q.shape)}"
         )
+    if q.shape[-1] == 0:
+        raise ValueError(f"the channel count C must be positive, got C=0 (q of shape {tuple(q.shape)})")

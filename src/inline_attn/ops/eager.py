@@ -15,13 +15,14 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_modes, check_qkv, check_residual
+from ._checks import check_attention_modes, check_qkv, check_residual, check_scale, mapped
 from .feature_maps import FeatureMap, get_feature_map
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     dev = t.device.type
-    if torch.is_autocast_enabled(dev):
+    # meta tensors (shape inference) have no autocast state to ask for
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return None
 
@@ -67,9 +68,10 @@ def eager_inline_attention(
     check_qkv(q, k, v)
     phi = get_feature_map(feature_map)
     n = k.shape[2]
+    scale = check_scale(scale)
     s = q.shape[-1] ** -0.5 if scale is None else scale
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         k_bar = kf.mean(dim=2, keepdim=True)  # [B, H, 1, D]
         v_bar = vf.mean(dim=2, keepdim=True)  # [B, H, 1, Dv]
         # both factors centred: sum_j (k_j - k_bar) v_j^T equals sum_j (k_j - k_bar)(v_j - v_bar)^T,
@@ -99,7 +101,7 @@ def eager_linear_attention(
     check_qkv(q, k, v)
     phi = get_feature_map(feature_map)
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         kv = kf.transpose(-2, -1) @ vf  # [B, H, D, Dv]
         z = kf.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
         out = (qf @ kv) / (qf @ z + eps)
@@ -130,6 +132,7 @@ def softmax_attention(
         [B, H, Nq, Dv].
     """
     check_qkv(q, k, v)
+    scale = check_scale(scale, "softmax")
     check_attention_modes(q, k, key_padding_mask, is_causal)
     if key_padding_mask is None and not is_causal:
         return _sdpa(q, k, v, scale, bias, mask)

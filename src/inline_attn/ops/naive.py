@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_modes, check_qkv, check_residual
+from ._checks import check_attention_modes, check_qkv, check_residual, check_scale, mapped
 from .feature_maps import FeatureMap, get_feature_map
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
@@ -63,7 +63,7 @@ def _with_allowed(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Ten
 def _inline_weights(q, k, phi, s, allowed):
     """``w_ij = a_ij (1 + s phi(q_i).(phi(k_j) - k_bar_i)) / c_i``: a_ij = 1 for the keys query i sees,
     ``c_i`` their count, ``k_bar_i`` their mean feature (a row with no key: zeros)."""
-    pq, pk = phi(q), phi(k)
+    pq, pk = mapped(phi, q, "q"), mapped(phi, k, "k")
     if allowed is None:
         a = torch.ones(*q.shape[:3], k.shape[2], dtype=pq.dtype, device=q.device)
     else:
@@ -94,7 +94,8 @@ def attention_weights(
         k: [B, H, Nk, D] keys (before the feature map).
         kind: "inline", "linear" or "softmax".
         feature_map: phi for "inline" (default identity) and "linear" (default relu).
-        scale: InLine and softmax scale; default ``D**-0.5``.
+        scale: InLine and softmax scale, a positive real; default ``D**-0.5`` (linear attention
+            takes none: its row normalisation cancels it).
         bias, mask: softmax only; additive bias / boolean keep-mask (True = attend) or additive
             float mask, broadcastable to [B, H, Nq, Nk].
         key_padding_mask: [B, Nk] bool, True = a padded key: it gets weight 0 and leaves InLine's
@@ -110,6 +111,7 @@ def attention_weights(
     check_attention_modes(q, k, key_padding_mask, is_causal)
     allowed = allowed_keys(q, k, key_padding_mask, is_causal)
     d = q.shape[-1]
+    scale = check_scale(scale, kind)
     if kind == "softmax":
         s = d**-0.5 if scale is None else scale
         if allowed is not None:
@@ -120,7 +122,7 @@ def attention_weights(
         raise ValueError(f"bias and mask apply to softmax attention only, got kind={kind!r}")
     if kind == "linear":
         phi = get_feature_map("relu" if feature_map is None else feature_map)
-        sim = phi(q) @ phi(k).transpose(-2, -1)
+        sim = mapped(phi, q, "q") @ mapped(phi, k, "k").transpose(-2, -1)
         if allowed is not None:
             sim = sim * allowed
         # the normaliser in float32 at least: in fp16 its square (the division's gradient) underflows

@@ -59,7 +59,7 @@ def predict_residual(context: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Te
     negligible, and autocast's casts of inputs, weights and biases (and of their gradients) would
     be a dozen extra kernel launches per layer, which is what a small layer's GPU step waits on.
     """
-    if torch.is_autocast_enabled(context.device.type):
+    if context.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(context.device.type):
         with _autocast_off(context.device):
             return _predict(context.to(w1.dtype), w1, b1, w2, b2, groups)
     return _predict(context, w1, b1, w2, b2, groups)

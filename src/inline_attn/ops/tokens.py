@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from ._checks import check_tensor, check_feat_size, check_num_heads, check_tokens
+from ._checks import check_feat_size, check_num_heads, check_scale, check_tensor, check_tokens
 from .eager import eager_inline_attention, local_residual
 from .fused.op import inline_core, inline_layer_core, runs_as_custom_op
 from .feature_maps import FeatureMap
@@ -110,7 +110,8 @@ def inline_tokens(
     check_num_heads(num_heads, c)
     h, w = check_feat_size(feat_size, n, num_prefix_tokens)
     d = c // num_heads
-    s = d**-0.5 if scale is None else float(scale)
+    scale = check_scale(scale)
+    s = d**-0.5 if scale is None else scale
     chosen, _ = dispatch.choose(q, feature_map, impl, num_heads)
 
     if chosen in dispatch.FUSED_IMPLS:
@@ -174,7 +175,8 @@ def inline_layer_tokens(
             f"C={c}: expected [{c}, {c // num_heads}(, 1)] and [{9 * c}, {c // num_heads}(, 1)]"
         )
     h, w = check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
-    s = (c // num_heads) ** -0.5 if scale is None else float(scale)
+    scale = check_scale(scale)
+    s = (c // num_heads) ** -0.5 if scale is None else scale
     return layer_core_tokens(x, q, k, v, predictor, num_heads, (h, w), num_prefix_tokens, feature_map, s, impl)
 
 

@@ -110,7 +110,7 @@ def _set_aside(path: pathlib.Path) -> None:
         pass
 
 
-def read_run_checkpoint(path: PathLike, keys: tuple = RUN_KEYS, kind: str = "inline-attn") -> dict:
+def read_run_checkpoint(path: PathLike, keys: tuple = RUN_KEYS, kind: str = "training") -> dict:
     """The one reader of run checkpoints: the file read (a ValueError naming it and why when it
     cannot be), then checked to hold ``keys`` (a ValueError naming the file, what it lacks and how
     to start from its weights instead)."""
@@ -119,7 +119,7 @@ def read_run_checkpoint(path: PathLike, keys: tuple = RUN_KEYS, kind: str = "inl
     missing = [k for k in keys if not isinstance(state, dict) or k not in state]
     if missing:
         raise ValueError(
-            f"checkpoint {str(path)!r} is not a training checkpoint of {kind} (no {', '.join(missing)}); "
+            f"checkpoint {str(path)!r} is not a {kind} checkpoint of an inline-attn run (no {', '.join(missing)}); "
             "to start from its weights use --model.checkpoint instead of --resume"
         )
     return state

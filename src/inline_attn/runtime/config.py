@@ -37,6 +37,7 @@ _SCI_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+")
 
 __all__ = [
     "check_device",
+    "check_distinct",
     "check_mean_std",
     "check_output",
     "TypedConfig",
@@ -110,9 +111,13 @@ def _plain(value: Any) -> Any:
 
 def build_section(name: str, section: type, values: Any):
     """``section`` from a (partial) mapping of its keys, every value checked; ``name`` is the
-    dotted path used in errors (``data.mosaic``)."""
+    dotted path used in errors (``data.mosaic``). A null section (``optim:`` with no keys, or
+    ``optim: null``) is refused: it would silently reset every key to its default."""
     if values is None:
-        values = {}
+        raise ValueError(
+            f"config section {name!r} is null (a '{name}:' line with no keys under it?): give its keys, "
+            "or leave the line out for the defaults"
+        )
     if not isinstance(values, dict):
         raise ValueError(f"config key {name!r} is a section: expected a mapping of its keys, got {values!r}")
     known = {f.name: (f, tp) for f, tp in fields_of(section)}
@@ -258,6 +263,17 @@ def check_mean_std(section: str, mean: Optional[tuple], std: Optional[tuple]) ->
         raise ValueError(f"{section}.mean has {len(mean)} channels but {section}.std {len(std)}")
 
 
+def check_distinct(key: str, values: Iterable) -> None:
+    """ValueError naming ``key`` when ``values`` repeat one (a seed given twice would count twice in a
+    mean +- std), or are empty."""
+    values = list(values)
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{key}={values!r} repeats {', '.join(repeated)}: give each once")
+    if not values:
+        raise ValueError(f"{key} is empty: give at least one")
+
+
 def check_device(key: str, device: str) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise ValueError(f"{key}={device!r}: expected auto, cpu, cuda or cuda:N")
@@ -334,7 +350,7 @@ class TypedConfig:
         for name in data:
             if name not in sections:
                 raise ValueError(f"unknown config section {name!r}{suggest(str(name), sections)}")
-        cfg = cls(**{name: build_section(name, sec, data.get(name)) for name, sec in sections.items()})
+        cfg = cls(**{name: build_section(name, sec, data.get(name, {})) for name, sec in sections.items()})
         cfg.check_orderings()
         return cfg
 
@@ -423,6 +439,22 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
+    silently: a duplicated ``optim:`` section would replace the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: PathLike, _chain: tuple = ()) -> dict:
     """A YAML config as a dict, following ``_base_`` (a path relative to this file) recursively."""
     path = pathlib.Path(path)
@@ -433,7 +465,7 @@ def read_yaml(path: PathLike, _chain: tuple = ()) -> dict:
         raise ValueError(f"config file {path}: its _base_ chain loops ({loop})")
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -502,9 +534,27 @@ def add_override_options(
 
 def run_options(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """A training command's ``--resume`` and ``--overwrite`` flags as config overrides
-    (``train.resume``, ``train.overwrite``), the ones given."""
+    (``train.resume``, ``train.overwrite``), the ones given. These flags and ``--output`` name
+    ``train.*`` settings that the ``--train.*`` and ``--set`` flags name too: the same setting given
+    two values on one command line (``--output A --train.output B``) is a ValueError naming both."""
     pairs = (("train.resume", args.resume), ("train.overwrite", True if args.overwrite else None))
-    return [(key, value) for key, value in pairs if value]
+    given = [(key, value) for key, value in pairs if value]
+    output = getattr(args, "output", None)
+    refuse_conflicts(collect_overrides(args) + given + ([("train.output", output)] if output else []))
+    return given
+
+
+_FLAG_OF = {"train.output": "--output", "train.resume": "--resume", "train.overwrite": "--overwrite"}
+
+
+def refuse_conflicts(overrides: Iterable[tuple[str, Any]]) -> None:
+    """ValueError when one key of ``overrides`` (a command line's) is given two different values."""
+    seen: dict[str, Any] = {}
+    for key, value in overrides:
+        if key in seen and seen[key] != value:
+            alias = f" ({_FLAG_OF[key]} is --{key})" if key in _FLAG_OF else ""
+            raise ValueError(f"{key} is given two values, {seen[key]!r} and {value!r}{alias}: give it once")
+        seen[key] = value
 
 
 def collect_overrides(args: argparse.Namespace, mappings: Iterable[str] = ()) -> list[tuple[str, Any]]:
@@ -523,4 +573,5 @@ def collect_overrides(args: argparse.Namespace, mappings: Iterable[str] = ()) ->
             raise ValueError(f"--set {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
         out.append((k, parse_value(v)))
+    refuse_conflicts(out)
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NonFiniteOutputs", "check_finite", "require_finite"]
+__all__ = ["NonFiniteOutputs", "check_finite", "require_finite", "require_finite_weights"]
 
 
 class NonFiniteOutputs(ValueError):
@@ -27,6 +27,18 @@ def require_finite(t: torch.Tensor, source: str, what: str) -> None:
             f"{source}: {bad} of the model's {finite.numel()} {what} are NaN or inf; a model whose outputs are not "
             "finite is not scored (are its weights finite?)"
         )
+
+
+def require_finite_weights(model: torch.nn.Module, source: str) -> None:
+    """NonFiniteOutputs naming ``source`` and the first parameter or buffer holding a NaN or an inf:
+    an analysis of such a model would report a plausible-looking number (a ratio of nan, "injective")."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise NonFiniteOutputs(
+                f"{source}: {bad} of the {t.numel()} values of {name} are NaN or inf; a model with non-finite "
+                "weights is not analysed (a diverged run? take an earlier checkpoint)"
+            )
 
 
 def check_finite(loss: torch.Tensor, where: str) -> None:

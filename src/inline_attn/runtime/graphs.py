@@ -269,6 +269,22 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def _check_warmup(warmup) -> int:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r}: expected an integer >= 0 (steps run before the capture)")
+    return warmup
+
+
+def _check_like(name: str, batch: torch.Tensor, static: torch.Tensor) -> None:
+    """A batch copied into a static buffer must have its dtype and device: ``copy_`` would convert
+    it silently (float64 images to float32, soft float targets to class indices)."""
+    if batch.dtype != static.dtype or batch.device != static.device:
+        raise ValueError(
+            f"{name} of dtype {batch.dtype} on {batch.device}, but the step was captured for {static.dtype} on "
+            f"{static.device} (the example batch's): convert the batch, or capture with an example like it"
+        )
+
+
 class GraphedTrainStep:
     """A training step (:func:`train_step`) captured once in a CUDA graph and replayed.
 
@@ -277,7 +293,9 @@ class GraphedTrainStep:
     images left out) runs the plain step instead, on the same model and optimizer state
     (``ungraphed_steps`` counts them). The warm-up steps before capture run on the example batch
     and are undone (model, optimizer and EMA states restored in place), so the captured step
-    starts from the caller's state. When :func:`why_not_graphed` gives a reason (``self.why_not``),
+    starts from the caller's state. A batch of another dtype or device than the example's is a
+    ValueError (copied into the static buffers it would be converted silently); ``warmup`` is an
+    integer >= 0. When :func:`why_not_graphed` gives a reason (``self.why_not``),
     or the capture fails (the reason names the error), calls run the plain step. The learning
     rate must be a tensor for a scheduler to change it between replays (a Python float is baked
     into the graph; :func:`inline_attn.runtime.optim.prepare_for_capture`).
@@ -305,6 +323,7 @@ class GraphedTrainStep:
     ):
         self.model, self.optimizer, self.loss_fn, self.ema, self.amp = model, optimizer, loss_fn, ema, amp
         self.clip_grad = clip_grad
+        warmup = _check_warmup(warmup)
         self.shape = (tuple(example_inputs.shape), tuple(example_targets.shape))
         if why_not is _CHECK:
             why_not = why_not_graphed(example_inputs.device, model=model, optimizer=optimizer)
@@ -354,6 +373,8 @@ class GraphedTrainStep:
         before the next call)."""
         if self._replay is None:
             return self._plain_step(inputs, targets)
+        _check_like("inputs", inputs, self._inputs)
+        _check_like("targets", targets, self._targets)
         if (tuple(inputs.shape), tuple(targets.shape)) != self.shape:
             self.ungraphed_steps += 1  # captured for one shape; this batch runs the plain step
             return self._plain_step(inputs, targets)
@@ -380,6 +401,7 @@ class GraphedEvalStep:
         capture_fn: Callable = capture,
     ):
         self.model, self.amp = model, amp
+        warmup = _check_warmup(warmup)
         self.shape = tuple(example_inputs.shape)
         self.why_not = why_not_graphed(example_inputs.device, model=model) if why_not is _CHECK else why_not
         self.replays = self.ungraphed_steps = 0
@@ -398,6 +420,7 @@ class GraphedEvalStep:
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._replay is None:
             return self._forward(inputs)
+        _check_like("inputs", inputs, self._inputs)
         if tuple(inputs.shape) != self.shape:
             self.ungraphed_steps += 1
             return self._forward(inputs)  # a last, smaller batch runs ungraphed

@@ -73,6 +73,11 @@ def _found(folder: pathlib.Path, patterns: Sequence[str]) -> list[str]:
     return sorted({str(p.relative_to(folder)) for pattern in patterns for p in folder.glob(pattern)})
 
 
+def _inside(path: pathlib.Path, folder: pathlib.Path) -> bool:
+    """Whether the file ``path`` lies directly in ``folder`` (a checkpoint of the run kept there)."""
+    return path.resolve().parent == folder.resolve()
+
+
 def _move_aside(folder: pathlib.Path) -> pathlib.Path:
     """Move every entry of ``folder`` (but the lock and runs replaced before) into a new
     ``replaced-<UTC time>`` subfolder; returns it."""
@@ -100,19 +105,28 @@ def claim_output(
     when ``lock``), then the overwrite rule; yields the folder.
 
     ``run_files``: globs (relative to ``folder``) whose matches show that a run is there. With
-    ``resume`` set the run continues (or starts) there; otherwise a folder holding a run raises
+    ``resume="auto"`` or a checkpoint of ``folder`` the run continues (or starts) there; otherwise
+    (a new run, or one resumed from another folder's checkpoint) a folder holding a run raises
     ValueError naming it and the two choices, unless ``overwrite``, which moves the run's files
     aside first (only where ``lock``: the process that writes; the others only check, so every
-    process of a distributed run stops alike). ``resume`` with ``overwrite`` is a ValueError.
+    process of a distributed run stops alike). Continuing the folder's run with ``overwrite`` is a
+    ValueError; so is a run file that is a folder (``last.pth/``), which no checkpoint can replace.
     """
     folder = pathlib.Path(folder)
-    if resume and overwrite:
+    continues = bool(resume) and (resume == "auto" or _inside(pathlib.Path(resume), folder))
+    if continues and overwrite:
         raise ValueError(
             f"resume={resume!r} continues the run in {folder} and overwrite replaces it: choose one "
             "(--resume or --overwrite / train.overwrite)"
         )
     with OutputLock(folder, enabled=lock):
-        found = [] if resume else _found(folder, run_files)
+        not_files = [name for name in _found(folder, run_files) if not (folder / name).is_file()]
+        if not_files:
+            raise ValueError(
+                f"output folder {folder} holds {', '.join(not_files)} as a folder where the run keeps a file: "
+                "move it away, or choose another --output"
+            )
+        found = [] if continues else _found(folder, run_files)
         if found and not overwrite:
             shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
             raise ValueError(

@@ -488,11 +488,10 @@ class Run:
         return path
 
     def add_picture(self, summary: dict) -> None:
-        """The task's picture of validation predictions, its path in ``summary``."""
+        """The task's picture of the run (validation predictions), its path in ``summary``."""
         try:
-            key, path = self.task.picture(
-                self.model, self.val_set, self.cfg, self.device, self.out, self.step, self.last_eval
-            )
+            args = (self.cfg, self.device, self.out, self.step, self.history, self.last_eval)
+            key, path = self.task.picture(self.model, self.val_set, *args)
             summary[key] = str(path)
         except Exception as e:  # a picture is a report, never a reason to fail a finished run
             log.warning("predictions PNG failed: %s", e)

@@ -1,4 +1,4 @@
-"""Stopping a run on a signal: SIGINT / SIGTERM ask the loop to checkpoint at the next step
+"""Stopping a run on a signal: SIGINT / SIGTERM / SIGHUP (a closed terminal) ask the loop to checkpoint at the next step
 boundary (:class:`StopFlag`), every process stops at the same step (:func:`stop_everywhere`), and
 the command exits with 128 + signum (:func:`exit_code`)."""
 
@@ -16,7 +16,8 @@ __all__ = ["StopFlag", "exit_code", "stop_everywhere"]
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM: the loop saves a checkpoint at the next step boundary and returns.
+    """Set by SIGINT, SIGTERM or SIGHUP (the terminal closed, handled as SIGTERM): the loop saves a
+    checkpoint at the next step boundary and returns.
 
     Use as a context manager (or :meth:`install` / :meth:`restore`); outside the main thread no
     handler is installed. A second Ctrl-C stops at once (KeyboardInterrupt).
@@ -30,8 +31,9 @@ class StopFlag:
         if not hasattr(signal, "SIGTERM"):
             return
         try:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
+            for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+                if s is not None:
+                    self._old[s] = signal.signal(s, self._handle)
         except ValueError:  # not the main thread: no handlers
             self._old = {}
 

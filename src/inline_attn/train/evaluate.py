@@ -24,6 +24,7 @@ from .data import Batches
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo, all_reduce_sum, resolve_device
 from ..runtime.finite import require_finite
+from ..runtime.output import REPLACED_PREFIX
 
 PathLike = Union[str, os.PathLike]
 
@@ -101,11 +102,21 @@ RUN_CONFIG_NAMES = ("config.yaml", "config.yml")
 
 
 def run_checkpoint(run_dir: PathLike) -> pathlib.Path:
-    """The checkpoint file a training run folder is rebuilt from (:data:`RUN_CHECKPOINT_STEMS`)."""
+    """The checkpoint file a training run folder is rebuilt from (:data:`RUN_CHECKPOINT_STEMS`);
+    never one of a run that ``--overwrite`` moved into a ``replaced-*`` subfolder (name that folder
+    to read it)."""
     run_dir = pathlib.Path(run_dir)
-    files = [p for p in run_dir.rglob("*") if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES]
+    files = [
+        p
+        for p in run_dir.rglob("*")
+        if p.is_file()
+        and p.suffix in CHECKPOINT_SUFFIXES
+        and not any(part.startswith(REPLACED_PREFIX) for part in p.relative_to(run_dir).parts[:-1])
+    ]
     if not files:
-        raise ValueError(f"run folder {run_dir} holds no checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
+        replaced = sorted(p.name for p in run_dir.glob(f"{REPLACED_PREFIX}*") if p.is_dir())
+        moved = f"; earlier runs were moved into {', '.join(replaced)}: name one of those folders" if replaced else ""
+        raise ValueError(f"run folder {run_dir} holds no checkpoint ({', '.join(CHECKPOINT_SUFFIXES)}){moved}")
     for stem in RUN_CHECKPOINT_STEMS:
         hits = [p for p in files if p.stem == stem]
         if hits:

@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..._io import read_json
+from ..._io import read_json, save_figure
 from ...layers import uses_local_residual
 from ...models import PATTERN_KINDS
 from ...runtime.output import claim_output
@@ -795,7 +795,7 @@ def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, p
     fig.tight_layout()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"ablations_{preset}_fig6a.png"
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
     return str(path)
 

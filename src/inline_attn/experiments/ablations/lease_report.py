@@ -13,6 +13,7 @@ import pathlib
 import re
 from typing import Optional, Sequence
 
+from ..._io import save_figure
 from ...runtime.report import markdown_table
 from . import (
     BEGIN,
@@ -173,8 +174,7 @@ def plot_curves(records: dict[str, dict], path: pathlib.Path, seeds: int = 3) ->
         return None
     fig.suptitle(f"Learning curves at the lease preset's budget ({LEASE.describe()})", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

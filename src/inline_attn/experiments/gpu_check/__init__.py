@@ -7,7 +7,7 @@ a step that no longer fits is not started, with a line saying so:
 
 1. ``tests`` (:mod:`.tests_step`): the native Triton and CUDA tests, in pytest-xdist workers,
    interrupted at the end of their box (pytest still prints its counts);
-2. ``goals`` (:mod:`.goals_step`): the measurements behind issue 34's goal table
+2. ``goals`` (:mod:`.goals_step`): the measurements behind the goal table
    (:mod:`.goals`): InLine against the project's softmax twin in one process, interleaved, with
    the SDPA backend named;
 3. ``profile`` (:mod:`.profile_step`): one training step per model under ``torch.profiler``, the

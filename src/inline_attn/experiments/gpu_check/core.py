@@ -1,70 +1,116 @@
-"""The Triton layer core alone (the custom op's kernels), bf16: its share of the copy rate.
+"""The Triton layer core alone (the custom op's kernels), bf16: its share of the copy rate, the
+streaming kernels against the kernels before them and SDPA's core, and a copy of the same bytes,
+all timed interleaved in one run.
 
 The fewest bytes a fwd+bwd must move: read Q, K, V and write O forward; read Q, K, V, dO and write
-dQ, dK, dV backward: 11 B N C elements of 2 bytes. Achieved bandwidth = those bytes / the
-measured time; its share of the device's copy rate (:func:`.device.copy_bandwidth`) is the goal.
+dQ, dK, dV backward: 11 B N C elements of 2 bytes. The copy case reads and writes that many bytes
+(``dst.copy_(src)`` of half of them), so the core's share of the copy rate is the copy's time over
+the core's, measured beside it (the device's copy rate drifts with clocks and temperature).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-# (batch, heads, head dim, grid side): 50,176 tokens at 7^2 and 14^2, 200,704 at 56^2 and 112^2;
-# 3 heads of 32 (Swin-T's stage 1)
-CORE_SHAPES = ((1024, 3, 32, 7), (256, 3, 32, 14), (64, 3, 32, 56), (16, 3, 32, 112))
+
+@dataclass(frozen=True)
+class CoreShape:
+    """A goal row's core: ``batch`` samples of a ``side`` x ``side`` grid after ``prefix`` tokens,
+    ``heads`` heads of ``head_dim`` channels; ``key`` names its value (``core<key>``)."""
+
+    key: str
+    batch: int
+    heads: int
+    head_dim: int
+    side: int
+    prefix: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.prefix + self.side * self.side
+
+
+# InLine-DeiT-T's layer (B 128, 197 tokens, 6 heads of 32), and Swin-T's first stage (3 heads of
+# 32) at 7^2 B 1024, 14^2 B 256 (50,176 tokens), 56^2 B 64 and 112^2 B 16 (200,704)
+CORE_SHAPES = (
+    CoreShape("deit", 128, 6, 32, 14, 1),
+    CoreShape("14", 256, 3, 32, 14),
+    CoreShape("7", 1024, 3, 32, 7),
+    CoreShape("56", 64, 3, 32, 56),
+    CoreShape("112", 16, 3, 32, 112),
+)
 ELEMENTS_MOVED = 11  # x B N C: see the module docstring
+KERNELS = {"new": "stream", "old": "resident"}  # the core kernels timed (triton.core_kernels)
 
 
-def core_row(batch: int, heads: int, d: int, side: int) -> dict:
-    """Time the forward and backward kernels at one shape -> grid, batch, the launch taken, fwd /
-    bwd ms, GB/s; where it is the resident launch, the fused launch's GB/s beside it (interleaved)."""
+def _core_step(tc, core: str, q, k, v, w9, g, args):
+    def step():
+        with tc.core_kernels(core):
+            tc.inline_forward_triton(q, k, v, w9, *args)
+            tc.inline_backward_triton(q, k, v, w9, g, *args)
+
+    return step
+
+
+def _sdpa_step(q, k, v, heads: int):
+    """SDPA's core (PyTorch's choice of backend) fwd+bwd on the same q, k, v."""
+    import torch.nn.functional as F
+
+    b, n, c = q.shape
+    qh, kh, vh = (t.detach().view(b, n, heads, c // heads).transpose(1, 2).requires_grad_() for t in (q, k, v))
+
+    def step():
+        out = F.scaled_dot_product_attention(qh, kh, vh)
+        torch.autograd.grad(out, (qh, kh, vh), out)
+
+    return step
+
+
+def core_row(shape: CoreShape) -> dict:
+    """Time one shape's fwd+bwd with the new and the old kernels, SDPA's core and the copy of the
+    same bytes, interleaved -> key, grid, batch, the launch each took, ms, GB/s, ``pct_of_copy``
+    (new), ``old_pct_of_copy`` and ``sdpa_ratio`` (SDPA's time / the new kernels')."""
     from ...bench.timing import time_interleaved
     from ...ops.fused import triton as tc
 
-    n, c = side * side, heads * d
-    q, k, v = torch.randn(batch, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
-    w9 = torch.randn(batch, 9, c, device="cuda", dtype=torch.bfloat16)
-    g = torch.randn(batch, n, c, device="cuda", dtype=torch.bfloat16)
-    args = (heads, d**-0.5, side, side, 0)
-
-    def steps(resident: bool) -> dict:
-        def fwd():
-            with tc.resident_launch(resident):
-                tc.inline_forward_triton(q, k, v, w9, *args)
-
-        def bwd():
-            with tc.resident_launch(resident):
-                tc.inline_backward_triton(q, k, v, w9, g, *args)
-
-        return {f"fwd_{resident}": fwd, f"bwd_{resident}": bwd}
-
-    with tc.record_launches() as log:
-        tc.inline_forward_triton(q, k, v, w9, *args)
-    resident = log[0].kernel == "inline_fwd_resident"
-    cases = {**steps(True), **(steps(False) if resident else {})}
-    t = time_interleaved(cases, warmup=3, repeats=10, device="cuda")
-    nbytes = ELEMENTS_MOVED * batch * n * c * 2
-    fwd, bwd = t["fwd_True"].median, t["bwd_True"].median
-    row = {
-        "grid": f"{side}x{side}",
-        "side": side,
-        "batch": batch,
-        "launch": {"inline_fwd_resident": "resident", "inline_fwd_fused": "fused"}.get(log[0].kernel, "split"),
-        "fwd_ms": fwd * 1e3,
-        "bwd_ms": bwd * 1e3,
-        "GBps": nbytes / (fwd + bwd) / 1e9,
+    b, n, heads, d = shape.batch, shape.tokens, shape.heads, shape.head_dim
+    c = heads * d
+    q, k, v = torch.randn(b, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
+    w9 = torch.randn(b, 9, c, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(b, n, c, device="cuda", dtype=torch.bfloat16)
+    args = (heads, d**-0.5, shape.side, shape.side, shape.prefix)
+    nbytes = ELEMENTS_MOVED * b * n * c * 2
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)  # read + written: nbytes
+    dst = torch.empty_like(src)
+    cases = {name: _core_step(tc, core, q, k, v, w9, g, args) for name, core in KERNELS.items()}
+    cases["sdpa"] = _sdpa_step(q, k, v, heads)
+    cases["copy"] = lambda: dst.copy_(src)
+    launches = {}
+    for name, core in KERNELS.items():
+        with tc.record_launches() as log:
+            cases[name]()
+        launches[name] = log[0].kernel
+    t = {key: r.median for key, r in time_interleaved(cases, warmup=3, repeats=10, device="cuda").items()}
+    return {
+        "key": shape.key,
+        "grid": f"{shape.side}x{shape.side}" + (f"+{shape.prefix}" if shape.prefix else ""),
+        "batch": b,
+        "launch": launches["new"],
+        "old_launch": launches["old"],
+        **{f"{name}_ms": t[name] * 1e3 for name in t},
+        "GBps": nbytes / t["new"] / 1e9,
+        "pct_of_copy": 100 * t["copy"] / t["new"],
+        "old_pct_of_copy": 100 * t["copy"] / t["old"],
+        "sdpa_ratio": t["sdpa"] / t["new"],
     }
-    if resident:
-        row["fused_GBps"] = nbytes / (t["fwd_False"].median + t["bwd_False"].median) / 1e9
-    return row
 
 
-def core_shares(copy_gbps: float) -> list[dict]:
-    """:func:`core_row` at every :data:`CORE_SHAPES`, each with ``pct_of_copy``."""
+def core_shares() -> list[dict]:
+    """:func:`core_row` at every :data:`CORE_SHAPES`."""
     rows = []
     for shape in CORE_SHAPES:
-        rows.append(core_row(*shape))
+        rows.append(core_row(shape))
         torch.cuda.empty_cache()  # this size's tensors before the next size's
-    for r in rows:
-        r["pct_of_copy"] = 100 * r["GBps"] / copy_gbps
     return rows

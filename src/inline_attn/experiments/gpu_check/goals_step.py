@@ -1,4 +1,4 @@
-"""The ``goals`` step: the measurements behind issue 34's goal table (:mod:`.goals`), in order of
+"""The ``goals`` step: the measurements behind the goal table (:mod:`.goals`), in order of
 value, each a :class:`.budget.Part` within the step's box.
 
 Every model ratio is InLine against the project's own softmax twin (:func:`inline_attn.bench.model.preset_cases`:
@@ -147,17 +147,20 @@ def part_layer(ctx: StepContext) -> dict:
 
 
 def part_core(ctx: StepContext) -> dict:
-    """The Triton core's share of the copy rate at 7x7 ... 112x112."""
-    rows = core_shares(ctx.env["copy_GBps"])
-    values = {f"core{r['side']}": r["pct_of_copy"] for r in rows}
-    notes = {f"core{r['side']}": _core_note(r) for r in rows}
+    """The Triton core's share of the copy rate at InLine-DeiT-T's layer and 7x7 ... 112x112: the
+    streaming kernels, the kernels before them, SDPA's core and a copy, interleaved."""
+    rows = core_shares()
+    values = {f"core{r['key']}": r["pct_of_copy"] for r in rows}
+    notes = {f"core{r['key']}": _core_note(r) for r in rows}
     return {"values": values, "notes": notes, "rows": rows}
 
 
 def _core_note(row: dict) -> str:
-    """'630 GB/s, B 64, split' (and the fused launch's GB/s where the resident one ran)."""
-    note = f"{row['GBps']:.0f} GB/s, B {row['batch']}, {row.get('launch', '?')}"
-    return note + (f" (fused launch: {row['fused_GBps']:.0f} GB/s)" if "fused_GBps" in row else "")
+    """'630 GB/s, B 64, inline_fwd_stream; old kernels (inline_fwd_resident) 14 %; SDPA's core 1.9x its time'."""
+    return (
+        f"{row['GBps']:.0f} GB/s, B {row['batch']}, {row['launch']}; old kernels ({row['old_launch']}) "
+        f"{row['old_pct_of_copy']:.0f} %; SDPA's core {row['sdpa_ratio']:.2f}x its time"
+    )
 
 
 def part_deit1024(ctx: StepContext) -> dict:
@@ -210,7 +213,7 @@ PARTS = (
     Part("deit", 10, part_deit),
     Part("swin", 40, part_swin),
     Part("layer", 5, part_layer),
-    Part("core", 10, part_core),  # with the fused launch timed beside the resident one at 7^2 and 14^2
+    Part("core", 15, part_core),  # new and old kernels, SDPA's core and a copy at five shapes
     Part("deit1024", 10, part_deit1024),
     Part("host", 6, part_host),
 )

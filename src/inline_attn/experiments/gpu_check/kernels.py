@@ -13,7 +13,14 @@ TOP_KERNELS = 8
 
 
 def _device_events(events: Iterable) -> list:
-    return [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    """The kernels among profiler events: events on the GPU that are not user annotations. A
+    user annotation (``Optimizer.step#AdamW.step``, a ``record_function`` span) appears on the GPU's
+    timeline too, spanning its kernels and the host gaps between them: counted, it would count its
+    kernels twice and the gaps as GPU time (PyTorch's own table leaves them out the same way)."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return [
+        e for e in events if getattr(e, "device_type", None) == cuda and not getattr(e, "is_user_annotation", False)
+    ]
 
 
 def _self_us(event) -> float:
@@ -21,8 +28,9 @@ def _self_us(event) -> float:
 
 
 def device_busy_ms(events: Iterable) -> float:
-    """Milliseconds of device (kernel) time in profiler events: the self device time of the events
-    that ran on the GPU. Operator rows, which repeat their kernels' time, are not counted."""
+    """Milliseconds of device (kernel) time in profiler events: the self device time of the kernels
+    that ran on the GPU. Operator rows, which repeat their kernels' time, and user annotations,
+    whose spans cover their kernels and host gaps, are not counted."""
     return sum(_self_us(e) for e in _device_events(events)) / 1e3
 
 

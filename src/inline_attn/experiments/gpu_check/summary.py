@@ -43,7 +43,7 @@ def render_summary(env: dict, results: dict, argv: list[str]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     device = env.get("device", "unknown device")
     lines = ["# GPU check", "", f"`{' '.join(['make gpu-check', *argv])}` on {when}, on {device}", ""]
-    lines += ["## Goals of issue 34", "", GOALS_NOTE, "", goal_table(results, device), ""]
+    lines += ["## Goals", "", GOALS_NOTE, "", goal_table(results, device), ""]
     steps = [
         {"step": name, "result": step_mark(r), "seconds": r.get("seconds", 0.0), "summary": r.get("summary", "")}
         for name, r in results.items()
