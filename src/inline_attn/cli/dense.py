@@ -29,8 +29,10 @@ def _configs_dir() -> pathlib.Path:
     return configs_dir()
 
 
-# what evaluation and model info read of a config (the optimizer, schedule and run settings are training's)
-EVAL_SECTIONS = ("model", "data", "eval")
+# the settings evaluation and model info read (the others are training's; --set still reaches any key,
+# and the task names what it does not read)
+EVAL_SECTIONS = ("data", "eval", "train.threads")
+INFO_SECTIONS = ("model", "data.crop_size")
 
 
 def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig, sections=None) -> None:
@@ -352,7 +354,7 @@ def register_seg(subparsers) -> None:
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--macs", action="store_true", help="also count MACs at the crop size (slow for big models)")
     p.add_argument("--json", action="store_true")
-    _add_overrides(p, sections=EVAL_SECTIONS)
+    _add_overrides(p, sections=INFO_SECTIONS)
     p.set_defaults(func=cmd_info)
 
 

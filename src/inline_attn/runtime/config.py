@@ -510,11 +510,11 @@ def add_override_options(
     p: argparse.ArgumentParser, config: type[TypedConfig], example: str, sections: Optional[Sequence[str]] = None
 ) -> None:
     """A ``--section.key VALUE`` flag for every setting of ``config`` (help: its doc and
-    default), or of its ``sections`` only (a command that uses only those: its help lists what it
-    uses), and a repeatable ``--set KEY=VALUE`` for any key (``example``: a key for its help)."""
+    default), or only of ``sections`` (section names or whole keys: a command that reads only
+    those lists only them), and a repeatable ``--set KEY=VALUE`` for any key (``example``: a key for its help)."""
     g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
     for key, f, tp, default in setting_flags(config):
-        if sections is not None and key.split(".")[0] not in sections:
+        if sections is not None and key.split(".")[0] not in sections and key not in sections:
             continue
         doc = f.metadata.get("doc", "")
         if tp is dict:
