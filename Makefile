@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check ablations-lease clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check gpu-check-dry-run ablations-lease clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,7 @@ kernel-audit: $(STAMP)
 
 # On a GPU machine (no network there): that machine's python3 with its CUDA PyTorch and triton,
 # the project from src/, no venv. Fits a 15-minute lease: at most 7 minutes of steps, by value (the
-# native Triton tests, issue 34's goal table, the profile of five models), each in its own time
+# native Triton tests, the goal table, the profile of five models), each in its own time
 # box. GPU_CHECK_OUT gets summary.md, gpu_check.json and a few logs, never a checkpoint (at most 6
 # flat files of at most 16 MB): on a lease, `make gpu-check GPU_CHECK_OUT=$OUT`. On demand:
 # GPU_CHECK_ARGS="--steps train autotune"; one goal row: "--steps goals --parts deit".
@@ -73,6 +73,11 @@ gpu-check:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
 	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.experiments.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# Before a lease, on any machine: gpu-check's plan (each step's box, its parts and test files, the total
+# against the lease script's 8 minutes) and the summary of a run that measured nothing; fails on a problem.
+gpu-check-dry-run: $(STAMP)
+	PYTHONPATH=src $(BIN)/python -m inline_attn.experiments.gpu_check --dry-run --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # On a GPU machine: the ablations' lease preset (parts a-d, 3 seeds, 2 epochs of the 60,000 images a run;
 # docs/reproduction.md), CUDA-graphed, in one process, time-boxed to ABLATIONS_BUDGET_S of wall time (no run

@@ -23,7 +23,7 @@ TASKS = (ClassifyTask, SegTask, DetTask)
 # overridden by one task alone, ClassifyTask at most 150 lines)
 MAX_HOOKS = 23
 MAX_OVERRIDDEN_ALONE = 10
-MAX_CLASSIFY_LINES = 291
+MAX_CLASSIFY_LINES = 294
 
 
 def hooks(cls: type = Task) -> list[str]:

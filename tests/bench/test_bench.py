@@ -317,7 +317,7 @@ def test_cuda_graphs_flag_on_cpu_says_why_and_times_ungraphed(bench, tmp_path, c
     [
         (["residual", "--repeats", "0"], "--repeats 0: expected an integer >= 1"),
         (["attention", "--warmup", "-1"], "--warmup -1: expected an integer >= 0"),
-        (["model", "--threads", "-2"], "--threads -2: expected an integer >= 0"),
+        (["model", "--threads", "-2"], "--threads -2: expected an integer >= 1"),
     ],
 )
 def test_bench_refuses_counts_it_cannot_honour(argv, message, tmp_path, capsys):

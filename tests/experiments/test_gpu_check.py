@@ -428,7 +428,7 @@ def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there():
     parallel = tests_step.tests_command(["tests/gpu"], quick=True, xdist=True)
     assert "-n" not in serial and serial[-1] == "tests/gpu"
     assert parallel[parallel.index("-n") + 1] == str(tests_step.workers()) and "-x" in parallel
-    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton.py"
+    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton_stream.py"  # the default kernels, first
     log = "x\nFAILED tests/gpu/test_a.py::test_b - RuntimeError\nERROR tests/ops/test_c.py\n1 failed, 1 error"
     assert tests_step.failures(log) == [
         "FAILED tests/gpu/test_a.py::test_b - RuntimeError",
@@ -562,3 +562,29 @@ def test_compile_times_both_models_eager_and_compiled_in_one_run_and_prints_both
     both = "DeiT-T compiled / eager 1.10x; InLine-DeiT-T compiled / eager 0.80x"
     assert result["notes"]["compile_inline"] == f"80 against 100 img/s; {both}; 0 graphs compiled while timed"
     assert result["summary"].endswith("DeiT-T compiled / eager 1.10x, InLine-DeiT-T compiled / eager 0.80x")
+
+
+def test_the_dry_run_prints_the_plan_within_the_lease_and_writes_an_empty_summary(tmp_path, capsys):
+    # the lease's script checked on the CPU: every default step's box, parts and test files, a total
+    # within LEASE_SCRIPT_S, each part's usual seconds within its step's box, the goal table rendered
+    assert runner.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "tests: box 175 s" and "  tests/ops/test_triton_stream.py" in text
+    assert "  core: about 15 s" in text and "  inline-cswin-t: about 20 s" in text
+    total = int(text.rsplit("total: at most ", 1)[1].split(" s")[0])
+    assert total <= runner.LEASE_SCRIPT_S == 480
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.count("not measured") == len(goals.GOALS)
+
+
+def test_the_dry_run_names_a_plan_over_the_lease_and_a_part_that_does_not_fit_its_box(tmp_path):
+    args = runner.parse_args(["--dry-run", "--budget-s", "900", "--steps", "tests", "goals", "compile", "autotune"])
+    _, problems = runner.dry_run(args)
+    assert problems == ["the plan takes up to 495 s, over the lease script's 480 s"]
+    args = runner.parse_args(["--dry-run", "--budget-s", "100", "--steps", "goals"])
+    _, problems = runner.dry_run(args)
+    assert problems == []  # the goals' parts (86 s) fit a 90 s box
+    args = runner.parse_args(["--dry-run", "--budget-s", "60", "--steps", "goals"])
+    _, problems = runner.dry_run(args)
+    assert problems == ["goals: its parts take about 86 s, over its box"]
+    assert runner.main(["--dry-run", "--budget-s", "60", "--steps", "goals", "--out", str(tmp_path)]) == 1

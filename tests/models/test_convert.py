@@ -155,3 +155,19 @@ def test_linear_kind_has_no_residual():
     assert all(c.params_added == 0 for c in changes)
     assert isinstance(model.blocks[0].attn, InLineTimmAttention) and model.blocks[0].attn.kind == "linear"
     assert model(torch.randn(1, 1, 16, 16)).shape == (1, 10)
+
+
+def test_torch_transformer_encoder_runs_the_converted_attention_in_inference_too():
+    """nn.TransformerEncoder(Layer)'s fused inference path computes softmax from in_proj_weight
+    without calling self_attn: after convert it must not be taken."""
+    torch.manual_seed(6)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=True)
+    changes = inline_attn.convert(encoder)
+    assert [c.path for c in changes] == ["layers.0.self_attn", "layers.1.self_attn"]
+    x = torch.randn(3, 6, 16)
+    pad = torch.arange(6)[None] >= torch.tensor([6, 4, 2])[:, None]
+    trained = encoder(x, src_key_padding_mask=pad)  # training mode: never the fast path
+    with torch.no_grad():
+        inferred = encoder.eval()(x, src_key_padding_mask=pad)
+    torch.testing.assert_close(inferred[~pad], trained[~pad].detach())

@@ -42,7 +42,7 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
 def test_every_registered_model_round_trips(tmp_path, name):
     src = random_weights(name, seed=len(name))
     folder = save_pretrained(src, tmp_path / name)
-    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors"]  # no temporary file left
+    assert sorted(os.listdir(folder)) == ["README.md", "config.json", "model.safetensors"]  # no temporary file left
     config = json.loads((folder / "config.json").read_text())
     assert config["architecture"] == name and config["dtype"] == "float32"
     assert config["pretrained_cfg"]["input_size"] == list(get_model_config(name).input_size)

@@ -72,7 +72,7 @@ def test_tuned_tile_is_used_and_exact(tmp_path, monkeypatch, split):
     g = torch.randn_like(ref)
     got = torch.autograd.grad(out, (q, k, v, taps), g.float())
     want = torch.autograd.grad(ref, (q64, k64, v64, t64), g)
-    tiles = [m["BLOCK_N"] for m in launches if "BLOCK_N" in m]  # the finalize kernels have no tile
+    tiles = [m["BLOCK_N"] for m in launches if "BLOCK_N" in m]  # the predictor's launches have no tile
     assert 16 in tiles and 64 not in tiles, tiles
     rel = [((a.double() - r).norm() / r.norm()).item() for a, r in zip((out, *got), (ref, *want))]
     assert max(rel[:1]) < 2e-6 and max(rel[1:]) < 1e-5, rel

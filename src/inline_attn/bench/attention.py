@@ -32,7 +32,17 @@ from ..layers.linear_family import LINEAR_CORES
 from .flops import attention_layer_flops, counted_layer_flops
 from ..runtime.amp import amp_dtype
 from ..runtime.progress import progress_bar
-from .sweep import Measured, PointTiming, dtype_name, measure_point, resolve_dtype, run_context
+from .sweep import (
+    Measured,
+    PointTiming,
+    check_positive,
+    check_stem,
+    dtype_name,
+    measure_point,
+    resolve_device,
+    resolve_dtype,
+    run_context,
+)
 from .timing import _failure, measure_matmul_rate, time_interleaved
 
 __all__ = [
@@ -297,7 +307,9 @@ def bench_attention(
     autocast = amp_dtype(amp)
     compile_mode = compile_mode_for(compile_mode, cuda_graphs)
     parsed = _plan_kinds(sizes, kinds, compile, modes, dim, heads)
-    dt, dev = resolve_dtype(dtype), torch.device(device)
+    check_positive("--batch", batch)
+    check_positive("--tokens", token_budget)
+    dt, dev = resolve_dtype(dtype), resolve_device(device)
     sweep = _LayerSweep(parsed, modes, dim, heads, dev, dt, autocast, compile_mode)
     timing = PointTiming(warmup, repeats, budget_s, memory, cuda_graphs)
     torch.manual_seed(seed)
@@ -398,6 +410,7 @@ def run_attention_bench(
     returns (result, paths)."""
     from .report import save_result, threads_label
 
+    check_stem(name)
     result = bench_attention(**options)
     meta, device = result["meta"], options.get("device", "cpu")
     batch = meta["batch"] or f"{meta['token_budget']} tokens / S^2"
@@ -416,10 +429,29 @@ def run_attention_bench(
     return result, paths
 
 
-def run_residual_bench(out, name: str = "residual", **options) -> tuple[dict, dict[str, pathlib.Path]]:
+def run_residual_bench(
+    out,
+    name: str = "residual",
+    *,
+    dtype="float32",
+    device="cpu",
+    amp=None,
+    compile_mode: str = "default",
+    cuda_graphs: bool = False,
+    memory: bool = True,
+    **options,
+) -> tuple[dict, dict[str, pathlib.Path]]:
     """:func:`bench_residual` with ``options``, saved under ``out`` as ``<name>.json`` and ``.csv``;
-    returns (result, paths)."""
+    returns (result, paths). It measures float32 on the CPU, eagerly, and no memory: another
+    ``dtype`` or ``device``, an ``amp``, a compile mode or CUDA graphs are refused (not silently
+    measured as eager float32 on the CPU)."""
     from .report import save_result
 
+    check_stem(name)
+    asked = (("--dtype", dtype, dtype == "float32"), ("--device", device, device == "cpu"))
+    asked += (("--amp", amp, amp_dtype(amp) is None), ("--compile-mode", compile_mode, compile_mode == "default"))
+    for flag, value, taken in (*asked, ("--cuda-graphs", cuda_graphs, not cuda_graphs)):
+        if not taken:
+            raise ValueError(f"{flag} {value!r}: bench residual measures eager float32 on the CPU only")
     result = bench_residual(**options)
     return result, save_result(result, out, name, device="cpu")

@@ -24,7 +24,17 @@ from ..runtime.graphs import compile_mode_for
 from ..models.swin import SOFTMAX_WINDOW_DIVISOR
 from .breakdown import BREAKDOWN_CATEGORIES, profile_breakdown
 from ..runtime.amp import amp_dtype
-from .sweep import Measured, PointTiming, dtype_name, measure_point, resolve_dtype, run_context
+from .sweep import (
+    Measured,
+    PointTiming,
+    check_positive,
+    check_stem,
+    dtype_name,
+    measure_point,
+    resolve_device,
+    resolve_dtype,
+    run_context,
+)
 from .timing import _failure, measure_matmul_rate
 
 __all__ = [
@@ -205,8 +215,7 @@ def _check_run(mode: str, sdpa: Optional[str], batch: int) -> None:
         raise ValueError(f"unknown mode {mode!r}: expected infer or train")
     if sdpa not in (None, "math"):
         raise ValueError(f"unknown sdpa {sdpa!r}: expected None or 'math'")
-    if batch <= 0:
-        raise ValueError(f"batch must be positive, got {batch}")
+    check_positive("--batch", batch)
 
 
 def _by_point(cases: Sequence[ModelCase]) -> dict:
@@ -378,7 +387,7 @@ def bench_models(
     autocast = amp_dtype(amp)
     _check_run(mode, sdpa, batch)
     compile_mode = compile_mode_for(compile_mode, cuda_graphs)
-    dt, dev = resolve_dtype(dtype), torch.device(device)
+    dt, dev = resolve_dtype(dtype), resolve_device(device)
     sweep = _ModelSweep(batch, in_chans, mode, dev, dt, autocast, sdpa, channels_last, compile_mode, macs, seed)
     timing = PointTiming(warmup, repeats, budget_s, memory, cuda_graphs)
     base = baseline or next((c.label for c in cases), None)
@@ -412,13 +421,28 @@ def bench_models(
     }
 
 
+def _check_spec(spec: str, name: str, overrides: dict) -> None:
+    """A model spec's model and constructor arguments, checked before any timing (built on the meta
+    device: no memory, no initialisation): a ValueError naming the spec."""
+    from ..models import create_model
+
+    try:
+        with torch.device("meta"):
+            create_model(name, **{k: v for k, v in overrides.items() if k not in _RUN_KEYS})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"model spec {spec!r}: {e}") from None
+
+
 def _cases(models: Sequence[str], resolutions: Sequence[int], compile: bool) -> list[ModelCase]:
     """One case per model spec (``[label=]name[:key=value,...]``) and resolution."""
     if not models:
         raise ValueError("no models: give --models SPEC [SPEC ...] or --preset window|resolution")
+    for r in resolutions:
+        check_positive("--resolutions", r)
     cases = []
     for spec in models:
         label, model_name, overrides = parse_model_spec(spec)
+        _check_spec(spec, model_name, overrides)
         if compile:
             overrides.setdefault("compile", 1)
         cases += [ModelCase(label, model_name, r, r, overrides) for r in resolutions]
@@ -452,6 +476,7 @@ def run_model_bench(
     compile_mode, cuda_graphs). Returns (result, paths)."""
     from .report import save_result, threads_label
 
+    check_stem(name)
     if preset == "layer":
         from .attention import DEFAULT_LAYER_KINDS, run_attention_bench
 

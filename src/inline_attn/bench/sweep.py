@@ -24,6 +24,10 @@ __all__ = [
     "PointTiming",
     "dtype_name",
     "measure_point",
+    "check_counts",
+    "check_positive",
+    "check_stem",
+    "resolve_device",
     "resolve_dtype",
     "run_context",
 ]
@@ -49,6 +53,41 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The benchmarks' ``device``: ``cpu``, ``cuda`` or ``cuda:N`` of this machine, else a ValueError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r}: expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: the benchmarks run on cpu or cuda (cuda:N)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device!r}: CUDA is not available in this build or machine")
+    return dev
+
+
+def check_positive(flag: str, value: Optional[int]) -> None:
+    """``value`` None (the default) or an integer >= 1, else a ValueError naming ``flag``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{flag} {value!r}: expected an integer >= 1")
+
+
+def check_counts(*, warmup: int, repeats: int, threads: Optional[int] = None) -> None:
+    """The timing counts: ``warmup`` >= 0 untimed calls, ``repeats`` >= 1 timed rounds, ``threads``
+    None (torch's choice) or >= 1; a ValueError naming the flag otherwise."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"--warmup {warmup!r}: expected an integer >= 0")
+    check_positive("--repeats", repeats)
+    check_positive("--threads", threads)
+
+
+def check_stem(name: str) -> str:
+    """An output file stem that stays in the output folder: a plain name, no folder in it."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"--name {name!r}: expected a file name without folders (the files go into --out)")
+    return name
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -11,13 +11,12 @@ from ..runtime.compile import COMPILE_MODES
 from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
 from ..bench.model import PRESETS
 from ..bench.report import format_table
+from ..bench.sweep import check_counts
 
 
 def _setup(args) -> None:
     writable_dir(args.out, "--out")
-    for flag, low in (("warmup", 0), ("repeats", 1), ("threads", 0)):
-        if getattr(args, flag) < low:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: expected an integer >= {low}")
+    check_counts(warmup=args.warmup, repeats=args.repeats, threads=args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -75,9 +74,7 @@ def _cmd_residual(args) -> int:
     from ..bench.attention import RESIDUAL_COLUMNS, run_residual_bench
 
     _setup(args)
-    result, paths = run_residual_bench(
-        args.out, args.name, warmup=args.warmup, repeats=args.repeats, budget_s=args.budget
-    )
+    result, paths = run_residual_bench(args.out, args.name, **_sweep_kwargs(args))
     print(format_table(result["rows"], RESIDUAL_COLUMNS))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
@@ -134,7 +131,7 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
         default=budget,
         help=f"stop repeating a sweep point after this many seconds per case, once 2 rounds ran (default {budget})",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--out", default="bench_results", help="output folder (default bench_results)")
@@ -199,6 +196,7 @@ def register(subparsers) -> None:
 
     pr = sub.add_parser("residual", help="the local residual: nine shifted multiply-adds vs one grouped conv")
     _common(pr, "residual", repeats=9, budget=10.0)
+    _compile_mode_arg(pr)  # refused unless default: the residual is measured eagerly
     pr.set_defaults(func=_cmd_residual)
 
     pm = sub.add_parser("model", help="throughput, latency, peak memory and MACs of registered models")

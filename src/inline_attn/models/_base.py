@@ -12,6 +12,10 @@
                                ``intermediates_only``, as timm)
 ``prune_intermediate_layers``  drops the levels, final norm and head a set of indices does not use
 ``feature_info``               one dict per level: ``num_chs``, ``reduction`` (stride), ``module``
+                               (a list with timm's ``FeatureInfo`` methods: ``channels()``, ...)
+``group_matcher(coarse)``      timm's parameter groups (stem, levels or blocks, final norm): what
+                               layer-wise lr decay reads (:mod:`.timm_contract`)
+``default_cfg``                ``pretrained_cfg`` under timm's older name
 ``reset_classifier(n, pool)``  a new head for ``n`` classes (0: none) on the model's device and dtype
 ``get_classifier()``           the head
 ``set_grad_checkpointing(on)`` recompute blocks in the backward pass (:meth:`checkpointed`)
@@ -54,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import attention_layers, init_weights_
 from ..ops.dispatch import check_impl
 from ._helpers import take_indices
+from .timm_contract import FeatureInfo, group_matcher
 
 __all__ = ["OUTPUT_FORMATS", "InLineModel"]
 
@@ -104,7 +109,7 @@ class InLineModel(nn.Module):
         self.features_only = False
         self.out_indices: Optional[tuple[int, ...]] = None
         self.pruned_modules: tuple[str, ...] = ()
-        self.feature_info: list[dict[str, Any]] = []
+        self.feature_info: FeatureInfo = FeatureInfo()
         self._built_levels = 0
         self._num_levels = 0
 
@@ -112,7 +117,7 @@ class InLineModel(nn.Module):
         """Record the levels the family built (one ``feature_info`` dict per level)."""
         if self.global_pool not in self.global_pools:
             raise ValueError(f"global_pool={self.global_pool!r}: expected one of {self.global_pools}")
-        self.feature_info = list(feature_info)
+        self.feature_info = FeatureInfo(feature_info)
         self._built_levels = self._num_levels = len(feature_info)
 
     @property
@@ -264,7 +269,7 @@ class InLineModel(nn.Module):
             for name in self._level_modules(i):
                 self._remove(name)
         self._num_levels = keep
-        self.feature_info = self.feature_info[:keep]
+        self.feature_info = FeatureInfo(self.feature_info[:keep])
         if prune_norm and not isinstance(self.norm, nn.Identity):
             self.norm = nn.Identity()
             self.pruned_modules += ("norm",)
@@ -284,7 +289,7 @@ class InLineModel(nn.Module):
         take = self.prune_intermediate_layers(out_indices, prune_norm=True, prune_head=True)
         self.features_only = True
         self.out_indices = tuple(take)
-        self.feature_info = [self.feature_info[i] for i in take]
+        self.feature_info = FeatureInfo(self.feature_info[i] for i in take)
         return self
 
     # ---- a model as a folder (config.json + model.safetensors: inline_attn.models.pretrained)
@@ -339,6 +344,20 @@ class InLineModel(nn.Module):
             check_impl(impl)
         for _, layer in attention_layers(self):
             layer.impl = impl
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups: :func:`inline_attn.models.timm_contract.group_matcher`."""
+        return group_matcher(self, coarse)
+
+    @property
+    def default_cfg(self):
+        """``pretrained_cfg`` (timm's older name; timm's builder assigns both)."""
+        return getattr(self, "pretrained_cfg", None)
+
+    @default_cfg.setter
+    def default_cfg(self, cfg) -> None:
+        self.pretrained_cfg = cfg
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -169,13 +169,17 @@ class InLineMultiheadAttention(_Converted):
         e = old.embed_dim
         super().__init__(kind, e, old.num_heads, grid, (e // old.num_heads) ** -0.5, e)
         self.embed_dim, self.kdim, self.vdim, self.head_dim = e, old.kdim, old.vdim, e // old.num_heads
-        self.batch_first, self._qkv_same_embed_dim = old.batch_first, old._qkv_same_embed_dim
+        self.batch_first, self.packed_projection = old.batch_first, old._qkv_same_embed_dim
+        # torch's TransformerEncoderLayer / TransformerEncoder take their fused inference path (which
+        # reads in_proj_weight and computes softmax attention itself, never calling this module) only
+        # when this is True
+        self._qkv_same_embed_dim = False
         for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
             setattr(self, name, getattr(old, name))
         self.out_proj = old.out_proj
 
     def _projections(self) -> tuple[tuple[torch.Tensor, ...], tuple[Optional[torch.Tensor], ...]]:
-        if self._qkv_same_embed_dim:
+        if self.packed_projection:
             weights = self.in_proj_weight.chunk(3)
         else:
             weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
@@ -195,8 +199,7 @@ class InLineMultiheadAttention(_Converted):
     ) -> tuple[torch.Tensor, None]:
         if attn_mask is not None and not is_causal:
             _no_pair_mask(attn_mask)
-        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
-            raise ValueError(f"key_padding_mask must be bool (True = padding) for InLine, got {key_padding_mask.dtype}")
+        key_padding_mask = _padding_as_bool(key_padding_mask)
         inputs = (query, key, value) if self.batch_first else (t.transpose(0, 1) for t in (query, key, value))
         weights, biases = self._projections()
         heads = [
@@ -206,6 +209,17 @@ class InLineMultiheadAttention(_Converted):
         x = query if self.batch_first else query.transpose(0, 1)
         out = self.out_proj(self.attend(x, *heads, key_padding_mask=key_padding_mask, is_causal=is_causal))
         return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+def _padding_as_bool(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A key-padding mask as bool (True = padding): torch's transformer layers pass the additive
+    form (-inf = padding, 0 = a key), which is all InLine can take of an additive mask."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    padded = torch.isneginf(mask)
+    if not bool(((mask == 0) | padded).all()):
+        raise ValueError("an additive key_padding_mask must hold only 0 (a key) and -inf (padding) for InLine")
+    return padded
 
 
 @dataclass(frozen=True)
@@ -311,4 +325,7 @@ def convert(
         added = sum(p.numel() for p in new.parameters() if id(p) not in was)
         dropped = sum(p.numel() for p in old.parameters() if id(p) not in kept)
         changes.append(Change(path, type(old).__name__, type(new).__name__, added, dropped))
+    for module in model.modules():  # its nested-tensor fast path would bypass the converted layers
+        if isinstance(module, nn.TransformerEncoder):
+            module.use_nested_tensor = False
     return changes

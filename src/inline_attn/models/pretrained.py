@@ -1,17 +1,21 @@
 """``save_pretrained(model, dir)`` / ``from_pretrained(dir)``: a model as a folder, Hugging Face's layout.
 
-The folder holds two files:
+The folder holds three files:
 
 - ``config.json``: the registered model name (``architecture``), the arguments it was built with
   (``model_args``, :func:`~inline_attn.models.create_model`'s overrides, with the classifier's
   current ``num_classes`` and ``global_pool``), ``features_only`` / ``out_indices``, the weights'
   ``dtype``, and the variant's :class:`~inline_attn.models.ModelConfig` (``pretrained_cfg``: input
   size, mean, std, for the reader's information);
-- ``model.safetensors``: the state dict (:func:`~inline_attn.models.checkpoint.save_checkpoint`).
+- ``model.safetensors``: the state dict (:func:`~inline_attn.models.checkpoint.save_checkpoint`);
+- ``README.md``: the model card (:mod:`.card`: Hub metadata, the paper, the config).
+
+``from_pretrained`` also reads a folder timm wrote for one of these architectures (its
+``config.json`` keeps ``num_classes`` / ``global_pool`` at the top level).
 
 ``from_pretrained`` rebuilds the model with :func:`create_model` from the config (on the meta device:
 no memory and no initialisation) and takes the weights from the file, strictly, so the result is the
-saved model. Both files are written atomically.
+saved model. Every file is written atomically.
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ import torch
 import torch.nn as nn
 
 from .._io import atomic_write_text
+from .card import model_card
+from .hub import HUB_PREFIX, download
 from .checkpoint import load_checkpoint, read_state_dict, save_checkpoint
 from .registry import create_model
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+CARD_NAME = "README.md"
+#: top-level keys timm's save_for_hf writes beside architecture / pretrained_cfg / model_args
+TIMM_KEYS = frozenset({"num_classes", "num_features", "global_pool", "label_names", "label_descriptions"})
 FORMAT_VERSION = 1
 
 PathLike = Union[str, os.PathLike]
@@ -111,7 +120,21 @@ def save_pretrained(model: nn.Module, save_directory: PathLike) -> pathlib.Path:
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint(model, folder / WEIGHTS_NAME, metadata={"model": config["architecture"]})
     atomic_write_text(folder / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(folder / CARD_NAME, model_card(config))
     return folder
+
+
+def _from_timm(config: dict) -> dict:
+    """A config.json timm wrote (no ``library`` key, the classifier's settings at the top level) in
+    this library's form: ``num_classes`` and ``global_pool`` into ``model_args``, the labels and
+    ``num_features`` (facts, not arguments) dropped."""
+    if "library" in config or not (TIMM_KEYS & set(config)):
+        return config
+    args = dict(config.get("model_args") or {})
+    for key in ("num_classes", "global_pool"):
+        if key in config:
+            args.setdefault(key, config[key])
+    return {**{k: v for k, v in config.items() if k not in TIMM_KEYS}, "model_args": args}
 
 
 def read_pretrained_config(folder: PathLike) -> dict:
@@ -128,6 +151,7 @@ def read_pretrained_config(folder: PathLike) -> dict:
         raise ValueError(f"from_pretrained: cannot read {str(path)!r}: {e}") from e
     if not isinstance(config, dict):
         raise ValueError(f"from_pretrained: {str(path)!r} holds a {type(config).__name__}, expected a JSON object")
+    config = _from_timm(config)
     expected = {"architecture": str, "model_args": dict}
     for key, kind in expected.items():
         if not isinstance(config.get(key), kind):
@@ -178,7 +202,8 @@ def from_pretrained(
     """The model a :func:`save_pretrained` folder holds, in eval mode.
 
     Args:
-        folder: the folder (``config.json`` + ``model.safetensors``).
+        folder: the folder (``config.json`` + ``model.safetensors``), or ``"hf-hub:owner/name"``
+            (downloaded through the optional ``huggingface_hub``, :mod:`.hub`).
         device: where to put the model (default CPU).
         dtype: cast the weights to this dtype (default: the saved one, ``config["dtype"]``).
 
@@ -186,6 +211,8 @@ def from_pretrained(
     :func:`create_model` checks them), weights that do not fit the model, a ``dtype`` that is not a
     floating ``torch.dtype`` or a ``device`` this machine lacks raise ValueError naming it.
     """
+    if isinstance(folder, str) and folder.startswith(HUB_PREFIX):
+        folder = download(folder)
     config = read_pretrained_config(folder)
     _check_placement(device, dtype)
     folder = pathlib.Path(folder)

@@ -45,6 +45,27 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    # read as a mapping, as timm reads a model's pretrained_cfg (resolve_model_data_config calls .get,
+    # its hub export .items()); "architecture" is timm's name for ``name``
+    def get(self, key: str, default=None):
+        return self[key] if key in self else default
+
+    def __getitem__(self, key: str):
+        if key == "architecture":
+            return self.name
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key) -> bool:
+        return key == "architecture" or key in self.__dataclass_fields__
+
+    def keys(self):
+        return ["architecture", *self.__dataclass_fields__]
+
+    def items(self):
+        return [(k, self[k]) for k in self.keys()]
+
 
 def variant_config(
     name: str,

@@ -42,11 +42,11 @@ ATTENTION_IMPLS = tuple(i for i in IMPLS if i not in FUSED_IMPLS)
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _env_impl() -> str:
+def _env_impl() -> str | None:
+    """``$INLINE_ATTN_IMPL`` (default "auto"), None when it names no impl: the import goes on, and
+    the first op that needs the default says what is wrong (:func:`default_impl`)."""
     value = os.environ.get("INLINE_ATTN_IMPL", "auto")
-    if value not in IMPLS:
-        raise ValueError(f"INLINE_ATTN_IMPL={value!r}: expected one of {IMPLS}")
-    return value
+    return value if value in IMPLS else None
 
 
 _state = {"default": _env_impl(), "warned_triton": False}
@@ -83,8 +83,12 @@ def residual_path(impl: str | None) -> str:
 
 
 def default_impl() -> str:
-    """The implementation layers use when they are given none (see the module docstring)."""
-    return _state["default"]
+    """The implementation layers use when they are given none (see the module docstring); a
+    ValueError when ``$INLINE_ATTN_IMPL`` names no implementation."""
+    impl = _state["default"]
+    if impl is None:
+        raise ValueError(f"INLINE_ATTN_IMPL={os.environ.get('INLINE_ATTN_IMPL')!r}: expected one of {IMPLS}")
+    return impl
 
 
 @contextlib.contextmanager

@@ -23,24 +23,35 @@ import torch
 import torch.nn as nn
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_weight_decay=None) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, no_weight_decay=None, layer_decay=(None, None)) -> list[dict]:
     """Two groups: decay, and no decay for 1-d params (norms, biases), names ending in ``.bias``
     and the exempt names, matched exactly or by their last component: ``no_weight_decay`` when
     given (a recipe's ``optim.no_weight_decay``), else the model's ``no_weight_decay()`` (position
-    embeddings, cls token, relative position tables)."""
+    embeddings, cls token, relative position tables).
+
+    ``layer_decay = (rate, {name: layer})`` with a rate: the two groups per layer, each with
+    ``lr_scale = rate ** (L - 1 - layer)`` (timm's layer-wise lr decay; :func:`set_lr` applies it).
+    """
     if no_weight_decay is not None:
         skip = set(no_weight_decay)
     else:
         skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+    rate, layers = layer_decay
+    groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim <= 1 or name.endswith(".bias") or name in skip or name.split(".")[-1] in skip:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+        exempt = p.ndim <= 1 or name.endswith(".bias") or name in skip or name.split(".")[-1] in skip
+        groups.setdefault((0 if rate is None else layers[name], not exempt), []).append(p)
+    if rate is None:
+        return [{"params": groups.get((0, False), []), "weight_decay": 0.0}] + [
+            {"params": groups.get((0, True), []), "weight_decay": weight_decay}
+        ]
+    top = max(layers.values(), default=0)
+    return [
+        {"params": ps, "weight_decay": weight_decay if decays else 0.0, "lr_scale": rate ** (top - layer)}
+        for (layer, decays), ps in sorted(groups.items())
+    ]
 
 
 def no_decay_names(model: nn.Module, no_weight_decay=None) -> list[str]:
@@ -61,12 +72,15 @@ def build_optimizer(
     betas=(0.9, 0.999),
     eps: float = 1e-8,
     no_weight_decay=None,
+    layer_decay=(None, None),
 ) -> torch.optim.Optimizer:
-    """``opt`` (one of :data:`OPTIMIZERS`) over :func:`param_groups`: ``adamw`` with ``betas`` and
-    ``eps``, or ``sgd`` with momentum 0.9 and Nesterov. AdamW over CUDA parameters is fused (one
-    kernel for the whole update, its step counters on the device: capture-safe); elsewhere the
-    plain implementation, as before."""
-    groups = param_groups(model, weight_decay, no_weight_decay)
+    """``opt`` (one of :data:`OPTIMIZERS`) over :func:`param_groups` (``layer_decay`` as there):
+    ``adamw`` with ``betas`` and ``eps``, or ``sgd`` with momentum 0.9 and Nesterov. AdamW over CUDA
+    parameters is fused (one kernel for the whole update, its step counters on the device:
+    capture-safe); elsewhere the plain implementation, as before."""
+    groups = param_groups(model, weight_decay, no_weight_decay, layer_decay)
+    for g in groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
     if opt == "adamw":
         cuda = all(p.is_cuda for g in groups for p in g["params"]) and any(g["params"] for g in groups)
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if cuda else {}))
@@ -76,13 +90,15 @@ def build_optimizer(
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Every group's learning rate to ``lr``: a Python float is replaced, a tensor lr (an optimizer
-    made ready for capture) is written in place, so a captured step reads the new value."""
+    """Every group's learning rate to ``lr`` times its ``lr_scale`` (layer-wise lr decay; 1 without):
+    a Python float is replaced, a tensor lr (an optimizer made ready for capture) is written in
+    place, so a captured step reads the new value."""
     for g in optimizer.param_groups:
+        value = lr * g.get("lr_scale", 1.0)
         if torch.is_tensor(g["lr"]):
-            g["lr"].fill_(lr)
+            g["lr"].fill_(value)
         else:
-            g["lr"] = lr
+            g["lr"] = value
 
 
 # optimizer -> each group's settings before prepare_for_capture, for plain_state_dict

@@ -6,8 +6,10 @@ closing summary; each task supplies its hooks (:class:`Task`).
 replaces kept as ``previous.pth``), ``metrics.csv``, ``summary.json`` and the task's own files (a
 picture of validation predictions; classification's best checkpoints and curves). The task's
 cadence says when a metrics row and a checkpoint are due: every so many iterations
-(:class:`Cadence`) or at the end of every epoch
-(:class:`EpochCadence`). The output folder is claimed first
+(:class:`Cadence`) or at the end of every epoch (:class:`EpochCadence`). Every checkpoint has one
+format (:meth:`Run.checkpoint`: the run's entries, each process's RNG in ``rank_states``, the
+task's entries beside them), read back by one reader
+(:func:`~inline_attn.runtime.checkpoint.read_run_checkpoint`). The output folder is claimed first
 (:func:`~inline_attn.runtime.output.claim_output`): a second run is refused while the first holds
 it, and a new run into a folder holding a finished or interrupted one unless ``train.overwrite``.
 ``train.resume`` continues a run when its training-shaping settings (every setting not declared

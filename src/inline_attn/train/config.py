@@ -61,6 +61,9 @@ class ModelCfg:
     checkpoint_ema: bool = setting(
         False, doc="initialise from the checkpoint's EMA weights (model_ema / state_dict_ema)"
     )
+    grad_checkpointing: bool = setting(
+        False, doc="recompute each block in the backward pass (less memory, ~1/3 slower)"
+    )
 
     def check(self) -> None:
         from ..models import get_model_config
@@ -164,6 +167,13 @@ class ClassifyOptimCfg(OptimCfg):
         None,
         doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
         "biases (null: the model's no_weight_decay())",
+    )
+    layer_decay: Optional[float] = setting(
+        None,
+        gt=0,
+        le=1,
+        doc="layer-wise lr decay: layer l of L (the model's group_matcher: stem, blocks, head) trains at "
+        "lr * layer_decay ** (L - 1 - l) (null: off)",
     )
 
 

@@ -34,6 +34,7 @@ from ..runtime.compile import compile_module
 from ..runtime.distributed import DistInfo, all_reduce_sum
 from ..runtime.graphs import StepGraphs, compile_mode_for, graphs_line, why_not_graphed
 from ..runtime.finite import check_finite
+from ..models.timm_contract import layer_ids
 from ..runtime.optim import CosineSchedule, backward, build_optimizer, optimizer_step
 from ..runtime.report import write_json
 from ..runtime.run import EpochCadence, Run, Task
@@ -85,6 +86,8 @@ def build_model(cfg: Config, data: DataInfo) -> nn.Module:
         model = create_model(cfg.model.name, **kwargs)
     except TypeError as e:  # an override the constructor does not take
         raise ValueError(f"model {cfg.model.name!r} rejected its arguments {kwargs}: {e}") from e
+    if cfg.model.grad_checkpointing:
+        model.set_grad_checkpointing(True)
     if cfg.model.checkpoint:
         load_initial_weights(
             model,
@@ -255,7 +258,10 @@ class ClassifyTask(Task):
 
     def optimization(self, cfg: Config, model: nn.Module) -> tuple:
         o = cfg.optim
-        optimizer = build_optimizer(model, o.opt, self.recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay)
+        layers = None if o.layer_decay is None else layer_ids(model)
+        optimizer = build_optimizer(
+            model, o.opt, self.recipe.lr, o.weight_decay, o.betas, o.eps, o.no_weight_decay, (o.layer_decay, layers)
+        )
         return optimizer, build_schedule(cfg, optimizer, self.recipe, self.steps_per_epoch)
 
     def ema_decay(self, cfg: Config) -> Optional[float]:

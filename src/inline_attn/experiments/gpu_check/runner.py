@@ -6,7 +6,9 @@ once, whatever order ``--steps`` names them in. A step's box is its budget or wh
 whole check's (``--budget-s``, default :data:`TOTAL_S`), whichever is less; a step whose box would
 be under its least useful time is not started, with a line saying so. The results are written
 after every part of every step (:func:`.output.save`), so a run stopped by a time limit keeps
-what it measured. On a machine without CUDA it exits at once (status 2) with a message.
+what it measured. On a machine without CUDA it exits at once (status 2) with a message, except
+with ``--dry-run``, which prints the plan (:func:`dry_run`) and writes the summary of a run that
+measured nothing, on any machine: the lease's script checked before the lease.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from . import autotune_step, compile_step, device, goals_step, output, profile_s
 from .budget import StepContext
 
 TOTAL_S = 420.0  # 7 minutes of steps: a 15-minute lease less the machine's start, the transfers and a rerun's margin
+LEASE_SCRIPT_S = 480.0  # the most a lease's script may take: the steps and the copy-rate measurement before them
+COPY_RATE_S = 10.0  # about what measuring the copy rate and the device record take before the steps
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,12 @@ def _names(parts) -> tuple[str, ...]:
 
 # in the order they run: the default ones by value (their budgets add up to TOTAL_S), then those on
 # demand. Boxes from an H200 on 2026-11-26, a fresh machine each time: the tests took over 160 s
-# cold (14 workers; most of it compiling), the goals 55-65 s, the profile 28 s, the compile step 53-77 s.
+# cold (14 workers; most of it compiling), the goals 55-65 s, the profile 28 s, the compile step 53-77 s;
+# the profile's box holds its parts' usual seconds (52 s: CSwin's row is a goal), the tests give it 10 s.
 STEPS = {
-    "tests": Step(tests_step.run, 180, 40),
+    "tests": Step(tests_step.run, 175, 40),
     "goals": Step(goals_step.run, 90, 30, _names(goals_step.PARTS)),
-    "profile": Step(profile_step.run, 45, 15, _names(profile_step.PARTS)),
+    "profile": Step(profile_step.run, 55, 15, _names(profile_step.PARTS)),
     "compile": Step(compile_step.run, 100, 90, _names(compile_step.PARTS)),
     "train": Step(train_step.run, 45, 30, default=False),
     "autotune": Step(autotune_step.run, 120, 60, default=False),
@@ -78,7 +83,42 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=TOTAL_S,
         help=f"seconds for all steps (default {TOTAL_S:.0f}); a step that no longer fits is not started",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (steps, boxes, parts, test files) and write the summary of an empty run; no GPU needed",
+    )
     return parser.parse_args(argv)
+
+
+def dry_run(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The plan of a run with ``args``: each step in order with its box, its parts (and their usual
+    seconds) or test files, and the total -> (the plan's text, the problems: a total over
+    LEASE_SCRIPT_S, a step's parts' usual seconds over its box, a part asked for that no step runs)."""
+    lines, problems, left = [], [], args.budget_s
+    for name in sorted(set(args.steps), key=list(STEPS).index):
+        step = STEPS[name]
+        start, box = plan(step, left)
+        lines.append(f"{name}: box {box:.0f} s" + ("" if start else f" - not started (needs {step.min_s:.0f} s)"))
+        if start:
+            left -= box
+        parts = _STEP_PARTS.get(name, ())
+        chosen = [p for p in parts if args.parts is None or p.name in args.parts]
+        lines += [f"  {p.name}: about {p.usual_s:.0f} s" for p in chosen]
+        if sum(p.usual_s for p in chosen) > box and start:
+            problems.append(f"{name}: its parts take about {sum(p.usual_s for p in chosen):.0f} s, over its box")
+        if name == "tests":
+            lines += [f"  {f}" for f in tests_step.TEST_FILES]
+    total = args.budget_s - left + COPY_RATE_S
+    lines.append(f"total: at most {total:.0f} s (steps {args.budget_s - left:.0f} s + copy rate {COPY_RATE_S:.0f} s)")
+    if total > LEASE_SCRIPT_S:
+        problems.append(f"the plan takes up to {total:.0f} s, over the lease script's {LEASE_SCRIPT_S:.0f} s")
+    every = {p.name for parts in _STEP_PARTS.values() for p in parts}
+    problems += [f"part {p} is in no step" for p in args.parts or () if p not in every]
+    return "\n".join(lines), problems
+
+
+_STEP_PARTS = {"goals": goals_step.PARTS, "profile": profile_step.PARTS, "compile": compile_step.PARTS}
 
 
 def run_step(name: str, args, ctx_kw: dict, deadline: float, record: Callable[[dict], None]) -> dict:
@@ -106,9 +146,22 @@ def run_step(name: str, args, ctx_kw: dict, deadline: float, record: Callable[[d
     return result
 
 
+def _report_dry_run(args: argparse.Namespace, argv: list[str]) -> int:
+    text, problems = dry_run(args)
+    print(text)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    output.save(out, {"device": "dry run (no device)"}, {}, argv)  # the goal table with nothing measured
+    for p in problems:
+        print(f"gpu-check --dry-run: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.dry_run:
+        return _report_dry_run(args, argv)
     if not torch.cuda.is_available():
         print(
             "gpu-check: no CUDA device here. It runs on a machine with an NVIDIA GPU, a CUDA build of PyTorch "

@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import shlex
@@ -323,7 +324,7 @@ def build_cpu_kernel(
         cache: the cache folder (default :func:`cache_dir`).
         force: rebuild even when the library exists (replacing it atomically).
         verbose: print the compiler command.
-        lock_timeout: seconds to wait for another process building the same key.
+        lock_timeout: seconds to wait for another process building the same key (finite, >= 0).
         spec: a :func:`kernel_spec` to build instead of the default one for ``source``.
 
     A library that does not match its build record (:func:`library_mismatch`) is rebuilt, with a
@@ -333,8 +334,17 @@ def build_cpu_kernel(
         KernelBuildError: no compiler, a compile error, a read-only cache without a good library,
             or the lock wait timed out (the message names the file or lock).
     """
+    if lock_timeout is not None and (
+        isinstance(lock_timeout, bool)
+        or not isinstance(lock_timeout, (int, float))
+        or not math.isfinite(lock_timeout)
+        or lock_timeout < 0
+    ):
+        raise ValueError(f"lock_timeout={lock_timeout!r}: expected a finite number of seconds >= 0")
     spec = spec or kernel_spec(source)
     folder = Path(cache) if cache is not None else cache_dir()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"the kernel cache {folder} is a file: expected a folder (--cache / INLINE_ATTN_KERNEL_CACHE)")
     final = spec.library(folder)
     why = library_mismatch(spec, folder)
     if why is None and not force:

@@ -360,7 +360,7 @@ def _launch_shape(q: torch.Tensor, pairs: int, n: int, split: int | None, block_
 
 def _rows_per_program(q: torch.Tensor, pairs: int, n: int, block_n: int = BLOCK_N) -> int:
     """Rows of one token-pass program in the split launch: enough programs to fill the device,
-    each loading the finalized d x d matrices once for several row blocks."""
+    each merging its pair's chunk sums once for several row blocks."""
     target = 4 * _PROGRAMS_PER_SM * device_limits(q.device).sms
     blocks = -(-n // block_n)
     per = max(1, min(ROW_BLOCKS_MAX, (pairs * blocks) // target))
@@ -407,7 +407,7 @@ class _Plan:
 
     @property
     def reduce_meta(self) -> dict:
-        """The meta-parameters of the split launch's partial-sum finalizers (no tiles: one program a pair)."""
+        """The meta-parameters of the split launch's forward partial sums, beside their tile and precision."""
         return dict(D=self.meta["D"], BD=self.meta["BD"], num_warps=self.meta["num_warps"])
 
 
@@ -560,18 +560,28 @@ def inline_forward_triton(
 
 
 def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
-    """The forward in three launches, for (sample, head) pairs too few to fill the device: each
-    token chunk's partial sums (k_bar, v_bar and K^T V of Eq. 5), their finalization into each
-    head's M and v_bar, then the token pass O = Q M + v_bar + R(V, w) over row blocks."""
+    """The forward in two launches, for (sample, head) pairs too few to fill the device: each token
+    chunk's partial sums (k_bar, v_bar and K^T V of Eq. 5), then the token pass over row blocks,
+    each program merging its pair's chunks in chunk order into M and v_bar before
+    O = Q M + v_bar + R(V, w)."""
     bd, meta = plan.meta["BD"], plan.meta
     ws = _workspace(plan.pairs, plan.chunks, bd * bd + 2 * bd, like=q)
-    fin = _workspace(plan.pairs, bd * bd + bd, like=q)
     partial_args = (k, v, ws, *_strides(k, v), plan.geometry, plan.chunk)
     partial_meta = dict(BLOCK_N=meta["BLOCK_N"], PREC=meta["PREC"], **plan.reduce_meta)
     _fitted_launch(mod.inline_fwd_partial, (plan.pairs, plan.chunks), partial_args, partial_meta, plan.describe)
-    finalize_args = (v, ws, fin, *_strides(v), plan.geometry, plan.chunk, plan.chunks, float(scale))
-    _fitted_launch(mod.inline_fwd_finalize, (plan.pairs,), finalize_args, plan.reduce_meta, plan.describe)
-    rows_args = (q, v, w9_arg, out, fin, *_strides(q, v), plan.geometry, plan.rows)
+    rows_args = (
+        q,
+        v,
+        w9_arg,
+        out,
+        ws,
+        *_strides(q, v),
+        plan.geometry,
+        plan.chunk,
+        plan.chunks,
+        plan.rows,
+        float(scale),
+    )
     _fitted_launch(mod.inline_fwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 
@@ -632,19 +642,17 @@ def inline_backward_triton(
 
 
 def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale: float) -> None:
-    """The backward in three launches, for (sample, head) pairs too few to fill the device: each
-    token chunk's partial sums (of M's and dM's products, the means and the residual's dw), their
-    finalization (M, dM, dw9), then the token pass (dQ, dK, dV) over row blocks."""
+    """The backward in two launches, for (sample, head) pairs too few to fill the device: each
+    token chunk's partial sums (of M's and dM's products, the means and the residual's dw), then
+    the token pass (dQ, dK, dV) over row blocks, each program merging its pair's chunks in chunk
+    order (the first row block also writes dw9)."""
     dq, dk, dv, dw_arg = grads
     bd, meta = plan.meta["BD"], plan.meta
     ws = _workspace(plan.pairs, plan.chunks, 2 * bd * bd + 19 * bd, like=q)
-    fin = _workspace(plan.pairs, 2 * bd * bd + 3 * bd, like=q)
     partial_args = (q, k, v, grad, ws, *_strides(q, k, v, grad), plan.geometry, plan.chunk)
     _fitted_launch(mod.inline_bwd_partial, (plan.pairs, plan.chunks), partial_args, meta, plan.describe)
-    finalize_args = (k, v, ws, fin, dw_arg, *_strides(k, v), plan.geometry, plan.chunk, plan.chunks, float(scale))
-    finalize_meta = dict(HAS_RES=meta["HAS_RES"], **plan.reduce_meta)
-    _fitted_launch(mod.inline_bwd_finalize, (plan.pairs,), finalize_args, finalize_meta, plan.describe)
-    rows_args = (k, v, w9_arg, grad, dq, dk, dv, fin, *_strides(k, v, grad), plan.geometry, float(scale), plan.rows)
+    rows_args = (k, v, w9_arg, grad, dq, dk, dv, dw_arg, ws, *_strides(k, v, grad), plan.geometry)
+    rows_args += (plan.chunk, plan.chunks, float(scale), plan.rows)
     _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 

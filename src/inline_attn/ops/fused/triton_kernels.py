@@ -28,9 +28,9 @@ Three launch shapes:
 - ``fused``: one program per (sample, head) does the reduction and then the token pass, both in
   tiles of BLOCK_N rows (the second read of V / K / G mostly hits L2). Used for longer sequences
   when the (sample, head) pairs fill the GPU.
-- ``split``: the reduction is split over token chunks (``*_partial``), a small kernel merges the
-  chunks in a fixed order (``*_finalize``), and the token pass runs over row blocks
-  (``*_rows``). Used when there are few pairs and many tokens.
+- ``split``: the reduction is split over token chunks (``*_partial``), and the token pass runs
+  over row blocks (``*_rows``), each program merging its pair's chunks in a fixed order first: two
+  launches a direction. Used when there are few pairs and many tokens.
 
 Neither uses atomics: results are bit-reproducible run to run. All sums are fp32.
 
@@ -43,8 +43,7 @@ operand is a *view* of one (sample, head): ``(the sample's base pointer, the tok
 head's column offsets)``.
 
 Workspace rows (fp32, one per (sample, head) and chunk): forward ``[S (BD*BD), k_mean, v_mean]``,
-backward ``[S, dM (BD*BD each), k_mean, v_mean, g_sum, dw (16 rows of BD)]``; finalized rows
-hold M = alpha S in place of S and the means (g_mean in place of g_sum).
+backward ``[S, dM (BD*BD each), k_mean, v_mean, g_sum, dw (16 rows of BD)]``.
 """
 
 from __future__ import annotations
@@ -210,7 +209,7 @@ def _pair(pid, heads, D: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _square(BD: tl.constexpr):
-    """Offsets of a BD vector and of a row-major BD x BD matrix (workspace and finalized rows)."""
+    """Offsets of a BD vector and of a row-major BD x BD matrix (workspace rows)."""
     c = tl.arange(0, BD)
     return c, c[:, None] * BD + c[None, :]
 
@@ -263,23 +262,18 @@ def inline_fwd_partial(
 
 
 @triton.jit
-def inline_fwd_finalize(V, WS, FIN, v_st, geo, chunk, SPLIT, scale, D: tl.constexpr, BD: tl.constexpr):
-    """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, v_bar] (FIN)."""
-    N, _, _, _, _, heads = geo
-    pid = tl.program_id(0)
-    b, ch, cmask = _pair(pid, heads, D, BD)
+def _merged_stats(WS, pid, SPLIT, chunk, N, row, vec, BD: tl.constexpr):
+    """The SPLIT chunk rows of one (sample, head) merged in chunk order: (key means, value means,
+    S) of the shifted K and V; ``row``: a workspace row's length, ``vec``: where its means begin."""
     c, sq = _square(BD)
-    row = BD * BD + 2 * BD
     cnt, mk, mv, s = _no_stats(BD)
     for i in range(0, SPLIT):
         ws = WS + (pid * SPLIT + i) * row
         n_i = tl.minimum(chunk, N - i * chunk).to(tl.float32)
         cnt, mk, mv, s = _merge(
-            cnt, mk, mv, s, n_i, tl.load(ws + BD * BD + c), tl.load(ws + BD * BD + BD + c), tl.load(ws + sq)
+            cnt, mk, mv, s, n_i, tl.load(ws + vec + c), tl.load(ws + vec + BD + c), tl.load(ws + sq)
         )
-    fin = FIN + pid * (BD * BD + BD)
-    tl.store(fin + sq, s * (scale / N))
-    tl.store(fin + BD * BD + c, _row(_view(V, v_st, b, ch), 0, cmask) + mv)
+    return mk, mv, s
 
 
 @triton.jit
@@ -288,27 +282,30 @@ def inline_fwd_rows(
     V,
     W9,
     O,
-    FIN,
+    WS,
     q_st,
     v_st,
     geo,
+    chunk,
+    SPLIT,
     rows,
+    scale,
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_RES: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Program (sample*head, row block): output rows [i*rows, (i+1)*rows) from the finalized M."""
+    """Program (sample*head, row block): its pair's chunk rows merged in chunk order (every row block
+    of a pair the same way: the same M), then output rows [i*rows, (i+1)*rows)."""
     N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
-    c, sq = _square(BD)
-    fin = FIN + pid * (BD * BD + BD)
-    m, vbar = tl.load(fin + sq), tl.load(fin + BD * BD + c)
+    mk, mv, s = _merged_stats(WS, pid, SPLIT, chunk, N, BD * BD + 2 * BD, BD * BD, BD)
     n0 = tl.program_id(1) * rows
     q, v, w9, o = _view(Q, q_st, b, ch), _view(V, v_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
-    _fwd_rows(q, v, w9, o, cmask, m, vbar, n0, tl.minimum(n0 + rows, N), geo, HAS_RES, BLOCK_N, PREC)
+    vbar = _row(v, 0, cmask) + mv
+    _fwd_rows(q, v, w9, o, cmask, s * (scale / N), vbar, n0, tl.minimum(n0 + rows, N), geo, HAS_RES, BLOCK_N, PREC)
 
 
 @triton.jit
@@ -477,38 +474,6 @@ def inline_bwd_partial(
 
 
 @triton.jit
-def inline_bwd_finalize(
-    K, V, WS, FIN, DW, k_st, v_st, geo, chunk, SPLIT, scale, D: tl.constexpr, BD: tl.constexpr, HAS_RES: tl.constexpr
-):
-    """Program per (sample, head): merge its SPLIT chunk rows in order -> [M, dM, k_bar, v_bar,
-    g_bar] (FIN); writes the residual's weight gradient of its head."""
-    N, C, _, _, _, heads = geo
-    pid = tl.program_id(0)
-    b, ch, cmask = _pair(pid, heads, D, BD)
-    c, sq = _square(BD)
-    taps = tl.arange(0, 16)
-    row = 2 * BD * BD + 19 * BD
-    cnt, mk, mv, s, dm, gs, dw = _no_bwd_sums(BD)
-    for i in range(0, SPLIT):
-        ws = WS + (pid * SPLIT + i) * row
-        vec = ws + 2 * BD * BD
-        n_i = tl.minimum(chunk, N - i * chunk).to(tl.float32)
-        cnt, mk, mv, s = _merge(cnt, mk, mv, s, n_i, tl.load(vec + c), tl.load(vec + BD + c), tl.load(ws + sq))
-        dm += tl.load(ws + BD * BD + sq)
-        gs += tl.load(vec + 2 * BD + c)
-        if HAS_RES:
-            dw += tl.load(vec + 3 * BD + taps[:, None] * BD + c[None, :])
-    fin = FIN + pid * (2 * BD * BD + 3 * BD)
-    tl.store(fin + sq, s * (scale / N))
-    tl.store(fin + BD * BD + sq, dm)
-    tl.store(fin + 2 * BD * BD + c, _row(_view(K, k_st, b, ch), 0, cmask) + mk)
-    tl.store(fin + 2 * BD * BD + BD + c, _row(_view(V, v_st, b, ch), 0, cmask) + mv)
-    tl.store(fin + 2 * BD * BD + 2 * BD + c, gs / N)
-    if HAS_RES:
-        _store_dw(DW, b, C, ch, cmask, dw)
-
-
-@triton.jit
 def inline_bwd_rows(
     K,
     V,
@@ -517,11 +482,14 @@ def inline_bwd_rows(
     DQ,
     DK,
     DV,
-    FIN,
+    DW,
+    WS,
     k_st,
     v_st,
     g_st,
     geo,
+    chunk,
+    SPLIT,
     scale,
     rows,
     D: tl.constexpr,
@@ -530,20 +498,35 @@ def inline_bwd_rows(
     HAS_RES: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Program (sample*head, row block): gradient rows [i*rows, (i+1)*rows) from the finalized row."""
+    """Program (sample*head, row block): its pair's chunk rows merged in chunk order (M, dM, the
+    means; row block 0 also writes the residual's weight gradient), then gradient rows
+    [i*rows, (i+1)*rows)."""
     N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
     b, ch, cmask = _pair(pid, heads, D, BD)
     c, sq = _square(BD)
-    fin = FIN + pid * (2 * BD * BD + 3 * BD)
-    m, dm = tl.load(fin + sq), tl.load(fin + BD * BD + sq)
-    vec = fin + 2 * BD * BD
-    kbar, vbar, gbar = tl.load(vec + c), tl.load(vec + BD + c), tl.load(vec + 2 * BD + c)
+    row = 2 * BD * BD + 19 * BD
+    mk, mv, s = _merged_stats(WS, pid, SPLIT, chunk, N, row, 2 * BD * BD, BD)
+    dm = tl.zeros([BD, BD], dtype=tl.float32)
+    gs = tl.zeros([BD], dtype=tl.float32)
+    for i in range(0, SPLIT):
+        ws = WS + (pid * SPLIT + i) * row
+        dm += tl.load(ws + BD * BD + sq)
+        gs += tl.load(ws + 2 * BD * BD + 2 * BD + c)
+    if HAS_RES:
+        if tl.program_id(1) == 0:
+            taps = tl.arange(0, 16)
+            dw = tl.zeros([16, BD], dtype=tl.float32)
+            for i in range(0, SPLIT):
+                dw += tl.load(WS + (pid * SPLIT + i) * row + 2 * BD * BD + 3 * BD + taps[:, None] * BD + c[None, :])
+            _store_dw(DW, b, C, ch, cmask, dw)
     n0 = tl.program_id(1) * rows
     k, v, g = _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
+    kbar, vbar = _row(k, 0, cmask) + mk, _row(v, 0, cmask) + mv
     grads, w9 = _grads(DQ, DK, DV, b, N, C, ch), _dense(W9, b, 9, C, ch)
     n1 = tl.minimum(n0 + rows, N)
-    _bwd_rows(g, k, v, w9, grads, cmask, m, dm, kbar, vbar, gbar, scale / N, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
+    alpha = scale / N
+    _bwd_rows(g, k, v, w9, grads, cmask, s * alpha, dm, kbar, vbar, gs / N, alpha, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
 
 
 # The resident launch: when one (sample, head) problem fits a program's registers (N up to 256 at
