@@ -180,3 +180,27 @@ def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
         "assert 'inline_attn.cli.train' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+TOOLS = pathlib.Path(__file__).resolve().parents[1] / "tools"
+
+
+def test_tools_take_only_public_names_of_the_package():
+    # tools/ sits outside the installed package and uses it as a user would
+    crossing = [
+        f"{i.importer}:{i.line} takes {private_part(i) or i.name} from {i.module}"
+        for i in all_imports(TOOLS)
+        if i.module.split(".")[0] == SRC.name
+        and (private_part(i) or any(p.startswith("_") and not p.startswith("__") for p in i.module.split(".")[1:2]))
+    ]
+    assert not crossing, "tools/ must import inline_attn through public names only:\n" + "\n".join(crossing)
+
+
+def test_the_package_imports_no_tool_and_names_no_gpu_check():
+    # the GPU-lease harness and the audits live in tools/; the library neither imports nor names them
+    tool_imports = [
+        f"{i.importer}:{i.line} imports {i.module}" for i in all_imports() if i.module.split(".")[0] == "tools"
+    ]
+    assert not tool_imports, "\n".join(tool_imports)
+    named = [str(p.relative_to(SRC)) for p in sorted(SRC.rglob("*.py")) if "gpu_check" in p.read_text()]
+    assert not named, f"modules naming tools/gpu_check: {named}"
