@@ -26,6 +26,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
+from ._io import atomic_path, writable_file
+
 __all__ = ["export_onnx", "export_program", "inline_forward_onnx", "onnx_translation_table"]
 
 
@@ -98,6 +100,13 @@ def onnx_translation_table() -> dict:
 def _check_example(example) -> None:
     if not isinstance(example, torch.Tensor) or example.dim() != 4:
         raise ValueError(f"example must be an image batch [B, C, H, W], got {getattr(example, 'shape', example)!r}")
+    if not example.is_floating_point():
+        raise ValueError(
+            f"example of dtype {example.dtype}: export with a floating-point batch as the model takes it "
+            "(for 8-bit images x.float() / 255, then the model's normalisation)"
+        )
+    if min(example.shape) == 0:
+        raise ValueError(f"example of shape {tuple(example.shape)}: expected at least one image of at least one pixel")
 
 
 def export_program(
@@ -113,14 +122,20 @@ def export_program(
     Args:
         model: any module.
         example: an input batch [B, C, H, W]; the program is specialised to its image size.
-        dynamic_batch: let the batch dimension vary (1 to 1024).
+        dynamic_batch: let the batch dimension vary (1 to 1024); a batch-1 example is traced as two
+            copies of itself (``torch.export`` would specialise a dimension of size 1).
         **kwargs: passed to ``torch.export.export`` (``dynamic_shapes``, ``strict``, ...).
+
+    The program takes the example's image size only: another size fails its guard
+    (``x.size()[2] == H``); export again for it.
     """
     _check_example(example)
     if "dynamic_shapes" in kwargs and dynamic_batch:
         raise ValueError("give dynamic_batch=True or dynamic_shapes, not both")
     if dynamic_batch:
         kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch", min=1, max=1024)},)
+        if example.shape[0] == 1:
+            example = example.repeat(2, 1, 1, 1)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     was_training = model.training
@@ -148,11 +163,14 @@ def export_onnx(
             :func:`export_program` returned (then no ``example``); InLine layer cores become
             :func:`inline_forward_onnx` subgraphs.
         example: an input batch [B, C, H, W]; the graph is specialised to its image size.
-        path: where to save the ``.onnx`` file (None: do not save).
+        path: where to save the ``.onnx`` file (None: do not save), atomically; its folder is
+            created, and one that cannot be written is a ValueError before the export.
         dynamic_batch: let the batch dimension vary (input ``x``, dimension 0).
         **kwargs: passed to ``torch.onnx.export`` (``opset_version``, ``optimize``, ...);
             ``dynamic_shapes`` to :func:`export_program`.
     """
+    if path is not None:
+        writable_file(path, "ONNX file")  # before the export's minutes: a missing folder is created
     if isinstance(model, torch.export.ExportedProgram):
         if example is not None or dynamic_batch or "dynamic_shapes" in kwargs:
             raise ValueError("an ExportedProgram has its example and dynamic shapes already: give neither")
@@ -167,5 +185,6 @@ def export_onnx(
     with sdpa_kernel(SDPBackend.MATH):  # the exporter decomposes SDPA here (see export_program)
         onnx_program = torch.onnx.export(program, dynamo=True, custom_translation_table=table, **kwargs)
     if path is not None:
-        onnx_program.save(os.fspath(path))
+        with atomic_path(path) as tmp:  # a reader never sees half a file; a failed write names the cause
+            onnx_program.save(os.fspath(tmp))
     return onnx_program

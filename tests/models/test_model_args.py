@@ -163,3 +163,62 @@ def test_image_smaller_than_the_stem_is_padded_with_one_warning(name, kwargs, si
     msgs = [str(w.message) for w in caught if "smaller than the stem" in str(w.message)]
     assert len(msgs) == 1 and str(tuple(size)) in msgs[0], msgs
     assert y1.shape == (1, 3) and y2.shape == (2, 3) and torch.isfinite(y1).all()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saved")
+    create_model("inline_deit_tiny", depth=1, embed_dim=16, num_heads=2, img_size=32).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(dtype=torch.int64), r"from_pretrained\(dtype=torch.int64\): expected a floating torch.dtype"),
+        (dict(dtype="float16"), r"from_pretrained\(dtype='float16'\): expected a floating torch.dtype"),
+        (dict(device="bogus"), r"from_pretrained\(device='bogus'\): not a device"),
+        pytest.param(
+            dict(device="cuda"),
+            r"from_pretrained\(device='cuda'\): CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the device exists"),
+        ),
+    ],
+)
+def test_from_pretrained_refuses_a_dtype_or_device_it_cannot_give(saved, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        from_pretrained(saved, **kwargs)
+    assert from_pretrained(saved, dtype=torch.float64).head.weight.dtype == torch.float64  # a neighbour
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"features_only": "yes"}, r"features_only='yes', expected true or false"),
+        ({"dtype": "int64"}, r"dtype='int64', expected a floating dtype"),
+        ({"dtype": "nn"}, r"dtype='nn', not a torch dtype"),
+        (
+            {"model_args": {"embed_dim": None}},
+            r"create_model\('inline_deit_tiny', embed_dim=None\): expected an integer",
+        ),
+    ],
+)
+def test_a_config_json_field_of_the_wrong_type_is_refused(saved, tmp_path, change, message):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(saved, folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        from_pretrained(folder)
+
+
+@pytest.mark.parametrize("source", [None, 3, b"w.pth", ["w.pth"]])
+def test_load_checkpoint_refuses_a_source_that_is_no_path_or_mapping(source):
+    from inline_attn import load_checkpoint
+
+    with pytest.raises(ValueError, match=r"load_checkpoint: source=.*: expected a checkpoint path or a state dict"):
+        load_checkpoint(torch.nn.Linear(2, 2), source)

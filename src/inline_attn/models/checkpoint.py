@@ -161,7 +161,13 @@ def load_checkpoint(
             file and the model disagree; with False, load the keys that fit and report the rest.
         weights_only: see :func:`read_state_dict`.
         filter_fn: ``fn(state_dict, model)`` replacing the family's own filter.
+
+    A ``model`` that is no module or a ``source`` that is neither a path nor a mapping is a ValueError.
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"load_checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(source, (str, os.PathLike, Mapping)):
+        raise ValueError(f"load_checkpoint: source={source!r}: expected a checkpoint path or a state dict (a mapping)")
     state = read_state_dict(source, weights_only=weights_only)
     fn = filter_fn or _filter_fn(model)
     if fn is not None:
