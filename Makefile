@@ -86,7 +86,7 @@ ABLATIONS_BUDGET_S ?= 450
 ablations-lease:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "ablations-lease: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
-	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m inline_attn.experiments.ablations.lease \
+	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m tools.ablations_lease.lease \
 		--output $(ABLATIONS_OUT) --resume-from docs/results/ablations/lease --budget-s $(ABLATIONS_BUDGET_S) $(ABLATIONS_ARGS)
 
 # Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch

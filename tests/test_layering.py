@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -196,11 +197,20 @@ def test_tools_take_only_public_names_of_the_package():
     assert not crossing, "tools/ must import inline_attn through public names only:\n" + "\n".join(crossing)
 
 
-def test_the_package_imports_no_tool_and_names_no_gpu_check():
-    # the GPU-lease harness and the audits live in tools/; the library neither imports nor names them
+def test_the_package_imports_no_tool_and_knows_no_lease():
+    # the GPU-lease harnesses and the audits live in tools/; the library neither imports nor names them,
+    # and writes no file of this repository's docs/ (a report's path is the user's argument)
     tool_imports = [
         f"{i.importer}:{i.line} imports {i.module}" for i in all_imports() if i.module.split(".")[0] == "tools"
     ]
     assert not tool_imports, "\n".join(tool_imports)
-    named = [str(p.relative_to(SRC)) for p in sorted(SRC.rglob("*.py")) if "gpu_check" in p.read_text()]
-    assert not named, f"modules naming tools/gpu_check: {named}"
+    named = {
+        str(p.relative_to(SRC)): word
+        for p in sorted(SRC.rglob("*.py"))
+        for word in ("gpu_check", "docs/results")
+        if word in p.read_text()
+    }
+    named.update(
+        {str(p.relative_to(SRC)): "lease" for p in sorted(SRC.rglob("*.py")) if re.search(r"\blease", p.read_text())}
+    )
+    assert not named, f"modules naming a tool, a lease or a docs/ results path: {named}"

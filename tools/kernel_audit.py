@@ -49,14 +49,7 @@ import torch
 
 from inline_attn.ops.fused import triton as launchers
 from inline_attn.runtime.report import markdown_table
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file beside it: a stopped audit leaves no half file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from tools.files import atomic_write_text
 
 
 @dataclass(frozen=True)
