@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test bench kernel-audit gpu-check gpu-check-dry-run ablations-lease clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check gpu-check-dry-run ablations-lease clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,16 +29,18 @@ fmnist-data:
 		echo "could not install dataset-fashion-mnist; the demo will say what to do"; \
 	fi
 
+# a re-run writes beside the earlier one (runs/demo-2, ...); ARGS passes options, e.g.
+# `make demo-seg ARGS=--overwrite` (replaces the earlier run, moving its files into a subfolder)
 demo: $(STAMP) fmnist-data
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn demo
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn demo $(ARGS)
 
 # segmentation demo: InLine-PVT + Semantic FPN on Fashion-MNIST mosaics (docs/dense.md)
 demo-seg: $(STAMP) fmnist-data
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn seg demo
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn seg demo $(ARGS)
 
 # detection demo: FCOS on InLine-PVT on Fashion-MNIST mosaics, box AP and a PNG of detections (docs/dense.md)
 demo-det: $(STAMP) fmnist-data
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn det demo
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn det demo $(ARGS)
 
 # lint and format check (ruff, configured in pyproject.toml), then the tests; the dense tests train on real
 # Fashion-MNIST mosaics, so the data is installed first
@@ -46,6 +48,10 @@ test: $(STAMP) fmnist-data
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_PINNED=constraints.txt $(BIN)/python -m pytest -q tests
+
+# the documentation's snippets marked `python slow` (make test runs every other block, tests/test_docs.py)
+test-docs-slow: $(STAMP) fmnist-data
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_DOCS_SLOW=1 $(BIN)/python -m pytest -q tests/test_docs.py -k python_blocks
 
 bench: $(STAMP)
 	$(BIN)/inline-attn bench attention

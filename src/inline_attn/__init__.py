@@ -7,44 +7,54 @@ Public API:
     models: create_model, list_models, get_model_config, load_checkpoint, save_checkpoint, profile,
             save_pretrained, from_pretrained
     export: inline_attn.export.export_onnx (needs the export extra)
+
+The names are loaded on first use (PEP 562): ``import inline_attn`` alone imports neither torch nor
+the models, so the ``inline-attn`` command starts at once; ``inline_attn.create_model`` (or
+``from inline_attn import create_model``) imports what it needs.
 """
 
-from .layers import (
-    InLineAttention,
-    LinearAttention,
-    SoftmaxAttention,
-    build_attention,
-    hook_attention,
-    record_attention,
-)
-from .models import create_model, from_pretrained, get_model_config, list_models, save_pretrained
-from .models.convert import convert
-from .models.checkpoint import load_checkpoint, save_checkpoint
-from .models.profile import profile
-from .ops import attention, attention_weights, inline_attention, linear_attention, local_residual, softmax_attention
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "InLineAttention",
-    "LinearAttention",
-    "SoftmaxAttention",
-    "attention",
-    "attention_weights",
-    "build_attention",
-    "convert",
-    "create_model",
-    "from_pretrained",
-    "get_model_config",
-    "hook_attention",
-    "inline_attention",
-    "linear_attention",
-    "list_models",
-    "load_checkpoint",
-    "local_residual",
-    "profile",
-    "record_attention",
-    "save_checkpoint",
-    "save_pretrained",
-    "softmax_attention",
-]
+# public name -> the module that defines it
+_ADDRESSES = {
+    "InLineAttention": "inline_attn.layers",
+    "LinearAttention": "inline_attn.layers",
+    "SoftmaxAttention": "inline_attn.layers",
+    "build_attention": "inline_attn.layers",
+    "hook_attention": "inline_attn.layers",
+    "record_attention": "inline_attn.layers",
+    "convert": "inline_attn.models.convert",
+    "create_model": "inline_attn.models",
+    "from_pretrained": "inline_attn.models",
+    "get_model_config": "inline_attn.models",
+    "list_models": "inline_attn.models",
+    "save_pretrained": "inline_attn.models",
+    "load_checkpoint": "inline_attn.models.checkpoint",
+    "save_checkpoint": "inline_attn.models.checkpoint",
+    "profile": "inline_attn.models.profile",
+    "attention": "inline_attn.ops",
+    "attention_weights": "inline_attn.ops",
+    "inline_attention": "inline_attn.ops",
+    "linear_attention": "inline_attn.ops",
+    "local_residual": "inline_attn.ops",
+    "softmax_attention": "inline_attn.ops",
+}
+
+__all__ = sorted(_ADDRESSES)
+
+
+def __getattr__(name: str):
+    module = _ADDRESSES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inline_attn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ADDRESSES})

@@ -341,3 +341,21 @@ def test_time_interleaved_refuses_empty_rounds(kw, message):
 
     with pytest.raises(ValueError, match=re.escape(message)):
         time_interleaved({"x": lambda: None}, **kw)
+
+
+def test_quick_preset_and_its_announcement(capsys):
+    from inline_attn.bench.attention import QUICK, bench_attention
+
+    result = bench_attention(
+        sizes=(99,),
+        kinds=("inline", "softmax"),
+        dim=12,
+        heads=3,
+        token_budget=64,
+        modes=("fwd",),
+        memory=False,
+        quick=True,
+    )
+    assert sorted({r["side"] for r in result["rows"]}) == list(QUICK["sizes"])
+    assert result["meta"]["repeats"] == QUICK["repeats"] and result["meta"]["budget_s"] == QUICK["budget_s"]
+    assert "bench attention: 6 cases (3 grids x 2 kinds x 1 modes)" in capsys.readouterr().err

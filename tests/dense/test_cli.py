@@ -66,17 +66,17 @@ def demo_checkpoints(tmp_path_factory):
 def test_eval_refuses_model_overrides_it_cannot_apply(task, demo_checkpoints, capsys):
     # issue 26: seg eval accepted --model.* overrides, ignored them and printed them as applied
     ckpt = demo_checkpoints[task]
-    assert main([task, "eval", "--checkpoint", str(ckpt), "--model.backbone", "inline_swin_tiny"]) == 2
+    assert main([task, "eval", "--checkpoint", str(ckpt), "--set", "model.backbone=inline_swin_tiny"]) == 2
     assert "builds the model from the checkpoint: --model.backbone cannot change it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     "task, argv, message",
     [
-        ("seg", ["--sched.iters", "5"], "--sched.iters: seg eval reads only the data and eval settings;"),
+        ("seg", ["--set", "sched.iters=5"], "--sched.iters: seg eval reads only the data and eval settings;"),
         (
             "det",
-            ["--train.seed", "1"],
+            ["--set", "train.seed=1"],
             "--train.seed: det eval reads only the data and eval settings and train.threads;",
         ),
         ("seg", ["--device", "gpu"], "--device='gpu': expected auto, cpu, cuda or cuda:N"),
@@ -148,7 +148,10 @@ def test_mosaics_refuses_an_argument_it_would_ignore_or_fail_on(tmp_path, capsys
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--train.output", "x"], "--train.output: seg info reports the parameters of the model section's segmentor"),
+        (
+            ["--set", "train.output=x"],
+            "--train.output: seg info reports the parameters of the model section's segmentor",
+        ),
         (["--model.pretrained", "x.pth"], "--model.pretrained: seg info reports"),
         (["--data.crop_size", "[256, 256]"], "--data.crop_size: seg info reports"),
     ],
@@ -187,3 +190,14 @@ def test_eval_of_a_checkpoint_with_nan_weights_is_refused(task, what, demo_check
     assert main([task, "eval", "--checkpoint", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"checkpoint {bad}: " in err and f"{what} are NaN or inf; a model whose outputs are not finite" in err
+
+
+def test_eval_help_lists_only_the_settings_evaluation_reads(capsys):
+    from inline_attn.cli import main
+
+    for argv in (["seg", "eval", "--help"], ["det", "eval", "--help"], ["seg", "info", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = capsys.readouterr().out
+        assert "--set KEY=VALUE" in text and ("--data.path" in text or "--model.backbone" in text)
+        assert not any(f"--{s}." in text for s in ("optim", "sched", "train.seed", "train.output")), argv

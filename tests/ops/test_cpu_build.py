@@ -293,3 +293,14 @@ def test_messages_name_only_settings_that_exist():
     named = set(re.findall(r"INLINE_ATTN_\w+", code))
     assert {"INLINE_ATTN_IMPL", "INLINE_ATTN_KERNEL_LOCK_TIMEOUT", "INLINE_ATTN_KERNEL_CACHE"} <= read, read
     assert named <= read, f"the package names settings nothing reads: {sorted(named - read)}"
+
+
+def test_a_build_says_so_on_stderr_once(probe, capsys):
+    _, _, cache, log = probe
+    spec = _spec(probe)
+    cpu_build.build_cpu_kernel(spec=spec, cache=cache)
+    err = capsys.readouterr().err
+    assert err.count("inline-attn: building the fused CPU kernel") == 1, err
+    assert str(spec.library(cache)) in err and "inline-attn build-kernel" in err and "INLINE_ATTN_IMPL=eager" in err
+    cpu_build.build_cpu_kernel(spec=spec, cache=cache)  # cached: silent
+    assert capsys.readouterr().err == "" and _compiles(log) == 1

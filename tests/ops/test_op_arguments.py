@@ -43,6 +43,19 @@ def test_a_positive_real_scale_is_used(scale, impl):
     assert not torch.allclose(out, attention(Q, Q, Q, impl="naive"))
 
 
+def test_a_scale_that_changes_between_compiles_keeps_the_graph_whole():
+    """Dynamo makes a float that changed between compiles symbolic (automatic dynamic); the scale
+    check must not call math.isfinite on it, or every later compile of a layer breaks its graph."""
+    q = torch.randn(1, 6, 8)  # 2 heads of 4 on a 2 x 3 grid
+
+    def layer(q, scale):
+        return inline_tokens(q, q, q, num_heads=2, feat_size=(2, 3), scale=scale)
+
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    for scale in (0.25, 0.5, 0.75):
+        torch.testing.assert_close(compiled(q, scale), layer(q, scale))
+
+
 @pytest.mark.parametrize("impl", PATHS)
 def test_linear_attention_refuses_a_scale_it_would_ignore(impl):
     with pytest.raises(ValueError, match=r"scale=0.5: linear attention takes no scale"):

@@ -66,3 +66,20 @@ def test_resume_with_overwrite_is_refused(tmp_path):
     with pytest.raises(ValueError, match="resume='auto' continues the run .* overwrite replaces it: choose one"):
         with claim_output(tmp_path / "run", resume="auto", overwrite=True):
             pass
+
+
+def test_a_second_demo_writes_beside_the_first(tmp_path, capsys):
+    from inline_attn.runtime.output import demo_output
+
+    default = str(tmp_path / "seg_demo")
+    assert demo_output(None, default) == default  # nothing there yet
+    (tmp_path / "seg_demo").mkdir()
+    (tmp_path / "seg_demo" / "summary.json").write_text("{}")
+    assert demo_output(None, default) == default + "-2"
+    assert "seg_demo-2" in capsys.readouterr().err
+    (tmp_path / "seg_demo-2").mkdir()
+    (tmp_path / "seg_demo-2" / "last.pth").write_bytes(b"")
+    assert demo_output(None, default) == default + "-3"
+    assert demo_output(None, default, continuing="auto") == default  # --resume / --overwrite act on the first
+    assert demo_output("mine", default) == "mine"
+    assert (tmp_path / "seg_demo" / "summary.json").read_text() == "{}"  # the earlier run is untouched

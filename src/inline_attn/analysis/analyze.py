@@ -247,3 +247,16 @@ __all__ = [
     "load_kind_models",
     "load_models",
 ]
+
+
+def describe_result(analysis: str, out, written) -> str:
+    """What ``inline-attn analyze`` prints when done: the headline number per model
+    (:func:`~inline_attn.analysis.report.headline`), then the files written."""
+    from .report import headline
+
+    try:
+        first = headline(analysis, out)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a layout without a headline of its own
+        first = None
+    lines = [first, f"wrote {', '.join(pathlib.Path(p).name for p in written)} to {out}"]
+    return "\n".join(line for line in lines if line)

@@ -151,7 +151,7 @@ def plot_attention_maps(
     images: torch.Tensor, per_model: dict, query: QuerySpec, path, *, title: Optional[str] = None
 ) -> None:
     """One row per image, first column the image (query marked), then one column per model with
-    the query's map upsampled onto the image.
+    the query's map upsampled onto the image and its colour bar (InLine's weights can be negative).
 
     images: [B, C, H, W] in [0, 1]; per_model: {label: [B, Hm, Wm] maps}.
     """
@@ -184,7 +184,9 @@ def plot_attention_maps(
                 label = list(per_model)[c - 1]
                 m = per_model[label][r][None, None].float()
                 m = F.interpolate(m, size=(hi, wi), mode="nearest")[0, 0].numpy()
-                ax.imshow(m, cmap="jet", alpha=0.55)
+                shown = ax.imshow(m, cmap="jet", alpha=0.55)
+                bar = fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02)  # each panel its own scale
+                bar.ax.tick_params(labelsize=5)
                 if r == 0:
                     ax.set_title(label, fontsize=8)
             elif r == 0:

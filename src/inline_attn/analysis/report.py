@@ -351,3 +351,38 @@ __all__ = [
     "write_locality",
     "write_masking",
 ]
+
+
+def _per_model(results: dict, value) -> str:
+    return ", ".join(f"{label} {value(rows)}" for label, rows in results.items())
+
+
+def headline(analysis: str, out: PathLike) -> Optional[str]:
+    """The analysis' main number per model, one line, from the ``<analysis>.json`` it wrote in ``out``
+    (None for attention maps, which are pictures)."""
+    path = pathlib.Path(out) / f"{analysis.replace('-', '_')}.json"
+    if analysis == "attention-maps" or not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if analysis == "injectivity":
+        parts = [
+            f"{kind}: " + _per_model(by_kind, lambda r: f"{r['distinct_rows']}/{r['queries']}")
+            for kind, by_kind in data["results"].items()
+        ]
+        return "distinct attention rows per query set (all distinct: injective here): " + "; ".join(parts)
+    if analysis == "confusion":
+        return "confused query pairs per image, mean: " + _per_model(data["summary"], lambda s: f"{s['mean']:.1f}")
+    if analysis == "locality":
+        mean = lambda rows: f"{sum(r['ratio_to_uniform'] for r in rows) / len(rows):.2f}x"  # noqa: E731
+        return "weight on the 3x3 neighbourhood over a uniform map, mean over layers: " + _per_model(
+            data["results"], mean
+        )
+
+    def masked(rows):
+        local = max((r for r in rows if r["mask"] == "local"), key=lambda r: r["k"], default=None)
+        plain = next((r for r in rows if r["mask"] == "none"), None)
+        if local is None or plain is None:
+            return "-"
+        return f"{plain['top1']:.2f} -> {local['top1']:.2f}"
+
+    return "top-1 without a mask -> with the widest local mask: " + _per_model(data["results"], masked)

@@ -10,9 +10,9 @@ from typing import Callable, Iterable, Optional
 
 import torch
 import torch.nn as nn
-from tqdm.auto import tqdm
 
 from ..layers.record import attention_layers, hook_attention
+from ..runtime.progress import progress_bar
 
 
 def map_sizes_for(model: nn.Module, input_hw) -> dict[str, tuple[int, int]]:
@@ -64,7 +64,7 @@ def run_hooked(
         raise ValueError(f"{type(model).__name__} has no attention layers to analyse")
     try:
         with torch.no_grad():
-            for batch in tqdm(batches, total=total, desc=desc, disable=not progress, leave=False):
+            for batch in progress_bar(batches, total=total, desc=desc, progress=progress, leave=False):
                 x, y = batch[0].to(device), batch[1]
                 hook = per_batch(x, y, chosen)
                 with hook_attention(model, hook, layers=layers):

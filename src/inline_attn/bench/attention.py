@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -30,6 +31,7 @@ from ..layers import build_attention
 from ..layers.linear_family import LINEAR_CORES
 from .flops import attention_layer_flops, counted_layer_flops
 from ..runtime.amp import amp_dtype
+from ..runtime.progress import progress_bar
 from .sweep import (
     Measured,
     PointTiming,
@@ -231,12 +233,29 @@ def _measure_grids(
     """Every grid of the sweep in turn -> (rows with their speedups over softmax, why the last grid's
     steps were not graphed). The batch holds ``token_budget`` tokens unless ``batch`` is fixed."""
     rows, why_not = [], None
-    for s in sizes:
+    for s in progress_bar(sizes, desc="grids", unit="grid"):
         b = batch if batch is not None else max(1, token_budget // (s * s))
         grid_rows, why_not = sweep.measure(s, b, rate, timing)
         rows += grid_rows
     _add_softmax_speedups(rows, list(sweep.kinds))
     return rows, why_not
+
+
+def _announce(grids: int, kinds: int, modes: int, budget_s: Optional[float]) -> None:
+    """One line on stderr before a sweep: its cases and how long their timed rounds may take."""
+    cases = grids * kinds * modes
+    bound = (
+        f"; rounds stop after {budget_s:g} s a case (about {cases * budget_s / 60:.1f} min in all)" if budget_s else ""
+    )
+    print(
+        f"bench attention: {cases} cases ({grids} grids x {kinds} kinds x {modes} modes){bound}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+#: ``--quick``: three small grids, few rounds, a short budget per case
+QUICK = {"sizes": (7, 14, 28), "repeats": 3, "budget_s": 2.0}
 
 
 def bench_attention(
@@ -259,6 +278,7 @@ def bench_attention(
     amp: Optional[str] = None,
     cuda_graphs: bool = False,
     seed: int = 0,
+    quick: bool = False,
 ) -> dict:
     """Time the attention layers; returns ``{"meta": ..., "rows": [...]}`` (one row per case).
 
@@ -280,7 +300,10 @@ def bench_attention(
             (:func:`inline_attn.runtime.graphs.graph_steps`); compiled layers take
             ``mode="reduce-overhead"`` instead. Where steps cannot be captured (the CPU) they run
             ungraphed and ``meta["why_not_graphed"]`` says why.
+        quick: :data:`QUICK` instead of ``sizes``, ``repeats`` and ``budget_s`` (a first look).
     """
+    if quick:
+        sizes, repeats, budget_s = QUICK["sizes"], QUICK["repeats"], QUICK["budget_s"]
     autocast = amp_dtype(amp)
     compile_mode = compile_mode_for(compile_mode, cuda_graphs)
     parsed = _plan_kinds(sizes, kinds, compile, modes, dim, heads)
@@ -291,6 +314,7 @@ def bench_attention(
     timing = PointTiming(warmup, repeats, budget_s, memory, cuda_graphs)
     torch.manual_seed(seed)
     rate = measure_matmul_rate(dtype=autocast or dt, device=dev)
+    _announce(len(sizes), len(parsed), len(modes), budget_s)
     rows, why_not = _measure_grids(sweep, sizes, batch, token_budget, rate, timing)
     return {
         "meta": {

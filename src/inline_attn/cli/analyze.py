@@ -192,7 +192,7 @@ def _models(args) -> Optional[list]:
 
 
 def run(args) -> int:
-    from ..analysis.analyze import run_analysis
+    from ..analysis.analyze import describe_result, run_analysis
 
     out = pathlib.Path(writable_dir(args.out or pathlib.Path("analysis") / args.analysis, "--out"))
     if args.threads < 0:
@@ -214,7 +214,7 @@ def run(args) -> int:
         progress=not args.no_progress,
         **options,
     )
-    print(f"wrote {', '.join(p.name for p in written)} to {out}")
+    print(describe_result(args.analysis, out, written))
     return 0
 
 

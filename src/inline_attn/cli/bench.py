@@ -41,7 +41,7 @@ def _print(result: dict, paths: dict, columns) -> int:
     meta = result["meta"]
     if meta.get("cuda_graphs") and meta.get("why_not_graphed"):
         print(f"--cuda-graphs: {meta['why_not_graphed']}; those steps were timed without CUDA graphs")
-    print(format_table(result["rows"], columns))
+    print(format_table(result["rows"], columns, markdown=True))
     if "matmul_gflops" in meta:
         print(f"float32 matmul rate (1024^3, same run): {meta['matmul_gflops']:.1f} GFLOP/s")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -64,6 +64,7 @@ def _cmd_attention(args) -> int:
         token_budget=args.tokens,
         modes=args.modes,
         compile=args.compile,
+        quick=args.quick,
         **_sweep_kwargs(args),
     )
     return _print(result, paths, LAYER_COLUMNS)
@@ -160,6 +161,11 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--compile", action="store_true", help="torch.compile every layer (compiled in the warm-up)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a first look in about a minute on a CPU: grids 7, 14 and 28, 3 rounds, at most 2 s per case",
+    )
     _compile_mode_arg(p)
 
 

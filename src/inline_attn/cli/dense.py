@@ -19,7 +19,7 @@ from .._io import writable_dir, writable_file
 from ..runtime.config import add_override_options, collect_overrides, run_options
 from ..runtime.signals import exit_code
 from ..dense.config import DetConfig, SegConfig
-from ..runtime.output import OVERWRITE_HELP
+from ..runtime.output import OVERWRITE_HELP, demo_output
 from ..experiments.doc_section import add_doc_options
 
 
@@ -29,8 +29,14 @@ def _configs_dir() -> pathlib.Path:
     return configs_dir()
 
 
-def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig) -> None:
-    add_override_options(p, config, "model.backbone_kwargs.pattern=SSSS")
+# the settings evaluation and model info read (the others are training's; --set still reaches any key,
+# and the task names what it does not read)
+EVAL_SECTIONS = ("data", "eval", "train.threads")
+INFO_SECTIONS = ("model", "data.crop_size")
+
+
+def _add_overrides(p: argparse.ArgumentParser, config: type = SegConfig, sections=None) -> None:
+    add_override_options(p, config, "model.backbone_kwargs.pattern=SSSS", sections)
 
 
 def _overrides(args: argparse.Namespace) -> list:
@@ -107,7 +113,8 @@ def cmd_demo(args) -> int:
     command = TASKS[args.task]
     task = command.task()
     cfg_path = pathlib.Path(args.config) if args.config else _configs_dir() / command.demo_config
-    ov = [("train.output", writable_dir(args.output, "--output"))] + _overrides(args) + run_options(args)
+    output = demo_output(args.output, f"runs/{args.task}_demo", continuing=args.resume or args.overwrite)
+    ov = [("train.output", writable_dir(output, "--output"))] + _overrides(args) + run_options(args)
     cfg = task.config.load(cfg_path, ov)
     print(
         f"{command.demo_line(cfg.model)} on Fashion-MNIST mosaics ({cfg.sched.iters} iterations, config {cfg_path})",
@@ -260,7 +267,7 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
         help=f"train {task.demo_title} on Fashion-MNIST mosaics",
         description=demo_desc,
     )
-    p.add_argument("--output", default=f"runs/{task.name}_demo")
+    p.add_argument("--output", help=f"output folder (default runs/{task.name}_demo, or -2, ... beside earlier ones)")
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
@@ -312,7 +319,7 @@ def register_seg(subparsers) -> None:
     _eval_args(p)
     p.add_argument("--per-class", action="store_true", help="print each class's IoU and accuracy")
     p.add_argument("--png", help="write a PNG of a few predictions beside the ground truth")
-    _add_overrides(p)
+    _add_overrides(p, sections=EVAL_SECTIONS)
     p.set_defaults(func=cmd_eval)
 
     _demo_and_compare(
@@ -347,7 +354,7 @@ def register_seg(subparsers) -> None:
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--macs", action="store_true", help="also count MACs at the crop size (slow for big models)")
     p.add_argument("--json", action="store_true")
-    _add_overrides(p)
+    _add_overrides(p, sections=INFO_SECTIONS)
     p.set_defaults(func=cmd_info)
 
 
@@ -370,7 +377,7 @@ def register_det(subparsers) -> None:
     )
     _eval_args(p)
     p.add_argument("--png", help="write a PNG of a few images: ground truth beside the detections")
-    _add_overrides(p, DetConfig)
+    _add_overrides(p, DetConfig, EVAL_SECTIONS)
     p.set_defaults(func=cmd_det_eval)
 
     _demo_and_compare(

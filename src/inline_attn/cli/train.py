@@ -9,7 +9,7 @@ import time
 from .._io import writable_file
 from ..runtime.config import add_override_options, collect_overrides as _collect, run_options
 from ..runtime.signals import exit_code
-from ..runtime.output import OVERWRITE_HELP
+from ..runtime.output import OVERWRITE_HELP, demo_output
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
 from ..experiments.doc_section import add_doc_options
 
@@ -83,7 +83,7 @@ def cmd_demo(args) -> int:
     from ..train.evaluate import evaluate_checkpoint
 
     cfg_path = pathlib.Path(args.config) if args.config else configs_dir() / DEMO_CONFIG
-    overrides = [("train.output", args.output)]
+    overrides = [("train.output", demo_output(args.output, "runs/demo", continuing=args.resume or args.overwrite))]
     if args.epochs:
         overrides.append(("sched.epochs", args.epochs))
     overrides += run_options(args)
@@ -263,7 +263,7 @@ def _register_eval(subparsers) -> None:
 
 def _register_demo(subparsers) -> None:
     p = subparsers.add_parser("demo", help="train the default InLine model on Fashion-MNIST and evaluate it")
-    p.add_argument("--output", default="runs/demo")
+    p.add_argument("--output", help="output folder (default runs/demo, or runs/demo-2, ... beside earlier demos)")
     p.add_argument("--epochs", type=_positive(int, "--epochs"), help="override the config's epochs")
     p.add_argument("--config", help=f"config (default configs/{DEMO_CONFIG})")
     p.add_argument("--resume", help="'auto' to continue an interrupted demo")

@@ -21,7 +21,7 @@ statistics, so this only matters for BatchNorm added around them) and ``drop_pat
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -74,8 +74,10 @@ class DenseBackbone(nn.Module):
         frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1.
         norm_eval: keep BatchNorm layers in eval mode during training.
         drop_path_rate: stochastic depth of the backbone (None: the variant's default).
-        pretrained: a checkpoint of the classification model (ours or the authors'); loaded
-            strictly apart from what ``features_only`` prunes (head, final norm).
+        pretrained: a checkpoint of the classification model (ours or the authors'), a path or
+            a URL (downloaded once into torch.hub's cache), or True for the authors' released
+            ImageNet-1k weights of ``name``; loaded strictly apart from what ``features_only``
+            prunes (head, final norm).
         weights_only: refuse pickled non-tensor objects in ``pretrained`` (torch.load's rule);
             False for files you trust, e.g. ``last.pth`` of ``inline-attn train`` (it stores a
             config and RNG states beside the weights).
@@ -97,7 +99,7 @@ class DenseBackbone(nn.Module):
         frozen_stages: int = -1,
         norm_eval: bool = False,
         drop_path_rate: Optional[float] = None,
-        pretrained: Optional[str] = None,
+        pretrained: Union[bool, str, None] = None,
         weights_only: bool = True,
         out_norms: Optional[bool] = None,
         **model_kwargs,
@@ -130,8 +132,10 @@ class DenseBackbone(nn.Module):
         self.body = body
         if pretrained:
             from ..models.checkpoint import load_checkpoint
+            from ..models.weights import published_url, weights_file
 
-            load_checkpoint(body, pretrained, strict=True, weights_only=weights_only)
+            source = published_url(name) if pretrained is True else pretrained
+            load_checkpoint(body, weights_file(source, model_name=name), strict=True, weights_only=weights_only)
         if out_norms is None:
             out_norms = body.dense_out_norms
         self.norms = nn.ModuleList(

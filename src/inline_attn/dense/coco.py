@@ -17,6 +17,7 @@ import numpy as np
 
 from .._io import atomic_write_text, read_json
 from ..data.unreadable import UnreadableFiles, decode_image
+from ..runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
 
 __all__ = [
@@ -65,12 +66,10 @@ def mosaics_to_coco(
     progress: bool = False,
 ) -> dict:
     """The COCO instances dict of ``dataset`` (image ids = mosaic index + 1; annotation ids from 1)."""
-    from tqdm import tqdm
-
     images, anns = [], []
     size = dataset.spec.size
-    for i in tqdm(
-        indices if indices is not None else range(len(dataset)), desc="COCO export", disable=not progress, leave=False
+    for i in progress_bar(
+        indices if indices is not None else range(len(dataset)), desc="COCO export", progress=progress, leave=False
     ):
         s = dataset[i]
         images.append(

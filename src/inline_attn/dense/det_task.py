@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import time
 from typing import Any, Iterable, Iterator, Optional
 
@@ -22,6 +21,7 @@ import torch.nn as nn
 
 from .._io import atomic_write_text
 from ..runtime.amp import autocast
+from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo, resolve_device
 from .coco import coco_box_ap, to_coco_detections
 from .config import DetConfig
@@ -83,17 +83,13 @@ def predict_det(
     """Yield (index, image [3, h, w] 0-255, target, detections) for ``indices`` of ``dataset``.
     Non-finite head outputs raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming
     ``source``."""
-    from tqdm import tqdm
-
     norm = Normalize(cfg.data.mean, cfg.data.std).to(device)
     indices = list(range(len(dataset))) if indices is None else list(indices)
     bs = cfg.eval.batch_size
     was = model.training
     model.eval()
     try:
-        for start in tqdm(
-            range(0, len(indices), bs), desc="eval", disable=not progress, leave=False, file=sys.stderr, mininterval=1.0
-        ):
+        for start in progress_bar(range(0, len(indices), bs), desc="eval", progress=progress, leave=False):
             idx = indices[start : start + bs]
             items = [dataset[i] for i in idx]
             img, targets, sizes = det_collate(items)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import torch
 
+from ..runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
 
 if TYPE_CHECKING:
@@ -25,10 +26,8 @@ __all__ = ["MosaicDet", "MosaicSeg", "build_mosaic_sets"]
 
 def _render_all(mosaics: FashionMosaics, progress: bool) -> list[dict]:
     """Every mosaic of ``mosaics`` drawn once (they are small: the sets keep them in memory)."""
-    from tqdm import tqdm
-
     desc = f"mosaics ({mosaics.split})"
-    return [mosaics[i] for i in tqdm(range(len(mosaics)), desc=desc, disable=not progress, leave=False)]
+    return [mosaics[i] for i in progress_bar(range(len(mosaics)), desc=desc, progress=progress, leave=False)]
 
 
 class MosaicSeg(torch.utils.data.Dataset):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import time
 from typing import Any, Iterable, Iterator, Optional
 
@@ -21,6 +20,7 @@ import torch.nn as nn
 
 from .._io import atomic_write_text
 from ..runtime.amp import autocast
+from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo
 from ..runtime.finite import require_finite
 from .config import SegConfig
@@ -71,8 +71,6 @@ def predict_batches(
     """Yield (image [3, H, W] 0-255, labels [H, W], predicted labels [H, W]) for ``indices`` of an
     evaluation ``dataset`` with the config's inference mode (whole / slide, flip). Non-finite
     class scores raise :class:`~inline_attn.runtime.finite.NonFiniteOutputs` naming ``source``."""
-    from tqdm import tqdm
-
     e = cfg.eval
     norm = Normalize(cfg.data.mean, cfg.data.std).to(device)
     indices = list(range(len(dataset))) if indices is None else list(indices)
@@ -80,9 +78,7 @@ def predict_batches(
     was = model.training
     model.eval()
     try:
-        for start in tqdm(
-            range(0, len(indices), bs), desc="eval", disable=not progress, leave=False, file=sys.stderr, mininterval=1.0
-        ):
+        for start in progress_bar(range(0, len(indices), bs), desc="eval", progress=progress, leave=False):
             items = [dataset[i] for i in indices[start : start + bs]]
             same = len({tuple(it[0].shape) for it in items}) == 1 and len({tuple(it[1].shape) for it in items}) == 1
             groups = [collate(items)] if same else [collate([it]) for it in items]

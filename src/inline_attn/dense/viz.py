@@ -140,6 +140,7 @@ def _finish(fig, class_names, title: Optional[str], path) -> pathlib.Path:
 def _draw_boxes(ax, boxes, labels, names, scores=None, *, color=None, lw: float = 1.0) -> None:
     """Each box [x1, y1, x2, y2] in pixels with its class name (and score) above it, in the
     class's palette colour or ``color``."""
+    from matplotlib.colors import to_rgb
     from matplotlib.patches import Rectangle
 
     pal = palette(len(names) + 1)
@@ -148,7 +149,17 @@ def _draw_boxes(ax, boxes, labels, names, scores=None, *, color=None, lw: float 
         col = pal[c + 1] / 255 if color is None else color
         ax.add_patch(Rectangle((x1 - 0.5, y1 - 0.5), x2 - x1, y2 - y1, fill=False, color=col, lw=lw))
         text = names[c] if scores is None else f"{names[c]} {scores[j]:.2f}"
-        ax.text(x1, y1 - 1, text, color=col, fontsize=5, va="bottom")
+        # dark or light text on the box's colour, whichever contrasts: legible on any background
+        ink = "black" if float(np.dot(to_rgb(col), (0.299, 0.587, 0.114))) > 0.55 else "white"
+        ax.text(
+            x1,
+            y1 - 1,
+            text,
+            color=ink,
+            fontsize=7,
+            va="bottom",
+            bbox=dict(facecolor=col, alpha=0.9, edgecolor="none", pad=0.6),
+        )
 
 
 def save_detections(

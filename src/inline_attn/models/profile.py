@@ -17,7 +17,6 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["ProfileResult", "count_params", "format_model_info", "model_info", "profile"]
 
@@ -68,6 +67,8 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
     x = torch.zeros((batch_size,) + input_size, device=device, dtype=dtype)
     was_training = model.training
     model.eval()
+    from torch.utils.flop_counter import FlopCounterMode  # here, not at import: it loads triton (about 1 s)
+
     counter = FlopCounterMode(display=False)
     try:
         with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:

@@ -149,12 +149,16 @@ def check_scale(scale, kind: str = "inline") -> float | None:
     """``scale`` of an attention ``kind``: None (the default, ``head_dim**-0.5``) or a positive finite
     real number, returned as a float; linear attention takes none (its row normalisation cancels any
     scale, so a given one would be silently ignored)."""
-    if scale is None or isinstance(scale, torch.SymFloat):
+    if scale is None:
         return scale
     if kind == "linear":
         raise ValueError(
             f"scale={scale!r}: linear attention takes no scale (its row normalisation cancels it); pass scale=None"
         )
+    if isinstance(scale, torch.SymFloat) or torch.compiler.is_compiling():
+        # Traced code: Dynamo makes a float that changed between compiles a symbolic one (automatic
+        # dynamic), and math.isfinite of it breaks the graph; the eager call checks the same value.
+        return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale={scale!r}: expected a positive real number, or None for head_dim**-0.5")
     return float(scale)

@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from ._checks import check_feat_size, check_num_heads
+from .compile_marks import constant_when_compiled
 from .feature_maps import get_feature_map
 from .fused import cpu as cpu_kernel
 from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
@@ -102,12 +103,12 @@ def use_impl(impl: str):
         _state["default"] = previous
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def _triton_importable() -> bool:
     return triton_launchers.triton_installed()
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def _triton_interpreting() -> bool:
     return triton_launchers.interpreting()
 

@@ -25,7 +25,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Any, Iterable, Literal, Optional, Sequence, Union
 
 import yaml
 
@@ -506,11 +506,16 @@ def setting_flags(config: type, prefix: str = "") -> list[tuple[str, dataclasses
     return out
 
 
-def add_override_options(p: argparse.ArgumentParser, config: type[TypedConfig], example: str) -> None:
+def add_override_options(
+    p: argparse.ArgumentParser, config: type[TypedConfig], example: str, sections: Optional[Sequence[str]] = None
+) -> None:
     """A ``--section.key VALUE`` flag for every setting of ``config`` (help: its doc and
-    default) and a repeatable ``--set KEY=VALUE`` (``example``: a key for its help)."""
+    default), or only of ``sections`` (section names or whole keys: a command that reads only
+    those lists only them), and a repeatable ``--set KEY=VALUE`` for any key (``example``: a key for its help)."""
     g = p.add_argument_group("config overrides (YAML values: numbers, true/false, null, [lists])")
     for key, f, tp, default in setting_flags(config):
+        if sections is not None and key.split(".")[0] not in sections and key not in sections:
+            continue
         doc = f.metadata.get("doc", "")
         if tp is dict:
             g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="MAPPING", help=doc)

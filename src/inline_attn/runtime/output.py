@@ -138,3 +138,26 @@ def claim_output(
             moved = _move_aside(folder)
             print(f"--overwrite: the earlier run in {folder} moved into {moved}", file=sys.stderr, flush=True)
         yield folder
+
+
+def demo_output(given: Optional[str], default: str, *, continuing=False) -> str:
+    """The output folder of a demo: ``given`` when one is named; else ``default`` if it holds no run
+    (or the demo continues or replaces the run there: ``continuing``), else the first of
+    ``default-2``, ``default-3``, ... that holds none, said on stderr. A second ``make demo`` so runs
+    beside the first, which stays as it was."""
+    if given is not None:
+        return given
+    folder, n = pathlib.Path(default), 1
+    if continuing:
+        return default
+    while _found(folder, RUN_FILES):
+        n += 1
+        folder = pathlib.Path(f"{default}-{n}")
+    if n > 1:
+        print(
+            f"{default} holds an earlier run: this one writes to {folder} (--output chooses the folder, "
+            "--resume auto continues the earlier run, --overwrite replaces it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return str(folder)

@@ -57,6 +57,7 @@ from .ema import ModelEma
 from .optim import backward, optimizer_step, plain_state_dict
 from .signals import StopFlag, stop_everywhere
 from .output import claim_output
+from .progress import progress_bar, restart_clock
 from .report import nan_to_none, write_csv, write_json
 
 log = logging.getLogger(__name__)
@@ -423,13 +424,12 @@ class Run:
 
     def iterate(self, model: nn.Module, stop: StopFlag) -> Optional[str]:
         """Steps until the schedule ends; the reason when it stops before."""
-        from tqdm import tqdm
-
         c = self.cadence
         batches = self.task.batches(self.train_set, self.cfg, self.info, self.step)
-        bar = dict(desc="train", dynamic_ncols=True, mininterval=1.0, file=sys.stderr, disable=not self.show)
-        pbar = tqdm(total=c.iters, initial=self.step, **bar)
+        # smoothing 0: the rate is the mean since the warm-up step, so the ETA is sane from the second step
+        pbar = progress_bar(total=c.iters, initial=self.step, desc="train", smoothing=0, progress=self.show)
         window = LogWindow(self.task.loss_keys)
+        warm_up = self.step + 1
         model.train()
         try:
             while self.step < c.iters:
@@ -438,6 +438,8 @@ class Run:
                 window.add(losses, images)
                 pbar.set_postfix(loss=f"{losses['loss'].item():.3f}", lr=f"{self.lr:.2e}", refresh=False)
                 pbar.update(1)
+                if self.step == warm_up:  # kernel build, compile, workers starting: not the loop's rate
+                    restart_clock(pbar)
                 if c.log(self.step):
                     self.task.record(self, window, losses, pbar)
                 if stop_everywhere(stop.requested(), self.info):

@@ -31,6 +31,7 @@ import torch
 
 from . import cpu_build
 from .._checks import cast
+from ..compile_marks import constant_when_compiled
 
 __all__ = ["cpu_backward", "cpu_core", "cpu_forward", "cpu_kernel_available", "cpu_kernel_error", "cpu_layer"]
 
@@ -74,7 +75,7 @@ def _load() -> bool:
     return _state["loaded"]
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def cpu_kernel_available() -> bool:
     """True when the kernel is built (building it on the first call). Under ``torch.compile`` the
     answer is taken once at trace time (the build runs outside the graph)."""

@@ -40,6 +40,7 @@ import math
 import os
 import platform
 import shlex
+import sys
 import shutil
 import subprocess
 import tempfile
@@ -369,7 +370,13 @@ def build_cpu_kernel(
     if verbose:
         print(f"building {final} (lock {spec.lock(folder)})", flush=True)
     else:
-        log.info("building the fused CPU kernel into %s (once per install)", final)
+        # stderr, not the log: a first model call otherwise sits silent for up to a minute
+        print(
+            f"inline-attn: building the fused CPU kernel into {final} (g++, about 30-60 s, once per install and "
+            "CPU; `inline-attn build-kernel` builds it ahead, INLINE_ATTN_IMPL=eager skips it)",
+            file=sys.stderr,
+            flush=True,
+        )
     with _build_lock(spec.lock(folder), timeout):
         why = library_mismatch(spec, folder)
         if why is None and not force:  # another process built it while we waited

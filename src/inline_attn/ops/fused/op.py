@@ -26,12 +26,14 @@ call on these CPUs, as much as a small layer's whole core).
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
 from typing import Optional
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
-from torch.utils.flop_counter import register_flop_formula
 
 from .._checks import cast
 from . import cpu as cpu_kernel
@@ -135,7 +137,6 @@ def _core_flops(q_shape, w9_shape, num_heads: int, grid, products: int, residual
     return 2 * macs
 
 
-@register_flop_formula(torch.ops.inline_attn.inline_forward)
 def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, *args, out_shape=None, **kwargs):
     """Counted like the eager path: the two d x d products of every head (2 N d^2 MACs per head)
     and the residual as a 3x3 depthwise convolution (9 MACs per grid token and channel); means
@@ -143,11 +144,58 @@ def _flops(q_shape, k_shape, v_shape, w9_shape, num_heads, *args, out_shape=None
     return _core_flops(q_shape, w9_shape, num_heads, args[1:3], 2, 1)
 
 
-@register_flop_formula(torch.ops.inline_attn.inline_backward)
 def _flops_backward(q_shape, k_shape, v_shape, w9_shape, g_shape, num_heads, *args, out_shape=None, **kwargs):
     """The kernels' own work: five d x d products per head (M recomputed, dM, dQ, dK, dV) and the
     residual's two transposed 3x3 passes (dV and dw)."""
     return _core_flops(q_shape, w9_shape, num_heads, args[1:3], 5, 2)
+
+
+_flops_registered = []
+
+
+def register_flop_formulas() -> None:
+    """Give ``FlopCounterMode`` the custom ops' FLOP formulas (once; later calls return at once).
+
+    ``torch.utils.flop_counter`` imports triton where it is installed (about 1 s), so importing this
+    module does not import it: the formulas are registered right after it is first imported
+    (:class:`_AfterImport`), or now if it already is. A ``FlopCounterMode`` copies the registry
+    when it is made, so the formulas must be in place before then."""
+    if _flops_registered:
+        return
+    from torch.utils.flop_counter import register_flop_formula
+
+    register_flop_formula(torch.ops.inline_attn.inline_forward)(_flops)
+    register_flop_formula(torch.ops.inline_attn.inline_backward)(_flops_backward)
+    _flops_registered.append(True)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """A one-shot import hook: runs ``callback()`` right after module ``name`` is first executed."""
+
+    def __init__(self, name: str, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the other finders locate the module; this hook runs once
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            self.callback()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "torch.utils.flop_counter" in sys.modules:
+    register_flop_formulas()
+else:
+    sys.meta_path.insert(0, _AfterImport("torch.utils.flop_counter", register_flop_formulas))
 
 
 def _no_double_backward() -> None:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..compile_marks import constant_when_compiled
+
 from . import launch_cache
 
 _KERNEL_MODULES = ("inline_attn.ops.fused.triton_kernels", "inline_attn.ops.fused.triton_stream")
@@ -772,7 +774,7 @@ def unfit_reason(q: torch.Tensor, num_heads: int) -> str | None:
     return _cuda_unfit_reason(q.device.index, num_heads, q.shape[-1] // num_heads, q.dtype)
 
 
-@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, not traced
+@constant_when_compiled  # under torch.compile: evaluated once while tracing, not traced
 def _cuda_unfit_reason(index: int, heads: int, d: int, dtype: torch.dtype) -> str | None:
     """:func:`unfit_reason` on CUDA device ``index``. Plain arguments and no cache wrapper of its
     own: Dynamo unwraps an lru_cache and traces its body, dropping the mark, and the body (meta
