@@ -26,6 +26,7 @@ TEST_FILES = (
     "tests/runtime/test_graphs.py",
     "tests/ops/test_custom_ops.py",
     "tests/gpu",
+    "tests/models/test_real_timm.py",  # the adoption entries against the real timm (the device has it)
 )
 GRACE_S = 20.0  # from SIGINT to SIGKILL, inside the box
 MAX_FAILURES_LISTED = 15
