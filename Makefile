@@ -59,7 +59,7 @@ bench: $(STAMP)
 # The Triton kernels' resources on sm_80 / 86 / 89 / 90, compiled here without a GPU: every layer
 # shape and published model of the full sweep (the tests run a subset); results in kernel_audit/
 kernel-audit: $(STAMP)
-	TRITON_INTERPRET=0 $(BIN)/python -m inline_attn.bench.kernel_audit --full --out kernel_audit $(AUDIT_ARGS)
+	TRITON_INTERPRET=0 PYTHONPATH=src $(BIN)/python -m tools.kernel_audit --full --out kernel_audit $(AUDIT_ARGS)
 
 # On a GPU machine (no network there): that machine's python3 with its CUDA PyTorch and triton,
 # the project from src/, no venv. Fits a 15-minute lease: at most 7 minutes of steps, by value (the
@@ -72,12 +72,12 @@ GPU_CHECK_OUT ?= gpu_check_results
 gpu-check:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
-	PYTHONPATH=src $(GPU_PYTHON) -m inline_attn.experiments.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=src $(GPU_PYTHON) -m tools.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # Before a lease, on any machine: gpu-check's plan (each step's box, its parts and test files, the total
 # against the lease script's 8 minutes) and the summary of a run that measured nothing; fails on a problem.
 gpu-check-dry-run: $(STAMP)
-	PYTHONPATH=src $(BIN)/python -m inline_attn.experiments.gpu_check --dry-run --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=src $(BIN)/python -m tools.gpu_check --dry-run --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # On a GPU machine: the ablations' lease preset (parts a-d, 3 seeds, 2 epochs of the 60,000 images a run;
 # docs/reproduction.md), CUDA-graphed, in one process, time-boxed to ABLATIONS_BUDGET_S of wall time (no run
@@ -92,7 +92,7 @@ ABLATIONS_BUDGET_S ?= 450
 ablations-lease:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "ablations-lease: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
-	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m inline_attn.experiments.ablations.lease \
+	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m tools.ablations_lease.lease \
 		--output $(ABLATIONS_OUT) --resume-from docs/results/ablations/lease --budget-s $(ABLATIONS_BUDGET_S) $(ABLATIONS_ARGS)
 
 # Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch

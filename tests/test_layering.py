@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -180,3 +181,36 @@ def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
         "assert 'inline_attn.cli.train' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+TOOLS = pathlib.Path(__file__).resolve().parents[1] / "tools"
+
+
+def test_tools_take_only_public_names_of_the_package():
+    # tools/ sits outside the installed package and uses it as a user would
+    crossing = [
+        f"{i.importer}:{i.line} takes {private_part(i) or i.name} from {i.module}"
+        for i in all_imports(TOOLS)
+        if i.module.split(".")[0] == SRC.name
+        and (private_part(i) or any(p.startswith("_") and not p.startswith("__") for p in i.module.split(".")[1:2]))
+    ]
+    assert not crossing, "tools/ must import inline_attn through public names only:\n" + "\n".join(crossing)
+
+
+def test_the_package_imports_no_tool_and_knows_no_lease():
+    # the GPU-lease harnesses and the audits live in tools/; the library neither imports nor names them,
+    # and writes no file of this repository's docs/ (a report's path is the user's argument)
+    tool_imports = [
+        f"{i.importer}:{i.line} imports {i.module}" for i in all_imports() if i.module.split(".")[0] == "tools"
+    ]
+    assert not tool_imports, "\n".join(tool_imports)
+    named = {
+        str(p.relative_to(SRC)): word
+        for p in sorted(SRC.rglob("*.py"))
+        for word in ("gpu_check", "docs/results")
+        if word in p.read_text()
+    }
+    named.update(
+        {str(p.relative_to(SRC)): "lease" for p in sorted(SRC.rglob("*.py")) if re.search(r"\blease", p.read_text())}
+    )
+    assert not named, f"modules naming a tool, a lease or a docs/ results path: {named}"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import inline_attn
+from inline_attn.models.checkpoint import read_state_dict
 from inline_attn.models.timm_contract import AFTER_BLOCKS, layer_ids
 from inline_attn.models.timm_registry import entrypoint, register_all
 from inline_attn.runtime.optim import build_optimizer, set_lr
@@ -114,7 +115,11 @@ def test_registered_entrypoints_build_and_read_local_dir_folders(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     cfg = {**config["pretrained_cfg"], "file": str(tmp_path), "source": "local-dir"}
     fn = entrypoint(config["architecture"])
-    loaded = fn(pretrained=True, pretrained_cfg=cfg, features_only=True, out_indices=(1,), **config["model_args"])
+    # timm 1.0 passes the folder's model_args twice: one by one, and as the record pretrained_model_args
+    args = config["model_args"]
+    loaded = fn(
+        pretrained=True, pretrained_cfg=cfg, features_only=True, out_indices=(1,), pretrained_model_args=args, **args
+    )
     want = saved.forward_intermediates(torch.randn(1, 3, 224, 224).zero_(), indices=(1,), intermediates_only=True)
     got = loaded.eval()(torch.zeros(1, 3, 224, 224))
     torch.testing.assert_close(got[0], want[0])
@@ -144,8 +149,13 @@ def test_model_card_and_timm_written_folder(tmp_path):
         "pretrained_cfg": {"input_size": [3, 224, 224], "crop_pct": 0.875, "custom_load": False},
     }
     (timm_dir / "config.json").write_text(json.dumps(timm_config))
+    # save_for_hf without safe_serialization (its default) writes a torch pickle, pytorch_model.bin
+    state = read_state_dict(timm_dir / "model.safetensors")
+    (timm_dir / "model.safetensors").unlink()
+    torch.save(state, timm_dir / "pytorch_model.bin")
     loaded = inline_attn.from_pretrained(timm_dir)
     assert loaded.num_classes == 3 and len(loaded.blocks) == 2
+    torch.testing.assert_close(loaded.state_dict(), state, rtol=0, atol=0)
 
 
 def test_hub_round_trip_through_a_standin(tmp_path, monkeypatch):

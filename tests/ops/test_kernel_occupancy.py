@@ -3,7 +3,7 @@
 The launchers plan the bf16 training step of InLine-DeiT-T's layer (batch 128), Swin-T's first
 stage at windows of 7 (4,096 windows) and a 14 x 14 map (batch 256); every kernel they choose is
 compiled for sm_80 / 86 / 89 / 90 through the ``ptxas`` in triton's wheel
-(``python -m inline_attn.bench.kernel_audit --occupancy``, in a subprocess: this process
+(``python -m tools.kernel_audit --occupancy``, in a subprocess: this process
 interprets). Resident warps per multiprocessor follow from the registers (65,536 per SM, allocated
 per warp in units of 256), the warps per program, the shared memory and the target's limits.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -21,13 +22,15 @@ pytest.importorskip("triton")
 
 TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90")
 
+REPO = pathlib.Path(__file__).resolve().parents[2]  # `python -m tools.kernel_audit` runs from the repository root
+
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("occupancy")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    cmd = [sys.executable, "-m", "inline_attn.bench.kernel_audit", "--occupancy", "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    cmd = [sys.executable, "-m", "tools.kernel_audit", "--occupancy", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
     print(proc.stdout[-4000:], proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((out / "occupancy.json").read_text())
@@ -55,8 +58,8 @@ def test_core_kernels_keep_24_warps_forward_and_16_backward_resident_on_sm_90(ro
 
 
 def test_resident_warps_follow_registers_warps_and_shared_memory():
-    from inline_attn.bench.kernel_audit import TARGETS as T
-    from inline_attn.bench.kernel_audit import resident_warps
+    from tools.kernel_audit import TARGETS as T
+    from tools.kernel_audit import resident_warps
 
     sm90, sm86 = T[3], T[1]
     assert resident_warps(sm90, 80, 8, 10_240) == 24  # 80 * 32 * 8 = 20,480 registers a program: 3 fit

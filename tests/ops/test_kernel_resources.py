@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -34,13 +35,15 @@ FAMILIES = {
     "predictor_bwd",
 }
 
+REPO = pathlib.Path(__file__).resolve().parents[2]  # `python -m tools.kernel_audit` runs from the repository root
+
 
 @pytest.fixture(scope="module")
 def audit(tmp_path_factory):
     out = tmp_path_factory.mktemp("audit")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    cmd = [sys.executable, "-m", "inline_attn.bench.kernel_audit", "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    cmd = [sys.executable, "-m", "tools.kernel_audit", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     assert (out / "summary.md").read_text() == proc.stdout  # the table it prints is the one it writes
     return proc, json.loads((out / "audit.json").read_text())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import random
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def _families(bases: int = 40) -> list[list[tuple]]:
 
 def check() -> dict:
     """Group each family's lists by the cache's key -> where one key got two of Triton's specializations."""
-    from inline_attn.bench.kernel_audit import TARGETS, compiling_for
+    from tools.kernel_audit import TARGETS, compiling_for
     from inline_attn.ops.fused import triton_kernels
     from inline_attn.ops.fused.launch_cache import specialization
 
@@ -75,7 +76,8 @@ def check() -> dict:
 
 
 def test_the_key_separates_whatever_triton_compiles_differently():
-    env = dict(os.environ, TRITON_INTERPRET="0")
+    repo = str(pathlib.Path(__file__).resolve().parents[2])  # where tools/ is
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

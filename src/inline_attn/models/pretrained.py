@@ -36,6 +36,7 @@ from .registry import create_model
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+TIMM_PICKLE_NAME = "pytorch_model.bin"  # what timm's save_for_hf writes without safe_serialization
 CARD_NAME = "README.md"
 #: top-level keys timm's save_for_hf writes beside architecture / pretrained_cfg / model_args
 TIMM_KEYS = frozenset({"num_classes", "num_features", "global_pool", "label_names", "label_descriptions"})
@@ -196,6 +197,13 @@ def _check_placement(device, dtype) -> None:
         raise ValueError(f"from_pretrained(device={device!r}): CUDA is not available in this build or machine")
 
 
+def folder_weights(folder: PathLike) -> Optional[pathlib.Path]:
+    """The weights file of a pretrained folder: ``model.safetensors``, else the ``pytorch_model.bin``
+    timm writes without safe serialization; None when it holds neither."""
+    folder = pathlib.Path(folder)
+    return next((folder / n for n in (WEIGHTS_NAME, TIMM_PICKLE_NAME) if (folder / n).is_file()), None)
+
+
 def from_pretrained(
     folder: PathLike, *, device: Union[str, torch.device, None] = None, dtype: Optional[torch.dtype] = None
 ) -> nn.Module:
@@ -217,10 +225,11 @@ def from_pretrained(
     _check_placement(device, dtype)
     folder = pathlib.Path(folder)
     name = config["architecture"]
-    weights = folder / WEIGHTS_NAME
-    if not weights.is_file():
+    weights = folder_weights(folder)
+    if weights is None:
         raise ValueError(
-            f"from_pretrained: {str(weights)!r} does not exist (a save_pretrained folder has {WEIGHTS_NAME})"
+            f"from_pretrained: {str(folder / WEIGHTS_NAME)!r} does not exist (a save_pretrained folder has "
+            f"{WEIGHTS_NAME}; one timm wrote may hold {TIMM_PICKLE_NAME} instead)"
         )
     try:
         # built on the meta device: no memory and no initialisation, the file's tensors become the weights

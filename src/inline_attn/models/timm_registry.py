@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from .checkpoint import load_checkpoint
 from .hub import HUB_PREFIX, download
+from .pretrained import folder_weights
 from .registry import ModelConfig, create_model, list_models
 
 
@@ -66,13 +67,18 @@ def entrypoint(name: str) -> Callable[..., nn.Module]:
 
     def build(pretrained=False, pretrained_cfg=None, pretrained_cfg_overlay=None, **kwargs) -> nn.Module:
         kwargs.pop("cache_dir", None)  # timm's download cache: ours is torch.hub's
+        # a local-dir: / hf-hub: folder's model_args: timm passes them both as this record and one by one
+        kwargs.pop("pretrained_model_args", None)
         features_only = kwargs.pop("features_only", False)
         out_indices = kwargs.pop("out_indices", None)
         source = _as_dict(pretrained_cfg)
         folder = _weights_folder(source) if pretrained else None
         model = create_model(name, pretrained=bool(pretrained) and folder is None, **kwargs)
         if folder is not None:
-            load_checkpoint(model, folder / "model.safetensors", strict=True)
+            weights = folder_weights(folder)
+            if weights is None:
+                raise ValueError(f"{name}: {str(folder)!r} holds no weights (model.safetensors or pytorch_model.bin)")
+            load_checkpoint(model, weights, strict=True)
         if features_only:
             model.to_features_only(out_indices)
         model.pretrained_cfg = overlay_config(model.pretrained_cfg, source, pretrained_cfg_overlay)

@@ -582,15 +582,15 @@ def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, 
     ]
     verdicts = []
     if "a" in parts:
-        lines += _table_a(results, verdicts)
+        lines += table_a(results, verdicts)
     if "b" in parts:
-        lines += _table_b(results, verdicts)
+        lines += table_b(results, verdicts)
     if "c" in parts:
-        lines += _table_c(results, verdicts)
+        lines += table_c(results, verdicts)
     if "d" in parts:
-        lines += _table_d(results, extras.get("bench", {}), verdicts)
+        lines += table_d(results, extras.get("bench", {}), verdicts)
     if "e" in parts:
-        lines += _table_e(extras.get("mask", {}), verdicts)
+        lines += table_e(extras.get("mask", {}), verdicts)
     if "f" in parts:
         lines += [
             "#### f. Accuracy against inference time (cf. Fig. 6a)",
@@ -599,12 +599,13 @@ def render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, 
             "",
         ]
     if "g" in parts:
-        lines += _table_g(results, verdicts)
+        lines += table_g(results, verdicts)
     lines += [f"#### Verdicts at this budget ({budget.describe()})", ""] + [f"- {v}" for v in verdicts] + [""]
     return "\n".join(lines)
 
 
-def _table_a(results, verdicts):
+def table_a(results, verdicts):
+    """The markdown lines of part a (feature map x {linear, InLine}); its verdicts appended to ``verdicts``."""
     rows, outcomes = [], []
     for kern in FEATURE_MAPS_A:
         a, b = swin_setting("inline", kern, residual=False).key, swin_setting("linear", kern, residual=False).key
@@ -619,7 +620,8 @@ def _table_a(results, verdicts):
     return [title, "", *markdown_table(rows, columns), ""]
 
 
-def _table_b(results, verdicts):
+def table_b(results, verdicts):
+    """The markdown lines of part b (window x local residual); its verdicts appended to ``verdicts``."""
     rows, outcomes, gains = [], [], []
     for w in WINDOWS:
         on, off = (
@@ -655,7 +657,8 @@ def _table_b(results, verdicts):
     return [title, "", *markdown_table(rows, columns), ""]
 
 
-def _table_c(results, verdicts):
+def table_c(results, verdicts):
+    """The markdown lines of part c (InLine's feature map); its verdicts appended to ``verdicts``."""
     rows = [[kern, fmt(top1s(results, swin_setting("inline", kern).key))] for kern in FEATURE_MAPS_C]
     lines = [
         "#### c. InLine's kernel (with the residual, global window)",
@@ -676,7 +679,8 @@ def _table_c(results, verdicts):
     return lines + [""]
 
 
-def _table_d(results, bench, verdicts):
+def table_d(results, bench, verdicts):
+    """The markdown lines of part d (the linear attentions side by side); its verdicts appended to ``verdicts``."""
     inl = top1s(results, swin_setting("inline").key)
     rows, outcomes = [], []
     for kind in COMPARED:
@@ -711,7 +715,8 @@ def _table_d(results, bench, verdicts):
     return lines + [""]
 
 
-def _table_e(mask, verdicts):
+def table_e(mask, verdicts):
+    """The markdown lines of part e (the neighbourhood vs random keys masked); its verdicts appended to ``verdicts``."""
     rows, drops = [], {}
     for kind in MASKED:
         recs = mask.get(swin_setting(kind).key, [])
@@ -749,7 +754,8 @@ def _table_e(mask, verdicts):
     return lines
 
 
-def _table_g(results, verdicts):
+def table_g(results, verdicts):
+    """The markdown lines of part g (the four Fashion-MNIST variants); its verdicts appended to ``verdicts``."""
     rows = [[v, fmt(top1s(results, f"fmnist-{v}"))] for v in FMNIST_VARIANTS]
     lines = [
         "#### g. The four Fashion-MNIST variants (configs/fmnist, DeiT on the 7 x 7 grid), several seeds",

@@ -104,7 +104,7 @@ def device_limits(device: torch.device) -> DeviceLimits:
 
 @contextlib.contextmanager
 def simulated_device(limits: DeviceLimits, shared_bytes):
-    """Plan launches for a GPU that is not here (the resources audit, :mod:`inline_attn.bench.kernel_audit`):
+    """Plan launches for a GPU that is not here (the repository's resources audit, `make kernel-audit`):
     inside the block the launchers take meta tensors as that GPU's, ``shared_bytes(kernel, args, meta)``
     stands in for compiling a configuration (the shared memory it needs), and nothing is launched
     (wrap the block in :func:`record_launches` to see what would be). Triton must not be in

@@ -18,7 +18,7 @@ rate or its FLOPs over the bf16 rate, whichever is longer; a step's floor adds i
   ratio of floors suggests.
 
 :func:`goal_rows` gives every row of the table with its goal, the floor and its arithmetic;
-``python -m inline_attn.bench.floor`` prints it as Markdown (docs/benchmarks.md puts the values
+``python -m tools.floor`` prints it as Markdown (docs/benchmarks.md puts the values
 measured on the H200 runs beside it).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..runtime.report import markdown_table
+from inline_attn.runtime.report import markdown_table
 
 __all__ = ["Attention", "Device", "H200", "attention_ms", "core_bytes", "core_flops", "goal_rows", "table"]
 

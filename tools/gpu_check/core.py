@@ -72,8 +72,8 @@ def core_row(shape: CoreShape) -> dict:
     """Time one shape's fwd+bwd with the new and the old kernels, SDPA's core and the copy of the
     same bytes, interleaved -> key, grid, batch, the launch each took, ms, GB/s, ``pct_of_copy``
     (new), ``old_pct_of_copy`` and ``sdpa_ratio`` (SDPA's time / the new kernels')."""
-    from ...bench.timing import time_interleaved
-    from ...ops.fused import triton as tc
+    from inline_attn.bench.timing import time_interleaved
+    from inline_attn.ops.fused import triton as tc
 
     b, n, heads, d = shape.batch, shape.tokens, shape.heads, shape.head_dim
     c = heads * d

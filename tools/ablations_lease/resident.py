@@ -37,18 +37,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...data import EvalTransform
-from ...data.fmnist import load_fashion_mnist
-from ...data.mixup import smooth_one_hot
-from ...data.transforms import Normalize, to_float
-from ...models import get_model_config
-from ...models.profile import profile
-from ...runtime.graphs import GraphedEvalStep, GraphedTrainStep, capture, why_not_graphed
-from ...runtime.optim import CosineSchedule, build_optimizer, prepare_for_capture
-from ...train.config import Config
-from ...train.data import data_info
-from ...train.task import build_model
-from ...train.recipe import resolve
+from inline_attn.data import EvalTransform
+from inline_attn.data.fmnist import load_fashion_mnist
+from inline_attn.data.mixup import smooth_one_hot
+from inline_attn.data.transforms import Normalize, to_float
+from inline_attn.models import get_model_config
+from inline_attn.models.profile import profile
+from inline_attn.runtime.graphs import GraphedEvalStep, GraphedTrainStep, capture, why_not_graphed
+from inline_attn.runtime.optim import CosineSchedule, build_optimizer, prepare_for_capture
+from inline_attn.train.config import Config
+from inline_attn.train.data import data_info
+from inline_attn.train.task import build_model
+from inline_attn.train.recipe import resolve
 
 EVAL_BATCH = 1000  # evaluation batches: 10 for the 10,000 test images, one graph each way
 GRAPH_CHECK_RTOL = 1e-3  # graph_check: the replayed step's losses against the plain step's

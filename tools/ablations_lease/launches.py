@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..._io import atomic_write_text
+from tools.files import atomic_write_text
 
 # ops that only make views or allocate: no kernel launch on a GPU
 NO_LAUNCH = frozenset(
@@ -82,7 +82,7 @@ def one_step(run, batch: int) -> tuple[LaunchLog, float]:
     builds it on CUDA (one kernel a parameter group)."""
     for group in run.optimizer.param_groups:
         group["fused"], group["foreach"] = True, False
-    from ...runtime.graphs import train_step
+    from inline_attn.runtime.graphs import train_step
 
     idx = torch.arange(batch)
     train_step(run.train_model, run.optimizer, run.loss_fn, idx, idx, clip_grad=run.cfg.optim.clip_grad)  # state made
@@ -154,8 +154,8 @@ def synthetic_data(n: int = 8):
 def measure(parts: str = "abcd", batch: int = 256, overrides: Sequence[tuple] = ()) -> dict:
     """{setting key: launches a step, FLOPs, bytes, estimated graphed step ms on an H100 and an H200}
     for the settings of ``parts``, and the host's launches a step of the resident loop."""
-    from ...train.config import Config, configs_dir
-    from . import ABLATION_CONFIG, plan
+    from inline_attn.train.config import Config, configs_dir
+    from inline_attn.experiments.ablations import ABLATION_CONFIG, plan
     from .resident import ResidentRun
 
     data, cdir = synthetic_data(), configs_dir()

@@ -21,5 +21,5 @@ each row, every step's line, the top kernels) and ``gpu_check.json``, rewritten 
 of every step, so a run stopped by a time limit still returns what it measured; ``tests.log``,
 ``profile.txt``, ``errors.txt`` and ``triton_tuning.json`` where their steps ran. Checkpoints and
 run folders stay in a scratch folder outside the results. Run it as ``python -m
-inline_attn.experiments.gpu_check`` (:mod:`.runner`).
+tools.gpu_check`` (:mod:`.runner`).
 """

@@ -23,7 +23,7 @@ def pick_winners(timings: dict, device_name: str, dtype: torch.dtype = torch.bfl
     """{(n, d, heads): {(BLOCK_N, warps): seconds, "default": seconds}} -> the tuning table's
     winners ``{key: {"BLOCK_N", "num_warps", "ms", "default_ms"}}`` (the fastest candidate; shapes
     with no timed candidate are left out)."""
-    from ...ops.fused.triton import tuning_key
+    from inline_attn.ops.fused.triton import tuning_key
 
     winners = {}
     for (n, d, heads), by_tiling in timings.items():
@@ -43,8 +43,8 @@ def pick_winners(timings: dict, device_name: str, dtype: torch.dtype = torch.bfl
 def _sweep_shape(ctx: StepContext, n: int, d: int, heads: int, b: int) -> dict:
     """Seconds of one fwd+bwd at the default tiling and at each of :data:`TILINGS` (inf where the
     compiler refuses one), until the box ends."""
-    from ...bench.timing import time_interleaved
-    from ...ops.fused import triton as tc
+    from inline_attn.bench.timing import time_interleaved
+    from inline_attn.ops.fused import triton as tc
 
     c, side = heads * d, int(math.isqrt(n))
     q, k, v = torch.randn(b, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
@@ -69,7 +69,7 @@ def _sweep_shape(ctx: StepContext, n: int, d: int, heads: int, b: int) -> dict:
 
 
 def run(ctx: StepContext) -> dict:
-    from ...ops.fused import triton as tc
+    from inline_attn.ops.fused import triton as tc
 
     name = torch.cuda.get_device_name(0)
     timings = {}

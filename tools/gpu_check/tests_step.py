@@ -18,7 +18,7 @@ import sys
 from .budget import StepContext
 from .output import cap_log
 
-ROOT = pathlib.Path(__file__).resolve().parents[4]  # the repository (tests/, configs/)
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository (tests/, configs/)
 TEST_FILES = (
     "tests/ops/test_triton_stream.py",  # the default kernels against float64, first
     "tests/ops/test_triton.py",

@@ -69,7 +69,7 @@ def _model_backend(case, batch: int) -> str:
 
 def part_deit(ctx: StepContext) -> dict:
     """InLine-DeiT-T / DeiT-T at 224 px, B 128, eager and CUDA-graphed."""
-    from ...bench.model import bench_models, preset_cases
+    from inline_attn.bench.model import bench_models, preset_cases
 
     cases, _ = preset_cases("resolution", (224,))
     backend = _model_backend(next(c for c in cases if c.label == "DeiT-T"), DEIT_BATCH)
@@ -88,7 +88,7 @@ def part_deit(ctx: StepContext) -> dict:
 
 def part_swin(ctx: StepContext) -> dict:
     """InLine-Swin-T and Swin-T at windows 7 and 56, all four in one interleaved run, B 64."""
-    from ...bench.model import ModelCase, bench_models, preset_cases
+    from inline_attn.bench.model import ModelCase, bench_models, preset_cases
 
     preset, _ = preset_cases("window", (7, 56))
     cases = [ModelCase(f"{c.label} w{c.x}", c.name, c.resolution, "swin", c.overrides) for c in preset]
@@ -106,8 +106,8 @@ def part_swin(ctx: StepContext) -> dict:
 
 
 def _layer_backend(side: int, batch: int) -> str:
-    from ...bench.attention import layer_step
-    from ...layers import build_attention
+    from inline_attn.bench.attention import layer_step
+    from inline_attn.layers import build_attention
 
     layer = build_attention("softmax", 96, 3).cuda().eval()
     x = torch.randn(batch, side * side, 96, device="cuda", requires_grad=True)
@@ -119,7 +119,7 @@ def _layer_backend(side: int, batch: int) -> str:
 def part_layer(ctx: StepContext) -> dict:
     """The InLine layer against the SDPA softmax layer, fwd+bwd (C 96, 3 heads), at 14x14 B 1024
     and 56x56 B 64, eager and CUDA-graphed."""
-    from ...bench.attention import bench_attention
+    from inline_attn.bench.attention import bench_attention
 
     backends = {side: _layer_backend(side, LAYER_TOKENS // side**2) for side in (14, 56)}
     values, notes, rows = {}, {}, []
@@ -165,7 +165,7 @@ def _core_note(row: dict) -> str:
 
 def part_deit1024(ctx: StepContext) -> dict:
     """InLine-DeiT-T / DeiT-T at 1024 px, B 64."""
-    from ...bench.model import bench_models, preset_cases
+    from inline_attn.bench.model import bench_models, preset_cases
 
     cases, _ = preset_cases("resolution", (1024,))
     res = bench_models(cases, batch=64, mode="train", macs=False, **_timing(ctx.quick, 2.0))
@@ -191,8 +191,8 @@ def host_seconds(steps: dict, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS
 def part_host(ctx: StepContext) -> dict:
     """Host time of one layer fwd+bwd at a tiny shape (B 1, 4x4 tokens, C 96, 3 heads, float32),
     InLine against the SDPA softmax layer, on the GPU."""
-    from ...bench.attention import layer_step
-    from ...layers import build_attention
+    from inline_attn.bench.attention import layer_step
+    from inline_attn.layers import build_attention
 
     steps = {}
     for kind in ("inline", "softmax"):

@@ -51,8 +51,8 @@ def profile_model(ctx: StepContext, label: str, name: str, overrides: dict) -> d
     """One model's row: step ms, GPU-busy ms and %, kernels a step, InLine kernels' ms, top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ... import create_model
-    from ...bench.timing import time_interleaved
+    from inline_attn import create_model
+    from inline_attn.bench.timing import time_interleaved
 
     model = create_model(name, **overrides).cuda().train()
     step = train_step(model, BATCH)

@@ -1,10 +1,10 @@
-"""The floor arithmetic of the goal table (``inline_attn.bench.floor``), one row by hand."""
+"""The floor arithmetic of the goal table (``tools.floor``), one row by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from inline_attn.bench import floor
+from tools import floor
 
 
 def test_deit_tiny_cores_by_hand():
@@ -34,6 +34,6 @@ def test_every_goal_row_has_its_goal_floor_and_arithmetic():
 
 
 def test_the_core_row_has_the_shapes_gpu_check_times():
-    from inline_attn.experiments.gpu_check import core
+    from tools.gpu_check import core
 
     assert floor.CORE_SHAPES == tuple((s.batch, s.tokens, s.heads * s.head_dim) for s in core.CORE_SHAPES)

@@ -16,8 +16,8 @@ BATCH = 128
 def compare(ctx: StepContext) -> dict:
     """InLine-DeiT-T and DeiT-T, eager and compiled -> ``values["compile_inline"]`` (InLine's
     compiled / eager) and each model's ratio in ``ratios``."""
-    from ...bench.compiled import compile_ab
-    from ...bench.model import preset_cases
+    from inline_attn.bench.compiled import compile_ab
+    from inline_attn.bench.model import preset_cases
 
     cases, _ = preset_cases("resolution", (224,))
     res = compile_ab(cases, batch=BATCH, device="cuda", amp="bf16", repeats=3 if ctx.quick else 6, max_warmup=6)

@@ -24,7 +24,7 @@ Source: NVIDIA, CUDA C++ Programming Guide, "Technical Specifications per Comput
 Run it in a process where triton compiles (``TRITON_INTERPRET=0``, which ``make kernel-audit``
 sets)::
 
-    TRITON_INTERPRET=0 python -m inline_attn.bench.kernel_audit --full --registers --out audit/
+    TRITON_INTERPRET=0 python -m tools.kernel_audit --full --registers --out audit/
 
 Shared memory is read right after Triton's shared-memory allocation pass (about 0.2 s a
 configuration on an idle core); ``--registers`` compiles on through ``ptxas -v`` for registers
@@ -47,9 +47,9 @@ from pathlib import Path
 
 import torch
 
-from .._io import atomic_write_text
-from ..ops.fused import triton as launchers
-from ..runtime.report import markdown_table
+from inline_attn.ops.fused import triton as launchers
+from inline_attn.runtime.report import markdown_table
+from tools.files import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,7 @@ def model_layer_shapes(name: str, img_size: int, batch: int, dtype: str, **overr
 
 @functools.lru_cache(maxsize=None)
 def _one_image_shapes(name: str, img_size: int, overrides: tuple) -> tuple[LayerShape, ...]:
-    from ..models import create_model
+    from inline_attn.models import create_model
 
     with torch.device("meta"):
         model = create_model(name, img_size=img_size, **dict(overrides))
@@ -521,9 +521,7 @@ def summary_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m inline_attn.bench.kernel_audit", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m tools.kernel_audit", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--full",
         action="store_true",

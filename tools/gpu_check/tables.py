@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...bench.report import format_table
+from inline_attn.bench.report import format_table
 
 
 def markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from inline_attn.experiments.ablations import ABLATION_CONFIG, Budget, swin_setting
-from inline_attn.experiments.ablations import lease, lease_report, launches
-from inline_attn.experiments.ablations.resident import ResidentData, ResidentRun, check_resident_recipe
+from tools.ablations_lease import launches, lease, lease_report
+from tools.ablations_lease.resident import ResidentData, ResidentRun, check_resident_recipe
 from inline_attn.runtime.graphs import eager_capture
 from inline_attn.train.config import Config, configs_dir
 
@@ -106,7 +106,7 @@ def _baked(fn, *, warmup=3, pool=None):
 
 
 def test_the_graph_check_passes_a_faithful_capture_and_stops_a_lease_whose_graph_repeats_its_draws(fmnist, tmp_path):
-    from inline_attn.experiments.ablations.resident import graph_check
+    from tools.ablations_lease.resident import graph_check
 
     cfg = lease.run_config(swin_setting("inline"), 0, TOY, fmnist, [*TINY, ("aug.hflip", 0.0)])
     data = ResidentData.load(fmnist, cfg.data.subset, cfg.data.val_subset, torch.device("cpu"))
@@ -191,7 +191,7 @@ def test_a_lease_without_fashion_mnist_says_where_it_looked_before_any_work(tmp_
 
 
 def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(fmnist, monkeypatch):
-    from inline_attn.experiments.ablations import resident
+    from tools.ablations_lease import resident
 
     monkeypatch.setattr(resident, "_labelled_loss", lambda *a: lambda logits, idx: logits.sum() * float("nan"))
     rec = _run(fmnist, swin_setting("linear")).train(curve_points=2)
@@ -201,7 +201,7 @@ def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(fmnist, monke
 def test_a_run_that_raises_is_logged_and_left_for_the_next_lease_and_three_in_a_row_end_it(
     fmnist, tmp_path, monkeypatch
 ):
-    from inline_attn.experiments.ablations import resident
+    from tools.ablations_lease import resident
 
     real = resident.ResidentRun.train
 

@@ -13,18 +13,18 @@ import pathlib
 import re
 from typing import Optional, Sequence
 
-from ..._io import save_figure
-from ...runtime.report import markdown_table
-from . import (
+from tools.files import save_figure
+from inline_attn.runtime.report import markdown_table
+from inline_attn.experiments.ablations import (
     BEGIN,
     END,
     FEATURE_MAPS_A,
     NAMES,
     COMPARED,
-    _table_a,
-    _table_b,
-    _table_c,
-    _table_d,
+    table_a,
+    table_b,
+    table_c,
+    table_d,
     swin_setting,
 )
 from .lease import LEASE, lease_plan, run_id
@@ -99,7 +99,7 @@ def _header(records: dict[str, dict], invocations: Sequence[dict], seeds: int) -
     return [
         "### The lease preset",
         "",
-        "Command: `make ablations-lease` on a GPU machine (`python -m inline_attn.experiments.ablations.lease`), "
+        "Command: `make ablations-lease` on a GPU machine (`python -m tools.ablations_lease.lease`), "
         f"{seeds} seeds, parts a-d. Device: {', '.join(devices)}. Runs finished: {runs} of {len(lease_plan(seeds))} "
         f"({graphed} CUDA-graphed); invocations: {walls or 'none recorded'}. Step time (ms, batch "
         f"{dict(LEASE.overrides)['data.batch_size']}): "
@@ -115,8 +115,8 @@ def lease_section(records: dict[str, dict], invocations: Sequence[dict], doc_tex
     """The markdown of the lease preset's section (between its markers in the doc)."""
     results, verdicts = by_setting(records, seeds), []
     lines = _header(records, invocations, seeds)
-    lines += _table_a(results, verdicts) + _table_b(results, verdicts) + _table_c(results, verdicts)
-    lines += _table_d(results, {}, verdicts)
+    lines += table_a(results, verdicts) + table_b(results, verdicts) + table_c(results, verdicts)
+    lines += table_d(results, {}, verdicts)
     lines += [f"#### Verdicts at this budget ({LEASE.describe()})", ""] + [f"- {v}" for v in verdicts] + [""]
     lines += compare_budgets([f"- {v}" for v in verdicts], doc_text)
     lines += ["#### Learning curves of parts a and d", "", f"![learning curves, parts a and d]({FIGURE})", ""]
@@ -183,8 +183,8 @@ def write_lease_report(folders: Sequence, doc, *, seeds: int = 3, replace_fewer:
     """The lease's records in ``folders`` (later ones win) into ``doc``'s lease section, its PNG in
     ``figures/`` beside ``doc``; returns the section. A ValueError when no folder holds a record
     (a mistyped folder must not blank a committed section)."""
-    from ..._io import read_json
-    from . import write_ablation_section
+    from tools.files import read_json
+    from inline_attn.experiments.ablations import write_ablation_section
     from .lease import LOG, read_records
 
     folders = [pathlib.Path(f) for f in folders]

@@ -34,7 +34,7 @@ def versions() -> dict:
 
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second: the memory-bound ceiling."""
-    from ...bench.timing import time_interleaved
+    from inline_attn.bench.timing import time_interleaved
 
     x = torch.empty(1 << 28, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)

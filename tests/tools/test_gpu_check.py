@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inline_attn.experiments.gpu_check import (
+from tools.gpu_check import (
     autotune_step,
     compile_step,
     budget,
@@ -28,7 +28,7 @@ from inline_attn.experiments.gpu_check import (
     tests_step,
     train_step,
 )
-from inline_attn.experiments.gpu_check.budget import Part, StepContext
+from tools.gpu_check.budget import Part, StepContext
 
 # seconds a child process gets to start before it is interrupted (margin for a loaded machine)
 START_MARGIN_S = 3.0

@@ -1,6 +1,6 @@
 """The lease preset: parts a-d of the ablations, 3 seeds, 2 epochs of all 60,000 images a run, on one GPU lease.
 
-``python -m inline_attn.experiments.ablations.lease --output DIR`` (``make ablations-lease
+``python -m tools.ablations_lease.lease --output DIR`` (``make ablations-lease
 ABLATIONS_OUT=$OUT`` on a GPU machine) trains the runs of :func:`lease_plan` in one process with
 :class:`~.resident.ResidentRun` (data on the device, the whole step CUDA-graphed), chunk by chunk
 in the order of :data:`CHUNKS` (part d, then a, then b and c: the comparisons the reproduction
@@ -31,10 +31,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..._io import atomic_write_text, read_json
-from ...data.fmnist import DEFAULT_FMNIST_DIR, INSTALL_HINT
-from ...train.config import Config, configs_dir
-from . import ABLATION_CONFIG, Budget, Setting, part_settings, unique
+from tools.files import atomic_write_text, read_json
+from inline_attn.data.fmnist import DEFAULT_FMNIST_DIR, INSTALL_HINT
+from inline_attn.train.config import Config, configs_dir
+from inline_attn.experiments.ablations import ABLATION_CONFIG, Budget, Setting, part_settings, unique
 
 # 2 epochs of the 60,000 training images (10x the full preset's images a run), batch 256 as the
 # GPU preset (the recipe scales the lr: base_lr x 256 / 512), the 10,000 test images

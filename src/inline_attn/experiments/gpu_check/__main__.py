@@ -1,7 +1,0 @@
-"""``python -m inline_attn.experiments.gpu_check``: :func:`.runner.main`."""
-
-import sys
-
-from .runner import main
-
-sys.exit(main())

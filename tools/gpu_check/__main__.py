@@ -1,0 +1,7 @@
+"""``python -m tools.gpu_check``: :func:`.runner.main`."""
+
+import sys
+
+from .runner import main
+
+sys.exit(main())
