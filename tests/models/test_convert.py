@@ -11,10 +11,15 @@ import torch
 import torch.nn as nn
 
 import inline_attn
-from inline_attn.models.convert import InLineMultiheadAttention, InLineTimmAttention, InLineWindowAttention
+from inline_attn.models.convert import (
+    InLineEvaAttention,
+    InLineMultiheadAttention,
+    InLineTimmAttention,
+    InLineWindowAttention,
+)
 from inline_attn.ops import attention
 
-from standins import Attention, SwinStage, TorchvisionViT, VisionTransformer
+from standins import Attention, Eva, EvaAttention, SwinStage, TorchvisionViT, VisionTransformer
 
 
 def _reference_inline(model_before: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -171,3 +176,60 @@ def test_torch_transformer_encoder_runs_the_converted_attention_in_inference_too
     with torch.no_grad():
         inferred = encoder.eval()(x, src_key_padding_mask=pad)
     torch.testing.assert_close(inferred[~pad], trained[~pad].detach())
+
+
+@pytest.mark.parametrize("qkv_fused", [True, False])
+def test_eva_without_rope_keeps_its_weights_and_runs_at_two_sizes(qkv_fused):
+    torch.manual_seed(7)
+    model = Eva(qkv_fused=qkv_fused).eval()
+    with torch.no_grad():  # biases away from timm's zero init, so the Q / V bias path shows
+        for name, p in model.named_parameters():
+            if name.endswith(("q_bias", "v_bias")) or ".attn.norm." in name:
+                p.normal_()
+    before = copy.deepcopy(model)
+    own = dict(model.blocks[0].attn.named_parameters())
+    changes = inline_attn.convert(model)
+    assert {(c.path, c.old_class, c.new_class) for c in changes} == {
+        (f"blocks.{i}.attn", "EvaAttention", "InLineEvaAttention") for i in range(2)
+    }
+    old, new = before.state_dict(), model.state_dict()
+    for name, tensor in old.items():  # every pretrained tensor, bit for bit, at its old name
+        assert torch.equal(new[name], tensor), name
+    assert all(".residual." in name for name in set(new) - set(old))
+    attn = model.blocks[0].attn
+    assert all(attn.get_parameter(name) is p for name, p in own.items())  # the same Parameters, trained on
+    if qkv_fused:
+        assert torch.equal(attn.k_bias, torch.zeros(32)) and "k_bias" not in attn.state_dict()
+    for size in (16, 24):  # a 4x4 and a 6x6 patch grid
+        x = torch.randn(2, 1, size, size)
+        torch.testing.assert_close(model(x), _reference_inline(before, x), rtol=1e-5, atol=1e-5)
+    _grads_flow(model, torch.randn(2, 1, 20, 12))  # H != W
+
+
+def test_eva_attention_bias_layouts_and_gate_match_timm_projections():
+    torch.manual_seed(8)
+    for kwargs in ({"qkv_bias_separate": True}, {"gated": True}, {"qkv_bias": False}):
+        parent = nn.Module()
+        parent.attn = EvaAttention(24, num_heads=3, norm_layer=nn.LayerNorm, **kwargs).double()
+        if parent.attn.q_bias is not None:
+            with torch.no_grad():
+                parent.attn.q_bias.normal_(), parent.attn.v_bias.normal_()
+        before = copy.deepcopy(parent)
+        inline_attn.convert(parent, local_residual=False)
+        assert isinstance(parent.attn, InLineEvaAttention)
+        x = torch.randn(2, 7, 24, dtype=torch.float64)
+        torch.testing.assert_close(parent.attn(x, rope=None), _reference_inline(before.attn, x))
+        parent.attn(x, is_causal=True).sum().backward()
+        assert all(p.grad is not None for p in parent.parameters())
+
+
+def test_eva_with_rope_is_refused_naming_rope():
+    model = Eva(use_rot_pos_emb=True)
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn \(EvaAttention\).*rotary embeddings \(rope\)"):
+        inline_attn.convert(model)
+    assert isinstance(model.blocks[0].attn, EvaAttention)  # nothing replaced
+    parent = nn.Module()  # converted on its own, it refuses rope when called with it
+    parent.attn = EvaAttention(32, num_heads=4, scale_norm=False)
+    inline_attn.convert(parent)
+    with pytest.raises(ValueError, match="rotary embeddings \\(rope"):
+        parent.attn(torch.randn(1, 5, 32), rope=torch.randn(4, 16))

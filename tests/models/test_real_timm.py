@@ -48,6 +48,23 @@ def test_rotary_attention_is_refused_by_name():
         inline_attn.convert(timm.create_model("eva02_tiny_patch14_224", pretrained=False))
 
 
+def test_eva_without_rope_converts_and_trains():
+    from timm.models.eva import Eva
+
+    eva = Eva(img_size=64, patch_size=16, embed_dim=64, depth=2, num_heads=4, num_classes=10)
+    assert eva.rope is None
+    assert _converted_runs(eva, 64) == 2
+    assert type(eva.blocks[0].attn).__name__ == "InLineEvaAttention"
+
+
+def test_eva_with_rope_is_refused_naming_rope():
+    from timm.models.eva import Eva
+
+    eva = Eva(img_size=64, patch_size=16, embed_dim=64, depth=2, num_heads=4, num_classes=10, use_rot_pos_emb=True)
+    with pytest.raises(ValueError, match=r"rotary embeddings \(rope\)"):
+        inline_attn.convert(eva)
+
+
 def test_timm_builds_ours_with_its_contract():
     model = timm.create_model("inline_swin_tiny", pretrained=False, features_only=True)
     assert model.feature_info.channels() == [96, 192, 384, 768]

@@ -4,6 +4,9 @@ Recognised modules (by their structure: neither timm nor torchvision is imported
 
 - timm's ``Attention`` (ViT, DeiT, and EVA-style layouts with ``q_proj`` / ``k_proj`` / ``v_proj``;
   called ``attn(x, attn_mask=None, is_causal=False)``) -> :class:`InLineTimmAttention`;
+- timm's ``EvaAttention`` in a model without rotary embeddings (EVA-01 style; called
+  ``attn(x, rope=None, attn_mask=None, is_causal=False)``) -> :class:`InLineEvaAttention`; a model
+  with a ``rope`` module is refused;
 - timm Swin's ``WindowAttention`` (``attn(x_windows, mask=None)``) -> :class:`InLineWindowAttention`;
   the window is the grid, and the shift mask is not applied (as the reference InLine-Swin blocks);
   the relative position bias table is dropped;
@@ -114,19 +117,70 @@ class InLineTimmAttention(_Converted):
         for name in ("q_norm", "k_norm", "attn_drop", "norm", "proj_drop"):  # optional in older timm
             setattr(self, name, getattr(old, name, None) or nn.Identity())
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False):
+    def _packed_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv(x)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [B, N, C] -> q, k, v: [B, h, N, d], after q_norm / k_norm (as timm)."""
         b, n, _ = x.shape
         if self.qkv is not None:
-            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = self._packed_qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q, k, v = (
                 p(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
                 for p in (self.q_proj, self.k_proj, self.v_proj)
             )
-        q, k = self.q_norm(q), self.k_norm(k)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False):
+        q, k, v = self.heads(x)
         _no_pair_mask(attn_mask)
         out = self.attend(x, q, k, v, is_causal=is_causal)
         return self.proj_drop(self.proj(self.norm(out)))
+
+
+class InLineEvaAttention(InLineTimmAttention):
+    """Replaces timm's ``EvaAttention`` in a model without rotary embeddings (EVA-01 style):
+    ``forward(x, rope=None, attn_mask=None, is_causal=False) -> [B, N, C]``, with its attribute names
+    (qkv with the ``q_bias`` / ``v_bias`` parameters and the zero ``k_bias`` buffer, or q_proj /
+    k_proj / v_proj; q_norm, k_norm, the sub-LN ``norm`` before ``proj``, ``gate``). ``rope`` must
+    be None: InLine's linear form here has no rotary version."""
+
+    def __init__(self, old: nn.Module, kind: str, grid: Optional[TokenGrid]):
+        super().__init__(old, kind, grid)
+        self.q_bias, self.v_bias = old.q_bias, old.v_bias  # Parameters (or None): the same tensors
+        self.register_buffer("k_bias", old.k_bias, persistent=False)  # zeros, not in the state dict
+        self.qkv_bias_separate = getattr(old, "qkv_bias_separate", False)
+        self.gate = getattr(old, "gate", None)
+        self.num_prefix_tokens = getattr(old, "num_prefix_tokens", None)
+
+    def _packed_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q_bias is None:
+            return self.qkv(x)
+        bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))  # K has no bias: timm's zero buffer
+        if self.qkv_bias_separate:
+            return self.qkv(x) + bias
+        return nn.functional.linear(x, self.qkv.weight, bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: Optional[torch.Tensor] = None,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+    ):
+        if rope is not None:
+            raise ValueError(
+                f"a converted EvaAttention was called with rotary embeddings (rope of shape {tuple(rope.shape)}): "
+                "InLine's linear form here has no rotary version; convert only EVA models without rope"
+            )
+        q, k, v = self.heads(x)
+        _no_pair_mask(attn_mask)
+        out = self.norm(self.attend(x, q, k, v, is_causal=is_causal))
+        if self.gate is not None:
+            out = out * self.gate(x).sigmoid()
+        return self.proj_drop(self.proj(out))
 
 
 class InLineWindowAttention(_Converted):
@@ -246,7 +300,7 @@ class ChangeTable(list):
 
 
 def _kind_of(module: nn.Module) -> Optional[str]:
-    """Which replacement a module takes ("mha", "window", "timm"), or None."""
+    """Which replacement a module takes ("mha", "window", "timm", "eva"), or None."""
     if type(module).__module__.startswith("inline_attn"):
         return None
     if isinstance(module, nn.MultiheadAttention):
@@ -258,10 +312,25 @@ def _kind_of(module: nn.Module) -> Optional[str]:
     if has("qkv", "num_heads", "proj", "window_size", "relative_position_bias_table"):
         return "window"
     if has("num_heads", "head_dim", "proj") and (has("qkv") or has("q_proj", "k_proj", "v_proj")):
-        if "rope" in inspect.signature(module.forward).parameters:
-            raise ValueError(f"{type(module).__name__} takes rotary embeddings (rope), which convert does not handle")
-        return "timm"
+        if "rope" not in inspect.signature(module.forward).parameters:
+            return "timm"
+        if has("q_bias", "k_bias", "v_bias"):  # timm's EvaAttention: converts where the model has no rope
+            return "eva"
+        raise ValueError(f"{type(module).__name__} takes rotary embeddings (rope), which convert does not handle")
     return None
+
+
+def _refuse_rope(model: nn.Module, targets: list) -> None:
+    """EvaAttention converts only where the model computes no rotary embeddings (its ``rope`` is None)."""
+    evas = [path for path, _, which in targets if which == "eva"]
+    ropes = [path for path, m in model.named_modules() if getattr(m, "rope", None) is not None]
+    if evas and ropes:
+        where = f"{ropes[0]}.rope" if ropes[0] else "rope"
+        raise ValueError(
+            f"{evas[0]} (EvaAttention) is called with the rotary embeddings (rope) of the model's {where}: "
+            "InLine's linear form here has no rotary version; convert takes EVA models without rope "
+            "(use_rot_pos_emb=False)"
+        )
 
 
 def _model_grid(model: nn.Module, num_prefix_tokens: Optional[int], local_residual: Optional[bool]):
@@ -304,6 +373,7 @@ def convert(
         raise ValueError(f"unknown kind {kind!r}: convert takes one of {CONVERT_KINDS}")
     grid = _model_grid(model, num_prefix_tokens, local_residual) if kind == "inline" else None
     targets = [(path, m, _kind_of(m)) for path, m in model.named_modules()]
+    _refuse_rope(model, targets)
     changes = ChangeTable()
     for path, old, which in targets:
         if which is None:
@@ -316,6 +386,8 @@ def convert(
             new = InLineMultiheadAttention(old, kind, grid)
         elif which == "window":
             new = InLineWindowAttention(old, kind, kind == "inline" and local_residual is not False)
+        elif which == "eva":
+            new = InLineEvaAttention(old, kind, grid)
         else:
             new = InLineTimmAttention(old, kind, grid)
         parent, _, name = path.rpartition(".")
