@@ -126,3 +126,25 @@ def test_why_not_fused_answers_for_what_the_call_takes():
     assert reason is None or isinstance(reason, str)  # None where the C++ kernel is built, else its reason
     out = inline_tokens(X, X, X, num_heads=3, feat_size=(5, 1))
     assert out.shape == X.shape
+
+
+@pytest.mark.parametrize("mode", [{}, {"is_causal": True}, {"key_padding_mask": torch.zeros(1, 5, dtype=torch.bool)}])
+@pytest.mark.parametrize("scale", ["0.5", True, -1.0, math.nan])
+def test_the_sdpa_shaped_op_refuses_the_same_scales_in_every_mode(mode, scale):
+    from inline_attn.ops import inline_attention
+
+    q = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="scale="):
+        inline_attention(q, q, q, scale=scale, **mode)
+
+
+@pytest.mark.parametrize("mode", [{"is_causal": True}, {"key_padding_mask": torch.zeros(1, 5, dtype=torch.bool)}])
+def test_the_sdpa_shaped_ops_refuse_a_feature_map_that_changes_the_shape(mode):
+    from inline_attn.ops import inline_attention, inline_state, linear_attention
+
+    q = torch.randn(1, 2, 5, 4)
+    for op in (inline_attention, linear_attention):
+        with pytest.raises(ValueError, match="must keep the shape"):
+            op(q, q, q, feature_map=lambda x: x[..., :2], **mode)
+    with pytest.raises(ValueError, match="must keep the shape"):
+        inline_state(q, q, feature_map=lambda x: x[..., :2])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from ._checks import check_attention_modes, check_qkv
+from ._checks import check_attention_modes, check_qkv, check_scale, mapped
 from .causal import InLineState, causal_inline, causal_linear, keep_weights, masked_inline
 from .eager import _as_compute, _autocast_dtype, _float32_region, eager_inline_attention, eager_linear_attention
 from .feature_maps import FeatureMap, get_feature_map
@@ -57,7 +57,8 @@ def inline_attention(
     """
     check_qkv(q, k, v)
     check_attention_modes(q, k, key_padding_mask, is_causal)
-    s = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    s = check_scale(scale)
+    s = q.shape[-1] ** -0.5 if s is None else s
     chosen, _ = dispatch.choose_attention(q, k, v, key_padding_mask, is_causal, feature_map, impl)
     if chosen == "naive":
         mode = dict(key_padding_mask=key_padding_mask, is_causal=is_causal)
@@ -68,7 +69,7 @@ def inline_attention(
         return eager_inline_attention(q, k, v, feature_map=feature_map, scale=s)
     phi = get_feature_map(feature_map)
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         keep = keep_weights(key_padding_mask, qf.dtype)
         out = causal_inline(qf, kf, vf, keep, s) if is_causal else masked_inline(qf, kf, vf, keep, s)
     return out.to(out_dtype)
@@ -116,7 +117,7 @@ def linear_attention(
         return eager_linear_attention(q, k, v, feature_map=feature_map, eps=eps)
     phi = get_feature_map(feature_map)
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         keep = keep_weights(key_padding_mask, qf.dtype)
         if is_causal:
             out = causal_linear(qf, kf, vf, keep, eps)
@@ -152,9 +153,10 @@ def inline_attention_step(
         raise ValueError(f"a step takes one token: q {tuple(q.shape)} and k {tuple(k.shape)} must have Nq = Nk = 1")
     check_attention_modes(q, k, key_padding_mask, False)
     phi = get_feature_map(feature_map)
-    s = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    s = check_scale(scale)
+    s = q.shape[-1] ** -0.5 if s is None else s
     with _float32_region(q) as out_dtype:
-        qf, kf, vf = phi(_as_compute(q)), phi(_as_compute(k)), _as_compute(v)
+        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
         if state is None:
             b, h, _, d = kf.shape
             state = InLineState.empty(b, h, d, vf.shape[-1], dtype=kf.dtype, device=kf.device)
@@ -177,5 +179,5 @@ def inline_state(
     check_attention_modes(k, k, key_padding_mask, False)
     phi = get_feature_map(feature_map)
     with _float32_region(k):
-        kf, vf = phi(_as_compute(k)), _as_compute(v)
+        kf, vf = mapped(phi, _as_compute(k), "k"), _as_compute(v)
         return InLineState.of_keys(kf, vf, keep_weights(key_padding_mask, kf.dtype))
