@@ -24,11 +24,16 @@ FAMILIES = sorted(SMALL_OVERRIDES)
 FUSED_OP = torch.ops.inline_attn.inline_forward.default
 
 
-# fewer blocks than the registry suite's models (export time grows with the graph): swin keeps a
-# shifted-window pair in stage 1 (InLine) and in stage 4 (softmax, whose windows shift, with the
-# cached shift mask, from 96 x 96 inputs up), cswin a softmax stripe stage; one InLine stage at
-# least in each
-EXPORT_DEPTHS = {"pvt": (1, 1, 1, 1), "swin": (2, 1, 1, 2), "cswin": (1, 1, 1, 1)}
+# fewer blocks than the registry suite's models (export time grows with the graph): deit one
+# InLine block, swin keeps a shifted-window pair in stage 1 (InLine) and in stage 4 (softmax, whose
+# windows shift, with the cached shift mask, from 96 x 96 inputs up), cswin a softmax stripe stage;
+# one InLine stage at least in each
+EXPORT_DEPTHS = {
+    "deit": {"depth": 1},
+    "pvt": {"depths": (1, 1, 1, 1)},
+    "swin": {"depths": (2, 1, 1, 2)},
+    "cswin": {"depths": (1, 1, 1, 1)},
+}
 # input sizes that the windows / stripes / patches do not divide (the model pads); swin's stage 4
 # is then 3 x 5 in windows of 2, shifted
 PADDED_SIZES = {"deit": (36, 44), "pvt": (72, 88), "swin": (96, 160), "cswin": (72, 88)}
@@ -36,8 +41,7 @@ PADDED_SIZES = {"deit": (36, 44), "pvt": (72, 88), "swin": (96, 160), "cswin": (
 
 def small_model(family: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    depths = {"depths": EXPORT_DEPTHS[family]} if family in EXPORT_DEPTHS else {}
-    return create_model(f"inline_{family}_tiny", **{**SMALL_OVERRIDES[family], **depths}).eval()
+    return create_model(f"inline_{family}_tiny", **{**SMALL_OVERRIDES[family], **EXPORT_DEPTHS[family]}).eval()
 
 
 def images(family: str, batch: int) -> torch.Tensor:
@@ -210,7 +214,7 @@ def test_dynamic_batch_onnx_on_the_eager_paths(case, tmp_path):
     # with a dynamic batch: while exporting it is the nine shifted multiply-adds instead
     torch.manual_seed(0)
     phi = {"feature_map": "relu"} if case == "relu-feature-map" else {}
-    model = create_model("inline_deit_tiny", **{**SMALL_OVERRIDES["deit"], **phi}).eval()
+    model = create_model("inline_deit_tiny", **{**SMALL_OVERRIDES["deit"], **EXPORT_DEPTHS["deit"], **phi}).eval()
     x = images("deit", 2)
     impl = {"use_impl-eager": "eager", "use_impl-naive": "naive"}.get(case, "auto")
     path = tmp_path / "model.onnx"
