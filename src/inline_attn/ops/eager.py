@@ -1,4 +1,5 @@
-"""Fast paths: linear-time InLine and linear attention, SDPA softmax, grouped-conv local residual.
+"""The eager implementation (``impl="eager"``): linear-time InLine and linear attention, SDPA softmax,
+grouped-conv local residual, in PyTorch ops under autograd.
 
 Each function here has a naive twin in :mod:`inline_attn.ops.naive` and is tested against it
 (outputs and gradients, float64, awkward shapes).
