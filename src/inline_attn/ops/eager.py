@@ -103,10 +103,19 @@ def eager_linear_attention(
     phi = get_feature_map(feature_map)
     with _float32_region(q) as out_dtype:
         qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
-        kv = kf.transpose(-2, -1) @ vf  # [B, H, D, Dv]
-        z = kf.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
-        out = (qf @ kv) / (qf @ z + eps)
+        out = linear_of_features(qf, kf, vf, eps)
     return out.to(out_dtype)
+
+
+def linear_of_features(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """Paper Eq. 3 on mapped features: ``q_i S / (q_i . z + eps)`` with ``S = sum_j k_j v_j^T`` and
+    ``z = sum_j k_j``; q = phi(Q) [B, H, Nq, D], k = phi(K) [B, H, N, D], v [B, H, N, Dv] -> [B, H, Nq, Dv].
+
+    Padded keys leave both sums when their rows of k are zero (the masked SDPA-shaped op).
+    """
+    kv = k.transpose(-2, -1) @ v  # [B, H, D, Dv]
+    z = k.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
+    return (q @ kv) / (q @ z + eps)
 
 
 def softmax_attention(

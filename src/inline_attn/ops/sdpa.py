@@ -21,7 +21,14 @@ import torch
 from . import dispatch
 from ._checks import check_attention_modes, check_qkv, check_scale, mapped
 from .causal import InLineState, causal_inline, causal_linear, keep_weights, masked_inline
-from .eager import _as_compute, _autocast_dtype, _float32_region, eager_inline_attention, eager_linear_attention
+from .eager import (
+    _as_compute,
+    _autocast_dtype,
+    _float32_region,
+    eager_inline_attention,
+    eager_linear_attention,
+    linear_of_features,
+)
 from .feature_maps import FeatureMap, get_feature_map
 from .fused.op import inline_core
 from .naive import naive_attention
@@ -122,8 +129,7 @@ def linear_attention(
         if is_causal:
             out = causal_linear(qf, kf, vf, keep, eps)
         else:
-            kf = kf * keep
-            out = (qf @ (kf.transpose(-2, -1) @ vf)) / (qf @ kf.sum(dim=2, keepdim=True).transpose(-2, -1) + eps)
+            out = linear_of_features(qf, kf * keep, vf, eps)
     return out.to(out_dtype)
 
 
