@@ -9,7 +9,7 @@ import pkgutil
 
 import pytest
 import torch
-from conftest import SMALL_OVERRIDES
+from model_helpers import SMALL_OVERRIDES
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import inline_attn.models
