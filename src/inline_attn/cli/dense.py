@@ -20,7 +20,6 @@ from ..runtime.config import add_override_options, collect_overrides, run_option
 from ..runtime.signals import exit_code
 from ..dense.config import DetConfig, SegConfig
 from ..runtime.output import OVERWRITE_HELP, demo_output
-from ..experiments.doc_section import add_doc_options
 
 
 def _configs_dir() -> pathlib.Path:
@@ -157,8 +156,6 @@ def cmd_compare(args) -> int:
             patterns=args.patterns,
             seeds=args.seeds,
             output=writable_dir(args.output, "--output"),
-            doc=args.doc,
-            replace_fewer=args.replace_fewer,
             command=command,
             overrides=_overrides(args),
             task=task.name,
@@ -279,14 +276,13 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
         allow_abbrev=False,
         help=f"InLine vs softmax backbone, several seeds, {metric_name} mean +- std",
         description=f"Train the {task.name} demo recipe (or --config) with each backbone attention pattern "
-        f"and seed; write {metric_name} mean +- std into --doc (finished runs are reused, unfinished ones "
-        "resumed).",
+        f"and seed; write {metric_name} mean +- std into OUTPUT/report.md (finished runs are reused, "
+        "unfinished ones resumed).",
     )
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
     p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--output", default=f"runs/{task.name}_compare")
-    add_doc_options(p)
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_compare, task=task.name)
 

@@ -1,6 +1,6 @@
 """``inline-attn reproduce ablations``: the paper's ablations and comparisons, several seeds each.
 
-Parts (one table each in docs/reproduction.md):
+Parts (one table each in the report, ``OUTPUT/report.md``):
 
 - a. feature map phi x {linear, InLine}: the injectivity ablation (paper Table 1); InLine without its local
   residual so only the attention function differs;
@@ -26,7 +26,6 @@ import math
 import os
 import pathlib
 import platform
-import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,14 +33,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..._io import read_json, save_figure
+from ..._io import atomic_write_text, read_json, save_figure
 from ...layers import uses_local_residual
 from ...models import PATTERN_KINDS
 from ...runtime.output import claim_output
 from ...runtime.report import markdown_table, write_json
 from ...train.config import Config, configs_dir
-from ..doc_section import check_doc
-from ..reproduce import write_section
 
 ABLATION_CONFIG = "ablations/_base.yaml"
 FEATURE_MAPS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
@@ -81,7 +78,7 @@ NAMES = {
     "polarity": "polarity-aware (PolaFormer)",
     "mlla": "MLLA's linear attention",
 }
-BEGIN, END = "<!-- ablations:begin -->", "<!-- ablations:end -->"
+REPORT = "report.md"  # the report, in the output folder (its figure in figures/ beside it)
 
 
 @dataclass(frozen=True)
@@ -212,7 +209,8 @@ def _load() -> list[float]:
 def run_one(
     setting: Setting, seed: int, budget: Budget, output: pathlib.Path, config_dir: pathlib.Path
 ) -> Optional[dict]:
-    """Train (or finish) one run and return its record; None when a signal stopped it."""
+    """Train (or finish) one run and return its record; the trainer's summary (``stopped`` set)
+    when a signal stopped it."""
     from ...train.task import train
 
     run_dir = output / setting.key / f"seed{seed}"
@@ -226,7 +224,7 @@ def run_one(
     except FloatingPointError as e:  # a diverged run is a result (e.g. linear attention, identity kernel)
         return {**base, "top1": None, "diverged": str(e), "budget": asdict(budget), "load_before": load_before}
     if summary.get("stopped"):
-        return None
+        return summary
     summary = read_json(run_dir / "summary.json")
     return {
         **base,
@@ -339,7 +337,7 @@ def _cached(path: pathlib.Path, make: Callable[[], Optional[dict]]) -> tuple[Opt
 
 def _train_missing(todo, budget: Budget, out: pathlib.Path, cdir: pathlib.Path, max_runs: int, progress: bool):
     """Train the runs of ``todo`` without a result in ``out/results`` (at most ``max_runs``, 0: all);
-    returns (trained now, found finished, stopped by a signal)."""
+    returns (trained now, found finished, the summary of the run a signal stopped, else None)."""
     from tqdm import tqdm
 
     trained = skipped = 0
@@ -352,11 +350,12 @@ def _train_missing(todo, budget: Budget, out: pathlib.Path, cdir: pathlib.Path, 
         if max_runs and trained >= max_runs:
             continue
         bar.set_postfix_str(f"{setting.key} seed {seed}")
-        rec, _ = _cached(path, lambda s=setting, sd=seed: run_one(s, sd, budget, out, cdir))
-        if rec is None:
-            return trained, skipped, True
+        rec = run_one(setting, seed, budget, out, cdir)
+        if rec.get("stopped"):
+            return trained, skipped, rec
+        write_json(rec, path)
         trained += 1
-    return trained, skipped, False
+    return trained, skipped, None
 
 
 def run_ablations(
@@ -365,7 +364,6 @@ def run_ablations(
     output: Optional[str] = None,
     parts: str = PARTS,
     seeds: int = 3,
-    doc: Optional[str] = None,
     max_runs: int = 0,
     config_dir: Optional[str] = None,
     budget: Optional[Budget] = None,
@@ -373,9 +371,9 @@ def run_ablations(
     report_only: bool = False,
     resume: Optional[str] = None,
     overwrite: bool = False,
-    replace_fewer: bool = False,
 ) -> dict:
-    """Train what is missing, then tabulate whatever is finished (into ``doc`` when given).
+    """Train what is missing, then tabulate whatever is finished into ``output/report.md`` (part f's
+    figure into ``output/figures/``).
 
     Args:
         preset: "full", "quick" or "gpu" (:data:`PRESETS`); ``budget`` replaces its budget (tests).
@@ -387,11 +385,10 @@ def run_ablations(
         resume: "auto" continues the runs in ``output``: a folder holding finished or stopped runs
             is refused without it (or ``overwrite``, which moves them into a subfolder), as
             :func:`~inline_attn.runtime.output.claim_output` refuses for every task.
-        doc: markdown file for the preset's section, checked before any training (None: none);
-            a section there with more finished runs is kept unless ``replace_fewer``.
 
     Returns {"trained": runs trained now, "skipped": runs found finished, "left": runs still to
-    train, "stopped": True when a signal stopped a run, "report": the markdown}.
+    train, "stopped": True when a signal stopped a run, "signal": its number (else None), "report":
+    the markdown}.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: expected one of {tuple(PRESETS)}")
@@ -399,21 +396,20 @@ def run_ablations(
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     if max_runs < 0:
         raise ValueError(f"max_runs must be >= 0 (0: no limit), got {max_runs}")
-    doc_path = check_doc(doc, replace_fewer)
     budget = budget or PRESETS[preset]
     out = pathlib.Path(output or f"runs/ablations/{preset}")
     res_dir = out / "results"
     if report_only and overwrite:
         raise ValueError("--report-only tabulates the runs in --output: it cannot go with --overwrite (replacing them)")
     if report_only and not any(res_dir.glob("*.json")):
-        # a mistyped --output would otherwise overwrite the docs' table with "Runs finished: 0"
+        # a mistyped --output would otherwise report "Runs finished: 0"
         raise ValueError(f"--report-only: no finished runs in {res_dir} (is --output the run folder?)")
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     t0 = time.time()
     todo = plan(parts, range(seeds))
     if report_only:
         done = [1 for s, sd in todo if (res_dir / f"{s.key}__seed{sd}.json").is_file()]
-        trained, skipped, stopped = 0, len(done), False
+        trained, skipped, stopped = 0, len(done), None
     else:
         with claim_output(out, resume=resume, overwrite=overwrite, run_files=ABLATION_RUN_FILES):
             trained, skipped, stopped = _train_missing(todo, budget, out, cdir, max_runs, progress)
@@ -424,12 +420,18 @@ def run_ablations(
     if trained:
         log_invocation(out, t0, wall, trained)
     report = render(preset, parts, seeds, results, extras, budget, wall, left, max_runs, _invocations(out))
-    if doc_path:
-        write_ablation_section(doc_path, report, preset, replace_fewer=replace_fewer)
+    atomic_write_text(out / REPORT, report)
     if "f" in parts and not stopped:
-        figures = doc_path.parent / "figures" if doc_path else out
-        plot_accuracy_vs_runtime(results, extras.get("bench", {}), figures, preset)
-    return {"trained": trained, "skipped": skipped, "left": left, "stopped": stopped, "report": report}
+        plot_accuracy_vs_runtime(results, extras.get("bench", {}), out / "figures", preset)
+    signal = stopped.get("signal") if stopped else None
+    return {
+        "trained": trained,
+        "skipped": skipped,
+        "left": left,
+        "stopped": bool(stopped),
+        "signal": signal,
+        "report": report,
+    }
 
 
 def log_invocation(out: pathlib.Path, t0: float, wall: float, trained: int) -> None:
@@ -804,16 +806,3 @@ def plot_accuracy_vs_runtime(results: dict, bench: dict, folder: pathlib.Path, p
     save_figure(fig, path)
     plt.close(fig)
     return str(path)
-
-
-def ablation_runs(section: str) -> int:
-    """Finished runs an ablation section reports (its "Runs finished: N"; 0 without one)."""
-    m = re.search(r"Runs finished: (\d+)", section)
-    return int(m.group(1)) if m else 0
-
-
-def write_ablation_section(path: pathlib.Path, report: str, preset: str, *, replace_fewer: bool = False) -> None:
-    """Replace this preset's marked section of ``path`` (appended when absent); other text stays.
-    A section with more finished runs than ``report`` is kept (ValueError) unless ``replace_fewer``."""
-    begin, end = BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->")
-    write_section(path, report, begin, end, runs=ablation_runs, replace_fewer=replace_fewer)
