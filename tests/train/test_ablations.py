@@ -21,7 +21,7 @@ def two_runs(tmp_path, monkeypatch):
     """Part g cut to two settings, one seed, two optimizer steps per run
     (128 images, batch 64): a two-run plan on generated Fashion-MNIST files."""
     monkeypatch.setenv("INLINE_ATTN_FMNIST", str(make_fmnist(tmp_path / "fm", n_train=128, n_test=8)))
-    monkeypatch.setattr(ablations, "FMNIST_VARIANTS", ("softmax", "inline"))
+    monkeypatch.setattr(ablations.settings, "FMNIST_VARIANTS", ("softmax", "inline"))
     calls = []
     real = task_mod.train
 
@@ -115,14 +115,8 @@ def test_counted_verdict_lines_keep_the_wording_of_the_committed_tables():
 
 def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_full_budget():
     from inline_attn.layers import ATTENTION_CHOICES
-    from inline_attn.experiments.ablations import (
-        COMPARED,
-        PRESETS,
-        _budget_overrides,
-        part_settings,
-        render,
-        swin_setting,
-    )
+    from inline_attn.experiments.ablations import COMPARED, PRESETS, part_settings, render, swin_setting
+    from inline_attn.experiments.ablations.runs import _budget_overrides
 
     assert set(COMPARED) == set(ATTENTION_CHOICES)
     assert {s.kind for s in part_settings("d")} >= {"agent", "polarity", "mlla"}
