@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check gpu-check-dry-run ablations-lease clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check gpu-check-dry-run ablations-lease update-docs clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,12 @@ ablations-lease:
 		{ echo "ablations-lease: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
 	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m tools.ablations_lease.lease \
 		--output $(ABLATIONS_OUT) --resume-from docs/results/ablations/lease --budget-s $(ABLATIONS_BUDGET_S) $(ABLATIONS_ARGS)
+
+# A finished command's report (OUTPUT/report.md of reproduce fmnist | ablations, seg | det compare) into its
+# marked section of a docs file; a section reporting more finished runs is kept unless --replace-fewer, e.g.
+# `make update-docs DOCS_ARGS="ablations runs/ablations/quick docs/reproduction.md"`
+update-docs: $(STAMP)
+	PYTHONPATH=src $(BIN)/python -m tools.update_docs $(DOCS_ARGS)
 
 # Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch
 # venv; then run `make clean test` and commit the new file on its own if the suite passes.
