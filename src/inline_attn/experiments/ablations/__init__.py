@@ -17,7 +17,7 @@ a 28 x 28 token grid). Every (setting, seed) is one training run in ``OUTPUT/<se
 (resumable mid-run through ``train.resume=auto``) and, once finished, one JSON in
 ``OUTPUT/results/``: a run whose JSON exists is skipped, so the command continues where it
 stopped. The presets differ only in the budget (the GPU preset also in its batch and device,
-:data:`GPU_OVERRIDES`); their outputs go to separate folders.
+:data:`.settings.GPU_OVERRIDES`); their outputs go to separate folders.
 
 Modules: :mod:`.settings` (the grid: parts, settings, presets, the plan), :mod:`.runs` (training the
 grid, :func:`run_ablations`), :mod:`.measure` (masking and inference speed of the trained runs),
@@ -25,22 +25,17 @@ grid, :func:`run_ablations`), :mod:`.measure` (masking and inference speed of th
 :mod:`.plot` (part f's figure), :mod:`.finished` (the finished runs of an output folder).
 """
 
-from .finished import part_d_runs, preset_of, run_finished
-from .plot import plot_accuracy_vs_runtime
-from .report import render, table_a, table_b, table_c, table_d, table_e, table_g
-from .runs import ABLATION_RUN_FILES, REPORT, run_ablations
+from .finished import part_d_runs
+from .report import render, table_a, table_b, table_c, table_d
+from .runs import run_ablations
 from .settings import (
     ABLATION_CONFIG,
     COMPARED,
     FEATURE_MAPS_A,
-    FEATURE_MAPS_C,
     FMNIST_VARIANTS,
-    GPU_OVERRIDES,
-    MASKED,
     NAMES,
     PARTS,
     PRESETS,
-    WINDOWS,
     Budget,
     Setting,
     part_settings,
@@ -48,43 +43,30 @@ from .settings import (
     swin_setting,
     unique,
 )
-from .verdicts import compare, fmt, mean_std, tally, verdict
+from .verdicts import compare, fmt, verdict
 
 __all__ = [
     "ABLATION_CONFIG",
-    "ABLATION_RUN_FILES",
     "COMPARED",
     "FEATURE_MAPS_A",
-    "FEATURE_MAPS_C",
     "FMNIST_VARIANTS",
-    "GPU_OVERRIDES",
-    "MASKED",
     "NAMES",
     "PARTS",
     "PRESETS",
-    "REPORT",
-    "WINDOWS",
     "Budget",
     "Setting",
     "compare",
     "fmt",
-    "mean_std",
     "part_d_runs",
     "part_settings",
     "plan",
-    "plot_accuracy_vs_runtime",
-    "preset_of",
     "render",
     "run_ablations",
-    "run_finished",
     "swin_setting",
     "table_a",
     "table_b",
     "table_c",
     "table_d",
-    "table_e",
-    "table_g",
-    "tally",
     "unique",
     "verdict",
 ]
