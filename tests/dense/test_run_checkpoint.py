@@ -85,7 +85,7 @@ def test_a_dense_checkpoint_of_the_earlier_format_resumes_bit_exact(tmp_path):
     del state["model_ema"]
     torch.save(state, path)
     resumed = train(SegTask(), cfg(tmp_path / "cut", **{"train.resume": "auto"}))
-    assert resumed["iterations"] == 4
+    assert resumed["steps"] == 4
     a, b = _read(tmp_path / "full" / "last.pth"), _read(path)
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k

@@ -354,6 +354,10 @@ class TypedConfig:
         cfg.check_orderings()
         return cfg
 
+    def check_processes(self, world_size: int) -> None:
+        """Refuse settings that ``world_size`` processes cannot run (ValueError), before a run
+        touches its output folder; every value a config holds alone is checked on loading."""
+
     def check_orderings(self) -> None:
         """Every setting declared ``at_most`` another is at most it (ValueError naming both)."""
         for key, value, meta in _settings_with_meta(self):

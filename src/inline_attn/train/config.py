@@ -246,6 +246,13 @@ class Config(TypedConfig):
     def sections(cls) -> dict[str, type]:
         return SECTIONS
 
+    def check_processes(self, world_size: int) -> None:
+        """The recipe (:func:`~inline_attn.train.recipe.resolve`): a total batch these processes
+        cannot reach fails here."""
+        from .recipe import resolve  # the recipe reads this module's constants
+
+        resolve(self, world_size)
+
 
 SECTIONS: dict[str, type] = {f.name: tp for f, tp in fields_of(Config)}  # the section classes, by name
 FREEFORM = ("model.kwargs",)  # settings that take a mapping
