@@ -285,10 +285,36 @@ def check_output(key: str, output: str) -> None:
         raise ValueError(f"{key}={output!r} is a file: expected a folder for the run's outputs")
 
 
+class SharedSection:
+    """A section of settings that several tasks share, each declared once here. A task's section
+    subclasses it, adds its own settings and may give a shared one its own default value, as a
+    class argument: ``class SegTrainCfg(RunCfg, defaults={"output": "runs/seg"})``. The setting's
+    type, help and range stay the one declaration's (a default of the wrong type or range fails
+    when the class is made, not when a config is read)."""
+
+    def __init_subclass__(cls, defaults: Optional[dict] = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in (defaults or {}).items():
+            owner = next((b for b in cls.__mro__[1:] if name in getattr(b, "__dataclass_fields__", {})), None)
+            if owner is None or name in own:
+                raise TypeError(f"{cls.__name__}: defaults[{name!r}] names no shared setting declared once above it")
+            declared, tp = owner.__dataclass_fields__[name], typing.get_type_hints(owner)[name]
+            own[name] = tp
+            setattr(
+                cls,
+                name,
+                field(
+                    default=_convert(f"{cls.__name__}.{name}", value, tp, declared.metadata), metadata=declared.metadata
+                ),
+            )
+        cls.__annotations__ = own
+
+
 @dataclass
-class RunCfg:
+class RunCfg(SharedSection):
     """The ``train`` settings every run shares, declared once; a task's ``train`` section adds its
-    own (and its ``output`` default)."""
+    own (and may give ``output`` its own default: :class:`SharedSection`)."""
 
     output: str = setting("runs/train", doc="output folder", resume=True)
     seed: int = setting(0, ge=0, doc="random seed")
@@ -317,13 +343,22 @@ class RunCfg:
 
 
 @dataclass
-class OptimCfg:
+class OptimCfg(SharedSection):
     """The ``optim`` settings every task shares, declared once; a task's section adds its own and
-    its ``lr``, ``weight_decay`` and ``clip_grad`` (whose meaning and defaults differ by task)."""
+    may give these its own defaults (:class:`SharedSection`)."""
 
     opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw | sgd (momentum 0.9, Nesterov)")
     betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
     eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
+    lr: Optional[float] = setting(
+        None,
+        gt=0,
+        doc="learning rate; null: the task's rule (classification: optim.base_lr x total batch / 512, with "
+        "sched.warmup_lr and sched.min_lr scaled alike, which a set lr makes absolute; segmentation and "
+        "detection need a value)",
+    )
+    weight_decay: float = setting(0.05, ge=0, doc="weight decay (not on biases, norms and position tables)")
+    clip_grad: Optional[float] = setting(None, ge=0, doc="max gradient norm (null or 0: off)")
 
     def check(self) -> None:
         if not all(0 <= b < 1 for b in self.betas):

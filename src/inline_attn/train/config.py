@@ -144,16 +144,8 @@ class AugCfg:
 
 
 @dataclass
-class ClassifyOptimCfg(OptimCfg):
-    lr: Optional[float] = setting(
-        None,
-        gt=0,
-        doc="absolute lr (sched.warmup_lr and sched.min_lr are then absolute "
-        f"too); null: base_lr * total_batch / {LR_REFERENCE_BATCH}",
-    )
-    base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH}")
-    weight_decay: float = setting(0.05, ge=0, doc="AdamW weight decay")
-    clip_grad: Optional[float] = setting(5.0, ge=0, doc="max gradient norm (null or 0: off)")
+class ClassifyOptimCfg(OptimCfg, defaults={"clip_grad": 5.0}):
+    base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH} (when optim.lr is null)")
     accum_steps: int = setting(
         1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the number it implies)"
     )
