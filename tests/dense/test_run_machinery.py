@@ -85,6 +85,16 @@ def test_sgd_is_nesterov_everywhere_and_a_dense_run_takes_it(tmp_path, ade):
     assert saved["nesterov"] and saved["momentum"] == 0.9
 
 
+def test_a_dense_run_takes_the_shared_run_settings(tmp_path, ade, capsys):
+    """``train.cuda_graphs`` / ``train.channels_last`` are every run's (``RunCfg``): a dense run
+    asked for graphs says in one line why it runs ungraphed (its losses are computed inside the
+    model), and trains channels-last."""
+    s = train(SegTask(), _seg(tmp_path / "g", ade, **{"train.cuda_graphs": True, "train.channels_last": True}))
+    err = capsys.readouterr().err
+    assert "train.cuda_graphs=true: running ungraphed: segmentation computes its losses inside the model" in err
+    assert s["steps"] == 2 and s["cuda_graphs"]["graphed"] is False and s["cuda_graphs"]["setting"] is True
+
+
 @dataclasses.dataclass
 class _ModelWithPPM(SegModelCfg):
     pool_scales: tuple[int, ...] = dataclasses.field(default=(1, 2, 3, 6), metadata={"doc": "PPM bins"})

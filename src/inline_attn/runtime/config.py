@@ -30,6 +30,7 @@ from typing import Any, Iterable, Literal, Optional, Sequence, Union
 import yaml
 
 from .._io import atomic_write_text
+from .compile import COMPILE_MODES
 from .optim import OPTIMIZERS
 
 PathLike = Union[str, os.PathLike]
@@ -336,6 +337,23 @@ class RunCfg(SharedSection):
     )
     progress: bool = setting(True, doc="progress bar", resume=True)
     threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
+    compile: bool = setting(
+        False, doc="torch.compile the model (the fused InLine op compiles as one node)", resume=True
+    )
+    compile_mode: Literal[COMPILE_MODES] = setting(
+        "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)", resume=True
+    )
+    cuda_graphs: Literal["auto", True, False] = setting(
+        "auto",
+        doc="capture the training and evaluation steps in CUDA graphs and replay them: auto (on where the run "
+        "can be captured: CUDA, one process, bf16 or fp32, no accumulation, a task whose loss is computed "
+        "outside the model: classification), true (asked for: a run that cannot "
+        "be captured says why in one line and runs ungraphed) or false; with train.compile, inductor's "
+        "reduce-overhead mode instead",
+        resume=True,
+    )
+    channels_last: bool = setting(False, doc="channels-last images and convolutions", resume=True)
+    tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed", resume=True)
 
     def check(self) -> None:
         check_device("train.device", self.device)

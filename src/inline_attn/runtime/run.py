@@ -191,9 +191,9 @@ class Task:
 
     The run owns the step counter, the history, the elapsed time, the one checkpoint format and
     its reader, resume, seeding, DDP, the optimizer step with gradient accumulation and clipping,
-    the EMA, CUDA graphs, channels-last and torch.compile (when the task's ``train`` section has
-    those settings), the metrics rows and ``metrics.csv``, TensorBoard, best checkpoints
-    (:attr:`best_key`), the summary and the stop message. Every task implements every hook that
+    the EMA, CUDA graphs, channels-last and torch.compile (``RunCfg``'s settings), the metrics
+    rows and ``metrics.csv``, TensorBoard, best checkpoints (:attr:`best_key`), the summary and
+    the stop message. Every task implements every hook that
     raises ``NotImplementedError``; the attributes say how its rows and checkpoints are named.
     """
 
@@ -381,7 +381,7 @@ class Run:
         """The model to call: channels-last, DDP (the BatchNorm synchronised on GPUs where the task
         asks), a CUDA-graphed step or torch.compile, as the ``train`` section says."""
         t, info = self.cfg.train, self.info
-        if getattr(t, "channels_last", False):
+        if t.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         model = self.model
         if info.enabled:
@@ -389,7 +389,7 @@ class Run:
                 self.model = model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        setting, compile = getattr(t, "cuda_graphs", False), getattr(t, "compile", False)
+        setting, compile = t.cuda_graphs, t.compile
         if setting is not False:
             self.why_not = (
                 why_not_graphed(
@@ -412,7 +412,7 @@ class Run:
             model = compile_module(model, compile_mode_for(t.compile_mode, graphed))
         elif graphed:
             self.graphs = StepGraphs(self.amp, self.cfg.optim.clip_grad)
-        if info.is_main and getattr(t, "tensorboard", False):
+        if info.is_main and t.tensorboard:
             self.tb = TensorBoard(self.out / "tb")
         return model
 
@@ -609,15 +609,14 @@ class Run:
             "checkpoint": str(self.out / LAST),
             "output": str(self.out),
         }
-        if hasattr(t, "cuda_graphs"):
-            summary["cuda_graphs"] = self.graphs_summary()
+        summary["cuda_graphs"] = self.graphs_summary()
         classes = list(self.train_set.classes)
         summary.update(task.summary(self.cfg, self.model, self.history, self.last_eval, classes))
         for tag, name in (("", BEST), ("_ema", BEST_EMA)):
             if task.best_key is not None and (self.out / name).exists():
                 summary[f"best{tag}_checkpoint"] = str(self.out / name)
         if self.info.is_main and stopped is None:
-            if getattr(t, "predictions_png", True):
+            if getattr(t, "predictions_png", True):  # a task section may turn its picture off
                 self.add_picture(summary)
             write_json(nan_to_none(summary), self.out / "summary.json")
         return summary
@@ -631,7 +630,7 @@ class Run:
             counts = self.graphs.counts()
             why_not = counts.pop("train_why_not", None)
             out.update(graphed=why_not is None and counts["train_replays"] > 0, why_not=why_not, **counts)
-        elif getattr(t, "compile", False) and self.why_not is None and t.cuda_graphs is not False:
+        elif t.compile and self.why_not is None and t.cuda_graphs is not False:
             out.update(graphed=True, how="torch.compile mode reduce-overhead")
         return out
 
