@@ -206,7 +206,8 @@ class Task:
     throughput_key: str = "img_s"  # the row's images per second
     window_key: Optional[str] = None  # the row's seconds since the last row (None: not in the row)
     best_key: Optional[str] = None  # best.pth (and best_ema.pth) follow the highest value of this metric
-    criterion: Optional[Callable] = None  # loss(model(batch[0]), batch[1]): lets the run capture a CUDA graph
+    criterion: Optional[Callable] = None  # loss(model(x), batch[1]), x = input_norm(batch[0]): a CUDA-graphed step
+    not_graphed: str = "its losses are computed inside the model"  # why a task without a criterion runs ungraphed
     picture_each_row: bool = False  # the picture redrawn at every row's checkpoint, not only at the end
     distributed: bool = True  # whether the task trains on several processes
     sync_bn: bool = False  # BatchNorm synchronised over the processes on GPUs (mmseg's SyncBN)
@@ -402,7 +403,7 @@ class Run:
                     compile=compile,
                 )
                 if self.task.criterion is not None
-                else f"{self.task.kind} computes its losses inside the model"
+                else f"{self.task.kind}: {self.task.not_graphed}"
             )
         graphed = setting is not False and self.why_not is None
         line = graphs_line(setting, graphed, self.why_not, self.device, compile)
@@ -489,10 +490,12 @@ class Run:
         first = self.task.loss_keys[0]
         if self.graphs is not None:
             (batch,) = list(group)
-            loss = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, batch[0], batch[1])
+            x = self.norm(batch[0].to(self.device, non_blocking=True))  # as the task's losses take it
+            target = batch[1].to(self.device, non_blocking=True)
+            loss = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, x, target)
             check_finite(loss, f"step {self.step + 1}")
-            n = len(batch[0])
-            sums += torch.tensor([loss.item() * n, n], dtype=torch.float64)
+            n = len(x)
+            sums[0], sums[-1] = loss.item() * n, n  # the total alone: its terms stay inside the graph
             self.sched.step()
             return sums, [first]
         self.optimizer.zero_grad(set_to_none=True)
