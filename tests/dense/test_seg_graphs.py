@@ -57,7 +57,9 @@ def test_the_loss_is_the_cross_entropy_of_each_head_weighted(avg_non_ignore):
     assert list(terms) == ["loss_decode", "loss_aux", "loss"]
     assert torch.equal(terms["loss_decode"], ce(logits.decode)) and torch.equal(terms["loss_aux"], ce(logits.aux))
     assert torch.equal(terms["loss"], terms["loss_decode"] + 0.4 * terms["loss_aux"])
-    assert torch.equal(loss(logits, y), terms["loss"])  # what a graphed step minimises
+    graphed = loss(logits, y)  # what a graphed step minimises first, and its terms
+    assert list(graphed) == ["loss", "loss_decode", "loss_aux"]
+    assert all(torch.equal(graphed[k], terms[k]) for k in terms)
     no_aux = SegLoss(K, IGNORE, 0.4, avg_non_ignore).terms(SegLogits(logits.decode, None), y)
     assert list(no_aux) == ["loss_decode", "loss"] and torch.equal(no_aux["loss"], terms["loss_decode"])
 
@@ -86,8 +88,7 @@ def test_the_graphed_loss_reads_nothing_on_the_host(avg_non_ignore):
         loss.terms(logits, y)  # the eager terms check the labels' range: a host read
     assert eager.seen
     with _HostReads() as graphed:
-        total = loss(logits, y)
-        total.backward()
+        loss(logits, y)["loss"].backward()
     assert graphed.seen == []
     bad = y.clone()
     bad[0, 5, 5] = K  # the eager loss names a label out of range; the graphed one leaves that to the data sets
@@ -166,7 +167,9 @@ def test_a_segmentation_run_through_the_graphed_path_is_the_ungraphed_run(
     for i, st in a["optimizer"]["state"].items():
         for k, v in st.items():
             assert torch.equal(v, b["optimizer"]["state"][i][k]), (i, k)
-    assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+    keys = ("loss", "loss_decode", "loss_aux")  # every term in the graphed rows too
+    assert [[r[k] for k in keys] for r in a["history"]] == [[r[k] for k in keys] for r in b["history"]]
+    assert all(r["loss_aux"] is not None for r in a["history"])
     assert isinstance(a["optimizer"]["param_groups"][0]["lr"], float)  # saved in the plain form
 
 

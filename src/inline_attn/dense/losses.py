@@ -64,8 +64,9 @@ class SegLoss:
     logits upsampled to the labels, the auxiliary term only where the model has that head.
 
     :meth:`terms` gives every term (``loss_decode``, ``loss_aux`` where there is one, ``loss``);
-    calling it gives ``loss`` alone without the host check of the labels, so a training step that
-    calls it can be captured in a CUDA graph (no host read, no shape that depends on the data).
+    calling it gives them with ``loss`` first (the one minimised) and without the host check of
+    the labels, so a training step that calls it can be captured in a CUDA graph (no host read, no
+    shape that depends on the data).
     """
 
     def __init__(
@@ -87,9 +88,11 @@ class SegLoss:
         out["loss"] = total
         return out
 
-    def __call__(self, logits, target: torch.Tensor) -> torch.Tensor:
-        """The total loss (0-dim), capture-safe: the labels are not checked on the host."""
-        return self.terms(logits, target, check=False)["loss"]
+    def __call__(self, logits, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"loss", "loss_decode", ["loss_aux"]}`` (0-dim each), capture-safe: the labels are not
+        checked on the host."""
+        terms = self.terms(logits, target, check=False)
+        return {"loss": terms["loss"], **terms}
 
 
 def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0):

@@ -206,7 +206,8 @@ class Task:
     throughput_key: str = "img_s"  # the row's images per second
     window_key: Optional[str] = None  # the row's seconds since the last row (None: not in the row)
     best_key: Optional[str] = None  # best.pth (and best_ema.pth) follow the highest value of this metric
-    criterion: Optional[Callable] = None  # loss(model(x), batch[1]), x = input_norm(batch[0]): a CUDA-graphed step
+    # loss(model(x), batch[1]) with x = input_norm(batch[0]), or a dict of the loss_keys' terms: a CUDA-graphed step
+    criterion: Optional[Callable] = None
     not_graphed: str = "its losses are computed inside the model"  # why a task without a criterion runs ungraphed
     picture_each_row: bool = False  # the picture redrawn at every row's checkpoint, not only at the end
     distributed: bool = True  # whether the task trains on several processes
@@ -492,12 +493,16 @@ class Run:
             (batch,) = list(group)
             x = self.norm(batch[0].to(self.device, non_blocking=True))  # as the task's losses take it
             target = batch[1].to(self.device, non_blocking=True)
-            loss = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, x, target)
-            check_finite(loss, f"step {self.step + 1}")
-            n = len(x)
-            sums[0], sums[-1] = loss.item() * n, n  # the total alone: its terms stay inside the graph
+            out = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, x, target)
+            terms = out if isinstance(out, dict) else {first: out}  # a criterion may give its terms
+            check_finite(terms[first], f"step {self.step + 1}")
+            n, present = len(x), [k for k in self.task.loss_keys if k in terms]
+            values = torch.stack([terms[k].double() for k in present]).tolist()  # one host read
+            for k, v in zip(present, values):
+                sums[self.task.loss_keys.index(k)] = v * n
+            sums[-1] = n
             self.sched.step()
-            return sums, [first]
+            return sums, present
         self.optimizer.zero_grad(set_to_none=True)
         present: list = []
         for m, batch in enumerate(group):
