@@ -16,7 +16,7 @@ import importlib.util
 import json
 import os
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -164,12 +164,14 @@ _launch_logs: list[list] = []
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch as :func:`record_launches` logs it: the kernel's name, its grid, its
-    compile-time arguments (tiles, warps, pipeline stages) and the dtypes of its tensor arguments."""
+    compile-time arguments (tiles, warps, pipeline stages), the dtypes of its tensor arguments and
+    the arguments themselves (what a prebuilt compile cache specialises on; not compared)."""
 
     kernel: str
     grid: tuple
     meta: dict
     dtypes: tuple
+    args: tuple = field(default=(), compare=False, repr=False)
 
 
 def _dtypes(args: tuple) -> tuple:
@@ -181,7 +183,7 @@ def _launch(kernel, grid: tuple, *args, **meta) -> None:
     :mod:`.launch_cache`; while a graph is traced, as its flat twin through ``wrap_triton``);
     every open :func:`record_launches` log gets the launch."""
     for log in _launch_logs:
-        log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args)))
+        log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args), args))
     if _state["simulated"] is not None:
         return
     if type(args[0]) not in _DATA_TENSORS:  # fake / functional tensors: a graph is being traced
