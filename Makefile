@@ -62,7 +62,7 @@ kernel-audit: $(STAMP)
 	TRITON_INTERPRET=0 PYTHONPATH=src $(BIN)/python -m tools.kernel_audit --full --out kernel_audit $(AUDIT_ARGS)
 
 # On a GPU machine (no network there): that machine's python3 with its CUDA PyTorch and triton,
-# the project from src/, no venv. Fits a 15-minute lease: at most 7 minutes of steps, by value (the
+# the project from src/, no venv. Fits a 15-minute lease: at most 8 minutes of steps, by value (the
 # native Triton tests, the goal table, the profile of five models), each in its own time
 # box. GPU_CHECK_OUT gets summary.md, gpu_check.json and a few logs, never a checkpoint (at most 6
 # flat files of at most 16 MB): on a lease, `make gpu-check GPU_CHECK_OUT=$OUT`. On demand:
