@@ -126,8 +126,10 @@ def export_program(
             copies of itself (``torch.export`` would specialise a dimension of size 1).
         **kwargs: passed to ``torch.export.export`` (``dynamic_shapes``, ``strict``, ...).
 
-    The program takes the example's image size only: another size fails its guard
-    (``x.size()[2] == H``); export again for it.
+    The program takes the example's image size only: ``program.module()`` refuses another size
+    (or channel count, or batch without ``dynamic_batch``) with a ValueError naming the size
+    exported and the size given; export again for it. (A program saved and loaded again by
+    ``torch.export.save`` / ``load`` has torch's own input guards only.)
     """
     _check_example(example)
     if "dynamic_shapes" in kwargs and dynamic_batch:
@@ -142,9 +144,49 @@ def export_program(
     model.eval()
     try:
         with sdpa_kernel(SDPBackend.MATH):
-            return torch.export.export(model, (example,), **kwargs)
+            program = torch.export.export(model, (example,), **kwargs)
     finally:
         model.train(was_training)
+    _refuse_other_sizes(program)
+    return program
+
+
+def _exported_shape(program: torch.export.ExportedProgram) -> tuple[Optional[int], ...]:
+    """The shape of the program's one user input, None where a dimension is dynamic."""
+    (name,) = program.graph_signature.user_inputs
+    (node,) = [n for n in program.graph.nodes if n.op == "placeholder" and n.name == name]
+    return tuple(d if isinstance(d, int) else None for d in node.meta["val"].shape)
+
+
+def _refuse_other_sizes(program: torch.export.ExportedProgram) -> None:
+    """Make every ``program.module()`` check its input's shape against the exported one first, with
+    a ValueError naming both (torch's guard says ``Guard failed: x.size()[2] == 32``)."""
+    expected = _exported_shape(program)
+    build = program.module
+
+    def check(module, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else None
+        if got is not None and len(got) == len(expected) and all(e in (None, g) for e, g in zip(expected, got)):
+            return None
+        shown = ", ".join("B" if e is None else str(e) for e in expected)
+        b, c, h, w = expected
+        batch = "any batch" if b is None else f"batch {b}"
+        if got is not None and len(got) == 4 and got[1:] == (c, h, w):
+            remedy = "export with dynamic_batch=True to take other batches"
+        else:
+            remedy = "export again with an example of that size"
+        raise ValueError(
+            f"this program was exported for {h} x {w} images ([{shown}]: {c} channels, {batch}); got an input "
+            f"of shape {got if got is not None else type(x).__name__}: {remedy}"
+        )
+
+    def module(*args: Any, **kwargs: Any) -> torch.fx.GraphModule:
+        graph_module = build(*args, **kwargs)
+        graph_module.register_forward_pre_hook(check, prepend=True, with_kwargs=True)
+        return graph_module
+
+    program.module = module
 
 
 def export_onnx(

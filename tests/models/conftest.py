@@ -1,42 +1,17 @@
-"""Model-test configuration: the small overrides that drive the registry-wide suite.
+"""Model-test fixtures: every registered model as ``registry_name``, its family's small overrides
+(``model_helpers.SMALL_OVERRIDES``), float64 and one thread.
 
-``SMALL_OVERRIDES`` has one entry per family (``ModelConfig.family``): constructor overrides
-that make every variant of that family small enough for CPU CI. ``img_size`` is also the size
-of the test input. A new family adds one entry here; a registered model whose family has no
-entry fails the registry suite (nothing is skipped silently). Test helpers live in
-``model_helpers.py``.
+A registered model whose family has no entry in ``SMALL_OVERRIDES`` fails the registry suite
+(nothing is skipped silently). Test modules import helpers from ``model_helpers``, never from
+this file: every test folder has a ``conftest.py``, and a module named ``conftest`` imported by
+name is whichever folder's was imported first.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-# family -> create_model overrides for the registry suite (tests/models/test_registry.py)
-SMALL_OVERRIDES: dict[str, dict] = {
-    "deit": dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, num_classes=7),
-    "pvt": dict(
-        img_size=64,
-        embed_dims=(8, 16, 24, 32),
-        num_heads=(1, 2, 3, 4),
-        mlp_ratios=(2, 2, 2, 2),
-        depths=(1, 1, 2, 1),
-        num_classes=7,
-    ),
-    # window 8: stage 1 (16 x 16) has shifted InLine windows; softmax stages shrink their windows
-    "swin": dict(img_size=64, embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=8, num_classes=7),
-    # IISS at img_size 64: InLine blocks global (splits = maps); stage-3 softmax stripes of 3 over
-    # a 4 x 4 map (a remainder stripe of 1), stage 4 global
-    "cswin": dict(
-        img_size=64,
-        embed_dim=8,
-        depths=(1, 1, 2, 1),
-        num_heads=(2, 2, 2, 2),
-        split_size=(1, 2, 3, 2),
-        inline_split_size=(16, 8, 4, 2),
-        num_classes=7,
-    ),
-}
+from model_helpers import SMALL_OVERRIDES
 
 
 def pytest_generate_tests(metafunc):
@@ -55,7 +30,9 @@ def small_overrides(registry_name) -> dict:
 
     family = get_model_config(registry_name).family
     if family not in SMALL_OVERRIDES:
-        pytest.fail(f"family {family!r} ({registry_name}) has no entry in tests/models/conftest.py SMALL_OVERRIDES")
+        pytest.fail(
+            f"family {family!r} ({registry_name}) has no entry in tests/models/model_helpers.py SMALL_OVERRIDES"
+        )
     return dict(SMALL_OVERRIDES[family])
 
 

@@ -1,4 +1,9 @@
-"""Helpers for the model tests (imported as ``from model_helpers import ...``)."""
+"""Helpers for the model tests (imported as ``from model_helpers import ...``).
+
+``SMALL_OVERRIDES`` has one entry per family (``ModelConfig.family``): constructor overrides
+that make every variant of that family small enough for CPU CI. ``img_size`` is also the size
+of the test input. A new family adds one entry here.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,33 @@ import json
 import pathlib
 
 import torch
+
+# family -> create_model overrides for the registry suite (tests/models/test_registry.py)
+SMALL_OVERRIDES: dict[str, dict] = {
+    "deit": dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2, num_classes=7),
+    "pvt": dict(
+        img_size=64,
+        embed_dims=(8, 16, 24, 32),
+        num_heads=(1, 2, 3, 4),
+        mlp_ratios=(2, 2, 2, 2),
+        depths=(1, 1, 2, 1),
+        num_classes=7,
+    ),
+    # window 8: stage 1 (16 x 16) has shifted InLine windows; softmax stages shrink their windows
+    "swin": dict(img_size=64, embed_dim=8, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=8, num_classes=7),
+    # IISS at img_size 64: InLine blocks global (splits = maps); stage-3 softmax stripes of 3 over
+    # a 4 x 4 map (a remainder stripe of 1), stage 4 global
+    "cswin": dict(
+        img_size=64,
+        embed_dim=8,
+        depths=(1, 1, 2, 1),
+        num_heads=(2, 2, 2, 2),
+        split_size=(1, 2, 3, 2),
+        inline_split_size=(16, 8, 4, 2),
+        num_classes=7,
+    ),
+}
+
 
 REFERENCE_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "reference"
 GOLDEN_DIR = REFERENCE_DIR / "golden"

@@ -9,7 +9,7 @@ import pkgutil
 
 import pytest
 import torch
-from conftest import SMALL_OVERRIDES
+from model_helpers import SMALL_OVERRIDES
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import inline_attn.models
@@ -127,6 +127,19 @@ def test_torch_export_keeps_the_fused_core_as_one_node(exported):
             torch.testing.assert_close(program.module()(xb), model(xb), rtol=1e-5, atol=1e-5)
 
 
+def test_program_names_the_exported_size_and_the_size_given(exported):
+    family, _, program, _ = exported
+    s = SMALL_OVERRIDES[family]["img_size"]
+    module = program.module()
+    for shape in [(2, 3, s + 8, s + 8), (3, 3, s, s + 4), (2, 1, s, s), (3, s, s)]:
+        got = str(shape).replace("(", r"\(").replace(")", r"\)")
+        match = (
+            rf"exported for {s} x {s} images \(\[B, 3, {s}, {s}\]: 3 channels, any batch\); got an input of shape {got}"
+        )
+        with pytest.raises(ValueError, match=match):
+            module(torch.randn(shape))
+
+
 def test_onnx_export_matches_onnxruntime(tmp_path, exported):
     family, model, program, _ = exported
     path = tmp_path / f"{family}.onnx"
@@ -168,6 +181,10 @@ def test_bad_arguments_are_clear_errors():
     program = export_program(model, images("deit", 1))
     with pytest.raises(ValueError, match="ExportedProgram has its example and dynamic shapes already"):
         export_onnx(program, images("deit", 1))
+    with pytest.raises(
+        ValueError, match=r"\[1, 3, 32, 32\].*batch 1\); got .* \(2, 3, 32, 32\): export with dynamic_batch"
+    ):
+        program.module()(images("deit", 2))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

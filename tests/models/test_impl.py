@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL_OVERRIDES
+from model_helpers import SMALL_OVERRIDES
 
 import inline_attn.ops as ops
 from inline_attn import create_model

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import SMALL_OVERRIDES
+from model_helpers import SMALL_OVERRIDES
 from model_helpers import meta_model
 
 import inline_attn

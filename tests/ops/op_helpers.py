@@ -53,9 +53,16 @@ NO_LAUNCH = {
 }
 
 
+def writes_an_argument(func) -> bool:
+    """Whether the aten op writes into one of its arguments: in place (``add_``, ``copy_``) or an
+    ``out=`` variant. It returns that argument, and it launches a kernel."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
 class LaunchCount(TorchDispatchMode):
     """Counts the aten ops that launch a kernel (views and allocations do not), by name. An op that
-    returns its input unchanged (a ``to`` to the same dtype) launches nothing."""
+    writes into an argument (``add_``, ``out=``) launches one; an op that returns its input
+    unchanged without writing it (a ``to`` to the same dtype) launches nothing."""
 
     def __init__(self):
         super().__init__()
@@ -63,8 +70,9 @@ class LaunchCount(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ not in NO_LAUNCH and not any(out is a for a in args):
-            self.counts[func.overloadpacket.__name__] += 1
+        name = func.overloadpacket.__name__
+        if name not in NO_LAUNCH and (writes_an_argument(func) or not any(out is a for a in args)):
+            self.counts[name] += 1
         return out
 
 

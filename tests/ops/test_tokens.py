@@ -222,3 +222,30 @@ def test_fused_kernel_reads_batch_strided_views(kernel_calls):
         ref = inline_tokens(q, k, v, impl="naive", **kw)
     assert kernel_calls
     torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["naive", "eager", "cpu", "auto"])
+def test_layer_core_checks_and_chooses_once_per_call(impl, monkeypatch):
+    # the layer's host path: one dispatch decision and no token re-check on any path (fallback included)
+    counts = {"choose": 0, "check_tokens": 0}
+
+    def counting(name, real):
+        def spy(*args, **kwargs):
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(tokens_mod.dispatch, "choose", counting("choose", tokens_mod.dispatch.choose))
+    monkeypatch.setattr(tokens_mod, "check_tokens", counting("check_tokens", tokens_mod.check_tokens))
+    layer = InLineAttention(24, 3, num_prefix_tokens=1).double()
+    x = torch.randn(2, 1 + 3 * 5, 24, dtype=torch.float64)
+    q, k, v = layer.qkv(x).chunk(3, dim=-1)
+    args = (layer.residual.predictor_params(), 3, (3, 5), 1, None, 8**-0.5, impl)
+    out = tokens_mod.layer_core_tokens(x, q, k, v, *args)
+    assert counts == {"choose": 1, "check_tokens": 0}
+    counts.update(choose=0)
+    weights = layer.residual.predict(x.mean(dim=1))
+    ref = inline_tokens(q, k, v, num_heads=3, feat_size=(3, 5), residual_weights=weights, num_prefix_tokens=1)
+    assert counts == {"choose": 1, "check_tokens": 1}
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)

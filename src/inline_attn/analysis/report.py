@@ -13,7 +13,7 @@ import pathlib
 from typing import Optional, Sequence
 
 from .._io import atomic_write_text
-from ..runtime.report import markdown_table, write_csv
+from ..runtime.report import markdown_table, write_csv, write_json
 from .common import ImageBatches, ImageSet, LoadedModel, PathLike
 from .confusion import DEFAULT_RTOL
 
@@ -46,7 +46,7 @@ def _write_meta(path: pathlib.Path, analysis: str, data, layers, models: Sequenc
         "models": [{"label": m.label, "name": m.name, "checkpoint": m.checkpoint, "kwargs": m.kwargs} for m in models],
         **results,
     }
-    atomic_write_text(path, json.dumps(meta, indent=1))
+    write_json(meta, path)
 
 
 def _kinds_of(models: Sequence[LoadedModel]) -> dict:
@@ -62,7 +62,7 @@ def write_injectivity(out: PathLike, *, seed: int = 0, rtol: float = DEFAULT_RTO
 
     out = _folder(out)
     res = injectivity(seed=seed, rtol=rtol)
-    atomic_write_text((out / "injectivity.json"), json.dumps(to_json(res), indent=1))
+    write_json(to_json(res), out / "injectivity.json")
     plot_injectivity(res, out / "injectivity.png")
     rows = [
         {

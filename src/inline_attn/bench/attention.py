@@ -43,7 +43,7 @@ from .sweep import (
     resolve_dtype,
     run_context,
 )
-from .timing import _failure, measure_matmul_rate, time_interleaved
+from .timing import failure_status, measure_matmul_rate, time_interleaved
 
 __all__ = [
     "DEFAULT_LAYER_KINDS",
@@ -167,7 +167,7 @@ class _LayerSweep:
                     batch, n, self.dim, device=self.device, dtype=self.dtype, requires_grad="fwd+bwd" in self.modes
                 )
             except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
-                failures.update({(kind, mode): _failure(err) for mode in self.modes})
+                failures.update({(kind, mode): failure_status(err) for mode in self.modes})
                 continue
             module.eval()  # no dropout in these layers: eval and train compute the same
             if base in ANALYTIC_KINDS:

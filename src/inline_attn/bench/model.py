@@ -35,7 +35,7 @@ from .sweep import (
     resolve_dtype,
     run_context,
 )
-from .timing import _failure, measure_matmul_rate
+from .timing import failure_status, measure_matmul_rate
 
 __all__ = [
     "BREAKDOWN_COLUMNS",
@@ -296,7 +296,7 @@ class _ModelSweep:
                 model, steps[key], gmacs[key] = self.build(case)
                 models.append(model)
             except Exception as err:  # noqa: BLE001 - an impossible case is reported, not fatal
-                failures[key] = _failure(err)
+                failures[key] = failure_status(err)
         return models, steps, failures, gmacs
 
     def row(self, x, case: ModelCase, m: Measured, gmacs: float, rate: float) -> dict:

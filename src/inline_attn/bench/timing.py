@@ -88,7 +88,9 @@ class CaseTiming:
         return min(self.times) if self.ok and self.times else math.nan
 
 
-def _failure(err: BaseException) -> str:
+def failure_status(err: BaseException) -> str:
+    """A benchmark row's status for a call that raised ``err``: the out-of-memory status, or
+    ``"error: Type: first line"`` (at most 300 characters)."""
     if is_oom(err):
         return OOM_STATUS
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -156,7 +158,7 @@ def time_interleaved(
                 per_call = _cuda_timer(fn, 1, dev)
                 inner[label] = max(1, min(1000, math.ceil(min_sample_s / max(per_call, 1e-7))))
         except Exception as err:  # noqa: BLE001 - every failure is recorded, the sweep goes on
-            out[label].status = _failure(err)
+            out[label].status = failure_status(err)
             _release(device)
     for rnd in range(repeats):
         live = [k for k in cases if out[k].ok]
@@ -173,7 +175,7 @@ def time_interleaved(
                 synchronize(device)
                 out[label].times.append(time.perf_counter() - t0)
             except Exception as err:  # noqa: BLE001
-                out[label].status = _failure(err)
+                out[label].status = failure_status(err)
                 out[label].times.clear()
                 _release(device)
         if budget_s is not None and rnd + 1 >= min_repeats:
@@ -258,7 +260,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str | None = None)
         return float(tracker.peak), "ok"
     except Exception as err:  # noqa: BLE001
         _release(dev)
-        return math.nan, _failure(err)
+        return math.nan, failure_status(err)
 
 
 def measure_matmul_rate(

@@ -1,4 +1,5 @@
-"""Fast paths: linear-time InLine and linear attention, SDPA softmax, grouped-conv local residual.
+"""The eager implementation (``impl="eager"``): linear-time InLine and linear attention, SDPA softmax,
+grouped-conv local residual, in PyTorch ops under autograd.
 
 Each function here has a naive twin in :mod:`inline_attn.ops.naive` and is tested against it
 (outputs and gradients, float64, awkward shapes).
@@ -19,7 +20,8 @@ from ._checks import check_attention_modes, check_qkv, check_residual, check_sca
 from .feature_maps import FeatureMap, get_feature_map
 
 
-def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype on ``t``'s device (fp16 / bf16), or None when autocast is off there."""
     dev = t.device.type
     # meta tensors (shape inference) have no autocast state to ask for
     if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
@@ -28,9 +30,9 @@ def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
 
 
 @contextlib.contextmanager
-def _float32_region(t: torch.Tensor):
+def float32_region(t: torch.Tensor):
     """Disable autocast on ``t``'s device; yields the dtype the caller should return."""
-    low = _autocast_dtype(t)
+    low = autocast_dtype(t)
     if low is None:
         yield t.dtype
         return
@@ -38,8 +40,9 @@ def _float32_region(t: torch.Tensor):
         yield low
 
 
-def _as_compute(t: torch.Tensor) -> torch.Tensor:
-    # float64 stays float64 (the reference tests); everything else is summed in float32.
+def as_compute(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the dtype the eager ops sum in: float64 stays float64 (the reference tests), float32
+    stays, fp16 / bf16 become float32."""
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
@@ -70,8 +73,8 @@ def eager_inline_attention(
     n = k.shape[2]
     scale = check_scale(scale)
     s = q.shape[-1] ** -0.5 if scale is None else scale
-    with _float32_region(q) as out_dtype:
-        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
+    with float32_region(q) as out_dtype:
+        qf, kf, vf = mapped(phi, as_compute(q), "q"), mapped(phi, as_compute(k), "k"), as_compute(v)
         k_bar = kf.mean(dim=2, keepdim=True)  # [B, H, 1, D]
         v_bar = vf.mean(dim=2, keepdim=True)  # [B, H, 1, Dv]
         # both factors centred: sum_j (k_j - k_bar) v_j^T equals sum_j (k_j - k_bar)(v_j - v_bar)^T,
@@ -100,12 +103,21 @@ def eager_linear_attention(
     """
     check_qkv(q, k, v)
     phi = get_feature_map(feature_map)
-    with _float32_region(q) as out_dtype:
-        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
-        kv = kf.transpose(-2, -1) @ vf  # [B, H, D, Dv]
-        z = kf.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
-        out = (qf @ kv) / (qf @ z + eps)
+    with float32_region(q) as out_dtype:
+        qf, kf, vf = mapped(phi, as_compute(q), "q"), mapped(phi, as_compute(k), "k"), as_compute(v)
+        out = linear_of_features(qf, kf, vf, eps)
     return out.to(out_dtype)
+
+
+def linear_of_features(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """Paper Eq. 3 on mapped features: ``q_i S / (q_i . z + eps)`` with ``S = sum_j k_j v_j^T`` and
+    ``z = sum_j k_j``; q = phi(Q) [B, H, Nq, D], k = phi(K) [B, H, N, D], v [B, H, N, Dv] -> [B, H, Nq, Dv].
+
+    Padded keys leave both sums when their rows of k are zero (the masked SDPA-shaped op).
+    """
+    kv = k.transpose(-2, -1) @ v  # [B, H, D, Dv]
+    z = k.sum(dim=2, keepdim=True).transpose(-2, -1)  # [B, H, D, 1]
+    return (q @ kv) / (q @ z + eps)
 
 
 def softmax_attention(
@@ -155,7 +167,7 @@ def _sdpa(q, k, v, scale, bias, mask):
         if mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         attn_mask = mask if attn_mask is None else attn_mask + mask
-    if attn_mask is not None and attn_mask.dtype != q.dtype and _autocast_dtype(q) is None:
+    if attn_mask is not None and attn_mask.dtype != q.dtype and autocast_dtype(q) is None:
         attn_mask = attn_mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_qkv
-from .eager import _as_compute, _float32_region
+from .eager import as_compute, float32_region
 
 
 def l2_normalise(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -172,8 +172,8 @@ def agent_attention(
     ``softmax(s Q A^T + B2) (softmax(s A K^T + B1) V)``.
     """
     check_qkv(q, k, v)
-    with _float32_region(q) as out_dtype:  # the aggregation sums N values: float32 under autocast
-        q, k, v, agents = (_as_compute(t) for t in (q, k, v, agents))
+    with float32_region(q) as out_dtype:  # the aggregation sums N values: float32 under autocast
+        q, k, v, agents = (as_compute(t) for t in (q, k, v, agents))
         aggregate = torch.softmax((agents * scale) @ k.transpose(-2, -1) + key_bias.to(k.dtype), dim=-1)
         agent_v = aggregate @ v  # [B, h, n, dv]
         out = torch.softmax((q * scale) @ agents.transpose(-2, -1) + query_bias.to(q.dtype), dim=-1) @ agent_v
@@ -207,8 +207,8 @@ def dot_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def dot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``Q (K^T V)`` in O(N d dv): [B, h, N, d], [B, h, N, d], [B, h, N, dv] -> [B, h, N, dv]."""
     check_qkv(q, k, v)
-    with _float32_region(q) as out_dtype:  # K^T V sums N products: float32 under autocast
-        out = _as_compute(q) @ (_as_compute(k).transpose(-2, -1) @ _as_compute(v))
+    with float32_region(q) as out_dtype:  # K^T V sums N products: float32 under autocast
+        out = as_compute(q) @ (as_compute(k).transpose(-2, -1) @ as_compute(v))
     return out.to(out_dtype)
 
 
@@ -223,10 +223,10 @@ def mean_normalised_queries(
     and ``dot_attention(result, k, v)`` the output. q_den, k_den: [B, h, N, d'].
     """
     n = k_den.shape[2]
-    with _float32_region(q_num) as out_dtype:  # the key mean sums N features: float32 under autocast
-        k_mean = _as_compute(k_den).mean(dim=2, keepdim=True)
-        z = 1.0 / (_as_compute(q_den) @ k_mean.transpose(-2, -1) + eps)  # [B, h, N, 1]
-        out = _as_compute(q_num) * (z / n)
+    with float32_region(q_num) as out_dtype:  # the key mean sums N features: float32 under autocast
+        k_mean = as_compute(k_den).mean(dim=2, keepdim=True)
+        z = 1.0 / (as_compute(q_den) @ k_mean.transpose(-2, -1) + eps)  # [B, h, N, 1]
+        out = as_compute(q_num) * (z / n)
     return out.to(out_dtype)
 
 

@@ -21,7 +21,14 @@ import torch
 from . import dispatch
 from ._checks import check_attention_modes, check_qkv, check_scale, mapped
 from .causal import InLineState, causal_inline, causal_linear, keep_weights, masked_inline
-from .eager import _as_compute, _autocast_dtype, _float32_region, eager_inline_attention, eager_linear_attention
+from .eager import (
+    as_compute,
+    autocast_dtype,
+    float32_region,
+    eager_inline_attention,
+    eager_linear_attention,
+    linear_of_features,
+)
 from .feature_maps import FeatureMap, get_feature_map
 from .fused.op import inline_core
 from .naive import naive_attention
@@ -68,8 +75,8 @@ def inline_attention(
     if key_padding_mask is None and not is_causal:
         return eager_inline_attention(q, k, v, feature_map=feature_map, scale=s)
     phi = get_feature_map(feature_map)
-    with _float32_region(q) as out_dtype:
-        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
+    with float32_region(q) as out_dtype:
+        qf, kf, vf = mapped(phi, as_compute(q), "q"), mapped(phi, as_compute(k), "k"), as_compute(v)
         keep = keep_weights(key_padding_mask, qf.dtype)
         out = causal_inline(qf, kf, vf, keep, s) if is_causal else masked_inline(qf, kf, vf, keep, s)
     return out.to(out_dtype)
@@ -78,7 +85,7 @@ def inline_attention(
 def _fused_inline(q, k, v, scale: float, backend: str) -> torch.Tensor:
     """The fused layer core without a residual on [B, H, N, D] heads: token-major views in, a
     [B, H, N, D] view of its output out (a one-row grid: the grid only places the residual)."""
-    low = _autocast_dtype(q)
+    low = autocast_dtype(q)
     if low is not None:  # the eager path's contract: the autocast dtype out
         q, k, v = (t.to(low) for t in (q, k, v))
     b, h, n, d = q.shape
@@ -116,14 +123,13 @@ def linear_attention(
     if key_padding_mask is None and not is_causal:
         return eager_linear_attention(q, k, v, feature_map=feature_map, eps=eps)
     phi = get_feature_map(feature_map)
-    with _float32_region(q) as out_dtype:
-        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
+    with float32_region(q) as out_dtype:
+        qf, kf, vf = mapped(phi, as_compute(q), "q"), mapped(phi, as_compute(k), "k"), as_compute(v)
         keep = keep_weights(key_padding_mask, qf.dtype)
         if is_causal:
             out = causal_linear(qf, kf, vf, keep, eps)
         else:
-            kf = kf * keep
-            out = (qf @ (kf.transpose(-2, -1) @ vf)) / (qf @ kf.sum(dim=2, keepdim=True).transpose(-2, -1) + eps)
+            out = linear_of_features(qf, kf * keep, vf, eps)
     return out.to(out_dtype)
 
 
@@ -155,8 +161,8 @@ def inline_attention_step(
     phi = get_feature_map(feature_map)
     s = check_scale(scale)
     s = q.shape[-1] ** -0.5 if s is None else s
-    with _float32_region(q) as out_dtype:
-        qf, kf, vf = mapped(phi, _as_compute(q), "q"), mapped(phi, _as_compute(k), "k"), _as_compute(v)
+    with float32_region(q) as out_dtype:
+        qf, kf, vf = mapped(phi, as_compute(q), "q"), mapped(phi, as_compute(k), "k"), as_compute(v)
         if state is None:
             b, h, _, d = kf.shape
             state = InLineState.empty(b, h, d, vf.shape[-1], dtype=kf.dtype, device=kf.device)
@@ -178,6 +184,6 @@ def inline_state(
     check_qkv(k, k, v)
     check_attention_modes(k, k, key_padding_mask, False)
     phi = get_feature_map(feature_map)
-    with _float32_region(k):
-        kf, vf = mapped(phi, _as_compute(k), "k"), _as_compute(v)
+    with float32_region(k):
+        kf, vf = mapped(phi, as_compute(k), "k"), as_compute(v)
         return InLineState.of_keys(kf, vf, keep_weights(key_padding_mask, kf.dtype))

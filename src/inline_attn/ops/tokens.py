@@ -113,21 +113,43 @@ def inline_tokens(
     scale = check_scale(scale)
     s = d**-0.5 if scale is None else scale
     chosen, _ = dispatch.choose(q, feature_map, impl, num_heads)
+    return _run_chosen(q, k, v, residual_weights, num_heads, (h, w), num_prefix_tokens, feature_map, s, chosen)
 
+
+def _run_chosen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    residual_weights: torch.Tensor | None,
+    num_heads: int,
+    grid: tuple[int, int],
+    num_prefix_tokens: int,
+    feature_map: FeatureMap,
+    scale: float,
+    chosen: str,
+) -> torch.Tensor:
+    """:func:`inline_tokens` on checked arguments, run by the implementation ``chosen`` -> [B, N, C].
+
+    ``grid``: (H, W) ints with ``N = num_prefix_tokens + H*W``; ``scale``: a float; ``chosen``: the
+    answer of :func:`.dispatch.choose`. Its two callers check and choose once each.
+    """
+    h, w = grid
     if chosen in dispatch.FUSED_IMPLS:
         w9 = residual_taps(residual_weights, q.dtype) if residual_weights is not None else None
-        return inline_core(q, k, v, w9, num_heads, s, h, w, num_prefix_tokens, chosen)
+        return inline_core(q, k, v, w9, num_heads, scale, h, w, num_prefix_tokens, chosen)
+    b, n, c = q.shape
+    d = c // num_heads
     qh, kh, vh = (t.reshape(b, n, num_heads, d).transpose(1, 2) for t in (q, k, v))  # [B, h, N, d]
     if chosen == "naive":
-        out = naive_attention(qh, kh, vh, kind="inline", feature_map=feature_map, scale=s)
+        out = naive_attention(qh, kh, vh, kind="inline", feature_map=feature_map, scale=scale)
     else:
         out = eager_inline_attention(
-            qh, kh, vh, feature_map="identity" if feature_map is None else feature_map, scale=s
+            qh, kh, vh, feature_map="identity" if feature_map is None else feature_map, scale=scale
         )
     out = out.transpose(1, 2).reshape(b, n, c)
     if residual_weights is None:
         return out
-    res = grid_residual(v, residual_weights, (h, w), num_prefix_tokens, impl=chosen)
+    res = grid_residual(v, residual_weights, grid, num_prefix_tokens, impl=chosen)
     return add_to_grid_tokens(out, res.to(out.dtype), num_prefix_tokens)
 
 
@@ -204,17 +226,6 @@ def layer_core_tokens(
     if chosen not in dispatch.FUSED_IMPLS or runs_as_custom_op():
         w1, b1, w2, b2 = predictor
         weights = predict_residual(x.mean(dim=1), w1, b1, w2, b2, groups=num_heads)
-        return inline_tokens(
-            q,
-            k,
-            v,
-            num_heads=num_heads,
-            feat_size=grid,
-            residual_weights=weights,
-            num_prefix_tokens=num_prefix_tokens,
-            feature_map=feature_map,
-            scale=scale,
-            impl=chosen,
-        )
+        return _run_chosen(q, k, v, weights, num_heads, grid, num_prefix_tokens, feature_map, scale, chosen)
     h, w = grid
     return inline_layer_core(x, q, k, v, *predictor, num_heads, scale, h, w, num_prefix_tokens, chosen)
