@@ -82,9 +82,12 @@ def _core_launches(shape: core.CoreShape, compiler: Compiler) -> list:
 
 
 def encode(value):
-    """A launch argument as JSON: a tensor as ``{"tensor": dtype}``, a tuple as ``{"tuple": [...]}``."""
+    """A launch argument as JSON: a tensor (or, as :class:`~inline_attn.ops.fused.triton.Launch`
+    keeps it, its dtype) as ``{"tensor": dtype}``, a tuple as ``{"tuple": [...]}``."""
     if isinstance(value, torch.Tensor):
-        return {"tensor": str(value.dtype).replace("torch.", "")}
+        value = value.dtype
+    if isinstance(value, torch.dtype):
+        return {"tensor": str(value).replace("torch.", "")}
     if isinstance(value, tuple):
         return {"tuple": [encode(v) for v in value]}
     return value

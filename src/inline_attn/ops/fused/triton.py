@@ -165,7 +165,8 @@ _launch_logs: list[list] = []
 class Launch:
     """One kernel launch as :func:`record_launches` logs it: the kernel's name, its grid, its
     compile-time arguments (tiles, warps, pipeline stages), the dtypes of its tensor arguments and
-    the arguments themselves (what a prebuilt compile cache specialises on; not compared)."""
+    the arguments with each tensor replaced by its dtype (what a prebuilt compile cache specialises
+    on; not compared). No tensor is kept: a log must not hold a step's buffers alive."""
 
     kernel: str
     grid: tuple
@@ -182,8 +183,10 @@ def _launch(kernel, grid: tuple, *args, **meta) -> None:
     """Launch ``kernel`` over ``grid`` (nothing runs for a simulated device; on a GPU through
     :mod:`.launch_cache`; while a graph is traced, as its flat twin through ``wrap_triton``);
     every open :func:`record_launches` log gets the launch."""
-    for log in _launch_logs:
-        log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args), args))
+    if _launch_logs:
+        spec = tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in args)
+        for log in _launch_logs:
+            log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args), spec))
     if _state["simulated"] is not None:
         return
     if type(args[0]) not in _DATA_TENSORS:  # fake / functional tensors: a graph is being traced
