@@ -170,7 +170,7 @@ def test_evaluate_checkpoint_is_the_commands_evaluation(task, metric, demo_check
 
     evaluate_checkpoint = importlib.import_module(f"inline_attn.dense.{task}_task").evaluate_checkpoint
     res = evaluate_checkpoint(demo_checkpoints[task], json_path=tmp_path / "r.json")
-    assert (tmp_path / "r.json").read_text() == json.dumps(res, indent=1)  # NaN IoU of absent classes: compare text
+    assert (tmp_path / "r.json").read_text() == json.dumps(res, indent=2)  # write_json; NaN IoU: compare text
     assert res["checkpoint"] == str(demo_checkpoints[task]) and res["images"] > 0 and metric in res
     assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task])]) == 0
     assert f"({res['images']} images" in capsys.readouterr().out

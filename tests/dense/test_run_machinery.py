@@ -80,9 +80,19 @@ def test_sgd_is_nesterov_everywhere_and_a_dense_run_takes_it(tmp_path, ade):
     opt = build_optimizer(torch.nn.Linear(2, 2), "sgd", 0.1, 0.0)
     assert opt.defaults["momentum"] == 0.9 and opt.defaults["nesterov"]
     s = train(SegTask(), _seg(tmp_path / "sgd", ade, **{"optim.opt": "sgd"}))
-    assert s["iterations"] == 2 and s["stopped"] is None
+    assert s["steps"] == 2 and s["stopped"] is None
     saved = torch.load(tmp_path / "sgd" / LAST, weights_only=False)["optimizer"]["param_groups"][0]
     assert saved["nesterov"] and saved["momentum"] == 0.9
+
+
+def test_a_dense_run_takes_the_shared_run_settings(tmp_path, ade, capsys):
+    """``train.cuda_graphs`` / ``train.channels_last`` are every run's (``RunCfg``): a dense run
+    asked for graphs says in one line why it runs ungraphed (its losses are computed inside the
+    model), and trains channels-last."""
+    s = train(SegTask(), _seg(tmp_path / "g", ade, **{"train.cuda_graphs": True, "train.channels_last": True}))
+    err = capsys.readouterr().err
+    assert "train.cuda_graphs=true: running ungraphed: segmentation computes its losses inside the model" in err
+    assert s["steps"] == 2 and s["cuda_graphs"]["graphed"] is False and s["cuda_graphs"]["setting"] is True
 
 
 @dataclasses.dataclass
@@ -130,7 +140,7 @@ def test_resume_falls_back_without_destroying_the_fallback(tmp_path, ade):
     (out / PREVIOUS).write_bytes((out / LAST).read_bytes())
     (out / LAST).write_bytes(b"truncated")
     s = train(SegTask(), _seg(out, ade, **{"train.resume": "auto", "train.max_steps": 0}))
-    assert s["iterations"] == 2  # resumed at the end: the fallback's step
+    assert s["steps"] == 2  # resumed at the end: the fallback's step
     assert (out / (LAST + ".unreadable")).read_bytes() == b"truncated"
     assert torch.load(out / PREVIOUS, weights_only=False)["step"] == good["step"]  # the fallback survived
 
@@ -169,7 +179,7 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, ade):
     with OutputLock(tmp_path / "run"):
         with pytest.raises(ValueError, match="is in use by another run"):
             train(SegTask(), _seg(tmp_path / "run", ade))
-    assert train(SegTask(), _seg(tmp_path / "run", ade))["iterations"] == 2  # free again once released
+    assert train(SegTask(), _seg(tmp_path / "run", ade))["steps"] == 2  # free again once released
 
 
 def test_a_new_run_into_a_finished_one_is_refused_and_overwrite_moves_it_aside(tmp_path, ade):
@@ -179,7 +189,7 @@ def test_a_new_run_into_a_finished_one_is_refused_and_overwrite_moves_it_aside(t
     with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
         train(SegTask(), _seg(out, ade))
     assert {n: (out / n).read_bytes() for n in before} == before
-    assert train(SegTask(), _seg(out, ade, **{"train.overwrite": True}))["iterations"] == 2
+    assert train(SegTask(), _seg(out, ade, **{"train.overwrite": True}))["steps"] == 2
     (aside,) = out.glob("replaced-*")
     assert {n: (aside / n).read_bytes() for n in before} == before
 
@@ -196,7 +206,7 @@ def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatc
 
     monkeypatch.setattr(seg_task.SegTask, "losses", losses_then_signal)
     s = train(SegTask(), _seg(tmp_path / "run", ade, **{"sched.iters": 4, "train.checkpoint_interval": 100}))
-    assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["iterations"] == 1
+    assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 1
     assert torch.load(tmp_path / "run" / LAST, weights_only=False)["step"] == 1
     assert exit_code(s["signal"]) == 128 + signal.SIGTERM
 

@@ -69,22 +69,22 @@ def test_poly_schedule_by_hand():
 
 def test_resume_equals_uninterrupted(tmp_path, ade):
     straight = train(SegTask(), SegConfig.load(overrides=tiny_overrides(tmp_path / "a", **{"data.path": ade})))
-    assert straight["iterations"] == 4 and straight["stopped"] is None
+    assert straight["steps"] == 4 and straight["stopped"] is None
     cut = train(
         SegTask(), SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.max_steps": 2}))
     )
-    assert cut["stopped"] == "max_steps" and cut["iterations"] == 2
+    assert cut["stopped"] == "max_steps" and cut["steps"] == 2
     resumed = train(
         SegTask(),
         SegConfig.load(overrides=tiny_overrides(tmp_path / "b", **{"data.path": ade, "train.resume": "auto"})),
     )
-    assert resumed["iterations"] == 4
+    assert resumed["steps"] == 4
     a = torch.load(tmp_path / "a" / "last.pth", weights_only=False)["model"]
     b = torch.load(tmp_path / "b" / "last.pth", weights_only=False)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["mIoU"] == pytest.approx(straight["mIoU"])
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
-    assert summary["iterations"] == 4 and (tmp_path / "b" / "metrics.csv").read_text().count("\n") == 5
+    assert summary["steps"] == 4 and (tmp_path / "b" / "metrics.csv").read_text().count("\n") == 5
 
 
 def _free_port() -> int:

@@ -36,6 +36,7 @@ from inline_attn.runtime.optim import (
     prepare_for_capture,
     set_lr,
 )
+from inline_attn.runtime import run as run_mod
 from inline_attn.train import task as task_mod
 from inline_attn.train.config import Config
 from inline_attn.train.task import train
@@ -474,8 +475,8 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
 
 
 def _run_forced(tmp_path, monkeypatch, make_graphs):
-    monkeypatch.setattr(task_mod, "why_not_graphed", lambda *a, **k: None)
-    monkeypatch.setattr(task_mod, "StepGraphs", make_graphs)
+    monkeypatch.setattr(run_mod, "why_not_graphed", lambda *a, **k: None)
+    monkeypatch.setattr(run_mod, "StepGraphs", make_graphs)
     return _run(tmp_path, "forced", **{"train.cuda_graphs": True})
 
 
