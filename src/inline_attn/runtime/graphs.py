@@ -483,7 +483,7 @@ def graphs_line(
     (off, or ``auto`` off the GPU, so a CPU run prints what it printed before graphs existed)."""
     shown = str(setting).lower() if isinstance(setting, bool) else str(setting)
     if graphed:
-        how = "torch.compile mode reduce-overhead" if compile else "training and evaluation steps captured"
+        how = "torch.compile mode reduce-overhead" if compile else "steps captured in CUDA graphs"
         return f"train.cuda_graphs={shown}: on ({how})"
     if reason is None or (setting == "auto" and device.type != "cuda"):
         return None
