@@ -13,6 +13,7 @@ import torch
 
 from inline_attn.dense import seg_task
 from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg
+from inline_attn.dense.det_task import DetTask
 from inline_attn.dense.seg_task import SegTask, build_from_config
 from inline_attn.runtime.run import train
 from inline_attn.runtime.checkpoint import LAST, PREVIOUS, load_resume, save_rotating
@@ -21,6 +22,7 @@ from inline_attn.runtime.signals import exit_code
 from inline_attn.runtime.optim import build_optimizer
 
 from seg_helpers import make_ade
+from test_det_train import make_fmnist, tiny as det_tiny
 from test_seg_train import tiny_overrides
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -86,13 +88,19 @@ def test_sgd_is_nesterov_everywhere_and_a_dense_run_takes_it(tmp_path, ade):
 
 
 def test_a_dense_run_takes_the_shared_run_settings(tmp_path, ade, capsys):
-    """``train.cuda_graphs`` / ``train.channels_last`` are every run's (``RunCfg``): a dense run
-    asked for graphs says in one line why it runs ungraphed (its losses are computed inside the
-    model), and trains channels-last."""
+    """``train.cuda_graphs`` / ``train.channels_last`` are every run's (``RunCfg``): a
+    segmentation run asked for graphs on the CPU says in one line why it runs ungraphed (no
+    CUDA), and trains channels-last; a detection run says that its targets have no fixed shape."""
     s = train(SegTask(), _seg(tmp_path / "g", ade, **{"train.cuda_graphs": True, "train.channels_last": True}))
     err = capsys.readouterr().err
-    assert "train.cuda_graphs=true: running ungraphed: segmentation computes its losses inside the model" in err
+    assert "train.cuda_graphs=true: running ungraphed: CUDA graphs need a CUDA device, the step runs on cpu" in err
     assert s["steps"] == 2 and s["cuda_graphs"]["graphed"] is False and s["cuda_graphs"]["setting"] is True
+    fm = make_fmnist(tmp_path / "fm", n_train=20, n_test=10)
+    overrides = det_tiny(tmp_path / "det", fm, **{"sched.iters": 1, "train.cuda_graphs": True})
+    d = train(DetTask(), DetConfig.load(overrides=overrides))
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "cuda_graphs" in ln]
+    assert line.startswith("train.cuda_graphs=true: running ungraphed: detection: FCOS's targets are a different")
+    assert "shapes that depend on the data" in line and d["cuda_graphs"]["why_not"] in line
 
 
 @dataclasses.dataclass

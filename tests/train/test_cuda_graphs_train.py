@@ -138,7 +138,7 @@ def test_trainer_decision_and_its_one_line(monkeypatch):
     assert why_not_graphed(CUDA, **common) is None
     assert (
         graphs_line("auto", True, None, CUDA, False)
-        == "train.cuda_graphs=auto: on (training and evaluation steps captured)"
+        == "train.cuda_graphs=auto: on (steps captured in CUDA graphs)"
     )
     for change, words in (
         (dict(amp="fp16"), "fp16"),
@@ -452,7 +452,7 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
         return made[-1]
 
     forced = _run_forced(tmp_path, monkeypatch, eager_steps)
-    assert "train.cuda_graphs=true: on (training and evaluation steps captured)" in capsys.readouterr().err
+    assert "train.cuda_graphs=true: on (steps captured in CUDA graphs)" in capsys.readouterr().err
     counts = made[0].counts()
     assert counts["train_replays"] == 8 and counts["train_ungraphed"] == 0  # 2 epochs of 4 steps
     # evaluation: 2 epochs x (model, EMA) x (a batch of 64 replayed, the last of 6 ungraphed)

@@ -253,7 +253,7 @@ class SegEvalCfg(DetEvalCfg):
 
 
 @dataclass
-class DenseTrainCfg(RunCfg, defaults={"output": "runs/seg", "cuda_graphs": False, "tensorboard": False}):
+class DenseTrainCfg(RunCfg, defaults={"output": "runs/seg", "tensorboard": False}):
     checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)", resume=True)
     log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations", resume=True)
     predictions_png: bool = setting(True, doc="a PNG of validation predictions beside the ground truth", resume=True)

@@ -149,6 +149,10 @@ class DetTask(DenseTask):
     metric_keys = ("AP", "AP50", "AP75")
     distributed = False
     extras = {"detector": "fcos"}
+    not_graphed = (
+        "FCOS's targets are a different number of boxes in every image, and its losses select the positive "
+        "points (shapes that depend on the data; a CUDA graph replays fixed shapes)"
+    )
 
     def datasets(self, cfg: DetConfig, info: DistInfo, progress: bool):
         return build_det_datasets(cfg, progress=progress)

@@ -160,7 +160,9 @@ def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
 
 
 class SegTask(DenseTask):
-    """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU."""
+    """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU. Its
+    ``criterion`` (the segmentor's :class:`~inline_attn.dense.losses.SegLoss`, set with the model)
+    lets the run capture a step in a CUDA graph: the labels are fixed-size masks."""
 
     kind = "segmentation"
     config = SegConfig
@@ -174,7 +176,11 @@ class SegTask(DenseTask):
         return build_seg_datasets(cfg, progress=progress)
 
     def build_model(self, cfg: SegConfig, num_classes: int) -> nn.Module:
-        return build_from_config(cfg, num_classes)
+        model = build_from_config(cfg, num_classes)
+        # the loss a CUDA-graphed step applies to the model's training logits: the model's own
+        # (the same terms, weights, ignore index and mean as :meth:`losses`)
+        self.criterion = model.criterion
+        return model
 
     def batches(self, train_set, cfg: SegConfig, info: DistInfo, step: int) -> Iterator:
         sampler = StepSampler(

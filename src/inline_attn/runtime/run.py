@@ -206,7 +206,9 @@ class Task:
     throughput_key: str = "img_s"  # the row's images per second
     window_key: Optional[str] = None  # the row's seconds since the last row (None: not in the row)
     best_key: Optional[str] = None  # best.pth (and best_ema.pth) follow the highest value of this metric
-    criterion: Optional[Callable] = None  # loss(model(batch[0]), batch[1]): lets the run capture a CUDA graph
+    # loss(model(x), batch[1]) with x = input_norm(batch[0]), or a dict of the loss_keys' terms: a CUDA-graphed step
+    criterion: Optional[Callable] = None
+    not_graphed: str = "its losses are computed inside the model"  # why a task without a criterion runs ungraphed
     picture_each_row: bool = False  # the picture redrawn at every row's checkpoint, not only at the end
     distributed: bool = True  # whether the task trains on several processes
     sync_bn: bool = False  # BatchNorm synchronised over the processes on GPUs (mmseg's SyncBN)
@@ -402,7 +404,7 @@ class Run:
                     compile=compile,
                 )
                 if self.task.criterion is not None
-                else f"{self.task.kind} computes its losses inside the model"
+                else f"{self.task.kind}: {self.task.not_graphed}"
             )
         graphed = setting is not False and self.why_not is None
         line = graphs_line(setting, graphed, self.why_not, self.device, compile)
@@ -489,12 +491,18 @@ class Run:
         first = self.task.loss_keys[0]
         if self.graphs is not None:
             (batch,) = list(group)
-            loss = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, batch[0], batch[1])
-            check_finite(loss, f"step {self.step + 1}")
-            n = len(batch[0])
-            sums += torch.tensor([loss.item() * n, n], dtype=torch.float64)
+            x = self.norm(batch[0].to(self.device, non_blocking=True))  # as the task's losses take it
+            target = batch[1].to(self.device, non_blocking=True)
+            out = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, x, target)
+            terms = out if isinstance(out, dict) else {first: out}  # a criterion may give its terms
+            check_finite(terms[first], f"step {self.step + 1}")
+            n, present = len(x), [k for k in self.task.loss_keys if k in terms]
+            values = torch.stack([terms[k].double() for k in present]).tolist()  # one host read
+            for k, v in zip(present, values):
+                sums[self.task.loss_keys.index(k)] = v * n
+            sums[-1] = n
             self.sched.step()
-            return sums, [first]
+            return sums, present
         self.optimizer.zero_grad(set_to_none=True)
         present: list = []
         for m, batch in enumerate(group):
