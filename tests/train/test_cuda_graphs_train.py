@@ -136,10 +136,7 @@ def test_trainer_decision_and_its_one_line(monkeypatch):
     assert graphs_line(False, False, None, CUDA, False) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert why_not_graphed(CUDA, **common) is None
-    assert (
-        graphs_line("auto", True, None, CUDA, False)
-        == "train.cuda_graphs=auto: on (steps captured in CUDA graphs)"
-    )
+    assert graphs_line("auto", True, None, CUDA, False) == "train.cuda_graphs=auto: on (steps captured in CUDA graphs)"
     for change, words in (
         (dict(amp="fp16"), "fp16"),
         (dict(amp="auto"), "fp16"),
