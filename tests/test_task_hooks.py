@@ -1,4 +1,4 @@
-"""The task protocol's shape: one :class:`~inline_attn.runtime.run.Task` for every task, whose
+"""The task protocol's shape: one :class:`~inline_attn.runtime.task.Task` for every task, whose
 "what" hooks (those that raise NotImplementedError) every task implements, with ceilings on the
 number of hooks, on the default hooks only one task overrides and on the size of the
 classification task, so the run's "how" does not drift back into a task. ``runtime`` stands on
@@ -14,7 +14,7 @@ import textwrap
 import inline_attn
 from inline_attn.dense.det_task import DetTask
 from inline_attn.dense.seg_task import SegTask
-from inline_attn.runtime.run import Task
+from inline_attn.runtime.task import Task
 from inline_attn.train.task import ClassifyTask
 
 SRC = pathlib.Path(inline_attn.__file__).resolve().parent

@@ -14,9 +14,9 @@ from ..data.transforms import Normalize
 from .._io import read_checkpoint
 from ..models.checkpoint import unwrap_state_dict
 from ..runtime.config import TypedConfig
-from ..runtime.run import Cadence
+from ..runtime.task import Cadence
 from ..runtime.optim import PolySchedule, build_optimizer
-from ..runtime.run import Task
+from ..runtime.task import Task
 
 __all__ = ["DenseTask", "build_dense_model", "load_trained", "load_weights"]
 

@@ -31,7 +31,8 @@ from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo
 from ..models.timm_contract import layer_ids
 from ..runtime.optim import CosineSchedule, build_optimizer
-from ..runtime.run import EpochCadence, MicroBatches, Run, Task
+from ..runtime.run import Run
+from ..runtime.task import EpochCadence, MicroBatches, Task
 from ..runtime.run import train as run_task
 from .config import Config
 from .data import Batches, build_datasets, data_info, loader_crops
