@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check gpu-check-dry-run ablations-lease clean fmnist-data lock
+.PHONY: venv demo demo-seg demo-det test test-docs-slow bench kernel-audit gpu-check gpu-check-cache gpu-check-dry-run ablations-lease update-docs clean fmnist-data lock
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,7 @@ kernel-audit: $(STAMP)
 	TRITON_INTERPRET=0 PYTHONPATH=src $(BIN)/python -m tools.kernel_audit --full --out kernel_audit $(AUDIT_ARGS)
 
 # On a GPU machine (no network there): that machine's python3 with its CUDA PyTorch and triton,
-# the project from src/, no venv. Fits a 15-minute lease: at most 7 minutes of steps, by value (the
+# the project from src/, no venv. Fits a 15-minute lease: at most 8 minutes of steps, by value (the
 # native Triton tests, the goal table, the profile of five models), each in its own time
 # box. GPU_CHECK_OUT gets summary.md, gpu_check.json and a few logs, never a checkpoint (at most 6
 # flat files of at most 16 MB): on a lease, `make gpu-check GPU_CHECK_OUT=$OUT`. On demand:
@@ -73,6 +73,19 @@ gpu-check:
 	@$(GPU_PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || \
 		{ echo "gpu-check: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
 	PYTHONPATH=src $(GPU_PYTHON) -m tools.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# Before a lease, on any machine with the device's Python (LEASE_PYTHON, 3.12): the Triton cache the
+# lease's benchmarks and model steps would compile cold, built for sm_90 with the device's triton
+# (LEASE_TRITON, in a side venv under /tmp) into .triton-cache/sm90; carry .triton-cache to the device,
+# where gpu-check installs it (tools/gpu_check/cache_step.py). Rebuild it after any kernel change.
+LEASE_PYTHON ?= python3.12
+LEASE_TRITON ?= 3.6.0
+LEASE_VENV ?= /tmp/inline-attn-lease-triton
+gpu-check-cache: $(STAMP)
+	test -x $(LEASE_VENV)/bin/python || $(LEASE_PYTHON) -m venv $(LEASE_VENV)
+	$(LEASE_VENV)/bin/python -m pip install -q triton==$(LEASE_TRITON)
+	TRITON_INTERPRET=0 PYTHONPATH=src $(BIN)/python -m tools.gpu_check.triton_cache .triton-cache/manifest.json
+	PYTHONPATH= $(LEASE_VENV)/bin/python -m tools.gpu_check.triton_prebuild .triton-cache/manifest.json .triton-cache/sm90
 
 # Before a lease, on any machine: gpu-check's plan (each step's box, its parts and test files, the total
 # against the lease script's 8 minutes) and the summary of a run that measured nothing; fails on a problem.
@@ -94,6 +107,12 @@ ablations-lease:
 		{ echo "ablations-lease: no CUDA device here (it needs an NVIDIA GPU and $(GPU_PYTHON) with a CUDA build of PyTorch and triton)"; exit 2; }
 	PYTHONPATH=src timeout $$(( $(ABLATIONS_BUDGET_S) + 90 )) $(GPU_PYTHON) -m tools.ablations_lease.lease \
 		--output $(ABLATIONS_OUT) --resume-from docs/results/ablations/lease --budget-s $(ABLATIONS_BUDGET_S) $(ABLATIONS_ARGS)
+
+# A finished command's report (OUTPUT/report.md of reproduce fmnist | ablations, seg | det compare) into its
+# marked section of a docs file; a section reporting more finished runs is kept unless --replace-fewer, e.g.
+# `make update-docs DOCS_ARGS="ablations runs/ablations/quick docs/reproduction.md"`
+update-docs: $(STAMP)
+	PYTHONPATH=src $(BIN)/python -m tools.update_docs $(DOCS_ARGS)
 
 # Refresh constraints.txt on purpose: the newest versions the registries serve, resolved in a scratch
 # venv; then run `make clean test` and commit the new file on its own if the suite passes.

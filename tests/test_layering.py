@@ -214,3 +214,40 @@ def test_the_package_imports_no_tool_and_knows_no_lease():
         {str(p.relative_to(SRC)): "lease" for p in sorted(SRC.rglob("*.py")) if re.search(r"\blease", p.read_text())}
     )
     assert not named, f"modules naming a tool, a lease or a docs/ results path: {named}"
+
+
+def _options(parser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands, all the way down."""
+    import argparse
+
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
+
+
+def test_the_package_writes_into_no_docs_file():
+    # tables go into the repository's docs through tools/update_docs.py, which reads a command's report
+    # from its output folder: no command of the package takes a docs file, no library function takes
+    # one, and no module knows a docs section's markers
+    from inline_attn.cli import build_parser
+
+    options = _options(build_parser())
+    assert "--output" in options  # the walk reached the subcommands
+    assert not {o for o in options if re.fullmatch(r"--(docs?|replace-fewer|docs?-\w+)", o)}
+    params = [
+        f"{p.relative_to(SRC)}:{fn.lineno} {fn.name}({a.arg}=...)"
+        for p in sorted(SRC.rglob("*.py"))
+        for fn in ast.walk(ast.parse(p.read_text()))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for a in fn.args.args + fn.args.kwonlyargs
+        if a.arg in ("doc_path", "doc_file", "replace_fewer")  # `doc` is a setting's docstring in runtime.config
+    ]
+    assert not params, "library functions taking a docs file:\n" + "\n".join(params)
+    markers = [
+        str(p.relative_to(SRC)) for p in sorted(SRC.rglob("*.py")) if re.search(r"<!--[^>]*:begin", p.read_text())
+    ]
+    assert not markers, f"modules writing a docs section (its markers): {markers}"

@@ -70,7 +70,7 @@ ABLATIONS = {"results/inline__seed0.json": b"{}", "invocations.json": b"{}"}
         (["train", "--data.path", "{out}/no-data", "--output", "{out}"], RUN),
         (["seg", "train", "-c", "{configs}/mosaic/demo.yaml", "--output", "{out}"], RUN),
         (["det", "train", "-c", "{configs}/mosaic/det_demo.yaml", "--output", "{out}"], RUN),
-        (["reproduce", "ablations", "--quick", "--doc", "", "--output", "{out}"], ABLATIONS),
+        (["reproduce", "ablations", "--quick", "--output", "{out}"], ABLATIONS),
     ],
     ids=["train", "seg-train", "det-train", "reproduce-ablations"],
 )

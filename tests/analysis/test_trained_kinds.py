@@ -61,7 +61,7 @@ def runs(tmp_path_factory, fmnist) -> pathlib.Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INLINE_ATTN_FMNIST", str(fmnist))
         res = run_ablations(
-            "full", output=str(tmp / "out"), parts="d", seeds=1, doc=None, budget=TOY,
+            "full", output=str(tmp / "out"), parts="d", seeds=1, budget=TOY,
             config_dir=str(tmp / "configs"), progress=False,
         )  # fmt: skip
     assert res["trained"] == len(COMPARED) and res["left"] == 0

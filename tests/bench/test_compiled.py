@@ -48,6 +48,18 @@ def test_each_model_eager_and_compiled_interleaved(monkeypatch):
     assert compiled.table(res)[0] == "| model | eager ms | compiled ms | compiled / eager | recompiles while timed |"
 
 
+def test_the_graphed_case_is_a_third_model_timed_beside_the_others(monkeypatch):
+    # on the CPU nothing can be captured: the eager copy is timed ungraphed and the reason is kept
+    monkeypatch.setattr(compiled, "compile_module", lambda m, mode: torch.compile(m, backend="eager"))
+    res = compiled.compile_ab([ModelCase("A", _tiny, 8)], batch=2, repeats=3, warmup=1, max_warmup=4, graphed=True)
+    (row,) = res["rows"]
+    assert row["ratio_graphed"] == pytest.approx(row["graphed_ms"] / row["compiled_ms"])
+    assert row["graphed_img_s"] == pytest.approx(2e3 / row["graphed_ms"])
+    assert "CUDA" in res["meta"]["why_not_graphed"]
+    plain = compiled.compile_ab([ModelCase("A", _tiny, 8)], batch=2, repeats=3, warmup=1, max_warmup=4)
+    assert "graphed_ms" not in plain["rows"][0] and "why_not_graphed" not in plain["meta"]
+
+
 def test_counts_out_of_range_are_refused():
     with pytest.raises(ValueError, match="warmup=5, max_warmup=2"):
         compiled.compile_ab([ModelCase("A", _tiny, 8)], warmup=5, max_warmup=2)

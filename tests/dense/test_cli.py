@@ -42,13 +42,11 @@ def test_demo_prints_its_result_and_a_checkpoint_eval_accepts(task, metric, tmp_
 
 
 def test_compare_writes_its_table(tmp_path, capsys):
-    doc = tmp_path / "dense.md"
-    doc.write_text("# dense\n")
     args = ["det", "compare", "--seeds", "0", "--patterns", "IIII", "--output", str(tmp_path / "cmp")]
-    assert main([*args, "--doc", str(doc), *tiny_args("det")]) == 0
-    text = doc.read_text()
-    assert text.startswith("# dense") and "inline-attn det compare --seeds 0 --patterns IIII" in text
-    assert "IIII" in text and "box AP" in capsys.readouterr().out + text
+    assert main([*args, *tiny_args("det")]) == 0
+    text = (tmp_path / "cmp" / "report.md").read_text()  # the table, in the output folder
+    assert text.startswith("## Detection") and "inline-attn det compare --seeds 0 --patterns IIII" in text
+    assert "IIII" in text and "box AP" in text and text in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +168,7 @@ def test_evaluate_checkpoint_is_the_commands_evaluation(task, metric, demo_check
 
     evaluate_checkpoint = importlib.import_module(f"inline_attn.dense.{task}_task").evaluate_checkpoint
     res = evaluate_checkpoint(demo_checkpoints[task], json_path=tmp_path / "r.json")
-    assert (tmp_path / "r.json").read_text() == json.dumps(res, indent=1)  # NaN IoU of absent classes: compare text
+    assert (tmp_path / "r.json").read_text() == json.dumps(res, indent=2)  # write_json; NaN IoU: compare text
     assert res["checkpoint"] == str(demo_checkpoints[task]) and res["images"] > 0 and metric in res
     assert main([task, "eval", "--checkpoint", str(demo_checkpoints[task])]) == 0
     assert f"({res['images']} images" in capsys.readouterr().out

@@ -58,7 +58,7 @@ def test_resume_equals_uninterrupted(tmp_path, fm):
     full = train(DetTask(), DetConfig.load(None, tiny(tmp_path / "a", fm)))
     train(DetTask(), DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.max_steps": 2})))
     resumed = train(DetTask(), DetConfig.load(None, tiny(tmp_path / "b", fm, **{"train.resume": "auto"})))
-    assert resumed["iterations"] == full["iterations"] == 4
+    assert resumed["steps"] == full["steps"] == 4
     a = torch.load(tmp_path / "a" / "last.pth", weights_only=False)["model"]
     b = torch.load(tmp_path / "b" / "last.pth", weights_only=False)["model"]
     for k in a:

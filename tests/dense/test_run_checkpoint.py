@@ -85,8 +85,17 @@ def test_a_dense_checkpoint_of_the_earlier_format_resumes_bit_exact(tmp_path):
     del state["model_ema"]
     torch.save(state, path)
     resumed = train(SegTask(), cfg(tmp_path / "cut", **{"train.resume": "auto"}))
-    assert resumed["iterations"] == 4
+    assert resumed["steps"] == 4
     a, b = _read(tmp_path / "full" / "last.pth"), _read(path)
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
     assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+
+
+def test_a_dense_checkpoint_of_other_classes_is_refused_saying_how_to_proceed():
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(train_set=SimpleNamespace(num_classes=11))
+    SegTask().load_extra_state(run, "checkpoint 'x'", {"num_classes": 11})  # fits: nothing to say
+    with pytest.raises(ValueError, match=r"predicts 150 classes, the training data has 11; .*another train.output"):
+        DetTask().load_extra_state(run, "checkpoint 'x'", {"num_classes": 150})

@@ -13,6 +13,7 @@ import torch
 
 from inline_attn.dense import seg_task
 from inline_attn.dense.config import DetConfig, SegConfig, SegModelCfg
+from inline_attn.dense.det_task import DetTask
 from inline_attn.dense.seg_task import SegTask, build_from_config
 from inline_attn.runtime.run import train
 from inline_attn.runtime.checkpoint import LAST, PREVIOUS, load_resume, save_rotating
@@ -21,6 +22,7 @@ from inline_attn.runtime.signals import exit_code
 from inline_attn.runtime.optim import build_optimizer
 
 from seg_helpers import make_ade
+from test_det_train import make_fmnist, tiny as det_tiny
 from test_seg_train import tiny_overrides
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -80,9 +82,25 @@ def test_sgd_is_nesterov_everywhere_and_a_dense_run_takes_it(tmp_path, ade):
     opt = build_optimizer(torch.nn.Linear(2, 2), "sgd", 0.1, 0.0)
     assert opt.defaults["momentum"] == 0.9 and opt.defaults["nesterov"]
     s = train(SegTask(), _seg(tmp_path / "sgd", ade, **{"optim.opt": "sgd"}))
-    assert s["iterations"] == 2 and s["stopped"] is None
+    assert s["steps"] == 2 and s["stopped"] is None
     saved = torch.load(tmp_path / "sgd" / LAST, weights_only=False)["optimizer"]["param_groups"][0]
     assert saved["nesterov"] and saved["momentum"] == 0.9
+
+
+def test_a_dense_run_takes_the_shared_run_settings(tmp_path, ade, capsys):
+    """``train.cuda_graphs`` / ``train.channels_last`` are every run's (``RunCfg``): a
+    segmentation run asked for graphs on the CPU says in one line why it runs ungraphed (no
+    CUDA), and trains channels-last; a detection run says that its targets have no fixed shape."""
+    s = train(SegTask(), _seg(tmp_path / "g", ade, **{"train.cuda_graphs": True, "train.channels_last": True}))
+    err = capsys.readouterr().err
+    assert "train.cuda_graphs=true: running ungraphed: CUDA graphs need a CUDA device, the step runs on cpu" in err
+    assert s["steps"] == 2 and s["cuda_graphs"]["graphed"] is False and s["cuda_graphs"]["setting"] is True
+    fm = make_fmnist(tmp_path / "fm", n_train=20, n_test=10)
+    overrides = det_tiny(tmp_path / "det", fm, **{"sched.iters": 1, "train.cuda_graphs": True})
+    d = train(DetTask(), DetConfig.load(overrides=overrides))
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "cuda_graphs" in ln]
+    assert line.startswith("train.cuda_graphs=true: running ungraphed: detection: FCOS's targets are a different")
+    assert "shapes that depend on the data" in line and d["cuda_graphs"]["why_not"] in line
 
 
 @dataclasses.dataclass
@@ -130,7 +148,7 @@ def test_resume_falls_back_without_destroying_the_fallback(tmp_path, ade):
     (out / PREVIOUS).write_bytes((out / LAST).read_bytes())
     (out / LAST).write_bytes(b"truncated")
     s = train(SegTask(), _seg(out, ade, **{"train.resume": "auto", "train.max_steps": 0}))
-    assert s["iterations"] == 2  # resumed at the end: the fallback's step
+    assert s["steps"] == 2  # resumed at the end: the fallback's step
     assert (out / (LAST + ".unreadable")).read_bytes() == b"truncated"
     assert torch.load(out / PREVIOUS, weights_only=False)["step"] == good["step"]  # the fallback survived
 
@@ -169,7 +187,7 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, ade):
     with OutputLock(tmp_path / "run"):
         with pytest.raises(ValueError, match="is in use by another run"):
             train(SegTask(), _seg(tmp_path / "run", ade))
-    assert train(SegTask(), _seg(tmp_path / "run", ade))["iterations"] == 2  # free again once released
+    assert train(SegTask(), _seg(tmp_path / "run", ade))["steps"] == 2  # free again once released
 
 
 def test_a_new_run_into_a_finished_one_is_refused_and_overwrite_moves_it_aside(tmp_path, ade):
@@ -179,7 +197,7 @@ def test_a_new_run_into_a_finished_one_is_refused_and_overwrite_moves_it_aside(t
     with pytest.raises(ValueError, match=f"output folder {out} holds a finished or interrupted run"):
         train(SegTask(), _seg(out, ade))
     assert {n: (out / n).read_bytes() for n in before} == before
-    assert train(SegTask(), _seg(out, ade, **{"train.overwrite": True}))["iterations"] == 2
+    assert train(SegTask(), _seg(out, ade, **{"train.overwrite": True}))["steps"] == 2
     (aside,) = out.glob("replaced-*")
     assert {n: (aside / n).read_bytes() for n in before} == before
 
@@ -196,7 +214,7 @@ def test_sigterm_checkpoints_and_exits_128_plus_signum(tmp_path, ade, monkeypatc
 
     monkeypatch.setattr(seg_task.SegTask, "losses", losses_then_signal)
     s = train(SegTask(), _seg(tmp_path / "run", ade, **{"sched.iters": 4, "train.checkpoint_interval": 100}))
-    assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["iterations"] == 1
+    assert s["stopped"] == "signal" and s["signal"] == signal.SIGTERM and s["steps"] == 1
     assert torch.load(tmp_path / "run" / LAST, weights_only=False)["step"] == 1
     assert exit_code(s["signal"]) == 128 + signal.SIGTERM
 

@@ -9,12 +9,12 @@ from inline_attn.runtime.config import setting_flags
 from inline_attn.train.config import Config
 
 WATCH = {"train.output", "train.resume", "train.overwrite", "train.progress", "train.threads", "train.max_steps"}
+# how every run executes (runtime.config.RunCfg)
+WATCH |= {"train.tensorboard", "train.compile", "train.compile_mode", "train.cuda_graphs", "train.channels_last"}
 DENSE = WATCH | {"data.path", "data.workers", "data.val_subset", "train.log_interval", "train.checkpoint_interval"}
 DENSE |= {"train.predictions_png", "eval.interval", "eval.batch_size"}
 EXPECTED = {
-    Config: WATCH
-    | {"data.path", "data.workers", "train.tensorboard", "train.eval_every", "train.compile", "train.compile_mode"}
-    | {"train.cuda_graphs", "train.channels_last"},
+    Config: WATCH | {"data.path", "data.workers", "train.eval_every"},
     SegConfig: DENSE | {"eval.mode", "eval.crop_size", "eval.stride", "eval.flip"},
     DetConfig: DENSE | {f"data.coco.{k}" for k in ("train_ann", "train_images", "val_ann", "val_images")},
 }

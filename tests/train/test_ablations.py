@@ -21,7 +21,7 @@ def two_runs(tmp_path, monkeypatch):
     """Part g cut to two settings, one seed, two optimizer steps per run
     (128 images, batch 64): a two-run plan on generated Fashion-MNIST files."""
     monkeypatch.setenv("INLINE_ATTN_FMNIST", str(make_fmnist(tmp_path / "fm", n_train=128, n_test=8)))
-    monkeypatch.setattr(ablations, "FMNIST_VARIANTS", ("softmax", "inline"))
+    monkeypatch.setattr(ablations.settings, "FMNIST_VARIANTS", ("softmax", "inline"))
     calls = []
     real = task_mod.train
 
@@ -30,7 +30,7 @@ def two_runs(tmp_path, monkeypatch):
         return real(cfg)
 
     monkeypatch.setattr(task_mod, "train", counting)
-    kw = dict(output=str(tmp_path / "out"), parts="g", seeds=1, doc=str(tmp_path / "doc.md"), budget=TOY)
+    kw = dict(output=str(tmp_path / "out"), parts="g", seeds=1, budget=TOY)
     return kw, calls, tmp_path
 
 
@@ -51,16 +51,16 @@ def test_finished_runs_are_skipped_and_the_rest_resumes(two_runs):
     assert (third["trained"], third["skipped"], third["left"]) == (0, 2, 0)
     assert len(calls) == 2 and len(set(calls)) == 2  # each run trained exactly once
 
-    doc = (tmp / "doc.md").read_text()
-    assert doc.count("<!-- ablations:begin quick -->") == 1  # the section is replaced, not appended again
-    assert "| softmax | " in doc and "(n=1)" in doc and "still to run: 0" in doc
+    report = (tmp / "out" / "report.md").read_text()  # the report, in the output folder
+    assert report == third["report"] and report.startswith("### The quick preset")
+    assert "| softmax | " in report and "(n=1)" in report and "still to run: 0" in report
 
 
 def test_a_stopped_run_leaves_no_result_and_is_trained_next_time(two_runs, monkeypatch):
     kw, calls, tmp = two_runs
     monkeypatch.setattr(task_mod, "train", lambda cfg: {"stopped": "signal", "signal": 15})
     res = run_ablations("quick", progress=False, **kw)
-    assert res["stopped"] and res["trained"] == 0 and res["left"] == 2
+    assert res["stopped"] and res["signal"] == 15 and res["trained"] == 0 and res["left"] == 2
     assert not list((tmp / "out" / "results").glob("*.json"))
 
 
@@ -115,14 +115,8 @@ def test_counted_verdict_lines_keep_the_wording_of_the_committed_tables():
 
 def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_full_budget():
     from inline_attn.layers import ATTENTION_CHOICES
-    from inline_attn.experiments.ablations import (
-        COMPARED,
-        PRESETS,
-        _budget_overrides,
-        part_settings,
-        render,
-        swin_setting,
-    )
+    from inline_attn.experiments.ablations import COMPARED, PRESETS, part_settings, render, swin_setting
+    from inline_attn.experiments.ablations.runs import _budget_overrides
 
     assert set(COMPARED) == set(ATTENTION_CHOICES)
     assert {s.kind for s in part_settings("d")} >= {"agent", "polarity", "mlla"}
@@ -137,13 +131,11 @@ def test_part_d_has_every_attention_kind_and_the_gpu_preset_is_ten_times_the_ful
     assert "| MLLA's linear attention | | | | | not run |" in report
 
 
-def test_report_only_on_a_folder_without_runs_leaves_the_doc_alone(tmp_path):
-    # issue 26: a mistyped --output with --report-only overwrote the docs' table with "Runs finished: 0"
-    doc = tmp_path / "doc.md"
-    doc.write_text("the finished table\n")
+def test_report_only_on_a_folder_without_runs_is_refused(tmp_path):
+    # a mistyped --output with --report-only would report "Runs finished: 0"
     with pytest.raises(ValueError, match=r"no finished runs in .*typo.*results"):
-        run_ablations("quick", output=str(tmp_path / "typo"), doc=str(doc), report_only=True, progress=False)
-    assert doc.read_text() == "the finished table\n"
+        run_ablations("quick", output=str(tmp_path / "typo"), report_only=True, progress=False)
+    assert not (tmp_path / "typo").exists()
 
 
 @pytest.mark.parametrize(
@@ -157,10 +149,10 @@ def test_reproduce_command_takes_the_preset(argv, preset, monkeypatch):
 
     def fake(p, **kw):
         seen.append(p)
-        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False, "signal": None}
 
     monkeypatch.setattr(ablations, "run_ablations", fake)
-    assert main(["reproduce", "ablations", "--doc", "", *argv]) == 0
+    assert main(["reproduce", "ablations", *argv]) == 0
     assert seen == [preset]
 
 
@@ -181,42 +173,45 @@ def test_reproduce_command_passes_resume_and_overwrite(argv, expected, monkeypat
 
     def fake(p, **kw):
         seen.append((kw["resume"], kw["overwrite"]))
-        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False, "signal": None}
 
     monkeypatch.setattr(ablations, "run_ablations", fake)
-    assert main(["reproduce", "ablations", "--doc", "", *argv]) == 0
+    assert main(["reproduce", "ablations", *argv]) == 0
     assert seen == [expected]
 
 
 def test_reproduce_fmnist_refuses_the_ablation_runner_flags(capsys):
     from inline_attn.cli import main
 
-    assert main(["reproduce", "fmnist", "--overwrite", "--doc", ""]) == 2
-    assert "--resume and --overwrite are for reproduce ablations" in capsys.readouterr().err
+    for flag in (["--overwrite"], ["--resume", "auto"], ["--doc", "x.md"]):
+        with pytest.raises(SystemExit) as stop:  # argparse refuses them: each target has its own flags
+            main(["reproduce", "fmnist", *flag])
+        assert stop.value.code == 2 and f"unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
 
 
 def test_report_only_refuses_overwrite(tmp_path):
     with pytest.raises(ValueError, match="--report-only .* cannot go with --overwrite"):
-        run_ablations("quick", output=str(tmp_path), doc=None, report_only=True, overwrite=True, progress=False)
+        run_ablations("quick", output=str(tmp_path), report_only=True, overwrite=True, progress=False)
 
 
 @pytest.mark.parametrize(
     "argv, refused",
     [
-        (["fmnist", "--seeds", "5"], "--seeds: options of `reproduce ablations`"),
-        (["fmnist", "--parts", "g", "--max-runs", "-1"], "--parts, --max-runs: options of `reproduce ablations`"),
-        (["fmnist", "--quick"], "--quick: options of `reproduce ablations`"),
-        (["ablations", "--variants", "softmax"], "--variants: options of `reproduce fmnist`"),
-        (["ablations", "--epochs", "2"], "--epochs: options of `reproduce fmnist`"),
+        (["fmnist", "--seeds", "5"], "--seeds 5"),
+        (["fmnist", "--parts", "g", "--max-runs", "-1"], "--parts g --max-runs -1"),
+        (["fmnist", "--quick"], "--quick"),
+        (["ablations", "--variants", "softmax"], "--variants softmax"),
+        (["ablations", "--epochs", "2"], "--epochs 2"),
     ],
 )
 def test_reproduce_refuses_the_other_targets_options(argv, refused, capsys, monkeypatch):
-    # issue 36: they were accepted and ignored (fmnist --seeds 5 trained one seed)
+    # each target is its own subcommand: argparse refuses the other's flags (never accepted and ignored)
     from inline_attn.cli import main
 
     monkeypatch.setattr(ablations, "run_ablations", lambda *a, **kw: pytest.fail("ran"))
-    assert main(["reproduce", *argv]) == 2
-    assert refused in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["reproduce", *argv])
+    assert stop.value.code == 2 and f"unrecognized arguments: {refused}" in capsys.readouterr().err
 
 
 def test_reproduce_ablations_honours_every_output_folder(monkeypatch):
@@ -227,7 +222,7 @@ def test_reproduce_ablations_honours_every_output_folder(monkeypatch):
 
     def fake(preset, **kw):
         seen.update(kw)
-        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False}
+        return {"report": "", "trained": 0, "skipped": 0, "left": 0, "stopped": False, "signal": None}
 
     monkeypatch.setattr(ablations, "run_ablations", fake)
     assert main(["reproduce", "ablations", "--output", "runs/fmnist"]) == 0

@@ -36,6 +36,7 @@ from inline_attn.runtime.optim import (
     prepare_for_capture,
     set_lr,
 )
+from inline_attn.runtime import run as run_mod
 from inline_attn.train import task as task_mod
 from inline_attn.train.config import Config
 from inline_attn.train.task import train
@@ -135,10 +136,7 @@ def test_trainer_decision_and_its_one_line(monkeypatch):
     assert graphs_line(False, False, None, CUDA, False) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert why_not_graphed(CUDA, **common) is None
-    assert (
-        graphs_line("auto", True, None, CUDA, False)
-        == "train.cuda_graphs=auto: on (training and evaluation steps captured)"
-    )
+    assert graphs_line("auto", True, None, CUDA, False) == "train.cuda_graphs=auto: on (steps captured in CUDA graphs)"
     for change, words in (
         (dict(amp="fp16"), "fp16"),
         (dict(amp="auto"), "fp16"),
@@ -451,7 +449,7 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
         return made[-1]
 
     forced = _run_forced(tmp_path, monkeypatch, eager_steps)
-    assert "train.cuda_graphs=true: on (training and evaluation steps captured)" in capsys.readouterr().err
+    assert "train.cuda_graphs=true: on (steps captured in CUDA graphs)" in capsys.readouterr().err
     counts = made[0].counts()
     assert counts["train_replays"] == 8 and counts["train_ungraphed"] == 0  # 2 epochs of 4 steps
     # evaluation: 2 epochs x (model, EMA) x (a batch of 64 replayed, the last of 6 ungraphed)
@@ -474,8 +472,8 @@ def test_trainer_with_graphs_forced_on_the_cpu_runs_the_graphed_path(tmp_path, m
 
 
 def _run_forced(tmp_path, monkeypatch, make_graphs):
-    monkeypatch.setattr(task_mod, "why_not_graphed", lambda *a, **k: None)
-    monkeypatch.setattr(task_mod, "StepGraphs", make_graphs)
+    monkeypatch.setattr(run_mod, "why_not_graphed", lambda *a, **k: None)
+    monkeypatch.setattr(run_mod, "StepGraphs", make_graphs)
     return _run(tmp_path, "forced", **{"train.cuda_graphs": True})
 
 

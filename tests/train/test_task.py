@@ -127,7 +127,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path):
     _states_equal(a["model_ema"], b["model_ema"])
 
     def strip(history):
-        return [{k: v for k, v in r.items() if k not in ("epoch_time_s", "train_img_s")} for r in history]
+        return [{k: v for k, v in r.items() if k not in ("epoch_time_s", "train_img_s", "elapsed_s")} for r in history]
 
     assert strip(a["history"]) == strip(b["history"])
     assert a["optimizer"]["state"][0]["exp_avg"].equal(b["optimizer"]["state"][0]["exp_avg"])
@@ -221,13 +221,14 @@ def test_bf16_autocast_on_cpu_and_fp16_refused(tmp_path, monkeypatch):
 def test_best_checkpoints_follow_the_best_top1_of_model_and_ema(tmp_path):
     """best.pth / best_ema.pth: the checkpoint of the epoch with the best top-1 so far, a tie going
     to the later epoch (the authors' max_acc.pth, max_ema_acc.pth)."""
-    from inline_attn.train.task import _best, keep_best
+    from inline_attn.runtime.run import keep_best
+    from inline_attn.train.task import _best
 
     history = []
     for epoch, (top1, ema) in enumerate([(50.0, 40.0), (60.0, 35.0), (60.0, 45.0), (55.0, 44.0)]):
         (tmp_path / "last.pth").write_text(f"epoch {epoch}")
         history.append({"epoch": epoch, "val_top1": top1, "val_top1_ema": ema})
-        keep_best(tmp_path, history, tmp_path / "last.pth")
+        keep_best(tmp_path, history, tmp_path / "last.pth", "val_top1")
         if epoch == 1:
             assert (tmp_path / "best_ema.pth").read_text() == "epoch 0"
     assert (tmp_path / "best.pth").read_text() == "epoch 2" and (tmp_path / "best_ema.pth").read_text() == "epoch 2"

@@ -12,7 +12,6 @@ from inline_attn.runtime.config import parse_value
 from inline_attn.train.config import Config
 from inline_attn.train.data import Batches
 from inline_attn.train.evaluate import accuracy_counts, evaluate
-from inline_attn.experiments.reproduce import BEGIN, END, render_table, write_section
 
 from train_helpers import TINY_DEIT, make_fmnist
 
@@ -153,8 +152,6 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
             model={"name": "inline_deit_tiny", "kwargs": {**TINY_DEIT, "pattern": pat}},
             data={"dataset": "fmnist", "path": str(fm)},
         )
-    doc = tmp_path / "repro.md"
-    doc.write_text("# Reproduction\n\nImageNet notes stay.\n")
     rc = main(
         [
             "reproduce",
@@ -163,8 +160,6 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
             str(cdir),
             "--output",
             str(tmp_path / "runs"),
-            "--doc",
-            str(doc),
             "--variants",
             "softmax",
             "inline",
@@ -173,15 +168,11 @@ def test_reproduce_command_writes_table(tmp_path, capsys):
         ]
     )
     assert rc == 0
-    text = doc.read_text()
-    assert "ImageNet notes stay." in text and text.count(BEGIN) == 1
+    text = (tmp_path / "runs" / "report.md").read_text()  # the table, in the output folder
+    assert text.startswith("## Fashion-MNIST: the four attention variants")
     assert "| Softmax attention (pattern S) |" in text and "| InLine (with local residual) |" in text
+    assert text in capsys.readouterr().out
     assert (tmp_path / "runs" / "inline" / "last.pth").is_file()
-    with pytest.raises(ValueError, match=r"reports 2 finished runs and this report 0; the section is kept"):
-        write_section(doc, render_table([], 1.0, None))
-    assert doc.read_text() == text
-    write_section(doc, render_table([], 1.0, None), replace_fewer=True)  # asked: replaces the section, once
-    assert doc.read_text().count(BEGIN) == 1 and doc.read_text().count(END) == 1
 
 
 def test_demo_command_trains_and_reports_paths(tmp_path, capsys):

@@ -16,8 +16,6 @@ from typing import Optional, Sequence
 from tools.files import save_figure
 from inline_attn.runtime.report import markdown_table
 from inline_attn.experiments.ablations import (
-    BEGIN,
-    END,
     FEATURE_MAPS_A,
     NAMES,
     COMPARED,
@@ -27,6 +25,7 @@ from inline_attn.experiments.ablations import (
     table_d,
     swin_setting,
 )
+from tools.update_docs import SECTIONS, replace_section
 from .lease import LEASE, lease_plan, run_id
 
 CPU_PRESETS = ("full", "quick")
@@ -37,7 +36,7 @@ _BUDGET = re.compile(r"^#### Verdicts at this budget \((?P<budget>.+)\)\s*$")
 
 def preset_verdicts(doc_text: str, preset: str) -> tuple[Optional[str], dict[str, str]]:
     """(budget, {claim: verdict}) of ``preset``'s ablation section in ``doc_text`` ((None, {}) without one)."""
-    begin, end = BEGIN.replace(" -->", f" {preset} -->"), END.replace(" -->", f" {preset} -->")
+    begin, end = SECTIONS["ablations"].markers(preset)
     if begin not in doc_text or end not in doc_text:
         return None, {}
     section = doc_text[doc_text.index(begin) : doc_text.index(end)]
@@ -184,7 +183,6 @@ def write_lease_report(folders: Sequence, doc, *, seeds: int = 3, replace_fewer:
     ``figures/`` beside ``doc``; returns the section. A ValueError when no folder holds a record
     (a mistyped folder must not blank a committed section)."""
     from tools.files import read_json
-    from inline_attn.experiments.ablations import write_ablation_section
     from .lease import LOG, read_records
 
     folders = [pathlib.Path(f) for f in folders]
@@ -197,6 +195,6 @@ def write_lease_report(folders: Sequence, doc, *, seeds: int = 3, replace_fewer:
             invocations += [e for e in read_json(folder / LOG)["invocations"] if e not in invocations]
     doc = pathlib.Path(doc)
     section = lease_section(records, invocations, doc.read_text() if doc.is_file() else "", seeds)
-    write_ablation_section(doc, section + "\n", "lease", replace_fewer=replace_fewer)
+    replace_section(doc, section + "\n", "ablations", "lease", replace_fewer=replace_fewer)
     plot_curves(records, doc.parent / FIGURE, seeds)
     return section

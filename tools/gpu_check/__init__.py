@@ -1,4 +1,4 @@
-"""``make gpu-check``: the GPU checks of one lease, in order of value, within 7 minutes.
+"""``make gpu-check``: the GPU checks of one lease, in order of value, within 8 minutes.
 
 A developer's GPU lease is 15 minutes of device time, start-up included; one command may run 10
 minutes; at most 8 files of at most 16 MB come back. So the check runs at most
@@ -11,15 +11,18 @@ a step that no longer fits is not started, with a line saying so:
    (:mod:`.goals`): InLine against the project's softmax twin in one process, interleaved, with
    the SDPA backend named;
 3. ``profile`` (:mod:`.profile_step`): one training step per model under ``torch.profiler``, the
-   GPU-busy share and the top kernels.
+   GPU-busy share and the top kernels;
+4. ``compile`` (:mod:`.compile_step`): InLine-DeiT-T compiled against eager and eager-graphed.
 
-On demand (``--steps``): ``compile`` (:mod:`.compile_step`), ``train`` (:mod:`.train_step`, the
-trainer's CUDA-graph capture) and ``autotune`` (:mod:`.autotune_step`).
+On demand (``--steps``): ``train`` (:mod:`.train_step`, the trainer's CUDA-graph capture),
+``autotune`` (:mod:`.autotune_step`) and ``ncu`` (:mod:`.ncu_step`, Nsight Compute on InLine-DeiT-T's
+layer kernels). Before the steps, a Triton cache prebuilt for the device (``make gpu-check-cache``,
+:mod:`.cache_step`) is installed when it matches the device's Triton.
 
 The results (:mod:`.output`): ``summary.md`` (the goal table with the device and the command of
 each row, every step's line, the top kernels) and ``gpu_check.json``, rewritten after every part
 of every step, so a run stopped by a time limit still returns what it measured; ``tests.log``,
-``profile.txt``, ``errors.txt`` and ``triton_tuning.json`` where their steps ran. Checkpoints and
+``profile.txt``, ``errors.txt``, ``triton_tuning.json`` and ``ncu.csv`` where their steps ran. Checkpoints and
 run folders stay in a scratch folder outside the results. Run it as ``python -m
 tools.gpu_check`` (:mod:`.runner`).
 """

@@ -38,6 +38,7 @@ CORE_GOALS = {
     "112": ("112x112 B 16", 70.0),
 }
 _CORES = tuple(CORE_GOALS.items())
+_SWIN = "swin-graphed"
 # model rows: a training step (forward, cross-entropy, backward), bf16, InLine against the project's
 # softmax twin in the same process, interleaved (goals_step); graphed rows are the goals, eager rows
 # are reported beside them
@@ -45,18 +46,31 @@ GOALS = (
     Goal("deit_graphed", "InLine-DeiT-T / DeiT-T, CUDA-graphed, 224 px, B 128", 1.03, "x", "goals", "deit"),
     Goal("deit_eager", "InLine-DeiT-T / DeiT-T, eager, 224 px, B 128", 1.03, "x", "goals", "deit", reported=True),
     Goal("deit1024", "InLine-DeiT-T / DeiT-T at 1024 px, B 64", 1.75, "x", "goals", "deit1024"),
-    Goal("swin_published", "InLine-Swin-T (window 56) / Swin-T (window 7), B 64", 1.3, "x", "goals", "swin"),
-    Goal("swin_w7", "InLine-Swin-T / Swin-T, both at window 7, B 64", 1.03, "x", "goals", "swin"),
-    Goal("swin_w56", "InLine-Swin-T / Swin-T, both at window 56, B 64", 6.0, "x", "goals", "swin"),
+    Goal("swin_published", "InLine-Swin-T (window 56) / Swin-T (window 7), graphed, B 64", 1.3, "x", "goals", _SWIN),
+    Goal("swin_w7", "InLine-Swin-T / Swin-T, both at window 7, CUDA-graphed, B 64", 1.03, "x", "goals", _SWIN),
+    Goal("swin_w56", "InLine-Swin-T / Swin-T, both at window 56, CUDA-graphed, B 64", 6.0, "x", "goals", _SWIN),
+    Goal("swin_published_eager", "InLine-Swin-T (window 56) / Swin-T (window 7), eager, B 64", 1.3, "x", "goals",
+         "swin", reported=True),
+    Goal("swin_w7_eager", "InLine-Swin-T / Swin-T, both at window 7, eager, B 64", 1.03, "x", "goals", "swin",
+         reported=True),
+    Goal("swin_w56_eager", "InLine-Swin-T / Swin-T, both at window 56, eager, B 64", 6.0, "x", "goals", "swin",
+         reported=True),
     Goal("layer14_graphed", "layer fwd+bwd / SDPA layer, 14x14 B 1024, CUDA-graphed", 2.0, "x", "goals", "layer"),
     Goal("layer56_graphed", "layer fwd+bwd / SDPA layer, 56x56 B 64, CUDA-graphed", 5.0, "x", "goals", "layer"),
     Goal("layer14_eager", "layer fwd+bwd / SDPA layer, 14x14 B 1024, eager", 2.0, "x", "goals", "layer", reported=True),
     Goal("layer56_eager", "layer fwd+bwd / SDPA layer, 56x56 B 64, eager", 5.0, "x", "goals", "layer", reported=True),
+    Goal("layer14_old", "the same with the kernels before the streaming ones, 14x14 B 1024, graphed", 2.0, "x",
+         "goals", "layer", reported=True),
+    Goal("layer56_old", "the same with the kernels before the streaming ones, 56x56 B 64, graphed", 5.0, "x",
+         "goals", "layer", reported=True),
     *(Goal(f"core{k}", f"Triton core fwd+bwd / copy rate, {w}", g, " %", "goals", "core") for k, (w, g) in _CORES),
     Goal("inline_kernels_ms", "InLine kernels' GPU ms, InLine-DeiT-T, B 128", 0.5, " ms", "profile", "inline-deit-t",
          True),
     Goal("cswin_busy_pct", "InLine-CSwin-T: GPU-busy share of a step", 90.0, " %", "profile", "inline-cswin-t"),
-    Goal("compile_inline", "InLine-DeiT-T, torch.compile / eager, B 128", 1.0, "x", "compile", "deit-pair"),
+    Goal("compile_inline", "InLine-DeiT-T, torch.compile / eager CUDA-graphed, B 128", 1.0, "x", "compile",
+         "deit-pair"),
+    Goal("compile_inline_eager", "InLine-DeiT-T, torch.compile / eager, B 128", 1.0, "x", "compile", "deit-pair",
+         reported=True),
     Goal("host_ratio", "host time, layer fwd+bwd, InLine / SDPA, B 1, 4x4, C 96", 1.05, "x", "goals", "host", True),
 )  # fmt: skip
 

@@ -86,23 +86,39 @@ def part_deit(ctx: StepContext) -> dict:
     return {"values": values, "notes": notes, "rows": rows, "sdpa_backend": backend}
 
 
-def part_swin(ctx: StepContext) -> dict:
-    """InLine-Swin-T and Swin-T at windows 7 and 56, all four in one interleaved run, B 64."""
+def _swin(ctx: StepContext, graphed: bool) -> dict:
+    """InLine-Swin-T and Swin-T at windows 7 and 56, all four in one interleaved run, B 64, eager
+    (the ``*_eager`` rows) or CUDA-graphed (the goal rows)."""
     from inline_attn.bench.model import ModelCase, bench_models, preset_cases
 
     preset, _ = preset_cases("window", (7, 56))
     cases = [ModelCase(f"{c.label} w{c.x}", c.name, c.resolution, "swin", c.overrides) for c in preset]
     backends = {w: _model_backend(next(c for c in cases if c.label == f"Swin-T w{w}"), SWIN_BATCH) for w in (7, 56)}
-    res = bench_models(cases, batch=SWIN_BATCH, mode="train", macs=False, **_timing(ctx.quick, 2.0))
+    timing = _timing(ctx.quick, 2.0 if not graphed else 1.5)
+    res = bench_models(cases, batch=SWIN_BATCH, mode="train", macs=False, cuda_graphs=graphed, **timing)
+    why = res["meta"]["why_not_graphed"] if graphed else None
     values, notes = {}, {}
     for key, label, base in (
         ("swin_published", "InLine-Swin-T w56", "Swin-T w7"),
         ("swin_w7", "InLine-Swin-T w7", "Swin-T w7"),
         ("swin_w56", "InLine-Swin-T w56", "Swin-T w56"),
     ):
-        values[key], note = _ratio(res["rows"], label, base)
-        notes[key] = _notes(f"SDPA backend {backends[int(base.rsplit('w', 1)[1])]}", note)
-    return {"values": values, "notes": notes, "rows": res["rows"], "sdpa_backend": backends}
+        key = key if graphed else f"{key}_eager"
+        value, note = _ratio(res["rows"], label, base)
+        values[key], graph_note = _graphed(value, graphed, why)
+        notes[key] = _notes(f"SDPA backend {backends[int(base.rsplit('w', 1)[1])]}", note, graph_note)
+    rows = [{**r, "graphed": graphed and why is None} for r in res["rows"]]
+    return {"values": values, "notes": notes, "rows": rows, "sdpa_backend": backends}
+
+
+def part_swin(ctx: StepContext) -> dict:
+    """The Swin rows eager (reported beside the graphed goals)."""
+    return _swin(ctx, graphed=False)
+
+
+def part_swin_graphed(ctx: StepContext) -> dict:
+    """The Swin goal rows, CUDA-graphed."""
+    return _swin(ctx, graphed=True)
 
 
 def _layer_backend(side: int, batch: int) -> str:
@@ -116,28 +132,36 @@ def _layer_backend(side: int, batch: int) -> str:
     return sdpa_backend(step)
 
 
+# the layer part's runs: (graphed, the core kernels, the rows' key suffix); the kernels before the
+# streaming ones (triton.core_kernels("resident")) graphed only, beside the graphed goal rows
+LAYER_RUNS = ((False, "stream", "eager"), (True, "stream", "graphed"), (True, "resident", "old"))
+
+
 def part_layer(ctx: StepContext) -> dict:
     """The InLine layer against the SDPA softmax layer, fwd+bwd (C 96, 3 heads), at 14x14 B 1024
-    and 56x56 B 64, eager and CUDA-graphed."""
+    and 56x56 B 64: eager and CUDA-graphed, and graphed with the kernels before the streaming ones;
+    each run the two layers interleaved."""
     from inline_attn.bench.attention import bench_attention
+    from inline_attn.ops.fused import triton as tc
 
     backends = {side: _layer_backend(side, LAYER_TOKENS // side**2) for side in (14, 56)}
     values, notes, rows = {}, {}, []
-    for graphed in (False, True):
-        res = bench_attention(
-            sizes=(14, 56),
-            kinds=("inline", "softmax"),
-            token_budget=LAYER_TOKENS,
-            modes=("fwd+bwd",),
-            cuda_graphs=graphed,
-            **_timing(ctx.quick, 0.5),
-        )
+    for graphed, kernels, suffix in LAYER_RUNS:
+        with tc.core_kernels(kernels):  # the graphs capture the kernels chosen inside the block
+            res = bench_attention(
+                sizes=(14, 56),
+                kinds=("inline", "softmax"),
+                token_budget=LAYER_TOKENS,
+                modes=("fwd+bwd",),
+                cuda_graphs=graphed,
+                **_timing(ctx.quick, 0.5),
+            )
         why = res["meta"]["why_not_graphed"]
         for r in res["rows"]:
-            r["graphed"] = graphed and why is None
+            r["graphed"], r["core_kernels"] = graphed and why is None, kernels
             if r["kind"] != "inline":
                 continue
-            key = f"layer{r['side']}_{'graphed' if graphed else 'eager'}"
+            key = f"layer{r['side']}_{suffix}"
             value = r["speedup_vs_softmax"] if r["status"] == "ok" else math.nan
             values[key], graph_note = _graphed(value, graphed, why)
             status = "" if r["status"] == "ok" else f"InLine layer: {r['status']}"
@@ -211,11 +235,12 @@ def part_host(ctx: StepContext) -> dict:
 # in order of value; usual seconds: the longer of two runs on an H200 (2026-11-26), rounded up
 PARTS = (
     Part("deit", 10, part_deit),
-    Part("swin", 40, part_swin),
-    Part("layer", 5, part_layer),
+    Part("swin-graphed", 30, part_swin_graphed),  # estimate: the eager part's models, captured, shorter timing
+    Part("layer", 8, part_layer),  # 5 s measured for two runs; the old kernels' graphed run added
     Part("core", 15, part_core),  # new and old kernels, SDPA's core and a copy at five shapes
     Part("deit1024", 10, part_deit1024),
     Part("host", 6, part_host),
+    Part("swin", 40, part_swin),  # eager, reported beside the graphed goals
 )
 
 

@@ -20,7 +20,7 @@ MAX_FILE_BYTES = 16 * 2**20
 MAX_DEPTH = 2  # folders under the results folder: $OUT/a/b/file comes back, $OUT/a/b/c/file does not
 LOG_BYTES = 2 * 2**20
 # every file a check may write; one less than MAX_FILES, so a lease's own file fits beside them
-FILES = ("summary.md", "gpu_check.json", "tests.log", "profile.txt", "errors.txt", "triton_tuning.json")
+FILES = ("summary.md", "gpu_check.json", "tests.log", "profile.txt", "errors.txt", "triton_tuning.json", "ncu.csv")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".pkl", ".npz")
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 

@@ -13,7 +13,7 @@ GOALS_NOTE = (
     "against the project's softmax twin built in the same process and timed interleaved; the notes name the "
     "SDPA backend that ran. The profile's rows: a whole step with AdamW."
 )
-ENV_KEYS = ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps")
+ENV_KEYS = ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps", "triton_cache")
 STEP_COLUMNS = (
     ("step", "step", ""),
     ("result", "result", ""),

@@ -82,20 +82,23 @@ def _timed(steps: dict, repeats: int, device: torch.device) -> dict[str, list[fl
     return {k: t.times for k, t in timings.items()}
 
 
-def _build_steps(cases, batch, device, amp, compile_mode, seed) -> dict[str, Callable[[], None]]:
-    """label -> step for every case and its compiled twin (``"<label> compiled"``), same images."""
+GRAPHED = " graphed"  # the suffix of an eager case captured in a CUDA graph
+
+
+def _build_steps(cases, batch, device, amp, compile_mode, seed, graphed=False) -> dict[str, Callable[[], None]]:
+    """label -> step for every case, its compiled twin (``"<label> compiled"``) and with ``graphed``
+    a third copy of the eager model (``"<label> graphed"``, captured later), same images."""
     gen = torch.Generator().manual_seed(seed)
     res = {c.resolution for c in cases}
     x = {r: torch.randn(batch, 3, r, r, generator=gen).to(device) for r in res}
     target = torch.randint(0, 10, (batch,), generator=gen).to(device)
     steps = {}
     for case in cases:
-        for compiled in (False, True):
+        for suffix in ("", " compiled") + ((GRAPHED,) if graphed else ()):
             torch.manual_seed(seed)
             model = case.build().to(device).train()
-            runner = compile_module(model, compile_mode) if compiled else model
-            label = f"{case.label} compiled" if compiled else case.label
-            steps[label] = training_step(runner, x[case.resolution], target, amp)
+            runner = compile_module(model, compile_mode) if suffix == " compiled" else model
+            steps[case.label + suffix] = training_step(runner, x[case.resolution], target, amp)
     return steps
 
 
@@ -103,18 +106,20 @@ def _rows(cases, times: dict, batch: int, recompiles: int) -> list[dict]:
     rows = []
     for case in cases:
         eager, compiled = (statistics.median(times[k]) for k in (case.label, f"{case.label} compiled"))
-        rows.append(
-            {
-                "model": case.label,
-                "eager_ms": eager * 1e3,
-                "compiled_ms": compiled * 1e3,
-                "eager_img_s": batch / eager,
-                "compiled_img_s": batch / compiled,
-                "ratio": eager / compiled,  # compiled throughput over eager
-                "repeats": len(times[case.label]),
-                "recompiles": recompiles,
-            }
-        )
+        row = {
+            "model": case.label,
+            "eager_ms": eager * 1e3,
+            "compiled_ms": compiled * 1e3,
+            "eager_img_s": batch / eager,
+            "compiled_img_s": batch / compiled,
+            "ratio": eager / compiled,  # compiled throughput over eager
+            "repeats": len(times[case.label]),
+            "recompiles": recompiles,
+        }
+        if case.label + GRAPHED in times:
+            graphed = statistics.median(times[case.label + GRAPHED])
+            row.update(graphed_ms=graphed * 1e3, graphed_img_s=batch / graphed, ratio_graphed=graphed / compiled)
+        rows.append(row)
     return rows
 
 
@@ -130,6 +135,7 @@ def compile_ab(
     compile_mode: str = "default",
     threads: int = 1,
     seed: int = 0,
+    graphed: bool = False,
 ) -> dict:
     """Each case's training step, eager and compiled, timed interleaved (the method: module docstring).
 
@@ -139,10 +145,14 @@ def compile_ab(
         repeats: timed rounds. warmup, max_warmup: the least and most warm-up calls of a case.
         compile_mode: :data:`inline_attn.runtime.compile.COMPILE_MODES`.
         threads: intra-op threads on the CPU while measuring (restored after).
+        graphed: also time each eager model captured in a CUDA graph
+            (:func:`inline_attn.runtime.graphs.graph_steps`; where it cannot be, ungraphed and
+            ``meta["why_not_graphed"]`` says why).
     Returns:
         ``{"meta": {...}, "rows": [{"model", "eager_ms", "compiled_ms", "eager_img_s",
         "compiled_img_s", "ratio", "repeats", "recompiles"}]}``; ``ratio`` is compiled over eager
-        throughput (above 1: compile helps).
+        throughput (above 1: compile helps); with ``graphed`` each row adds ``graphed_ms``,
+        ``graphed_img_s`` and ``ratio_graphed`` (compiled over eager-graphed throughput).
     """
     cases = list(cases) if cases is not None else preset_cases("resolution", (224,))[0]
     if batch <= 0 or repeats <= 0 or not 0 <= warmup <= max_warmup or max_warmup < 1:
@@ -155,12 +165,13 @@ def compile_ab(
     if dev.type == "cpu":
         torch.set_num_threads(threads)
     try:
-        steps = _build_steps(cases, batch, dev, autocast, compile_mode, seed)
+        steps = _build_steps(cases, batch, dev, autocast, compile_mode, seed, graphed)
         calls = {k: warm_until_compiled(s, warmup, max_warmup) for k, s in steps.items() if k.endswith("compiled")}
         settled = max(calls.values())
         for label, step in steps.items():  # every case as many warm-up calls as the slowest to settle
             for _ in range(settled - calls.get(label, 0)):
                 step()
+        why_not = _capture_graphed(steps, dev) if graphed else None
         synchronize(dev)
         before = compiled_graphs()
         times = _timed(steps, repeats, dev)
@@ -178,7 +189,19 @@ def compile_ab(
         clock="thread CPU time" if dev.type == "cpu" else "CUDA events",
         torch=torch.__version__,
     )
+    if graphed:
+        meta["why_not_graphed"] = why_not
     return {"meta": meta, "rows": _rows(cases, times, batch, recompiles)}
+
+
+def _capture_graphed(steps: dict, device: torch.device) -> Optional[str]:
+    """Replace the ``"<label> graphed"`` steps by their CUDA-graph replays -> why not, or None."""
+    from ..runtime.graphs import graph_steps
+
+    eager = {k: s for k, s in steps.items() if k.endswith(GRAPHED)}
+    captured, why_not = graph_steps(eager, device)
+    steps.update(captured)
+    return why_not
 
 
 COLUMNS = ("model", "eager ms", "compiled ms", "compiled / eager", "recompiles while timed")

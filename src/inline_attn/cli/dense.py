@@ -8,7 +8,6 @@ Each command calls the task's library function: ``SegTask`` / ``DetTask`` (:mod:
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import pathlib
 import time
@@ -20,7 +19,6 @@ from ..runtime.config import add_override_options, collect_overrides, run_option
 from ..runtime.signals import exit_code
 from ..dense.config import DetConfig, SegConfig
 from ..runtime.output import OVERWRITE_HELP, demo_output
-from ..experiments.doc_section import add_doc_options
 
 
 def _configs_dir() -> pathlib.Path:
@@ -48,27 +46,30 @@ class DenseCommand:
     """What differs between ``seg`` and ``det`` on the command line; train / demo / compare and their
     arguments are written once against it."""
 
-    name: str  # the subcommand: "seg" or "det"; the task lives in inline_attn.dense.<name>_task
+    name: str  # the subcommand: "seg" or "det" (its task class: task_classes()[name])
     config: type  # the typed config (its settings are the --section.key overrides)
-    task_class: str  # the task's class in that module
     demo_config: str  # relative to configs/
     demo_title: str  # "InLine-PVT + Semantic FPN" / "FCOS on InLine-PVT"
     demo_line: Callable  # config -> "seg demo: ..." header line
     demo_metric_note: str  # after the validation-set size in the demo's result line
     demo_extras: Callable  # summary -> extra lines of the demo's result
 
-    def module(self):
-        """The task's module, imported on first use (building the parser needs only the config)."""
-        return importlib.import_module(f"inline_attn.dense.{self.name}_task")
-
     def task(self):
-        return getattr(self.module(), self.task_class)()
+        return task_classes()[self.name]()
+
+
+def task_classes() -> dict:
+    """The task class of each subcommand, imported on first use (building the parser, ``--help``
+    included, needs only the configs)."""
+    from ..dense.det_task import DetTask
+    from ..dense.seg_task import SegTask
+
+    return {"seg": SegTask, "det": DetTask}
 
 
 SEG = DenseCommand(
     name="seg",
     config=SegConfig,
-    task_class="SegTask",
     demo_config="mosaic/demo.yaml",
     demo_title="InLine-PVT + Semantic FPN",
     demo_line=lambda m: f"seg demo: {m.backbone} {m.backbone_kwargs} + {m.decode}",
@@ -81,7 +82,6 @@ SEG = DenseCommand(
 DET = DenseCommand(
     name="det",
     config=DetConfig,
-    task_class="DetTask",
     demo_config="mosaic/det_demo.yaml",
     demo_title="FCOS on InLine-PVT",
     demo_line=lambda m: f"det demo: FCOS on {m.backbone} {m.backbone_kwargs}",
@@ -103,7 +103,7 @@ def cmd_train(args) -> int:
     summary = train(task, task.config.load(args.config, ov))
     if summary.get("stopped") is None and task.metric_keys[0] in summary:
         print(
-            f"done: {task.result_line(summary)}  ({summary['iterations']} iterations, "
+            f"done: {task.result_line(summary)}  ({summary['steps']} iterations, "
             f"{summary['train_time_s'] / 60:.1f} min); outputs in {summary['output']}"
         )
     return exit_code(summary.get("signal"))
@@ -157,8 +157,6 @@ def cmd_compare(args) -> int:
             patterns=args.patterns,
             seeds=args.seeds,
             output=writable_dir(args.output, "--output"),
-            doc=args.doc,
-            replace_fewer=args.replace_fewer,
             command=command,
             overrides=_overrides(args),
             task=task.name,
@@ -279,14 +277,13 @@ def _demo_and_compare(sub, task: DenseCommand, *, demo_desc: str, metric_name: s
         allow_abbrev=False,
         help=f"InLine vs softmax backbone, several seeds, {metric_name} mean +- std",
         description=f"Train the {task.name} demo recipe (or --config) with each backbone attention pattern "
-        f"and seed; write {metric_name} mean +- std into --doc (finished runs are reused, unfinished ones "
-        "resumed).",
+        f"and seed; write {metric_name} mean +- std into OUTPUT/report.md (finished runs are reused, "
+        "unfinished ones resumed).",
     )
     p.add_argument("--config", help=f"config (default configs/{task.demo_config})")
     p.add_argument("--patterns", nargs="+", default=["IIII", "SSSS"], help="PVT attention patterns (I, S, L per stage)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--output", default=f"runs/{task.name}_compare")
-    add_doc_options(p)
     _add_overrides(p, task.config)
     p.set_defaults(func=cmd_compare, task=task.name)
 

@@ -11,7 +11,6 @@ from ..runtime.config import add_override_options, collect_overrides as _collect
 from ..runtime.signals import exit_code
 from ..runtime.output import OVERWRITE_HELP, demo_output
 from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
-from ..experiments.doc_section import add_doc_options
 
 FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
@@ -118,60 +117,37 @@ def cmd_demo(args) -> int:
     return 0
 
 
-# the flags of one `reproduce` target: the other target refuses them instead of ignoring them
-_TARGET_FLAGS = {
-    "fmnist": ("epochs", "variants"),
-    "ablations": ("quick", "preset", "seeds", "parts", "max_runs", "report_only"),
-}
+def cmd_reproduce_ablations(args) -> int:
+    from ..experiments.ablations import PARTS, run_ablations
+
+    if args.quick and args.preset not in (None, "quick"):
+        raise ValueError(f"--quick is --preset quick: it cannot go with --preset {args.preset}")
+    res = run_ablations(
+        args.preset or ("quick" if args.quick else "full"),
+        output=args.output,
+        parts=args.parts or PARTS,
+        seeds=args.seeds,
+        max_runs=args.max_runs,
+        config_dir=args.configs,
+        report_only=args.report_only,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
+    print(res["report"])
+    print(f"runs trained now: {res['trained']}, found finished: {res['skipped']}, still to run: {res['left']}")
+    if res["left"]:
+        print("continue with --resume auto")
+    return exit_code(res["signal"])
 
 
-def _refuse_other_target_flags(args) -> None:
-    other = "ablations" if args.target == "fmnist" else "fmnist"
-    given = [f"--{k.replace('_', '-')}" for k in _TARGET_FLAGS[other] if getattr(args, k) not in (None, False)]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)}: options of `reproduce {other}`, which `reproduce {args.target}` does not take"
-        )
-
-
-def cmd_reproduce(args) -> int:
-    _refuse_other_target_flags(args)
-    if args.target == "ablations":
-        from ..experiments.ablations import PARTS, run_ablations
-
-        if args.quick and args.preset not in (None, "quick"):
-            raise ValueError(f"--quick is --preset quick: it cannot go with --preset {args.preset}")
-        res = run_ablations(
-            args.preset or ("quick" if args.quick else "full"),
-            output=args.output,
-            parts=args.parts or PARTS,
-            seeds=args.seeds or 3,
-            doc=args.doc,
-            replace_fewer=args.replace_fewer,
-            max_runs=args.max_runs or 0,
-            config_dir=args.configs,
-            report_only=args.report_only,
-            resume=args.resume,
-            overwrite=args.overwrite,
-        )
-        print(res["report"])
-        print(f"runs trained now: {res['trained']}, found finished: {res['skipped']}, still to run: {res['left']}")
-        if res["left"]:
-            print("continue with --resume auto")
-        return 130 if res["stopped"] else 0
-    if args.resume or args.overwrite:
-        raise ValueError(
-            "reproduce fmnist continues its runs by itself: --resume and --overwrite are for reproduce ablations"
-        )
+def cmd_reproduce_fmnist(args) -> int:
     from ..experiments.reproduce import reproduce_fmnist
 
     _, stopped = reproduce_fmnist(
-        output=args.output or "runs/fmnist",
+        output=args.output,
         epochs=args.epochs,
-        doc=args.doc,
         variants=args.variants or list(FMNIST_VARIANTS),
         config_dir=args.configs,
-        replace_fewer=args.replace_fewer,
     )
     return 0 if stopped is None else exit_code(stopped.get("signal"))
 
@@ -277,35 +253,46 @@ def _register_reproduce(subparsers) -> None:
         help="fmnist: train the four Fashion-MNIST variants and tabulate them; ablations: the paper's "
         "ablations and comparisons over several seeds (resumable)",
     )
-    p.add_argument("target", choices=["fmnist", "ablations"])
-    p.add_argument(
-        "--output",
-        help="one subfolder per variant (default runs/fmnist; ablations: runs/ablations/<preset>)",
+    targets = p.add_subparsers(dest="target", metavar="TARGET")
+    targets.required = True
+    p = targets.add_parser(
+        "fmnist",
+        allow_abbrev=False,
+        help="the four Fashion-MNIST variants, one table (OUTPUT/report.md)",
+        description="Train the four attention variants of configs/fmnist with one budget and tabulate them into "
+        "OUTPUT/report.md; running it again continues where it stopped.",
     )
+    p.add_argument("--output", default="runs/fmnist", help="one subfolder per variant (default runs/fmnist)")
     p.add_argument(
         "--epochs",
         type=_positive(int, "--epochs"),
         help="the same epoch budget for every variant (default: the configs')",
     )
-    add_doc_options(p)
-    p.add_argument(
-        "--variants", nargs="+", choices=list(FMNIST_VARIANTS), help="fmnist: the variants to train (default: all)"
+    p.add_argument("--variants", nargs="+", choices=list(FMNIST_VARIANTS), help="the variants to train (default: all)")
+    p.add_argument("--configs", help="configs folder (default: found automatically)")
+    p.set_defaults(func=cmd_reproduce_fmnist)
+    p = targets.add_parser(
+        "ablations",
+        allow_abbrev=False,
+        help="the paper's ablations over several seeds (resumable; OUTPUT/report.md)",
+        description="Train every (setting, seed) of the chosen parts that is not finished, then tabulate the "
+        "finished ones into OUTPUT/report.md (docs/reproduction.md describes the parts and presets).",
     )
+    p.add_argument("--output", help="the runs' folder (default runs/ablations/<preset>)")
     p.add_argument("--configs", help="configs folder (default: found automatically)")
     p.add_argument(
         "--quick",
         action="store_true",
-        help="ablations: the smoke preset (1,024 training images per run; its wall time is in docs/reproduction.md)",
+        help="the smoke preset (1,024 training images per run; its wall time is in docs/reproduction.md)",
     )
     p.add_argument(
         "--preset",
-        help="ablations: full (default), quick (= --quick) or gpu (10x the full budget per run, on CUDA; "
-        "docs/reproduction.md)",
+        help="full (default), quick (= --quick) or gpu (10x the full budget per run, on CUDA; docs/reproduction.md)",
     )
-    p.add_argument("--seeds", type=_positive(int, "--seeds"), help="ablations: seeds per setting (default 3)")
-    p.add_argument("--parts", help="ablations: letters of the parts to run (default abcdefg)")
-    p.add_argument("--max-runs", type=int, help="ablations: stop after training this many runs (default 0: no limit)")
-    p.add_argument("--report-only", action="store_true", help="ablations: train nothing, tabulate the finished runs")
-    p.add_argument("--resume", choices=["auto"], help="ablations: continue the runs in --output")
-    p.add_argument("--overwrite", action="store_true", help="ablations: " + OVERWRITE_HELP)
-    p.set_defaults(func=cmd_reproduce)
+    p.add_argument("--seeds", type=_positive(int, "--seeds"), default=3, help="seeds per setting (default 3)")
+    p.add_argument("--parts", help="letters of the parts to run (default abcdefg)")
+    p.add_argument("--max-runs", type=int, default=0, help="stop after training this many runs (default 0: no limit)")
+    p.add_argument("--report-only", action="store_true", help="train nothing, tabulate the finished runs")
+    p.add_argument("--resume", choices=["auto"], help="continue the runs in --output")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    p.set_defaults(func=cmd_reproduce_ablations)

@@ -14,9 +14,9 @@ from ..data.transforms import Normalize
 from .._io import read_checkpoint
 from ..models.checkpoint import unwrap_state_dict
 from ..runtime.config import TypedConfig
-from ..runtime.run import Cadence
+from ..runtime.task import Cadence
 from ..runtime.optim import PolySchedule, build_optimizer
-from ..runtime.run import Task
+from ..runtime.task import Task
 
 __all__ = ["DenseTask", "build_dense_model", "load_trained", "load_weights"]
 
@@ -82,16 +82,28 @@ def load_trained(task: "DenseTask", path, state: dict, device="cpu") -> tuple[nn
 
 
 class DenseTask(Task):
-    """The hooks segmentation and detection share: a checkpoint of ``checkpoint_keys``, the
-    optimizer with the poly schedule, a cadence in iterations, normalised images, the backbone at
-    the head of the summary."""
+    """The hooks segmentation and detection share: a checkpoint of ``checkpoint_keys`` with the
+    classes, the optimizer with the poly schedule, a cadence in iterations, normalised images,
+    the backbone at the head of the summary, the metrics rounded to 2 digits in a row, the
+    BatchNorm synchronised over GPU processes."""
 
     head_key: str  # the classifier's weight (its rows: the classes), for mismatch messages
     extras: dict = {}  # saved in every checkpoint beside the classes
+    metric_digits = 2
+    sync_bn = True
 
     def extra_state(self, run) -> dict:
         """The classes the model predicts (an evaluation rebuilds it from them) and :attr:`extras`."""
         return {"num_classes": run.train_set.num_classes, "classes": list(run.train_set.classes), **self.extras}
+
+    def load_extra_state(self, run, where: str, state: dict) -> None:
+        """The checkpoint's model predicts the classes of this run's data."""
+        saved, now = state.get("num_classes"), run.train_set.num_classes
+        if saved is not None and int(saved) != now:
+            raise ValueError(
+                f"cannot resume from {where}: its model predicts {saved} classes, the training data has {now}; "
+                "train on the data it was trained on, or start a new run (another train.output)"
+            )
 
     def optimization(self, cfg, model: nn.Module) -> tuple:
         o, s = cfg.optim, cfg.sched
@@ -105,7 +117,7 @@ class DenseTask(Task):
             warmup_iters=s.warmup_iters,
             warmup_ratio=s.warmup_ratio,
         )
-        return optimizer, sched
+        return optimizer, sched, None  # no EMA
 
     def cadence(self, cfg) -> Cadence:
         t = cfg.train

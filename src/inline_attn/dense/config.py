@@ -208,10 +208,13 @@ class DetDataCfg(DenseDataCfg):
 
 
 @dataclass
-class DenseOptimCfg(OptimCfg):
-    lr: float = setting(2.0e-4, gt=0, doc="learning rate (not scaled with the batch)")
-    weight_decay: float = setting(1.0e-4, ge=0, doc="weight decay (not on norms, biases, position tables)")
-    clip_grad: Optional[float] = setting(None, ge=0, doc="max gradient norm (null or 0: off)")
+class DenseOptimCfg(OptimCfg, defaults={"lr": 2.0e-4, "weight_decay": 1.0e-4}):
+    """The shared optimizer settings; ``lr`` is not scaled with the batch, and needs a value."""
+
+    def check(self) -> None:
+        super().check()
+        if self.lr is None:
+            raise ValueError("optim.lr=null: segmentation and detection train at a set learning rate (e.g. 0.0002)")
 
 
 @dataclass
@@ -250,16 +253,15 @@ class SegEvalCfg(DetEvalCfg):
 
 
 @dataclass
-class DenseTrainCfg(RunCfg):
-    output: str = setting("runs/seg", doc="output folder", resume=True)
+class DenseTrainCfg(RunCfg, defaults={"output": "runs/seg", "tensorboard": False}):
     checkpoint_interval: int = setting(4000, ge=1, doc="checkpoint every N iterations (and at the end)", resume=True)
     log_interval: int = setting(50, ge=1, doc="a metrics row every N iterations", resume=True)
     predictions_png: bool = setting(True, doc="a PNG of validation predictions beside the ground truth", resume=True)
 
 
 @dataclass
-class DetTrainCfg(DenseTrainCfg):
-    output: str = setting("runs/det", doc="output folder", resume=True)
+class DetTrainCfg(DenseTrainCfg, defaults={"output": "runs/det"}):
+    pass
 
 
 @dataclass

@@ -11,7 +11,6 @@ beside the detections).
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from typing import Any, Iterable, Iterator, Optional
@@ -19,7 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from .._io import atomic_write_text
+from ..runtime.report import write_json
 from ..runtime.amp import autocast
 from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo, resolve_device
@@ -150,8 +149,12 @@ class DetTask(DenseTask):
     metric_keys = ("AP", "AP50", "AP75")
     distributed = False
     extras = {"detector": "fcos"}
+    not_graphed = (
+        "FCOS's targets are a different number of boxes in every image, and its losses select the positive "
+        "points (shapes that depend on the data; a CUDA graph replays fixed shapes)"
+    )
 
-    def datasets(self, cfg: DetConfig, progress: bool):
+    def datasets(self, cfg: DetConfig, info: DistInfo, progress: bool):
         return build_det_datasets(cfg, progress=progress)
 
     def build_model(self, cfg: DetConfig, num_classes: int) -> nn.Module:
@@ -169,7 +172,7 @@ class DetTask(DenseTask):
             losses = model(x, targets)
         return losses, x.shape[0]
 
-    def evaluate(self, model, val_set, cfg, device, info, amp, progress) -> dict:
+    def evaluate(self, model, val_set, cfg, device, info, amp, progress, forward=None) -> dict:
         return evaluate_det(model, val_set, cfg, device, amp=amp, progress=progress)
 
     def eval_line(self, row: dict) -> str:
@@ -179,8 +182,11 @@ class DetTask(DenseTask):
         """The metrics of a finished run or an evaluation, as the commands print them."""
         return f"box AP {res['AP']:.2f}  AP50 {res['AP50']:.2f}  AP75 {res['AP75']:.2f}"
 
-    def summary(self, cfg: DetConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
+    def summary(
+        self, cfg: DetConfig, model: nn.Module, history: list, last_eval: Optional[dict], classes: list
+    ) -> dict:
         out = {
+            "classes": classes,
             "detector": "fcos",
             "first_loss": history[0]["loss"] if history else None,
             "last_loss": history[-1]["loss"] if history else None,
@@ -224,5 +230,5 @@ def evaluate_checkpoint(
     if png:
         res["detections_png"] = str(save_detections_png(model, val, cfg, dev, png))
     if json_path:
-        atomic_write_text(json_path, json.dumps(res, indent=1))
+        write_json(res, json_path)
     return res

@@ -1,12 +1,13 @@
-"""Dense losses: the segmentation cross-entropy with an ignore label (mmseg's CrossEntropyLoss);
-the detector's sigmoid focal loss (Lin et al. 2017, Eq. 5) and GIoU loss (Rezatofighi et al. 2019)."""
+"""Dense losses: the segmentation cross-entropy with an ignore label (mmseg's CrossEntropyLoss)
+and the segmentor's loss over its heads (:class:`SegLoss`); the detector's sigmoid focal loss
+(Lin et al. 2017, Eq. 5) and GIoU loss (Rezatofighi et al. 2019)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["check_labels", "giou_loss", "seg_cross_entropy", "sigmoid_focal_loss"]
+__all__ = ["SegLoss", "check_labels", "giou_loss", "seg_cross_entropy", "sigmoid_focal_loss"]
 
 
 def check_labels(target: torch.Tensor, num_classes: int, ignore_index: int = 255, where: str = "labels") -> None:
@@ -27,13 +28,17 @@ def seg_cross_entropy(
     num_classes: int | None = None,
     *,
     avg_non_ignore: bool = False,
+    check: bool = True,
 ) -> torch.Tensor:
     """Mean per-pixel cross-entropy.
 
     logits: [B, K, H, W]; target: [B, H, W] integer labels in [0, K) or ``ignore_index``.
     Ignored pixels contribute 0. The mean divides by every pixel (mmseg's default,
-    ``avg_non_ignore=False``) or by the non-ignored pixels only (``avg_non_ignore=True``).
-    Computed in float32 under autocast.
+    ``avg_non_ignore=False``) or by the non-ignored pixels only (``avg_non_ignore=True``; the
+    count stays on the device). Computed in float32 under autocast. ``check``: the labels'
+    range is checked (:func:`check_labels`, a ValueError naming the values); that reads a flag on
+    the host, so a step captured in a CUDA graph passes False and relies on the data sets,
+    which check their labels when they read them.
     """
     if (
         logits.dim() != 4
@@ -45,11 +50,49 @@ def seg_cross_entropy(
             f"logits {tuple(logits.shape)} must be [B, K, H, W] and labels {tuple(target.shape)} "
             f"[B, H, W] of the same size"
         )
-    check_labels(target, num_classes or logits.shape[1], ignore_index)
+    if check:
+        check_labels(target, num_classes or logits.shape[1], ignore_index)
     loss = F.cross_entropy(logits.float(), target.long(), ignore_index=ignore_index, reduction="none")
     if avg_non_ignore:
         return loss.sum() / (target != ignore_index).sum().clamp(min=1)
     return loss.mean()
+
+
+class SegLoss:
+    """The segmentor's training loss (mmseg's decode head + auxiliary head):
+    ``loss = CE(decode) + aux_weight * CE(aux)`` with :func:`seg_cross_entropy` of each head's
+    logits upsampled to the labels, the auxiliary term only where the model has that head.
+
+    :meth:`terms` gives every term (``loss_decode``, ``loss_aux`` where there is one, ``loss``);
+    calling it gives them with ``loss`` first (the one minimised) and without the host check of
+    the labels, so a training step that calls it can be captured in a CUDA graph (no host read, no
+    shape that depends on the data).
+    """
+
+    def __init__(
+        self, num_classes: int, ignore_index: int = 255, aux_weight: float = 0.0, avg_non_ignore: bool = False
+    ):
+        self.num_classes, self.ignore_index = int(num_classes), int(ignore_index)
+        self.aux_weight, self.avg_non_ignore = float(aux_weight), bool(avg_non_ignore)
+
+    def terms(self, logits, target: torch.Tensor, *, check: bool = True) -> dict[str, torch.Tensor]:
+        """logits: (decode [B, K, H, W], auxiliary [B, K, H, W] or None); target: labels [B, H, W]
+        -> ``{"loss_decode", ["loss_aux"], "loss"}``; ``check`` as :func:`seg_cross_entropy`'s."""
+        decode, aux = logits
+        kw = dict(avg_non_ignore=self.avg_non_ignore, check=check)
+        out = {"loss_decode": seg_cross_entropy(decode, target, self.ignore_index, self.num_classes, **kw)}
+        total = out["loss_decode"]
+        if aux is not None:
+            out["loss_aux"] = seg_cross_entropy(aux, target, self.ignore_index, self.num_classes, **kw)
+            total = total + self.aux_weight * out["loss_aux"]
+        out["loss"] = total
+        return out
+
+    def __call__(self, logits, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"loss", "loss_decode", ["loss_aux"]}`` (0-dim each), capture-safe: the labels are not
+        checked on the host."""
+        terms = self.terms(logits, target, check=False)
+        return {"loss": terms["loss"], **terms}
 
 
 def sigmoid_focal_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0):

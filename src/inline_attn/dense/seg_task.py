@@ -10,7 +10,6 @@ end and on SIGINT / SIGTERM), ``metrics.csv``, ``summary.json`` and ``prediction
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from typing import Any, Iterable, Iterator, Optional
@@ -18,7 +17,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from .._io import atomic_write_text
+from ..runtime.report import write_json
 from ..runtime.amp import autocast
 from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo
@@ -161,7 +160,9 @@ def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
 
 
 class SegTask(DenseTask):
-    """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU."""
+    """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU. Its
+    ``criterion`` (the segmentor's :class:`~inline_attn.dense.losses.SegLoss`, set with the model)
+    lets the run capture a step in a CUDA graph: the labels are fixed-size masks."""
 
     kind = "segmentation"
     config = SegConfig
@@ -171,11 +172,15 @@ class SegTask(DenseTask):
     loss_keys = ("loss", "loss_decode", "loss_aux")
     metric_keys = ("mIoU", "mAcc", "aAcc")
 
-    def datasets(self, cfg: SegConfig, progress: bool):
+    def datasets(self, cfg: SegConfig, info: DistInfo, progress: bool):
         return build_seg_datasets(cfg, progress=progress)
 
     def build_model(self, cfg: SegConfig, num_classes: int) -> nn.Module:
-        return build_from_config(cfg, num_classes)
+        model = build_from_config(cfg, num_classes)
+        # the loss a CUDA-graphed step applies to the model's training logits: the model's own
+        # (the same terms, weights, ignore index and mean as :meth:`losses`)
+        self.criterion = model.criterion
+        return model
 
     def batches(self, train_set, cfg: SegConfig, info: DistInfo, step: int) -> Iterator:
         sampler = StepSampler(
@@ -196,7 +201,7 @@ class SegTask(DenseTask):
             losses = model(x, lab.to(device, non_blocking=True))
         return losses, x.shape[0]
 
-    def evaluate(self, model, val_set, cfg, device, info, amp, progress) -> dict:
+    def evaluate(self, model, val_set, cfg, device, info, amp, progress, forward=None) -> dict:
         res = evaluate_seg(model, val_set, cfg, device, info, amp=amp, progress=progress)
         return {k: res[k] for k in self.metric_keys} | {"per_class_IoU": res["IoU"]}
 
@@ -207,8 +212,10 @@ class SegTask(DenseTask):
         """The metrics of a finished run or an evaluation, as the commands print them."""
         return self.eval_line(res)
 
-    def summary(self, cfg: SegConfig, history: list, last_eval: Optional[dict], classes: list) -> dict:
-        out = {"decode": cfg.model.decode}
+    def summary(
+        self, cfg: SegConfig, model: nn.Module, history: list, last_eval: Optional[dict], classes: list
+    ) -> dict:
+        out = {"decode": cfg.model.decode, "classes": classes}
         if last_eval is not None:
             out.update({k: last_eval[k] for k in self.metric_keys})
             out["per_class_IoU"] = dict(zip(classes, last_eval["per_class_IoU"]))
@@ -264,7 +271,7 @@ def evaluate_checkpoint(
         if info.is_main and png:
             res["predictions_png"] = str(save_predictions_png(model, val, cfg, info.device, png))
         if info.is_main and json_path:
-            atomic_write_text(json_path, json.dumps(res, indent=1))
+            write_json(res, json_path)
     finally:
         cleanup(info)
     return res

@@ -10,7 +10,7 @@ Two recipes of the paper (and the functions that build them):
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -18,11 +18,19 @@ import torch.nn.functional as F
 
 from .backbone import DenseBackbone
 from .heads import FCNHead, FPN, FPNHead, UPerHead, resize
-from .losses import seg_cross_entropy
+from .losses import SegLoss
 
-__all__ = ["EncoderDecoder", "build_segmentor", "slide_windows"]
+__all__ = ["EncoderDecoder", "SegLogits", "build_segmentor", "slide_windows"]
 
 DECODE_TYPES = ("semantic_fpn", "upernet")
+
+
+class SegLogits(NamedTuple):
+    """A training forward's logits at the input size: the decode head's [B, K, H, W] and the
+    auxiliary head's [B, K, H, W] (None where the model has no auxiliary loss)."""
+
+    decode: torch.Tensor
+    aux: Optional[torch.Tensor]
 
 
 def slide_windows(h: int, w: int, crop: Sequence[int], stride: Sequence[int]) -> list[tuple[int, int, int, int]]:
@@ -85,6 +93,8 @@ class EncoderDecoder(nn.Module):
         self.num_classes, self.ignore_index = int(num_classes), int(ignore_index)
         self.size_divisor, self.align_corners = int(size_divisor), align_corners
         self.avg_non_ignore = avg_non_ignore
+        # the training loss, also what a CUDA-graphed step applies to forward's SegLogits
+        self.criterion = SegLoss(num_classes, ignore_index, self.aux_weight, avg_non_ignore)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -120,36 +130,36 @@ class EncoderDecoder(nn.Module):
         return self._to_input(self._decode(self.extract(xp)), tuple(xp.shape[-2:]), size)
 
     def forward(self, x: torch.Tensor, target: Optional[torch.Tensor] = None):
-        """images [B, C, H, W] -> logits [B, K, H, W] (whole image); with labels ``target``
-        [B, H, W], the loss dict of :meth:`loss` instead (so DDP sees the training pass)."""
-        return self.encode_decode(x) if target is None else self.loss(x, target)
+        """images [B, C, H, W] -> in eval mode the logits [B, K, H, W] (whole image); in training
+        mode every head's logits (:class:`SegLogits`, what :attr:`criterion` takes); with labels
+        ``target`` [B, H, W], the loss dict of :meth:`loss` instead (so DDP sees the training pass)."""
+        if target is not None:
+            return self.loss(x, target)
+        return self.head_logits(x) if self.training else self.encode_decode(x)
 
-    def loss(self, x: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-        """images [B, C, H, W], labels [B, H, W] (int, ``ignore_index`` allowed) -> losses.
-
-        Returns ``{"loss": total, "loss_decode": ..., ["loss_aux": ...]}``; each head's logits
-        are upsampled (bilinear) to the label size before the cross-entropy, as mmseg does.
-        """
-        if target.dim() != 3 or target.shape[0] != x.shape[0] or target.shape[-2:] != x.shape[-2:]:
-            raise ValueError(f"labels {tuple(target.shape)} must be [B, H, W] matching images {tuple(x.shape)}")
+    def head_logits(self, x: torch.Tensor) -> SegLogits:
+        """images [B, C, H, W] -> the decode head's logits and the auxiliary head's (where its
+        loss has a weight), each upsampled (bilinear) to the input size, as mmseg does before the
+        cross-entropy."""
         size = tuple(x.shape[-2:])
         xp = self._pad(x)
         padded = tuple(xp.shape[-2:])
         feats = self.extract(xp)
-        out = {}
-        logits = self._to_input(self._decode(feats), padded, size)
-        out["loss_decode"] = seg_cross_entropy(
-            logits, target, self.ignore_index, self.num_classes, avg_non_ignore=self.avg_non_ignore
-        )
-        total = out["loss_decode"]
+        decode = self._to_input(self._decode(feats), padded, size)
+        aux = None
         if self.aux_head is not None and self.aux_weight > 0:
             aux = self._to_input(self.aux_head(feats), padded, size)
-            out["loss_aux"] = seg_cross_entropy(
-                aux, target, self.ignore_index, self.num_classes, avg_non_ignore=self.avg_non_ignore
-            )
-            total = total + self.aux_weight * out["loss_aux"]
-        out["loss"] = total
-        return out
+        return SegLogits(decode, aux)
+
+    def loss(self, x: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """images [B, C, H, W], labels [B, H, W] (int, ``ignore_index`` allowed) -> losses.
+
+        Returns ``{"loss": total, "loss_decode": ..., ["loss_aux": ...]}`` (:meth:`SegLoss.terms`
+        of :meth:`head_logits`, the labels' range checked).
+        """
+        if target.dim() != 3 or target.shape[0] != x.shape[0] or target.shape[-2:] != x.shape[-2:]:
+            raise ValueError(f"labels {tuple(target.shape)} must be [B, H, W] matching images {tuple(x.shape)}")
+        return self.criterion.terms(self.head_logits(x), target)
 
     @torch.no_grad()
     def slide_inference(self, x: torch.Tensor, crop: Sequence[int], stride: Sequence[int]) -> torch.Tensor:

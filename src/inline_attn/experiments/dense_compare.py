@@ -1,11 +1,9 @@
 """The paper's InLine-vs-softmax comparison at small scale: a demo's recipe with each backbone
-attention pattern and several seeds; a table of mean +- std written into a markdown file.
+attention pattern and several seeds; a table of mean +- std.
 
 ``inline-attn seg compare --seeds 0 1 2`` (segmentation: mIoU / mAcc / aAcc) and ``inline-attn det
 compare`` (detection: box AP / AP50 / AP75) train ``<output>/<pattern>_s<seed>`` for each pair (a
-finished run is reused, an unfinished one resumed), then write the table between the markers
-``<!-- seg-compare:begin -->`` / ``<!-- seg-compare:end -->`` (``det-compare`` for detection) of
-``--doc``.
+finished run is reused, an unfinished one resumed), then write the table into ``<output>/report.md``.
 """
 
 from __future__ import annotations
@@ -18,14 +16,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._io import read_json
+from .._io import atomic_write_text, read_json
 from ..dense.det_task import DetTask
 from ..dense.seg_task import SegTask
 from ..dense.build import DenseTask
 from ..runtime.config import check_distinct
 from ..runtime.report import markdown_table
 from ..runtime.run import train
-from .doc_section import check_doc, replace_section, table_rows
 
 __all__ = ["PATTERN_NAMES", "compare", "format_table"]
 
@@ -46,12 +43,7 @@ TASKS = {
 }
 
 
-def markers(task: str) -> tuple[str, str]:
-    """The markdown markers around the task's table: ``<!-- seg-compare:begin -->`` / ``... end``."""
-    return f"<!-- {task}-compare:begin -->", f"<!-- {task}-compare:end -->"
-
-
-BEGIN, END = markers("seg")
+REPORT = "report.md"  # the table, in the output folder
 
 
 def _task(task: str) -> tuple[DenseTask, str, str]:
@@ -113,12 +105,10 @@ def format_table(
     the first one per seed, params and time."""
     dense_task, title, what = _task(task)
     keys = dense_task.metric_keys
-    begin, end = markers(task)
     by = {}
     for r in rows:
         by.setdefault(r["pattern"], []).append(r)
     lines = [
-        begin,
         f"## {title}",
         "",
         f"Command: `{command}` (config `{config}`; every run the same data, recipe and iterations; only the "
@@ -151,22 +141,7 @@ def format_table(
         )
     columns = ["backbone attention", "seeds", *keys, f"per-seed {keys[0]}", "params", "train time (min)"]
     lines += markdown_table(table, columns)
-    lines.append(end)
-    return "\n".join(lines)
-
-
-def dense_runs(section: str) -> int:
-    """Finished runs a compare section reports: the seeds listed in its rows."""
-    return sum(len(row[1].split(",")) for row in table_rows(section) if len(row) > 1)
-
-
-def write_table(doc, table: str, task: str = "seg", *, replace_fewer: bool = False) -> pathlib.Path:
-    """Replace the task's marked block of ``doc`` with ``table`` (appended when the markers are
-    absent). A block that reports more finished runs is kept (ValueError) unless ``replace_fewer``."""
-    begin, end = markers(task)
-    doc = pathlib.Path(doc)
-    replace_section(doc, table, begin, end, runs=dense_runs, replace_fewer=replace_fewer)
-    return doc
+    return "\n".join(lines) + "\n"
 
 
 def run(
@@ -175,18 +150,14 @@ def run(
     patterns,
     seeds,
     output,
-    doc: Optional[str],
     command: str,
     overrides=(),
     task="seg",
-    replace_fewer: bool = False,
 ) -> str:
-    """Train and tabulate (:func:`compare`, :func:`format_table`); the table goes into ``doc`` when
-    given (checked before any training; :func:`write_table`). Returns the table."""
-    doc_path = check_doc(doc, replace_fewer)
+    """Train and tabulate (:func:`compare`, :func:`format_table`); the table goes into
+    ``output/report.md``. Returns the table."""
     t0 = time.time()
     rows = compare(config, patterns=patterns, seeds=seeds, output=output, overrides=overrides, task=task)
     table = format_table(rows, command=command, config=str(config), elapsed_min=(time.time() - t0) / 60, task=task)
-    if doc_path:
-        write_table(doc_path, table, task, replace_fewer=replace_fewer)
+    atomic_write_text(pathlib.Path(output) / REPORT, table)
     return table

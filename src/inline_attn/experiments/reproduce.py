@@ -1,20 +1,19 @@
 """``inline-attn reproduce fmnist``: the four attention variants of one small DeiT on Fashion-MNIST,
-trained with the same budget, tabulated (accuracy, parameters, MACs, images/s) into a markdown file."""
+trained with the same budget, tabulated (accuracy, parameters, MACs, images/s) into ``OUTPUT/report.md``."""
 
 from __future__ import annotations
 
 import pathlib
 import platform
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from .._io import read_json
+from .._io import atomic_write_text, read_json
 from ..runtime.config import check_distinct
 from ..runtime.report import markdown_table
 from ..train.config import configs_dir, Config
-from .doc_section import check_doc, replace_section, table_rows
 
 # the columns of the Fashion-MNIST table
 COLUMNS = [
@@ -33,27 +32,22 @@ LABELS = {
     "inline_nolr": "InLine without local residual",
     "inline": "InLine (with local residual)",
 }
-BEGIN, END = "<!-- fmnist-table:begin -->", "<!-- fmnist-table:end -->"
+REPORT = "report.md"  # the table, in the output folder
 
 
 def reproduce_fmnist(
     output: str = "runs/fmnist",
     epochs: Optional[int] = None,
-    doc: Optional[str] = None,
     variants: Sequence[str] = tuple(LABELS),
     config_dir: Optional[str] = None,
-    replace_fewer: bool = False,
 ) -> tuple[list[dict], Optional[dict]]:
-    """Train (or resume) each variant, then tabulate; returns (table rows, the summary of the run
-    a signal stopped, else None). Running it again continues where it stopped.
-
-    ``doc``: a markdown file to write the table into (its section: :func:`write_section`, with
-    ``replace_fewer``), checked before any training; None writes none."""
+    """Train (or resume) each variant into ``output/<variant>``, then tabulate into
+    ``output/report.md``; returns (table rows, the summary of the run a signal stopped, else None).
+    Running it again continues where it stopped."""
     from ..train.task import train
     from ..train.evaluate import inference_throughput, load_trained_model
 
     check_distinct("variants", variants)
-    doc_path = check_doc(doc, replace_fewer)
     cdir = pathlib.Path(config_dir) if config_dir else configs_dir()
     rows = []
     t_all = time.time()
@@ -94,9 +88,8 @@ def reproduce_fmnist(
     total = time.time() - t_all
     table = render_table(rows, total, epochs)
     print(table)
-    if doc_path:
-        write_section(doc_path, table, replace_fewer=replace_fewer)
-        print(f"table written to {doc_path}")
+    report = atomic_write_text(pathlib.Path(output) / REPORT, table)
+    print(f"table written to {report}")
     return rows, None
 
 
@@ -124,24 +117,3 @@ def render_table(rows: list[dict], total_s: float, epochs: Optional[int]) -> str
         )
     lines += markdown_table(cells, COLUMNS)
     return "\n".join(lines) + "\n"
-
-
-def fmnist_runs(section: str) -> int:
-    """Finished runs a Fashion-MNIST section reports: its table's rows, one per variant."""
-    return len(table_rows(section))
-
-
-def write_section(
-    path: pathlib.Path,
-    table: str,
-    begin: str = BEGIN,
-    end: str = END,
-    *,
-    runs: Callable[[str], int] = fmnist_runs,
-    replace_fewer: bool = False,
-) -> None:
-    """Replace the section of ``path`` between the markers ``begin`` and ``end`` (the Fashion-MNIST
-    table's by default; appended when absent); other text stays. A section that reports more
-    finished runs (``runs``) than ``table`` is kept, with a ValueError, unless ``replace_fewer``."""
-    block = f"{begin}\n{table}{end}"
-    replace_section(path, block, begin, end, runs=runs, replace_fewer=replace_fewer, new_file="# Reproduction\n\n")

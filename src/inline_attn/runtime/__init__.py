@@ -3,8 +3,9 @@
 - :mod:`~inline_attn.runtime.config`: typed config sections, YAML with ``_base_``, dotted
   overrides, did-you-mean, type and range checks, ``--section.key`` flag generation;
 - :mod:`~inline_attn.runtime.checkpoint`: atomic rotating checkpoints, one resume path;
-- :mod:`~inline_attn.runtime.run`: the one training run every task drives through its hooks
-  (:class:`~inline_attn.runtime.run.Task`), its cadence and its log window;
+- :mod:`~inline_attn.runtime.run`: the one training run, its log window and best checkpoints;
+  :mod:`~inline_attn.runtime.task`: what a task supplies to it (:class:`~inline_attn.runtime.task.Task`,
+  its cadence, the micro-batches of a step);
 - :mod:`~inline_attn.runtime.signals`: SIGINT / SIGTERM stop a run at a step boundary, with a
   checkpoint and the 128 + signum exit;
 - :mod:`~inline_attn.runtime.output`: the output folder's rule (one run at a time, its lock; a

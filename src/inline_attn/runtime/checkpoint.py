@@ -27,6 +27,8 @@ from .._io import atomic_path, read_checkpoint
 PathLike = Union[str, os.PathLike]
 LAST = "last.pth"
 PREVIOUS = "previous.pth"
+BEST = "best.pth"  # the row with the best Task.best_key so far (the authors' max_acc.pth)
+BEST_EMA = "best_ema.pth"  # the best <best_key>_ema (max_ema_acc.pth)
 UNREADABLE_SUFFIX = ".unreadable"
 # what every run checkpoint holds (a task's checkpoint_keys add to it)
 RUN_KEYS = ("model", "optimizer", "scheduler", "step", "config")

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Literal, Optional, Sequence, Union
 import yaml
 
 from .._io import atomic_write_text
+from .compile import COMPILE_MODES
 from .optim import OPTIMIZERS
 
 PathLike = Union[str, os.PathLike]
@@ -285,10 +286,36 @@ def check_output(key: str, output: str) -> None:
         raise ValueError(f"{key}={output!r} is a file: expected a folder for the run's outputs")
 
 
+class SharedSection:
+    """A section of settings that several tasks share, each declared once here. A task's section
+    subclasses it, adds its own settings and may give a shared one its own default value, as a
+    class argument: ``class SegTrainCfg(RunCfg, defaults={"output": "runs/seg"})``. The setting's
+    type, help and range stay the one declaration's (a default of the wrong type or range fails
+    when the class is made, not when a config is read)."""
+
+    def __init_subclass__(cls, defaults: Optional[dict] = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in (defaults or {}).items():
+            owner = next((b for b in cls.__mro__[1:] if name in getattr(b, "__dataclass_fields__", {})), None)
+            if owner is None or name in own:
+                raise TypeError(f"{cls.__name__}: defaults[{name!r}] names no shared setting declared once above it")
+            declared, tp = owner.__dataclass_fields__[name], typing.get_type_hints(owner)[name]
+            own[name] = tp
+            setattr(
+                cls,
+                name,
+                field(
+                    default=_convert(f"{cls.__name__}.{name}", value, tp, declared.metadata), metadata=declared.metadata
+                ),
+            )
+        cls.__annotations__ = own
+
+
 @dataclass
-class RunCfg:
+class RunCfg(SharedSection):
     """The ``train`` settings every run shares, declared once; a task's ``train`` section adds its
-    own (and its ``output`` default)."""
+    own (and may give ``output`` its own default: :class:`SharedSection`)."""
 
     output: str = setting("runs/train", doc="output folder", resume=True)
     seed: int = setting(0, ge=0, doc="random seed")
@@ -310,6 +337,23 @@ class RunCfg:
     )
     progress: bool = setting(True, doc="progress bar", resume=True)
     threads: int = setting(0, ge=0, doc="torch threads (0: leave as is)", resume=True)
+    compile: bool = setting(
+        False, doc="torch.compile the model (the fused InLine op compiles as one node)", resume=True
+    )
+    compile_mode: Literal[COMPILE_MODES] = setting(
+        "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)", resume=True
+    )
+    cuda_graphs: Literal["auto", True, False] = setting(
+        "auto",
+        doc="capture the training and evaluation steps in CUDA graphs and replay them: auto (on where the run "
+        "can be captured: CUDA, one process, bf16 or fp32, no accumulation, a task whose loss is computed "
+        "outside the model: classification), true (asked for: a run that cannot "
+        "be captured says why in one line and runs ungraphed) or false; with train.compile, inductor's "
+        "reduce-overhead mode instead",
+        resume=True,
+    )
+    channels_last: bool = setting(False, doc="channels-last images and convolutions", resume=True)
+    tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed", resume=True)
 
     def check(self) -> None:
         check_device("train.device", self.device)
@@ -317,13 +361,22 @@ class RunCfg:
 
 
 @dataclass
-class OptimCfg:
+class OptimCfg(SharedSection):
     """The ``optim`` settings every task shares, declared once; a task's section adds its own and
-    its ``lr``, ``weight_decay`` and ``clip_grad`` (whose meaning and defaults differ by task)."""
+    may give these its own defaults (:class:`SharedSection`)."""
 
     opt: Literal[OPTIMIZERS] = setting("adamw", doc="adamw | sgd (momentum 0.9, Nesterov)")
     betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
     eps: float = setting(1.0e-8, gt=0, doc="AdamW epsilon")
+    lr: Optional[float] = setting(
+        None,
+        gt=0,
+        doc="learning rate; null: the task's rule (classification: optim.base_lr x total batch / 512, with "
+        "sched.warmup_lr and sched.min_lr scaled alike, which a set lr makes absolute; segmentation and "
+        "detection need a value)",
+    )
+    weight_decay: float = setting(0.05, ge=0, doc="weight decay (not on biases, norms and position tables)")
+    clip_grad: Optional[float] = setting(None, ge=0, doc="max gradient norm (null or 0: off)")
 
     def check(self) -> None:
         if not all(0 <= b < 1 for b in self.betas):
@@ -353,6 +406,10 @@ class TypedConfig:
         cfg = cls(**{name: build_section(name, sec, data.get(name, {})) for name, sec in sections.items()})
         cfg.check_orderings()
         return cfg
+
+    def check_processes(self, world_size: int) -> None:
+        """Refuse settings that ``world_size`` processes cannot run (ValueError), before a run
+        touches its output folder; every value a config holds alone is checked on loading."""
 
     def check_orderings(self) -> None:
         """Every setting declared ``at_most`` another is at most it (ValueError naming both)."""

@@ -245,20 +245,22 @@ def train_step(
     ema: Optional[nn.Module] = None,
     amp: Optional[torch.dtype] = None,
     clip_grad: Optional[float] = None,
-) -> torch.Tensor:
+) -> Union[torch.Tensor, dict]:
     """One plain training step: forward (under autocast when ``amp``), backward, gradient-norm
     clipping (when ``clip_grad``; on the device, no host read), optimizer step, EMA update;
-    returns the loss (a 0-dim tensor, not read on the host)."""
+    returns the loss (a 0-dim tensor, not read on the host). ``loss_fn`` may return a dict of
+    loss terms instead, the first the one minimised: the step then returns them all."""
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(inputs.device.type, dtype=amp, enabled=amp is not None):
-        loss = loss_fn(model(inputs), targets)
+        out = loss_fn(model(inputs), targets)
+    loss = out if torch.is_tensor(out) else next(iter(out.values()))
     loss.backward()
     if clip_grad:
         nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float(clip_grad))
     optimizer.step()
     if ema is not None:
         ema.update(model)
-    return loss.detach()
+    return loss.detach() if torch.is_tensor(out) else {k: v.detach() for k, v in out.items()}
 
 
 _CHECK = object()  # GraphedTrainStep / GraphedEvalStep: ask why_not_graphed
@@ -369,8 +371,8 @@ class GraphedTrainStep:
                         value.copy_(before[key]) if key in before else value.zero_()
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One step on (inputs, targets) -> the loss (a static tensor when graphed: read or clone it
-        before the next call)."""
+        """One step on (inputs, targets) -> the loss, or ``loss_fn``'s dict of terms (static tensors
+        when graphed: read or clone them before the next call)."""
         if self._replay is None:
             return self._plain_step(inputs, targets)
         _check_like("inputs", inputs, self._inputs)
@@ -481,7 +483,7 @@ def graphs_line(
     (off, or ``auto`` off the GPU, so a CPU run prints what it printed before graphs existed)."""
     shown = str(setting).lower() if isinstance(setting, bool) else str(setting)
     if graphed:
-        how = "torch.compile mode reduce-overhead" if compile else "training and evaluation steps captured"
+        how = "torch.compile mode reduce-overhead" if compile else "steps captured in CUDA graphs"
         return f"train.cuda_graphs={shown}: on ({how})"
     if reason is None or (setting == "auto" and device.type != "cuda"):
         return None
@@ -520,10 +522,10 @@ class StepGraphs:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         inputs: torch.Tensor,
         targets: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> Union[torch.Tensor, dict]:
         """One optimizer step of ``model`` on (inputs, targets), the ``ema`` update included -> the
-        loss (a static tensor when replayed: read it before the next step). The schedule is the
-        caller's (``optimizer`` is made ready for capture at the first step)."""
+        loss or ``loss_fn``'s dict of terms (static tensors when replayed: read them before the next
+        step). The schedule is the caller's (``optimizer`` is made ready for capture at the first step)."""
         if self.train is None:
             prepare_for_capture(optimizer)
             self.train = GraphedTrainStep(

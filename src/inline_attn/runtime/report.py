@@ -49,3 +49,30 @@ def markdown_row(cells: Iterable) -> str:
 def markdown_table(rows: Iterable[Sequence], columns: Sequence[str]) -> list[str]:
     """A Markdown table as lines: the ``columns`` header, the rule, then one line per row of cells."""
     return [markdown_row(columns), "|" + "|".join("---" for _ in columns) + "|", *(markdown_row(r) for r in rows)]
+
+
+class TensorBoard:
+    """A run's metrics rows as TensorBoard scalars (x: the step) when tensorboard is installed
+    and ``logdir`` is given; otherwise a no-op."""
+
+    def __init__(self, logdir: Optional[pathlib.Path]):
+        self.writer = None
+        if logdir is None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # tensorboard not installed: metrics.csv is the record
+            return
+        self.writer = SummaryWriter(str(logdir))
+
+    def log(self, row: dict) -> None:
+        if self.writer is None:
+            return
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.writer.add_scalar(k, v, row["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

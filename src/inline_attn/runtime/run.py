@@ -1,12 +1,13 @@
 """One training run for every task: set-up, resume, the steps, checkpoints, signals and the
-closing summary; each task supplies its hooks (:class:`Task`).
+closing summary; each task supplies its hooks (:class:`~inline_attn.runtime.task.Task`).
 
 ``train(task, cfg)`` writes, from rank 0, into ``train.output``: ``config.yaml``, ``last.pth``
 (atomically, at the task's checkpoint cadence, at the end and on SIGINT / SIGTERM; the one it
 replaces kept as ``previous.pth``), ``metrics.csv``, ``summary.json`` and the task's own files (a
 picture of validation predictions; classification's best checkpoints and curves). The task's
 cadence says when a metrics row and a checkpoint are due: every so many iterations
-(:class:`Cadence`) or at the end of every epoch (:class:`EpochCadence`). Every checkpoint has one
+(:class:`~inline_attn.runtime.task.Cadence`) or at the end of every epoch
+(:class:`~inline_attn.runtime.task.EpochCadence`). Every checkpoint has one
 format (:meth:`Run.checkpoint`: the run's entries, each process's RNG in ``rank_states``, the
 task's entries beside them), read back by one reader
 (:func:`~inline_attn.runtime.checkpoint.read_run_checkpoint`). The output folder is claimed first
@@ -22,6 +23,7 @@ command's exit status.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
@@ -29,7 +31,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -38,9 +40,12 @@ import torch.nn as nn
 
 from .amp import grad_scaler, resolve_amp
 from .checkpoint import (
+    BEST,
+    BEST_EMA,
     LAST,
     RUN_KEYS,
     check_resume,
+    copy_atomic,
     load_module,
     load_optimizer,
     load_resume,
@@ -50,242 +55,61 @@ from .checkpoint import (
     save_rotating,
     set_rng_state,
 )
+from .compile import compile_module
 from .config import TypedConfig
 from .distributed import SEED_STRIDE, DistInfo, all_reduce, barrier, run_session
 from .finite import check_finite
 from .ema import ModelEma
+from .graphs import StepGraphs, compile_mode_for, graphs_line, why_not_graphed
 from .optim import backward, optimizer_step, plain_state_dict
 from .signals import StopFlag, stop_everywhere
 from .output import claim_output
 from .progress import progress_bar, restart_clock
-from .report import nan_to_none, write_csv, write_json
+from .report import TensorBoard, nan_to_none, write_csv, write_json
+from .task import MicroBatches, Task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Cadence", "EpochCadence", "LogWindow", "Run", "Task", "seed_everything", "train"]
+__all__ = [
+    "LogWindow",
+    "Run",
+    "keep_best",
+    "seed_everything",
+    "train",
+]
 
 
 @dataclass
 class LogWindow:
-    """Loss sums of this process since the last metrics row: ``add`` after every step, ``row``
-    reduces them over the processes into per-step means and the images per second."""
+    """This process's loss sums since the last metrics row: ``add`` after every step the losses
+    times the images of each micro-batch (float64) and the images, ``row`` reduces them over the
+    processes into means per image and the images per second. ``sums`` (the losses, the images)
+    goes into every checkpoint, so a row after a resume counts the steps before it too."""
 
     keys: Sequence[str]
     sums: torch.Tensor = field(init=False)
     started: float = field(init=False, default_factory=time.time)
-    steps: int = 0
+    images: int = 0  # since ``started``, in this process (timing only: not checkpointed)
 
     def __post_init__(self):
-        self.sums = torch.zeros(len(self.keys) + 1, dtype=torch.float64)  # the losses, images
+        self.sums = torch.zeros(len(self.keys) + 1, dtype=torch.float64)
 
-    def add(self, losses: dict, images: int) -> None:
-        zero = torch.zeros(())
-        values = [losses.get(k, zero).item() for k in self.keys] + [images]
-        self.sums += torch.tensor(values, dtype=torch.float64)
-        self.steps += 1
+    def add(self, sums: torch.Tensor) -> None:
+        """``sums``: one step's [loss * images per key ..., images]."""
+        self.sums += sums
+        self.images += int(sums[-1])
 
     def row(self, info: DistInfo, present: Iterable[str]) -> dict:
-        """``{key: mean per step}`` (None for a key not in ``present``) and ``img_s``; resets."""
-        sums = all_reduce(self.sums.clone(), info)
-        n, present = max(1, self.steps), set(present)
-        out = {k: sums[i].item() / n / info.world_size if k in present else None for i, k in enumerate(self.keys)}
-        out["img_s"] = round(sums[-1].item() / max(time.time() - self.started, 1e-9), 2)
+        """``{key: mean per image}`` (None for a key not in ``present``), ``img_s`` and the
+        window's ``window_s``; resets."""
+        sums = all_reduce(torch.cat([self.sums, torch.tensor([float(self.images)], dtype=torch.float64)]), info)
+        n, present = max(sums[-2].item(), 1), set(present)
+        out = {k: sums[i].item() / n if k in present else None for i, k in enumerate(self.keys)}
+        seconds = max(time.time() - self.started, 1e-9)
+        out["img_s"], out["window_s"] = round(sums[-1].item() / seconds, 2), round(seconds, 2)
         self.sums.zero_()
-        self.steps, self.started = 0, time.time()
+        self.images, self.started = 0, time.time()
         return out
-
-
-@dataclass(frozen=True)
-class Cadence:
-    """When an iteration-based run logs, evaluates and checkpoints (intervals in iterations;
-    ``eval_every`` 0: only at the end; ``max_steps`` 0: no early stop)."""
-
-    iters: int
-    log_every: int
-    eval_every: int
-    ckpt_every: int
-    max_steps: int = 0
-
-    def final(self, step: int) -> bool:
-        return step == self.iters or bool(self.max_steps and step >= self.max_steps)
-
-    def evaluate(self, step: int) -> bool:
-        return bool(self.eval_every and step % self.eval_every == 0) or step == self.iters
-
-    def log(self, step: int) -> bool:
-        return step % self.log_every == 0 or self.final(step) or bool(self.eval_every and step % self.eval_every == 0)
-
-    def checkpoint(self, step: int) -> bool:
-        return step % self.ckpt_every == 0 or self.final(step)
-
-    def stop_early(self, step: int) -> bool:
-        return bool(self.max_steps and step >= self.max_steps and step < self.iters)
-
-
-class EpochCadence(Cadence):
-    """An epoch-based run's cadence (``log_every``: the steps of an epoch): a metrics row and a
-    checkpoint at the end of every epoch; ``max_steps`` (0: none) stops at that step, mid-epoch
-    or at the end, with a checkpoint."""
-
-    def log(self, step: int) -> bool:
-        return step % self.log_every == 0
-
-    def stop_early(self, step: int) -> bool:
-        return bool(self.max_steps and step >= self.max_steps)
-
-
-class Task:
-    """What a task does its own way; :class:`Run` does the rest.
-
-    The run owns the step counter, the history, the elapsed time, the one checkpoint format and
-    its reader, resume, seeding, the EMA and the stop message. The hooks under "what" say what
-    the task trains; those below them have defaults for an iteration-based task with one model,
-    its optimizer and schedule (segmentation, detection), which a task with another cadence
-    (classification's epochs, accumulation, CUDA graphs and best checkpoints) overrides.
-    """
-
-    kind: str  # "segmentation" | "detection" | "classification" (messages)
-    config: type  # the typed config class
-    csv_columns: list  # metrics.csv
-    loss_keys: tuple = ("loss",)  # the losses logged ("loss" first)
-    metric_keys: tuple = ()  # the evaluation numbers in a metrics row
-    distributed: bool = True  # whether the task trains on several processes
-    checkpoint_keys: tuple = ()  # what a checkpoint of the task holds besides the run's RUN_KEYS
-
-    # what the task trains
-
-    def datasets(self, cfg, progress: bool):
-        """(train set, val set); the train set has ``classes`` and ``num_classes``."""
-        raise NotImplementedError
-
-    def build_model(self, cfg, num_classes: int) -> nn.Module:
-        raise NotImplementedError
-
-    def optimization(self, cfg, model: nn.Module) -> tuple:
-        """(optimizer, schedule): the schedule steps once per step and tells ``lr_at(step)``."""
-        raise NotImplementedError
-
-    def cadence(self, cfg) -> Cadence:
-        """When the run logs, evaluates, checkpoints and stops."""
-        raise NotImplementedError
-
-    def batches(self, train_set, cfg, info: DistInfo, step: int) -> Iterator:
-        """What :meth:`step` takes, one item a step, from step ``step`` on."""
-        raise NotImplementedError
-
-    def losses(self, model: nn.Module, batch, norm: nn.Module, device: torch.device, amp: str) -> tuple[dict, int]:
-        """(losses with "loss" the one to minimise, images in the batch)."""
-        raise NotImplementedError
-
-    def evaluate(self, model, val_set, cfg, device, info: DistInfo, amp: str, progress: bool) -> dict:
-        raise NotImplementedError
-
-    def eval_line(self, row: dict) -> str:
-        raise NotImplementedError
-
-    def summary(self, cfg, history: list, last_eval: Optional[dict], classes: list) -> dict:
-        """The task's entries of the run summary."""
-        raise NotImplementedError
-
-    def picture(self, model, val_set, cfg, device, out: pathlib.Path, step: int, history: list, last_eval):
-        """(summary key, path) of the run's picture written into ``out``: validation predictions, or
-        the curves of ``history``."""
-        raise NotImplementedError
-
-    # how, with defaults for an iteration-based task
-
-    def input_norm(self, cfg) -> nn.Module:
-        """What :meth:`losses` applies to the images (moved to the device by the run)."""
-        return nn.Identity()
-
-    def headline(self, cfg) -> dict:
-        """The summary's first entries: what was trained."""
-        return {}
-
-    def ema_decay(self, cfg) -> Optional[float]:
-        """The decay per step of the run's EMA of the weights (None: no EMA)."""
-        return None
-
-    def check(self, cfg, info: DistInfo) -> None:
-        """Refuse a config these processes cannot run, before the output folder is touched."""
-
-    def wrap(self, run: "Run") -> nn.Module:
-        """The model to call: DDP over several processes, the heads' BatchNorm synchronised on GPUs
-        (mmseg's SyncBN)."""
-        if not run.info.enabled:
-            return run.model
-        if run.device.type == "cuda":
-            run.model = nn.SyncBatchNorm.convert_sync_batchnorm(run.model)
-        ids = [run.device.index] if run.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(run.model, device_ids=ids)
-
-    def step(self, run: "Run", model: nn.Module, batch) -> tuple[dict, int]:
-        """One optimizer step of ``model`` (what ``run`` calls) on ``batch``: (losses, images)."""
-        run.optimizer.zero_grad(set_to_none=True)
-        losses, images = self.losses(model, batch, run.norm, run.device, run.amp)
-        check_finite(losses["loss"], f"iteration {run.step}")
-        backward(losses["loss"], run.scaler)
-        optimizer_step(run.model.parameters(), run.optimizer, run.scaler, run.cfg.optim.clip_grad)
-        run.sched.step()
-        if run.ema is not None:
-            run.ema.update(run.model)
-        return losses, images
-
-    def record(self, run: "Run", window: LogWindow, losses: dict, pbar) -> None:
-        """A metrics row (evaluating when due), appended to the history and ``metrics.csv``."""
-        row = window.row(run.info, losses)
-        row.update(step=run.step, lr=run.sched.lr_at(run.step - 1))
-        row["elapsed_s"] = round(run.elapsed + time.time() - run.t_start, 1)
-        if run.cadence.evaluate(run.step):
-            args = (run.cfg, run.device, run.info, run.amp, run.show)
-            run.last_eval = self.evaluate(run.model, run.val_set, *args)
-            row.update({k: round(run.last_eval[k], 2) for k in self.metric_keys})
-            if run.info.is_main:
-                pbar.write(f"iteration {run.step}/{run.cadence.iters}  {self.eval_line(row)}")
-            run.model.train()
-        run.history.append(row)
-        if run.info.is_main:
-            write_csv(run.history, run.out / "metrics.csv", self.csv_columns)
-
-    def rank_state(self, run: "Run") -> dict:
-        """What this process adds to its entry of the checkpoint's ``rank_states`` (beside its RNG)."""
-        return {}
-
-    def extra_state(self, run: "Run") -> dict:
-        """The task's entries of a checkpoint (beside the run's)."""
-        return {}
-
-    def load_extra_state(self, run: "Run", where: str, state: dict, rank: Optional[dict]) -> None:
-        """Continue from checkpoint ``state`` (read from ``where``): the task's entries, and this
-        process's entry of ``rank_states`` (None when saved by another number of processes)."""
-
-    def saved(self, run: "Run", path: pathlib.Path) -> None:
-        """After rank 0 wrote a checkpoint to ``path``."""
-
-    def finish(self, run: "Run", stopped: Optional[str], signum: Optional[int]) -> dict:
-        """The summary of the run (written by rank 0)."""
-        summary = {
-            **self.headline(run.cfg),
-            "params": run.n_params,
-            "iterations": run.step,
-            "world_size": run.info.world_size,
-            "device": str(run.device),
-            "stopped": stopped,
-            "signal": signum if stopped == "signal" else None,
-            "train_time_s": round(run.elapsed + time.time() - run.t_start, 1),
-            "checkpoint": str(run.out / LAST),
-            "output": str(run.out),
-            "classes": list(run.train_set.classes),
-        }
-        summary.update(self.summary(run.cfg, run.history, run.last_eval, list(run.train_set.classes)))
-        if run.info.is_main:
-            if stopped is None and run.cfg.train.predictions_png:
-                run.add_picture(summary)
-            write_json(nan_to_none(summary), run.out / "summary.json")
-        return summary
-
-    def close(self, run: "Run") -> None:
-        """When the run ends, however it ends."""
 
 
 def train(
@@ -305,7 +129,7 @@ def train(
     with run_session(t.device, t.threads, rank=rank, world_size=world_size, init_method=init_method) as info:
         if info.enabled and not task.distributed:
             raise ValueError(f"{task.kind} training runs in one process (got world size {info.world_size})")
-        task.check(cfg, info)
+        cfg.check_processes(info.world_size)
         with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
             return Run(task, cfg, info).train()
 
@@ -321,8 +145,8 @@ class Run:
     """One training run: set-up, resume, the steps, checkpoints, signals, the closing summary.
 
     ``step`` counts optimizer steps, ``history`` holds the metrics rows, ``elapsed`` the training
-    time of earlier processes (resumes), ``ema`` the EMA of the weights (or None); the task's
-    hooks read them, and only the run writes them (the history: through :meth:`Task.record`).
+    time of earlier processes (resumes), ``ema`` the EMA of the weights (or None), ``window`` the
+    loss sums since the last row; the task's hooks read them, and only the run writes them.
     """
 
     def __init__(self, task: Task, cfg: TypedConfig, info: DistInfo):
@@ -337,6 +161,8 @@ class Run:
         self.amp = resolve_amp(cfg.train.amp, self.device)
         self.scaler = grad_scaler(self.amp)
         self.step, self.history, self.elapsed, self.last_eval = 0, [], 0.0, None
+        self.graphs, self.why_not, self.tb, self.new_row = None, None, TensorBoard(None), False
+        self.window = LogWindow(task.loss_keys)
         self.t_start = time.time()
         self.setup()
         self.n_params = sum(p.numel() for p in self.model.parameters())
@@ -346,11 +172,10 @@ class Run:
         optimizer, schedule and EMA, the input normalisation and the cadence, from the task."""
         cfg, task = self.cfg, self.task
         seed_everything(cfg.train.seed)
-        self.train_set, self.val_set = task.datasets(cfg, self.show)
+        self.train_set, self.val_set = task.datasets(cfg, self.info, self.show)
         seed_everything(cfg.train.seed)
         self.model = task.build_model(cfg, self.train_set.num_classes).to(self.device)
-        self.optimizer, self.sched = task.optimization(cfg, self.model)
-        decay = task.ema_decay(cfg)
+        self.optimizer, self.sched, decay = task.optimization(cfg, self.model)
         self.ema = ModelEma(self.model, decay) if decay is not None else None
         self.norm = task.input_norm(cfg).to(self.device)
         self.cadence = task.cadence(cfg)
@@ -376,7 +201,7 @@ class Run:
         check_resume(where, self.cfg.differences(state.get("config") or {}), state.get("world_size"), info.world_size)
         ranks = rank_states(state)
         rank = ranks[info.rank] if len(ranks) == info.world_size else None
-        self.task.load_extra_state(self, where, state, rank)
+        self.task.load_extra_state(self, where, state)
         load_module(self.model, state["model"], where, "model")
         if self.ema is not None and state.get("model_ema"):
             load_module(self.ema.module, state["model_ema"], where, "model_ema")
@@ -388,11 +213,52 @@ class Run:
         self.elapsed = float(state.get("elapsed_s", 0.0))
         if rank is not None:
             set_rng_state(rank["rng"])
+            if rank.get("partial") is not None and len(rank["partial"]) == len(self.window.sums):
+                self.window.sums = rank["partial"].clone()
+
+    def wrap(self) -> nn.Module:
+        """The model to call: channels-last, DDP (the BatchNorm synchronised on GPUs where the task
+        asks), a CUDA-graphed step or torch.compile, as the ``train`` section says."""
+        t, info = self.cfg.train, self.info
+        if t.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        model = self.model
+        if info.enabled:
+            if self.device.type == "cuda" and self.task.sync_bn:
+                self.model = model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        setting, compile = t.cuda_graphs, t.compile
+        if setting is not False:
+            self.why_not = (
+                why_not_graphed(
+                    self.device,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    amp=self.amp,
+                    accum_steps=self.cadence.accum,
+                    world_size=info.world_size,
+                    compile=compile,
+                )
+                if self.task.criterion is not None
+                else f"{self.task.kind}: {self.task.not_graphed}"
+            )
+        graphed = setting is not False and self.why_not is None
+        line = graphs_line(setting, graphed, self.why_not, self.device, compile)
+        if line and info.is_main:
+            print(line, file=sys.stderr, flush=True)
+        if compile:  # the fused InLine op stays one node of the graph (a custom op)
+            model = compile_module(model, compile_mode_for(t.compile_mode, graphed))
+        elif graphed:
+            self.graphs = StepGraphs(self.amp, self.cfg.optim.clip_grad)
+        if info.is_main and t.tensorboard:
+            self.tb = TensorBoard(self.out / "tb")
+        return model
 
     def train(self) -> dict:
         try:
             self.resume_or_seed()
-            model = self.task.wrap(self)
+            model = self.wrap()
             # the handlers go in before config.yaml appears (the sign that a run has started), so a
             # signal from then on always ends in a checkpoint and the 128 + signum exit
             with StopFlag() as stop:
@@ -401,13 +267,13 @@ class Run:
                     self.cfg.save(self.out / "config.yaml")
                 self.t_start = time.time()
                 stopped = self.iterate(model, stop)
-                summary = self.task.finish(self, stopped, stop.signum)
+                summary = self.finish(stopped, stop.signum)
                 if stopped and self.info.is_main:
                     self.say_stopped(stopped)
                 barrier(self.info)
                 return summary
         finally:
-            self.task.close(self)
+            self.tb.close()
 
     def say_stopped(self, stopped: str) -> None:
         """The one stop message: where the run stopped and how to continue it."""
@@ -428,20 +294,20 @@ class Run:
         batches = self.task.batches(self.train_set, self.cfg, self.info, self.step)
         # smoothing 0: the rate is the mean since the warm-up step, so the ETA is sane from the second step
         pbar = progress_bar(total=c.iters, initial=self.step, desc="train", smoothing=0, progress=self.show)
-        window = LogWindow(self.task.loss_keys)
         warm_up = self.step + 1
         model.train()
         try:
             while self.step < c.iters:
-                losses, images = self.task.step(self, model, next(batches))
+                sums, present = self.train_step(model, next(batches))
                 self.step += 1
-                window.add(losses, images)
-                pbar.set_postfix(loss=f"{losses['loss'].item():.3f}", lr=f"{self.lr:.2e}", refresh=False)
+                self.window.add(sums)
+                loss = sums[0].item() / max(sums[-1].item(), 1)
+                pbar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.lr:.2e}", refresh=False)
                 pbar.update(1)
                 if self.step == warm_up:  # kernel build, compile, workers starting: not the loop's rate
                     restart_clock(pbar)
                 if c.log(self.step):
-                    self.task.record(self, window, losses, pbar)
+                    self.record(present, pbar)
                 if stop_everywhere(stop.requested(), self.info):
                     self.save()
                     return "signal"
@@ -453,14 +319,88 @@ class Run:
         finally:
             pbar.close()
 
+    def train_step(self, model: nn.Module, item) -> tuple[torch.Tensor, list]:
+        """One optimizer step of ``model`` over ``item`` (a batch or its :class:`MicroBatches`),
+        plain or its CUDA graph replayed: the schedule stepped, the EMA updated. Returns
+        ([loss * images per loss key ..., images], the loss keys present)."""
+        group = item if isinstance(item, MicroBatches) else MicroBatches(1, lambda: item)
+        sums = torch.zeros(len(self.task.loss_keys) + 1, dtype=torch.float64)
+        first = self.task.loss_keys[0]
+        if self.graphs is not None:
+            (batch,) = list(group)
+            x = self.norm(batch[0].to(self.device, non_blocking=True))  # as the task's losses take it
+            target = batch[1].to(self.device, non_blocking=True)
+            out = self.graphs.train_step(model, self.optimizer, self.ema, self.task.criterion, x, target)
+            terms = out if isinstance(out, dict) else {first: out}  # a criterion may give its terms
+            check_finite(terms[first], f"step {self.step + 1}")
+            n, present = len(x), [k for k in self.task.loss_keys if k in terms]
+            values = torch.stack([terms[k].double() for k in present]).tolist()  # one host read
+            for k, v in zip(present, values):
+                sums[self.task.loss_keys.index(k)] = v * n
+            sums[-1] = n
+            self.sched.step()
+            return sums, present
+        self.optimizer.zero_grad(set_to_none=True)
+        present: list = []
+        for m, batch in enumerate(group):
+            sync = m == len(group) - 1 or not self.info.enabled
+            with contextlib.nullcontext() if sync else model.no_sync():
+                losses, n = self.task.losses(model, batch, self.norm, self.device, self.amp)
+                check_finite(losses[first], f"step {self.step + 1}")
+                backward(losses[first] / len(group), self.scaler)
+            values = [losses[k].item() * n if k in losses else 0.0 for k in self.task.loss_keys]
+            sums += torch.tensor([*values, n], dtype=torch.float64)
+            present = [k for k in self.task.loss_keys if k in losses]
+        optimizer_step(self.model.parameters(), self.optimizer, self.scaler, self.cfg.optim.clip_grad)
+        self.sched.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
+        return sums, present
+
+    def evaluate(self) -> dict:
+        """The task's evaluation of the model (and of its EMA: ``<best_key>_ema``), the model's
+        training mode restored."""
+        task, args = self.task, (self.val_set, self.cfg, self.device, self.info, self.amp, self.show)
+        forward = self.graphs.eval_forward(self.model) if self.graphs is not None else None
+        self.last_eval = task.evaluate(self.model, *args, forward=forward)
+        row = {k: self.last_eval[k] for k in task.metric_keys}
+        if self.ema is not None and task.best_key is not None:
+            forward = self.graphs.eval_forward(self.ema.module) if self.graphs is not None else None
+            row[f"{task.best_key}_ema"] = task.evaluate(self.ema.module, *args, forward=forward)[task.best_key]
+        self.model.train()
+        if task.metric_digits is not None:
+            row = {k: round(v, task.metric_digits) for k, v in row.items()}
+        return row
+
+    def record(self, present: list, pbar) -> None:
+        """A metrics row (evaluating when due), appended to the history and ``metrics.csv``."""
+        c, task = self.cadence, self.task
+        window = self.window.row(self.info, present)
+        row = c.row(self.step, self.sched.lr_at)
+        row.update({k: window[k] for k in task.loss_keys})
+        if task.window_key:
+            row[task.window_key] = window["window_s"]
+        row[task.throughput_key] = window["img_s"]
+        row["elapsed_s"] = round(self.elapsed + time.time() - self.t_start, 1)
+        evaluated = c.evaluate(self.step)
+        if evaluated:
+            row.update(self.evaluate())
+        self.history.append(row)
+        self.new_row = True
+        if self.info.is_main:
+            head = c.line(self.step, evaluated)
+            if head is not None:
+                pbar.write(f"{head}  {task.eval_line(row)}", file=sys.stderr)
+            write_csv(self.history, self.out / "metrics.csv", task.csv_columns)
+
     @property
     def lr(self) -> float:
         lr = self.optimizer.param_groups[0]["lr"]
         return float(lr) if torch.is_tensor(lr) else lr
 
     def checkpoint(self, ranks: list) -> dict:
-        """The checkpoint: everything a resume needs (``ranks``: each process's RNG and
-        :meth:`Task.rank_state`), the task's entries beside the run's."""
+        """The checkpoint: everything a resume needs (``ranks``: each process's RNG and loss
+        sums), the task's entries beside the run's."""
         return {
             "model": self.model.state_dict(),
             "optimizer": plain_state_dict(self.optimizer),  # as saved without CUDA graphs: resumable either way
@@ -477,8 +417,10 @@ class Run:
         }
 
     def save(self) -> Optional[pathlib.Path]:
-        """Checkpoint (every rank contributes its RNG state and :meth:`Task.rank_state`; rank 0 writes)."""
-        mine = {"rng": rng_state(), **self.task.rank_state(self)}
+        """Checkpoint (every rank contributes its RNG state and loss sums; rank 0 writes), then,
+        after a new metrics row, the best copies, TensorBoard and the picture of a task that
+        draws one each row."""
+        mine = {"rng": rng_state(), "partial": self.window.sums.clone()}
         ranks = [mine]
         if self.info.enabled:
             ranks = [None] * self.info.world_size
@@ -486,14 +428,73 @@ class Run:
         if not self.info.is_main:
             return None
         path = save_rotating(self.checkpoint(ranks), self.out)
-        self.task.saved(self, path)
+        if self.new_row:
+            self.new_row = False
+            if self.task.best_key is not None:
+                keep_best(self.out, self.history, path, self.task.best_key)
+            self.tb.log(self.history[-1])
+            if self.task.picture_each_row:
+                self.add_picture({})
         return path
 
+    def finish(self, stopped: Optional[str], signum: Optional[int]) -> dict:
+        """The summary of the run, one shape for every task; rank 0 writes it (``summary.json``,
+        with the task's picture) when the run finished."""
+        t, task = self.cfg.train, self.task
+        summary = {
+            **task.headline(self.cfg),
+            "params": self.n_params,
+            "steps": self.step,
+            "world_size": self.info.world_size,
+            "rank": self.info.rank,
+            "device": str(self.device),
+            "stopped": stopped,
+            "signal": signum if stopped == "signal" else None,
+            "train_time_s": round(self.elapsed + time.time() - self.t_start, 1),
+            "checkpoint": str(self.out / LAST),
+            "output": str(self.out),
+        }
+        summary["cuda_graphs"] = self.graphs_summary()
+        classes = list(self.train_set.classes)
+        summary.update(task.summary(self.cfg, self.model, self.history, self.last_eval, classes))
+        for tag, name in (("", BEST), ("_ema", BEST_EMA)):
+            if task.best_key is not None and (self.out / name).exists():
+                summary[f"best{tag}_checkpoint"] = str(self.out / name)
+        if self.info.is_main and stopped is None:
+            if getattr(t, "predictions_png", True):  # a task section may turn its picture off
+                self.add_picture(summary)
+            write_json(nan_to_none(summary), self.out / "summary.json")
+        return summary
+
+    def graphs_summary(self) -> dict:
+        """``train.cuda_graphs`` as it ran: the setting, whether the steps were graphed (or why not),
+        and how many training / evaluation steps were replayed and run ungraphed in this process."""
+        t = self.cfg.train
+        out = {"setting": t.cuda_graphs, "graphed": False, "why_not": self.why_not}
+        if self.graphs is not None:
+            counts = self.graphs.counts()
+            why_not = counts.pop("train_why_not", None)
+            out.update(graphed=why_not is None and counts["train_replays"] > 0, why_not=why_not, **counts)
+        elif t.compile and self.why_not is None and t.cuda_graphs is not False:
+            out.update(graphed=True, how="torch.compile mode reduce-overhead")
+        return out
+
     def add_picture(self, summary: dict) -> None:
-        """The task's picture of the run (validation predictions), its path in ``summary``."""
+        """The task's picture of the run, its path in ``summary``."""
         try:
             args = (self.cfg, self.device, self.out, self.step, self.history, self.last_eval)
             key, path = self.task.picture(self.model, self.val_set, *args)
             summary[key] = str(path)
         except Exception as e:  # a picture is a report, never a reason to fail a finished run
-            log.warning("predictions PNG failed: %s", e)
+            log.warning("the run's picture failed: %s", e)
+
+
+def keep_best(out: pathlib.Path, history: list[dict], path: pathlib.Path, key: str) -> None:
+    """Copy the checkpoint ``path`` of the last row to best.pth / best_ema.pth in ``out`` when its
+    ``key`` / ``<key>_ema`` is the best so far (a tie goes to the later row, as the authors' ``>=``)."""
+    row = history[-1]
+    for k, name in ((key, BEST), (f"{key}_ema", BEST_EMA)):
+        value = row.get(k)
+        before = [r[k] for r in history[:-1] if r.get(k) is not None]
+        if value is not None and (not before or value >= max(before)):
+            copy_atomic(path, out / name)

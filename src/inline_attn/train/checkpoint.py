@@ -1,19 +1,16 @@
-"""Classification checkpoints: the best epochs' copies and the reader of a classification run's
-checkpoint. The format, its writing, rotation, resume and its checks are the run's
-(:mod:`inline_attn.runtime.run`, :mod:`inline_attn.runtime.checkpoint`); classification adds where
-the epoch stands (``epoch``, ``step_in_epoch``, ``steps_per_epoch``, each process's partial loss
-sums) and what evaluation needs to rebuild the model (``model_name``, ``model_kwargs``,
-``pretrained_cfg``).
+"""The reader of a classification run's checkpoint. The format, its writing, rotation, the best
+copies, resume and its checks are the run's (:mod:`inline_attn.runtime.run`,
+:mod:`inline_attn.runtime.checkpoint`); classification adds where the epoch stands (``epoch``,
+``step_in_epoch``, ``steps_per_epoch``) and what evaluation needs to rebuild the model
+(``model_name``, ``model_kwargs``, ``pretrained_cfg``).
 """
 
 from __future__ import annotations
 
 from ..runtime.checkpoint import RUN_KEYS, PathLike, read_run_checkpoint
 
-__all__ = ["BEST", "BEST_EMA", "load"]
+__all__ = ["load"]
 
-BEST = "best.pth"  # the epoch with the best top-1 so far (the authors' max_acc.pth)
-BEST_EMA = "best_ema.pth"  # the epoch with the best EMA top-1 (max_ema_acc.pth)
 KEYS = RUN_KEYS + ("epoch", "step_in_epoch")  # ClassifyTask.checkpoint_keys beside the run's
 
 

@@ -19,7 +19,6 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from ..runtime.compile import COMPILE_MODES
 from ..runtime.config import (
     OptimCfg,
     RunCfg,
@@ -144,16 +143,8 @@ class AugCfg:
 
 
 @dataclass
-class ClassifyOptimCfg(OptimCfg):
-    lr: Optional[float] = setting(
-        None,
-        gt=0,
-        doc="absolute lr (sched.warmup_lr and sched.min_lr are then absolute "
-        f"too); null: base_lr * total_batch / {LR_REFERENCE_BATCH}",
-    )
-    base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH}")
-    weight_decay: float = setting(0.05, ge=0, doc="AdamW weight decay")
-    clip_grad: Optional[float] = setting(5.0, ge=0, doc="max gradient norm (null or 0: off)")
+class ClassifyOptimCfg(OptimCfg, defaults={"clip_grad": 5.0}):
+    base_lr: float = setting(5.0e-4, gt=0, doc=f"lr at a total batch of {LR_REFERENCE_BATCH} (when optim.lr is null)")
     accum_steps: int = setting(
         1, ge=1, doc="micro-batches per optimizer step (with total_batch: 1 or the number it implies)"
     )
@@ -202,21 +193,6 @@ class SchedCfg:
 
 @dataclass
 class TrainCfg(RunCfg):
-    compile: bool = setting(
-        False, doc="torch.compile the model (the fused InLine op compiles as one node)", resume=True
-    )
-    compile_mode: Literal[COMPILE_MODES] = setting(
-        "default", doc="torch.compile mode when train.compile is on (reduce-overhead: CUDA graphs)", resume=True
-    )
-    cuda_graphs: Literal["auto", True, False] = setting(
-        "auto",
-        doc="capture the training and evaluation steps in CUDA graphs and replay them: auto (on where the run "
-        "can be captured: CUDA, one process, bf16 or fp32, no accumulation), true (asked for: a run that cannot "
-        "be captured says why in one line and runs ungraphed) or false; with train.compile, inductor's "
-        "reduce-overhead mode instead",
-        resume=True,
-    )
-    channels_last: bool = setting(False, doc="channels-last images and convolutions", resume=True)
     ema: bool = setting(False, doc="keep an exponential moving average of the weights")
     ema_decay: float = setting(
         0.9996, ge=0, lt=1, doc="EMA decay per optimizer step at a total batch of train.ema_batch"
@@ -228,7 +204,6 @@ class TrainCfg(RunCfg):
         "the same averaging horizon in images (null: ema_decay as is)",
     )
     eval_every: int = setting(1, ge=1, doc="evaluate every N epochs (and after the last)", resume=True)
-    tensorboard: bool = setting(True, doc="TensorBoard events when tensorboard is installed", resume=True)
 
 
 @dataclass
@@ -245,6 +220,13 @@ class Config(TypedConfig):
     @classmethod
     def sections(cls) -> dict[str, type]:
         return SECTIONS
+
+    def check_processes(self, world_size: int) -> None:
+        """The recipe (:func:`~inline_attn.train.recipe.resolve`): a total batch these processes
+        cannot reach fails here."""
+        from .recipe import resolve  # the recipe reads this module's constants
+
+        resolve(self, world_size)
 
 
 SECTIONS: dict[str, type] = {f.name: tp for f, tp in fields_of(Config)}  # the section classes, by name

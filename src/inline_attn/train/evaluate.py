@@ -18,8 +18,7 @@ from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, reso
 from ..models import create_model, get_model_config
 from .._io import read_checkpoint
 from ..models.checkpoint import load_checkpoint, unwrap_state_dict
-from ..runtime.checkpoint import LAST
-from .checkpoint import BEST
+from ..runtime.checkpoint import BEST, LAST
 from .data import Batches
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo, all_reduce_sum, resolve_device

@@ -1,14 +1,12 @@
-"""Run outputs written by rank 0: metrics.csv, TensorBoard (if installed), curves.png, summary.json."""
+"""Classification's run outputs written by rank 0: the columns of metrics.csv, curves.png."""
 
 from __future__ import annotations
 
 import pathlib
-from typing import Optional
 
 from .._io import atomic_path
-from ..runtime.report import write_csv
 
-__all__ = ["METRIC_COLUMNS", "TensorBoard", "plot_curves", "write_metrics"]
+__all__ = ["METRIC_COLUMNS", "plot_curves"]
 
 METRIC_COLUMNS = [
     "epoch",
@@ -22,11 +20,6 @@ METRIC_COLUMNS = [
     "epoch_time_s",
     "train_img_s",
 ]
-
-
-def write_metrics(history: list[dict], path: pathlib.Path) -> None:
-    """The whole history (one row per finished epoch; rewritten so a resume never duplicates rows)."""
-    write_csv(history, path, METRIC_COLUMNS)
 
 
 # the panels of curves.png: (y label, curves as (metrics key, line style, legend label))
@@ -63,29 +56,3 @@ def plot_curves(history: list[dict], path: pathlib.Path, title: str = "") -> Non
             fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)
-
-
-class TensorBoard:
-    """SummaryWriter when tensorboard is installed; otherwise a no-op."""
-
-    def __init__(self, logdir: Optional[pathlib.Path]):
-        self.writer = None
-        if logdir is None:
-            return
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except Exception:  # tensorboard not installed: metrics.csv is the record
-            return
-        self.writer = SummaryWriter(str(logdir))
-
-    def log(self, row: dict) -> None:
-        if self.writer is None:
-            return
-        for k in ("lr", "train_loss", "val_loss", "val_top1", "val_top5", "val_top1_ema", "train_img_s"):
-            if row.get(k) is not None:
-                self.writer.add_scalar(k, row[k], row["epoch"] + 1)
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()

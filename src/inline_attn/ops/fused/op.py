@@ -18,10 +18,17 @@ products, GELU: :mod:`inline_attn.ops.predictor`) inside one autograd node in ea
 op ``cpu_layer`` on the CPU (forward, backward and autograd in C++), one ``autograd.Function``
 with one predictor kernel each way on Triton.
 
-:func:`inline_core` is what callers use: the custom op while ``torch.compile`` traces, and outside
-it the same kernels under one autograd node (the C++ op ``cpu_core``'s own on the CPU, one
-``torch.autograd.Function`` on Triton), which skips the custom op's Python dispatch (~60-100 us a
-call on these CPUs, as much as a small layer's whole core).
+:func:`inline_core` is what callers use: the custom op while ``torch.compile`` / ``torch.export``
+traces or a dispatch mode records, and outside them the same kernels under one autograd node (the
+C++ op ``cpu_core``'s own on the CPU, one ``torch.autograd.Function`` on Triton), which skips the
+custom op's Python dispatch (~60-100 us a call on these CPUs, as much as a small layer's whole core).
+
+Under ``torch.compile`` on CUDA tensors the Triton backend is instead the ``torch.library.triton_op``
+pair ``inline_attn::kernels_forward`` / ``kernels_backward``: AOT autograd traces into their
+launchers, each launch becomes a ``triton_kernel_wrapper_functional`` node (of the kernel's flat
+twin, :mod:`.triton_flat`), and the compiled graph launches the kernels with no custom op or
+launcher Python. ``torch.export`` keeps the opaque ``inline_forward`` (one node with its ONNX
+translation).
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .._checks import cast
+from ..compile_marks import constant_when_compiled
 from . import cpu as cpu_kernel
 
 BACKENDS = ("cpu", "triton")
@@ -124,6 +132,61 @@ def _backward(ctx, grad):
 
 
 inline_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The Triton kernels as a ``torch.library.triton_op`` pair, for ``torch.compile`` on CUDA tensors:
+# AOT autograd traces into them (their launches become ``triton_kernel_wrapper_functional`` nodes of
+# the kernels' flat twins, :mod:`.triton_flat`), and the compiled graph launches the kernels itself,
+# with no custom op or launcher Python at run time. ``torch.export`` keeps the opaque
+# ``inline_forward`` (one node, its ONNX translation), and so do the CPU backend and Triton's
+# interpreter. Registered on first use: ``triton_op`` imports triton and inductor (seconds of start-up).
+
+_kernel_ops: list = []  # [kernels_forward, kernels_backward] once registered
+
+
+@constant_when_compiled  # under torch.compile: run once while tracing (it registers ops), not traced
+def kernel_ops_registered() -> bool:
+    """Register ``inline_attn::kernels_forward`` and ``inline_attn::kernels_backward`` (once) -> True."""
+    if not _kernel_ops:
+        _kernel_ops.extend(_register_kernel_ops())
+    return True
+
+
+def _register_kernel_ops() -> tuple:
+    @torch.library.triton_op("inline_attn::kernels_forward", mutates_args=())
+    def kernels_forward(
+        q: Tensor, k: Tensor, v: Tensor, w9: Optional[Tensor], num_heads: int, scale: float, H: int, W: int, p: int
+    ) -> Tensor:
+        """:func:`inline_forward` on the Triton kernels (CUDA tensors), traceable by ``torch.compile``."""
+        return _forward_impl(q, k, v, w9, num_heads, scale, H, W, p, "triton")
+
+    @torch.library.triton_op("inline_attn::kernels_backward", mutates_args=())
+    def kernels_backward(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        w9: Optional[Tensor],
+        grad: Tensor,
+        num_heads: int,
+        scale: float,
+        H: int,
+        W: int,
+        p: int,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:func:`inline_backward` on the Triton kernels (CUDA tensors), traceable by ``torch.compile``."""
+        return _backward_impl(q, k, v, w9, grad, num_heads, scale, H, W, p, "triton")
+
+    def backward(ctx, grad):
+        q, k, v, w9 = ctx.saved_tensors
+        dq, dk, dv, dw = kernels_backward(q, k, v, w9, grad, *ctx.args)
+        return dq, dk, dv, (dw if w9 is not None else None), None, None, None, None, None
+
+    kernels_forward.register_autograd(backward, setup_context=_setup_context)
+    from torch.utils.flop_counter import register_flop_formula
+
+    register_flop_formula(torch.ops.inline_attn.kernels_forward)(_flops)
+    register_flop_formula(torch.ops.inline_attn.kernels_backward)(_flops_backward)
+    return kernels_forward, kernels_backward
 
 
 def _core_flops(q_shape, w9_shape, num_heads: int, grid, products: int, residual_passes: int) -> int:
@@ -226,8 +289,17 @@ class _InLineCore(torch.autograd.Function):
 
 def runs_as_custom_op() -> bool:
     """True while ``torch.compile`` / ``torch.export`` traces or a dispatch mode records: then the
-    fused core is called as its custom op (one graph node with a fake rule and a FLOP formula)."""
-    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+    fused core is called as its custom op (one graph node with a fake rule and a FLOP formula).
+
+    A dispatch mode (``FlopCounterMode``, a memory tracker, ``make_fx``) is told by the flag that
+    entering one sets (a module global: no walk of the mode stack on every layer call)."""
+    return torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
+
+
+def compiles_kernels(q: Tensor) -> bool:
+    """True while ``torch.compile`` (not ``torch.export``) traces a call on CUDA tensors: then the
+    Triton backend is called as :func:`kernels_forward`, whose kernels the compiled graph launches."""
+    return q.device.type == "cuda" and torch.compiler.is_compiling() and not torch.compiler.is_exporting()
 
 
 def inline_core(
@@ -238,6 +310,8 @@ def inline_core(
     with its FLOP formula), the same kernels otherwise: the C++ op ``cpu_core`` (its autograd node
     in C++) or :class:`_InLineCore` around the Triton launchers."""
     if runs_as_custom_op():
+        if backend == "triton" and compiles_kernels(q) and kernel_ops_registered():
+            return torch.ops.inline_attn.kernels_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)
         return inline_forward(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend)
     if backend == "cpu":
         return cpu_kernel.cpu_core(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens)

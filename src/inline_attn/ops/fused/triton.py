@@ -16,7 +16,7 @@ import importlib.util
 import json
 import os
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ _state: dict = {
     "shared_bytes": None,
     "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "stream"),
     "narrow_interpreted": False,
+    "flat": False,
 }
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
@@ -163,12 +164,15 @@ _launch_logs: list[list] = []
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch as :func:`record_launches` logs it: the kernel's name, its grid, its
-    compile-time arguments (tiles, warps, pipeline stages) and the dtypes of its tensor arguments."""
+    compile-time arguments (tiles, warps, pipeline stages), the dtypes of its tensor arguments and
+    the arguments with each tensor replaced by its dtype (what a prebuilt compile cache specialises
+    on; not compared). No tensor is kept: a log must not hold a step's buffers alive."""
 
     kernel: str
     grid: tuple
     meta: dict
     dtypes: tuple
+    args: tuple = field(default=(), compare=False, repr=False)
 
 
 def _dtypes(args: tuple) -> tuple:
@@ -177,15 +181,90 @@ def _dtypes(args: tuple) -> tuple:
 
 def _launch(kernel, grid: tuple, *args, **meta) -> None:
     """Launch ``kernel`` over ``grid`` (nothing runs for a simulated device; on a GPU through
-    :mod:`.launch_cache`); every open :func:`record_launches` log gets the launch."""
-    for log in _launch_logs:
-        log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args)))
+    :mod:`.launch_cache`; while a graph is traced, as its flat twin through ``wrap_triton``);
+    every open :func:`record_launches` log gets the launch."""
+    if _launch_logs:
+        spec = tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in args)
+        for log in _launch_logs:
+            log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args), spec))
     if _state["simulated"] is not None:
         return
-    if _state["interpret"]:
+    if type(args[0]) not in _DATA_TENSORS:  # fake / functional tensors: a graph is being traced
+        _traced_launch(kernel, grid, args, meta)
+    elif _state["flat"]:
+        flat_twin(kernel)[grid](*_flat(args), **meta)
+    elif _state["interpret"]:
         kernel[grid](*args, **meta)
     else:
         launch_cache.launch(kernel, grid, args, meta)
+
+
+# The tensor types that hold data; a traced graph's (fake, functional) are subclasses of torch.Tensor.
+_DATA_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def traced(args: tuple) -> bool:
+    """True when a launch's arguments are a traced graph's (fake or functional tensors: every
+    kernel's first argument is a tensor), not tensors with data."""
+    return type(args[0]) not in _DATA_TENSORS
+
+
+def flat_twin(kernel):
+    """The kernel of :mod:`.triton_flat` that takes ``kernel``'s arguments with their tuples spelled out.
+
+    Raises:
+        ValueError: ``kernel`` has no flat twin (the predictor's kernels: traced graphs run the
+            predictor on aten ops).
+    """
+    from .triton_flat import TWINS
+
+    twin = TWINS.get(kernel.fn.__name__)
+    if twin is None:
+        raise ValueError(f"{kernel.fn.__name__} has no flat twin in triton_flat.TWINS: it cannot be traced")
+    return twin
+
+
+def _flat(args: tuple) -> tuple:
+    """A launch's arguments with each tuple argument spelled out (the flat twins' order)."""
+    return tuple(x for a in args for x in (a if isinstance(a, tuple) else (a,)))
+
+
+def _traced_launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
+    """Record the launch in the traced graph as one ``triton_kernel_wrapper`` node of the flat twin
+    (inductor then reads which tensors the kernel writes from its Triton IR, and launches it from
+    the compiled graph without this module's Python)."""
+    from torch.library import wrap_triton
+
+    wrap_triton(flat_twin(kernel))[tuple(grid)](*_flat(args), **meta)
+
+
+@contextlib.contextmanager
+def flat_launches():
+    """Inside the block every launch runs the kernel's flat twin (:mod:`.triton_flat`) directly:
+    what the tests compare bit for bit against the kernels themselves."""
+    saved, _state["flat"] = _state["flat"], True
+    try:
+        yield
+    finally:
+        _state["flat"] = saved
+
+
+class _PointerArg:
+    """A tensor argument as Triton's compiler sees it: its dtype and an aligned address. Stands in
+    for a traced graph's tensors (fake, no data) when a configuration is compiled to fit it."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return 0
+
+
+def _compile_args(args: tuple) -> tuple:
+    """``args`` as a configuration is compiled with them: traced tensors replaced by :class:`_PointerArg`."""
+    if not traced(args):
+        return args
+    return tuple(_PointerArg(a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 @contextlib.contextmanager
@@ -246,9 +325,10 @@ def _fit(kernel, args: tuple, meta: dict, what) -> dict:
     fit = _fit_cache.get(key)
     if fit is None:
         shared_bytes = _state["shared_bytes"] or _compiled_shared_bytes
+        compile_args = _compile_args(args)
         needs = []
         for cand in _candidates(meta):
-            needs.append(shared_bytes(kernel, args, cand))
+            needs.append(shared_bytes(kernel, compile_args, cand))
             if needs[-1] <= limits.shared_per_block:
                 fit = _fit_cache[key] = cand
                 break

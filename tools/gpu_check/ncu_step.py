@@ -1,0 +1,96 @@
+"""The ``ncu`` step (on demand: ``--steps ncu``): Nsight Compute on the kernels of InLine-DeiT-T's
+layer (B 128, 197 tokens, 6 heads of 32, bf16): the predictor's and the core's, each way.
+
+A child process (``python -m tools.gpu_check.ncu_step``) runs the layer's four launches three
+times; ``ncu`` profiles the second round (speed of light, occupancy and launch statistics) and
+writes ``ncu.csv``. The summary line gives each kernel's duration, registers per thread, achieved
+occupancy and memory throughput. Where ``ncu`` is not on the PATH the step is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+import sys
+import time
+
+from . import output
+from .budget import StepContext
+
+KERNELS = "regex:^(inline_(fwd|bwd)_stream|predictor_(fwd|bwd))$"
+ROUNDS, LAUNCHES = 3, 4  # rounds of the layer step; launches a round
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats")
+METRICS = {  # ncu's metric name -> the summary's
+    "Duration": "duration",
+    "Registers Per Thread": "registers",
+    "Achieved Occupancy": "occupancy",
+    "Memory Throughput": "memory",
+}
+
+
+def command(out_csv: str) -> list[str]:
+    """The ncu command line: the second round's launches of the kernels, as CSV."""
+    cmd = ["ncu", "--target-processes", "all", "--kernel-name", KERNELS]
+    cmd += ["--launch-skip", str(LAUNCHES), "--launch-count", str(LAUNCHES), "--csv", "--page", "details"]
+    for section in SECTIONS:
+        cmd += ["--section", section]
+    return cmd + ["--log-file", out_csv, sys.executable, "-m", "tools.gpu_check.ncu_step"]
+
+
+def parse(text: str) -> dict[str, dict[str, str]]:
+    """ncu's details CSV -> kernel name -> {summary name: "value unit"} for :data:`METRICS`."""
+    start = text.find('"ID"')
+    rows = csv.DictReader(io.StringIO(text[start:])) if start >= 0 else []
+    out: dict[str, dict[str, str]] = {}
+    for row in rows:
+        name = METRICS.get(row.get("Metric Name", ""))
+        if name:
+            kernel = row["Kernel Name"].split("(")[0]
+            out.setdefault(kernel, {})[name] = f"{row['Metric Value']} {row.get('Metric Unit', '')}".strip()
+    return out
+
+
+def run(ctx: StepContext) -> dict:
+    """Profile the layer's kernels with ncu within the step's box -> the step's result."""
+    if shutil.which("ncu") is None:
+        return {"ok": None, "summary": "skipped: ncu (Nsight Compute) is not on this machine's PATH"}
+    out_csv = ctx.out / "ncu.csv"
+    timeout = max(1.0, ctx.deadline - time.time())
+    try:
+        proc = subprocess.run(command(str(out_csv)), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "summary": f"ncu did not finish in its box ({timeout:.0f} s)"}
+    if proc.returncode != 0 or not out_csv.is_file():
+        ctx.error("ncu", proc.stdout[-3000:] + proc.stderr[-3000:])
+        return {"ok": False, "summary": f"ncu exited {proc.returncode} (errors.txt)"}
+    output.cap_log(out_csv)
+    kernels = parse(out_csv.read_text())
+    line = "; ".join(f"{k}: " + ", ".join(f"{m} {v}" for m, v in ms.items()) for k, ms in kernels.items())
+    return {"ok": bool(kernels), "summary": line or "ncu profiled no kernel", "kernels": kernels}
+
+
+def target() -> None:
+    """The profiled process: :data:`ROUNDS` rounds of InLine-DeiT-T's layer launches (B 128, bf16)."""
+    import torch
+
+    from inline_attn.ops.fused import triton as tc
+
+    b, n, heads, d = 128, 197, 6, 32
+    c = heads * d
+    x = torch.randn(b, n, c, device="cuda", dtype=torch.bfloat16)
+    q, k, v = torch.randn(b, n, 3 * c, device="cuda", dtype=torch.bfloat16).chunk(3, dim=-1)
+    g = torch.randn_like(x)
+    w1, w2 = (torch.randn(r * c, d, device="cuda") * d**-0.5 for r in (1, 9))
+    b1, b2 = (torch.zeros(r * c, device="cuda") for r in (1, 9))
+    for _ in range(ROUNDS):
+        ctx, taps = tc.predictor_forward_triton(x, w1, b1, w2, b2, heads)
+        tc.inline_forward_triton(q, k, v, taps, heads, d**-0.5, 14, 14, 1)
+        _, _, _, dtaps = tc.inline_backward_triton(q, k, v, taps, g, heads, d**-0.5, 14, 14, 1)
+        tc.predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, heads)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    target()
