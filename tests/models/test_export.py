@@ -248,3 +248,50 @@ def test_dynamic_batch_onnx_on_the_eager_paths(case, tmp_path):
         (out,) = session.run(None, {name: xb.numpy()})
         with torch.no_grad():
             torch.testing.assert_close(torch.from_numpy(out), model(xb), rtol=1e-4, atol=1e-4)
+
+
+class FusedCore(torch.nn.Module):
+    """The fused core alone, as a module to export: ``inline_forward`` of q, k, v and the taps."""
+
+    def __init__(self, heads: int, scale: float, H: int, W: int, prefix: int):
+        super().__init__()
+        self.args = (heads, scale, H, W, prefix, "cpu")
+
+    def forward(self, q, k, v, w9):
+        return torch.ops.inline_attn.inline_forward(q, k, v, w9, *self.args)
+
+
+def test_onnx_translation_of_the_core_matches_float64(tmp_path):
+    """The translated core against the float64 reference (paper Eq. 5 with explicit weights, and the
+    3x3 residual), at a size where every term is of order one: the whole models' logits are too small
+    for their 1e-4 tolerance to see an error of 1 % in the attention term, this test sees 1e-5."""
+    from inline_attn.ops import naive_attention, naive_local_residual
+
+    b, heads, d, H, W, p = 2, 2, 8, 3, 5, 1
+    c, n, scale = heads * d, p + H * W, d**-0.5
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, n, c, generator=gen) for _ in range(3))
+    w9 = torch.randn(b, 9, c, generator=gen) / 3
+    path = tmp_path / "core.onnx"
+    torch.onnx.export(
+        FusedCore(heads, scale, H, W, p).eval(),
+        (q, k, v, w9),
+        str(path),
+        dynamo=True,
+        custom_translation_table=onnx_translation_table(),
+        optimize=False,
+    )
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = dict(zip((i.name for i in session.get_inputs()), (t.numpy() for t in (q, k, v, w9))))
+    (out,) = session.run(None, feed)
+
+    def split(t):  # [B, N, C] -> [B, h, N, d] in float64
+        return t.double().view(b, n, heads, d).transpose(1, 2)
+
+    ref = naive_attention(split(q), split(k), split(v), kind="inline", scale=scale).transpose(1, 2).reshape(b, n, c)
+    v_img = v.double()[:, p:].transpose(1, 2).reshape(b, c, H, W)
+    res = naive_local_residual(v_img, w9.double().transpose(1, 2).reshape(b, c, 3, 3)).flatten(2).transpose(1, 2)
+    ref[:, p:] += res
+    attention_term = ref - v.double().mean(1, keepdim=True)  # what a scale error multiplies
+    assert attention_term.abs().mean() > 0.1
+    torch.testing.assert_close(torch.from_numpy(out).double(), ref, rtol=1e-5, atol=1e-5)
