@@ -43,11 +43,13 @@ demo-det: $(STAMP) fmnist-data
 	INLINE_ATTN_FMNIST=$(FMNIST_DIR) $(BIN)/inline-attn det demo $(ARGS)
 
 # lint and format check (ruff, configured in pyproject.toml), then the tests; the dense tests train on real
-# Fashion-MNIST mosaics, so the data is installed first
+# Fashion-MNIST mosaics, so the data is installed first. The tests run in TEST_WORKERS processes
+# (pytest-xdist; every test pins one intra-op thread, so one worker per core): TEST_WORKERS=0 runs them in one.
+TEST_WORKERS ?= 2
 test: $(STAMP) fmnist-data
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_PINNED=constraints.txt $(BIN)/python -m pytest -q tests
+	INLINE_ATTN_FMNIST=$(FMNIST_DIR) INLINE_ATTN_PINNED=constraints.txt $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
 
 # the documentation's snippets marked `python slow` (make test runs every other block, tests/test_docs.py)
 test-docs-slow: $(STAMP) fmnist-data
