@@ -189,7 +189,7 @@ def _launch(kernel, grid: tuple, *args, **meta) -> None:
             log.append(Launch(kernel.fn.__name__, tuple(grid), dict(meta), _dtypes(args), spec))
     if _state["simulated"] is not None:
         return
-    if type(args[0]) not in _DATA_TENSORS:  # fake / functional tensors: a graph is being traced
+    if traced(args):  # fake / functional tensors: a graph is being traced
         _traced_launch(kernel, grid, args, meta)
     elif _state["flat"]:
         flat_twin(kernel)[grid](*_flat(args), **meta)
