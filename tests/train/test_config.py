@@ -182,6 +182,13 @@ def test_configs_are_found_from_any_folder(tmp_path, monkeypatch):
     assert configs_dir() == mine
 
 
+def test_every_fmnist_variant_is_a_shipped_config():
+    from inline_attn.train.config import FMNIST_VARIANTS, configs_dir
+
+    shipped = {p.stem for p in (configs_dir() / "fmnist").glob("*.yaml")} - {"_base", "demo"}
+    assert sorted(FMNIST_VARIANTS) == sorted(shipped)
+
+
 def test_installed_wheel_ships_the_configs_and_the_kernel_source(tmp_path):
     """Build the wheel from a copy of the project, unpack it, and find the configs from elsewhere."""
     import shutil

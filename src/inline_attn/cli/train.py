@@ -10,9 +10,7 @@ from .._io import writable_file
 from ..runtime.config import add_override_options, collect_overrides as _collect, run_options
 from ..runtime.signals import exit_code
 from ..runtime.output import OVERWRITE_HELP, demo_output
-from ..train.config import DEMO_CONFIG, FREEFORM, Config, configs_dir
-
-FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
+from ..train.config import DEMO_CONFIG, FMNIST_VARIANTS, FREEFORM, Config, configs_dir
 
 
 def _add_override_options(p: argparse.ArgumentParser) -> None:

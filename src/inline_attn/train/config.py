@@ -44,6 +44,8 @@ PathLike = Union[str, os.PathLike]
 # the learning rate scales with the total batch: lr = base_lr * total_batch / LR_REFERENCE_BATCH
 LR_REFERENCE_BATCH = 512
 DEMO_CONFIG = "fmnist/demo.yaml"
+# the Fashion-MNIST comparison's attention variants, one config each: configs/fmnist/<variant>.yaml
+FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 
 
 @dataclass

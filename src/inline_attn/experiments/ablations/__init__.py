@@ -25,6 +25,7 @@ grid, :func:`run_ablations`), :mod:`.measure` (masking and inference speed of th
 :mod:`.plot` (part f's figure), :mod:`.finished` (the finished runs of an output folder).
 """
 
+from ...train.config import FMNIST_VARIANTS
 from .finished import part_d_runs
 from .report import render, table_a, table_b, table_c, table_d
 from .runs import run_ablations
@@ -32,7 +33,6 @@ from .settings import (
     ABLATION_CONFIG,
     COMPARED,
     FEATURE_MAPS_A,
-    FMNIST_VARIANTS,
     NAMES,
     PARTS,
     PRESETS,

@@ -10,11 +10,11 @@ import statistics
 import torch
 
 from ...runtime.report import markdown_table
+from ...train.config import FMNIST_VARIANTS
 from .settings import (
     COMPARED,
     FEATURE_MAPS_A,
     FEATURE_MAPS_C,
-    FMNIST_VARIANTS,
     MASKED,
     NAMES,
     PARTS,

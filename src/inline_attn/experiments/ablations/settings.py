@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from ...layers import uses_local_residual
 from ...models import PATTERN_KINDS
+from ...train.config import FMNIST_VARIANTS
 
 ABLATION_CONFIG = "ablations/_base.yaml"
 FEATURE_MAPS_A = ("identity", "relu", "leakyrelu", "exp", "affine_relu")
@@ -27,7 +28,6 @@ COMPARED = (
     "mlla",
 )  # InLine trains first
 MASKED = ("softmax", "linear", "inline")
-FMNIST_VARIANTS = ("softmax", "linear", "inline_nolr", "inline")
 PARTS = "abcdefg"
 PLAN_ORDER = "deabcgf"  # training order: the comparison (and the masked models) first
 LETTER = {kind: letter for letter, kind in PATTERN_KINDS.items()}  # attention kind -> pattern letter
