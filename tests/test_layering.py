@@ -171,6 +171,26 @@ def test_no_private_name_crosses_a_package():
     assert not crossing, "private names imported across packages (make them public):\n" + "\n".join(crossing.values())
 
 
+def _is_module(dotted: str, root: pathlib.Path = SRC) -> bool:
+    path = root.joinpath(*dotted.split(".")[1:])
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def test_no_private_name_crosses_a_module():
+    # inside a package too a helper two modules share is public in its own module; a private module
+    # (_io, ops/fused/_triton_env) is its package's and may be imported whole
+    crossing = [
+        f"{i.importer}:{i.line} takes {i.name} from {i.module}"
+        for i in all_imports()
+        if i.module.split(".")[0] == SRC.name
+        and i.name
+        and i.name.startswith("_")
+        and not i.name.startswith("__")
+        and not _is_module(f"{i.module}.{i.name}")
+    ]
+    assert not crossing, "private names imported from another module (make them public):\n" + "\n".join(crossing)
+
+
 def test_analysis_and_reproduce_import_neither_train_nor_its_cli():
     # at run time too: analysis reads YAML without the training package; reproduce uses train.config,
     # not the command module

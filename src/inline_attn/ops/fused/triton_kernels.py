@@ -1,8 +1,8 @@
 """Triton kernels of the InLine layer core: forward and backward, all heads, prefix tokens and the
 predicted 3x3 local residual (paper Eq. 5 and Sec. 4.2, identity feature map).
 
-Imported only by :mod:`inline_attn.ops.fused.triton`, which sets ``TRITON_INTERPRET`` first when
-the tensors live on the CPU. Per sample b and head h (d channels ``[h*d, (h+1)*d)``), with
+Launched by :mod:`inline_attn.ops.fused.triton` (compiled for CUDA tensors, run by Triton's
+interpreter for CPU tensors). Per sample b and head h (d channels ``[h*d, (h+1)*d)``), with
 ``alpha = scale / N``:
 
     forward    M = alpha (K - k_bar)^T (V - v_bar)   (d x d, fp32)
@@ -39,8 +39,8 @@ projection are read in place), each passed with its strides as one tuple ``(batc
 channel)``; w9 is [B, 9, C] contiguous (tap ``t = 3 * (dy + 1) + (dx + 1)``); outputs are
 [B, N, C] contiguous. ``geo = (N, C, H, W, P, heads)``: tokens ``[0, P)`` are prefix tokens
 (attended to, no residual); token ``P + y * W + x`` is grid cell (y, x). Inside the kernels an
-operand is a *view* of one (sample, head): ``(the sample's base pointer, the token stride, the
-head's column offsets)``.
+operand is a *view* of one (sample, head) (:mod:`.triton_tiles`, whose tile helpers both kernel
+modules call).
 
 Workspace rows (fp32, one per (sample, head) and chunk): forward ``[S (BD*BD), k_mean, v_mean]``,
 backward ``[S, dM (BD*BD each), k_mean, v_mean, g_sum, dw (16 rows of BD)]``.
@@ -51,84 +51,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _view(ptr, st, b, ch):
-    """Sample b of a [B, rows, C] tensor with strides st = (batch, row, channel), at a head's
-    channels ch: (the sample's base pointer, the row stride, the columns' pointer offsets)."""
-    return ptr + b * st[0], st[1], ch * st[2]
-
-
-@triton.jit
-def _dense(ptr, b, rows, C, ch):
-    """The view of sample b of a contiguous [B, rows, C] tensor (w9, the outputs) at channels ch."""
-    return ptr + b * rows * C, C, ch
-
-
-@triton.jit
-def _tile(view, n, mask):
-    """Load a [BLOCK_N, BD] tile of a view's rows n as fp32."""
-    ptr, sn, cols = view
-    return tl.load(ptr + n[:, None] * sn + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _row(view, i, cmask):
-    """Row i of a view as fp32 (row 0 of K / V: the shift of the sums; row t of w9: tap t)."""
-    ptr, sn, cols = view
-    return tl.load(ptr + i * sn + cols, mask=cmask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _store(view, n, val, mask):
-    """Store a [rows, BD] tile at a view's rows n, in the view's dtype."""
-    ptr, sn, cols = view
-    tl.store(ptr + n[:, None] * sn + cols[None, :], val.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _block(start, n_hi, cmask, BLOCK_N: tl.constexpr):
-    """The row block at start: its token indices n and the [BLOCK_N, BD] mask of rows < n_hi."""
-    n = start + tl.arange(0, BLOCK_N)
-    return n, (n < n_hi)[:, None] & cmask[None, :]
-
-
-@triton.jit
-def _grid_coords(n, n_hi, geo):
-    """Token indices -> cells (y, x, is_grid) of the H x W grid (prefix rows and rows from n_hi on:
-    is_grid False)."""
-    _, _, H, W, P, _ = geo
-    g = n - P
-    y = g // W
-    x = g - y * W
-    return y, x, (n < n_hi) & (g >= 0)
-
-
-@triton.jit
-def _shifted_tile(view, cmask, cells, geo, dy, dx):
-    """The tile of rows at grid offset (dy, dx) from each row's cell; zero outside the grid."""
-    _, _, H, W, P, _ = geo
-    y, x, is_grid = cells
-    yy = y + dy
-    xx = x + dx
-    ok = is_grid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-    return _tile(view, P + yy * W + xx, ok[:, None] & cmask[None, :])
-
-
-@triton.jit
-def _add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
-    """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
-    residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx)).
-
-    The kernel's rows run as a loop and a row's three taps unrolled: three shifted tile loads in
-    flight at a time, a third of the latency rounds of a loop over the nine taps. Unrolling all nine
-    hoists their loads together and the kernels spill; three fit the bf16 kernels' registers
-    (ptxas for sm_90, docs/benchmarks.md "Kernel resources")."""
-    for r in range(3):
-        for col in tl.static_range(3):
-            wt = _row(w9, 3 * r + col, cmask)
-            acc += wt[None, :] * _shifted_tile(src, cmask, cells, geo, SIGN * (r - 1), SIGN * (col - 1))
-    return acc
+from . import triton_tiles as tiles
 
 
 @triton.jit
@@ -170,8 +93,8 @@ def _tile_stats(kt, vt, m2, n_valid):
 @triton.jit
 def _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC: tl.constexpr):
     """Merge the tile of rows n (mask m2, n_valid rows) of K - ck and V - cv into the statistics."""
-    kt = tl.where(m2, _tile(k, n, m2) - ck[None, :], 0.0)
-    vt = tl.where(m2, _tile(v, n, m2) - cv[None, :], 0.0)
+    kt = tiles.load_centred(k, n, m2, ck)
+    vt = tiles.load_centred(v, n, m2, cv)
     tmk, tmv, kc, vc = _tile_stats(kt, vt, m2, n_valid)
     return _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
 
@@ -181,7 +104,7 @@ def _fwd_sums(k, v, cmask, ck, cv, n_lo, n_hi, BD: tl.constexpr, BLOCK_N: tl.con
     """Centred statistics of tokens [n_lo, n_hi): means of K - ck and V - cv, S = sum K_c^T V_c."""
     cnt, mk, mv, s = _no_stats(BD)
     for start in range(n_lo, n_hi, BLOCK_N):
-        n, m2 = _block(start, n_hi, cmask, BLOCK_N)
+        n, m2 = tiles.row_block(start, n_hi, cmask, BLOCK_N)
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
         cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
     return cnt, mk, mv, s
@@ -193,18 +116,11 @@ def _fwd_rows(
 ):
     """O rows [n0, n1) = Q M + v_bar (+ the 3x3 residual on grid rows)."""
     for start in range(n0, n1, BLOCK_N):
-        n, m2 = _block(start, n1, cmask, BLOCK_N)
-        out = tl.dot(_tile(q, n, m2), m, input_precision=PREC) + vbar[None, :]
+        n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
+        out = tl.dot(tiles.load_tile(q, n, m2), m, input_precision=PREC) + vbar[None, :]
         if HAS_RES:
-            out = _add_taps(out, w9, v, cmask, _grid_coords(n, n1, geo), geo, 1)
-        _store(o, n, out, m2)
-
-
-@triton.jit
-def _pair(pid, heads, D: tl.constexpr, BD: tl.constexpr):
-    """Program id -> (sample, channel offsets of its head, channel mask)."""
-    c = tl.arange(0, BD)
-    return pid // heads, (pid % heads) * D + c, c < D
+            out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, n1, geo), geo, 1)
+        tiles.store_tile(o, n, out, m2)
 
 
 @triton.jit
@@ -234,11 +150,11 @@ def inline_fwd_fused(
 ):
     """One program per (sample, head): the statistics, M, then every output row of that head."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    k, v = _view(K, k_st, b, ch), _view(V, v_st, b, ch)
-    cv = _row(v, 0, cmask)
-    cnt, mk, mv, s = _fwd_sums(k, v, cmask, _row(k, 0, cmask), cv, 0, N, BD, BLOCK_N, PREC)
-    q, w9, o = _view(Q, q_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
+    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
+    k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
+    cv = tiles.load_row(v, 0, cmask)
+    cnt, mk, mv, s = _fwd_sums(k, v, cmask, tiles.load_row(k, 0, cmask), cv, 0, N, BD, BLOCK_N, PREC)
+    q, w9, o = tiles.head_view(Q, q_st, b, ch), tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
     _fwd_rows(q, v, w9, o, cmask, s * (scale / N), cv + mv, 0, N, geo, HAS_RES, BLOCK_N, PREC)
 
 
@@ -249,10 +165,10 @@ def inline_fwd_partial(
     """Program (sample*head, chunk): centred statistics of one token chunk -> its workspace row."""
     N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = _pair(pid, heads, D, BD)
+    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
-    k, v = _view(K, k_st, b, ch), _view(V, v_st, b, ch)
-    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
+    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
     cnt, mk, mv, s = _fwd_sums(k, v, cmask, ck, cv, n_lo, tl.minimum(n_lo + chunk, N), BD, BLOCK_N, PREC)
     c, sq = _square(BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (BD * BD + 2 * BD)
@@ -300,11 +216,12 @@ def inline_fwd_rows(
     of a pair the same way: the same M), then output rows [i*rows, (i+1)*rows)."""
     N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = _pair(pid, heads, D, BD)
+    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
     mk, mv, s = _merged_stats(WS, pid, SPLIT, chunk, N, BD * BD + 2 * BD, BD * BD, BD)
     n0 = tl.program_id(1) * rows
-    q, v, w9, o = _view(Q, q_st, b, ch), _view(V, v_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
-    vbar = _row(v, 0, cmask) + mv
+    q, v = tiles.head_view(Q, q_st, b, ch), tiles.head_view(V, v_st, b, ch)
+    w9, o = tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
+    vbar = tiles.load_row(v, 0, cmask) + mv
     _fwd_rows(q, v, w9, o, cmask, s * (scale / N), vbar, n0, tl.minimum(n0 + rows, N), geo, HAS_RES, BLOCK_N, PREC)
 
 
@@ -330,18 +247,14 @@ def _bwd_sums(
     cnt, mk, mv, s, dm, gs, dw = _no_bwd_sums(BD)
     taps = tl.arange(0, 16)
     for start in range(n_lo, n_hi, BLOCK_N):
-        n, m2 = _block(start, n_hi, cmask, BLOCK_N)
+        n, m2 = tiles.row_block(start, n_hi, cmask, BLOCK_N)
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
         cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
-        gt = _tile(g, n, m2)
-        dm += tl.dot(tl.trans(_tile(q, n, m2)), gt, input_precision=PREC)
+        gt = tiles.load_tile(g, n, m2)
+        dm += tl.dot(tl.trans(tiles.load_tile(q, n, m2)), gt, input_precision=PREC)
         gs += tl.sum(gt, axis=0)
         if HAS_RES:
-            cells = _grid_coords(n, n_hi, geo)
-            gt = tl.where(cells[2][:, None], gt, 0.0)
-            for t in range(9):  # a loop: inside the token loop, unrolled taps would spill
-                vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
-                dw += tl.where(taps[:, None] == t, tl.sum(gt * vn, axis=0)[None, :], 0.0)
+            dw = tiles.add_taps_grad(dw, taps, gt, v, cmask, tiles.grid_cells(n, n_hi, geo), geo)
     return cnt, mk, mv, s, dm, gs, dw
 
 
@@ -369,29 +282,16 @@ def _bwd_rows(
     """dQ, dK, dV rows [n0, n1) (grads: their views) from M, dM and the means."""
     dq_out, dk_out, dv_out = grads
     for start in range(n0, n1, BLOCK_N):
-        n, m2 = _block(start, n1, cmask, BLOCK_N)
+        n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
         # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
-        _store(dq_out, n, tl.dot(_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
-        vc = tl.where(m2, _tile(v, n, m2) - vbar[None, :], 0.0)
-        _store(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
-        kc = tl.where(m2, _tile(k, n, m2) - kbar[None, :], 0.0)
+        tiles.store_tile(dq_out, n, tl.dot(tiles.load_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
+        vc = tiles.load_centred(v, n, m2, vbar)
+        tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
+        kc = tiles.load_centred(k, n, m2, kbar)
         dv = tl.dot(kc, dm, input_precision=PREC) * alpha + gbar[None, :]
         if HAS_RES:
-            dv = _add_taps(dv, w9, g, cmask, _grid_coords(n, n1, geo), geo, -1)
-        _store(dv_out, n, dv, m2)
-
-
-@triton.jit
-def _grads(DQ, DK, DV, b, N, C, ch):
-    """The views of sample b's dQ, dK, dV ([B, N, C] contiguous) at channels ch."""
-    return _dense(DQ, b, N, C, ch), _dense(DK, b, N, C, ch), _dense(DV, b, N, C, ch)
-
-
-@triton.jit
-def _store_dw(DW, b, C, ch, cmask, dw):
-    """Taps 0..8 of one (sample, head)'s residual weight gradient dw [16, BD] -> DW [B, 9, C]."""
-    taps = tl.arange(0, 16)
-    _store(_dense(DW, b, 9, C, ch), taps, dw, (taps < 9)[:, None] & cmask[None, :])
+            dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, n1, geo), geo, -1)
+        tiles.store_tile(dv_out, n, dv, m2)
 
 
 @triton.jit
@@ -419,15 +319,16 @@ def inline_bwd_fused(
 ):
     """One program per (sample, head): the backward sums, then every gradient row of that head."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    q, k, v, g = _view(Q, q_st, b, ch), _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
-    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
+    q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
+    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
+    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
     cnt, mk, mv, s, dm, gs, dw = _bwd_sums(q, k, v, g, cmask, ck, cv, 0, N, geo, HAS_RES, BD, BLOCK_N, PREC)
     alpha = scale / N
     if HAS_RES:
-        _store_dw(DW, b, C, ch, cmask, dw)
-    grads = _grads(DQ, DK, DV, b, N, C, ch)
-    w9 = _dense(W9, b, 9, C, ch)
+        tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
+    grads = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
+    w9 = tiles.dense_view(W9, b, 9, C, ch)
     _bwd_rows(
         g, k, v, w9, grads, cmask, s * alpha, dm, ck + mk, cv + mv, gs / N, alpha, 0, N, geo, HAS_RES, BLOCK_N, PREC
     )
@@ -455,11 +356,12 @@ def inline_bwd_partial(
     """Program (sample*head, chunk): the backward sums over one token chunk -> its workspace row."""
     N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = _pair(pid, heads, D, BD)
+    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
     n_hi = tl.minimum(n_lo + chunk, N)
-    q, k, v, g = _view(Q, q_st, b, ch), _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
-    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
+    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
+    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
     cnt, mk, mv, s, dm, gs, dw = _bwd_sums(q, k, v, g, cmask, ck, cv, n_lo, n_hi, geo, HAS_RES, BD, BLOCK_N, PREC)
     c, sq = _square(BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (2 * BD * BD + 19 * BD)
@@ -503,7 +405,7 @@ def inline_bwd_rows(
     [i*rows, (i+1)*rows)."""
     N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = _pair(pid, heads, D, BD)
+    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
     c, sq = _square(BD)
     row = 2 * BD * BD + 19 * BD
     mk, mv, s = _merged_stats(WS, pid, SPLIT, chunk, N, row, 2 * BD * BD, BD)
@@ -519,11 +421,11 @@ def inline_bwd_rows(
             dw = tl.zeros([16, BD], dtype=tl.float32)
             for i in range(0, SPLIT):
                 dw += tl.load(WS + (pid * SPLIT + i) * row + 2 * BD * BD + 3 * BD + taps[:, None] * BD + c[None, :])
-            _store_dw(DW, b, C, ch, cmask, dw)
+            tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
     n0 = tl.program_id(1) * rows
-    k, v, g = _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
-    kbar, vbar = _row(k, 0, cmask) + mk, _row(v, 0, cmask) + mv
-    grads, w9 = _grads(DQ, DK, DV, b, N, C, ch), _dense(W9, b, 9, C, ch)
+    k, v, g = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
+    kbar, vbar = tiles.load_row(k, 0, cmask) + mk, tiles.load_row(v, 0, cmask) + mv
+    grads, w9 = tiles.grad_views(DQ, DK, DV, b, N, C, ch), tiles.dense_view(W9, b, 9, C, ch)
     n1 = tl.minimum(n0 + rows, N)
     alpha = scale / N
     _bwd_rows(g, k, v, w9, grads, cmask, s * alpha, dm, kbar, vbar, gs / N, alpha, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
@@ -540,8 +442,8 @@ def inline_bwd_rows(
 def _centred(k, v, n, m2, N):
     """The [NP, BD] tiles of K and V at rows n, centred on their means (rows past N zero), and the
     value means (v_bar)."""
-    kt = _tile(k, n, m2)
-    vt = _tile(v, n, m2)
+    kt = tiles.load_tile(k, n, m2)
+    vt = tiles.load_tile(v, n, m2)
     vbar = tl.sum(vt, axis=0) / N
     kc = tl.where(m2, kt - (tl.sum(kt, axis=0) / N)[None, :], 0.0)
     return kc, tl.where(m2, vt - vbar[None, :], 0.0), vbar
@@ -568,26 +470,26 @@ def inline_fwd_resident(
     """One program per (sample, head), every operand read once: M = alpha Kc^T Vc, then
     O = Q M + v_bar + R(V, w)."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    n, m2 = _block(0, N, cmask, NP)
-    v = _view(V, v_st, b, ch)
-    kc, vc, vbar = _centred(_view(K, k_st, b, ch), v, n, m2, N)
+    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
+    n, m2 = tiles.row_block(0, N, cmask, NP)
+    v = tiles.head_view(V, v_st, b, ch)
+    kc, vc, vbar = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
-    out = tl.dot(_tile(_view(Q, q_st, b, ch), n, m2), m, input_precision=PREC) + vbar[None, :]
+    out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, input_precision=PREC) + vbar[None, :]
     if HAS_RES:
-        out = _add_taps(out, _dense(W9, b, 9, C, ch), v, cmask, _grid_coords(n, N, geo), geo, 1)
-    _store(_dense(O, b, N, C, ch), n, out, m2)
+        out = tiles.add_taps(out, tiles.dense_view(W9, b, 9, C, ch), v, cmask, tiles.grid_cells(n, N, geo), geo, 1)
+    tiles.store_tile(tiles.dense_view(O, b, N, C, ch), n, out, m2)
 
 
 @triton.jit
 def _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo):
     """The residual's weight gradient of one (sample, head), dw[t] = sum_n G_n * V_{n+t} over grid
     rows, stored tap by tap into DW [B, 9, C]."""
-    dw = _dense(DW, b, 9, C, ch)
+    dw = tiles.dense_view(DW, b, 9, C, ch)
     gt = tl.where(cells[2][:, None], gt, 0.0)
-    for r in range(3):  # rows of taps as a loop, a row's three taps unrolled (as in _add_taps)
+    for r in range(3):  # rows of taps as a loop, a row's three taps unrolled (as in tiles.add_taps)
         for col in tl.static_range(3):
-            vn = _shifted_tile(v, cmask, cells, geo, r - 1, col - 1)
+            vn = tiles.neighbour_tile(v, cmask, cells, geo, r - 1, col - 1)
             tap = dw[0] + (3 * r + col) * dw[1] + dw[2]
             tl.store(tap, tl.sum(gt * vn, axis=0).to(DW.dtype.element_ty), mask=cmask)
 
@@ -618,24 +520,24 @@ def inline_bwd_resident(
     """One program per (sample, head), every operand read once: M recomputed, dM = Q^T G, then
     dQ = G M^T, dK = alpha Vc dM^T, dV = alpha Kc dM + g_bar + R^T(G, w), and dw."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    n, m2 = _block(0, N, cmask, NP)
+    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
+    n, m2 = tiles.row_block(0, N, cmask, NP)
     alpha = scale / N
-    v, g = _view(V, v_st, b, ch), _view(G, g_st, b, ch)
-    kc, vc, _ = _centred(_view(K, k_st, b, ch), v, n, m2, N)
+    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
+    kc, vc, _ = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * alpha
-    gt = _tile(g, n, m2)
-    dm = tl.dot(tl.trans(_tile(_view(Q, q_st, b, ch), n, m2)), gt, input_precision=PREC)
-    dq_out, dk_out, dv_out = _grads(DQ, DK, DV, b, N, C, ch)
+    gt = tiles.load_tile(g, n, m2)
+    dm = tl.dot(tl.trans(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2)), gt, input_precision=PREC)
+    dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
-    _store(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)
-    _store(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
+    tiles.store_tile(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)
+    tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
     dv = tl.dot(kc, dm, input_precision=PREC) * alpha + (tl.sum(gt, axis=0) / N)[None, :]
     if HAS_RES:
-        cells = _grid_coords(n, N, geo)
-        dv = _add_taps(dv, _dense(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
+        cells = tiles.grid_cells(n, N, geo)
+        dv = tiles.add_taps(dv, tiles.dense_view(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
         _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo)
-    _store(dv_out, n, dv, m2)
+    tiles.store_tile(dv_out, n, dv, m2)
 
 
 # The residual predictor (paper Sec. 4.2): per sample b and head h (the predictor's groups are the

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _add_taps, _block, _dense, _grads, _grid_coords, _pair, _row, _shifted_tile, _view
+from . import triton_tiles as tiles
 
 
 @triton.jit
@@ -52,14 +52,6 @@ def _load(view, n, mask, NARROW: tl.constexpr):
     if not NARROW:
         t = t.to(tl.float32)
     return t
-
-
-@triton.jit
-def _shifted(view, n, m2, shift):
-    """The fp32 tile of a view's rows n minus ``shift`` (a [BD] row), masked rows zero."""
-    ptr, sn, cols = view
-    t = tl.load(ptr + n[:, None] * sn + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    return tl.where(m2, t - shift[None, :], 0.0)
 
 
 @triton.jit
@@ -92,9 +84,9 @@ def _stream_stats(
     sk = tl.zeros([BD], dtype=tl.float32)
     sv = tl.zeros([BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        n, m2 = _block(start, N, cmask, BLOCK_N)
-        kt = _shifted(k, n, m2, ck)
-        vt = _shifted(v, n, m2, cv)
+        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
+        kt = tiles.load_centred(k, n, m2, ck)
+        vt = tiles.load_centred(v, n, m2, cv)
         sk += tl.sum(kt, axis=0)
         sv += tl.sum(vt, axis=0)
         s = tl.dot(tl.trans(_operand(kt, NARROW, OPS)), _operand(vt, NARROW, OPS), s, input_precision=PREC)
@@ -124,20 +116,19 @@ def inline_fwd_stream(
     then O = Q M + v_bar + R(V, w) streamed over them again."""
     N, C, _, _, _, heads = geo
     OPS: tl.constexpr = Q.dtype.element_ty
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    k, v = _view(K, k_st, b, ch), _view(V, v_st, b, ch)
-    cv = _row(v, 0, cmask)
-    s, sk, sv = _stream_stats(k, v, cmask, _row(k, 0, cmask), cv, N, BD, BLOCK_N, NARROW, PREC)
+    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
+    k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
+    cv = tiles.load_row(v, 0, cmask)
+    s, sk, sv = _stream_stats(k, v, cmask, tiles.load_row(k, 0, cmask), cv, N, BD, BLOCK_N, NARROW, PREC)
     m_hi, m_lo = _hi_lo((s - sk[:, None] * (sv / N)[None, :]) * (scale / N), NARROW, OPS)
     vbar = cv + sv / N
-    q, w9, o = _view(Q, q_st, b, ch), _dense(W9, b, 9, C, ch), _dense(O, b, N, C, ch)
+    q, w9, o = tiles.head_view(Q, q_st, b, ch), tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
     for start in range(0, N, BLOCK_N):
-        n, m2 = _block(start, N, cmask, BLOCK_N)
+        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
         out = _times(_load(q, n, m2, NARROW), m_hi, m_lo, NARROW, PREC) + vbar[None, :]
         if HAS_RES:
-            out = _add_taps(out, w9, v, cmask, _grid_coords(n, N, geo), geo, 1)
-        ptr, sn, cols = o
-        tl.store(ptr + n[:, None] * sn + cols[None, :], out.to(ptr.dtype.element_ty), mask=m2)
+            out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1)
+        tiles.store_tile(o, n, out, m2)
 
 
 @triton.jit
@@ -168,9 +159,9 @@ def _stream_bwd_sums(
     dw = tl.zeros([16, BD], dtype=tl.float32)
     taps = tl.arange(0, 16)
     for start in range(0, N, BLOCK_N):
-        n, m2 = _block(start, N, cmask, BLOCK_N)
-        kt = _shifted(k, n, m2, ck)
-        vt = _shifted(v, n, m2, cv)
+        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
+        kt = tiles.load_centred(k, n, m2, ck)
+        vt = tiles.load_centred(v, n, m2, cv)
         sk += tl.sum(kt, axis=0)
         sv += tl.sum(vt, axis=0)
         s = tl.dot(tl.trans(_operand(kt, NARROW, OPS)), _operand(vt, NARROW, OPS), s, input_precision=PREC)
@@ -179,11 +170,7 @@ def _stream_bwd_sums(
         gf = gt.to(tl.float32)
         gs += tl.sum(gf, axis=0)
         if HAS_RES:
-            cells = _grid_coords(n, N, geo)
-            gf = tl.where(cells[2][:, None], gf, 0.0)
-            for t in range(9):  # a loop: unrolled, the nine shifted tiles' loads are hoisted together
-                vn = _shifted_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
-                dw += tl.where(taps[:, None] == t, tl.sum(gf * vn, axis=0)[None, :], 0.0)
+            dw = tiles.add_taps_grad(dw, taps, gf, v, cmask, tiles.grid_cells(n, N, geo), geo)
     return s, sk, sv, dm, gs, dw
 
 
@@ -216,33 +203,33 @@ def inline_bwd_stream(
     over the tokens again."""
     N, C, _, _, _, heads = geo
     OPS: tl.constexpr = Q.dtype.element_ty
-    b, ch, cmask = _pair(tl.program_id(0), heads, D, BD)
-    q, k, v, g = _view(Q, q_st, b, ch), _view(K, k_st, b, ch), _view(V, v_st, b, ch), _view(G, g_st, b, ch)
-    ck, cv = _row(k, 0, cmask), _row(v, 0, cmask)
+    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
+    q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
+    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
+    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
     s, sk, sv, dm, gs, dw = _stream_bwd_sums(q, k, v, g, cmask, ck, cv, geo, BD, BLOCK_N, HAS_RES, NARROW, PREC)
     alpha = scale / N
     if HAS_RES:
-        taps = tl.arange(0, 16)
-        dw_out = _dense(DW, b, 9, C, ch)
-        mask = (taps < 9)[:, None] & cmask[None, :]
-        tl.store(dw_out[0] + taps[:, None] * dw_out[1] + dw_out[2][None, :], dw.to(DW.dtype.element_ty), mask=mask)
+        tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
     mt_hi, mt_lo = _hi_lo(tl.trans((s - sk[:, None] * (sv / N)[None, :]) * alpha), NARROW, OPS)
     dm_hi, dm_lo = _hi_lo(dm, NARROW, OPS)
     dmt_hi, dmt_lo = _hi_lo(tl.trans(dm), NARROW, OPS)
     kbar, vbar, gbar = ck + sk / N, cv + sv / N, gs / N
-    dq_out, dk_out, dv_out = _grads(DQ, DK, DV, b, N, C, ch)
-    w9 = _dense(W9, b, 9, C, ch)
+    dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
+    w9 = tiles.dense_view(W9, b, 9, C, ch)
     for start in range(0, N, BLOCK_N):
-        n, m2 = _block(start, N, cmask, BLOCK_N)
+        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
+        # the rows' offsets once for the three stores (with tiles.store_tile the kernel compiles to
+        # the same instructions in another order); each gradient is stored as soon as it is
+        # computed: fewer tiles live at once (registers)
         rows = n[:, None] * C
-        # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
         dq = _times(_load(g, n, m2, NARROW), mt_hi, mt_lo, NARROW, PREC)
         tl.store(dq_out[0] + rows + dq_out[2][None, :], dq.to(DQ.dtype.element_ty), mask=m2)
-        vc = _operand(_shifted(v, n, m2, vbar), NARROW, OPS)
+        vc = _operand(tiles.load_centred(v, n, m2, vbar), NARROW, OPS)
         dk = _times(vc, dmt_hi, dmt_lo, NARROW, PREC) * alpha
         tl.store(dk_out[0] + rows + dk_out[2][None, :], dk.to(DK.dtype.element_ty), mask=m2)
-        kc = _operand(_shifted(k, n, m2, kbar), NARROW, OPS)
+        kc = _operand(tiles.load_centred(k, n, m2, kbar), NARROW, OPS)
         dv = _times(kc, dm_hi, dm_lo, NARROW, PREC) * alpha + gbar[None, :]
         if HAS_RES:
-            dv = _add_taps(dv, w9, g, cmask, _grid_coords(n, N, geo), geo, -1)
+            dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, N, geo), geo, -1)
         tl.store(dv_out[0] + rows + dv_out[2][None, :], dv.to(DV.dtype.element_ty), mask=m2)

@@ -1,0 +1,140 @@
+"""The tile-level pieces every Triton kernel of the InLine layer core is written with: an operand's
+view of one (sample, head), row blocks, loads and stores of tiles, the token grid's cells and the
+predicted 3x3 local residual (paper Eq. 5) and its weights' gradient.
+
+The kernels of :mod:`.triton_kernels` and :mod:`.triton_stream` call them as ``tiles.NAME``
+(``from . import triton_tiles as tiles``); Triton inlines each call, so a kernel compiles to the same
+program as with the code written in place.
+
+A *view* is an operand of one (sample, head) inside a kernel: ``(the sample's base pointer, the
+token stride, the head's column offsets)`` (:func:`head_view` for the strided inputs,
+:func:`dense_view` for the contiguous w9 and outputs). ``geo = (N, C, H, W, P, heads)``: tokens
+``[0, P)`` are prefix tokens (attended to, no residual); token ``P + y * W + x`` is grid cell
+(y, x); w9 is [B, 9, C] with tap ``t = 3 * (dy + 1) + (dx + 1)``. Tiles are [rows, BD] with the
+head's D channels padded to BD (``cmask``: the channels below D).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def program_pair(pid, heads, D: tl.constexpr, BD: tl.constexpr):
+    """Program id -> (sample, channel offsets of its head, channel mask)."""
+    c = tl.arange(0, BD)
+    return pid // heads, (pid % heads) * D + c, c < D
+
+
+@triton.jit
+def head_view(ptr, st, b, ch):
+    """Sample b of a [B, rows, C] tensor with strides st = (batch, row, channel), at a head's
+    channels ch: (the sample's base pointer, the row stride, the columns' pointer offsets)."""
+    return ptr + b * st[0], st[1], ch * st[2]
+
+
+@triton.jit
+def dense_view(ptr, b, rows, C, ch):
+    """The view of sample b of a contiguous [B, rows, C] tensor (w9, the outputs) at channels ch."""
+    return ptr + b * rows * C, C, ch
+
+
+@triton.jit
+def grad_views(DQ, DK, DV, b, N, C, ch):
+    """The views of sample b's dQ, dK, dV ([B, N, C] contiguous) at channels ch."""
+    return dense_view(DQ, b, N, C, ch), dense_view(DK, b, N, C, ch), dense_view(DV, b, N, C, ch)
+
+
+@triton.jit
+def row_block(start, n_hi, cmask, BLOCK_N: tl.constexpr):
+    """The row block at start: its token indices n and the [BLOCK_N, BD] mask of rows < n_hi."""
+    n = start + tl.arange(0, BLOCK_N)
+    return n, (n < n_hi)[:, None] & cmask[None, :]
+
+
+@triton.jit
+def load_tile(view, n, mask):
+    """Load a [BLOCK_N, BD] tile of a view's rows n as fp32."""
+    ptr, sn, cols = view
+    return tl.load(ptr + n[:, None] * sn + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_centred(view, n, mask, centre):
+    """The fp32 tile of a view's rows n minus ``centre`` (a [BD] row: K's or V's token-0 row, which
+    keeps the sums' rounding small, or a mean), masked rows zero."""
+    return tl.where(mask, load_tile(view, n, mask) - centre[None, :], 0.0)
+
+
+@triton.jit
+def load_row(view, i, cmask):
+    """Row i of a view as fp32 (row 0 of K / V: the shift of the sums; row t of w9: tap t)."""
+    ptr, sn, cols = view
+    return tl.load(ptr + i * sn + cols, mask=cmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_tile(view, n, val, mask):
+    """Store a [rows, BD] tile at a view's rows n, in the view's dtype."""
+    ptr, sn, cols = view
+    tl.store(ptr + n[:, None] * sn + cols[None, :], val.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def grid_cells(n, n_hi, geo):
+    """Token indices -> cells (y, x, is_grid) of the H x W grid (prefix rows and rows from n_hi on:
+    is_grid False)."""
+    _, _, H, W, P, _ = geo
+    g = n - P
+    y = g // W
+    x = g - y * W
+    return y, x, (n < n_hi) & (g >= 0)
+
+
+@triton.jit
+def neighbour_tile(view, cmask, cells, geo, dy, dx):
+    """The fp32 tile of the rows at grid offset (dy, dx) from each row's cell; zero outside the grid."""
+    _, _, H, W, P, _ = geo
+    y, x, is_grid = cells
+    yy = y + dy
+    xx = x + dx
+    ok = is_grid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+    return load_tile(view, P + yy * W + xx, ok[:, None] & cmask[None, :])
+
+
+@triton.jit
+def add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
+    """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
+    residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx)).
+
+    The kernel's rows run as a loop and a row's three taps unrolled: three shifted tile loads in
+    flight at a time, a third of the latency rounds of a loop over the nine taps. Unrolling all nine
+    hoists their loads together and the kernels spill; three fit the bf16 kernels' registers
+    (ptxas for sm_90, docs/benchmarks.md "Kernel resources")."""
+    for r in range(3):
+        for col in tl.static_range(3):
+            wt = load_row(w9, 3 * r + col, cmask)
+            acc += wt[None, :] * neighbour_tile(src, cmask, cells, geo, SIGN * (r - 1), SIGN * (col - 1))
+    return acc
+
+
+@triton.jit
+def add_taps_grad(dw, taps, g, v, cmask, cells, geo):
+    """dw + one tile's share of the residual's weight gradient, dw[t] += sum_n G_n * V_{n+t} over
+    the tile's grid rows (g: the fp32 tile of G at the cells; dw: [16, BD], rows 0..8 used).
+
+    ``taps`` is ``tl.arange(0, 16)``, made by the caller before its token loop: made here, inside
+    the loop, the kernel compiles to the same instructions in another order."""
+    g = tl.where(cells[2][:, None], g, 0.0)
+    for t in range(9):  # a loop: unrolled, the nine tiles' loads are hoisted together and spill
+        vn = neighbour_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
+        dw += tl.where(taps[:, None] == t, tl.sum(g * vn, axis=0)[None, :], 0.0)
+    return dw
+
+
+@triton.jit
+def store_taps_grad(DW, b, C, ch, cmask, dw):
+    """Taps 0..8 of one (sample, head)'s residual weight gradient dw [16, BD] -> DW [B, 9, C]."""
+    taps = tl.arange(0, 16)
+    store_tile(dense_view(DW, b, 9, C, ch), taps, dw, (taps < 9)[:, None] & cmask[None, :])
