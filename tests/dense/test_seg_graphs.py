@@ -1,5 +1,5 @@
 """CUDA graphs for segmentation, on the CPU: the segmentor's training logits and its loss
-(:class:`~inline_attn.dense.losses.SegLoss`) equal to the eager loss, capture-safe (no host read,
+(:class:`~inline_attn.dense.models.losses.SegLoss`) equal to the eager loss, capture-safe (no host read,
 no shape that depends on the labels), the default ``train.cuda_graphs``, and a segmentation run
 through the graphed path (the capture replaced by eager execution,
 :func:`~inline_attn.runtime.graphs.eager_capture`) bit-identical to the ungraphed run with the same
@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from inline_attn.dense import build as build_mod
-from inline_attn.dense import losses as losses_mod
+from inline_attn.dense.models import losses as losses_mod
 from inline_attn.dense.config import DetConfig, SegConfig
-from inline_attn.dense.losses import SegLoss
+from inline_attn.dense.models.losses import SegLoss
 from inline_attn.dense.seg_task import SegTask
-from inline_attn.dense.segmentor import SegLogits, build_segmentor
+from inline_attn.dense.models.segmentor import SegLogits, build_segmentor
 from inline_attn.runtime import run as run_mod
 from inline_attn.runtime.graphs import StepGraphs, eager_capture
 from inline_attn.runtime.optim import prepare_for_capture

@@ -23,14 +23,14 @@ from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo
 from ..runtime.finite import require_finite
 from .config import SegConfig
-from .data import StepSampler, build_seg_datasets, collate
+from .data.loading import StepSampler, build_seg_datasets, collate
 from .evaluation import check_class_count, eval_config
-from .heads import resize
+from .models.heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
 from ..runtime.checkpoint import read_run_checkpoint
 from .build import DenseTask, build_dense_model, load_trained
-from .segmentor import EncoderDecoder, build_segmentor
+from .models.segmentor import EncoderDecoder, build_segmentor
 
 __all__ = [
     "SegTask",
@@ -161,7 +161,7 @@ def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
 
 class SegTask(DenseTask):
     """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU. Its
-    ``criterion`` (the segmentor's :class:`~inline_attn.dense.losses.SegLoss`, set with the model)
+    ``criterion`` (the segmentor's :class:`~inline_attn.dense.models.losses.SegLoss`, set with the model)
     lets the run capture a step in a CUDA graph: the labels are fixed-size masks."""
 
     kind = "segmentation"
