@@ -341,6 +341,9 @@ def _triton_layer():
     return _triton_layer_kernels
 
 
+_FLOAT32_LAYER = (torch.float32,) * 5  # x and the predictor's four parameters, the usual dtypes
+
+
 def _flat_params(*params):
     """The predictor's parameters as the kernels read them: fp32, contiguous. The kernels index
     the weights by flat offsets, so a Conv1d weight [rows, C/g, 1] is read as [rows, C/g] without
@@ -350,9 +353,10 @@ def _flat_params(*params):
 
 class _TritonLayerCore(torch.autograd.Function):
     """The layer core with its predictor on the Triton kernels (eager mode only): ``args`` is
-    (num_heads, scale, H, W, num_prefix_tokens). The predictor's kernels compute and return fp32;
-    the gradients are cast back to each input's dtype, and x's is dctx / N broadcast over the
-    tokens (an expanded view: autograd adds it to the projection's gradient of x)."""
+    (num_heads, scale, H, W, num_prefix_tokens). The predictor's kernels compute and return fp32,
+    its gradients shaped as the parameters (the kernels write a Conv1d weight's gradient in its
+    own shape); they are cast back to each input's dtype where it is not fp32, and x's is dctx / N
+    broadcast over the tokens (an expanded view: autograd adds it to the projection's gradient of x)."""
 
     @staticmethod
     def forward(ctx, x, q, k, v, w1, b1, w2, b2, args):
@@ -360,7 +364,8 @@ class _TritonLayerCore(torch.autograd.Function):
         w1f, b1f, w2f, b2f = _flat_params(w1, b1, w2, b2)
         c, taps = predictor_fwd(x, w1f, b1f, w2f, b2f, args[0])  # fp32, contiguous
         ctx.save_for_backward(q, k, v, c, taps, w1f, b1f, w2f)
-        ctx.meta = (x.shape, x.dtype, w1.shape, w1.dtype, b1.dtype, w2.shape, w2.dtype, b2.dtype, args)
+        dtypes = (x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+        ctx.meta = (x.shape, None if dtypes == _FLOAT32_LAYER else dtypes, args)
         return core_fwd(q, k, v, taps, *args)
 
     @staticmethod
@@ -368,12 +373,12 @@ class _TritonLayerCore(torch.autograd.Function):
         _no_double_backward()
         _, _, core_bwd, predictor_bwd = _triton_layer()
         q, k, v, c, taps, w1f, b1f, w2f = ctx.saved_tensors
-        x_shape, x_dtype, w1_shape, w1_dtype, b1_dtype, w2_shape, w2_dtype, b2_dtype, args = ctx.meta
+        x_shape, dtypes, args = ctx.meta
         dq, dk, dv, dtaps = core_bwd(q, k, v, taps, grad, *args)  # dtaps: fp32 contiguous, as taps
-        dctx, dw1, db1, dw2, db2 = predictor_bwd(c, dtaps, w1f, b1f, w2f, n=q.shape[1], num_heads=args[0])
-        dx = cast(dctx, x_dtype).unsqueeze(1).expand(x_shape)
-        dw1, dw2 = cast(dw1.view(w1_shape), w1_dtype), cast(dw2.view(w2_shape), w2_dtype)
-        return dx, dq, dk, dv, dw1, cast(db1, b1_dtype), dw2, cast(db2, b2_dtype), None
+        dctx, dw1, db1, dw2, db2 = predictor_bwd(c, dtaps, w1f, b1f, w2f, q.shape[1], args[0])
+        if dtypes is not None:
+            dctx, dw1, db1, dw2, db2 = map(cast, (dctx, dw1, db1, dw2, db2), dtypes)
+        return dctx.unsqueeze(1).expand(x_shape), dq, dk, dv, dw1, db1, dw2, db2, None
 
 
 def inline_layer_core(

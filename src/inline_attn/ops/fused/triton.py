@@ -343,6 +343,52 @@ def _fit(kernel, args: tuple, meta: dict, what) -> dict:
     return fit
 
 
+# A launcher derives its launch (which kernel, its grid, its fitted compile-time arguments) from
+# its arguments' shapes, strides, dtypes and device and from the launch settings alone, so it is
+# planned once per such key (:func:`_planned`) and looked up on every later call: a small model's
+# GPU step waits on the host, and deriving the launch again cost more than the rest of a launcher.
+# At most PLANS_MAX plans are kept, the oldest dropped first: shapes that change on every call
+# (a resolution sweep) cannot grow the cache without bound.
+PLANS_MAX = 256
+_plans: dict = {}
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One launcher call as planned: ``kernel`` (its name in :func:`load_kernels`'s module: a plan
+    holds no kernel object, which a test or the host benchmark may have replaced since) over
+    ``grid`` with the compile-time arguments ``meta``; or, for the core's reduction split over
+    token chunks, ``split``: the plan of its two launches (:class:`_Plan`)."""
+
+    kernel: str | None
+    grid: tuple | None
+    meta: dict | None
+    split: _Plan | None = None
+
+
+def _planned(key: tuple, build, args: tuple, *inputs) -> _Planned:
+    """``build(args, *inputs)``, planned once per ``key`` (which must hold everything the plan
+    depends on; the core's launchers add the launch settings, :func:`_core_settings`) and then
+    looked up. Not kept while planning for a simulated device (whose shared memory each audit
+    finds its own way) or tracing a graph (symbolic shapes; the compiled graph launches without
+    this module)."""
+    if _state["simulated"] is not None or traced(args):
+        return build(args, *inputs)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = build(args, *inputs)
+        if len(_plans) >= PLANS_MAX:
+            del _plans[next(iter(_plans))]
+        _plans[key] = plan
+    return plan
+
+
+def _core_settings() -> tuple:
+    """The launch settings the core's plans depend on beside their arguments: the core kernels
+    (:func:`core_kernels`), a :func:`forced_tiling`, the interpreter's 16-bit shim, the tuning table."""
+    return _state["core"], _state["tiling"], _state["narrow_interpreted"], TUNING_FILE
+
+
 def token_bucket(n: int) -> int:
     """Tokens per sample -> the tuning table's bucket: the next power of two (at least 64)."""
     return max(64, triton_next_pow2(n))
@@ -622,21 +668,50 @@ def inline_forward_triton(
     out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
     if b > 0 and n > 0:
         w9_arg = _residual_arg(w9, out)
-        # the resident and the fused kernels take the same arguments
-        args = (q, k, v, w9_arg, out, *_strides(q, k, v), (n, c, h, w, p, num_heads), float(scale))
-        resident = _resident_fit(mod.inline_fwd_resident, args, q, num_heads, w9 is not None) if split is None else None
-        if resident is not None:
-            _launch(mod.inline_fwd_resident, (b * num_heads,), *args, **resident)
+        strides, geometry = _strides(q, k, v), (n, c, h, w, p, num_heads)
+        # the resident, streaming and fused kernels take the same arguments
+        args = (q, k, v, w9_arg, out, *strides, geometry, float(scale))
+        dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, out.dtype)
+        key = ("inline_fwd", b, geometry, strides, dtypes, q.device, w9 is None, split, _core_settings())
+        plan = _planned(key, _core_launch, args, mod, _FORWARD_KERNELS, q, split, w9 is not None)
+        if plan.split is None:
+            _launch(getattr(mod, plan.kernel), plan.grid, *args, **plan.meta)
         else:
-            plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
-            stream = _stream_config(c // num_heads, w9 is not None, q.dtype, False)
-            if plan.fused and stream is not None:
-                _fitted_launch(mod.inline_fwd_stream, (plan.pairs,), args, stream, plan.describe)
-            elif plan.fused:
-                _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
-            else:
-                _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
+            _forward_split(mod, plan.split, q, k, v, w9_arg, out, scale)
     return out if out.dtype == q.dtype else out.to(q.dtype)
+
+
+@dataclass(frozen=True)
+class _CoreKernels:
+    """The names of the core's one-program-per-(sample, head) kernels in one direction (they take
+    the same arguments)."""
+
+    resident: str
+    stream: str
+    fused: str
+    backward: bool
+
+
+_FORWARD_KERNELS = _CoreKernels("inline_fwd_resident", "inline_fwd_stream", "inline_fwd_fused", False)
+_BACKWARD_KERNELS = _CoreKernels("inline_bwd_resident", "inline_bwd_stream", "inline_bwd_fused", True)
+
+
+def _core_launch(args: tuple, mod, kernels: _CoreKernels, q, split: int | None, has_res: bool) -> _Planned:
+    """How the core's forward or backward runs on ``args`` (q [B, N, C] among them): the resident
+    launch when a (sample, head) problem fits a program's registers (:func:`_resident_config`),
+    else the streaming or the fused launch, one program per (sample, head), else (too few pairs
+    to fill the device, or ``split`` > 1) the reduction split over token chunks."""
+    n, c, h, w, p, heads = args[-2]
+    if split is None:
+        resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res)
+        if resident is not None:
+            return _Planned(kernels.resident, (q.shape[0] * heads,), resident)
+    plan = _plan(q, heads, h, w, p, split, has_res)
+    if not plan.fused:
+        return _Planned(None, None, None, plan)
+    stream = _stream_config(c // heads, has_res, q.dtype, kernels.backward)
+    name, meta = (kernels.stream, stream) if stream is not None else (kernels.fused, plan.meta)
+    return _Planned(name, (plan.pairs,), _fit(getattr(mod, name), args, meta, plan.describe))
 
 
 def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
@@ -699,21 +774,16 @@ def inline_backward_triton(
     grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
     if b > 0 and n > 0:
         w9_arg = _residual_arg(w9, dq)
-        # the resident and the fused kernels take the same arguments
-        geometry = (n, c, h, w, p, num_heads)
-        args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), geometry, float(scale))
-        resident = _resident_fit(mod.inline_bwd_resident, args, q, num_heads, has_res) if split is None else None
-        if resident is not None:
-            _launch(mod.inline_bwd_resident, (b * num_heads,), *args, **resident)
+        strides, geometry = _strides(q, k, v, grad), (n, c, h, w, p, num_heads)
+        # the resident, streaming and fused kernels take the same arguments
+        args = (q, k, v, w9_arg, grad, *grads, *strides, geometry, float(scale))
+        dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, grad.dtype, dt, dw.dtype)
+        key = ("inline_bwd", b, geometry, strides, dtypes, q.device, has_res, split, _core_settings())
+        plan = _planned(key, _core_launch, args, mod, _BACKWARD_KERNELS, q, split, has_res)
+        if plan.split is None:
+            _launch(getattr(mod, plan.kernel), plan.grid, *args, **plan.meta)
         else:
-            plan = _plan(q, num_heads, h, w, p, split, has_res)
-            stream = _stream_config(c // num_heads, has_res, q.dtype, True)
-            if plan.fused and stream is not None:
-                _fitted_launch(mod.inline_bwd_stream, (plan.pairs,), args, stream, plan.describe)
-            elif plan.fused:
-                _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
-            else:
-                _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
+            _backward_split(mod, plan.split, q, k, v, w9_arg, grad, grads, scale)
     if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
         dq, dk, dv = (t.to(q.dtype) for t in (dq, dk, dv))
     if has_res and dw.dtype != w9.dtype:
@@ -756,22 +826,30 @@ def predictor_forward_triton(
     """
     mod = load_kernels(x.device)
     b, n, c = x.shape
-    d = c // num_heads
     ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
     taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
     if b > 0 and n > 0:
-        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), b, n, c)
-        meta = dict(
-            D=d,
-            BD=_block_d(d),
-            BLOCK_B=PREDICTOR_BLOCK_B,
-            BLOCK_T=PREDICTOR_BLOCK_T,
-            PREC="ieee",
-            num_warps=_predictor_warps(d),
-        )
-        grid = (num_heads, -(-b // PREDICTOR_BLOCK_B))
-        _fitted_launch(mod.predictor_fwd, grid, args, meta, functools.partial(_predictor_what, b, n, c, num_heads))
+        args = (x, w1, b1, w2, b2, ctx, taps, x.stride(), b, n, c)
+        key = ("predictor_fwd", x.shape, args[7], x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype, x.device, num_heads)
+        plan = _planned(key, _predictor_forward_launch, args, mod, num_heads)
+        _launch(mod.predictor_fwd, plan.grid, *args, **plan.meta)
     return ctx, taps
+
+
+def _predictor_forward_launch(args: tuple, mod, heads: int) -> _Planned:
+    """The predictor's forward launch on ``args``: one program per (head, block of samples)."""
+    b, n, c = args[-3:]
+    d = c // heads
+    meta = dict(
+        D=d,
+        BD=_block_d(d),
+        BLOCK_B=PREDICTOR_BLOCK_B,
+        BLOCK_T=PREDICTOR_BLOCK_T,
+        PREC="ieee",
+        num_warps=_predictor_warps(d),
+    )
+    what = functools.partial(_predictor_what, b, n, c, heads)
+    return _Planned("predictor_fwd", (heads, -(-b // PREDICTOR_BLOCK_B)), _fit(mod.predictor_fwd, args, meta, what))
 
 
 def _predictor_what(b: int, n: int, c: int, heads: int) -> str:
@@ -796,7 +874,6 @@ def predictor_backward_triton(
     """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
-    d = c // num_heads
     dctx = torch.empty_like(ctx)
     dw1 = torch.empty(w1.shape, device=ctx.device, dtype=torch.float32)
     dw2 = torch.empty(w2.shape, device=ctx.device, dtype=torch.float32)
@@ -804,10 +881,19 @@ def predictor_backward_triton(
     db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
     # with no samples every program writes zero sums: the gradients need no fill
     args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
-    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
-    what = functools.partial(_predictor_what, b, n, c, num_heads)
-    _fitted_launch(mod.predictor_bwd, (num_heads * 10,), args, meta, what)
+    key = ("predictor_bwd", ctx.shape, ctx.dtype, dtaps.dtype, w1.dtype, b1.dtype, w2.dtype, ctx.device, num_heads)
+    plan = _planned(key, _predictor_backward_launch, args, mod, num_heads)
+    _launch(mod.predictor_bwd, plan.grid, *args, **plan.meta)
     return dctx, dw1, db1, dw2, db2
+
+
+def _predictor_backward_launch(args: tuple, mod, heads: int) -> _Planned:
+    """The predictor's backward launch on ``args``: one program per (head, weight gradient)."""
+    b, n, c = args[-3:]
+    d = c // heads
+    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
+    what = functools.partial(_predictor_what, b, n, c, heads)
+    return _Planned("predictor_bwd", (heads * 10,), _fit(mod.predictor_bwd, args, meta, what))
 
 
 def plan_layer_step(q, w9, grad, num_heads: int, h: int, w: int, p: int, split: int | None = None) -> None:
