@@ -84,7 +84,7 @@ def test_anything_the_launch_depends_on_gets_a_fresh_plan(plans, change):
     before = set(plans)
     changed = step()
     assert changed != base
-    new_core_plans = [key for key in set(plans) - before if key[0] in ("inline_fwd", "inline_bwd")]
+    new_core_plans = [key for key in set(plans) - before if key[0][0] in ("inline_fwd", "inline_bwd")]
     assert len(new_core_plans) == 2, new_core_plans  # the core's forward and backward planned afresh
     plans.clear()
     assert step() == changed  # what the launchers plan without a cache
@@ -103,7 +103,7 @@ def test_the_cache_keeps_at_most_plans_max_newest_first(plans, monkeypatch):
         _step(*_qkv(b, N, 32))
         assert len(plans) <= 6
     newest = list(plans)[-4:]  # the last step's four plans were kept
-    assert {key[1] if key[0].startswith("inline") else key[1][0] for key in newest} == {5}
+    assert {key[0][1] if key[0][0].startswith("inline") else key[0][1][0] for key in newest} == {5}
 
 
 def _fake_tensor() -> torch.Tensor:

@@ -39,6 +39,7 @@ _state: dict = {
     "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "stream"),
     "narrow_interpreted": False,
     "flat": False,
+    "plans_table": None,  # the tuning table (TUNING_FILE) the plans were made with
 }
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
@@ -366,14 +367,19 @@ class _Planned:
     split: _Plan | None = None
 
 
-def _planned(key: tuple, build, args: tuple, *inputs) -> _Planned:
-    """``build(args, *inputs)``, planned once per ``key`` (which must hold everything the plan
-    depends on; the core's launchers add the launch settings, :func:`_core_settings`) and then
-    looked up. Not kept while planning for a simulated device (whose shared memory each audit
-    finds its own way) or tracing a graph (symbolic shapes; the compiled graph launches without
-    this module)."""
+def _planned(key: tuple, build, args: tuple, *inputs):
+    """``build(args, *inputs)``, planned once per ``key`` and launch settings (the core kernels of
+    :func:`core_kernels`, a :func:`forced_tiling`, the interpreter's 16-bit shim) and then looked
+    up; ``key`` must hold everything else the plan depends on. A new tuning table (TUNING_FILE)
+    drops every plan. Not kept while planning for a simulated device (whose shared memory each
+    audit finds its own way) or tracing a graph (symbolic shapes; the compiled graph launches
+    without this module)."""
     if _state["simulated"] is not None or traced(args):
         return build(args, *inputs)
+    if _state["plans_table"] is not TUNING_FILE:  # an identity test: no hashing of the path
+        _plans.clear()
+        _state["plans_table"] = TUNING_FILE
+    key = (key, _state["core"], _state["tiling"], _state["narrow_interpreted"])
     plan = _plans.get(key)
     if plan is None:
         plan = build(args, *inputs)
@@ -381,12 +387,6 @@ def _planned(key: tuple, build, args: tuple, *inputs) -> _Planned:
             del _plans[next(iter(_plans))]
         _plans[key] = plan
     return plan
-
-
-def _core_settings() -> tuple:
-    """The launch settings the core's plans depend on beside their arguments: the core kernels
-    (:func:`core_kernels`), a :func:`forced_tiling`, the interpreter's 16-bit shim, the tuning table."""
-    return _state["core"], _state["tiling"], _state["narrow_interpreted"], TUNING_FILE
 
 
 def token_bucket(n: int) -> int:
@@ -672,7 +672,7 @@ def inline_forward_triton(
         # the resident, streaming and fused kernels take the same arguments
         args = (q, k, v, w9_arg, out, *strides, geometry, float(scale))
         dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, out.dtype)
-        key = ("inline_fwd", b, geometry, strides, dtypes, q.device, w9 is None, split, _core_settings())
+        key = ("inline_fwd", b, geometry, strides, dtypes, q.device, w9 is None, split)
         plan = _planned(key, _core_launch, args, mod, _FORWARD_KERNELS, q, split, w9 is not None)
         if plan.split is None:
             _launch(getattr(mod, plan.kernel), plan.grid, *args, **plan.meta)
@@ -761,34 +761,44 @@ def inline_backward_triton(
     mod = load_kernels(q.device)
     b, n, c = q.shape
     has_res = w9 is not None
-    dt = _out_dtype(q)
-    dq = torch.empty((b, n, c), device=q.device, dtype=dt)
-    dk = torch.empty((b, n, c), device=q.device, dtype=dt)
-    dv = torch.empty((b, n, c), device=q.device, dtype=dt)
-    # every (sample, head) program writes all nine taps of its channels: no fill needed
-    dw = torch.empty(
-        (b, 9, c) if has_res else (0,),
-        device=q.device,
-        dtype=(torch.float32 if interpreting() else w9.dtype) if has_res else q.dtype,
-    )
+    dq, dk, dv, dw = _core_gradients(q, w9)
     grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
     if b > 0 and n > 0:
         w9_arg = _residual_arg(w9, dq)
         strides, geometry = _strides(q, k, v, grad), (n, c, h, w, p, num_heads)
         # the resident, streaming and fused kernels take the same arguments
         args = (q, k, v, w9_arg, grad, *grads, *strides, geometry, float(scale))
-        dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, grad.dtype, dt, dw.dtype)
-        key = ("inline_bwd", b, geometry, strides, dtypes, q.device, has_res, split, _core_settings())
+        dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, grad.dtype, dq.dtype, dw.dtype)
+        key = ("inline_bwd", b, geometry, strides, dtypes, q.device, has_res, split)
         plan = _planned(key, _core_launch, args, mod, _BACKWARD_KERNELS, q, split, has_res)
         if plan.split is None:
             _launch(getattr(mod, plan.kernel), plan.grid, *args, **plan.meta)
         else:
             _backward_split(mod, plan.split, q, k, v, w9_arg, grad, grads, scale)
-    if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
-        dq, dk, dv = (t.to(q.dtype) for t in (dq, dk, dv))
     if has_res and dw.dtype != w9.dtype:
         dw = dw.to(w9.dtype)
-    return dq, dk, dv, dw
+    return (*_rounded(q, (dq, dk, dv)), dw)
+
+
+def _core_gradients(q: torch.Tensor, w9: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The core backward's outputs for q [B, N, C]: dq, dk, dv [B, N, C] as the kernels write them
+    (:func:`_out_dtype`) and dw [B, 9, C] (fp32 under the interpreter, else in w9's dtype; an empty
+    tensor without a residual). Every (sample, head) program writes all nine taps of its
+    channels: no fill needed."""
+    b, n, c = q.shape
+    dt = _out_dtype(q)
+    dq = torch.empty((b, n, c), device=q.device, dtype=dt)
+    dk = torch.empty((b, n, c), device=q.device, dtype=dt)
+    dv = torch.empty((b, n, c), device=q.device, dtype=dt)
+    if w9 is None:
+        return dq, dk, dv, torch.empty((0,), device=q.device, dtype=q.dtype)
+    dw_dtype = torch.float32 if interpreting() else w9.dtype
+    return dq, dk, dv, torch.empty((b, 9, c), device=q.device, dtype=dw_dtype)
+
+
+def _rounded(q: torch.Tensor, grads: tuple) -> tuple:
+    """``grads`` in q's dtype: the interpreter wrote float32 (triton#11584), rounded here."""
+    return grads if grads[0].dtype == q.dtype else tuple(t.to(q.dtype) for t in grads)
 
 
 def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale: float) -> None:
@@ -826,14 +836,20 @@ def predictor_forward_triton(
     """
     mod = load_kernels(x.device)
     b, n, c = x.shape
-    ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
-    taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
+    ctx, taps = _predictor_outputs(x)
     if b > 0 and n > 0:
         args = (x, w1, b1, w2, b2, ctx, taps, x.stride(), b, n, c)
         key = ("predictor_fwd", x.shape, args[7], x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype, x.device, num_heads)
         plan = _planned(key, _predictor_forward_launch, args, mod, num_heads)
         _launch(mod.predictor_fwd, plan.grid, *args, **plan.meta)
     return ctx, taps
+
+
+def _predictor_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The predictor's outputs for x [B, N, C]: ctx [B, C] and taps [B, 9, C], fp32."""
+    b, _, c = x.shape
+    ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
+    return ctx, torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
 
 
 def _predictor_forward_launch(args: tuple, mod, heads: int) -> _Planned:
@@ -874,17 +890,26 @@ def predictor_backward_triton(
     """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
-    dctx = torch.empty_like(ctx)
-    dw1 = torch.empty(w1.shape, device=ctx.device, dtype=torch.float32)
-    dw2 = torch.empty(w2.shape, device=ctx.device, dtype=torch.float32)
-    db1 = torch.empty((c,), device=ctx.device, dtype=torch.float32)
-    db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
+    grads = _predictor_gradients(ctx, w1, w2)
     # with no samples every program writes zero sums: the gradients need no fill
-    args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    args = (ctx, dtaps, w1, b1, w2, *grads, b, n, c)
     key = ("predictor_bwd", ctx.shape, ctx.dtype, dtaps.dtype, w1.dtype, b1.dtype, w2.dtype, ctx.device, num_heads)
     plan = _planned(key, _predictor_backward_launch, args, mod, num_heads)
     _launch(mod.predictor_bwd, plan.grid, *args, **plan.meta)
-    return dctx, dw1, db1, dw2, db2
+    return grads
+
+
+def _predictor_gradients(ctx: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The predictor backward's outputs (dctx, dw1, db1, dw2, db2), fp32, the weights' in their shapes."""
+    c = ctx.shape[1]
+    f32 = torch.float32
+    return (
+        torch.empty_like(ctx),
+        torch.empty(w1.shape, device=ctx.device, dtype=f32),
+        torch.empty((c,), device=ctx.device, dtype=f32),
+        torch.empty(w2.shape, device=ctx.device, dtype=f32),
+        torch.empty((9 * c,), device=ctx.device, dtype=f32),
+    )
 
 
 def _predictor_backward_launch(args: tuple, mod, heads: int) -> _Planned:
@@ -894,6 +919,100 @@ def _predictor_backward_launch(args: tuple, mod, heads: int) -> _Planned:
     meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
     what = functools.partial(_predictor_what, b, n, c, heads)
     return _Planned("predictor_bwd", (heads * 10,), _fit(mod.predictor_bwd, args, meta, what))
+
+
+# One InLine layer step on the Triton kernels (the layer core's autograd.Function, ops/fused/op.py):
+# the predictor's and the core's launches of each direction planned together, under one key of
+# that direction's arguments. A small model's eager GPU step waits on this host path, so it is
+# written out flat: one lookup, the output buffers and two launches each way. A direction that
+# does not run as two single launches (the core's reductions split over token chunks, no samples
+# or no tokens) goes through the launchers above.
+
+
+@dataclass(frozen=True)
+class _LayerPlan:
+    """The planned launches of one direction of a layer step: the predictor's and the core's,
+    each a single launch; both None when the direction goes through the launchers."""
+
+    predictor: _Planned | None
+    core: _Planned | None
+
+
+def layer_forward_triton(x, q, k, v, w1, b1, w2, b2, num_heads: int, scale: float, h: int, w: int, p: int):
+    """The layer core's forward: (ctx, taps) = :func:`predictor_forward_triton` (x, w1, b1, w2, b2),
+    then O = :func:`inline_forward_triton` (q, k, v, taps) -> (O, ctx, taps).
+
+    x, q, k, v: [B, N, C] (any strides); w1, b1, w2, b2: fp32, contiguous (one group per head).
+    Eager tensors (the layer core's autograd.Function; traced graphs take the launchers)."""
+    b, n, c = q.shape
+    strides, geometry = (x.stride(), q.stride(), k.stride(), v.stride()), (n, c, h, w, p, num_heads)
+    dtypes = (x.dtype, q.dtype, k.dtype, v.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+    key = ("layer_fwd", b, geometry, strides, dtypes, q.device)
+    plan = _planned(key, _layer_forward_plan, (x, q, k, v, w1, b1, w2, b2), geometry)
+    if plan.core is None:
+        ctx, taps = predictor_forward_triton(x, w1, b1, w2, b2, num_heads)
+        return inline_forward_triton(q, k, v, taps, num_heads, scale, h, w, p), ctx, taps
+    mod, device, f32 = _state["module"], q.device, torch.float32  # the module: loaded by the plan
+    ctx, taps = torch.empty((b, c), device=device, dtype=f32), torch.empty((b, 9, c), device=device, dtype=f32)
+    predictor, core = plan.predictor, plan.core
+    _launch(mod.predictor_fwd, predictor.grid, x, w1, b1, w2, b2, ctx, taps, strides[0], b, n, c, **predictor.meta)
+    out = torch.empty((b, n, c), device=device, dtype=_out_dtype(q))
+    _launch(getattr(mod, core.kernel), core.grid, q, k, v, taps, out, *strides[1:], geometry, float(scale), **core.meta)
+    return (out if out.dtype == q.dtype else out.to(q.dtype)), ctx, taps
+
+
+def _layer_forward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
+    x, q, k, v, w1, b1, w2, b2 = params
+    mod = load_kernels(q.device)
+    b, n, c = q.shape
+    if b == 0 or n == 0:
+        return _LayerPlan(None, None)
+    ctx, taps = _predictor_outputs(x)
+    predictor = _predictor_forward_launch((x, w1, b1, w2, b2, ctx, taps, x.stride(), b, n, c), mod, geometry[-1])
+    out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
+    core = _core_launch((q, k, v, taps, out, *_strides(q, k, v), geometry, 1.0), mod, _FORWARD_KERNELS, q, None, True)
+    return _LayerPlan(predictor, core) if core.split is None else _LayerPlan(None, None)
+
+
+def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, scale: float, h: int, w: int, p: int):
+    """Gradients of :func:`layer_forward_triton` for the upstream ``grad`` [B, N, C]: the core's
+    (:func:`inline_backward_triton`), then the predictor's for the taps' gradient
+    (:func:`predictor_backward_triton`) -> (dq, dk, dv, dctx / N, dw1, db1, dw2, db2); ctx, taps
+    as the forward returned them. Eager tensors only, as the forward."""
+    b, n, c = q.shape
+    strides, geometry = (q.stride(), k.stride(), v.stride(), grad.stride()), (n, c, h, w, p, num_heads)
+    key = ("layer_bwd", b, geometry, strides, (q.dtype, k.dtype, v.dtype, grad.dtype), q.device)
+    plan = _planned(key, _layer_backward_plan, (q, k, v, ctx, taps, w1, b1, w2, grad), geometry)
+    if plan.core is None:
+        dq, dk, dv, dtaps = inline_backward_triton(q, k, v, taps, grad, num_heads, scale, h, w, p)
+        return dq, dk, dv, *predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, num_heads)
+    mod, device, dt, f32 = _state["module"], q.device, _out_dtype(q), torch.float32
+    dq = torch.empty((b, n, c), device=device, dtype=dt)
+    dk = torch.empty((b, n, c), device=device, dtype=dt)
+    dv = torch.empty((b, n, c), device=device, dtype=dt)
+    dtaps = torch.empty((b, 9, c), device=device, dtype=f32)  # the taps' gradient, fp32 as the taps
+    predictor, core = plan.predictor, plan.core
+    core_args = (q, k, v, taps, grad, dq, dk, dv, dtaps, *strides, geometry, float(scale))
+    _launch(getattr(mod, core.kernel), core.grid, *core_args, **core.meta)
+    grads = _predictor_gradients(ctx, w1, w2)
+    _launch(mod.predictor_bwd, predictor.grid, ctx, dtaps, w1, b1, w2, *grads, b, n, c, **predictor.meta)
+    if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
+        dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    return dq, dk, dv, *grads
+
+
+def _layer_backward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
+    q, k, v, ctx, taps, w1, b1, w2, grad = params
+    mod = load_kernels(q.device)
+    b, n, c = q.shape
+    if b == 0 or n == 0:
+        return _LayerPlan(None, None)
+    grads = _core_gradients(q, taps)
+    core_args = (q, k, v, taps, grad, *grads, *_strides(q, k, v, grad), geometry, 1.0)
+    core = _core_launch(core_args, mod, _BACKWARD_KERNELS, q, None, True)
+    pred_args = (ctx, grads[3], w1, b1, w2, *_predictor_gradients(ctx, w1, w2), b, n, c)
+    predictor = _predictor_backward_launch(pred_args, mod, geometry[-1])
+    return _LayerPlan(predictor, core) if core.split is None else _LayerPlan(None, None)
 
 
 def plan_layer_step(q, w9, grad, num_heads: int, h: int, w: int, p: int, split: int | None = None) -> None:
