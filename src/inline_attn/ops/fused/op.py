@@ -361,7 +361,7 @@ class _TritonLayerCore(torch.autograd.Function):
         dq, dk, dv, dctx, dw1, db1, dw2, db2 = layer_backward_triton(*ctx.saved_tensors, grad, *args)
         if dtypes is not None:
             dctx, dw1, db1, dw2, db2 = map(cast, (dctx, dw1, db1, dw2, db2), dtypes)
-        return dctx.unsqueeze(1).expand(x_shape), dq, dk, dv, dw1, db1, dw2, db2, None
+        return dctx.expand(x_shape), dq, dk, dv, dw1, db1, dw2, db2, None
 
 
 # ``Function.apply`` is a Python wrapper around the C++ ``apply`` that it then calls: it binds

@@ -977,15 +977,17 @@ def _layer_forward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
 def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, scale: float, h: int, w: int, p: int):
     """Gradients of :func:`layer_forward_triton` for the upstream ``grad`` [B, N, C]: the core's
     (:func:`inline_backward_triton`), then the predictor's for the taps' gradient
-    (:func:`predictor_backward_triton`) -> (dq, dk, dv, dctx / N, dw1, db1, dw2, db2); ctx, taps
-    as the forward returned them. Eager tensors only, as the forward."""
+    (:func:`predictor_backward_triton`) -> (dq, dk, dv, dctx / N [B, 1, C], dw1, db1, dw2, db2)
+    (dctx ready to broadcast over the tokens); ctx, taps as the forward returned them. Eager
+    tensors only, as the forward."""
     b, n, c = q.shape
     strides, geometry = (q.stride(), k.stride(), v.stride(), grad.stride()), (n, c, h, w, p, num_heads)
     key = ("layer_bwd", b, geometry, strides, (q.dtype, k.dtype, v.dtype, grad.dtype), q.device)
     plan = _planned(key, _layer_backward_plan, (q, k, v, ctx, taps, w1, b1, w2, grad), geometry)
     if plan.core is None:
         dq, dk, dv, dtaps = inline_backward_triton(q, k, v, taps, grad, num_heads, scale, h, w, p)
-        return dq, dk, dv, *predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, num_heads)
+        dctx, *grads = predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, num_heads)
+        return dq, dk, dv, dctx.unsqueeze(1), *grads
     mod, device, dt, f32 = _state["module"], q.device, _out_dtype(q), torch.float32
     dq = torch.empty((b, n, c), device=device, dtype=dt)
     dk = torch.empty((b, n, c), device=device, dtype=dt)
@@ -994,11 +996,16 @@ def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, 
     predictor, core = plan.predictor, plan.core
     core_args = (q, k, v, taps, grad, dq, dk, dv, dtaps, *strides, geometry, float(scale))
     _launch(getattr(mod, core.kernel), core.grid, *core_args, **core.meta)
-    grads = _predictor_gradients(ctx, w1, w2)
-    _launch(mod.predictor_bwd, predictor.grid, ctx, dtaps, w1, b1, w2, *grads, b, n, c, **predictor.meta)
+    # the predictor's gradients (as _predictor_gradients), dctx as [B, 1, C]: the kernel writes its
+    # B x C values alike, and the layer broadcasts it over the tokens without a reshape
+    dctx = torch.empty((b, 1, c), device=device, dtype=f32)
+    dw1, dw2 = torch.empty(w1.shape, device=device, dtype=f32), torch.empty(w2.shape, device=device, dtype=f32)
+    db1, db2 = torch.empty((c,), device=device, dtype=f32), torch.empty((9 * c,), device=device, dtype=f32)
+    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    _launch(mod.predictor_bwd, predictor.grid, *pred_args, **predictor.meta)
     if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
         dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
-    return dq, dk, dv, *grads
+    return dq, dk, dv, dctx, dw1, db1, dw2, db2
 
 
 def _layer_backward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
