@@ -1,5 +1,6 @@
 """The Triton launchers' plans (:func:`inline_attn.ops.fused.triton._planned`): derived once per
-key, a fresh one for anything the launch depends on, and never more than PLANS_MAX of them.
+key, a fresh one for anything the launch depends on (a new tuning table included), never more
+than PLANS_MAX of them; and the layer core's step, planned once per direction.
 
 The kernels are stubbed out (the host benchmark's stubs): only what the launchers plan and
 launch is checked here; the kernels' results are tested in test_triton*.py.
@@ -7,10 +8,13 @@ launch is checked here; the kernels' results are tested in test_triton*.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from inline_attn.bench.host import stubbed_triton_launches
+from inline_attn.ops.fused import op
 from inline_attn.ops.fused import triton as triton_core
 
 pytest.importorskip("triton")
@@ -128,3 +132,38 @@ def test_plans_are_not_kept_for_a_simulated_device_or_a_traced_graph(plans, monk
 
     assert [triton_core._planned(("key",), build, args) for _ in range(2)] == [1, 2]
     assert plans == {}
+
+
+def test_a_new_tuning_table_gets_fresh_plans(plans, monkeypatch, tmp_path):
+    q, k, v = _qkv(2, N, 32)
+    with triton_core.core_kernels("tiled"):  # the fused launch: its tile is the table's
+        before = _step(q, k, v)
+        name = triton_core.device_limits(q.device).name
+        table = {triton_core.tuning_key(name, N, 32 // HEADS, HEADS, torch.float32): {"BLOCK_N": 16, "num_warps": 1}}
+        path = tmp_path / "triton_tuning.json"
+        path.write_text(json.dumps({"winners": table}))
+        monkeypatch.setattr(triton_core, "TUNING_FILE", path)
+        after = _step(q, k, v)
+    assert [launch[2]["BLOCK_N"] for launch in before if "BLOCK_N" in launch[2]] == [64, 64]
+    assert [launch[2]["BLOCK_N"] for launch in after if "BLOCK_N" in launch[2]] == [16, 16]
+
+
+def _layer_step(x, q, k, v) -> None:
+    """One layer core step (forward and backward) on the Triton path."""
+    c = q.shape[-1]
+    params = [
+        torch.randn(s, device=DEVICE, requires_grad=True)
+        for s in [(c, c // HEADS, 1), (c,), (9 * c, c // HEADS, 1), (9 * c,)]
+    ]
+    out = op.inline_layer_core(x, q, k, v, *params, HEADS, 0.5, 1, q.shape[1], 0, "triton")
+    out.backward(torch.ones_like(out))
+
+
+def test_a_layer_step_plans_each_direction_once_per_key(plans):
+    q, k, v = (t.requires_grad_() for t in _qkv(2, N, 32))
+    x = torch.randn(2, N, 32, device=DEVICE)
+    _layer_step(x, q, k, v)
+    _layer_step(x.clone(), q, k, v)  # the same kinds of tensors: looked up
+    assert sorted(key[0][0] for key in plans) == ["layer_bwd", "layer_fwd"]
+    _layer_step(x.transpose(1, 2).contiguous().transpose(1, 2), q, k, v)  # x token-strided: a new forward plan
+    assert sorted(key[0][0] for key in plans) == ["layer_bwd", "layer_fwd", "layer_fwd"]
