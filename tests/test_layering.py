@@ -6,7 +6,9 @@ needs) < ``train``, ``dense``, ``analysis``, ``bench`` < ``experiments`` < ``cli
 nothing from its own floor or above, except that the applications (``train``, ``dense``,
 ``analysis``, ``bench``) may take the named entries of :data:`ENTRIES` from each other. Every
 module under ``src/inline_attn`` is parsed, and every import counts: top-level or inside a function,
-relative or absolute, and ``importlib.import_module`` with a literal name.
+relative or absolute, and ``importlib.import_module`` with a literal name. Inside ``dense``,
+``dense.models`` imports neither ``dense.data`` nor a task module, and ``dense.data`` no model or
+task module (:data:`DENSE_BLOCKS`).
 """
 
 from __future__ import annotations
@@ -158,6 +160,63 @@ def test_imports_run_down_the_floors(package):
         if package_of(i.importer) == package and targets(i) in FORBIDDEN[package] and not is_entry(i)
     ]
     assert not upward, f"{package} must import nothing from {FORBIDDEN[package]}:\n" + "\n".join(upward)
+
+
+# inside dense, three blocks: the tasks and their helpers at dense's top, then two blocks under them
+# that know nothing of the top (but the config classes the data sets are built from) nor each other
+DENSE_BLOCKS = {
+    "inline_attn.dense.models": ("inline_attn.dense.models",),
+    "inline_attn.dense.data": ("inline_attn.dense.data", "inline_attn.dense.config"),
+}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def dense_module(imp: Import, root: pathlib.Path = SRC) -> Optional[str]:
+    """The module of ``dense`` an import reaches (``from inline_attn.dense import data`` reaches
+    ``inline_attn.dense.data``); None outside ``dense``."""
+    if not _within(imp.module, f"{root.name}.dense"):
+        return None
+    named = root / "dense" / (imp.name or "")
+    if imp.module == f"{root.name}.dense" and imp.name and (named.is_dir() or named.with_suffix(".py").is_file()):
+        return f"{imp.module}.{imp.name}"
+    return imp.module
+
+
+def dense_block_breaches(imports: list[Import]) -> list[str]:
+    """Imports from ``dense.models`` or ``dense.data`` of a dense module outside what their block may take."""
+    found = []
+    for imp in imports:
+        block = next((b for b in DENSE_BLOCKS if _within(imp.importer, b)), None)
+        target = dense_module(imp)
+        if block and target and not any(_within(target, ok) for ok in DENSE_BLOCKS[block]):
+            found.append(f"{imp.importer}:{imp.line} imports {target}")
+    return found
+
+
+def test_dense_models_import_neither_data_nor_a_task_and_data_no_model():
+    breaches = dense_block_breaches(all_imports())
+    assert not breaches, "dense.models / dense.data reach outside their block:\n" + "\n".join(breaches)
+
+
+def test_the_dense_block_scan_sees_a_model_reading_data_and_data_reading_a_task():
+    models = "inline_attn.dense.models.segmentor"
+    fake = imports_of("from ..data.loading import collate\nfrom .. import seg_task\n", models, is_pkg=False)
+    fake += imports_of("def f():\n    from ..seg_task import SegTask\n", "inline_attn.dense.data.coco", is_pkg=False)
+    fake += imports_of("from ..models.boxes import nms\n", "inline_attn.dense.data.coco", is_pkg=False)
+    fake += imports_of("from inline_attn.dense import build_segmentor\n", models, is_pkg=False)
+    allowed = imports_of("from .heads import resize\nfrom ...runtime.finite import require_finite\n", models, False)
+    allowed += imports_of("from ..config import SegConfig\n", "inline_attn.dense.data.loading", is_pkg=False)
+    assert dense_block_breaches(fake) == [
+        f"{models}:1 imports inline_attn.dense.data.loading",
+        f"{models}:2 imports inline_attn.dense.seg_task",
+        "inline_attn.dense.data.coco:2 imports inline_attn.dense.seg_task",
+        "inline_attn.dense.data.coco:1 imports inline_attn.dense.models.boxes",
+        f"{models}:1 imports inline_attn.dense",
+    ]
+    assert dense_block_breaches(allowed) == []
 
 
 def test_no_private_name_crosses_a_package():

@@ -130,7 +130,7 @@ def test_writable_file_refuses_a_folder_and_creates_the_parent(tmp_path):
 
 def test_corrupt_json_names_the_file(tmp_path):
     from inline_attn._io import read_json
-    from inline_attn.dense.coco import read_instances
+    from inline_attn.dense.data.coco import read_instances
     from inline_attn.experiments.ablations import run_ablations
 
     bad = tmp_path / "bad.json"

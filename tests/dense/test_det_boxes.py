@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inline_attn.dense.boxes import (
+from inline_attn.dense.data.transforms import flip_boxes
+from inline_attn.dense.models.boxes import (
     batched_nms,
     box_iou,
     clean_targets,
     decode_ltrb,
     encode_ltrb,
-    flip_boxes,
     nms,
     select_detections,
 )

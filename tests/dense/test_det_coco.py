@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("pycocotools")  # in the test extra
 
-from inline_attn.dense.coco import CocoDetection, coco_box_ap, read_instances, to_coco_detections  # noqa: E402
+from inline_attn.dense.data.coco import CocoDetection, coco_box_ap, read_instances, to_coco_detections  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "train"))
 from train_helpers import make_fmnist  # noqa: E402
@@ -131,8 +131,8 @@ def test_coco_folder_reader(tmp_path):
 def test_mosaic_ground_truth_through_the_dataset_scores_100(tmp_path):
     """The detection view of the mosaics (labels, ids, export) is consistent: its own targets
     turned into detections score AP 100 against its COCO export."""
-    from inline_attn.dense.mosaic_sets import MosaicDet
-    from inline_attn.dense.mosaic import FashionMosaics
+    from inline_attn.dense.data.mosaic_sets import MosaicDet
+    from inline_attn.dense.data.mosaic import FashionMosaics
 
     root = make_fmnist(tmp_path, n_train=20, n_test=10)
     ds = MosaicDet(FashionMosaics("val", 6, root=root), flip=0.0)
@@ -256,7 +256,7 @@ def test_unusable_image_is_skipped_in_training_and_named_in_evaluation(tmp_path,
 
 def test_validation_categories_must_match_training(tmp_path):
     from inline_attn.dense.config import DetConfig
-    from inline_attn.dense.data import build_det_datasets
+    from inline_attn.dense.data.loading import build_det_datasets
 
     train_ann, img_dir = _coco_folder(tmp_path, cats=(1, 2, 3))
     val_ann, _ = _coco_folder(tmp_path, cats=(1, 2))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from inline_attn.dense.losses import giou_loss, sigmoid_focal_loss
+from inline_attn.dense.models.losses import giou_loss, sigmoid_focal_loss
 
 
 def _focal_ref(x, t, alpha, gamma):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inline_attn.dense.detector import build_detector, level_points
+from inline_attn.dense.models.detector import build_detector, level_points
 
 from seg_helpers import TINY
 

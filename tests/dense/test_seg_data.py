@@ -8,9 +8,9 @@ import torch
 from PIL import Image
 
 from inline_attn.dense.config import SegConfig
-from inline_attn.dense.ade20k import ADE20K, ADE20K_CLASSES
-from inline_attn.dense.data import StepSampler, build_seg_datasets
-from inline_attn.dense.transforms import pad_to, photometric_distortion, random_crop, rescale_size
+from inline_attn.dense.data.ade20k import ADE20K, ADE20K_CLASSES
+from inline_attn.dense.data.loading import StepSampler, build_seg_datasets
+from inline_attn.dense.data.transforms import pad_to, photometric_distortion, random_crop, rescale_size
 
 from seg_helpers import make_ade
 

@@ -1,6 +1,8 @@
-"""CUDA graphs for segmentation, on the CPU: the segmentor's training logits and its loss
-(:class:`~inline_attn.dense.losses.SegLoss`) equal to the eager loss, capture-safe (no host read,
-no shape that depends on the labels), the default ``train.cuda_graphs``, and a segmentation run
+"""CUDA graphs for segmentation, on the CPU: the segmentor's forward of one kind in both modes, every
+head's logits through :class:`~inline_attn.dense.models.segmentor.HeadLogits` (what the graphed step
+calls) and their loss (:class:`~inline_attn.dense.models.losses.SegLoss`) equal to the eager loss,
+capture-safe (no host read, no shape that depends on the labels), the default ``train.cuda_graphs``,
+and a segmentation run
 through the graphed path (the capture replaced by eager execution,
 :func:`~inline_attn.runtime.graphs.eager_capture`) bit-identical to the ungraphed run with the same
 capture-ready optimizer. The capture itself runs only on a GPU (``make gpu-check``)."""
@@ -15,11 +17,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from inline_attn.dense import build as build_mod
-from inline_attn.dense import losses as losses_mod
+from inline_attn.dense.models import losses as losses_mod
 from inline_attn.dense.config import DetConfig, SegConfig
-from inline_attn.dense.losses import SegLoss
+from inline_attn.dense.models.losses import SegLoss
 from inline_attn.dense.seg_task import SegTask
-from inline_attn.dense.segmentor import SegLogits, build_segmentor
+from inline_attn.dense.models.segmentor import HeadLogits, SegLogits, build_segmentor
 from inline_attn.runtime import run as run_mod
 from inline_attn.runtime.graphs import StepGraphs, eager_capture
 from inline_attn.runtime.optim import prepare_for_capture
@@ -97,7 +99,7 @@ def test_the_graphed_loss_reads_nothing_on_the_host(avg_non_ignore):
 
 
 @pytest.mark.parametrize("decode, aux", [("upernet", True), ("semantic_fpn", False)])
-def test_the_segmentor_gives_every_heads_logits_in_training(decode, aux):
+def test_the_segmentor_forward_is_one_kind_and_head_logits_give_every_head(decode, aux):
     torch.manual_seed(0)
     model = build_segmentor(
         decode,
@@ -110,20 +112,27 @@ def test_the_segmentor_gives_every_heads_logits_in_training(decode, aux):
     )
     x, y = torch.randn(2, 3, 32, 48), _labels(2, 32, 48)
     torch.manual_seed(1)
-    out = model(x)  # training mode: every head (dropout draws as in the loss below)
+    trained = model(x)  # training mode: the decode head's logits, as in eval mode
+    torch.manual_seed(1)
+    assert torch.is_tensor(trained) and torch.equal(trained, model.encode_decode(x))
+    heads = HeadLogits(model)  # what the graphed step calls: every head, the segmentor's own parameters
+    assert [id(p) for p in heads.parameters()] == [id(p) for p in model.parameters()]
+    torch.manual_seed(1)
+    out = heads(x)
     assert isinstance(out, SegLogits) and out.decode.shape == (2, K, 32, 48)
     assert (out.aux is not None) is aux and (not aux or out.aux.shape == (2, K, 32, 48))
     torch.manual_seed(1)
-    eager = model(x, y)  # the eager training pass: the same terms of the same logits
+    eager = model(x, y)  # the eager training pass: the same terms of the same logits (dropout draws alike)
     terms = model.criterion.terms(out, y)
     assert eager.keys() == terms.keys() and all(torch.equal(eager[k], terms[k]) for k in eager)
     model.eval()
-    assert torch.equal(model(x), model.encode_decode(x))  # evaluation: the decode head's logits
+    assert torch.equal(model(x), model.encode_decode(x))  # evaluation: the decode head's logits too
 
 
 def test_every_dense_task_defaults_to_auto():
     assert SegConfig.load(None).train.cuda_graphs == "auto" and DetConfig.load(None).train.cuda_graphs == "auto"
     assert SegTask.criterion is None and SegTask().build_model(_cfg("unused"), K).criterion is not None
+    assert SegTask.criterion_forward is HeadLogits  # the graphed step's criterion takes every head's logits
 
 
 def _cfg(out, ade=None, **extra) -> SegConfig:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inline_attn.dense import FashionMosaics, MosaicSpec
-from inline_attn.dense.coco import mask_to_rle, mosaics_to_coco, rle_to_mask, write_coco
+from inline_attn.dense.data.coco import mask_to_rle, mosaics_to_coco, rle_to_mask, write_coco
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "train"))
 from train_helpers import make_fmnist  # noqa: E402

@@ -107,7 +107,7 @@ def test_two_processes(tmp_path, ade):
     assert got[0] == got[1]  # the confusion matrices were summed across the two processes
     model, _ = load_segmentor(tmp_path / "ddp" / "last.pth")
     cfg1 = SegConfig.load(overrides=tiny_overrides(tmp_path / "one", **{"data.path": ade}))
-    from inline_attn.dense.data import build_seg_datasets
+    from inline_attn.dense.data.loading import build_seg_datasets
     from inline_attn.dense.seg_task import evaluate_seg
 
     _, val = build_seg_datasets(cfg1, train=False)
@@ -205,7 +205,7 @@ def test_mosaic_training_learns(tmp_path):
     full demo recovers from them while its lr decays (38.2 mIoU, stable over seeds); this short run
     has no decay to recover in. Clipping at 1.0 removes the spikes (max norm 1.6) and the run learns
     on every seed and instruction set tried."""
-    from inline_attn.dense.data import build_seg_datasets
+    from inline_attn.dense.data.loading import build_seg_datasets
     from inline_attn.dense.metrics import SegMetric
 
     cfg = SegConfig.load(

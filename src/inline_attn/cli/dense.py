@@ -209,8 +209,8 @@ def _check_output_files(args) -> None:
 
 
 def cmd_mosaics(args) -> int:
-    from ..dense.coco import export_mosaics
-    from ..dense.mosaic import FashionMosaics, MosaicSpec
+    from ..dense.viz import export_mosaics
+    from ..dense.data.mosaic import FashionMosaics, MosaicSpec
 
     _check_output_files(args)
     if args.coco:

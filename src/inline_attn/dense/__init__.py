@@ -1,16 +1,21 @@
 """Dense prediction on InLine backbones: semantic segmentation (SemanticFPN, UperNet) and
 object detection (FCOS), their metrics (mIoU; COCO box AP) and data (ADE20K, COCO, Fashion-MNIST
-mosaics), and an OpenMMLab plugin for mmseg and mmdet (``dense.mm``)."""
+mosaics), and an OpenMMLab plugin for mmseg and mmdet (``dense.mm``).
 
-from .backbone import DenseBackbone, LayerNorm2d, SimpleFeaturePyramid
-from .boxes import batched_nms, box_iou, decode_ltrb, encode_ltrb, nms
-from .coco import CocoDetection, coco_box_ap
-from .detector import FCOS, build_detector
-from .heads import FCNHead, FPN, FPNHead, PPM, UPerHead
-from .losses import giou_loss, seg_cross_entropy, sigmoid_focal_loss
+Three blocks: :mod:`.data` (data sets, augmentation, the COCO format), :mod:`.models` (backbone
+adapter, heads, segmentor, detector, boxes, losses) and, at this package's top, the tasks
+(``seg_task``, ``det_task``, their shared ``build``), their config, evaluation helpers, metrics,
+pictures and the mm plugin, which take from the two blocks below them."""
+
+from .models.backbone import DenseBackbone, LayerNorm2d, SimpleFeaturePyramid
+from .models.boxes import batched_nms, box_iou, decode_ltrb, encode_ltrb, nms
+from .data.coco import CocoDetection, coco_box_ap
+from .models.detector import FCOS, build_detector
+from .models.heads import FCNHead, FPN, FPNHead, PPM, UPerHead
+from .models.losses import giou_loss, seg_cross_entropy, sigmoid_focal_loss
 from .metrics import SegMetric, confusion_matrix, metrics_from_confusion
-from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec, make_mosaic
-from .segmentor import EncoderDecoder, build_segmentor, slide_windows
+from .data.mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec, make_mosaic
+from .models.segmentor import EncoderDecoder, build_segmentor, slide_windows
 
 __all__ = [
     "CocoDetection",

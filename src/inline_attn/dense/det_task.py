@@ -22,10 +22,10 @@ from ..runtime.report import write_json
 from ..runtime.amp import autocast
 from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo, resolve_device
-from .coco import coco_box_ap, to_coco_detections
+from .data.coco import coco_box_ap, to_coco_detections
 from .config import DetConfig
-from .data import StepSampler, build_det_datasets, det_collate
-from .detector import FCOS, build_detector
+from .data.loading import StepSampler, build_det_datasets, det_collate
+from .models.detector import FCOS, build_detector
 from .evaluation import check_class_count, eval_config
 from ..data.transforms import Normalize
 from ..runtime.checkpoint import read_run_checkpoint

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .losses import check_labels
+from .models.losses import check_labels
 
 __all__ = ["SegMetric", "confusion_matrix", "metrics_from_confusion"]
 

@@ -25,7 +25,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         "built from source (see docs/dense.md)"
     ) from e
 
-from .backbone import DenseBackbone
+from .models.backbone import DenseBackbone
 
 __all__ = ["InLineBackbone", "REGISTERED"]
 

@@ -23,14 +23,14 @@ from ..runtime.progress import progress_bar
 from ..runtime.distributed import DistInfo
 from ..runtime.finite import require_finite
 from .config import SegConfig
-from .data import StepSampler, build_seg_datasets, collate
+from .data.loading import StepSampler, build_seg_datasets, collate
 from .evaluation import check_class_count, eval_config
-from .heads import resize
+from .models.heads import resize
 from .metrics import SegMetric
 from ..data.transforms import Normalize
 from ..runtime.checkpoint import read_run_checkpoint
 from .build import DenseTask, build_dense_model, load_trained
-from .segmentor import EncoderDecoder, build_segmentor
+from .models.segmentor import EncoderDecoder, HeadLogits, build_segmentor
 
 __all__ = [
     "SegTask",
@@ -161,8 +161,10 @@ def load_segmentor(path, device="cpu") -> tuple[EncoderDecoder, SegConfig]:
 
 class SegTask(DenseTask):
     """Semantic segmentation: cross-entropy of the decode (and auxiliary) head, mIoU. Its
-    ``criterion`` (the segmentor's :class:`~inline_attn.dense.losses.SegLoss`, set with the model)
-    lets the run capture a step in a CUDA graph: the labels are fixed-size masks."""
+    ``criterion`` (the segmentor's :class:`~inline_attn.dense.models.losses.SegLoss`, set with the
+    model) lets the run capture a step in a CUDA graph, the labels being fixed-size masks; the
+    graphed step calls :class:`~inline_attn.dense.models.segmentor.HeadLogits` of the segmentor
+    (``criterion_forward``) for every head's logits, which the criterion takes."""
 
     kind = "segmentation"
     config = SegConfig
@@ -171,14 +173,15 @@ class SegTask(DenseTask):
     csv_columns = SEG_CSV
     loss_keys = ("loss", "loss_decode", "loss_aux")
     metric_keys = ("mIoU", "mAcc", "aAcc")
+    criterion_forward = HeadLogits
 
     def datasets(self, cfg: SegConfig, info: DistInfo, progress: bool):
         return build_seg_datasets(cfg, progress=progress)
 
     def build_model(self, cfg: SegConfig, num_classes: int) -> nn.Module:
         model = build_from_config(cfg, num_classes)
-        # the loss a CUDA-graphed step applies to the model's training logits: the model's own
-        # (the same terms, weights, ignore index and mean as :meth:`losses`)
+        # the loss a CUDA-graphed step applies to every head's logits (``criterion_forward``): the
+        # model's own (the same terms, weights, ignore index and mean as :meth:`losses`)
         self.criterion = model.criterion
         return model
 

@@ -1,4 +1,5 @@
-"""Pictures of segmentation data and predictions (matplotlib, Agg)."""
+"""Pictures of segmentation data and predictions (matplotlib, Agg), and the files of the
+``seg mosaics`` command (:func:`export_mosaics`: a COCO folder and / or a picture of mosaics)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import numpy as np
 import torch
 
 from .._io import save_figure
+from .data.coco import write_coco
+from .data.mosaic import FashionMosaics
 
-__all__ = ["colorize", "palette", "save_detections", "save_mosaic_samples", "save_predictions"]
+__all__ = ["colorize", "export_mosaics", "palette", "save_detections", "save_mosaic_samples", "save_predictions"]
 
 
 def palette(num_classes: int) -> np.ndarray:
@@ -170,7 +173,7 @@ def save_detections(
     the best-scoring one is drawn, so labels stay legible (the evaluation keeps them all).
     images: [3, H, W] each (uint8, or float 0-255); targets / results: dicts with ``boxes`` xyxy
     and ``labels`` 0..K-1 (results: ``scores``)."""
-    from .boxes import nms
+    from .models.boxes import nms
 
     n = len(images)
     fig, axes = _figure(n, 2, 4.4, 0.5)
@@ -184,3 +187,24 @@ def save_detections(
         _draw_boxes(axes[i][0], targets[i]["boxes"], targets[i]["labels"], class_names)
         _draw_boxes(axes[i][1], r["boxes"][keep], r["labels"][keep], class_names, r["scores"][keep].tolist())
     return _save(fig, path, title, fontsize=8, bottom=0.0, top=0.96, dpi=130)
+
+
+def export_mosaics(
+    mosaics: FashionMosaics, *, coco=None, png=None, rows: Optional[int] = None, progress: bool = True
+) -> dict[str, pathlib.Path]:
+    """Write ``mosaics`` as a COCO-format folder under ``coco``
+    (:func:`~inline_attn.dense.data.coco.write_coco`) and/or a PNG of the first ``rows`` mosaics
+    (default 4, at most all of them) to ``png``; returns {"coco": instances JSON, "png": PNG} of
+    those written. ``rows`` without ``png``, or more rows than mosaics, is refused."""
+    if not coco and not png:
+        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
+    if rows is not None and not png:
+        raise ValueError(f"--rows {rows} sets the rows of the --png FILE: give --png, or no --rows")
+    if rows is not None and not 1 <= rows <= len(mosaics):
+        raise ValueError(f"--rows {rows}: expected 1 to {len(mosaics)} (the number of mosaics)")
+    out = {}
+    if coco:
+        out["coco"] = write_coco(mosaics, coco, progress=progress)
+    if png:
+        out["png"] = save_mosaic_samples(mosaics, png, n=min(4, len(mosaics)) if rows is None else rows)
+    return out

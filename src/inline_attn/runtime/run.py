@@ -251,6 +251,8 @@ class Run:
             model = compile_module(model, compile_mode_for(t.compile_mode, graphed))
         elif graphed:
             self.graphs = StepGraphs(self.amp, self.cfg.optim.clip_grad)
+            if self.task.criterion_forward is not None:  # the step calls what gives the criterion its input
+                model = self.task.criterion_forward(model)
         if info.is_main and t.tensorboard:
             self.tb = TensorBoard(self.out / "tb")
         return model

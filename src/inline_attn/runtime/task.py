@@ -115,6 +115,9 @@ class Task:
     best_key: Optional[str] = None  # best.pth (and best_ema.pth) follow the highest value of this metric
     # loss(model(x), batch[1]) with x = input_norm(batch[0]), or a dict of the loss_keys' terms: a CUDA-graphed step
     criterion: Optional[Callable] = None
+    # the module a graphed step calls in place of the model, made from it (its parameters, not a copy):
+    # its output is what ``criterion`` takes (None: the model; a task with an EMA keeps None)
+    criterion_forward: Optional[Callable[[nn.Module], nn.Module]] = None
     not_graphed: str = "its losses are computed inside the model"  # why a task without a criterion runs ungraphed
     picture_each_row: bool = False  # the picture redrawn at every row's checkpoint, not only at the end
     distributed: bool = True  # whether the task trains on several processes

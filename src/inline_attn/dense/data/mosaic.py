@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.fmnist import FMNIST_CLASSES, load_fashion_mnist
+from ...data.fmnist import FMNIST_CLASSES, load_fashion_mnist
 
 __all__ = ["MOSAIC_CLASSES", "FashionMosaics", "MosaicSpec", "make_mosaic"]
 

@@ -4,7 +4,7 @@ sets a segmentation config asks for (:func:`build_ade20k_sets`).
 
 Items are float32 images ``[3, H, W]`` in 0-255 units (RGB, not normalised) and int64 labels
 ``[H, W]`` (``ignore_index`` = 255 where unlabelled or padded). Training items are addressed as
-``(index, seed)`` (:class:`~inline_attn.dense.data.StepSampler`) and draw every augmentation from
+``(index, seed)`` (:class:`~inline_attn.dense.data.loading.StepSampler`) and draw every augmentation from
 ``seed``.
 
 A file that cannot be used (truncated, zero-byte or garbage image or label, labels of another
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..data.unreadable import UnreadableFiles, decode_image
+from ...data.unreadable import UnreadableFiles, decode_image
 from .transforms import (
     pad_to,
     photometric_distortion,
@@ -35,7 +35,7 @@ from .transforms import (
 )
 
 if TYPE_CHECKING:
-    from .config import SegConfig
+    from ..config import SegConfig
 
 __all__ = ["ADE20K", "ADE20K_CLASSES", "ADE_LAYOUT", "build_ade20k_sets"]
 

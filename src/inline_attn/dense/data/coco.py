@@ -15,9 +15,9 @@ from typing import Optional
 
 import numpy as np
 
-from .._io import atomic_write_text, read_json
-from ..data.unreadable import UnreadableFiles, decode_image
-from ..runtime.progress import progress_bar
+from ..._io import atomic_write_text, read_json
+from ...data.unreadable import UnreadableFiles, decode_image
+from ...runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "check_detections",
     "check_instances",
     "coco_box_ap",
-    "export_mosaics",
     "mask_to_rle",
     "mosaics_to_coco",
     "read_instances",
@@ -118,28 +117,6 @@ def write_coco(dataset: FashionMosaics, out_dir, *, write_images: bool = True, p
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(coco))
     return path
-
-
-def export_mosaics(
-    mosaics: FashionMosaics, *, coco=None, png=None, rows: Optional[int] = None, progress: bool = True
-) -> dict[str, pathlib.Path]:
-    """Write ``mosaics`` as a COCO-format folder under ``coco`` (:func:`write_coco`) and/or a PNG of
-    the first ``rows`` mosaics (default 4, at most all of them) to ``png``; returns {"coco": instances
-    JSON, "png": PNG} of those written. ``rows`` without ``png``, or more rows than mosaics, is refused."""
-    if not coco and not png:
-        raise ValueError("nothing to do: give --coco DIR and/or --png FILE")
-    if rows is not None and not png:
-        raise ValueError(f"--rows {rows} sets the rows of the --png FILE: give --png, or no --rows")
-    if rows is not None and not 1 <= rows <= len(mosaics):
-        raise ValueError(f"--rows {rows}: expected 1 to {len(mosaics)} (the number of mosaics)")
-    out = {}
-    if coco:
-        out["coco"] = write_coco(mosaics, coco, progress=progress)
-    if png:
-        from .viz import save_mosaic_samples
-
-        out["png"] = save_mosaic_samples(mosaics, png, n=min(4, len(mosaics)) if rows is None else rows)
-    return out
 
 
 # ---- reading COCO instances files and box AP through pycocotools ------------------------------
@@ -413,7 +390,7 @@ class CocoDetection:
         boxes *= s
         labels = torch.tensor([self._label[a["category_id"]] for a in anns], dtype=torch.long)
         if seed is not None and self.flip > 0 and np.random.default_rng(seed).random() < self.flip:
-            from .boxes import flip_boxes
+            from .transforms import flip_boxes
 
             img, boxes = img.flip(-1), flip_boxes(boxes, img.shape[-1])
         return img, {"boxes": boxes, "labels": labels}

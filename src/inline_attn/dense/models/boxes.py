@@ -21,7 +21,6 @@ __all__ = [
     "clip_boxes",
     "decode_ltrb",
     "encode_ltrb",
-    "flip_boxes",
     "nms",
     "select_detections",
 ]
@@ -85,11 +84,6 @@ def clip_boxes(boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return torch.stack(
         [boxes[:, 0].clamp(0, w), boxes[:, 1].clamp(0, h), boxes[:, 2].clamp(0, w), boxes[:, 3].clamp(0, h)], -1
     )
-
-
-def flip_boxes(boxes: torch.Tensor, width: int) -> torch.Tensor:
-    """Boxes [N, 4] of an image flipped left-right (``width`` pixels)."""
-    return torch.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], -1)
 
 
 def encode_ltrb(points: torch.Tensor, boxes: torch.Tensor, stride: float = 1.0) -> torch.Tensor:

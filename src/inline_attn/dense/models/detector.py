@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..runtime.finite import require_finite
+from ...runtime.finite import require_finite
 from .backbone import DenseBackbone
 from .boxes import clean_targets, decode_ltrb, encode_ltrb, select_detections
 from .heads import FPN

@@ -20,14 +20,15 @@ from .backbone import DenseBackbone
 from .heads import FCNHead, FPN, FPNHead, UPerHead, resize
 from .losses import SegLoss
 
-__all__ = ["EncoderDecoder", "SegLogits", "build_segmentor", "slide_windows"]
+__all__ = ["EncoderDecoder", "HeadLogits", "SegLogits", "build_segmentor", "slide_windows"]
 
 DECODE_TYPES = ("semantic_fpn", "upernet")
 
 
 class SegLogits(NamedTuple):
-    """A training forward's logits at the input size: the decode head's [B, K, H, W] and the
-    auxiliary head's [B, K, H, W] (None where the model has no auxiliary loss)."""
+    """Every head's logits at the input size (:meth:`EncoderDecoder.head_logits`, what the training
+    loss takes): the decode head's [B, K, H, W] and the auxiliary head's [B, K, H, W] (None where
+    the model has no auxiliary loss)."""
 
     decode: torch.Tensor
     aux: Optional[torch.Tensor]
@@ -93,7 +94,7 @@ class EncoderDecoder(nn.Module):
         self.num_classes, self.ignore_index = int(num_classes), int(ignore_index)
         self.size_divisor, self.align_corners = int(size_divisor), align_corners
         self.avg_non_ignore = avg_non_ignore
-        # the training loss, also what a CUDA-graphed step applies to forward's SegLogits
+        # the training loss, also what a CUDA-graphed step applies to :class:`HeadLogits`' output
         self.criterion = SegLoss(num_classes, ignore_index, self.aux_weight, avg_non_ignore)
 
     @torch.jit.ignore
@@ -130,12 +131,12 @@ class EncoderDecoder(nn.Module):
         return self._to_input(self._decode(self.extract(xp)), tuple(xp.shape[-2:]), size)
 
     def forward(self, x: torch.Tensor, target: Optional[torch.Tensor] = None):
-        """images [B, C, H, W] -> in eval mode the logits [B, K, H, W] (whole image); in training
-        mode every head's logits (:class:`SegLogits`, what :attr:`criterion` takes); with labels
-        ``target`` [B, H, W], the loss dict of :meth:`loss` instead (so DDP sees the training pass)."""
+        """images [B, C, H, W] -> the decode head's logits [B, K, H, W] (whole image), in training
+        and in eval mode alike; with labels ``target`` [B, H, W], the loss dict of :meth:`loss`
+        instead (so DDP sees the training pass). Every head's logits: :meth:`head_logits`."""
         if target is not None:
             return self.loss(x, target)
-        return self.head_logits(x) if self.training else self.encode_decode(x)
+        return self.encode_decode(x)
 
     def head_logits(self, x: torch.Tensor) -> SegLogits:
         """images [B, C, H, W] -> the decode head's logits and the auxiliary head's (where its
@@ -204,6 +205,24 @@ class EncoderDecoder(nn.Module):
         if out_size is not None:
             probs = resize(probs, out_size, align_corners=self.align_corners)
         return probs
+
+
+class HeadLogits(nn.Module):
+    """A segmentor's every head as one forward: images [B, C, H, W] -> :class:`SegLogits`
+    (:meth:`EncoderDecoder.head_logits`), what its :attr:`~EncoderDecoder.criterion` takes.
+
+    What a CUDA-graphed segmentation step calls in place of the segmentor (the graphed step
+    applies the task's criterion to its module's output), so the segmentor's own forward keeps one
+    output in both modes. It holds the segmentor itself (``segmentor``): the same parameters and
+    buffers, under that prefix.
+    """
+
+    def __init__(self, segmentor: EncoderDecoder):
+        super().__init__()
+        self.segmentor = segmentor
+
+    def forward(self, x: torch.Tensor) -> SegLogits:
+        return self.segmentor.head_logits(x)
 
 
 def build_segmentor(

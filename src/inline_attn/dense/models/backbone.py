@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models import create_model
+from ...models import create_model
 
 __all__ = ["DenseBackbone", "LayerNorm2d", "SimpleFeaturePyramid"]
 
@@ -131,8 +131,8 @@ class DenseBackbone(nn.Module):
             self.strides_all = [f["reduction"] for f in body.feature_info]
         self.body = body
         if pretrained:
-            from ..models.checkpoint import load_checkpoint
-            from ..models.weights import published_url, weights_file
+            from ...models.checkpoint import load_checkpoint
+            from ...models.weights import published_url, weights_file
 
             source = published_url(name) if pretrained is True else pretrained
             load_checkpoint(body, weights_file(source, model_name=name), strict=True, weights_only=weights_only)

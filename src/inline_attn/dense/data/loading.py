@@ -20,7 +20,7 @@ from .ade20k import build_ade20k_sets
 from .mosaic_sets import MosaicDet, MosaicSeg, build_mosaic_sets
 
 if TYPE_CHECKING:
-    from .config import DetConfig, SegConfig
+    from ..config import DetConfig, SegConfig
 
 __all__ = [
     "StepSampler",

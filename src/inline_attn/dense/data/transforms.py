@@ -8,6 +8,7 @@ Pipeline (mmseg's ADE20K config): :func:`random_resize` (target (2048, 512) time
 [0.5, 2], aspect kept), :func:`random_crop` (512 x 512, at most 75 % of one class,
 ``cat_max_ratio``), :func:`random_flip` (p = 0.5), :func:`photometric_distortion`, then
 :func:`pad_to` (image with the mean colour, i.e. 0 after normalisation; labels with 255).
+Detection's left-right flip moves the boxes with the image (:func:`flip_boxes`).
 Resizing uses Pillow (bilinear for images, nearest for labels); mmcv uses OpenCV, whose
 bilinear does not low-pass filter when shrinking, so downscaled pixels differ slightly.
 """
@@ -21,6 +22,7 @@ import torch
 from PIL import Image
 
 __all__ = [
+    "flip_boxes",
     "pad_to",
     "photometric_distortion",
     "random_crop",
@@ -148,3 +150,8 @@ def pad_to(img: np.ndarray, label: np.ndarray, size: Sequence[int], fill: Sequen
     lab = np.full((h + ph, w + pw), ignore_index, label.dtype)
     lab[:h, :w] = label
     return out, lab
+
+
+def flip_boxes(boxes: torch.Tensor, width: int) -> torch.Tensor:
+    """Boxes [N, 4] of an image flipped left-right (``width`` pixels)."""
+    return torch.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], -1)

@@ -4,7 +4,7 @@ for detection (boxes, 10 classes), and the pair of sets a config asks for
 (:func:`build_mosaic_sets`).
 
 Training items ``ds[(index, seed)]`` are flipped left-right with probability ``flip``, drawn from
-``seed`` (:class:`~inline_attn.dense.data.StepSampler`); evaluation items ``ds[index]`` are
+``seed`` (:class:`~inline_attn.dense.data.loading.StepSampler`); evaluation items ``ds[index]`` are
 returned as generated.
 """
 
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import torch
 
-from ..runtime.progress import progress_bar
+from ...runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
 
 if TYPE_CHECKING:
-    from .config import DetConfig, SegConfig
+    from ..config import DetConfig, SegConfig
 
 __all__ = ["MosaicDet", "MosaicSeg", "build_mosaic_sets"]
 
@@ -60,7 +60,7 @@ class MosaicSeg(torch.utils.data.Dataset):
 
 class MosaicDet(torch.utils.data.Dataset):
     """Fashion-MNIST mosaics as a detection set, held in memory: 10 classes (label = mosaic class
-    - 1, COCO category id = mosaic class, as :func:`~inline_attn.dense.coco.mosaics_to_coco`).
+    - 1, COCO category id = mosaic class, as :func:`~inline_attn.dense.data.coco.mosaics_to_coco`).
 
     ``ds[i]`` / ``ds[(i, seed)]`` (flipped left-right with probability ``flip``): (image float
     [3, S, S] 0-255, ``{"boxes" [N, 4] xyxy, "labels" [N]}``).
@@ -96,7 +96,7 @@ class MosaicDet(torch.utils.data.Dataset):
         return self._gt
 
     def __getitem__(self, item):
-        from .boxes import flip_boxes
+        from .transforms import flip_boxes
 
         index, seed = item if isinstance(item, tuple) else (item, None)
         img, boxes = self.images[index].float(), self.boxes[index]
