@@ -962,6 +962,8 @@ def layer_forward_triton(x, q, k, v, w1, b1, w2, b2, num_heads: int, scale: floa
 
 
 def _layer_forward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
+    """The forward's two launches on (x, q, k, v, w1, b1, w2, b2), planned (and fitted) on
+    buffers like the ones each call allocates."""
     x, q, k, v, w1, b1, w2, b2 = params
     mod = load_kernels(q.device)
     b, n, c = q.shape
@@ -1009,6 +1011,8 @@ def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, 
 
 
 def _layer_backward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
+    """The backward's two launches on (q, k, v, ctx, taps, w1, b1, w2, grad), planned (and
+    fitted) on buffers like the ones each call allocates."""
     q, k, v, ctx, taps, w1, b1, w2, grad = params
     mod = load_kernels(q.device)
     b, n, c = q.shape
