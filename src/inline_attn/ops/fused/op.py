@@ -45,7 +45,12 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from .._checks import cast
 from ..compile_marks import constant_when_compiled
 from . import cpu as cpu_kernel
-from .triton import layer_backward_triton, layer_forward_triton  # imports no triton (its launches do)
+from .triton import (  # imports no triton (its launches do)
+    inline_backward_triton,
+    inline_forward_triton,
+    layer_backward_triton,
+    layer_forward_triton,
+)
 
 BACKENDS = ("cpu", "triton")
 
@@ -55,22 +60,18 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
 
 
-_kernel_pairs: dict = {}  # backend -> (forward, backward), looked up once per process
+# backend -> the core's (forward, backward) kernels
+_KERNELS = {
+    "cpu": (cpu_kernel.cpu_forward, cpu_kernel.cpu_backward),
+    "triton": (inline_forward_triton, inline_backward_triton),
+}
 
 
 def _kernels(backend: str):
-    """The (forward, backward) kernels of ``backend``; Triton's are imported only when chosen."""
-    pair = _kernel_pairs.get(backend)
-    if pair is None:
+    """The (forward, backward) kernels of ``backend``."""
+    if backend not in _KERNELS:
         _check_backend(backend)
-        if backend == "cpu":
-            pair = cpu_kernel.cpu_forward, cpu_kernel.cpu_backward
-        else:
-            from .triton import inline_backward_triton, inline_forward_triton
-
-            pair = inline_forward_triton, inline_backward_triton
-        _kernel_pairs[backend] = pair
-    return pair
+    return _KERNELS[backend]
 
 
 def _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend):
