@@ -7,9 +7,8 @@ around the attention core. A small model's eager GPU step waits on exactly that.
 - ``sdpa``: the softmax layer (``F.scaled_dot_product_attention``), the baseline;
 - ``inline-cpu``: the InLine layer on the C++ kernel, as it runs;
 - ``inline-triton-stub``: the InLine layer on the Triton path with its kernel launches stubbed
-  out (the launchers' host work and the tensors they allocate, no kernel; at this shape the
-  launchers take the resident launches, the ones stubbed), so the CPU measures what a GPU step's
-  host pays;
+  out (the launchers' host work and the tensors they allocate, no kernel), so the CPU measures
+  what a GPU step's host pays, but for the launch itself;
 - ``inline-eager``: the InLine layer on aten ops only (for reference).
 
 Run ``python -m inline_attn.bench.host`` (``--help`` for the options); it prints the medians of

@@ -43,8 +43,10 @@ class LocalResidual(nn.Sequential):
 
     def predictor_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(w1, b1, w2, b2): the two grouped 1x1 convolutions' weights and biases."""
-        first, second = self._modules["0"], self._modules["2"]  # Sequential's indexing costs ~2 us a call
-        return first.weight, first.bias, second.weight, second.bias
+        # on a layer step's host path: the modules' and parameters' dicts read directly (Sequential's
+        # indexing and nn.Module.__getattr__ cost a Python call each)
+        first, second = self._modules["0"]._parameters, self._modules["2"]._parameters
+        return first["weight"], first["bias"], second["weight"], second["bias"]
 
     def forward(self, v: torch.Tensor, context: torch.Tensor, impl: str = "eager") -> torch.Tensor:
         """v: [B, C, H, W] values as an image; context: [B, C] -> [B, C, H, W]."""

@@ -182,7 +182,8 @@ class RecordableAttention(nn.Module):
         (no checks repeated: the module's construction and forward made them), which runs the
         prediction inside the fused layer core where it applies."""
         kind = kwargs.get("kind") or self.kind
-        if kind == "inline" and not self.hooked and kwargs.get("bias") is None and kwargs.get("mask") is None:
+        hooked = self._attention_hook is not None  # (self.hooked, without a property call on the host path)
+        if kind == "inline" and not hooked and kwargs.get("bias") is None and kwargs.get("mask") is None:
             params = residual.predictor_params()
             feature_map = kwargs.get("feature_map")
             args = (self.num_heads, feat_size, num_prefix_tokens, feature_map, scale, self.impl)

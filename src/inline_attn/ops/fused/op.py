@@ -45,6 +45,12 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from .._checks import cast
 from ..compile_marks import constant_when_compiled
 from . import cpu as cpu_kernel
+from .triton import (  # imports no triton (its launches do)
+    inline_backward_triton,
+    inline_forward_triton,
+    layer_backward_triton,
+    layer_forward_triton,
+)
 
 BACKENDS = ("cpu", "triton")
 
@@ -54,22 +60,18 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
 
 
-_kernel_pairs: dict = {}  # backend -> (forward, backward), looked up once per process
+# backend -> the core's (forward, backward) kernels
+_KERNELS = {
+    "cpu": (cpu_kernel.cpu_forward, cpu_kernel.cpu_backward),
+    "triton": (inline_forward_triton, inline_backward_triton),
+}
 
 
 def _kernels(backend: str):
-    """The (forward, backward) kernels of ``backend``; Triton's are imported only when chosen."""
-    pair = _kernel_pairs.get(backend)
-    if pair is None:
+    """The (forward, backward) kernels of ``backend``."""
+    if backend not in _KERNELS:
         _check_backend(backend)
-        if backend == "cpu":
-            pair = cpu_kernel.cpu_forward, cpu_kernel.cpu_backward
-        else:
-            from .triton import inline_backward_triton, inline_forward_triton
-
-            pair = inline_forward_triton, inline_backward_triton
-        _kernel_pairs[backend] = pair
-    return pair
+    return _KERNELS[backend]
 
 
 def _forward_impl(q, k, v, w9, num_heads, scale, H, W, num_prefix_tokens, backend):
@@ -324,56 +326,51 @@ def inline_core(
 # Triton it is :class:`_TritonLayerCore`, with the predictor in one kernel each way
 # (forward: predictor_fwd + the core's; backward: the core's + predictor_bwd).
 
-_triton_layer_kernels: list = []  # (predictor fwd, core fwd, core bwd, predictor bwd), imported once
-
-
-def _triton_layer():
-    if not _triton_layer_kernels:
-        from .triton import (
-            inline_backward_triton,
-            inline_forward_triton,
-            predictor_backward_triton,
-            predictor_forward_triton,
-        )
-
-        kernels = predictor_forward_triton, inline_forward_triton, inline_backward_triton, predictor_backward_triton
-        _triton_layer_kernels.extend(kernels)
-    return _triton_layer_kernels
+_FLOAT32_LAYER = (torch.float32,) * 5  # x and the predictor's four parameters, the usual dtypes
 
 
 def _flat_params(*params):
     """The predictor's parameters as the kernels read them: fp32, contiguous. The kernels index
     the weights by flat offsets, so a Conv1d weight [rows, C/g, 1] is read as [rows, C/g] without
-    a reshape; float32 contiguous parameters (the usual case) are passed as they are."""
+    a reshape."""
     return [p if p.dtype == torch.float32 and p.is_contiguous() else p.float().contiguous() for p in params]
 
 
 class _TritonLayerCore(torch.autograd.Function):
     """The layer core with its predictor on the Triton kernels (eager mode only): ``args`` is
-    (num_heads, scale, H, W, num_prefix_tokens). The predictor's kernels compute and return fp32;
-    the gradients are cast back to each input's dtype, and x's is dctx / N broadcast over the
-    tokens (an expanded view: autograd adds it to the projection's gradient of x)."""
+    (num_heads, scale, H, W, num_prefix_tokens). The predictor's kernels compute and return fp32,
+    its gradients shaped as the parameters (the kernels write a Conv1d weight's gradient in its
+    own shape); they are cast back to each input's dtype where it is not fp32, and x's is dctx / N
+    broadcast over the tokens (an expanded view: autograd adds it to the projection's gradient of x)."""
 
     @staticmethod
     def forward(ctx, x, q, k, v, w1, b1, w2, b2, args):
-        predictor_fwd, core_fwd, _, _ = _triton_layer()
-        w1f, b1f, w2f, b2f = _flat_params(w1, b1, w2, b2)
-        c, taps = predictor_fwd(x, w1f, b1f, w2f, b2f, args[0])  # fp32, contiguous
-        ctx.save_for_backward(q, k, v, c, taps, w1f, b1f, w2f)
-        ctx.meta = (x.shape, x.dtype, w1.shape, w1.dtype, b1.dtype, w2.shape, w2.dtype, b2.dtype, args)
-        return core_fwd(q, k, v, taps, *args)
+        dtypes = (x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+        if dtypes != _FLOAT32_LAYER or not (
+            w1.is_contiguous() and b1.is_contiguous() and w2.is_contiguous() and b2.is_contiguous()
+        ):
+            w1, b1, w2, b2 = _flat_params(w1, b1, w2, b2)  # the usual parameters pass as they are
+        out, c, taps = layer_forward_triton(x, q, k, v, w1, b1, w2, b2, *args)  # c, taps: fp32, contiguous
+        ctx.save_for_backward(q, k, v, c, taps, w1, b1, w2)
+        ctx.meta = (x.shape, None if dtypes == _FLOAT32_LAYER else dtypes, args)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         _no_double_backward()
-        _, _, core_bwd, predictor_bwd = _triton_layer()
-        q, k, v, c, taps, w1f, b1f, w2f = ctx.saved_tensors
-        x_shape, x_dtype, w1_shape, w1_dtype, b1_dtype, w2_shape, w2_dtype, b2_dtype, args = ctx.meta
-        dq, dk, dv, dtaps = core_bwd(q, k, v, taps, grad, *args)  # dtaps: fp32 contiguous, as taps
-        dctx, dw1, db1, dw2, db2 = predictor_bwd(c, dtaps, w1f, b1f, w2f, n=q.shape[1], num_heads=args[0])
-        dx = cast(dctx, x_dtype).unsqueeze(1).expand(x_shape)
-        dw1, dw2 = cast(dw1.view(w1_shape), w1_dtype), cast(dw2.view(w2_shape), w2_dtype)
-        return dx, dq, dk, dv, dw1, cast(db1, b1_dtype), dw2, cast(db2, b2_dtype), None
+        x_shape, dtypes, args = ctx.meta
+        dq, dk, dv, dctx, dw1, db1, dw2, db2 = layer_backward_triton(*ctx.saved_tensors, grad, *args)
+        if dtypes is not None:
+            dctx, dw1, db1, dw2, db2 = map(cast, (dctx, dw1, db1, dw2, db2), dtypes)
+        return dctx.expand(x_shape), dq, dk, dv, dw1, db1, dw2, db2, None
+
+
+# ``Function.apply`` is a Python wrapper around the C++ ``apply`` that it then calls: it binds
+# default arguments for a ``setup_context`` (this Function defines none) and unwraps dead
+# functorch wrappers (the dispatch keeps torch.func transforms off the fused path: ``tracing_reason``).
+# The wrapper cost about 4 % of a small layer step's host time (``python -m inline_attn.bench.host``),
+# so the layer core calls the C++ ``apply`` directly.
+_apply_triton_layer = super(torch.autograd.Function, _TritonLayerCore).apply
 
 
 def inline_layer_core(
@@ -392,4 +389,4 @@ def inline_layer_core(
         return cpu_kernel.cpu_layer(x, q, k, v, w1, b1, w2, b2, num_heads, scale, H, W, num_prefix_tokens)
     if backend != "triton":
         _check_backend(backend)
-    return _TritonLayerCore.apply(x, q, k, v, w1, b1, w2, b2, (num_heads, scale, H, W, num_prefix_tokens))
+    return _apply_triton_layer(x, q, k, v, w1, b1, w2, b2, (num_heads, scale, H, W, num_prefix_tokens))

@@ -39,6 +39,7 @@ _state: dict = {
     "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "stream"),
     "narrow_interpreted": False,
     "flat": False,
+    "plans_table": None,  # the tuning table (TUNING_FILE) the plans were made with
 }
 
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
@@ -343,6 +344,51 @@ def _fit(kernel, args: tuple, meta: dict, what) -> dict:
     return fit
 
 
+# A launcher derives its launch (which kernel, its grid, its fitted compile-time arguments) from
+# its arguments' shapes, strides, dtypes and device and from the launch settings alone, so it is
+# planned once per such key (:func:`_planned`) and looked up on every later call: a small model's
+# GPU step waits on the host, and deriving the launch again cost more than the rest of a launcher.
+# At most PLANS_MAX plans are kept, the oldest dropped first: shapes that change on every call
+# (a resolution sweep) cannot grow the cache without bound.
+PLANS_MAX = 256
+_plans: dict = {}
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One launcher call as planned: ``kernel`` (its name in :func:`load_kernels`'s module: a plan
+    holds no kernel object, which a test or the host benchmark may have replaced since) over
+    ``grid`` with the compile-time arguments ``meta``; or, for the core's reduction split over
+    token chunks, ``split``: the plan of its two launches (:class:`_Plan`)."""
+
+    kernel: str | None
+    grid: tuple | None
+    meta: dict | None
+    split: _Plan | None = None
+
+
+def _planned(key: tuple, build, args: tuple, *inputs):
+    """``build(args, *inputs)``, planned once per ``key`` and launch settings (the core kernels of
+    :func:`core_kernels`, a :func:`forced_tiling`, the interpreter's 16-bit shim) and then looked
+    up; ``key`` must hold everything else the plan depends on. A new tuning table (TUNING_FILE)
+    drops every plan. Not kept while planning for a simulated device (whose shared memory each
+    audit finds its own way) or tracing a graph (symbolic shapes; the compiled graph launches
+    without this module)."""
+    if _state["simulated"] is not None or traced(args):
+        return build(args, *inputs)
+    if _state["plans_table"] is not TUNING_FILE:  # an identity test: no hashing of the path
+        _plans.clear()
+        _state["plans_table"] = TUNING_FILE
+    key = (key, _state["core"], _state["tiling"], _state["narrow_interpreted"])
+    plan = _plans.get(key)
+    if plan is None:
+        plan = build(args, *inputs)
+        if len(_plans) >= PLANS_MAX:
+            del _plans[next(iter(_plans))]
+        _plans[key] = plan
+    return plan
+
+
 def token_bucket(n: int) -> int:
     """Tokens per sample -> the tuning table's bucket: the next power of two (at least 64)."""
     return max(64, triton_next_pow2(n))
@@ -622,21 +668,50 @@ def inline_forward_triton(
     out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
     if b > 0 and n > 0:
         w9_arg = _residual_arg(w9, out)
-        # the resident and the fused kernels take the same arguments
-        args = (q, k, v, w9_arg, out, *_strides(q, k, v), (n, c, h, w, p, num_heads), float(scale))
-        resident = _resident_fit(mod.inline_fwd_resident, args, q, num_heads, w9 is not None) if split is None else None
-        if resident is not None:
-            _launch(mod.inline_fwd_resident, (b * num_heads,), *args, **resident)
+        strides, geometry = _strides(q, k, v), (n, c, h, w, p, num_heads)
+        # the resident, streaming and fused kernels take the same arguments
+        args = (q, k, v, w9_arg, out, *strides, geometry, float(scale))
+        dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, out.dtype)
+        key = ("inline_fwd", b, geometry, strides, dtypes, q.device, w9 is None, split)
+        plan = _planned(key, _core_launch, args, mod, _FORWARD_KERNELS, q, split, w9 is not None)
+        if plan.split is None:
+            _launch(getattr(mod, plan.kernel), plan.grid, *args, **plan.meta)
         else:
-            plan = _plan(q, num_heads, h, w, p, split, w9 is not None)
-            stream = _stream_config(c // num_heads, w9 is not None, q.dtype, False)
-            if plan.fused and stream is not None:
-                _fitted_launch(mod.inline_fwd_stream, (plan.pairs,), args, stream, plan.describe)
-            elif plan.fused:
-                _fitted_launch(mod.inline_fwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
-            else:
-                _forward_split(mod, plan, q, k, v, w9_arg, out, scale)
+            _forward_split(mod, plan.split, q, k, v, w9_arg, out, scale)
     return out if out.dtype == q.dtype else out.to(q.dtype)
+
+
+@dataclass(frozen=True)
+class _CoreKernels:
+    """The names of the core's one-program-per-(sample, head) kernels in one direction (they take
+    the same arguments)."""
+
+    resident: str
+    stream: str
+    fused: str
+    backward: bool
+
+
+_FORWARD_KERNELS = _CoreKernels("inline_fwd_resident", "inline_fwd_stream", "inline_fwd_fused", False)
+_BACKWARD_KERNELS = _CoreKernels("inline_bwd_resident", "inline_bwd_stream", "inline_bwd_fused", True)
+
+
+def _core_launch(args: tuple, mod, kernels: _CoreKernels, q, split: int | None, has_res: bool) -> _Planned:
+    """How the core's forward or backward runs on ``args`` (q [B, N, C] among them): the resident
+    launch when a (sample, head) problem fits a program's registers (:func:`_resident_config`),
+    else the streaming or the fused launch, one program per (sample, head), else (too few pairs
+    to fill the device, or ``split`` > 1) the reduction split over token chunks."""
+    n, c, h, w, p, heads = args[-2]
+    if split is None:
+        resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res)
+        if resident is not None:
+            return _Planned(kernels.resident, (q.shape[0] * heads,), resident)
+    plan = _plan(q, heads, h, w, p, split, has_res)
+    if not plan.fused:
+        return _Planned(None, None, None, plan)
+    stream = _stream_config(c // heads, has_res, q.dtype, kernels.backward)
+    name, meta = (kernels.stream, stream) if stream is not None else (kernels.fused, plan.meta)
+    return _Planned(name, (plan.pairs,), _fit(getattr(mod, name), args, meta, plan.describe))
 
 
 def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
@@ -686,39 +761,44 @@ def inline_backward_triton(
     mod = load_kernels(q.device)
     b, n, c = q.shape
     has_res = w9 is not None
+    dq, dk, dv, dw = _core_gradients(q, w9)
+    grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
+    if b > 0 and n > 0:
+        w9_arg = _residual_arg(w9, dq)
+        strides, geometry = _strides(q, k, v, grad), (n, c, h, w, p, num_heads)
+        # the resident, streaming and fused kernels take the same arguments
+        args = (q, k, v, w9_arg, grad, *grads, *strides, geometry, float(scale))
+        dtypes = (q.dtype, k.dtype, v.dtype, w9_arg.dtype, grad.dtype, dq.dtype, dw.dtype)
+        key = ("inline_bwd", b, geometry, strides, dtypes, q.device, has_res, split)
+        plan = _planned(key, _core_launch, args, mod, _BACKWARD_KERNELS, q, split, has_res)
+        if plan.split is None:
+            _launch(getattr(mod, plan.kernel), plan.grid, *args, **plan.meta)
+        else:
+            _backward_split(mod, plan.split, q, k, v, w9_arg, grad, grads, scale)
+    if has_res and dw.dtype != w9.dtype:
+        dw = dw.to(w9.dtype)
+    return (*_rounded(q, (dq, dk, dv)), dw)
+
+
+def _core_gradients(q: torch.Tensor, w9: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The core backward's outputs for q [B, N, C]: dq, dk, dv [B, N, C] as the kernels write them
+    (:func:`_out_dtype`) and dw [B, 9, C] (fp32 under the interpreter, else in w9's dtype; an empty
+    tensor without a residual). Every (sample, head) program writes all nine taps of its
+    channels: no fill needed."""
+    b, n, c = q.shape
     dt = _out_dtype(q)
     dq = torch.empty((b, n, c), device=q.device, dtype=dt)
     dk = torch.empty((b, n, c), device=q.device, dtype=dt)
     dv = torch.empty((b, n, c), device=q.device, dtype=dt)
-    # every (sample, head) program writes all nine taps of its channels: no fill needed
-    dw = torch.empty(
-        (b, 9, c) if has_res else (0,),
-        device=q.device,
-        dtype=(torch.float32 if interpreting() else w9.dtype) if has_res else q.dtype,
-    )
-    grads = (dq, dk, dv, dw if has_res else dq)  # dq: a placeholder pointer for dw without a residual
-    if b > 0 and n > 0:
-        w9_arg = _residual_arg(w9, dq)
-        # the resident and the fused kernels take the same arguments
-        geometry = (n, c, h, w, p, num_heads)
-        args = (q, k, v, w9_arg, grad, *grads, *_strides(q, k, v, grad), geometry, float(scale))
-        resident = _resident_fit(mod.inline_bwd_resident, args, q, num_heads, has_res) if split is None else None
-        if resident is not None:
-            _launch(mod.inline_bwd_resident, (b * num_heads,), *args, **resident)
-        else:
-            plan = _plan(q, num_heads, h, w, p, split, has_res)
-            stream = _stream_config(c // num_heads, has_res, q.dtype, True)
-            if plan.fused and stream is not None:
-                _fitted_launch(mod.inline_bwd_stream, (plan.pairs,), args, stream, plan.describe)
-            elif plan.fused:
-                _fitted_launch(mod.inline_bwd_fused, (plan.pairs,), args, plan.meta, plan.describe)
-            else:
-                _backward_split(mod, plan, q, k, v, w9_arg, grad, grads, scale)
-    if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
-        dq, dk, dv = (t.to(q.dtype) for t in (dq, dk, dv))
-    if has_res and dw.dtype != w9.dtype:
-        dw = dw.to(w9.dtype)
-    return dq, dk, dv, dw
+    if w9 is None:
+        return dq, dk, dv, torch.empty((0,), device=q.device, dtype=q.dtype)
+    dw_dtype = torch.float32 if interpreting() else w9.dtype
+    return dq, dk, dv, torch.empty((b, 9, c), device=q.device, dtype=dw_dtype)
+
+
+def _rounded(q: torch.Tensor, grads: tuple) -> tuple:
+    """``grads`` in q's dtype: the interpreter wrote float32 (triton#11584), rounded here."""
+    return grads if grads[0].dtype == q.dtype else tuple(t.to(q.dtype) for t in grads)
 
 
 def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale: float) -> None:
@@ -756,22 +836,36 @@ def predictor_forward_triton(
     """
     mod = load_kernels(x.device)
     b, n, c = x.shape
-    d = c // num_heads
-    ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
-    taps = torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
+    ctx, taps = _predictor_outputs(x)
     if b > 0 and n > 0:
-        args = (x, w1, b1, w2, b2, ctx, taps, *_strides(x), b, n, c)
-        meta = dict(
-            D=d,
-            BD=_block_d(d),
-            BLOCK_B=PREDICTOR_BLOCK_B,
-            BLOCK_T=PREDICTOR_BLOCK_T,
-            PREC="ieee",
-            num_warps=_predictor_warps(d),
-        )
-        grid = (num_heads, -(-b // PREDICTOR_BLOCK_B))
-        _fitted_launch(mod.predictor_fwd, grid, args, meta, functools.partial(_predictor_what, b, n, c, num_heads))
+        args = (x, w1, b1, w2, b2, ctx, taps, x.stride(), b, n, c)
+        key = ("predictor_fwd", x.shape, args[7], x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype, x.device, num_heads)
+        plan = _planned(key, _predictor_forward_launch, args, mod, num_heads)
+        _launch(mod.predictor_fwd, plan.grid, *args, **plan.meta)
     return ctx, taps
+
+
+def _predictor_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The predictor's outputs for x [B, N, C]: ctx [B, C] and taps [B, 9, C], fp32."""
+    b, _, c = x.shape
+    ctx = torch.empty((b, c), device=x.device, dtype=torch.float32)
+    return ctx, torch.empty((b, 9, c), device=x.device, dtype=torch.float32)
+
+
+def _predictor_forward_launch(args: tuple, mod, heads: int) -> _Planned:
+    """The predictor's forward launch on ``args``: one program per (head, block of samples)."""
+    b, n, c = args[-3:]
+    d = c // heads
+    meta = dict(
+        D=d,
+        BD=_block_d(d),
+        BLOCK_B=PREDICTOR_BLOCK_B,
+        BLOCK_T=PREDICTOR_BLOCK_T,
+        PREC="ieee",
+        num_warps=_predictor_warps(d),
+    )
+    what = functools.partial(_predictor_what, b, n, c, heads)
+    return _Planned("predictor_fwd", (heads, -(-b // PREDICTOR_BLOCK_B)), _fit(mod.predictor_fwd, args, meta, what))
 
 
 def _predictor_what(b: int, n: int, c: int, heads: int) -> str:
@@ -796,18 +890,140 @@ def predictor_backward_triton(
     """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
-    d = c // num_heads
-    dctx = torch.empty_like(ctx)
-    dw1 = torch.empty(w1.shape, device=ctx.device, dtype=torch.float32)
-    dw2 = torch.empty(w2.shape, device=ctx.device, dtype=torch.float32)
-    db1 = torch.empty((c,), device=ctx.device, dtype=torch.float32)
-    db2 = torch.empty((9 * c,), device=ctx.device, dtype=torch.float32)
+    grads = _predictor_gradients(ctx, w1, w2)
     # with no samples every program writes zero sums: the gradients need no fill
-    args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    args = (ctx, dtaps, w1, b1, w2, *grads, b, n, c)
+    key = ("predictor_bwd", ctx.shape, ctx.dtype, dtaps.dtype, w1.dtype, b1.dtype, w2.dtype, ctx.device, num_heads)
+    plan = _planned(key, _predictor_backward_launch, args, mod, num_heads)
+    _launch(mod.predictor_bwd, plan.grid, *args, **plan.meta)
+    return grads
+
+
+def _predictor_gradients(ctx: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The predictor backward's outputs (dctx, dw1, db1, dw2, db2), fp32, the weights' in their shapes."""
+    c = ctx.shape[1]
+    f32 = torch.float32
+    return (
+        torch.empty_like(ctx),
+        torch.empty(w1.shape, device=ctx.device, dtype=f32),
+        torch.empty((c,), device=ctx.device, dtype=f32),
+        torch.empty(w2.shape, device=ctx.device, dtype=f32),
+        torch.empty((9 * c,), device=ctx.device, dtype=f32),
+    )
+
+
+def _predictor_backward_launch(args: tuple, mod, heads: int) -> _Planned:
+    """The predictor's backward launch on ``args``: one program per (head, weight gradient)."""
+    b, n, c = args[-3:]
+    d = c // heads
     meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
-    what = functools.partial(_predictor_what, b, n, c, num_heads)
-    _fitted_launch(mod.predictor_bwd, (num_heads * 10,), args, meta, what)
-    return dctx, dw1, db1, dw2, db2
+    what = functools.partial(_predictor_what, b, n, c, heads)
+    return _Planned("predictor_bwd", (heads * 10,), _fit(mod.predictor_bwd, args, meta, what))
+
+
+# One InLine layer step on the Triton kernels (the layer core's autograd.Function, ops/fused/op.py):
+# the predictor's and the core's launches of each direction planned together, under one key of
+# that direction's arguments. A small model's eager GPU step waits on this host path, so it is
+# written out flat: one lookup, the output buffers and two launches each way. A direction that
+# does not run as two single launches (the core's reductions split over token chunks, no samples
+# or no tokens) goes through the launchers above.
+
+
+@dataclass(frozen=True)
+class _LayerPlan:
+    """The planned launches of one direction of a layer step: the predictor's and the core's,
+    each a single launch; both None when the direction goes through the launchers."""
+
+    predictor: _Planned | None
+    core: _Planned | None
+
+
+def layer_forward_triton(x, q, k, v, w1, b1, w2, b2, num_heads: int, scale: float, h: int, w: int, p: int):
+    """The layer core's forward: (ctx, taps) = :func:`predictor_forward_triton` (x, w1, b1, w2, b2),
+    then O = :func:`inline_forward_triton` (q, k, v, taps) -> (O, ctx, taps).
+
+    x, q, k, v: [B, N, C] (any strides); w1, b1, w2, b2: fp32, contiguous (one group per head).
+    Eager tensors (the layer core's autograd.Function; traced graphs take the launchers)."""
+    b, n, c = q.shape
+    strides, geometry = (x.stride(), q.stride(), k.stride(), v.stride()), (n, c, h, w, p, num_heads)
+    dtypes = (x.dtype, q.dtype, k.dtype, v.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+    key = ("layer_fwd", b, geometry, strides, dtypes, q.device)
+    plan = _planned(key, _layer_forward_plan, (x, q, k, v, w1, b1, w2, b2), geometry)
+    if plan.core is None:
+        ctx, taps = predictor_forward_triton(x, w1, b1, w2, b2, num_heads)
+        return inline_forward_triton(q, k, v, taps, num_heads, scale, h, w, p), ctx, taps
+    mod, device, f32 = _state["module"], q.device, torch.float32  # the module: loaded by the plan
+    ctx, taps = torch.empty((b, c), device=device, dtype=f32), torch.empty((b, 9, c), device=device, dtype=f32)
+    predictor, core = plan.predictor, plan.core
+    _launch(mod.predictor_fwd, predictor.grid, x, w1, b1, w2, b2, ctx, taps, strides[0], b, n, c, **predictor.meta)
+    out = torch.empty((b, n, c), device=device, dtype=_out_dtype(q))
+    _launch(getattr(mod, core.kernel), core.grid, q, k, v, taps, out, *strides[1:], geometry, float(scale), **core.meta)
+    return (out if out.dtype == q.dtype else out.to(q.dtype)), ctx, taps
+
+
+def _layer_forward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
+    """The forward's two launches on (x, q, k, v, w1, b1, w2, b2), planned (and fitted) on
+    buffers like the ones each call allocates."""
+    x, q, k, v, w1, b1, w2, b2 = params
+    mod = load_kernels(q.device)
+    b, n, c = q.shape
+    if b == 0 or n == 0:
+        return _LayerPlan(None, None)
+    ctx, taps = _predictor_outputs(x)
+    predictor = _predictor_forward_launch((x, w1, b1, w2, b2, ctx, taps, x.stride(), b, n, c), mod, geometry[-1])
+    out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
+    core = _core_launch((q, k, v, taps, out, *_strides(q, k, v), geometry, 1.0), mod, _FORWARD_KERNELS, q, None, True)
+    return _LayerPlan(predictor, core) if core.split is None else _LayerPlan(None, None)
+
+
+def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, scale: float, h: int, w: int, p: int):
+    """Gradients of :func:`layer_forward_triton` for the upstream ``grad`` [B, N, C]: the core's
+    (:func:`inline_backward_triton`), then the predictor's for the taps' gradient
+    (:func:`predictor_backward_triton`) -> (dq, dk, dv, dctx / N [B, 1, C], dw1, db1, dw2, db2)
+    (dctx ready to broadcast over the tokens); ctx, taps as the forward returned them. Eager
+    tensors only, as the forward."""
+    b, n, c = q.shape
+    strides, geometry = (q.stride(), k.stride(), v.stride(), grad.stride()), (n, c, h, w, p, num_heads)
+    key = ("layer_bwd", b, geometry, strides, (q.dtype, k.dtype, v.dtype, grad.dtype), q.device)
+    plan = _planned(key, _layer_backward_plan, (q, k, v, ctx, taps, w1, b1, w2, grad), geometry)
+    if plan.core is None:
+        dq, dk, dv, dtaps = inline_backward_triton(q, k, v, taps, grad, num_heads, scale, h, w, p)
+        dctx, *grads = predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, num_heads)
+        return dq, dk, dv, dctx.unsqueeze(1), *grads
+    mod, device, dt, f32 = _state["module"], q.device, _out_dtype(q), torch.float32
+    dq = torch.empty((b, n, c), device=device, dtype=dt)
+    dk = torch.empty((b, n, c), device=device, dtype=dt)
+    dv = torch.empty((b, n, c), device=device, dtype=dt)
+    dtaps = torch.empty((b, 9, c), device=device, dtype=f32)  # the taps' gradient, fp32 as the taps
+    predictor, core = plan.predictor, plan.core
+    core_args = (q, k, v, taps, grad, dq, dk, dv, dtaps, *strides, geometry, float(scale))
+    _launch(getattr(mod, core.kernel), core.grid, *core_args, **core.meta)
+    # the predictor's gradients (as _predictor_gradients), dctx as [B, 1, C]: the kernel writes its
+    # B x C values alike, and the layer broadcasts it over the tokens without a reshape
+    dctx = torch.empty((b, 1, c), device=device, dtype=f32)
+    dw1, dw2 = torch.empty(w1.shape, device=device, dtype=f32), torch.empty(w2.shape, device=device, dtype=f32)
+    db1, db2 = torch.empty((c,), device=device, dtype=f32), torch.empty((9 * c,), device=device, dtype=f32)
+    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    _launch(mod.predictor_bwd, predictor.grid, *pred_args, **predictor.meta)
+    if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
+        dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    return dq, dk, dv, dctx, dw1, db1, dw2, db2
+
+
+def _layer_backward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
+    """The backward's two launches on (q, k, v, ctx, taps, w1, b1, w2, grad), planned (and
+    fitted) on buffers like the ones each call allocates."""
+    q, k, v, ctx, taps, w1, b1, w2, grad = params
+    mod = load_kernels(q.device)
+    b, n, c = q.shape
+    if b == 0 or n == 0:
+        return _LayerPlan(None, None)
+    grads = _core_gradients(q, taps)
+    core_args = (q, k, v, taps, grad, *grads, *_strides(q, k, v, grad), geometry, 1.0)
+    core = _core_launch(core_args, mod, _BACKWARD_KERNELS, q, None, True)
+    pred_args = (ctx, grads[3], w1, b1, w2, *_predictor_gradients(ctx, w1, w2), b, n, c)
+    predictor = _predictor_backward_launch(pred_args, mod, geometry[-1])
+    return _LayerPlan(predictor, core) if core.split is None else _LayerPlan(None, None)
 
 
 def plan_layer_step(q, w9, grad, num_heads: int, h: int, w: int, p: int, split: int | None = None) -> None:
