@@ -3,11 +3,20 @@ benchmark's job, ``python -m inline_attn.bench.host``; docs/benchmarks.md has it
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from inline_attn.bench.host import CASES, bench_host, layer_steps, python_calls, stubbed_triton_launches
+from inline_attn.bench.host import (
+    CASES,
+    bench_host,
+    layer_steps,
+    model_steps,
+    python_calls,
+    stubbed_triton_launches,
+)
 from inline_attn.ops.fused import cpu as cpu_kernel
 
 needs_cpu_kernel = pytest.mark.skipif(not cpu_kernel.cpu_kernel_available(), reason="the C++ kernel did not build")
@@ -116,3 +125,30 @@ def test_bench_host_reports_every_case_against_sdpa():
     assert set(rows) == set(CASES)
     assert rows["sdpa"]["ratio"] == 1.0
     assert all(r["median_us"] > 0 for r in rows.values()), rows
+
+
+def test_model_step_with_stubbed_launches_runs_no_kernel():
+    """A whole model's step on the Triton path: each block's predictor and core launch each way, every
+    one of them skipped by a stub (no kernel ran)."""
+    pytest.importorskip("triton")
+    from inline_attn.ops.fused import triton as triton_core
+
+    step = model_steps(["inline-triton-stub"], depth=2)["inline-triton-stub"]
+    with stubbed_triton_launches() as skipped, triton_core.record_launches() as launched:
+        step()
+    assert len(launched) == 2 * 4
+    assert skipped == Counter(x.kernel for x in launched)
+
+
+@needs_cpu_kernel
+def test_bench_host_model_reports_inline_paths_against_the_softmax_model():
+    pytest.importorskip("triton")
+    cases = ["sdpa", "inline-cpu", "inline-triton-stub"]
+    steps = model_steps(cases, depth=2)
+    layer_cores = {case: python_calls(steps[case])["op.py:inline_layer_core"] for case in ("sdpa", "inline-cpu")}
+    assert layer_cores == {"sdpa": 0, "inline-cpu": 2}  # the softmax model has no InLine layer
+    result = bench_host(cases, repeats=2, model="inline_deit_tiny", depth=1)
+    rows = {r["case"]: r for r in result["rows"]}
+    assert list(rows) == cases and rows["sdpa"]["ratio"] == 1.0
+    assert all(r["median_us"] > 0 for r in rows.values()), rows
+    assert result["meta"]["model"] == "inline_deit_tiny" and result["meta"]["depth"] == 1
