@@ -42,7 +42,7 @@ CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
 
 class _StubKernel:
     """Stands in for a Triton kernel: ``kernel[grid](*args)`` does nothing (the launch is skipped,
-    its outputs stay uninitialised) but count itself in ``skipped``; ``fn.__name__`` as the launch
+    its outputs stay uninitialised) but counts itself in ``skipped``; ``fn.__name__`` as the launch
     log reads it."""
 
     def __init__(self, kernel, skipped: Counter):
@@ -159,8 +159,10 @@ def bench_host(cases=CASES, *, repeats: int = 2000, threads: int = 1, model: str
             times = thread_times_interleaved(steps, warmup=20, repeats=repeats)
     finally:
         torch.set_num_threads(previous)
-        if flushed:  # the stubbed launches leave their outputs uninitialised: denormals there, and
-            torch.set_flush_denormal(False)  # in what a model computes from them, would be slow
+        # the stubbed launches leave their outputs uninitialised: denormals there, and in what a
+        # model computes from them, would be slow. Back to torch's default (it has no getter).
+        if flushed:
+            torch.set_flush_denormal(False)
     rows = [dict(case=case, median_us=statistics.median(t) * 1e6) for case, t in times.items()]
     base = next((r["median_us"] for r in rows if r["case"] == "sdpa"), float("nan"))
     for r in rows:
