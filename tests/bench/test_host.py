@@ -107,13 +107,9 @@ def test_triton_layer_step_with_stubbed_launches():
         "op.py:forward": 1,
         "op.py:backward": 1,
         "op.py:_no_double_backward": 1,
-        "triton.py:interpreting": 2,  # the path's choice (dispatch.py); the gradients' dtype
+        "triton.py:interpreting": 1,  # the path's choice: Triton's mode (dispatch.py)
         "triton.py:layer_forward_triton": 1,
         "triton.py:layer_backward_triton": 1,
-        "triton.py:_predictor_outputs": 1,  # the output buffers, one helper each
-        "triton.py:_core_gradients": 1,
-        "triton.py:_predictor_gradients": 1,
-        "triton.py:_rounded": 1,
         "triton.py:_planned": 2,
         "triton.py:_out_dtype": 2,
         "triton.py:_launch": 4,

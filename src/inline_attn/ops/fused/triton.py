@@ -899,13 +899,12 @@ def predictor_backward_triton(
     return grads
 
 
-def _predictor_gradients(ctx: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, dctx_shape=None) -> tuple:
-    """The predictor backward's outputs (dctx, dw1, db1, dw2, db2), fp32: dctx in ctx's shape [B, C]
-    or ``dctx_shape`` (the same B x C values), the weights' in their shapes."""
+def _predictor_gradients(ctx: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The predictor backward's outputs (dctx, dw1, db1, dw2, db2), fp32, the weights' in their shapes."""
     c = ctx.shape[1]
     f32 = torch.float32
     return (
-        torch.empty(ctx.shape if dctx_shape is None else dctx_shape, device=ctx.device, dtype=f32),
+        torch.empty_like(ctx),
         torch.empty(w1.shape, device=ctx.device, dtype=f32),
         torch.empty((c,), device=ctx.device, dtype=f32),
         torch.empty(w2.shape, device=ctx.device, dtype=f32),
@@ -953,11 +952,11 @@ def layer_forward_triton(x, q, k, v, w1, b1, w2, b2, num_heads: int, scale: floa
     if plan.core is None:
         ctx, taps = predictor_forward_triton(x, w1, b1, w2, b2, num_heads)
         return inline_forward_triton(q, k, v, taps, num_heads, scale, h, w, p), ctx, taps
-    mod = _state["module"]  # loaded by the plan
-    ctx, taps = _predictor_outputs(x)
+    mod, device, f32 = _state["module"], q.device, torch.float32  # the module: loaded by the plan
+    ctx, taps = torch.empty((b, c), device=device, dtype=f32), torch.empty((b, 9, c), device=device, dtype=f32)
     predictor, core = plan.predictor, plan.core
     _launch(mod.predictor_fwd, predictor.grid, x, w1, b1, w2, b2, ctx, taps, strides[0], b, n, c, **predictor.meta)
-    out = torch.empty((b, n, c), device=q.device, dtype=_out_dtype(q))
+    out = torch.empty((b, n, c), device=device, dtype=_out_dtype(q))
     _launch(getattr(mod, core.kernel), core.grid, q, k, v, taps, out, *strides[1:], geometry, float(scale), **core.meta)
     return (out if out.dtype == q.dtype else out.to(q.dtype)), ctx, taps
 
@@ -991,16 +990,24 @@ def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, 
         dq, dk, dv, dtaps = inline_backward_triton(q, k, v, taps, grad, num_heads, scale, h, w, p)
         dctx, *grads = predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, num_heads)
         return dq, dk, dv, dctx.unsqueeze(1), *grads
-    mod = _state["module"]  # loaded by the plan
-    dq, dk, dv, dtaps = _core_gradients(q, taps)  # dtaps: fp32, as the taps
+    mod, device, dt, f32 = _state["module"], q.device, _out_dtype(q), torch.float32
+    dq = torch.empty((b, n, c), device=device, dtype=dt)
+    dk = torch.empty((b, n, c), device=device, dtype=dt)
+    dv = torch.empty((b, n, c), device=device, dtype=dt)
+    dtaps = torch.empty((b, 9, c), device=device, dtype=f32)  # the taps' gradient, fp32 as the taps
     predictor, core = plan.predictor, plan.core
     core_args = (q, k, v, taps, grad, dq, dk, dv, dtaps, *strides, geometry, float(scale))
     _launch(getattr(mod, core.kernel), core.grid, *core_args, **core.meta)
-    # dctx as [B, 1, C]: the kernel writes its B x C values alike, and the layer broadcasts it over
-    # the tokens without a reshape
-    grads = _predictor_gradients(ctx, w1, w2, dctx_shape=(b, 1, c))
-    _launch(mod.predictor_bwd, predictor.grid, ctx, dtaps, w1, b1, w2, *grads, b, n, c, **predictor.meta)
-    return (*_rounded(q, (dq, dk, dv)), *grads)
+    # the predictor's gradients (as _predictor_gradients), dctx as [B, 1, C]: the kernel writes its
+    # B x C values alike, and the layer broadcasts it over the tokens without a reshape
+    dctx = torch.empty((b, 1, c), device=device, dtype=f32)
+    dw1, dw2 = torch.empty(w1.shape, device=device, dtype=f32), torch.empty(w2.shape, device=device, dtype=f32)
+    db1, db2 = torch.empty((c,), device=device, dtype=f32), torch.empty((9 * c,), device=device, dtype=f32)
+    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    _launch(mod.predictor_bwd, predictor.grid, *pred_args, **predictor.meta)
+    if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
+        dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    return dq, dk, dv, dctx, dw1, db1, dw2, db2
 
 
 def _layer_backward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
