@@ -336,21 +336,21 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     layer_kernels = []
     layer = goals_step.part_layer(ctx)
     assert layer["values"]["layer56_eager"] == 2.0 and layer["values"]["layer56_graphed"] == 3.0
-    assert layer["values"]["layer56_old"] == 3.0 and layer_kernels == ["stream", "stream", "resident"]
+    assert layer["values"]["layer56_stream"] == 3.0 and layer_kernels == ["resident", "resident", "stream"]
     assert math.isnan(layer["values"]["layer14_graphed"])
     assert layer["notes"]["layer14_graphed"] == "SDPA backend flash; InLine layer: OOM"
-    row = dict(batch=1024, launch="inline_fwd_stream", old_launch="inline_fwd_resident", GBps=2500.0)
+    row = dict(batch=1024, launch="inline_fwd_resident", stream_launch="inline_fwd_stream", GBps=2500.0)
     core_rows = [
-        {**row, "key": "7", "pct_of_copy": 62.0, "old_pct_of_copy": 12.0, "sdpa_ratio": 2.5},
-        {**row, "key": "56", "batch": 64, "pct_of_copy": 71.0, "old_pct_of_copy": 15.0, "sdpa_ratio": 9.0},
+        {**row, "key": "7", "pct_of_copy": 62.0, "stream_pct_of_copy": 12.0, "sdpa_ratio": 2.5},
+        {**row, "key": "56", "batch": 64, "pct_of_copy": 71.0, "stream_pct_of_copy": 15.0, "sdpa_ratio": 9.0},
     ]
     monkeypatch.setattr(goals_step, "core_shares", lambda: core_rows)
     core = goals_step.part_core(ctx)
     assert core["values"] == {"core7": 62.0, "core56": 71.0}
-    old = "inline_fwd_stream; old kernels (inline_fwd_resident)"
+    other = "inline_fwd_resident; streaming kernels (inline_fwd_stream)"
     assert core["notes"] == {
-        "core7": f"2500 GB/s, B 1024, {old} 12 %; SDPA's core 2.50x its time",
-        "core56": f"2500 GB/s, B 64, {old} 15 %; SDPA's core 9.00x its time",
+        "core7": f"2500 GB/s, B 1024, {other} 12 %; SDPA's core 2.50x its time",
+        "core56": f"2500 GB/s, B 64, {other} 15 %; SDPA's core 9.00x its time",
     }
 
 
@@ -438,7 +438,7 @@ def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there():
     parallel = tests_step.tests_command(["tests/gpu"], quick=True, xdist=True)
     assert "-n" not in serial and serial[-1] == "tests/gpu"
     assert parallel[parallel.index("-n") + 1] == str(tests_step.workers()) and "-x" in parallel
-    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton_stream.py"  # the default kernels, first
+    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton.py"  # the default kernels, first
     log = "x\nFAILED tests/gpu/test_a.py::test_b - RuntimeError\nERROR tests/ops/test_c.py\n1 failed, 1 error"
     assert tests_step.failures(log) == [
         "FAILED tests/gpu/test_a.py::test_b - RuntimeError",

@@ -19,7 +19,7 @@ import time
 from . import output
 from .budget import StepContext
 
-KERNELS = "regex:^(inline_(fwd|bwd)_stream|predictor_(fwd|bwd))$"
+KERNELS = "regex:^(inline_(fwd|bwd)_(resident|stream)|predictor_(fwd|bwd))$"
 ROUNDS, LAUNCHES = 3, 4  # rounds of the layer step; launches a round
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats")
 METRICS = {  # ncu's metric name -> the summary's
