@@ -235,12 +235,12 @@ def part_host(ctx: StepContext) -> dict:
 # in order of value; usual seconds: the longer of two runs on an H200 (2026-11-26), rounded up
 PARTS = (
     Part("deit", 10, part_deit),
-    Part("swin-graphed", 30, part_swin_graphed),  # estimate: the eager part's models, captured, shorter timing
+    Part("swin-graphed", 20, part_swin_graphed),  # 8 s on the H200 (2026-11-28)
     Part("layer", 8, part_layer),  # 5 s measured for its three runs on the H200
-    Part("core", 15, part_core),  # the default and streaming kernels, SDPA's core and a copy at five shapes
+    Part("core", 10, part_core),  # the default and streaming kernels, SDPA's core and a copy at five shapes: 2 s
     Part("deit1024", 10, part_deit1024),
     Part("host", 6, part_host),
-    Part("swin", 40, part_swin),  # eager, reported beside the graphed goals
+    Part("swin", 25, part_swin),  # eager, reported beside the graphed goals: 7 s
 )
 
 
