@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from inline_attn.ops import inline_tokens
+from inline_attn.ops.fused.core_choice import CoreChoice
 from inline_attn.ops.fused import triton as triton_core
 
 pytest.importorskip("triton")  # the test extra installs it; without it these tests cannot run
@@ -73,7 +74,7 @@ def _force_launch(monkeypatch, launch: str, n: int) -> str:
     if launch != "resident":
         monkeypatch.setattr(triton_core, "_split", lambda *a: LAUNCHES[launch])
     if launch == "split":
-        monkeypatch.setitem(triton_core._state, "tiling", (16, 2))
+        monkeypatch.setitem(triton_core._state, "forced", CoreChoice("fused", 2, 16))
         if n <= 16:
             return "inline_fwd_fused"  # one tile: nothing to split
     return {"resident": "inline_fwd_resident", "fused": "inline_fwd_fused", "split": "inline_fwd_partial"}[launch]

@@ -1,5 +1,6 @@
-"""The Triton launcher's tuned launch shapes: read from the committed table, applied per key, and
-still exact (outputs and gradients against float64) with a tuned tile; bad tables are refused."""
+"""The Triton launcher's tuned launches: the committed table's designs and parameters applied per key
+and direction (explicit core kernels and forced choices winning over them), still exact (outputs and
+gradients against float64) with each design's non-default parameters; bad tables are refused."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 import pytest
 import torch
 
+from inline_attn.bench.host import stubbed_triton_launches
 from inline_attn.ops import inline_tokens
 from inline_attn.ops.fused import triton as triton_core
+from inline_attn.ops.fused.core_choice import CoreChoice
 
 pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,6 +23,7 @@ def _table(tmp_path, monkeypatch, winners: dict):
     path.write_text(json.dumps({"winners": winners}))
     monkeypatch.setattr(triton_core, "TUNING_FILE", path)
     triton_core._tuning_table.cache_clear()
+    triton_core._tuned_choices.cache_clear()
     return path
 
 
@@ -59,7 +63,6 @@ def test_tuned_tile_is_used_and_exact(tmp_path, monkeypatch, split):
         {triton_core.tuning_key(name, n, d, heads, torch.float32): {"BLOCK_N": 16, "num_warps": 1}},
     )
     monkeypatch.setattr(triton_core, "_split", lambda *a: split)
-    monkeypatch.setitem(triton_core._state, "resident", False)  # the table tiles the fused / split launches
     launches = _spy_launches(monkeypatch)
     base = torch.randn(b, n, 3 * c, dtype=torch.float64, device=DEVICE)
     q, k, v = base.float().requires_grad_().chunk(3, dim=-1)
@@ -85,10 +88,28 @@ def test_untuned_shapes_keep_the_defaults(tmp_path, monkeypatch):
     assert triton_core.tiling(q, 196, 64, 1) == (triton_core.BLOCK_N, 2 * triton_core.NUM_WARPS)
 
 
-def test_bad_table_entry_is_a_clear_error(tmp_path, monkeypatch):
-    path = _table(tmp_path, monkeypatch, {"x|64|32|3|float32": {"BLOCK_N": 48, "num_warps": 2}})
-    with pytest.raises(ValueError, match="needs BLOCK_N in"):
+BAD_ENTRIES = {
+    "a tile off the list": ({"BLOCK_N": 48, "num_warps": 2}, "fused design: BLOCK_N 48, expected one of"),
+    "no warps": ({"design": "stream", "BLOCK_N": 32}, "needs num_warps"),
+    "an unknown design": ({"design": "flash", "num_warps": 4}, "core design 'flash': expected one of"),
+    "a resident tile": ({"design": "resident", "BLOCK_N": 64, "num_warps": 4}, "its tile is the whole problem"),
+    "odd warps": ({"design": "resident", "num_warps": 3}, "num_warps 3, expected one of"),
+    "a misspelt key": ({"BLOCK_N": 64, "num_warp": 2}, r"unknown keys \['num_warp'\]"),
+    "one direction": ({"forward": {"design": "resident", "num_warps": 4}}, "has 'forward' and 'backward' only"),
+    "a bad direction": (
+        {"forward": {"design": "resident", "num_warps": 4}, "backward": {"BLOCK_N": 8, "num_warps": 2}},
+        "'x|64|32|3|float32' backward: fused design: BLOCK_N 8",
+    ),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_ENTRIES))
+def test_bad_table_entry_is_a_clear_error(tmp_path, monkeypatch, bad):
+    entry, message = BAD_ENTRIES[bad]
+    path = _table(tmp_path, monkeypatch, {"x|64|32|3|float32": entry})
+    with pytest.raises(ValueError, match=message) as err:
         triton_core._tuning_table(str(path))
+    assert str(path) in str(err.value)
 
 
 def test_forced_tiling_applies_inside_its_block_only(monkeypatch):
@@ -100,6 +121,128 @@ def test_forced_tiling_applies_inside_its_block_only(monkeypatch):
     inline_tokens(q, k, v, **kw)
     assert launches[0]["num_warps"] == 1 and launches[-1]["num_warps"] != 1
     torch.testing.assert_close(forced, inline_tokens(q, k, v, **kw))
-    with pytest.raises(ValueError, match="BLOCK_N in"):
+    with pytest.raises(ValueError, match="BLOCK_N 48, expected one of"):
         with triton_core.forced_tiling(48, 2):
             pass
+
+
+def _core_launches(n: int, d: int, heads: int = 2) -> list[tuple]:
+    """(kernel, num_warps, BLOCK_N) of the core's forward and backward launches on fp32 tensors of
+    n tokens (one row), the kernels stubbed out: what the launchers choose, not what they compute."""
+    q = torch.randn(2, n, heads * d, device=DEVICE)
+    taps = torch.randn(2, 9, heads * d, device=DEVICE)
+    with stubbed_triton_launches(), triton_core.record_launches() as log:
+        triton_core.inline_forward_triton(q, q, q, taps, heads, 0.5, 1, n, 0)
+        triton_core.inline_backward_triton(q, q, q, taps, q, heads, 0.5, 1, n, 0)
+    return [(x.kernel, x.meta["num_warps"], x.meta.get("BLOCK_N")) for x in log]
+
+
+def _tuned(tmp_path, monkeypatch, entry: dict, n: int = 36, d: int = 16, heads: int = 2) -> None:
+    """A table whose only entry is ``entry``, for launches like :func:`_core_launches`' (no plans kept)."""
+    monkeypatch.setattr(triton_core, "_plans", {})
+    name = triton_core.device_limits(torch.device(DEVICE)).name
+    _table(tmp_path, monkeypatch, {triton_core.tuning_key(name, n, d, heads, torch.float32): entry})
+
+
+RESIDENT_4 = {"design": "resident", "num_warps": 4}
+STREAM_16 = {"design": "stream", "BLOCK_N": 16, "num_warps": 2}
+# entry -> the core's forward and backward launches (kernel, warps, tile); the defaults at this
+# shape: resident, 2 warps
+TABLE_LAUNCHES = {
+    "resident": (RESIDENT_4, [("inline_fwd_resident", 4, None), ("inline_bwd_resident", 4, None)]),
+    "stream": (STREAM_16, [("inline_fwd_stream", 2, 16), ("inline_bwd_stream", 2, 16)]),
+    "fused": ({"BLOCK_N": 32, "num_warps": 1, "ms": 0.5}, [("inline_fwd_fused", 1, 32), ("inline_bwd_fused", 1, 32)]),
+    "per direction": (
+        {"forward": {"design": "fused", "BLOCK_N": 16, "num_warps": 4}, "backward": RESIDENT_4},
+        [("inline_fwd_fused", 4, 16), ("inline_bwd_resident", 4, None)],
+    ),
+}
+
+
+def test_without_an_entry_the_default_design_launches(tmp_path, monkeypatch):
+    _tuned(tmp_path, monkeypatch, RESIDENT_4, n=200)  # another key
+    assert _core_launches(36, 16) == [("inline_fwd_resident", 2, None), ("inline_bwd_resident", 2, None)]
+
+
+@pytest.mark.parametrize("design", list(TABLE_LAUNCHES))
+def test_the_table_entrys_design_launches_with_its_parameters(tmp_path, monkeypatch, design):
+    entry, launches = TABLE_LAUNCHES[design]
+    _tuned(tmp_path, monkeypatch, entry)
+    assert _core_launches(36, 16) == launches
+
+
+@pytest.mark.parametrize(
+    "entry, n, d",
+    [(RESIDENT_4, 300, 32), (STREAM_16, 36, 128)],
+    ids=["resident-over-its-tile", "stream-without-a-tile-at-head-dim-128"],
+)
+def test_an_entry_that_does_not_fit_falls_back_to_the_default_rule(tmp_path, monkeypatch, entry, n, d):
+    _tuned(tmp_path, monkeypatch, entry, n=n, d=d)
+    fused = triton_core.BLOCK_N, triton_core.NUM_WARPS * (1 if d <= 32 else 2)
+    assert _core_launches(n, d) == [("inline_fwd_fused", fused[1], fused[0]), ("inline_bwd_fused", fused[1], fused[0])]
+
+
+def test_explicit_core_kernels_beat_the_table_and_keep_its_parameters_for_their_own_design(tmp_path, monkeypatch):
+    _tuned(tmp_path, monkeypatch, STREAM_16)
+    with triton_core.core_kernels("resident"):
+        assert _core_launches(36, 16) == [("inline_fwd_resident", 2, None), ("inline_bwd_resident", 2, None)]
+    with triton_core.core_kernels("stream"):  # the table's design: its tile and warps
+        assert _core_launches(36, 16) == [("inline_fwd_stream", 2, 16), ("inline_bwd_stream", 2, 16)]
+    with triton_core.core_kernels("tiled"):
+        assert _core_launches(36, 16) == [("inline_fwd_fused", 2, 64), ("inline_bwd_fused", 2, 64)]
+    assert _core_launches(36, 16)[0] == ("inline_fwd_stream", 2, 16)  # outside: the table again
+
+
+def test_a_forced_choice_beats_the_table_and_explicit_core_kernels(tmp_path, monkeypatch):
+    _tuned(tmp_path, monkeypatch, RESIDENT_4)
+    with triton_core.core_kernels("tiled"), triton_core.forced_core(CoreChoice("stream", 8, 32)):
+        assert _core_launches(36, 16) == [("inline_fwd_stream", 8, 32), ("inline_bwd_stream", 8, 32)]
+
+
+def test_a_forced_choice_leaves_no_state_behind(monkeypatch):
+    monkeypatch.setattr(triton_core, "_plans", {})
+    outer, inner = CoreChoice("resident", 4), CoreChoice("fused", 1, 16)
+    with pytest.raises(RuntimeError, match="inside"):
+        with triton_core.forced_core(outer):
+            with triton_core.forced_core(inner):
+                assert triton_core.core_choice(torch.empty(1, 1, 1), 36, 16, 2, backward=True) == inner
+                raise RuntimeError("inside")
+    assert triton_core._state["forced"] is None
+    with triton_core.forced_core(outer):
+        with pytest.raises(RuntimeError), triton_core.forced_core(inner):
+            raise RuntimeError("inside")
+        assert triton_core._state["forced"] == outer
+    with pytest.raises(ValueError, match="expected a CoreChoice"), triton_core.forced_core(("fused", 1, 16)):
+        pass
+
+
+# a non-default parameter set of each design, forced: the core's kernels it launches
+FORCED = {
+    "resident 4 warps": (CoreChoice("resident", 4), ["inline_fwd_resident", "inline_bwd_resident"]),
+    "stream 64 rows 2 warps": (CoreChoice("stream", 2, 64), ["inline_fwd_stream", "inline_bwd_stream"]),
+    "fused 32 rows 4 warps": (CoreChoice("fused", 4, 32), ["inline_fwd_fused", "inline_bwd_fused"]),
+}
+
+
+@pytest.mark.parametrize("forced", list(FORCED))
+def test_each_forced_design_runs_with_its_parameters_and_is_exact(monkeypatch, forced):
+    choice, kernels = FORCED[forced]
+    b, h, w, heads, d, p = 2, 5, 7, 2, 32, 1
+    n, c = p + h * w, heads * d
+    base = torch.randn(b, n, 3 * c, dtype=torch.float64, device=DEVICE)
+    q, k, v = base.float().requires_grad_().chunk(3, dim=-1)
+    taps = torch.randn(b, c, 3, 3, device=DEVICE, requires_grad=True)
+    kw = dict(num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
+    with triton_core.forced_core(choice), triton_core.record_launches() as log:
+        out = inline_tokens(q, k, v, residual_weights=taps, impl="triton", **kw)
+        g = torch.randn(out.shape, dtype=torch.float64, device=DEVICE)
+        got = torch.autograd.grad(out, (q, k, v, taps), g.float())
+    core = [x for x in log if x.kernel.startswith("inline_")]
+    assert [x.kernel for x in core] == kernels
+    assert all(x.meta["num_warps"] == choice.num_warps and x.meta.get("BLOCK_N") == choice.block_n for x in core)
+    q64, k64, v64 = base.clone().requires_grad_().chunk(3, dim=-1)
+    t64 = taps.detach().double().requires_grad_()
+    ref = inline_tokens(q64, k64, v64, residual_weights=t64, impl="naive", **kw)
+    want = torch.autograd.grad(ref, (q64, k64, v64, t64), g)
+    rel = [((a.double() - r).norm() / r.norm()).item() for a, r in zip((out, *got), (ref, *want))]
+    assert max(rel[:1]) < 2e-6 and max(rel[1:]) < 1e-5, rel

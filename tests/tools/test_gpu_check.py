@@ -31,6 +31,7 @@ from tools.gpu_check import (
 from tools.gpu_check.budget import Part, StepContext
 
 from inline_attn.ops.fused import triton as triton_core
+from inline_attn.ops.fused.core_choice import CoreChoice
 
 # seconds a child process gets to start before it is interrupted (margin for a loaded machine)
 START_MARGIN_S = 3.0
@@ -500,14 +501,61 @@ def test_an_interrupted_pytest_run_still_reports_its_counts(tmp_path):
     assert "KeyboardInterrupt" in text and text.strip().splitlines()[-1].startswith("1 passed")
 
 
-def test_autotune_winners_are_the_fastest_tiling_per_key():
+def test_autotune_winners_are_the_fastest_choice_per_key_and_direction():
     inf = float("inf")
+    fused, resident, stream = CoreChoice("fused", 4, 64), CoreChoice("resident", 4), CoreChoice("stream", 8, 32)
     timings = {
-        (196, 32, 3): {"default": 2e-3, (32, 2): 3e-3, (64, 4): 1e-3, (128, 8): inf},
-        (49, 32, 3): {"default": 1e-3, (32, 2): inf},  # nothing compiled: no entry, the defaults stay
+        (196, 32, 3): {
+            "forward": {"default": 2e-3, fused: 1e-3, resident: 1.5e-3, stream: inf},
+            "backward": {"default": 4e-3, fused: 3e-3, resident: 2e-3, stream: 2.5e-3},
+        },
+        (197, 32, 6): {d: {"default": 1e-3, stream: 0.5e-3, fused: 0.75e-3} for d in ("forward", "backward")},
+        (49, 32, 3): {"forward": {"default": 1e-3, fused: 1e-3}, "backward": {"default": 1e-3, fused: inf}},
     }
     winners = autotune_step.pick_winners(timings, "NVIDIA H100", torch.bfloat16)
-    assert winners == {"NVIDIA H100|256|32|3|bfloat16": {"BLOCK_N": 64, "num_warps": 4, "ms": 1.0, "default_ms": 2.0}}
+    times = dict(forward_default_ms=2.0, backward_default_ms=4.0, default_ms=6.0)
+    assert winners == {
+        "NVIDIA H100|256|32|3|bfloat16": {
+            "forward": {"design": "fused", "BLOCK_N": 64, "num_warps": 4},
+            "backward": {"design": "resident", "num_warps": 4},
+            **dict(forward_ms=1.0, backward_ms=2.0, ms=3.0, **times),
+        },
+        # one choice both ways: one entry of it; the 49-token shape timed no backward: no entry
+        "NVIDIA H100|256|32|6|bfloat16": {
+            "design": "stream",
+            "BLOCK_N": 32,
+            "num_warps": 8,
+            **dict(forward_ms=0.5, backward_ms=0.5, ms=1.0, forward_default_ms=1.0, backward_default_ms=1.0),
+            "default_ms": 2.0,
+        },
+    }
+
+
+def test_autotune_winners_round_trip_into_the_table_and_the_launchers_choice(tmp_path, monkeypatch):
+    q = torch.empty(1, 1, 1)  # a CPU tensor: the interpreter's launches, tuned as a device named "interpreter"
+    fused, resident = CoreChoice("fused", 2, 32), CoreChoice("resident", 8)
+    timings = {(197, 32, 6): {"forward": {fused: 1e-3, resident: 2e-3}, "backward": {fused: 3e-3, resident: 2e-3}}}
+    timings[(49, 32, 3)] = {d: {fused: 1e-3} for d in ("forward", "backward")}
+    table = {"winners": autotune_step.pick_winners(timings, "interpreter", torch.float32)}
+    path = tmp_path / "triton_tuning.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setattr(triton_core, "TUNING_FILE", path)
+    assert triton_core._tuning_table(str(path)) == table["winners"]  # valid: read back as written
+    assert triton_core.core_choice(q, 197, 32, 6) == fused
+    assert triton_core.core_choice(q, 197, 32, 6, backward=True) == resident
+    assert triton_core.tiling(q, 197, 32, 6) == (32, 2)  # the forward's fused tile
+    assert triton_core.tiling(q, 197, 32, 6, backward=True) == (triton_core.BLOCK_N, triton_core.NUM_WARPS)
+    assert triton_core.core_choice(q, 40, 32, 3, backward=True) == fused  # 40 tokens: the same bucket as 49
+    assert triton_core.core_choice(q, 197, 32, 3) is None  # another key
+
+
+def test_autotune_candidates_cover_the_three_designs_where_they_fit():
+    designs = lambda n, d: sorted({c.design for c in autotune_step.candidates(n, d)})  # noqa: E731
+    assert designs(197, 32) == ["fused", "resident", "stream"]
+    assert designs(196, 64) == ["fused", "stream"]  # 256 x 64: over the resident tile
+    assert designs(3136, 32) == ["fused", "stream"]
+    assert (197, 32, 6, 128) in autotune_step.SHAPES  # InLine-DeiT-T's layer
+    assert autotune_step.shape_args(197) == (14, 14, 1)
 
 
 def _train_record(losses, graphed=None, steps=100, top1=80.0, ema=79.0):

@@ -27,6 +27,7 @@ graphs too (inductor compiles its own copy of each kernel).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 
@@ -35,7 +36,7 @@ import torch
 from inline_attn.ops.fused import triton as launchers
 from tools.kernel_audit import TARGETS, Compiler, LayerShape, compiling_for, layer_launches, model_layer_shapes
 
-from . import core, goals_step, profile_step
+from . import autotune_step, core, goals_step, profile_step, runner
 
 DTYPE = "bfloat16"  # the lease's benchmarks and model steps run under bf16 autocast
 SM90 = next(t for t in TARGETS if t.capability == 90)
@@ -81,6 +82,24 @@ def _core_launches(shape: core.CoreShape, compiler: Compiler) -> list:
     return log
 
 
+def autotune_launches(compiler: Compiler, shapes=autotune_step.SHAPES) -> list:
+    """The autotune step's launches: at each of its shapes, the core's forward and backward under
+    each of its candidates (:func:`.autotune_step.candidates`) and under the default choice."""
+    with compiling_for(SM90), launchers.simulated_device(LIMITS, compiler.shared_bytes):
+        with launchers.record_launches() as log:
+            for n, d, heads, b in shapes:
+                c = heads * d
+                q = torch.empty(b, n, 3 * c, device="meta", dtype=autotune_step.DTYPE)[..., :c]
+                w9 = torch.empty(b, 9, c, device="meta", dtype=torch.float32)
+                g = torch.empty(b, n, c, device="meta", dtype=autotune_step.DTYPE)
+                args = (heads, d**-0.5, *autotune_step.shape_args(n))
+                for choice in (None, *autotune_step.candidates(n, d)):
+                    with launchers.forced_core(choice) if choice else contextlib.nullcontext():
+                        launchers.inline_forward_triton(q, q, q, w9, *args)
+                        launchers.inline_backward_triton(q, q, q, w9, g, *args)
+    return log
+
+
 def encode(value):
     """A launch argument as JSON: a tensor (or, as :class:`~inline_attn.ops.fused.triton.Launch`
     keeps it, its dtype) as ``{"tensor": dtype}``, a tuple as ``{"tuple": [...]}``."""
@@ -93,13 +112,16 @@ def encode(value):
     return value
 
 
-def planned_launches(shapes=None, core_shapes=core.CORE_SHAPES, compiler=None) -> list[dict]:
-    """Every distinct launch (kernel, encoded arguments, meta) the lease's steps make, planned for sm_90."""
+def planned_launches(shapes=None, core_shapes=core.CORE_SHAPES, compiler=None, autotune: bool = False) -> list[dict]:
+    """Every distinct launch (kernel, encoded arguments, meta) the lease's steps make, planned for
+    sm_90; with ``autotune``, the autotune step's candidates too (:func:`autotune_launches`)."""
     compiler = compiler or Compiler()
     shapes = lease_layer_shapes() if shapes is None else shapes
     # the models run the default core kernels; the ncu step profiles both designs at DeiT-T's layer
     logs = [layer_launches(s, SM90, compiler, cores=("resident", "stream")) for s in shapes]
     logs += [_core_launches(s, compiler) for s in core_shapes]
+    if autotune:
+        logs.append(autotune_launches(compiler))
     seen, out = set(), []
     for launch in (x for log in logs for x in log):
         row = {"kernel": launch.kernel, "args": [encode(a) for a in launch.args], "meta": launch.meta}
@@ -114,12 +136,15 @@ def planned_launches(shapes=None, core_shapes=core.CORE_SHAPES, compiler=None) -
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="triton_cache", description=__doc__.splitlines()[0])
     parser.add_argument("manifest", type=pathlib.Path, help="where to write the planned launches (JSON)")
+    parser.add_argument("check_args", nargs=argparse.REMAINDER, help="gpu-check's arguments (its steps)")
     args = parser.parse_args(argv)
-    launches = planned_launches()
+    autotune = "autotune" in runner.parse_args(args.check_args).steps
+    launches = planned_launches(autotune=autotune)
     args.manifest.parent.mkdir(parents=True, exist_ok=True)
-    args.manifest.write_text(json.dumps({"target": 90, "launches": launches}, indent=0))
+    args.manifest.write_text(json.dumps({"target": 90, "autotune": autotune, "launches": launches}, indent=0))
     kernels = sorted({x["kernel"] for x in launches})
-    print(f"{len(launches)} launches of {len(kernels)} kernels planned for sm_90 -> {args.manifest}")
+    with_autotune = ", the autotune step's candidates among them" if autotune else ""
+    print(f"{len(launches)} launches of {len(kernels)} kernels planned for sm_90{with_autotune} -> {args.manifest}")
     return 0
 
 

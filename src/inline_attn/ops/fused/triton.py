@@ -24,6 +24,7 @@ import torch
 from ..compile_marks import constant_when_compiled
 
 from . import launch_cache
+from .core_choice import CoreChoice, entry_choices
 
 _KERNEL_MODULES = ("inline_attn.ops.fused.triton_kernels", "inline_attn.ops.fused.triton_stream")
 # The core's kernels (:func:`core_kernels`): "resident" (the default: the resident launch where it
@@ -31,15 +32,19 @@ _KERNEL_MODULES = ("inline_attn.ops.fused.triton_kernels", "inline_attn.ops.fuse
 # launch); the reduction split over token chunks runs the split launch under each. The resident ones
 # are the default because they measured faster on an H200 (docs/benchmarks.md: 1.8-3.5x the
 # streaming ones' core fwd+bwd at 7^2-14^2 tokens), although they leave 8 warps resident per
-# multiprocessor against the streaming ones' 16-24.
+# multiprocessor against the streaming ones' 16-24. Where the tuning table has an entry for a
+# launch's key its design runs instead, unless the core kernels were chosen explicitly
+# (:func:`core_kernels`, INLINE_ATTN_TRITON_CORE; ``_state["core_chosen"]``).
 CORE_KERNELS = ("stream", "resident", "tiled")
+_CORE_DESIGNS = {"resident": "resident", "stream": "stream", "tiled": "fused"}  # core kernels -> design
 _state: dict = {
     "module": None,
     "interpret": None,
-    "tiling": None,
+    "forced": None,  # a CoreChoice forced on every core launch (:func:`forced_core`)
     "simulated": None,
     "shared_bytes": None,
     "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "resident"),
+    "core_chosen": "INLINE_ATTN_TRITON_CORE" in os.environ,
     "narrow_interpreted": False,
     "flat": False,
     "plans_table": None,  # the tuning table (TUNING_FILE) the plans were made with
@@ -48,8 +53,8 @@ _state: dict = {
 # Launch shape (tuned on an H100, docs/benchmarks.md): rows per tile, warps per program (doubled
 # for head dims over 32), the number of (sample, head) programs per multiprocessor below which the
 # reductions are split over token chunks, and the most row tiles one token-pass program takes.
-# Tiles and warps found by gpu-check's autotune step for a (GPU, token bucket, head dim, heads,
-# dtype) take precedence (:func:`tiling`), read from TUNING_FILE without re-tuning.
+# The designs, tiles and warps found by gpu-check's autotune step for a (GPU, token bucket, head dim,
+# heads, dtype) take precedence (:func:`core_choice`), read from TUNING_FILE without re-tuning.
 BLOCK_N = int(os.environ.get("INLINE_ATTN_TRITON_BLOCK_N", 64))
 NUM_WARPS = int(os.environ.get("INLINE_ATTN_TRITON_WARPS", 2))
 TUNING_FILE = Path(__file__).with_name("triton_tuning.json")
@@ -372,17 +377,17 @@ class _Planned:
 
 def _planned(key: tuple, build, args: tuple, *inputs):
     """``build(args, *inputs)``, planned once per ``key`` and launch settings (the core kernels of
-    :func:`core_kernels`, a :func:`forced_tiling`, the interpreter's 16-bit shim) and then looked
-    up; ``key`` must hold everything else the plan depends on. A new tuning table (TUNING_FILE)
-    drops every plan. Not kept while planning for a simulated device (whose shared memory each
-    audit finds its own way) or tracing a graph (symbolic shapes; the compiled graph launches
-    without this module)."""
+    :func:`core_kernels` and whether they were chosen, a :func:`forced_core`, the interpreter's
+    16-bit shim) and then looked up; ``key`` must hold everything else the plan depends on. A new
+    tuning table (TUNING_FILE) drops every plan. Not kept while planning for a simulated device
+    (whose shared memory each audit finds its own way) or tracing a graph (symbolic shapes; the
+    compiled graph launches without this module)."""
     if _state["simulated"] is not None or traced(args):
         return build(args, *inputs)
     if _state["plans_table"] is not TUNING_FILE:  # an identity test: no hashing of the path
         _plans.clear()
         _state["plans_table"] = TUNING_FILE
-    key = (key, _state["core"], _state["tiling"], _state["narrow_interpreted"])
+    key = (key, _state["core"], _state["core_chosen"], _state["forced"], _state["narrow_interpreted"])
     plan = _plans.get(key)
     if plan is None:
         plan = build(args, *inputs)
@@ -404,46 +409,77 @@ def tuning_key(device_name: str, n: int, d: int, heads: int, dtype: torch.dtype)
 
 @functools.lru_cache(maxsize=None)
 def _tuning_table(path: str) -> dict:
+    """The winners of the tuning table at ``path`` ({} when there is none), every entry checked.
+
+    Raises:
+        ValueError: an entry is malformed (:func:`.core_choice.entry_choices`); names the file and key.
+    """
     p = Path(path)
     if not p.is_file():
         return {}
     table = json.loads(p.read_text()).get("winners", {})
     for key, entry in table.items():
-        if not {"BLOCK_N", "num_warps"} <= set(entry) or entry["BLOCK_N"] not in (16, 32, 64, 128):
-            raise ValueError(f"{p}: entry {key!r} = {entry} needs BLOCK_N in (16, 32, 64, 128) and num_warps")
+        entry_choices(entry, f"{p}: entry {key!r}")
     return table
 
 
-def tiling(q: torch.Tensor, n: int, d: int, heads: int) -> tuple[int, int]:
-    """(rows per tile, warps per program) of a launch on tensors like ``q``: the tuned winner of
-    its (GPU, token bucket, head dim, heads, dtype) when TUNING_FILE has one (head dim 32, the
-    paper's Swin / PVT heads, is its own key), else BLOCK_N and NUM_WARPS (doubled over 32)."""
-    if _state["tiling"] is not None:
-        return _state["tiling"]
-    return _tuned_tiling(str(TUNING_FILE), device_limits(q.device).name, token_bucket(n), d, heads, q.dtype)
+def core_choice(q: torch.Tensor, n: int, d: int, heads: int, backward: bool = False) -> CoreChoice | None:
+    """The design and launch parameters chosen for the core's forward (or ``backward``) on tensors
+    like ``q`` with ``n`` tokens, ``heads`` heads of ``d`` channels: the :func:`forced_core` one
+    inside its block, else the tuning table's winner for its (GPU, token bucket, head dim, heads,
+    dtype) when TUNING_FILE has one (head dim 32, the paper's Swin / PVT heads, is its own key),
+    else None (the core kernels' rule, :func:`core_kernels`)."""
+    if _state["forced"] is not None:
+        return _state["forced"]
+    key = (str(TUNING_FILE), device_limits(q.device).name, token_bucket(n), d, heads, q.dtype)
+    return _tuned_choices(*key)[backward]
 
 
 @functools.lru_cache(maxsize=None)
-def _tuned_tiling(path: str, device_name: str, bucket: int, d: int, heads: int, dtype: torch.dtype) -> tuple[int, int]:
-    """:func:`tiling` from the table at ``path``: looked up once per key (the key's f-string and
-    the table lookup cost host time on every launch otherwise)."""
+def _tuned_choices(path: str, device_name: str, bucket: int, d: int, heads: int, dtype: torch.dtype) -> tuple:
+    """(forward, backward) :class:`CoreChoice` from the table at ``path``, (None, None) without an
+    entry: looked up once per key (the key's f-string and the lookup cost host time otherwise)."""
     entry = _tuning_table(path).get(tuning_key(device_name, bucket, d, heads, dtype))
-    if entry is not None:
-        return int(entry["BLOCK_N"]), int(entry["num_warps"])
+    return (None, None) if entry is None else entry_choices(entry)
+
+
+def tiling(q: torch.Tensor, n: int, d: int, heads: int, backward: bool = False) -> tuple[int, int]:
+    """(rows per tile, warps per program) of the fused and split launches on tensors like ``q``:
+    the :func:`core_choice`'s when it is the fused design, else BLOCK_N and NUM_WARPS (doubled
+    over head dim 32)."""
+    return _fused_tile(core_choice(q, n, d, heads, backward), d)
+
+
+def _fused_tile(choice: CoreChoice | None, d: int) -> tuple[int, int]:
+    if choice is not None and choice.design == "fused":
+        return choice.block_n, choice.num_warps
     return BLOCK_N, NUM_WARPS if _block_d(d) <= 32 else 2 * NUM_WARPS
 
 
 @contextlib.contextmanager
-def forced_tiling(block_n: int, num_warps: int):
-    """Every launch inside the block uses this tile and these warps (the autotune sweep's candidates):
-    the tiled (fused / split) launches, so the resident launch is off inside it."""
-    if block_n not in (16, 32, 64, 128) or num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"tiling ({block_n}, {num_warps}): BLOCK_N in (16, 32, 64, 128), num_warps a power of 2 <= 16")
-    _state["tiling"] = (block_n, num_warps)
+def forced_core(choice: CoreChoice):
+    """Every core launch inside the block runs ``choice``'s design with its parameters, over the
+    tuning table and :func:`core_kernels` (the autotune sweep's candidates), where it fits (the
+    resident tile, a streaming tile for the head dim, the device's shared memory), else as the
+    core kernels' rule; a forced fused tile also tiles the split launches. The previous choice
+    (None outside every block) comes back however the block ends."""
+    if not isinstance(choice, CoreChoice):
+        raise ValueError(f"forced_core({choice!r}): expected a CoreChoice")
+    saved, _state["forced"] = _state["forced"], choice
     try:
         yield
     finally:
-        _state["tiling"] = None
+        _state["forced"] = saved
+
+
+def forced_tiling(block_n: int, num_warps: int):
+    """:func:`forced_core` of the fused design with this tile and these warps (the fused and split
+    launches; the resident and streaming launches are off inside it).
+
+    Raises:
+        ValueError: BLOCK_N not in (16, 32, 64, 128) or num_warps not a power of 2 up to 16.
+    """
+    return forced_core(CoreChoice("fused", num_warps, block_n))
 
 
 def _block_d(d: int) -> int:
@@ -496,8 +532,8 @@ def _rows_per_program(q: torch.Tensor, pairs: int, n: int, block_n: int = BLOCK_
     return per * block_n
 
 
-def _meta(q: torch.Tensor, n: int, d: int, heads: int, has_res: bool) -> dict:
-    block_n, warps = tiling(q, n, d, heads)
+def _meta(q: torch.Tensor, d: int, tile: tuple[int, int], has_res: bool) -> dict:
+    block_n, warps = tile
     return dict(D=d, BD=_block_d(d), BLOCK_N=block_n, HAS_RES=has_res, PREC=_precision(q.dtype), num_warps=warps)
 
 
@@ -552,16 +588,15 @@ def _resident_config(n: int, d: int, has_res: bool, dtype: torch.dtype) -> dict 
     return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(dtype), num_warps=warps)
 
 
-def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool) -> dict | None:
-    """The resident launch's fitted configuration for q [B, N, C], or None when the core kernels are
-    not "resident" (:func:`core_kernels`; inside :func:`forced_tiling`, which sweeps the tiled
-    launches, neither), the shape does not fit its tile, or its compiled kernel not the device's
+def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool, warps: int | None) -> dict | None:
+    """The resident launch's fitted configuration for q [B, N, C] (with ``warps`` warps, None: its
+    own rule), or None when the shape does not fit its tile or its compiled kernel not the device's
     shared memory (the fp32 backward at N 256 on a 99 KB GPU): the fused / split launches run it then."""
-    if _state["core"] != "resident" or _state["tiling"] is not None:
-        return None
     meta = _resident_config(q.shape[1], q.shape[2] // heads, has_res, q.dtype)
     if meta is None:
         return None
+    if warps is not None:
+        meta = dict(meta, num_warps=warps)
     try:
         return _fit(kernel, args, meta, str)
     except ValueError:
@@ -580,11 +615,12 @@ def core_kernels(kind: str):
     """
     if kind not in CORE_KERNELS:
         raise ValueError(f"core kernels {kind!r}: expected one of {CORE_KERNELS}")
-    saved, _state["core"] = _state["core"], kind
+    saved = _state["core"], _state["core_chosen"]
+    _state["core"], _state["core_chosen"] = kind, True
     try:
         yield
     finally:
-        _state["core"] = saved
+        _state["core"], _state["core_chosen"] = saved
 
 
 # The streaming launch (:func:`_stream_config`): (rows per tile, warps per program) per head-dim
@@ -601,15 +637,16 @@ STREAM_TILES = {
 }
 
 
-def _stream_config(d: int, has_res: bool, dtype: torch.dtype, backward: bool) -> dict | None:
-    """The streaming kernels' compile-time arguments at head dim d, or None when they are not the
-    core kernels (:func:`core_kernels`, or inside :func:`forced_tiling`) or the head dim is not in
-    STREAM_TILES. NARROW: bf16 / fp16 operands straight into tl.dot (on a GPU, or under the
-    interpreter with the tests' shim of its 16-bit products, ``_state["narrow_interpreted"]``)."""
-    if _state["core"] != "stream" or _state["tiling"] is not None:
-        return None
+def _stream_config(d: int, has_res: bool, dtype: torch.dtype, backward: bool, tile: CoreChoice | None) -> dict | None:
+    """The streaming kernels' compile-time arguments at head dim d (rows per tile and warps from
+    ``tile``, None: STREAM_TILES'), or None when the head dim is not in STREAM_TILES. NARROW:
+    bf16 / fp16 operands straight into tl.dot (on a GPU, or under the interpreter with the tests'
+    shim of its 16-bit products, ``_state["narrow_interpreted"]``)."""
     narrow = dtype != torch.float32 and (not _state["interpret"] or _state["narrow_interpreted"])
-    return _stream_meta(d, has_res, dtype, narrow, backward)
+    meta = _stream_meta(d, has_res, dtype, narrow, backward)
+    if meta is None or tile is None:
+        return meta
+    return dict(meta, BLOCK_N=tile.block_n, num_warps=tile.num_warps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -623,12 +660,26 @@ def _stream_meta(d: int, has_res: bool, dtype: torch.dtype, narrow: bool, backwa
     return dict(D=d, BD=_block_d(d), BLOCK_N=block_n, HAS_RES=has_res, NARROW=narrow, PREC=prec, num_warps=warps)
 
 
-def _plan(q: torch.Tensor, num_heads: int, h: int, w: int, p: int, split: int | None, has_res: bool) -> _Plan:
-    """The launch plan for q [B, N, C] (B, N > 0): the tuned tiling, then the chunks (``split``
-    forces their number, None chooses from the device size)."""
+def design_fits(design: str, n: int, d: int, dtype: torch.dtype) -> bool:
+    """Whether ``design`` (:data:`.core_choice.DESIGNS`) has a launch for n tokens of head dim d in
+    ``dtype`` (on a GPU): the resident tile (RESIDENT_TILE), a streaming tile (STREAM_TILES); the
+    fused design runs every shape. A forced or tuned design that does not fit runs as the core
+    kernels' rule instead."""
+    if design == "resident":
+        return _resident_config(n, d, True, dtype) is not None
+    if design == "stream":
+        return _stream_meta(d, True, dtype, dtype != torch.float32, False) is not None
+    return True
+
+
+def _plan(
+    q: torch.Tensor, num_heads: int, h: int, w: int, p: int, split: int | None, has_res: bool, tile: tuple[int, int]
+) -> _Plan:
+    """The launch plan for q [B, N, C] (B, N > 0): the fused tile (rows, warps: :func:`tiling`),
+    then the chunks (``split`` forces their number, None chooses from the device size)."""
     b, n, c = q.shape
     pairs = b * num_heads
-    meta = _meta(q, n, c // num_heads, num_heads, has_res)
+    meta = _meta(q, c // num_heads, tile, has_res)
     chunks, chunk = _launch_shape(q, pairs, n, split, meta["BLOCK_N"])
     rows = _rows_per_program(q, pairs, n, meta["BLOCK_N"])
     return _Plan(pairs, meta, chunks, chunk, rows, (n, c, h, w, p, num_heads))
@@ -699,21 +750,35 @@ _BACKWARD_KERNELS = _CoreKernels("inline_bwd_resident", "inline_bwd_stream", "in
 
 
 def _core_launch(args: tuple, mod, kernels: _CoreKernels, q, split: int | None, has_res: bool) -> _Planned:
-    """How the core's forward or backward runs on ``args`` (q [B, N, C] among them): the resident
-    launch when a (sample, head) problem fits a program's registers (:func:`_resident_config`),
-    else the streaming or the fused launch, one program per (sample, head), else (too few pairs
-    to fill the device, or ``split`` > 1) the reduction split over token chunks."""
+    """How the core's forward or backward runs on ``args`` (q [B, N, C] among them), by the design
+    of :func:`_core_design`: the resident launch when a (sample, head) problem fits a program's
+    registers (:func:`_resident_config`), else the streaming or the fused launch, one program per
+    (sample, head), else (too few pairs to fill the device, or ``split`` > 1) the reduction split
+    over token chunks. The chosen design's parameters (:func:`core_choice`) apply where it runs."""
     n, c, h, w, p, heads = args[-2]
-    if split is None:
-        resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res)
+    d = c // heads
+    choice = core_choice(q, n, d, heads, kernels.backward)
+    design = _core_design(choice)
+    params = choice if choice is not None and choice.design == design else None
+    if split is None and design == "resident":
+        warps = None if params is None else params.num_warps
+        resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res, warps)
         if resident is not None:
             return _Planned(kernels.resident, (q.shape[0] * heads,), resident)
-    plan = _plan(q, heads, h, w, p, split, has_res)
+    plan = _plan(q, heads, h, w, p, split, has_res, _fused_tile(params, d))
     if not plan.fused:
         return _Planned(None, None, None, plan)
-    stream = _stream_config(c // heads, has_res, q.dtype, kernels.backward)
+    stream = _stream_config(d, has_res, q.dtype, kernels.backward, params) if design == "stream" else None
     name, meta = (kernels.stream, stream) if stream is not None else (kernels.fused, plan.meta)
     return _Planned(name, (plan.pairs,), _fit(getattr(mod, name), args, meta, plan.describe))
+
+
+def _core_design(choice: CoreChoice | None) -> str:
+    """The design a core launch tries first: a forced one; the tuning table's (``choice``) unless
+    the core kernels were chosen explicitly; else the core kernels' (:func:`core_kernels`)."""
+    if choice is not None and (_state["forced"] is not None or not _state["core_chosen"]):
+        return choice.design
+    return _CORE_DESIGNS[_state["core"]]
 
 
 def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
