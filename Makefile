@@ -79,14 +79,15 @@ gpu-check:
 # Before a lease, on any machine with the device's Python (LEASE_PYTHON, 3.12): the Triton cache the
 # lease's benchmarks and model steps would compile cold, built for sm_90 with the device's triton
 # (LEASE_TRITON, in a side venv under /tmp) into .triton-cache/sm90; carry .triton-cache to the device,
-# where gpu-check installs it (tools/gpu_check/cache_step.py). Rebuild it after any kernel change.
+# where gpu-check installs it (tools/gpu_check/cache_step.py). Rebuild it after any kernel change;
+# GPU_CHECK_ARGS="--steps ... autotune" plans the autotune step's candidates too.
 LEASE_PYTHON ?= python3.12
 LEASE_TRITON ?= 3.6.0
 LEASE_VENV ?= /tmp/inline-attn-lease-triton
 gpu-check-cache: $(STAMP)
 	test -x $(LEASE_VENV)/bin/python || $(LEASE_PYTHON) -m venv $(LEASE_VENV)
 	$(LEASE_VENV)/bin/python -m pip install -q triton==$(LEASE_TRITON)
-	TRITON_INTERPRET=0 PYTHONPATH=src $(BIN)/python -m tools.gpu_check.triton_cache .triton-cache/manifest.json
+	TRITON_INTERPRET=0 PYTHONPATH=src $(BIN)/python -m tools.gpu_check.triton_cache .triton-cache/manifest.json $(GPU_CHECK_ARGS)
 	PYTHONPATH= $(LEASE_VENV)/bin/python -m tools.gpu_check.triton_prebuild .triton-cache/manifest.json .triton-cache/sm90
 
 # Before a lease, on any machine: gpu-check's plan (each step's box, its parts and test files, the total

@@ -138,3 +138,47 @@ def test_a_cache_for_another_triton_is_not_installed(tmp_path, monkeypatch):
     env = cache_step.install(prebuilt, tmp_path / "cache")
     assert env["triton_cache"].startswith("not used (prebuilt for 0 configurations for sm_90, triton 0.0")
     assert "TRITON_CACHE_DIR" not in os.environ
+
+
+AUTOTUNE_PLAN = """
+import json, sys
+from tools.gpu_check import autotune_step, triton_cache
+
+class Unlimited:  # every configuration fits: what is planned, not compiled
+    def shared_bytes(self, kernel, args, meta):
+        return 0
+
+    def save(self):
+        pass
+
+deit = [s for s in autotune_step.SHAPES if s[:3] == (197, 32, 6)]
+log = triton_cache.autotune_launches(Unlimited(), deit)
+rows = sorted({(x.kernel, x.meta["num_warps"], x.meta.get("BLOCK_N")) for x in log}, key=str)
+json.dump([list(r) for r in rows], open(sys.argv[1], "w"))
+"""
+
+
+def test_the_autotune_steps_candidates_are_planned_with_their_parameters(tmp_path):
+    from tools.gpu_check import autotune_step
+
+    out = tmp_path / "plan.json"
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    cmd = [sys.executable, "-c", AUTOTUNE_PLAN, str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    planned = {tuple(r) for r in json.loads(out.read_text())}
+    for choice in autotune_step.candidates(197, 32):
+        kernel = {"resident": "inline_{}_resident", "stream": "inline_{}_stream", "fused": "inline_{}_fused"}
+        for direction in ("fwd", "bwd"):
+            assert (kernel[choice.design].format(direction), choice.num_warps, choice.block_n) in planned, choice
+    assert ("inline_fwd_resident", 8, None) in planned  # the default choice beside them
+
+
+def test_the_dry_run_says_when_the_cache_lacks_the_autotune_candidates(tmp_path):
+    record = dict(triton="3.6.0", triton_key="k", python="3.12", target=90, configurations=48, autotune=False)
+    (tmp_path / triton_prebuild.RECORD).write_text(json.dumps(record))
+    assert "without the autotune step's candidates" in cache_step.dry_run_line(tmp_path, autotune=True)
+    assert "autotune" not in cache_step.dry_run_line(tmp_path, autotune=False)
+    (tmp_path / triton_prebuild.RECORD).write_text(json.dumps({**record, "autotune": True}))
+    line = cache_step.dry_run_line(tmp_path, autotune=True)
+    assert "with the autotune step's candidates" in line and "without" not in line

@@ -46,8 +46,9 @@ def compiled_here(env: dict, cache: pathlib.Path = INSTALLED) -> str:
     return f"{env['triton_cache']}; {new} more compiled on the device (tests, compiled graphs, shapes not planned)"
 
 
-def dry_run_line(prebuilt: pathlib.Path = PREBUILT) -> str:
-    """The plan's line about the prebuilt cache (no triton needed)."""
+def dry_run_line(prebuilt: pathlib.Path = PREBUILT, autotune: bool = False) -> str:
+    """The plan's line about the prebuilt cache (no triton needed); ``autotune``: the run has the
+    autotune step, whose candidates (about a hundred configurations) the cache should hold."""
     record_file = prebuilt / triton_prebuild.RECORD
     if not record_file.is_file():
         return f"triton cache: none at {prebuilt} (make gpu-check-cache; the kernels would compile cold)"
@@ -55,4 +56,10 @@ def dry_run_line(prebuilt: pathlib.Path = PREBUILT) -> str:
 
     size = sum(f.stat().st_size for f in prebuilt.rglob("*") if f.is_file())
     record = json.loads(record_file.read_text())
-    return f"triton cache: {triton_prebuild.describe(record)}, {size / 1e6:.1f} MB (carry .triton-cache)"
+    line = f"triton cache: {triton_prebuild.describe(record)}, {size / 1e6:.1f} MB (carry .triton-cache)"
+    if autotune and not record.get("autotune"):
+        line += (
+            "; without the autotune step's candidates, which would compile cold in its box "
+            "(make gpu-check-cache GPU_CHECK_ARGS='--steps ... autotune')"
+        )
+    return line

@@ -124,7 +124,7 @@ def dry_run(args: argparse.Namespace) -> tuple[str, list[str]]:
             lines += [f"  {f}" for f in tests_step.TEST_FILES]
     total = args.budget_s - left + COPY_RATE_S
     lines.append(f"total: at most {total:.0f} s (steps {args.budget_s - left:.0f} s + copy rate {COPY_RATE_S:.0f} s)")
-    lines.append(cache_step.dry_run_line())
+    lines.append(cache_step.dry_run_line(autotune="autotune" in args.steps))
     if total > LEASE_SCRIPT_S:
         problems.append(f"the plan takes up to {total:.0f} s, over the lease script's {LEASE_SCRIPT_S:.0f} s")
     every = {p.name for parts in _STEP_PARTS.values() for p in parts}

@@ -132,6 +132,7 @@ def build(manifest: pathlib.Path, cache: pathlib.Path) -> dict:
         "target": plan["target"],
         "configurations": len(list(cache.glob("*/__grp__*.json"))),
         "launches": len(plan["launches"]),
+        "autotune": bool(plan.get("autotune")),  # the autotune step's candidates planned too
         "seconds": round(time.time() - t0, 1),
     }
     (cache / RECORD).write_text(json.dumps(record, indent=1))
@@ -155,10 +156,12 @@ def entries(cache: pathlib.Path) -> int:
 
 
 def describe(record: dict) -> str:
-    """'38 configurations for sm_90, triton 3.6.0 on Python 3.12'."""
+    """'38 configurations for sm_90, triton 3.6.0 on Python 3.12' (', with the autotune step's
+    candidates' where they were planned)."""
     return (
         f"{record['configurations']} configurations for sm_{record['target']}, "
         f"triton {record['triton']} on Python {record['python']}"
+        + (", with the autotune step's candidates" if record.get("autotune") else "")
     )
 
 
