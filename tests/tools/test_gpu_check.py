@@ -554,6 +554,12 @@ def test_autotune_candidates_cover_the_three_designs_where_they_fit():
     assert designs(197, 32) == ["fused", "resident", "stream"]
     assert designs(196, 64) == ["fused", "stream"]  # 256 x 64: over the resident tile
     assert designs(3136, 32) == ["fused", "stream"]
+    resident = lambda n: [c.num_warps for c in autotune_step.candidates(n, 32) if c.design == "resident"]  # noqa: E731
+    assert resident(49) == [2, 4, 8] and resident(197) == [8]  # fewer warps than the rule's spill at 256 x 32
+    for n, d, _, _ in autotune_step.SHAPES:
+        block_d = max(16, 1 << (d - 1).bit_length())
+        kept = {(c.design, block_d, c.block_n, c.num_warps) for c in autotune_step.candidates(n, d)}
+        assert not kept & autotune_step.SPILLING_SM90
     assert (197, 32, 6, 128) in autotune_step.SHAPES  # InLine-DeiT-T's layer
     assert autotune_step.shape_args(197) == (14, 14, 1)
 

@@ -1,9 +1,10 @@
 """The ``autotune`` step (on demand: ``--steps autotune``): the Triton core's designs and their launch
 parameters (:func:`candidates`: the fused tiles and warps, the resident launch's warps, the streaming
-tiles and warps) swept over :data:`SHAPES`, bf16, the forward and the backward timed apart. The
-winner of each direction per (GPU, token bucket, head dim, heads, dtype), merged with the committed
-table, goes to ``triton_tuning.json``: copy it to ``src/inline_attn/ops/fused/`` for later runs to
-read without re-tuning. Stops at the end of its box; shapes not reached keep the committed entries."""
+tiles and warps, less those that spill registers on sm_90) swept over :data:`SHAPES`, bf16, the
+forward and the backward timed apart. The winner of each direction per (GPU, token bucket, head
+dim, heads, dtype), merged with the committed table, goes to ``triton_tuning.json``: copy it to
+``src/inline_attn/ops/fused/`` for later runs to read without re-tuning. Stops at the end of its
+box; shapes not reached keep the committed entries."""
 
 from __future__ import annotations
 
@@ -32,19 +33,40 @@ SHAPES = [
     (3136, 64, 3, 16),
 ]
 DIRECTIONS = ("forward", "backward")
+# Candidates dropped because a kernel they launch (forward or backward, the fused or the split
+# launch) spills registers compiled for sm_90 (ptxas 12.8 through tools/kernel_audit.py, bf16, at
+# SHAPES: ``triton_cache.autotune_launches(Compiler(registers=True))``, then each result's
+# "spills"): (design, head-dim block, BLOCK_N, warps). The resident launch spills with fewer warps
+# than its own rule gives (32 elements of a tile per thread: 8 warps at 256 x 32, 44 KB spilled
+# forward at 2 warps, 40 bytes at 4), so its candidates start there.
+SPILLING_SM90 = {
+    ("fused", 32, 128, 2),
+    ("fused", 64, 32, 2),
+    ("fused", 64, 32, 4),
+    ("fused", 64, 64, 2),
+    ("fused", 64, 128, 2),
+    ("fused", 64, 128, 4),
+    ("stream", 32, 32, 2),
+    ("stream", 64, 16, 2),
+    ("stream", 64, 32, 2),
+    ("stream", 64, 64, 2),
+}
 
 
 def candidates(n: int, d: int) -> list[CoreChoice]:
-    """The choices timed at n tokens of head dim d: every fused tiling, the resident launch's warps
-    where the shape fits its tile, the streaming tilings where the head dim has a streaming tile."""
+    """The choices timed at n tokens of head dim d: the fused tilings, the resident launch's warps
+    (from its own rule's up) where the shape fits its tile, the streaming tilings where the head dim
+    has a streaming tile; none of SPILLING_SM90."""
     from inline_attn.ops.fused import triton as tc
 
     out = [CoreChoice("fused", w, bn) for bn, w in TILINGS]
     if tc.design_fits("resident", n, d, DTYPE):
-        out += [CoreChoice("resident", w) for w in RESIDENT_WARPS]
+        least = tc.resident_warps(n, d)
+        out += [CoreChoice("resident", w) for w in RESIDENT_WARPS if w >= least]
     if tc.design_fits("stream", n, d, DTYPE):
         out += [CoreChoice("stream", w, bn) for bn, w in STREAM_TILINGS]
-    return out
+    block_d = max(16, 1 << (d - 1).bit_length())
+    return [c for c in out if (c.design, block_d, c.block_n, c.num_warps) not in SPILLING_SM90]
 
 
 def shape_args(n: int) -> tuple[int, int, int]:

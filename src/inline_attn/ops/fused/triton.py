@@ -584,8 +584,13 @@ def _resident_config(n: int, d: int, has_res: bool, dtype: torch.dtype) -> dict 
     bd, rows = _block_d(d), max(16, triton_next_pow2(n))
     if rows * bd > RESIDENT_TILE:
         return None
-    warps = max(2, min(RESIDENT_WARPS, rows * bd // 1024))  # 32 elements of a tile per thread
-    return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(dtype), num_warps=warps)
+    return dict(D=d, BD=bd, NP=rows, HAS_RES=has_res, PREC=_precision(dtype), num_warps=resident_warps(n, d))
+
+
+def resident_warps(n: int, d: int) -> int:
+    """The resident launch's warps per program for n tokens of head dim d: 32 elements of an [NP, BD]
+    tile per thread, 2 to RESIDENT_WARPS (fewer spill registers on sm_90 at its largest tiles)."""
+    return max(2, min(RESIDENT_WARPS, max(16, triton_next_pow2(n)) * _block_d(d) // 1024))
 
 
 def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool, warps: int | None) -> dict | None:
