@@ -5,6 +5,9 @@ gradients against float64) with each design's non-default parameters; bad tables
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -246,3 +249,15 @@ def test_each_forced_design_runs_with_its_parameters_and_is_exact(monkeypatch, f
     want = torch.autograd.grad(ref, (q64, k64, v64, t64), g)
     rel = [((a.double() - r).norm() / r.norm()).item() for a, r in zip((out, *got), (ref, *want))]
     assert max(rel[:1]) < 2e-6 and max(rel[1:]) < 1e-5, rel
+
+
+def test_the_environment_variable_chooses_the_core_kernels_explicitly():
+    code = "from inline_attn.ops.fused import triton as t; print(t._state['core'], t._state['core_chosen'])"
+    env = {k: v for k, v in os.environ.items() if k != "INLINE_ATTN_TRITON_CORE"}
+    runs = {}
+    for setting in (None, "stream"):
+        run_env = env if setting is None else {**env, "INLINE_ATTN_TRITON_CORE": setting}
+        proc = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[setting] = proc.stdout.split()
+    assert runs == {None: ["resident", "False"], "stream": ["stream", "True"]}  # set: it beats the tuning table

@@ -10,6 +10,7 @@ the core's, measured beside it (the device's copy rate drifts with clocks and te
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -42,12 +43,22 @@ CORE_SHAPES = (
     CoreShape("112", 16, 3, 32, 112),
 )
 ELEMENTS_MOVED = 11  # x B N C: see the module docstring
-KERNELS = {"default": "resident", "stream": "stream"}  # the core kernels timed (triton.core_kernels)
+# the core kernels timed: the library's default (None: the tuning table's winners where it has an
+# entry, else the resident kernels) and the streaming ones (triton.core_kernels)
+KERNELS = {"default": None, "stream": "stream"}
 
 
-def _core_step(tc, core: str, q, k, v, w9, g, args):
+def chosen_kernels(kind: str | None):
+    """``triton.core_kernels(kind)``, or for None the library's default choice (nothing chosen
+    explicitly, so the tuning table's winners apply)."""
+    from inline_attn.ops.fused import triton as tc
+
+    return contextlib.nullcontext() if kind is None else tc.core_kernels(kind)
+
+
+def _core_step(tc, core: str | None, q, k, v, w9, g, args):
     def step():
-        with tc.core_kernels(core):
+        with chosen_kernels(core):
             tc.inline_forward_triton(q, k, v, w9, *args)
             tc.inline_backward_triton(q, k, v, w9, g, *args)
 

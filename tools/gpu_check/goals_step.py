@@ -16,7 +16,7 @@ import time
 import torch
 
 from .budget import Part, StepContext, run_parts
-from .core import core_shares
+from .core import chosen_kernels, core_shares
 from .kernels import sdpa_backend
 
 DEIT_BATCH, SWIN_BATCH = 128, 64
@@ -134,7 +134,7 @@ def _layer_backend(side: int, batch: int) -> str:
 
 # the layer part's runs: (graphed, the core kernels, the rows' key suffix); the streaming kernels
 # (triton.core_kernels("stream")) graphed only, beside the graphed goal rows of the default ones
-LAYER_RUNS = ((False, "resident", "eager"), (True, "resident", "graphed"), (True, "stream", "stream"))
+LAYER_RUNS = ((False, None, "eager"), (True, None, "graphed"), (True, "stream", "stream"))  # None: the default
 
 
 def part_layer(ctx: StepContext) -> dict:
@@ -142,12 +142,11 @@ def part_layer(ctx: StepContext) -> dict:
     and 56x56 B 64: eager and CUDA-graphed, and graphed with the streaming kernels;
     each run the two layers interleaved."""
     from inline_attn.bench.attention import bench_attention
-    from inline_attn.ops.fused import triton as tc
 
     backends = {side: _layer_backend(side, LAYER_TOKENS // side**2) for side in (14, 56)}
     values, notes, rows = {}, {}, []
     for graphed, kernels, suffix in LAYER_RUNS:
-        with tc.core_kernels(kernels):  # the graphs capture the kernels chosen inside the block
+        with chosen_kernels(kernels):  # the graphs capture the kernels chosen inside the block
             res = bench_attention(
                 sizes=(14, 56),
                 kinds=("inline", "softmax"),
@@ -158,7 +157,7 @@ def part_layer(ctx: StepContext) -> dict:
             )
         why = res["meta"]["why_not_graphed"]
         for r in res["rows"]:
-            r["graphed"], r["core_kernels"] = graphed and why is None, kernels
+            r["graphed"], r["core_kernels"] = graphed and why is None, kernels or "default"
             if r["kind"] != "inline":
                 continue
             key = f"layer{r['side']}_{suffix}"

@@ -76,7 +76,7 @@ def _core_launches(shape: core.CoreShape, compiler: Compiler) -> list:
     with compiling_for(SM90), launchers.simulated_device(LIMITS, compiler.shared_bytes):
         with launchers.record_launches() as log:
             for kind in core.KERNELS.values():
-                with launchers.core_kernels(kind):
+                with core.chosen_kernels(kind):
                     launchers.inline_forward_triton(q, q, q, w9, *args)
                     launchers.inline_backward_triton(q, q, q, w9, g, *args)
     return log
