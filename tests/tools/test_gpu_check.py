@@ -685,3 +685,31 @@ def test_the_ncu_step_profiles_the_second_round_of_the_layers_kernels_and_reads_
     assert ncu_step.parse(text) == {
         "inline_fwd_stream": {"registers": "80 register/thread", "occupancy": "35.2 %", "duration": "41.5 us"}
     }
+
+
+def test_autotune_times_each_distinct_launch_once_and_gives_fallbacks_its_time(monkeypatch, tmp_path):
+    from inline_attn.bench import timing
+    from inline_attn.bench.host import stubbed_triton_launches
+
+    timed = []
+
+    def fake_time_interleaved(cases, **kw):  # a case's time: 1 ms + 0.01 ms per its place
+        timed.append(list(cases))
+        return {label: timing.CaseTiming([1e-3 + 1e-5 * i]) for i, label in enumerate(cases)}
+
+    monkeypatch.setattr(timing, "time_interleaved", fake_time_interleaved)
+    monkeypatch.setattr(triton_core, "_plans", {})
+    # 2 samples of 600 tokens, 2 heads of 32 (CPU tensors, the kernels stubbed out): too few pairs for
+    # the interpreter's 4 multiprocessors, so every choice but a fused tile runs the split launch at the defaults
+    q = torch.randn(2, 600, 64)
+    taps = torch.randn(2, 9, 64)
+    ctx = StepContext(tmp_path, False, time.time() + 100)
+    with stubbed_triton_launches():
+        step = lambda: triton_core.inline_forward_triton(q, q, q, taps, 2, 0.5, 24, 25, 0)  # noqa: E731
+        seconds = autotune_step._time_direction(ctx, step, 600, 32)
+    candidates = autotune_step.candidates(600, 32)
+    assert set(seconds) == {"default", *candidates}
+    distinct = [c for c in candidates if c.design == "fused" and (c.block_n, c.num_warps) != (64, 2)]
+    assert timed == [["default", *map(str, distinct)]]  # the stream choices and fused 64 x 2 launch as the default
+    assert seconds[CoreChoice("stream", 8, 32)] == seconds[CoreChoice("fused", 2, 64)] == seconds["default"]
+    assert len(set(seconds.values())) == 1 + len(distinct)
