@@ -185,6 +185,19 @@ def test_an_entry_that_does_not_fit_falls_back_to_the_default_rule(tmp_path, mon
     assert _core_launches(n, d) == [("inline_fwd_fused", fused[1], fused[0]), ("inline_bwd_fused", fused[1], fused[0])]
 
 
+def test_an_entry_whose_tile_does_not_fit_the_shared_memory_falls_back_to_the_default_rule(tmp_path, monkeypatch):
+    _tuned(tmp_path, monkeypatch, STREAM_16)
+    fit = triton_core._fit
+
+    def no_room_for_streaming(kernel, args, meta, what):  # as a GPU whose shared memory the stream tiles overflow
+        if kernel.fn.__name__.endswith("_stream"):
+            raise ValueError(f"no launch configuration of {kernel.fn.__name__} fits")
+        return fit(kernel, args, meta, what)
+
+    monkeypatch.setattr(triton_core, "_fit", no_room_for_streaming)
+    assert _core_launches(36, 16) == [("inline_fwd_resident", 2, None), ("inline_bwd_resident", 2, None)]
+
+
 def test_explicit_core_kernels_beat_the_table_and_keep_its_parameters_for_their_own_design(tmp_path, monkeypatch):
     _tuned(tmp_path, monkeypatch, STREAM_16)
     with triton_core.core_kernels("resident"):

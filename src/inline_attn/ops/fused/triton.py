@@ -755,16 +755,32 @@ _BACKWARD_KERNELS = _CoreKernels("inline_bwd_resident", "inline_bwd_stream", "in
 
 
 def _core_launch(args: tuple, mod, kernels: _CoreKernels, q, split: int | None, has_res: bool) -> _Planned:
-    """How the core's forward or backward runs on ``args`` (q [B, N, C] among them), by the design
-    of :func:`_core_design`: the resident launch when a (sample, head) problem fits a program's
+    """How the core's forward or backward runs on ``args`` (q [B, N, C] among them): the design of
+    :func:`_core_design` with the chosen parameters (:func:`core_choice`) where they are that
+    design's, else the core kernels' rule when they do not fit (:func:`_design_launch`)."""
+    n, c, h, w, p, heads = args[-2]
+    choice = core_choice(q, n, c // heads, heads, kernels.backward)
+    design = _core_design(choice)
+    if choice is not None and choice.design == design:
+        try:
+            return _design_launch(args, mod, kernels, q, split, has_res, design, choice)
+        except ValueError:  # no configuration of the chosen tile fits the device's shared memory
+            design = _CORE_DESIGNS[_state["core"]]
+    return _design_launch(args, mod, kernels, q, split, has_res, design, None)
+
+
+def _design_launch(args: tuple, mod, kernels: _CoreKernels, q, split, has_res: bool, design: str, params) -> _Planned:
+    """The core's launch by ``design`` with ``params`` (a :class:`CoreChoice` of that design, or
+    None: its own rule's): the resident launch when a (sample, head) problem fits a program's
     registers (:func:`_resident_config`), else the streaming or the fused launch, one program per
     (sample, head), else (too few pairs to fill the device, or ``split`` > 1) the reduction split
-    over token chunks. The chosen design's parameters (:func:`core_choice`) apply where it runs."""
+    over token chunks.
+
+    Raises:
+        ValueError: no configuration of the launch fits the device's shared memory (:func:`_fit`).
+    """
     n, c, h, w, p, heads = args[-2]
     d = c // heads
-    choice = core_choice(q, n, d, heads, kernels.backward)
-    design = _core_design(choice)
-    params = choice if choice is not None and choice.design == design else None
     if split is None and design == "resident":
         warps = None if params is None else params.num_warps
         resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res, warps)
