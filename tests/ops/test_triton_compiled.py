@@ -27,11 +27,12 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-# name: ((B, H, W, heads, head_dim, prefix), dtype, residual)
+# name: ((B, H, W, heads, head_dim, prefix), dtype, residual, core kernels (triton.core_kernels))
 CASES = {
-    "stream": ((4, 6, 5, 3, 32, 1), "bfloat16", True),  # the default launch: DeiT's layer in miniature
-    "split": ((1, 32, 32, 2, 32, 0), "bfloat16", False),  # few pairs, many tokens: two launches a direction
-    "fused": ((2, 4, 4, 2, 64, 0), "float32", True),  # fp32 at head dim 64: the fused kernels
+    "resident": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "resident"),  # the default: DeiT's layer in miniature
+    "stream": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "stream"),  # the same under the streaming kernels
+    "split": ((1, 32, 32, 2, 32, 0), "bfloat16", False, "resident"),  # few pairs, many tokens: two launches a direction
+    "fused": ((2, 4, 4, 2, 64, 0), "float32", True, "stream"),  # fp32 at head dim 64: no streaming tile, fused
 }
 
 
@@ -45,8 +46,9 @@ def _trace(case) -> list[dict]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from inline_attn.ops.fused import op
+    from inline_attn.ops.fused import triton as triton_core
 
-    (b, h, w, heads, d, p), dtype, residual = case
+    (b, h, w, heads, d, p), dtype, residual, kernels = case
     n, c = p + h * w, heads * d
     nodes: list[dict] = []
 
@@ -70,7 +72,7 @@ def _trace(case) -> list[dict]:
         qkv = torch.empty(b, n, 3 * c, device="cuda:0", dtype=getattr(torch, dtype))
         taps = torch.empty(b, 9, c, device="cuda:0") if residual else None
     compiled = torch.compile(core, backend=aot_autograd(fw_compiler=keep), fullgraph=True)
-    with mode:
+    with mode, triton_core.core_kernels(kernels):
         compiled(qkv, taps)
     torch._dynamo.reset()
     return nodes
@@ -112,7 +114,14 @@ def _launches(nodes):
 OUTPUTS_BWD = ["DK", "DQ", "DV", "DW"]
 
 
-def test_the_compiled_core_launches_the_streaming_kernels_and_clones_only_outputs(graphs):
+def test_the_compiled_core_launches_the_default_kernels_and_clones_only_outputs(graphs):
+    assert _launches(graphs["resident"]) == [
+        ("inline_fwd_resident_flat", ["O"]),
+        ("inline_bwd_resident_flat", OUTPUTS_BWD),
+    ]
+
+
+def test_the_streaming_kernels_are_traced_where_chosen(graphs):
     assert _launches(graphs["stream"]) == [("inline_fwd_stream_flat", ["O"]), ("inline_bwd_stream_flat", OUTPUTS_BWD)]
 
 

@@ -1,10 +1,12 @@
-"""The streaming Triton kernels of the InLine core (the launchers' default) against float64.
+"""The streaming Triton kernels of the InLine core (``core_kernels("stream")``; the launchers' default
+is the resident kernels, tests/ops/test_triton.py) against float64.
 
 Under Triton's interpreter (no CUDA here) in fp32, and with bf16 operands going into ``tl.dot`` as
 on a GPU through the test-only shim of the interpreter's bf16 products (``interpreter_shim``).
 Outputs and the gradients of q, k, v and the residual's taps on awkward shapes: batch 1, odd N
 over several token tiles, H != W, prefix tokens, head dims 24 / 32 / 48 / 64, strided views of a
-qkv projection and transposed buffers, keys and values offset far from their spread. On a GPU the
+qkv projection and transposed buffers, keys and values offset far from their spread and at zero
+mean (where their shifted values need more bits than bf16's). On a GPU the
 same tests run natively (the shim is then not needed and not used).
 """
 
@@ -24,6 +26,12 @@ pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OFFSET = 50.0  # keys and values this far from zero, their spread 1: the sums' cancellation is tested
+
+
+@pytest.fixture(autouse=True)
+def _streaming_kernels():
+    with triton_core.core_kernels("stream"):
+        yield
 
 
 def _bf16_path():
@@ -53,7 +61,7 @@ def _inputs(shape, dtype, layout, offset=OFFSET):
 
 def _errors(shape, dtype, layout, impl="triton", offset=OFFSET, residual=True):
     """Relative errors of (out, dq, dk, dv[, dtaps]) against float64 on the same rounded inputs, and
-    the Triton launches (the streaming kernels, whatever the launchers' default core)."""
+    the Triton launches."""
     b, h, w, heads, d, p = shape
     q, k, v, taps = _inputs(shape, dtype, layout, offset)
     inputs = (q, k, v, taps) if residual else (q, k, v)
@@ -62,7 +70,7 @@ def _errors(shape, dtype, layout, impl="triton", offset=OFFSET, residual=True):
     ref = inline_tokens(*doubles[:3], residual_weights=doubles[3] if residual else None, impl="naive", **kw)
     g = torch.randn_like(ref)
     want = torch.autograd.grad(ref, doubles, g)
-    with triton_core.core_kernels("stream"), triton_core.record_launches() as log:
+    with triton_core.record_launches() as log:
         out = inline_tokens(q, k, v, residual_weights=taps if residual else None, impl=impl, **kw)
         got = torch.autograd.grad(out, inputs, g.to(dtype))
     assert out.dtype == dtype
@@ -147,8 +155,8 @@ def test_the_shim_makes_the_interpreters_bf16_product_right():
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_core_kernels_switch_selects_old_kernels_inside_its_block_only():
-    # gpu-check times the kernels before the streaming ones beside them with this switch
+def test_core_kernels_switch_selects_the_kernels_inside_its_block_only():
+    # gpu-check times the default (resident) kernels and the streaming ones side by side with this switch
     q, k, v = torch.randn(2, 16, 3 * 32, device=DEVICE).chunk(3, dim=-1)
     kw = dict(num_heads=2, feat_size=(4, 4), impl="triton")
     with triton_core.record_launches() as log:
