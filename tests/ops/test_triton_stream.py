@@ -155,6 +155,34 @@ def test_the_shim_makes_the_interpreters_bf16_product_right():
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_the_shim_reads_fp32_operands_of_tf32_products_as_tf32(precision):
+    # a GPU's tf32 product reads the top 10 mantissa bits of its fp32 operands (unrounded: Triton
+    # passes the registers as they are); an "ieee" product keeps all 23
+    if DEVICE == "cuda":
+        pytest.skip("the shim stands in for the GPU's products: nothing to check on a GPU")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr, PREC: tl.constexpr):
+        i = tl.arange(0, N)
+        a = tl.load(a_ptr + i[:, None] * N + i[None, :])
+        b = tl.load(b_ptr + i[:, None] * N + i[None, :])
+        tl.store(c_ptr + i[:, None] * N + i[None, :], tl.dot(a, b, input_precision=PREC))
+
+    def tf32(x):
+        return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    c = torch.empty(16, 16)
+    with bf16_interpreter():
+        dot_kernel[(1,)](a, b, c, N=16, PREC=precision)
+    exact, truncated = a.double() @ b.double(), tf32(a).double() @ tf32(b).double()
+    assert not torch.allclose(exact, truncated, rtol=1e-5, atol=1e-5)  # the check tells them apart
+    torch.testing.assert_close(c.double(), truncated if precision == "tf32" else exact, rtol=1e-6, atol=1e-6)
+
+
 def test_core_kernels_switch_selects_the_kernels_inside_its_block_only():
     # gpu-check times the default (resident) kernels and the streaming ones side by side with this switch
     q, k, v = torch.randn(2, 16, 3 * 32, device=DEVICE).chunk(3, dim=-1)
