@@ -17,8 +17,9 @@ inputs' dtype, with fp32 accumulation:
   product, summed over the tokens into M); M is the fp32 correction of the sums,
   ``M = alpha (S - s_k s_v^T / N)`` with ``S = sum K^T (hi + lo)``, ``s_k = sum K`` and
   ``s_v = sum (hi + lo)``, the same values as the products so that the keys' mean cancels exactly
-  but for the fp32 accumulation (relative error of M about 2^-24 sqrt(N) mean/spread of the keys:
-  6e-4 at a mean 500x the spread over 3,136 tokens, below bf16's rounding of M).
+  but for the fp32 accumulation (relative error of M of the order of 2^-24 sqrt(N) times the keys'
+  mean over their spread: 6e-4 at a mean 500x the spread over 3,136 tokens, below bf16's rounding
+  of M).
 - dK = alpha (V - v_bar) dM^T and dV = alpha (K - k_bar) dM take V and K centred on their means
   in fp32 and rounded once (no sum over the tokens carries that rounding: 1.2x eager bf16's error).
 - The fp32 matrices a token loop multiplies by (M and dM) are split into two operands,
@@ -139,7 +140,7 @@ def _stream_stats(
     sv = tl.zeros([BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, True)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True)
     return s, sk, sv
 
 
@@ -210,7 +211,7 @@ def _stream_bwd_sums(
     taps = tl.arange(0, 16)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, False)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False)
         gt = _load(g, n, m2, NARROW)
         dm = tl.dot(tl.trans(_load(q, n, m2, NARROW)), gt, dm, input_precision=PREC)
         gf = gt.to(tl.float32)
