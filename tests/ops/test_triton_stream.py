@@ -94,13 +94,15 @@ def test_stream_float32_matches_float64(shape, layout):
 BF16_SHAPES = [(1, 5, 7, 2, 24, 1), (1, 3, 3, 1, 48, 0), (2, 4, 3, 1, 64, 2)]
 
 
+@pytest.mark.parametrize("offset", [OFFSET, 0.0], ids=["offset", "zero_mean"])
 @pytest.mark.parametrize("shape", BF16_SHAPES, ids=str)
-def test_stream_bf16_operands_within_twice_eager(shape):
+def test_stream_bf16_operands_within_twice_eager(shape, offset):
     # flash-attention's rule: against float64 on the same rounded inputs, the kernels' error stays
-    # within ~2x that of the eager path in bf16 (float32 sums inside), here with k and v far from zero
+    # within ~2x that of the eager path in bf16 (float32 sums inside), with k and v far from zero
+    # and at zero mean (the split operands' low halves nonzero at every tile shape)
     with _bf16_path():
-        errs, kernels = _errors(shape, torch.bfloat16, "fused")
-    eager, _ = _errors(shape, torch.bfloat16, "fused", impl="eager")
+        errs, kernels = _errors(shape, torch.bfloat16, "fused", offset=offset)
+    eager, _ = _errors(shape, torch.bfloat16, "fused", impl="eager", offset=offset)
     assert kernels == ["inline_fwd_stream", "inline_bwd_stream"], kernels
     for name, et, ee in zip(("out", "dq", "dk", "dv", "dw"), errs, eager):
         assert et <= 2 * ee + 1e-3, (name, et, ee)  # 1e-3: below bf16's rounding of one value
