@@ -92,8 +92,8 @@ def resident_warps(target: Target, registers: int, warps: int, shared: int) -> i
     return blocks * warps
 
 
-# the core kernels the audit plans every shape with: the default streaming ones, and the resident
-# launch that gpu-check times beside them (the fused and split launches run under both)
+# the core kernels the audit plans every shape with: the streaming ones, and the resident launch (the
+# default) that gpu-check times beside them (the fused and split launches run under both)
 AUDITED_CORES = ("stream", "resident")
 
 

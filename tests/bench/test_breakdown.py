@@ -10,7 +10,7 @@ from inline_attn.bench.breakdown import ATTENTION_CORE, categorize, inline_kerne
 
 pytest.importorskip("triton", reason="the kernel names are read from the Triton kernel modules")
 
-# the default streaming kernels, a split launch, their flat twins and the predictor
+# the streaming kernels, a split launch, their flat twins and the predictor
 KNOWN = ("inline_fwd_stream", "inline_bwd_stream", "inline_fwd_partial", "inline_bwd_rows", "predictor_fwd")
 KNOWN += ("predictor_bwd", "inline_fwd_stream_flat", "inline_bwd_stream_flat", "inline_bwd_rows_flat")
 

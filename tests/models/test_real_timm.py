@@ -87,5 +87,7 @@ def test_folders_round_trip_both_ways(tmp_path):
     assert torch.equal(by_timm(x), ours(x))
     from timm.models._hub import save_for_hf
 
-    save_for_hf(by_timm, tmp_path / "timm")  # timm's layout: a torch pickle, classifier settings at the top
+    # timm's layout: a torch pickle, classifier settings at the top, and the arguments the model was
+    # built with only where the caller passes them (without them timm itself rebuilds the default depth)
+    save_for_hf(by_timm, tmp_path / "timm", model_args=dict(depth=2))
     assert torch.equal(inline_attn.from_pretrained(tmp_path / "timm")(x), ours(x))

@@ -61,7 +61,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-# the launch shapes of the kernels before the streaming ones (test_triton_stream.py tests those):
+# the launch shapes of the default kernels (test_triton_stream.py tests the streaming ones):
 # "resident" (every shape here fits it), "fused" and "split"
 LAUNCHES = {"resident": None, "fused": 1, "split": 2}
 

@@ -16,8 +16,8 @@ compile step runs it).
 
 Dynamo traces here as torch 2.11's does (the GPU machines' torch): it answers
 ``torch.compiler.is_exporting()`` with True under ``torch.compile`` too (pytorch#176347; 2.13 reads
-the export flag), so code that asked torch whether it was exported took the export branch (the opaque
-``inline_forward``) in every compiled graph. One case goes through the dispatch a layer takes
+the export flag), so code that asks torch whether it is exported takes the export branch there (the
+opaque ``inline_forward``) in every compiled graph. One case goes through the dispatch a layer takes
 (``inline_tokens`` with no ``impl``: the fused kernels on CUDA tensors) to ``inline_core``.
 """
 
@@ -34,15 +34,16 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-# name: ((B, H, W, heads, head_dim, prefix), dtype, residual)
+# name: ((B, H, W, heads, head_dim, prefix), dtype, residual, core kernels (triton.core_kernels))
 CASES = {
-    "stream": ((4, 6, 5, 3, 32, 1), "bfloat16", True),  # the default launch: DeiT's layer in miniature
-    "split": ((1, 32, 32, 2, 32, 0), "bfloat16", False),  # few pairs, many tokens: two launches a direction
-    "fused": ((2, 4, 4, 2, 64, 0), "float32", True),  # fp32 at head dim 64: the fused kernels
+    "resident": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "resident"),  # the default: DeiT's layer in miniature
+    "stream": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "stream"),  # the same under the streaming kernels
+    "split": ((1, 32, 32, 2, 32, 0), "bfloat16", False, "resident"),  # few pairs, many tokens: two launches a direction
+    "fused": ((2, 4, 4, 2, 64, 0), "float32", True, "stream"),  # fp32 at head dim 64: no streaming tile, fused
 }
-# the stream case through the dispatch, without its residual: the taps a layer predicts are a
+# the default case through the dispatch, without its residual: the taps a layer predicts are a
 # transposed view, and copying fake CUDA tensors needs a CUDA build of torch
-DISPATCH_CASE = ((4, 6, 5, 3, 32, 1), "bfloat16", False)
+DISPATCH_CASE = ((4, 6, 5, 3, 32, 1), "bfloat16", False, "resident")
 
 
 def _trace(case, via_dispatch: bool = False) -> list[dict]:
@@ -57,8 +58,9 @@ def _trace(case, via_dispatch: bool = False) -> list[dict]:
 
     from inline_attn.ops import inline_tokens
     from inline_attn.ops.fused import op
+    from inline_attn.ops.fused import triton as triton_core
 
-    (b, h, w, heads, d, p), dtype, residual = case
+    (b, h, w, heads, d, p), dtype, residual, kernels = case
     n, c = p + h * w, heads * d
     nodes: list[dict] = []
 
@@ -86,7 +88,7 @@ def _trace(case, via_dispatch: bool = False) -> list[dict]:
         qkv = torch.empty(b, n, 3 * c, device="cuda:0", dtype=getattr(torch, dtype))
         taps = torch.empty(b, 9, c, device="cuda:0") if residual else None
     compiled = torch.compile(layer if via_dispatch else core, backend=aot_autograd(fw_compiler=keep), fullgraph=True)
-    with mode:
+    with mode, triton_core.core_kernels(kernels):
         compiled(qkv, taps)
     torch._dynamo.reset()
     return nodes
@@ -165,7 +167,14 @@ def _launches(nodes):
 OUTPUTS_BWD = ["DK", "DQ", "DV", "DW"]
 
 
-def test_the_compiled_core_launches_the_streaming_kernels_and_clones_only_outputs(graphs):
+def test_the_compiled_core_launches_the_default_kernels_and_clones_only_outputs(graphs):
+    assert _launches(graphs["resident"]) == [
+        ("inline_fwd_resident_flat", ["O"]),
+        ("inline_bwd_resident_flat", OUTPUTS_BWD),
+    ]
+
+
+def test_the_streaming_kernels_are_traced_where_chosen(graphs):
     assert _launches(graphs["stream"]) == [("inline_fwd_stream_flat", ["O"]), ("inline_bwd_stream_flat", OUTPUTS_BWD)]
 
 
@@ -184,8 +193,8 @@ def test_fp32_head_dim_64_is_traced_as_the_fused_kernels(graphs):
 
 def test_a_layer_on_cuda_tensors_compiles_into_the_kernels(graphs):
     # inline_tokens with no impl on CUDA tensors: the dispatch picks "triton", and the compiled graph
-    # launches the streaming kernel (not the opaque op that export keeps)
-    assert _launches(graphs["dispatch"]) == [("inline_fwd_stream_flat", ["O"])]
+    # launches the default kernel (not the opaque op that export keeps)
+    assert _launches(graphs["dispatch"]) == [("inline_fwd_resident_flat", ["O"])]
 
 
 def test_no_custom_op_is_left_in_the_compiled_graphs(graphs):

@@ -1,4 +1,5 @@
-"""The streaming Triton kernels of the InLine core (the launchers' default) against float64.
+"""The streaming Triton kernels of the InLine core (``core_kernels("stream")``; the launchers' default
+is the resident kernels, tests/ops/test_triton.py) against float64.
 
 Under Triton's interpreter (no CUDA here) in fp32, and with bf16 operands going into ``tl.dot`` as
 on a GPU through the test-only shim of the interpreter's bf16 products (``interpreter_shim``).
@@ -24,6 +25,12 @@ pytest.importorskip("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OFFSET = 50.0  # keys and values this far from zero, their spread 1: the sums' cancellation is tested
+
+
+@pytest.fixture(autouse=True)
+def _streaming_kernels():
+    with triton_core.core_kernels("stream"):
+        yield
 
 
 def _bf16_path():
@@ -130,8 +137,8 @@ def test_the_shim_makes_the_interpreters_bf16_product_right():
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_core_kernels_switch_selects_old_kernels_inside_its_block_only():
-    # gpu-check times the kernels before the streaming ones beside them with this switch
+def test_core_kernels_switch_selects_the_kernels_inside_its_block_only():
+    # gpu-check times the default (resident) kernels and the streaming ones side by side with this switch
     q, k, v = torch.randn(2, 16, 3 * 32, device=DEVICE).chunk(3, dim=-1)
     kw = dict(num_heads=2, feat_size=(4, 4), impl="triton")
     with triton_core.record_launches() as log:

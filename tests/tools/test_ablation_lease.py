@@ -172,7 +172,8 @@ def test_the_report_sets_each_verdict_beside_the_cpu_presets_and_says_where_it_f
     text = doc.read_text()
     full = before[before.index("<!-- ablations:begin full -->") : before.index("<!-- ablations:end full -->")]
     assert full in text and text.count("<!-- ablations:begin lease -->") == 1  # the CPU presets' sections stay
-    assert "Runs finished: 0 of 81" in before and "Runs finished: 0 of 81" not in text  # the prepared one is filled
+    lease_part = text[text.index("<!-- ablations:begin lease -->") : text.index("<!-- ablations:end lease -->")]
+    assert "Device: NVIDIA H100. Runs finished: 81 of 81" in lease_part  # the lease's section, written in place
     png = tmp_path / lease_report.FIGURE
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="no lease run records"):

@@ -55,7 +55,7 @@ def test_make_target_without_cuda():
 
 def test_the_default_steps_run_by_value_within_the_lease_script():
     defaults = [name for name, s in runner.STEPS.items() if s.default]
-    assert defaults == ["tests", "goals", "profile", "compile"]
+    assert defaults == ["tests", "goals", "profile", "compile", "ncu"]
     assert list(runner.STEPS)[: len(defaults)] == defaults  # the on-demand steps come after them
     assert sum(runner.STEPS[name].budget_s for name in defaults) <= runner.TOTAL_S
     assert runner.TOTAL_S + runner.COPY_RATE_S <= runner.LEASE_SCRIPT_S == 8 * 60
@@ -336,21 +336,21 @@ def test_the_goal_parts_time_inline_against_its_softmax_twin_in_one_interleaved_
     layer_kernels = []
     layer = goals_step.part_layer(ctx)
     assert layer["values"]["layer56_eager"] == 2.0 and layer["values"]["layer56_graphed"] == 3.0
-    assert layer["values"]["layer56_old"] == 3.0 and layer_kernels == ["stream", "stream", "resident"]
+    assert layer["values"]["layer56_stream"] == 3.0 and layer_kernels == ["resident", "resident", "stream"]
     assert math.isnan(layer["values"]["layer14_graphed"])
     assert layer["notes"]["layer14_graphed"] == "SDPA backend flash; InLine layer: OOM"
-    row = dict(batch=1024, launch="inline_fwd_stream", old_launch="inline_fwd_resident", GBps=2500.0)
+    row = dict(batch=1024, launch="inline_fwd_resident", stream_launch="inline_fwd_stream", GBps=2500.0)
     core_rows = [
-        {**row, "key": "7", "pct_of_copy": 62.0, "old_pct_of_copy": 12.0, "sdpa_ratio": 2.5},
-        {**row, "key": "56", "batch": 64, "pct_of_copy": 71.0, "old_pct_of_copy": 15.0, "sdpa_ratio": 9.0},
+        {**row, "key": "7", "pct_of_copy": 62.0, "stream_pct_of_copy": 12.0, "sdpa_ratio": 2.5},
+        {**row, "key": "56", "batch": 64, "pct_of_copy": 71.0, "stream_pct_of_copy": 15.0, "sdpa_ratio": 9.0},
     ]
     monkeypatch.setattr(goals_step, "core_shares", lambda: core_rows)
     core = goals_step.part_core(ctx)
     assert core["values"] == {"core7": 62.0, "core56": 71.0}
-    old = "inline_fwd_stream; old kernels (inline_fwd_resident)"
+    other = "inline_fwd_resident; streaming kernels (inline_fwd_stream)"
     assert core["notes"] == {
-        "core7": f"2500 GB/s, B 1024, {old} 12 %; SDPA's core 2.50x its time",
-        "core56": f"2500 GB/s, B 64, {old} 15 %; SDPA's core 9.00x its time",
+        "core7": f"2500 GB/s, B 1024, {other} 12 %; SDPA's core 2.50x its time",
+        "core56": f"2500 GB/s, B 64, {other} 15 %; SDPA's core 9.00x its time",
     }
 
 
@@ -438,7 +438,7 @@ def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there():
     parallel = tests_step.tests_command(["tests/gpu"], quick=True, xdist=True)
     assert "-n" not in serial and serial[-1] == "tests/gpu"
     assert parallel[parallel.index("-n") + 1] == str(tests_step.workers()) and "-x" in parallel
-    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton_stream.py"  # the default kernels, first
+    assert tests_step.TEST_FILES[0] == "tests/ops/test_triton.py"  # the default kernels, first
     log = "x\nFAILED tests/gpu/test_a.py::test_b - RuntimeError\nERROR tests/ops/test_c.py\n1 failed, 1 error"
     assert tests_step.failures(log) == [
         "FAILED tests/gpu/test_a.py::test_b - RuntimeError",
@@ -584,7 +584,7 @@ def test_the_dry_run_prints_the_plan_within_the_lease_and_writes_an_empty_summar
     assert runner.main(["--dry-run", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0] == "tests: box 175 s" and "  tests/ops/test_triton_stream.py" in text
-    assert "  core: about 15 s" in text and "  inline-cswin-t: about 20 s" in text
+    assert "  core: about 10 s" in text and "  inline-cswin-t: about 18 s" in text
     total = int(text.rsplit("total: at most ", 1)[1].split(" s")[0])
     assert total <= runner.LEASE_SCRIPT_S == 480
     summary = (tmp_path / "summary.md").read_text()
@@ -594,13 +594,13 @@ def test_the_dry_run_prints_the_plan_within_the_lease_and_writes_an_empty_summar
 def test_the_dry_run_names_a_plan_over_the_lease_and_a_part_that_does_not_fit_its_box(tmp_path):
     args = runner.parse_args(["--dry-run", "--budget-s", "900", "--steps", "tests", "goals", "compile", "autotune"])
     _, problems = runner.dry_run(args)
-    assert problems == ["the plan takes up to 535 s, over the lease script's 480 s"]
+    assert problems == ["the plan takes up to 485 s, over the lease script's 480 s"]
     args = runner.parse_args(["--dry-run", "--budget-s", "130", "--steps", "goals"])
     _, problems = runner.dry_run(args)
-    assert problems == []  # the goals' parts (119 s) fit a 120 s box
+    assert problems == []  # the goals' parts (89 s) fit a 90 s box
     args = runner.parse_args(["--dry-run", "--budget-s", "60", "--steps", "goals"])
     _, problems = runner.dry_run(args)
-    assert problems == ["goals: its parts take about 119 s, over its box"]
+    assert problems == ["goals: its parts take about 89 s, over its box"]
     assert runner.main(["--dry-run", "--budget-s", "60", "--steps", "goals", "--out", str(tmp_path)]) == 1
 
 
@@ -610,7 +610,7 @@ def test_the_ncu_step_is_skipped_with_its_reason_where_ncu_is_missing(monkeypatc
     monkeypatch.setattr(ncu_step.shutil, "which", lambda name: None)
     result = ncu_step.run(StepContext(tmp_path, False, time.time() + 60))
     assert result == {"ok": None, "summary": "skipped: ncu (Nsight Compute) is not on this machine's PATH"}
-    assert not runner.STEPS["ncu"].default  # on demand: the default plan keeps its 8 minutes
+    assert runner.STEPS["ncu"].default  # in the default plan, within its 8 minutes
 
 
 def test_the_ncu_step_profiles_the_second_round_of_the_layers_kernels_and_reads_its_csv():
@@ -618,7 +618,7 @@ def test_the_ncu_step_profiles_the_second_round_of_the_layers_kernels_and_reads_
 
     cmd = ncu_step.command("/out/ncu.csv")
     assert cmd[0] == "ncu" and cmd[-2:] == ["-m", "tools.gpu_check.ncu_step"]
-    assert cmd[cmd.index("--launch-skip") + 1] == cmd[cmd.index("--launch-count") + 1] == "4"
+    assert cmd[cmd.index("--launch-skip") + 1] == cmd[cmd.index("--launch-count") + 1] == "6"  # both core designs
     head = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
     rows = [
         ("0", "inline_fwd_stream", "Launch Statistics", "Registers Per Thread", "register/thread", "80"),

@@ -35,7 +35,7 @@ def test_encoding_round_trips_tensors_tuples_and_scalars():
 
 
 def test_the_plan_holds_the_model_layer_and_the_core_parts_launches(tmp_path):
-    # one model layer (the streaming kernels and the predictor) and one core shape (new and old kernels)
+    # one model layer (both core kernels and the predictor) and one core shape (both core kernels)
     code = (
         "import json, sys\n"
         "from tools.kernel_audit import LayerShape\n"

@@ -1,6 +1,6 @@
 """The Triton layer core alone (the custom op's kernels), bf16: its share of the copy rate, the
-streaming kernels against the kernels before them and SDPA's core, and a copy of the same bytes,
-all timed interleaved in one run.
+default (resident) kernels against the streaming ones and SDPA's core, and a copy of the same
+bytes, all timed interleaved in one run.
 
 The fewest bytes a fwd+bwd must move: read Q, K, V and write O forward; read Q, K, V, dO and write
 dQ, dK, dV backward: 11 B N C elements of 2 bytes. The copy case reads and writes that many bytes
@@ -42,7 +42,7 @@ CORE_SHAPES = (
     CoreShape("112", 16, 3, 32, 112),
 )
 ELEMENTS_MOVED = 11  # x B N C: see the module docstring
-KERNELS = {"new": "stream", "old": "resident"}  # the core kernels timed (triton.core_kernels)
+KERNELS = {"default": "resident", "stream": "stream"}  # the core kernels timed (triton.core_kernels)
 
 
 def _core_step(tc, core: str, q, k, v, w9, g, args):
@@ -69,9 +69,9 @@ def _sdpa_step(q, k, v, heads: int):
 
 
 def core_row(shape: CoreShape) -> dict:
-    """Time one shape's fwd+bwd with the new and the old kernels, SDPA's core and the copy of the
+    """Time one shape's fwd+bwd with the default and the streaming kernels, SDPA's core and the copy of the
     same bytes, interleaved -> key, grid, batch, the launch each took, ms, GB/s, ``pct_of_copy``
-    (new), ``old_pct_of_copy`` and ``sdpa_ratio`` (SDPA's time / the new kernels')."""
+    (the default kernels), ``stream_pct_of_copy`` and ``sdpa_ratio`` (SDPA's time / the default kernels')."""
     from inline_attn.bench.timing import time_interleaved
     from inline_attn.ops.fused import triton as tc
 
@@ -97,13 +97,13 @@ def core_row(shape: CoreShape) -> dict:
         "key": shape.key,
         "grid": f"{shape.side}x{shape.side}" + (f"+{shape.prefix}" if shape.prefix else ""),
         "batch": b,
-        "launch": launches["new"],
-        "old_launch": launches["old"],
+        "launch": launches["default"],
+        "stream_launch": launches["stream"],
         **{f"{name}_ms": t[name] * 1e3 for name in t},
-        "GBps": nbytes / t["new"] / 1e9,
-        "pct_of_copy": 100 * t["copy"] / t["new"],
-        "old_pct_of_copy": 100 * t["copy"] / t["old"],
-        "sdpa_ratio": t["sdpa"] / t["new"],
+        "GBps": nbytes / t["default"] / 1e9,
+        "pct_of_copy": 100 * t["copy"] / t["default"],
+        "stream_pct_of_copy": 100 * t["copy"] / t["stream"],
+        "sdpa_ratio": t["sdpa"] / t["default"],
     }
 
 

@@ -1,10 +1,12 @@
-"""The ``ncu`` step (on demand: ``--steps ncu``): Nsight Compute on the kernels of InLine-DeiT-T's
-layer (B 128, 197 tokens, 6 heads of 32, bf16): the predictor's and the core's, each way.
+"""The ``ncu`` step: Nsight Compute on the kernels of InLine-DeiT-T's layer (B 128, 197 tokens,
+6 heads of 32, bf16): the predictor's, each way, and both designs of the core's (the default
+resident kernels and the streaming ones), each way.
 
-A child process (``python -m tools.gpu_check.ncu_step``) runs the layer's four launches three
-times; ``ncu`` profiles the second round (speed of light, occupancy and launch statistics) and
-writes ``ncu.csv``. The summary line gives each kernel's duration, registers per thread, achieved
-occupancy and memory throughput. Where ``ncu`` is not on the PATH the step is skipped, saying so.
+A child process (``python -m tools.gpu_check.ncu_step``) runs the layer's six launches three
+times; ``ncu`` profiles the second round (speed of light, occupancy, launch statistics and the
+warps' stall reasons) and writes ``ncu.csv``. The summary line gives each kernel's duration,
+registers per thread, achieved occupancy and memory throughput. Where ``ncu`` is not on the PATH
+the step is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import time
 from . import output
 from .budget import StepContext
 
-KERNELS = "regex:^(inline_(fwd|bwd)_stream|predictor_(fwd|bwd))$"
-ROUNDS, LAUNCHES = 3, 4  # rounds of the layer step; launches a round
-SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats")
+KERNELS = "regex:^(inline_(fwd|bwd)_(resident|stream)|predictor_(fwd|bwd))$"
+ROUNDS, LAUNCHES = 3, 6  # rounds of the layer step; launches a round
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats")
+CORES = ("resident", "stream")  # the core's two designs (triton.core_kernels), each profiled each way
 METRICS = {  # ncu's metric name -> the summary's
     "Duration": "duration",
     "Registers Per Thread": "registers",
@@ -72,7 +75,8 @@ def run(ctx: StepContext) -> dict:
 
 
 def target() -> None:
-    """The profiled process: :data:`ROUNDS` rounds of InLine-DeiT-T's layer launches (B 128, bf16)."""
+    """The profiled process: :data:`ROUNDS` rounds of InLine-DeiT-T's layer launches (B 128, bf16),
+    the core under each of :data:`CORES`."""
     import torch
 
     from inline_attn.ops.fused import triton as tc
@@ -86,8 +90,10 @@ def target() -> None:
     b1, b2 = (torch.zeros(r * c, device="cuda") for r in (1, 9))
     for _ in range(ROUNDS):
         ctx, taps = tc.predictor_forward_triton(x, w1, b1, w2, b2, heads)
-        tc.inline_forward_triton(q, k, v, taps, heads, d**-0.5, 14, 14, 1)
-        _, _, _, dtaps = tc.inline_backward_triton(q, k, v, taps, g, heads, d**-0.5, 14, 14, 1)
+        for core in CORES:
+            with tc.core_kernels(core):
+                tc.inline_forward_triton(q, k, v, taps, heads, d**-0.5, 14, 14, 1)
+                _, _, _, dtaps = tc.inline_backward_triton(q, k, v, taps, g, heads, d**-0.5, 14, 14, 1)
         tc.predictor_backward_triton(ctx, dtaps, w1, b1, w2, n, heads)
     torch.cuda.synchronize()
 

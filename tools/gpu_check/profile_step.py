@@ -80,11 +80,11 @@ def part_name(label: str) -> str:
 
 
 # usual seconds (build, 3 warm-up, 5 timed and 3 profiled steps): 3-5 s a model on an H200
-# (2026-11-26), 13 s for InLine-CSwin-T; with a margin
+# (2026-11-26, 2026-11-28), 13-14 s for InLine-CSwin-T; with a margin
 PARTS = tuple(
     Part(
         part_name(label),
-        20 if "CSwin" in label else 8,
+        18 if "CSwin" in label else 6,
         functools.partial(profile_model, label=label, name=name, overrides=ov),
     )
     for label, name, ov in MODELS

@@ -1,7 +1,7 @@
 """``make gpu-check``'s runner: the steps in order, each in its time box, the results saved as
 they come.
 
-The check's steps run in the order of :data:`STEPS` (the default ones: tests, goals, profile, compile), each
+The check's steps run in the order of :data:`STEPS` (the default ones: tests, goals, profile, compile, ncu), each
 once, whatever order ``--steps`` names them in. A step's box is its budget or what is left of the
 whole check's (``--budget-s``, default :data:`TOTAL_S`), whichever is less; a step whose box would
 be under its least useful time is not started, with a line saying so. The results are written
@@ -61,17 +61,18 @@ def _names(parts) -> tuple[str, ...]:
 
 
 # in the order they run: the default ones by value (their budgets add up to TOTAL_S), then those on
-# demand. Boxes from an H200 on 2026-11-26, a fresh machine each time: the tests took over 160 s
-# cold (14 workers; most of it compiling), the goals 55-65 s, the profile 28 s, the compile step 53-77 s;
-# the profile's box holds its parts' usual seconds (52 s: CSwin's row is a goal), the tests give it 10 s.
+# demand. Boxes from H200s, a fresh machine each time: on 2026-11-26 (no prebuilt Triton cache) the
+# tests took over 160 s cold (14 workers; most of it compiling), the goals 55-65 s, the profile 28 s,
+# the compile step 53-77 s; on 2026-11-28 (the cache prebuilt) the tests 120 s, the goals 35 s, the
+# profile 27 s, the compile step 64 s. Each box holds its parts' usual seconds.
 STEPS = {
     "tests": Step(tests_step.run, 175, 40),
-    "goals": Step(goals_step.run, 120, 30, _names(goals_step.PARTS)),
-    "profile": Step(profile_step.run, 55, 15, _names(profile_step.PARTS)),
-    "compile": Step(compile_step.run, 110, 100, _names(compile_step.PARTS)),
+    "goals": Step(goals_step.run, 90, 30, _names(goals_step.PARTS)),
+    "profile": Step(profile_step.run, 45, 15, _names(profile_step.PARTS)),
+    "compile": Step(compile_step.run, 90, 75, _names(compile_step.PARTS)),
+    "ncu": Step(ncu_step.run, 60, 30),  # an estimate: ncu's replays of six kernels and a child process
     "train": Step(train_step.run, 45, 30, default=False),
     "autotune": Step(autotune_step.run, 120, 60, default=False),
-    "ncu": Step(ncu_step.run, 60, 30, default=False),  # an estimate: ncu's replays of four kernels and a child process
 }
 
 

@@ -20,8 +20,8 @@ from .output import cap_log
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository (tests/, configs/)
 TEST_FILES = (
-    "tests/ops/test_triton_stream.py",  # the default kernels against float64, first
-    "tests/ops/test_triton.py",
+    "tests/ops/test_triton.py",  # the default kernels against float64, first
+    "tests/ops/test_triton_stream.py",
     "tests/ops/test_fused_predictor.py",
     "tests/runtime/test_graphs.py",
     "tests/ops/test_custom_ops.py",

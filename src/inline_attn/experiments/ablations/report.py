@@ -187,8 +187,9 @@ def table_d(results, bench, verdicts):
         "",
         *markdown_table(rows, columns),
         "",
-        "Train img/s: median over the runs (measured while training, so under the load noted above); "
-        "inference img/s: one thread, random weights, all settings measured one after another.",
+        "Train img/s: median over the runs, measured while training (on the machine and under the load "
+        "the section's header names); inference img/s: one thread, random weights, all settings measured "
+        "one after another (n/a where this preset does not measure it).",
     ]
     verdicts.append(
         tally(

@@ -26,9 +26,12 @@ from ..compile_marks import constant_when_compiled
 from . import launch_cache
 
 _KERNEL_MODULES = ("inline_attn.ops.fused.triton_kernels", "inline_attn.ops.fused.triton_stream")
-# The core's kernels (:func:`core_kernels`): "stream" (the streaming programs of .triton_stream, the
-# default), "resident" (the resident launch where it fits, else the fused one) or "tiled" (the fused
-# launch); the reduction split over token chunks runs the split launch under each.
+# The core's kernels (:func:`core_kernels`): "resident" (the default: the resident launch where it
+# fits, else the fused one), "stream" (the streaming programs of .triton_stream) or "tiled" (the fused
+# launch); the reduction split over token chunks runs the split launch under each. The resident ones
+# are the default because they measured faster on an H200 (docs/benchmarks.md: 1.8-3.5x the
+# streaming ones' core fwd+bwd at 7^2-14^2 tokens), although they leave 8 warps resident per
+# multiprocessor against the streaming ones' 16-24.
 CORE_KERNELS = ("stream", "resident", "tiled")
 _state: dict = {
     "module": None,
@@ -36,7 +39,7 @@ _state: dict = {
     "tiling": None,
     "simulated": None,
     "shared_bytes": None,
-    "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "stream"),
+    "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "resident"),
     "narrow_interpreted": False,
     "flat": False,
     "plans_table": None,  # the tuning table (TUNING_FILE) the plans were made with
@@ -568,10 +571,9 @@ def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: boo
 @contextlib.contextmanager
 def core_kernels(kind: str):
     """Inside the block the core's one-program-per-(sample, head) launches run ``kind``'s kernels:
-    "stream" (the default: the streaming programs), "resident" (the resident launch where it fits,
-    else the fused one: the kernels before the streaming ones) or "tiled" (the fused launch); what
-    the tests and gpu-check's old-against-new comparison switch. INLINE_ATTN_TRITON_CORE sets it
-    for a whole process.
+    "resident" (the default: the resident launch where it fits, else the fused one), "stream" (the
+    streaming programs) or "tiled" (the fused launch); what the tests and gpu-check's comparison of
+    the two designs switch. INLINE_ATTN_TRITON_CORE sets it for a whole process.
 
     Raises:
         ValueError: ``kind`` is not one of CORE_KERNELS.
