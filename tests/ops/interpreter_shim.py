@@ -1,11 +1,14 @@
-"""Test-only: Triton's interpreter with correct bf16 products (triton#11584).
+"""Test-only: Triton's interpreter with a GPU's 16-bit and tf32 products (triton#11584).
 
 The interpreter keeps bf16 tensors as their raw 16-bit patterns (numpy has no bf16): its ``tl.dot``
 multiplies those patterns as integers, and its fp32 -> bf16 cast truncates where a GPU rounds to
-nearest even. Inside :func:`bf16_interpreter` both are done as on a GPU (the patterns decoded to
-fp32, exactly, before the product; the cast rounded by torch), and the launchers pass bf16 / fp16
-operands straight into ``tl.dot`` (``NARROW``) as they do on a GPU, so the interpreted tests run
-the GPU's code path.
+nearest even; it also multiplies fp32 operands exactly where a GPU's ``input_precision="tf32"``
+product reads only their top 10 mantissa bits. Inside :func:`bf16_interpreter` all three are done
+as on a GPU: bf16 and fp16 operands decoded to fp32 exactly (their products are exact, accumulated
+in fp32), fp32 operands of a tf32 product truncated to tf32, every fp32 -> bf16 cast rounded to
+nearest even by torch; and the launchers pass bf16 / fp16 operands straight into ``tl.dot``
+(``NARROW``) as they do on a GPU, so the interpreted tests run the GPU's code path with its
+roundings.
 """
 
 from __future__ import annotations
@@ -25,11 +28,31 @@ def _fp32_to_bf16(values: np.ndarray) -> np.ndarray:
     return rounded.view(torch.int16).numpy().view(np.uint16)
 
 
+def _tf32_truncated(values: np.ndarray) -> np.ndarray:
+    """fp32 values as a GPU's tf32 tensor-core product reads them: the low 13 of the 23 mantissa bits
+    dropped (Triton passes fp32 registers to the tf32 instructions unrounded, triton#4574)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+def _dot_operand(data: np.ndarray, dtype, tf32: bool) -> np.ndarray:
+    """A tl.dot operand as fp32 values, as the GPU multiplies them: 16-bit floats exactly (their
+    products are exact in the fp32 accumulation), fp32 truncated to tf32 where the dot asks for it."""
+    import triton.language as tl
+
+    if dtype == tl.bfloat16:
+        return _bf16_to_fp32(data)
+    if dtype == tl.float32:
+        return _tf32_truncated(data) if tf32 else data
+    return data.astype(np.float32)
+
+
 @contextlib.contextmanager
 def bf16_interpreter():
-    """Inside the block the interpreter multiplies and rounds bf16 as a GPU does, and the Triton
-    launchers give the kernels bf16 / fp16 operands (their GPU path)."""
+    """Inside the block the interpreter multiplies (bf16, fp16, tf32) and rounds (fp32 -> bf16) as a
+    GPU does, and the Triton launchers give the kernels bf16 / fp16 operands (their GPU path)."""
     import triton.language as tl
+    from triton._C.libtriton import ir
     from triton.runtime import interpreter
 
     from inline_attn.ops.fused import triton as launchers
@@ -38,10 +61,9 @@ def bf16_interpreter():
     create_dot, cast_impl = builder.create_dot, builder.cast_impl
 
     def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype.scalar == tl.bfloat16:
-            a = interpreter.TensorHandle(_bf16_to_fp32(a.data), tl.float32)
-        if b.dtype.scalar == tl.bfloat16:
-            b = interpreter.TensorHandle(_bf16_to_fp32(b.data), tl.float32)
+        tf32 = input_precision == ir.INPUT_PRECISION.TF32
+        a = interpreter.TensorHandle(_dot_operand(a.data, a.dtype.scalar, tf32), tl.float32)
+        b = interpreter.TensorHandle(_dot_operand(b.data, b.dtype.scalar, tf32), tl.float32)
         return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     def cast(self, src, dst_type):

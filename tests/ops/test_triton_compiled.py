@@ -13,10 +13,17 @@ sm_90 through a stand-in driver (``tools.kernel_audit.compiling_for``), and the 
 H100's limits. Inference graphs only: autograd cannot record fake CUDA tensors in a CPU build of
 torch, so the backward op is traced on its own. Inductor's lowering itself needs a GPU (gpu-check's
 compile step runs it).
+
+Dynamo traces here as torch 2.11's does (the GPU machines' torch): it answers
+``torch.compiler.is_exporting()`` with True under ``torch.compile`` too (pytorch#176347; 2.13 reads
+the export flag), so code that asks torch whether it is exported takes the export branch there (the
+opaque ``inline_forward``) in every compiled graph. One case goes through the dispatch a layer takes
+(``inline_tokens`` with no ``impl``: the fused kernels on CUDA tensors) to ``inline_core``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -34,17 +41,22 @@ CASES = {
     "split": ((1, 32, 32, 2, 32, 0), "bfloat16", False, "resident"),  # few pairs, many tokens: two launches a direction
     "fused": ((2, 4, 4, 2, 64, 0), "float32", True, "stream"),  # fp32 at head dim 64: no streaming tile, fused
 }
+# the default case through the dispatch, without its residual: the taps a layer predicts are a
+# transposed view, and copying fake CUDA tensors needs a CUDA build of torch
+DISPATCH_CASE = ((4, 6, 5, 3, 32, 1), "bfloat16", False, "resident")
 
 
-def _trace(case) -> list[dict]:
-    """Compile the core's forward (through ``inline_core``) and backward on fake CUDA tensors; every
-    call node of the two graphs: its target and, for a Triton launch, the kernel and the cloned tensors."""
+def _trace(case, via_dispatch: bool = False) -> list[dict]:
+    """Compile the core's forward (through ``inline_core``) and backward on fake CUDA tensors, or
+    (``via_dispatch``) the forward of ``inline_tokens`` as a layer calls it; every call node of the
+    graphs: its target and, for a Triton launch, the kernel and the cloned tensors."""
     import torch
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from inline_attn.ops import inline_tokens
     from inline_attn.ops.fused import op
     from inline_attn.ops.fused import triton as triton_core
 
@@ -68,14 +80,44 @@ def _trace(case) -> list[dict]:
         out = op.inline_core(q, k, v, taps, heads, d**-0.5, h, w, p, "triton")
         return torch.ops.inline_attn.kernels_backward(q, k, v, taps, out, heads, d**-0.5, h, w, p)
 
+    def layer(qkv, taps):  # the dispatch's route; no residual: see DISPATCH_CASE
+        q, k, v = qkv.chunk(3, dim=-1)
+        return inline_tokens(q, k, v, num_heads=heads, feat_size=(h, w), num_prefix_tokens=p)
+
     with FakeTensorMode() as mode:
         qkv = torch.empty(b, n, 3 * c, device="cuda:0", dtype=getattr(torch, dtype))
         taps = torch.empty(b, 9, c, device="cuda:0") if residual else None
-    compiled = torch.compile(core, backend=aot_autograd(fw_compiler=keep), fullgraph=True)
+    compiled = torch.compile(layer if via_dispatch else core, backend=aot_autograd(fw_compiler=keep), fullgraph=True)
     with mode, triton_core.core_kernels(kernels):
         compiled(qkv, taps)
     torch._dynamo.reset()
     return nodes
+
+
+@contextlib.contextmanager
+def dynamo_of_torch_2_11():
+    """Inside the block ``torch.compiler.is_exporting()`` reads as torch 2.11's Dynamo reads it:
+    True while Dynamo traces (a function it folds to True stands in), False when Python calls it."""
+    import torch
+
+    def folded() -> bool:
+        return torch.compiler.is_dynamo_compiling()
+
+    def asks_torch(x):
+        return x + 1 if torch.compiler.is_exporting() else x
+
+    # Dynamo binds its tracing-state handlers to the functions torch has when it first traces one:
+    # a stand-in put there before would be taken for torch's own (and read torch's flag)
+    torch.compile(asks_torch, backend="eager", fullgraph=True)(torch.zeros(1))
+    torch._dynamo.reset()
+    real, torch.compiler.is_exporting = torch.compiler.is_exporting, folded
+    try:
+        folds = torch.compile(asks_torch, backend="eager", fullgraph=True)(torch.zeros(1)).item() == 1
+        torch._dynamo.reset()
+        assert folds, "the stand-in for torch 2.11's is_exporting() does not read True under torch.compile"
+        yield
+    finally:
+        torch.compiler.is_exporting = real
 
 
 def main(out: str) -> None:
@@ -88,8 +130,19 @@ def main(out: str) -> None:
     triton_core._cuda_limits = lambda index: triton_core.DeviceLimits("H100 (sm_90, simulated)", 132, 232_448)
     compiler = Compiler()  # shared memory from the compiled kernels, cached with the resources audit's
     triton_core._state["shared_bytes"] = compiler.shared_bytes
-    with compiling_for(sm90):
+    fits = triton_core._unfit_reason
+
+    def unfit_reason(limits, heads, d, dtype, shared_bytes=None):
+        # the dispatch's fit check, through the same cache; its simulated device then lets go of it
+        try:
+            return fits(limits, heads, d, dtype, compiler.shared_bytes)
+        finally:
+            triton_core._state["shared_bytes"] = compiler.shared_bytes
+
+    triton_core._unfit_reason = unfit_reason
+    with compiling_for(sm90), dynamo_of_torch_2_11():
         result = {name: _trace(case) for name, case in CASES.items()}
+        result["dispatch"] = _trace(DISPATCH_CASE, via_dispatch=True)
     compiler.save()
     pathlib.Path(out).write_text(json.dumps(result))
 
@@ -136,6 +189,12 @@ def test_the_split_launch_is_traced_as_its_four_kernels(graphs):
 
 def test_fp32_head_dim_64_is_traced_as_the_fused_kernels(graphs):
     assert _launches(graphs["fused"]) == [("inline_fwd_fused_flat", ["O"]), ("inline_bwd_fused_flat", OUTPUTS_BWD)]
+
+
+def test_a_layer_on_cuda_tensors_compiles_into_the_kernels(graphs):
+    # inline_tokens with no impl on CUDA tensors: the dispatch picks "triton", and the compiled graph
+    # launches the default kernel (not the opaque op that export keeps)
+    assert _launches(graphs["dispatch"]) == [("inline_fwd_resident_flat", ["O"])]
 
 
 def test_no_custom_op_is_left_in_the_compiled_graphs(graphs):

@@ -7,6 +7,11 @@ sets the same mark, through Dynamo's own decorator when Dynamo is already loaded
 otherwise; ``tests/ops/test_compile_marks.py`` checks that the mark is exactly what
 ``assume_constant_result`` sets in the installed torch, so a torch that changes the mechanism fails
 that test rather than silently tracing these functions.
+
+:func:`exporting` is ``torch.compiler.is_exporting()`` as it should read while Dynamo traces: torch
+2.11's Dynamo replaces that call by the constant True under ``torch.compile`` too (pytorch#176347;
+2.13's reads the export flag), so code that branches on it there takes its export branch in every
+compiled graph.
 """
 
 from __future__ import annotations
@@ -29,3 +34,14 @@ def constant_when_compiled(fn: F) -> F:
         return torch.compiler.assume_constant_result(fn)
     setattr(fn, CONSTANT_MARK, True)
     return fn
+
+
+@constant_when_compiled  # Dynamo calls it as Python while tracing (the real flag), not its own stand-in
+def exporting() -> bool:
+    """True while ``torch.export`` (strict or not, ``torch.onnx.export`` through it) traces, False
+    under ``torch.compile`` and in eager mode: ``torch.compiler.is_exporting()`` read by Python.
+
+    Under ``torch.compile`` torch 2.11's Dynamo answers that call with the constant True (a table
+    of tracing-state functions it folds), whatever is being traced; a function marked constant is
+    instead run as Python once while tracing, and reads the flag that ``torch.export`` sets."""
+    return torch.compiler.is_exporting()

@@ -30,7 +30,7 @@ import warnings
 import torch
 
 from ._checks import check_feat_size, check_num_heads
-from .compile_marks import constant_when_compiled
+from .compile_marks import constant_when_compiled, exporting
 from .feature_maps import get_feature_map
 from .fused import cpu as cpu_kernel
 from .fused import triton as triton_launchers  # imports no triton: the launchers' checks only
@@ -79,7 +79,7 @@ def residual_path(impl: str | None) -> str:
     convolution folds the batch into its groups, and ONNX's Conv takes a static group count, so a
     program with a dynamic batch could not become ONNX.
     """
-    return "naive" if attention_path(impl) == "naive" or torch.compiler.is_exporting() else "eager"
+    return "naive" if attention_path(impl) == "naive" or exporting() else "eager"
 
 
 def default_impl() -> str:
@@ -148,7 +148,7 @@ def _feature_map_name(feature_map) -> str | None:
 def in_onnx_export() -> bool:
     """True while ``torch.onnx.export`` traces a model (through ``torch.export``, or the legacy
     exporter's ``torch.jit`` trace; checked first: they cost ~0.1 us a call, the ONNX flag ~2 us)."""
-    return (torch.compiler.is_exporting() or torch.jit.is_tracing()) and torch.onnx.is_in_onnx_export()
+    return (exporting() or torch.jit.is_tracing()) and torch.onnx.is_in_onnx_export()
 
 
 def _in_functorch_transform() -> bool:

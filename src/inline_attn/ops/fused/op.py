@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .._checks import cast
-from ..compile_marks import constant_when_compiled
+from ..compile_marks import constant_when_compiled, exporting
 from . import cpu as cpu_kernel
 from .triton import (  # imports no triton (its launches do)
     inline_backward_triton,
@@ -300,8 +300,10 @@ def runs_as_custom_op() -> bool:
 
 def compiles_kernels(q: Tensor) -> bool:
     """True while ``torch.compile`` (not ``torch.export``) traces a call on CUDA tensors: then the
-    Triton backend is called as :func:`kernels_forward`, whose kernels the compiled graph launches."""
-    return q.device.type == "cuda" and torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    Triton backend is called as :func:`kernels_forward`, whose kernels the compiled graph launches.
+    Export is told by :func:`~inline_attn.ops.compile_marks.exporting` (torch 2.11's Dynamo folds
+    ``torch.compiler.is_exporting()`` to True under ``torch.compile`` too)."""
+    return q.device.type == "cuda" and torch.compiler.is_compiling() and not exporting()
 
 
 def inline_core(

@@ -11,17 +11,24 @@ program (one 8-warp program per multiprocessor).
 Precision. With ``NARROW`` (bf16 / fp16 inputs on a GPU) the tiles go into ``tl.dot`` in the
 inputs' dtype, with fp32 accumulation:
 
-- K and V are shifted by their token-0 row in fp32 before they are rounded to the operand dtype,
-  so the rounded values are of the spread's size even when the activations' mean is far from zero,
-  and M is the small fp32 correction of the shifted sums,
-  ``M = alpha (S - s_k s_v^T / N)`` with ``S = sum (K - k_0)^T (V - v_0)`` and ``s = sum (X - x_0)``;
-  the backward centres V and K on their exact means the same way before rounding them.
+- The sums multiply K as stored (exact operands) by V shifted by its token-0 row in fp32 and split
+  into two operands, ``hi = (V - v_0) rounded`` and ``lo = (V - v_0 - hi) rounded`` (16 bits of
+  each shifted value, where rounding it once would leave an error of 2^-9 of its size in every
+  product, summed over the tokens into M); M is the fp32 correction of the sums,
+  ``M = alpha (S - s_k s_v^T / N)`` with ``S = sum K^T (hi + lo)``, ``s_k = sum K`` and
+  ``s_v = sum (hi + lo)``, the same values as the products so that the keys' mean cancels exactly
+  but for the fp32 accumulation (relative error of M of the order of 2^-24 sqrt(N) times the keys'
+  mean over their spread: 6e-4 at a mean 500x the spread over 3,136 tokens, below bf16's rounding
+  of M).
+- dK = alpha (V - v_bar) dM^T and dV = alpha (K - k_bar) dM take V and K centred on their means
+  in fp32 and rounded once (no sum over the tokens carries that rounding: 1.2x eager bf16's error).
 - The fp32 matrices a token loop multiplies by (M and dM) are split into two operands,
   ``hi = M rounded`` and ``lo = (M - hi) rounded``, and multiplied twice: 16 bits of M instead of
   8, for one more tensor-core product on a loop bounded by memory.
 
 Without ``NARROW`` (fp32 inputs, or Triton's interpreter, whose bf16 ``tl.dot`` is wrong,
-triton#11584) every operand is fp32 and the products use ``PREC``.
+triton#11584) every operand is fp32, K and V shifted by their token-0 rows in the sums, and the
+products use ``PREC``.
 
 Neither kernel uses atomics: results are bit-reproducible run to run. Arguments as the fused
 kernels of :mod:`.triton_kernels` (views with their strides, ``geo = (N, C, H, W, P, heads)``).
@@ -66,12 +73,60 @@ def _hi_lo(m, NARROW: tl.constexpr, OPS: tl.constexpr):
 
 
 @triton.jit
-def _times(a, hi, lo, NARROW: tl.constexpr, PREC: tl.constexpr):
-    """a @ (hi + lo): two products with NARROW, one (hi is the fp32 matrix) without."""
-    out = tl.dot(a, hi, input_precision=PREC)
+def _times(a, hi, lo, NARROW: tl.constexpr, PREC: tl.constexpr, acc=None):
+    """acc + a @ (hi + lo): two products with NARROW, one (hi is the fp32 matrix) without."""
+    out = tl.dot(a, hi, acc, input_precision=PREC)
     if NARROW:
         out = tl.dot(a, lo, out, input_precision=PREC)
     return out
+
+
+@triton.jit
+def _stacked(a, b):
+    """The [2 BLOCK_N, BD] tile of a's rows then b's (two [BLOCK_N, BD] tiles)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
+
+
+@triton.jit
+def _key_shift(k, cmask, NARROW: tl.constexpr):
+    """The row the keys are shifted by in the sums: token 0's in fp32, zero with NARROW (the key
+    tiles go into tl.dot as stored, :func:`_sums_tile`)."""
+    ck = tiles.load_row(k, 0, cmask)
+    if NARROW:
+        ck = tl.zeros_like(ck)
+    return ck
+
+
+@triton.jit
+def _sums_tile(
+    s, sk, sv, k, v, n, m2, ck, cv, NARROW: tl.constexpr, PREC: tl.constexpr, OPS: tl.constexpr, STACKED: tl.constexpr
+):
+    """One row tile's share of the reduction: s + (K - ck)^T (V - cv) and the sums of K - ck and V - cv.
+
+    With NARROW (the module's "Precision") the key tile goes into tl.dot as stored and ck is zero;
+    V - cv goes in as two 16-bit operands, hi + lo, and is summed as them. Rounded once to the
+    operand dtype instead, each shifted value would be off by up to 2^-9 of itself, an error that
+    the sum over the tokens carries into M: dQ = G M^T several times less accurate than eager
+    bf16's, and more so with more tokens. ``STACKED``: one product of the stacked tiles,
+    [K; K]^T [hi; lo], else two; which one compiles to fewer registers differs between the two
+    kernels (ptxas for sm_90: the forward at head dim 64 in 80 stacked, 90 not; the backward at 32
+    in 128 not stacked, 180 stacked)."""
+    if NARROW:
+        kt = _load(k, n, m2, NARROW)
+        sk += tl.sum(kt.to(tl.float32), axis=0)
+        vh, vl = _hi_lo(tiles.load_centred(v, n, m2, cv), NARROW, OPS)
+        sv += tl.sum(vh.to(tl.float32) + vl.to(tl.float32), axis=0)
+        if STACKED:
+            s = tl.dot(tl.trans(_stacked(kt, kt)), _stacked(vh, vl), s, input_precision=PREC)
+        else:
+            s = _times(tl.trans(kt), vh, vl, NARROW, PREC, s)
+    else:
+        kt = tiles.load_centred(k, n, m2, ck)
+        vt = tiles.load_centred(v, n, m2, cv)
+        sk += tl.sum(kt, axis=0)
+        sv += tl.sum(vt, axis=0)
+        s = tl.dot(tl.trans(kt), vt, s, input_precision=PREC)
+    return s, sk, sv
 
 
 @triton.jit
@@ -85,11 +140,7 @@ def _stream_stats(
     sv = tl.zeros([BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        kt = tiles.load_centred(k, n, m2, ck)
-        vt = tiles.load_centred(v, n, m2, cv)
-        sk += tl.sum(kt, axis=0)
-        sv += tl.sum(vt, axis=0)
-        s = tl.dot(tl.trans(_operand(kt, NARROW, OPS)), _operand(vt, NARROW, OPS), s, input_precision=PREC)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True)
     return s, sk, sv
 
 
@@ -119,7 +170,7 @@ def inline_fwd_stream(
     b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
     k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
     cv = tiles.load_row(v, 0, cmask)
-    s, sk, sv = _stream_stats(k, v, cmask, tiles.load_row(k, 0, cmask), cv, N, BD, BLOCK_N, NARROW, PREC)
+    s, sk, sv = _stream_stats(k, v, cmask, _key_shift(k, cmask, NARROW), cv, N, BD, BLOCK_N, NARROW, PREC)
     m_hi, m_lo = _hi_lo((s - sk[:, None] * (sv / N)[None, :]) * (scale / N), NARROW, OPS)
     vbar = cv + sv / N
     q, w9, o = tiles.head_view(Q, q_st, b, ch), tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
@@ -160,11 +211,7 @@ def _stream_bwd_sums(
     taps = tl.arange(0, 16)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        kt = tiles.load_centred(k, n, m2, ck)
-        vt = tiles.load_centred(v, n, m2, cv)
-        sk += tl.sum(kt, axis=0)
-        sv += tl.sum(vt, axis=0)
-        s = tl.dot(tl.trans(_operand(kt, NARROW, OPS)), _operand(vt, NARROW, OPS), s, input_precision=PREC)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False)
         gt = _load(g, n, m2, NARROW)
         dm = tl.dot(tl.trans(_load(q, n, m2, NARROW)), gt, dm, input_precision=PREC)
         gf = gt.to(tl.float32)
@@ -206,7 +253,7 @@ def inline_bwd_stream(
     b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
     q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
     v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
+    ck, cv = _key_shift(k, cmask, NARROW), tiles.load_row(v, 0, cmask)
     s, sk, sv, dm, gs, dw = _stream_bwd_sums(q, k, v, g, cmask, ck, cv, geo, BD, BLOCK_N, HAS_RES, NARROW, PREC)
     alpha = scale / N
     if HAS_RES:
