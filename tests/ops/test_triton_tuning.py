@@ -274,3 +274,10 @@ def test_the_environment_variable_chooses_the_core_kernels_explicitly():
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[setting] = proc.stdout.split()
     assert runs == {None: ["resident", "False"], "stream": ["stream", "True"]}  # set: it beats the tuning table
+
+
+def test_an_unknown_core_kernels_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(triton_core, "_plans", {})
+    monkeypatch.setitem(triton_core._state, "core", "fast")  # as INLINE_ATTN_TRITON_CORE=fast sets it
+    with pytest.raises(ValueError, match=r"INLINE_ATTN_TRITON_CORE='fast': expected one of \('stream'"):
+        _core_launches(36, 16)

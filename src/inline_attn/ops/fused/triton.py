@@ -765,7 +765,7 @@ def _core_launch(args: tuple, mod, kernels: _CoreKernels, q, split: int | None, 
         try:
             return _design_launch(args, mod, kernels, q, split, has_res, design, choice)
         except ValueError:  # no configuration of the chosen tile fits the device's shared memory
-            design = _CORE_DESIGNS[_state["core"]]
+            design = _core_design(None)
     return _design_launch(args, mod, kernels, q, split, has_res, design, None)
 
 
@@ -799,6 +799,8 @@ def _core_design(choice: CoreChoice | None) -> str:
     the core kernels were chosen explicitly; else the core kernels' (:func:`core_kernels`)."""
     if choice is not None and (_state["forced"] is not None or not _state["core_chosen"]):
         return choice.design
+    if _state["core"] not in _CORE_DESIGNS:  # only the environment variable sets it unchecked
+        raise ValueError(f"INLINE_ATTN_TRITON_CORE={_state['core']!r}: expected one of {CORE_KERNELS}")
     return _CORE_DESIGNS[_state["core"]]
 
 
