@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -49,6 +50,7 @@ import torch
 
 from inline_attn.ops.fused import triton as launchers
 from inline_attn.runtime.report import markdown_table
+from tools import kernel_phases
 from tools.files import atomic_write_text
 
 
@@ -192,7 +194,7 @@ class Compiler:
         seen_key = (kernel.fn.__name__, tuple(sorted(meta.items())), launchers._dtypes(args), device)
         key = hashlib.sha256(f"{kernel.cache_key}|{seen_key}|{self.registers}".encode()).hexdigest()
         result = self.cache.get(key)
-        if result is None:
+        if result is None or (self.registers and "phases" not in result):  # cached without the barrier structure
             src, backend, options = _source(kernel, device, args, meta)
             result = self.cache[key] = _compile(src, backend, options, device, self.registers)
             self.new += 1
@@ -214,7 +216,9 @@ def _source(kernel, device, args: tuple, meta: dict):
 
 
 def _compile(src, backend, options, capability: int, registers: bool) -> dict:
-    """Shared memory (bytes) after the allocation pass; with ``registers``, ptxas's registers and spills too."""
+    """Shared memory (bytes) after the allocation pass; with ``registers``, ptxas's registers and
+    spills too, and the kernel's barrier structure (:func:`tools.kernel_phases.barrier_structure`,
+    or ``phases_error`` where its loops could not be matched)."""
     from triton._C.libtriton import ir, nvidia
     from triton.backends.nvidia.compiler import get_ptx_version_from_options
 
@@ -233,27 +237,39 @@ def _compile(src, backend, options, capability: int, registers: bool) -> dict:
         )
         pm.run(module, "allocate_shared_memory")
         return {"shared": module.get_int_attr("ttg.shared")}
+    ttgir = str(module)  # before make_llir lowers the module in place
     llir = backend.make_llir(module, metadata, options, capability)
     ptx = backend.make_ptx(llir, metadata, options, capability)
-    return {"shared": metadata["shared"], **_ptxas_usage(ptx, capability)}
+    usage, listing = _ptxas(ptx, capability)
+    try:
+        phases = {
+            "phases": kernel_phases.barrier_structure(listing, ttgir, kernel_phases.parameter_paths(src.signature))
+        }
+    except kernel_phases.PhaseError as err:
+        phases = {"phases": None, "phases_error": str(err)}
+    return {"shared": metadata["shared"], **usage, **phases}
 
 
-def _ptxas_usage(ptx: str, capability: int) -> dict:
-    """Registers per thread and spill bytes (stores + loads) of ``ptx``, from ``ptxas -v``."""
+def _ptxas(ptx: str, capability: int) -> tuple[dict, str]:
+    """Registers per thread and spill bytes (stores + loads) of ``ptx``, from ``ptxas -v``, and the
+    SASS listing of the cubin it wrote (``nvdisasm``, beside ptxas in triton's wheel)."""
     import tempfile
 
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
+    ptxas = get_ptxas(capability).path
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)
-        cmd = [get_ptxas(capability).path, "-v", f"--gpu-name={sm_arch_from_capability(capability)}", str(path)]
-        log = subprocess.run(
-            cmd + ["-o", str(path.with_suffix(".o"))], capture_output=True, text=True, check=True
-        ).stderr
+        cmd = [ptxas, "-v", f"--gpu-name={sm_arch_from_capability(capability)}", str(path)]
+        cubin = path.with_suffix(".cubin")
+        log = subprocess.run(cmd + ["-o", str(cubin)], capture_output=True, text=True, check=True).stderr
+        nvdisasm = [str(Path(ptxas).with_name("nvdisasm")), "-c", str(cubin)]
+        listing = subprocess.run(nvdisasm, capture_output=True, text=True, check=True).stdout
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return {"registers": int(regs.group(1)) if regs else 0, "spills": sum(map(int, spills.groups())) if spills else 0}
+    usage = {"registers": int(regs.group(1)) if regs else 0, "spills": sum(map(int, spills.groups())) if spills else 0}
+    return usage, listing
 
 
 def layer_launches(shape: LayerShape, target: Target, compiler: Compiler, cores=AUDITED_CORES) -> list:
@@ -470,33 +486,69 @@ OCCUPANCY_TARGET = "sm_90"
 
 
 def occupancy(targets=TARGETS, compiler=None) -> list[dict]:
-    """One row per (target, shape of OCCUPANCY_SHAPES, kernel the launchers choose): registers,
-    spilled bytes, shared memory, warps per program and resident warps per multiprocessor, and
-    ``goal`` (the resident warps the core's kernels need on OCCUPANCY_TARGET, else None)."""
+    """One row per (target, shape of OCCUPANCY_SHAPES, kernel the launchers choose), with the
+    streaming core kernels on every target and the resident ones (the default design) beside them
+    on OCCUPANCY_TARGET, where the barrier model is calibrated (``design``: "stream", "resident",
+    or "both" for the predictor's kernels, which the designs share): registers, spilled bytes,
+    shared memory, warps per program, resident warps per multiprocessor and ``goal`` (the resident
+    warps the streaming kernels need on OCCUPANCY_TARGET, else None); and the barrier model
+    (:mod:`tools.kernel_phases`): programs in the grid, resident programs per multiprocessor,
+    waves, barriers per program (``barrier_rule``: its formula), phase-waves (barriers x
+    ceil(waves)) and ``estimate_us``, phase-waves at the calibration's least and most cost per
+    phase-wave (an estimate, not a measurement)."""
     compiler = compiler or Compiler(registers=True)
     rows = []
     for target in targets:
         for label, shape in OCCUPANCY_SHAPES.items():
-            for launch in layer_launches(shape, target, compiler, cores=("stream",)):
-                meta = tuple(sorted(launch.meta.items()))
-                r = compiler.seen[(launch.kernel, meta, launch.dtypes, target.capability)]
-                warps = launch.meta["num_warps"]
-                goal = OCCUPANCY_GOALS.get(launch.kernel[:10]) if target.name == OCCUPANCY_TARGET else None
-                resident = resident_warps(target, r["registers"], warps, r["shared"])
-                rows.append(dict(target=target.name, shape=label, kernel=launch.kernel, warps=warps, **r))
-                rows[-1].update(resident_warps=resident, goal=goal, ok=r["spills"] == 0 and resident >= (goal or 1))
+            planned = set()
+            for core in AUDITED_CORES if target.name == OCCUPANCY_TARGET else ("stream",):
+                for launch in layer_launches(shape, target, compiler, cores=(core,)):
+                    key = (launch.kernel, tuple(sorted(launch.meta.items())), launch.grid, launch.dtypes)
+                    if key not in planned:
+                        planned.add(key)
+                        design = core if launch.kernel.startswith("inline_") else "both"
+                        rows.append(_occupancy_row(target, label, design, launch, compiler))
     compiler.save()
     return rows
 
 
+def _occupancy_row(target: Target, label: str, design: str, launch, compiler: Compiler) -> dict:
+    meta = tuple(sorted(launch.meta.items()))
+    r = compiler.seen[(launch.kernel, meta, launch.dtypes, target.capability)]
+    warps = launch.meta["num_warps"]
+    streaming = design == "stream" and target.name == OCCUPANCY_TARGET
+    goal = OCCUPANCY_GOALS.get(launch.kernel[:10]) if streaming else None
+    resident = resident_warps(target, r["registers"], warps, r["shared"])
+    row = dict(target=target.name, shape=label, design=design, kernel=launch.kernel, warps=warps, **r)
+    row.update(resident_warps=resident, goal=goal, ok=r["spills"] == 0 and resident >= (goal or 1))
+    programs, per_sm = math.prod(launch.grid), resident // warps
+    wave_count = kernel_phases.waves(programs, per_sm, target.sms)
+    barriers = kernel_phases.barriers_per_program(r["phases"], launch.args) if r.get("phases") else None
+    phase_waves = kernel_phases.phase_waves(barriers, wave_count) if barriers is not None else None
+    estimate = [round(phase_waves * us, 1) for us in kernel_phases.PHASE_WAVE_US] if phase_waves is not None else None
+    finite = round(wave_count, 2) if math.isfinite(wave_count) else None
+    row.update(programs=programs, programs_per_sm=per_sm, waves=finite, barriers=barriers)
+    row.update(phase_waves=phase_waves, estimate_us=estimate)
+    row.update(barrier_rule=kernel_phases.describe(r["phases"]) if r.get("phases") else None)
+    return row
+
+
 def occupancy_table(rows: list[dict]) -> str:
-    columns = ("target", "shape", "kernel", "warps", "registers", "spilled bytes", "shared", "resident warps", "goal")
-    cells = [
-        (r["target"], r["shape"], r["kernel"], r["warps"], r["registers"], r["spills"], f"{r['shared']:,}")
-        + (r["resident_warps"], r["goal"] or "-")
-        for r in rows
-    ]
+    columns = ("target", "shape", "design", "kernel", "warps", "registers", "spilled bytes", "shared")
+    columns += ("resident warps", "goal", "programs", "per SM", "waves", "barriers", "phase-waves", "estimate us")
+    cells = []
+    for r in rows:
+        estimate = "{}-{}".format(*r["estimate_us"]) if r["estimate_us"] else "-"
+        cells.append(
+            (r["target"], r["shape"], r["design"], r["kernel"], r["warps"], r["registers"], r["spills"])
+            + (f"{r['shared']:,}", r["resident_warps"], r["goal"] or "-", r["programs"], r["programs_per_sm"])
+            + (_or_dash(r["waves"]), _or_dash(r["barriers"]), _or_dash(r["phase_waves"]), estimate)
+        )
     return "\n".join(markdown_table(cells, columns))
+
+
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def summary_table(result: dict) -> str:

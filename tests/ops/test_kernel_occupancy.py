@@ -1,16 +1,20 @@
-"""The Triton kernels keep a GPU busy: occupancy and spills from the compiled kernels, no GPU needed.
+"""The Triton kernels keep a GPU busy: occupancy, spills and barrier phases from the compiled
+kernels, no GPU needed.
 
 The launchers plan the bf16 training step of InLine-DeiT-T's layer (batch 128), Swin-T's first
-stage at windows of 7 (4,096 windows) and a 14 x 14 map (batch 256); every kernel they choose is
-compiled for sm_80 / 86 / 89 / 90 through the ``ptxas`` in triton's wheel
-(``python -m tools.kernel_audit --occupancy``, in a subprocess: this process
-interprets). Resident warps per multiprocessor follow from the registers (65,536 per SM, allocated
-per warp in units of 256), the warps per program, the shared memory and the target's limits.
+stage at windows of 7 (4,096 windows) and a 14 x 14 map (batch 256), with the streaming and with
+the resident core kernels; every kernel they choose is compiled for sm_80 / 86 / 89 / 90 through
+the ``ptxas`` in triton's wheel, the resident ones for sm_90 (``python -m tools.kernel_audit
+--occupancy``, in a subprocess: this process interprets). Resident warps per multiprocessor follow
+from the registers (65,536 per SM, allocated per warp in units of 256), the warps per program, the
+shared memory and the target's limits; barriers per program from the SASS (``nvdisasm``) and the
+TTGIR's loops (:mod:`tools.kernel_phases`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -39,8 +43,12 @@ def rows(tmp_path_factory):
 def test_one_streaming_kernel_and_one_predictor_kernel_each_way_at_every_shape(rows):
     for target in TARGETS:
         for shape in ("DeiT-T", "Swin 7x7", "14x14"):
-            kernels = sorted(r["kernel"] for r in rows if r["target"] == target and r["shape"] == shape)
+            here = [r for r in rows if r["target"] == target and r["shape"] == shape]
+            kernels = sorted(r["kernel"] for r in here if r["design"] in ("stream", "both"))
             assert kernels == ["inline_bwd_stream", "inline_fwd_stream", "predictor_bwd", "predictor_fwd"], kernels
+            resident = sorted(r["kernel"] for r in here if r["design"] == "resident")
+            expected = ["inline_bwd_resident", "inline_fwd_resident"] if target == "sm_90" else []
+            assert resident == expected, (target, shape, resident)
 
 
 def test_no_kernel_spills_on_any_target(rows):
@@ -50,7 +58,7 @@ def test_no_kernel_spills_on_any_target(rows):
 
 
 def test_core_kernels_keep_24_warps_forward_and_16_backward_resident_on_sm_90(rows):
-    core = [r for r in rows if r["target"] == "sm_90" and r["kernel"].startswith("inline_")]
+    core = [r for r in rows if r["target"] == "sm_90" and r["design"] == "stream"]
     assert len(core) == 6
     for r in core:
         goal = 24 if r["kernel"].startswith("inline_fwd") else 16
@@ -67,3 +75,106 @@ def test_resident_warps_follow_registers_warps_and_shared_memory():
     assert resident_warps(sm90, 181, 8, 0) == 8  # 184 allocated: 47,104 a program
     assert resident_warps(sm86, 32, 8, 0) == 48  # the target's 48 warps bound it
     assert resident_warps(sm90, 32, 4, 100_000) == 8  # shared memory: two programs
+
+
+# Barriers one program of each core kernel executes at InLine-DeiT-T's layer on sm_90 (B 128, 197
+# tokens, 6 heads of 32): the kernels' counts when the bounds were set, rounded up by about 10 %.
+# Each barrier is a serial phase of the program (docs/benchmarks.md, "What predicts the kernels'
+# GPU time without a GPU?"): a kernel change that adds phases must raise its bound on purpose.
+BARRIER_BOUNDS = {
+    "inline_fwd_stream": 240,
+    "inline_bwd_stream": 550,
+    "inline_fwd_resident": 95,
+    "inline_bwd_resident": 170,
+}
+
+
+def test_core_kernels_barriers_per_program_at_deit_t_on_sm_90(rows):
+    core = {r["kernel"]: r for r in rows if r["target"] == "sm_90" and r["shape"] == "DeiT-T" and r["design"] != "both"}
+    assert sorted(core) == sorted(BARRIER_BOUNDS)
+    for kernel, bound in BARRIER_BOUNDS.items():
+        r = core[kernel]
+        assert r["barriers"] is not None and r["barriers"] <= bound, (
+            f"{kernel} at DeiT-T's layer (B 128, 197 tokens, 6 heads of 32, bf16, sm_90): "
+            f"{r['barriers']} barriers per program ({r['barrier_rule']}), bound {bound}"
+        )
+
+
+def test_every_kernel_has_a_barrier_count_and_its_phase_waves(rows):
+    unmatched = [(r["target"], r["shape"], r["kernel"], r.get("phases_error")) for r in rows if r["barriers"] is None]
+    assert unmatched == []
+    for r in rows:
+        waves = r["programs"] / (r["programs_per_sm"] * T_SMS[r["target"]])
+        assert r["waves"] == round(waves, 2) and r["phase_waves"] == r["barriers"] * math.ceil(waves), r
+
+
+T_SMS = {"sm_80": 108, "sm_86": 82, "sm_89": 128, "sm_90": 132}
+
+# A made-up listing in nvdisasm's form: 3 barriers outside loops, a loop (1 barrier of its own)
+# holding a loop of 2 barriers, an arrive-only barrier (no wait: not counted), a trap branching to
+# itself (no loop); and its TTGIR: the outer loop over tokens in tiles of 32 (its bound the third
+# element of the launch's tuple argument, the second a specialised constant), the inner over the
+# taps' 3 rows, and a 9-trip loop LLVM unrolled (no SASS loop).
+LISTING = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_0:
+        /*0020*/                   LDS R2, [R1] ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_1:
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0060*/               @P0 BRA `(.L_x_1) ;
+        /*0070*/                   BAR.ARV 0x1, 0x40 ;
+        /*0080*/              @!P1 BRA `(.L_x_0) ;
+        /*0090*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00a0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00b0*/                   EXIT ;
+.L_x_2:
+        /*00c0*/                   BRA `(.L_x_2);
+"""
+TTGIR = (
+    '  tt.func public @k(%X: !tt.ptr<bf16> {tt.divisibility = 16 : i32} loc("X"(#loc)), '
+    '%geo: i32 loc("geo"(#loc)), %geo_0: i32 loc("geo"(#loc))) attributes {noinline = false} {'
+    """
+    %c0_i32 = arith.constant 0 : i32 loc(#loc1)
+    %c1_i32 = arith.constant 1 : i32 loc(#loc1)
+    %c3_i32 = arith.constant 3 : i32 loc(#loc1)
+    %c9_i32 = arith.constant 9 : i32 loc(#loc1)
+    %c32_i32 = arith.constant 32 : i32 loc(#loc1)
+    %a = scf.for %i = %c0_i32 to %geo_0 step %c32_i32 iter_args(%x = %c0_i32) -> (i32)  : i32 {
+      %b = scf.for %j = %c0_i32 to %c3_i32 step %c1_i32 iter_args(%y = %x) -> (i32)  : i32 {
+        scf.yield %y : i32 loc(#loc2)
+      } loc(#loc2)
+      scf.yield %b : i32 loc(#loc3)
+    } loc(#loc3)
+    scf.for %k = %c0_i32 to %c9_i32 step %c1_i32  : i32 {
+    } loc(#loc4)
+    tt.return loc(#loc5)
+  } loc(#loc)
+"""
+)
+SIGNATURE = {"X": "*bf16", "geo": ("i32", "constexpr", "i32"), "BLOCK": "constexpr"}
+
+
+def test_barriers_per_program_from_a_listing_straight_line_loop_and_nested_constant_loop():
+    from tools import kernel_phases
+
+    structure = kernel_phases.barrier_structure(LISTING, TTGIR, kernel_phases.parameter_paths(SIGNATURE))
+    assert structure["straight"] == 3
+    (outer,) = structure["loops"]
+    assert (outer["barriers"], outer["lo"], outer["hi"], outer["step"]) == (1, 0, [1, 2], 32)
+    (inner,) = outer["loops"]
+    assert (inner["barriers"], inner["hi"], inner["step"], inner["loops"]) == (2, 3, 1, [])
+    args = ("bfloat16", (5, 1, 197))  # 197 tokens: 7 tiles of 32
+    assert kernel_phases.barriers_per_program(structure, args) == 3 + 7 * (1 + 3 * 2)
+    assert kernel_phases.describe(structure) == "3 + ceil(geo_0 / 32) x (1 + 3 x 2)"
+    assert kernel_phases.phase_waves(52, kernel_phases.waves(768, 3, 132)) == 52 * 2
+
+
+def test_sass_loops_the_ttgir_cannot_account_for_are_an_error():
+    from tools import kernel_phases
+
+    no_loops = "\n".join(line for line in TTGIR.splitlines() if "scf.for" not in line)
+    with pytest.raises(kernel_phases.PhaseError, match="1 SASS loops against 0 scf.for loops"):
+        kernel_phases.barrier_structure(LISTING, no_loops, kernel_phases.parameter_paths(SIGNATURE))
