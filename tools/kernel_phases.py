@@ -8,7 +8,7 @@ followed by loads issued only after the barrier. A kernel's time then goes as
     time ~ (barriers one program executes) x ceil(waves) x (a cost per phase-wave)
 
 with waves = programs / (resident programs per multiprocessor x multiprocessors); an H200
-measured 0.10-0.25 us per phase-wave across both core designs and three layer shapes
+measured 0.12-0.24 us per phase-wave across both core designs and three layer shapes
 (docs/benchmarks.md, "What predicts the kernels' GPU time without a GPU?").
 
 The barrier structure is read from the kernel's SASS (``nvdisasm`` on the cubin ``ptxas`` made)
@@ -37,8 +37,9 @@ _CONSTANT = re.compile(r"%(\S+) = arith\.constant (-?\d+) : i(?:32|64)\b")
 _FUNCTION = re.compile(r"tt\.func public @\w+\((.*)\)\s*(?:attributes|\{)")
 _PARAMETER = re.compile(r"%([\w$.-]+)\s*:")
 
-# the cost of one phase-wave an H200 measured (us): the least and the most of the calibration
-PHASE_WAVE_US = (0.10, 0.25)
+# the cost of one phase-wave an H200 measured (us): the least and the most of the calibration in
+# docs/benchmarks.md (both core designs, fwd+bwd at three layer shapes, timed interleaved in one run)
+PHASE_WAVE_US = (0.12, 0.24)
 
 
 class PhaseError(ValueError):
