@@ -242,17 +242,18 @@ def _compile(src, backend, options, capability: int, registers: bool) -> dict:
     ptx = backend.make_ptx(llir, metadata, options, capability)
     usage, listing = _ptxas(ptx, capability)
     try:
-        phases = {
-            "phases": kernel_phases.barrier_structure(listing, ttgir, kernel_phases.parameter_paths(src.signature))
-        }
+        if listing is None:
+            raise kernel_phases.PhaseError("no nvdisasm beside ptxas in triton's wheel: no SASS to count barriers in")
+        paths = kernel_phases.parameter_paths(src.signature)
+        phases = {"phases": kernel_phases.barrier_structure(listing, ttgir, paths)}
     except kernel_phases.PhaseError as err:
         phases = {"phases": None, "phases_error": str(err)}
     return {"shared": metadata["shared"], **usage, **phases}
 
 
-def _ptxas(ptx: str, capability: int) -> tuple[dict, str]:
+def _ptxas(ptx: str, capability: int) -> tuple[dict, str | None]:
     """Registers per thread and spill bytes (stores + loads) of ``ptx``, from ``ptxas -v``, and the
-    SASS listing of the cubin it wrote (``nvdisasm``, beside ptxas in triton's wheel)."""
+    SASS listing of the cubin it wrote (``nvdisasm``, beside ptxas in triton's wheel; None without it)."""
     import tempfile
 
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
@@ -264,8 +265,12 @@ def _ptxas(ptx: str, capability: int) -> tuple[dict, str]:
         cmd = [ptxas, "-v", f"--gpu-name={sm_arch_from_capability(capability)}", str(path)]
         cubin = path.with_suffix(".cubin")
         log = subprocess.run(cmd + ["-o", str(cubin)], capture_output=True, text=True, check=True).stderr
-        nvdisasm = [str(Path(ptxas).with_name("nvdisasm")), "-c", str(cubin)]
-        listing = subprocess.run(nvdisasm, capture_output=True, text=True, check=True).stdout
+        nvdisasm = Path(ptxas).with_name("nvdisasm")
+        listing = None
+        if nvdisasm.exists():
+            listing = subprocess.run(
+                [str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True
+            ).stdout
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     usage = {"registers": int(regs.group(1)) if regs else 0, "spills": sum(map(int, spills.groups())) if spills else 0}
