@@ -631,11 +631,12 @@ def core_kernels(kind: str):
 # The streaming launch (:func:`_stream_config`): (rows per tile, warps per program) per head-dim
 # block, for bf16 / fp16 and fp32 inputs, forward and backward: the largest tiles whose kernels ptxas
 # compiles for sm_90 without spills in at most 80 registers forward and 128 backward (24 and 16
-# resident warps per multiprocessor; tests/ops/test_kernel_occupancy.py holds them to it). Head dims
-# over 64 (32 in fp32) spill in these programs: the fused launch runs them.
+# resident warps per multiprocessor; tests/ops/test_kernel_occupancy.py holds them to it). The
+# backward keeps the residual's nine weight-gradient sums per row (nine tiles of registers), so its
+# tiles are 16 rows. Head dims over 64 (32 in fp32) spill in these programs: the fused launch runs them.
 STREAM_TILES = {
-    (16, "narrow"): ((32, 8), (32, 8)),
-    (32, "narrow"): ((32, 8), (32, 8)),
+    (16, "narrow"): ((32, 8), (16, 8)),
+    (32, "narrow"): ((32, 8), (16, 8)),
     (64, "narrow"): ((16, 8), (16, 8)),
     (16, "fp32"): ((32, 8), (16, 8)),
     (32, "fp32"): ((32, 8), (16, 8)),

@@ -117,9 +117,10 @@ def _fwd_rows(
     """O rows [n0, n1) = Q M + v_bar (+ the 3x3 residual on grid rows)."""
     for start in range(n0, n1, BLOCK_N):
         n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
-        out = tl.dot(tiles.load_tile(q, n, m2), m, input_precision=PREC) + vbar[None, :]
+        out = tiles.broadcast_row(vbar, BLOCK_N)
         if HAS_RES:
             out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, n1, geo), geo, 1)
+        out = tl.dot(tiles.load_tile(q, n, m2), m, out, input_precision=PREC)
         tiles.store_tile(o, n, out, m2)
 
 
@@ -267,11 +268,10 @@ def _bwd_rows(
     grads,
     cmask,
     m,
-    dm,
+    adm,
     kbar,
     vbar,
     gbar,
-    alpha,
     n0,
     n1,
     geo,
@@ -279,19 +279,19 @@ def _bwd_rows(
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """dQ, dK, dV rows [n0, n1) (grads: their views) from M, dM and the means."""
+    """dQ, dK, dV rows [n0, n1) (grads: their views) from M, alpha dM (adm) and the means."""
     dq_out, dk_out, dv_out = grads
     for start in range(n0, n1, BLOCK_N):
         n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
         # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
         tiles.store_tile(dq_out, n, tl.dot(tiles.load_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
         vc = tiles.load_centred(v, n, m2, vbar)
-        tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
-        kc = tiles.load_centred(k, n, m2, kbar)
-        dv = tl.dot(kc, dm, input_precision=PREC) * alpha + gbar[None, :]
+        tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
+        dv = tiles.broadcast_row(gbar, BLOCK_N)
         if HAS_RES:
             dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, n1, geo), geo, -1)
-        tiles.store_tile(dv_out, n, dv, m2)
+        kc = tiles.load_centred(k, n, m2, kbar)
+        tiles.store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
 
 
 @triton.jit
@@ -330,7 +330,7 @@ def inline_bwd_fused(
     grads = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     w9 = tiles.dense_view(W9, b, 9, C, ch)
     _bwd_rows(
-        g, k, v, w9, grads, cmask, s * alpha, dm, ck + mk, cv + mv, gs / N, alpha, 0, N, geo, HAS_RES, BLOCK_N, PREC
+        g, k, v, w9, grads, cmask, s * alpha, dm * alpha, ck + mk, cv + mv, gs / N, 0, N, geo, HAS_RES, BLOCK_N, PREC
     )
 
 
@@ -428,7 +428,7 @@ def inline_bwd_rows(
     grads, w9 = tiles.grad_views(DQ, DK, DV, b, N, C, ch), tiles.dense_view(W9, b, 9, C, ch)
     n1 = tl.minimum(n0 + rows, N)
     alpha = scale / N
-    _bwd_rows(g, k, v, w9, grads, cmask, s * alpha, dm, kbar, vbar, gs / N, alpha, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
+    _bwd_rows(g, k, v, w9, grads, cmask, s * alpha, dm * alpha, kbar, vbar, gs / N, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
 
 
 # The resident launch: when one (sample, head) problem fits a program's registers (N up to 256 at
@@ -475,9 +475,10 @@ def inline_fwd_resident(
     v = tiles.head_view(V, v_st, b, ch)
     kc, vc, vbar = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
-    out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, input_precision=PREC) + vbar[None, :]
+    out = tiles.broadcast_row(vbar, NP)
     if HAS_RES:
         out = tiles.add_taps(out, tiles.dense_view(W9, b, 9, C, ch), v, cmask, tiles.grid_cells(n, N, geo), geo, 1)
+    out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
     tiles.store_tile(tiles.dense_view(O, b, N, C, ch), n, out, m2)
 
 
@@ -527,17 +528,17 @@ def inline_bwd_resident(
     kc, vc, _ = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * alpha
     gt = tiles.load_tile(g, n, m2)
-    dm = tl.dot(tl.trans(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2)), gt, input_precision=PREC)
+    adm = tl.dot(tl.trans(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2)), gt, input_precision=PREC) * alpha
     dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
     tiles.store_tile(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)
-    tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(dm), input_precision=PREC) * alpha, m2)
-    dv = tl.dot(kc, dm, input_precision=PREC) * alpha + (tl.sum(gt, axis=0) / N)[None, :]
+    tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
+    dv = tiles.broadcast_row(tl.sum(gt, axis=0) / N, NP)
     if HAS_RES:
         cells = tiles.grid_cells(n, N, geo)
         dv = tiles.add_taps(dv, tiles.dense_view(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
         _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo)
-    tiles.store_tile(dv_out, n, dv, m2)
+    tiles.store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
 
 
 # The residual predictor (paper Sec. 4.2): per sample b and head h (the predictor's groups are the

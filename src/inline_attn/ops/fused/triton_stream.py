@@ -1,12 +1,18 @@
 """The streaming Triton kernels of the InLine layer core: one program per (sample, head) with few
-live registers, the launchers' default wherever the (sample, head) pairs fill the GPU (paper Eq. 5
-and Sec. 4.2, identity feature map; the notation of :mod:`.triton_kernels`).
+live registers (paper Eq. 5 and Sec. 4.2, identity feature map; the notation of
+:mod:`.triton_kernels`), run where ``core_kernels("stream")`` or the tuning table chooses them.
 
 Each program streams over its tokens twice in tiles of BLOCK_N rows: a reduction loop (the d x d
 products and the means), then a token loop (the outputs). Only the d x d accumulators, a few
-vectors and the tiles in flight are live, so many programs share a multiprocessor (occupancy hides
-the loads' latency), where the resident launch of :mod:`.triton_kernels` holds a whole problem per
-program (one 8-warp program per multiprocessor).
+per-row accumulators and the tiles in flight are live, so several programs share a multiprocessor,
+where the resident launch of :mod:`.triton_kernels` holds a whole problem per program.
+
+What bounds a program's time at these sizes is the chain of barriers it runs (every layout change
+through shared memory and every reduction across warps is one or two), not its occupancy: the
+programs of a layer fit in a few waves. So the sums over the tokens (key and value sums, the
+residual's weight gradient) are kept per row through the loop and reduced across the warps once
+after it, and the residual's taps are summed in their loads' layout and the product accumulated
+into them (one layout change a tile instead of one per tap).
 
 Precision. With ``NARROW`` (bf16 / fp16 inputs on a GPU) the tiles go into ``tl.dot`` in the
 inputs' dtype, with fp32 accumulation:
@@ -98,8 +104,33 @@ def _key_shift(k, cmask, NARROW: tl.constexpr):
 
 
 @triton.jit
+def _add_rows(acc, tile, PER_ROW: tl.constexpr):
+    """acc + the column sums of ``tile``; with PER_ROW, acc is a tile of per-row sums to be reduced
+    over its rows after the loop (no cross-warp reduction, no barrier, per tile; one tile of
+    registers more)."""
+    if PER_ROW:
+        acc += tile
+    else:
+        acc += tl.sum(tile, axis=0)
+    return acc
+
+
+@triton.jit
 def _sums_tile(
-    s, sk, sv, k, v, n, m2, ck, cv, NARROW: tl.constexpr, PREC: tl.constexpr, OPS: tl.constexpr, STACKED: tl.constexpr
+    s,
+    sk,
+    sv,
+    k,
+    v,
+    n,
+    m2,
+    ck,
+    cv,
+    NARROW: tl.constexpr,
+    PREC: tl.constexpr,
+    OPS: tl.constexpr,
+    STACKED: tl.constexpr,
+    PER_ROW: tl.constexpr,
 ):
     """One row tile's share of the reduction: s + (K - ck)^T (V - cv) and the sums of K - ck and V - cv.
 
@@ -110,12 +141,12 @@ def _sums_tile(
     bf16's, and more so with more tokens. ``STACKED``: one product of the stacked tiles,
     [K; K]^T [hi; lo], else two; which one compiles to fewer registers differs between the two
     kernels (ptxas for sm_90: the forward at head dim 64 in 80 stacked, 90 not; the backward at 32
-    in 128 not stacked, 180 stacked)."""
+    in 128 not stacked, 180 stacked). ``PER_ROW``: the sums as :func:`_add_rows` keeps them."""
     if NARROW:
         kt = _load(k, n, m2, NARROW)
-        sk += tl.sum(kt.to(tl.float32), axis=0)
+        sk = _add_rows(sk, kt.to(tl.float32), PER_ROW)
         vh, vl = _hi_lo(tiles.load_centred(v, n, m2, cv), NARROW, OPS)
-        sv += tl.sum(vh.to(tl.float32) + vl.to(tl.float32), axis=0)
+        sv = _add_rows(sv, vh.to(tl.float32) + vl.to(tl.float32), PER_ROW)
         if STACKED:
             s = tl.dot(tl.trans(_stacked(kt, kt)), _stacked(vh, vl), s, input_precision=PREC)
         else:
@@ -123,8 +154,8 @@ def _sums_tile(
     else:
         kt = tiles.load_centred(k, n, m2, ck)
         vt = tiles.load_centred(v, n, m2, cv)
-        sk += tl.sum(kt, axis=0)
-        sv += tl.sum(vt, axis=0)
+        sk = _add_rows(sk, kt, PER_ROW)
+        sv = _add_rows(sv, vt, PER_ROW)
         s = tl.dot(tl.trans(kt), vt, s, input_precision=PREC)
     return s, sk, sv
 
@@ -136,12 +167,12 @@ def _stream_stats(
     """The reduction over all tokens of K - ck and V - cv: (S, the key sums, the value sums)."""
     OPS: tl.constexpr = k[0].dtype.element_ty
     s = tl.zeros([BD, BD], dtype=tl.float32)
-    sk = tl.zeros([BD], dtype=tl.float32)
-    sv = tl.zeros([BD], dtype=tl.float32)
+    sk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    sv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True)
-    return s, sk, sv
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True, PER_ROW=True)
+    return s, tl.sum(sk, axis=0), tl.sum(sv, axis=0)
 
 
 @triton.jit
@@ -176,9 +207,10 @@ def inline_fwd_stream(
     q, w9, o = tiles.head_view(Q, q_st, b, ch), tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        out = _times(_load(q, n, m2, NARROW), m_hi, m_lo, NARROW, PREC) + vbar[None, :]
+        out = tiles.broadcast_row(vbar, BLOCK_N)
         if HAS_RES:
             out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1)
+        out = _times(_load(q, n, m2, NARROW), m_hi, m_lo, NARROW, PREC, out)
         tiles.store_tile(o, n, out, m2)
 
 
@@ -207,17 +239,17 @@ def _stream_bwd_sums(
     sk = tl.zeros([BD], dtype=tl.float32)
     sv = tl.zeros([BD], dtype=tl.float32)
     gs = tl.zeros([BD], dtype=tl.float32)
-    dw = tl.zeros([16, BD], dtype=tl.float32)
-    taps = tl.arange(0, 16)
+    z = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    dw = (z, z, z, z, z, z, z, z, z)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False, PER_ROW=False)
         gt = _load(g, n, m2, NARROW)
         dm = tl.dot(tl.trans(_load(q, n, m2, NARROW)), gt, dm, input_precision=PREC)
         gf = gt.to(tl.float32)
         gs += tl.sum(gf, axis=0)
         if HAS_RES:
-            dw = tiles.add_taps_grad(dw, taps, gf, v, cmask, tiles.grid_cells(n, N, geo), geo)
+            dw = tiles.add_taps_grad_rows(dw, gf, v, cmask, tiles.grid_cells(n, N, geo), geo)
     return s, sk, sv, dm, gs, dw
 
 
@@ -257,10 +289,10 @@ def inline_bwd_stream(
     s, sk, sv, dm, gs, dw = _stream_bwd_sums(q, k, v, g, cmask, ck, cv, geo, BD, BLOCK_N, HAS_RES, NARROW, PREC)
     alpha = scale / N
     if HAS_RES:
-        tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
+        tiles.store_taps_grad_rows(DW, b, C, ch, cmask, dw)
     mt_hi, mt_lo = _hi_lo(tl.trans((s - sk[:, None] * (sv / N)[None, :]) * alpha), NARROW, OPS)
-    dm_hi, dm_lo = _hi_lo(dm, NARROW, OPS)
-    dmt_hi, dmt_lo = _hi_lo(tl.trans(dm), NARROW, OPS)
+    dm_hi, dm_lo = _hi_lo(dm * alpha, NARROW, OPS)
+    dmt_hi, dmt_lo = _hi_lo(tl.trans(dm) * alpha, NARROW, OPS)
     kbar, vbar, gbar = ck + sk / N, cv + sv / N, gs / N
     dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     w9 = tiles.dense_view(W9, b, 9, C, ch)
@@ -273,10 +305,11 @@ def inline_bwd_stream(
         dq = _times(_load(g, n, m2, NARROW), mt_hi, mt_lo, NARROW, PREC)
         tl.store(dq_out[0] + rows + dq_out[2][None, :], dq.to(DQ.dtype.element_ty), mask=m2)
         vc = _operand(tiles.load_centred(v, n, m2, vbar), NARROW, OPS)
-        dk = _times(vc, dmt_hi, dmt_lo, NARROW, PREC) * alpha
+        dk = _times(vc, dmt_hi, dmt_lo, NARROW, PREC)
         tl.store(dk_out[0] + rows + dk_out[2][None, :], dk.to(DK.dtype.element_ty), mask=m2)
-        kc = _operand(tiles.load_centred(k, n, m2, kbar), NARROW, OPS)
-        dv = _times(kc, dm_hi, dm_lo, NARROW, PREC) * alpha + gbar[None, :]
+        dv = tiles.broadcast_row(gbar, BLOCK_N)
         if HAS_RES:
             dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, N, geo), geo, -1)
+        kc = _operand(tiles.load_centred(k, n, m2, kbar), NARROW, OPS)
+        dv = _times(kc, dm_hi, dm_lo, NARROW, PREC, dv)
         tl.store(dv_out[0] + rows + dv_out[2][None, :], dv.to(DV.dtype.element_ty), mask=m2)

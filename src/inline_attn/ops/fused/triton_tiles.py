@@ -75,6 +75,16 @@ def load_row(view, i, cmask):
 
 
 @triton.jit
+def broadcast_row(row, ROWS: tl.constexpr):
+    """The fp32 [ROWS, BD] tile whose every row is ``row`` (a mean): the tile the residual's taps are
+    added to and the product then accumulated into (``tl.dot(a, b, acc)``), so that the taps' tiles
+    are summed in the layout they are loaded in and only the sum is moved into the product's
+    layout (added to the product instead, each tap's tile was moved on its own, through shared
+    memory, with barriers between the taps' loads)."""
+    return tl.zeros([ROWS, row.shape[0]], dtype=tl.float32) + row[None, :]
+
+
+@triton.jit
 def store_tile(view, n, val, mask):
     """Store a [rows, BD] tile at a view's rows n, in the view's dtype."""
     ptr, sn, cols = view
@@ -108,10 +118,12 @@ def add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
     """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
     residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx)).
 
-    The kernel's rows run as a loop and a row's three taps unrolled: three shifted tile loads in
-    flight at a time, a third of the latency rounds of a loop over the nine taps. Unrolling all nine
-    hoists their loads together and the kernels spill; three fit the bf16 kernels' registers
-    (ptxas for sm_90, docs/benchmarks.md "Kernel resources")."""
+    ``acc`` should be a tile in the loads' layout (:func:`broadcast_row`), the product then
+    accumulated into the result: added to a ``tl.dot`` result instead, every tap's tile is moved into
+    the product's layout through shared memory, two barriers a tap. The kernel's rows run as a loop
+    and a row's three taps unrolled: three shifted tile loads in flight at a time. Unrolling all nine
+    hoists their loads together and the resident kernels spill; three fit their registers (ptxas for
+    sm_90, docs/benchmarks.md "Kernel resources")."""
     for r in range(3):
         for col in tl.static_range(3):
             wt = load_row(w9, 3 * r + col, cmask)
@@ -131,6 +143,26 @@ def add_taps_grad(dw, taps, g, v, cmask, cells, geo):
         vn = neighbour_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
         dw += tl.where(taps[:, None] == t, tl.sum(g * vn, axis=0)[None, :], 0.0)
     return dw
+
+
+@triton.jit
+def add_taps_grad_rows(dws, g, v, cmask, cells, geo):
+    """dws + one tile's products G_n * V_{n+t} for the nine taps t, kept per row (a tuple of nine
+    [rows, BD] fp32 tiles, reduced over their rows after the token loop: no cross-warp reduction per
+    tile)."""
+    g = tl.where(cells[2][:, None], g, 0.0)
+    out = ()
+    for t in tl.static_range(9):
+        out = out + (dws[t] + g * neighbour_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1),)
+    return out
+
+
+@triton.jit
+def store_taps_grad_rows(DW, b, C, ch, cmask, dws):
+    """Taps 0..8 of one (sample, head)'s residual weight gradient, dws kept per row -> DW [B, 9, C]."""
+    view = dense_view(DW, b, 9, C, ch)
+    for t in tl.static_range(9):
+        tl.store(view[0] + t * view[1] + view[2], tl.sum(dws[t], axis=0).to(DW.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
