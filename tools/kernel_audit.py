@@ -150,6 +150,7 @@ def compiling_for(target: Target):
         driver._active = previous
 
 
+_PHASES_SOURCE = hashlib.sha256(Path(kernel_phases.__file__).read_bytes()).hexdigest()[:16]
 _CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inline-attn" / "kernel-audit.json"
 
 
@@ -192,9 +193,12 @@ class Compiler:
 
         device = driver.active.get_current_device()
         seen_key = (kernel.fn.__name__, tuple(sorted(meta.items())), launchers._dtypes(args), device)
-        key = hashlib.sha256(f"{kernel.cache_key}|{seen_key}|{self.registers}".encode()).hexdigest()
+        text = f"{kernel.cache_key}|{seen_key}|{self.registers}"
+        if self.registers:  # the barrier structure is kernel_phases' reading: a change there reads it again
+            text += f"|{_PHASES_SOURCE}"
+        key = hashlib.sha256(text.encode()).hexdigest()
         result = self.cache.get(key)
-        if result is None or (self.registers and "phases" not in result):  # cached without the barrier structure
+        if result is None:
             src, backend, options = _source(kernel, device, args, meta)
             result = self.cache[key] = _compile(src, backend, options, device, self.registers)
             self.new += 1

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 # an instruction of nvdisasm's listing (``/*0450*/  LDGDEPBAR ;``), a label (``.L_x_3:``), a branch
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+`\((\.L_x_\d+)\)")
+_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:[^`;]*,\s*)?`\((\.L_x_\d+)\)")
 # a barrier every thread of the program waits at (BAR.ARV only arrives: no wait)
 _BARRIER = re.compile(r"\bBAR\.(?:SYNC|RED)\b")
 
@@ -80,8 +80,8 @@ def sass_loops(instructions: list[str], labels: dict[str, int]) -> list[_Loop]:
     ends: dict[int, int] = {}
     for i, text in enumerate(instructions):
         branch = _BRANCH.search(text)
-        if branch and labels[branch.group(1)] < i:
-            start = labels[branch.group(1)]
+        start = labels.get(branch.group(1), i) if branch else i
+        if start < i:
             ends[start] = max(ends.get(start, i), i)
     top: list[_Loop] = []
     open_loops: list[_Loop] = []
