@@ -594,7 +594,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--occupancy",
         action="store_true",
-        help="registers, spills and resident warps of the kernels at OCCUPANCY_SHAPES (compiles through ptxas)",
+        help="registers, spills, resident warps, barriers per program, waves and phase-waves of the kernels at "
+        "OCCUPANCY_SHAPES (compiles through ptxas, disassembles with nvdisasm)",
     )
     parser.add_argument("--targets", nargs="+", default=[t.name for t in TARGETS], choices=[t.name for t in TARGETS])
     parser.add_argument("--out", type=Path, default=None, help="folder for audit.json and summary.md")
