@@ -104,18 +104,6 @@ def _key_shift(k, cmask, NARROW: tl.constexpr):
 
 
 @triton.jit
-def _add_rows(acc, tile, PER_ROW: tl.constexpr):
-    """acc + the column sums of ``tile``; with PER_ROW, acc is a tile of per-row sums to be reduced
-    over its rows after the loop (no cross-warp reduction, no barrier, per tile; one tile of
-    registers more)."""
-    if PER_ROW:
-        acc += tile
-    else:
-        acc += tl.sum(tile, axis=0)
-    return acc
-
-
-@triton.jit
 def _sums_tile(
     s,
     sk,
@@ -130,7 +118,6 @@ def _sums_tile(
     PREC: tl.constexpr,
     OPS: tl.constexpr,
     STACKED: tl.constexpr,
-    PER_ROW: tl.constexpr,
 ):
     """One row tile's share of the reduction: s + (K - ck)^T (V - cv) and the sums of K - ck and V - cv.
 
@@ -141,12 +128,13 @@ def _sums_tile(
     bf16's, and more so with more tokens. ``STACKED``: one product of the stacked tiles,
     [K; K]^T [hi; lo], else two; which one compiles to fewer registers differs between the two
     kernels (ptxas for sm_90: the forward at head dim 64 in 80 stacked, 90 not; the backward at 32
-    in 128 not stacked, 180 stacked). ``PER_ROW``: the sums as :func:`_add_rows` keeps them."""
+    in 128 not stacked, 169 stacked). The sums are kept per row (sk, sv: [BLOCK_N, BD] tiles, reduced
+    over their rows after the loop): no reduction across the warps, no barrier, per tile."""
     if NARROW:
         kt = _load(k, n, m2, NARROW)
-        sk = _add_rows(sk, kt.to(tl.float32), PER_ROW)
+        sk += kt.to(tl.float32)
         vh, vl = _hi_lo(tiles.load_centred(v, n, m2, cv), NARROW, OPS)
-        sv = _add_rows(sv, vh.to(tl.float32) + vl.to(tl.float32), PER_ROW)
+        sv += vh.to(tl.float32) + vl.to(tl.float32)
         if STACKED:
             s = tl.dot(tl.trans(_stacked(kt, kt)), _stacked(vh, vl), s, input_precision=PREC)
         else:
@@ -154,8 +142,8 @@ def _sums_tile(
     else:
         kt = tiles.load_centred(k, n, m2, ck)
         vt = tiles.load_centred(v, n, m2, cv)
-        sk = _add_rows(sk, kt, PER_ROW)
-        sv = _add_rows(sv, vt, PER_ROW)
+        sk += kt
+        sv += vt
         s = tl.dot(tl.trans(kt), vt, s, input_precision=PREC)
     return s, sk, sv
 
@@ -171,7 +159,7 @@ def _stream_stats(
     sv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True, PER_ROW=True)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True)
     return s, tl.sum(sk, axis=0), tl.sum(sv, axis=0)
 
 
@@ -231,26 +219,28 @@ def _stream_bwd_sums(
     PREC: tl.constexpr,
 ):
     """The backward's reduction over all tokens: the forward's sums (M is recomputed), dM = Q^T G,
-    sum G and the residual's weight gradient dw[t] = sum_n G_n * V_{n+t} ([16, BD], rows 0..8)."""
+    sum G and the residual's weight gradient dw[t] = sum_n G_n * V_{n+t}. The sums over the tokens
+    are kept per row through the loop (the tuple dw of nine [BLOCK_N, BD] tiles) and reduced over
+    their rows once after it."""
     N = geo[0]
     OPS: tl.constexpr = q[0].dtype.element_ty
     s = tl.zeros([BD, BD], dtype=tl.float32)
     dm = tl.zeros([BD, BD], dtype=tl.float32)
-    sk = tl.zeros([BD], dtype=tl.float32)
-    sv = tl.zeros([BD], dtype=tl.float32)
-    gs = tl.zeros([BD], dtype=tl.float32)
+    sk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    sv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
+    gs = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     z = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     dw = (z, z, z, z, z, z, z, z, z)
     for start in range(0, N, BLOCK_N):
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False, PER_ROW=False)
+        s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False)
         gt = _load(g, n, m2, NARROW)
         dm = tl.dot(tl.trans(_load(q, n, m2, NARROW)), gt, dm, input_precision=PREC)
         gf = gt.to(tl.float32)
-        gs += tl.sum(gf, axis=0)
+        gs += gf
         if HAS_RES:
             dw = tiles.add_taps_grad_rows(dw, gf, v, cmask, tiles.grid_cells(n, N, geo), geo)
-    return s, sk, sv, dm, gs, dw
+    return s, tl.sum(sk, axis=0), tl.sum(sv, axis=0), dm, tl.sum(gs, axis=0), dw
 
 
 @triton.jit
