@@ -105,19 +105,7 @@ def _key_shift(k, cmask, NARROW: tl.constexpr):
 
 @triton.jit
 def _sums_tile(
-    s,
-    sk,
-    sv,
-    k,
-    v,
-    n,
-    m2,
-    ck,
-    cv,
-    NARROW: tl.constexpr,
-    PREC: tl.constexpr,
-    OPS: tl.constexpr,
-    STACKED: tl.constexpr,
+    s, sk, sv, k, v, n, m2, ck, cv, NARROW: tl.constexpr, PREC: tl.constexpr, OPS: tl.constexpr, STACKED: tl.constexpr
 ):
     """One row tile's share of the reduction: s + (K - ck)^T (V - cv) and the sums of K - ck and V - cv.
 
