@@ -3,6 +3,7 @@ limits, the goal table, and each step's bookkeeping, with the GPU parts stubbed.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -514,6 +515,7 @@ def test_the_cswin_goal_is_the_graphed_steps_busy_share_with_the_eager_one_besid
     assert row["graphed_busy_pct"] == pytest.approx(100 * 59.7 / 66.0)
     assert row["values"] == {"cswin_busy_pct": row["graphed_busy_pct"], "cswin_busy_pct_eager": row["busy_pct"]}
     assert row["notes"] == {}
+    assert profile_step.busy_line([row]) == "InLine-CSwin-T 44 % eager, 90 % graphed"
     assert (
         "136.60 ms a step eager, GPU busy 59.70 ms; 66.00 ms a step CUDA-graphed"
         in (tmp_path / "profile.txt").read_text()
@@ -529,16 +531,20 @@ def test_the_cswin_goal_is_the_graphed_steps_busy_share_with_the_eager_one_besid
     assert "| InLine-CSwin-T | 136.6 | 59.7 | 44 | 3242 | 3.32 | 66.0 | 90 |" in text
 
 
-def test_a_model_that_cannot_be_graphed_says_why_and_gives_no_graphed_value(tmp_path, profile_on_cpu):
-    row = _profile_cswin(tmp_path)  # on the CPU: why_not_graphed gives its reason
+def test_a_model_that_cannot_be_graphed_says_why_and_gives_no_graphed_value(tmp_path, monkeypatch, profile_on_cpu):
+    label, name, overrides = profile_step.MODELS[-1]
+    on_cpu = functools.partial(profile_step.profile_model, label=label, name=name, overrides=overrides, device="cpu")
+    monkeypatch.setattr(profile_step, "PARTS", (Part("inline-cswin-t", 1, on_cpu),))
+    result = profile_step.run(StepContext(out=tmp_path, quick=True, deadline=time.time() + 60))
+    assert result["ok"] and result["summary"].endswith("; GPU busy: InLine-CSwin-T 44 % eager, not graphed")
+    row = result["parts"]["inline-cswin-t"]  # on the CPU: why_not_graphed gives its reason
     assert profile_on_cpu == ["eager"]  # no step timed under the graphed label
     assert row["why_not_graphed"] == "CUDA graphs need a CUDA device, the step runs on cpu"
     assert "graphed_step_ms" not in row and "graphed_busy_pct" not in row
-    assert math.isnan(row["values"]["cswin_busy_pct"]) and row["values"]["cswin_busy_pct_eager"] == row["busy_pct"]
-    assert row["notes"] == {"cswin_busy_pct": "not graphed: CUDA graphs need a CUDA device, the step runs on cpu"}
-    results = {"profile": {"ok": True, "summary": "s", "parts": {"inline-cswin-t": row}, "values": row["values"],
-                           "notes": row["notes"]}}  # fmt: skip
-    text = output.save(tmp_path, {"device": "H200"}, results, ["--steps", "profile"])
+    values = result["values"]
+    assert math.isnan(values["cswin_busy_pct"]) and values["cswin_busy_pct_eager"] == row["busy_pct"]
+    assert result["notes"] == {"cswin_busy_pct": "not graphed: CUDA graphs need a CUDA device, the step runs on cpu"}
+    text = output.save(tmp_path, {"device": "H200"}, {"profile": result}, ["--steps", "profile"])
     goal = next(line for line in text.splitlines() if "the trainer's default GPU path" in line)
     assert "| not measured | >= 90 % | - | H200 | not graphed: CUDA graphs need a CUDA device" in goal
     assert "| InLine-CSwin-T | 136.6 | 59.7 | 44 | 3242 | 3.32 | - | - |" in text

@@ -179,9 +179,24 @@ PARTS = tuple(
 )
 
 
+def busy_line(rows) -> str:
+    """Each profiled model's GPU-busy shares: "InLine-CSwin-T 44 % eager, 91 % graphed" (or "not graphed")."""
+    return ", ".join(
+        f"{r['model']} {r['busy_pct']:.0f} % eager, "
+        + (f"{r['graphed_busy_pct']:.0f} % graphed" if "graphed_busy_pct" in r else "not graphed")
+        for r in rows
+        if "model" in r
+    )
+
+
 def run(ctx: StepContext) -> dict:
-    """Every model of :data:`MODELS` that fits the box, in order; ``profile.txt`` starts empty."""
+    """Every model of :data:`MODELS` that fits the box, in order; ``profile.txt`` starts empty. The
+    summary ends with each model's GPU-busy shares (:func:`busy_line`)."""
     (ctx.out / "profile.txt").write_text(
         f"torch.profiler operator tables, one eager training step per model (B {BATCH}, fused AdamW)\n"
     )
-    return run_parts(ctx, PARTS)
+    result = run_parts(ctx, PARTS)
+    line = busy_line(result["parts"].values())
+    if line:
+        result["summary"] += f"; GPU busy: {line}"
+    return result
