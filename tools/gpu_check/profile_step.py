@@ -109,7 +109,7 @@ def graphed_ms(model, opt, x, target, label: str, capture_fn: Callable = capture
     ms, status = timed_ms(lambda: graphed(x, target), label, x.device.type)
     if status != "ok":
         return math.nan, f"the replays failed: {status}"
-    if graphed.ungraphed_steps or not graphed.replays:  # never an eager time under the graphed label
+    if graphed.ungraphed_steps:  # never an eager time under the graphed label
         return math.nan, f"{graphed.ungraphed_steps} of the timed steps ran ungraphed"
     return ms, None
 
