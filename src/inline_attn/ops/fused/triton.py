@@ -296,12 +296,18 @@ def _candidates(meta: dict) -> list[dict]:
     """The configurations to try for a launch, fastest first: the planned tile with 3, 2 and 1
     software-pipeline stages (each stage buffers the loop's tiles once more in shared memory), then
     at one stage the tile (BLOCK_N, or BLOCK_B for the predictor) halved down to 16 rows. A halved
-    BLOCK_N still divides every chunk and row block of the plan, so the result is unchanged."""
-    out = [dict(meta, num_stages=s) for s in (3, 2, 1)]
+    BLOCK_N still divides every chunk and row block of the plan, so the result is unchanged. A
+    kernel with a ``STAGES`` argument (the stages of a loop whose loads feed no product, which
+    Triton pipelines only when the loop asks for them) takes each candidate's stages there too."""
+
+    def stages(s: int) -> dict:
+        return {"num_stages": s, "STAGES": s} if "STAGES" in meta else {"num_stages": s}
+
+    out = [dict(meta, **stages(s)) for s in (3, 2, 1)]
     tile = next((t for t in ("BLOCK_N", "BLOCK_B") if t in meta), None)  # the resident tile (NP) is fixed
     size = meta[tile] // 2 if tile else 0
     while size >= 16:
-        out.append(dict(meta, num_stages=1, **{tile: size}))
+        out.append(dict(meta, **stages(1), **{tile: size}))
         size //= 2
     return out
 
@@ -953,6 +959,7 @@ def _predictor_forward_launch(args: tuple, mod, heads: int) -> _Planned:
         BLOCK_B=PREDICTOR_BLOCK_B,
         BLOCK_T=PREDICTOR_BLOCK_T,
         PREC="ieee",
+        STAGES=3,
         num_warps=_predictor_warps(d),
     )
     what = functools.partial(_predictor_what, b, n, c, heads)

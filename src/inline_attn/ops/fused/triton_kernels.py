@@ -594,10 +594,15 @@ def predictor_fwd(
     BLOCK_B: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREC: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Programs (head, block of BLOCK_B samples): the token means of x over the head's channels
     ([BLOCK_B, BLOCK_T, BD] tiles summed over tokens), then the head's two products and the GELU
-    for the whole block, the head's weights read once; writes ctx [B, C] and the taps [B, 9, C] (fp32)."""
+    for the whole block, the head's weights read once; writes ctx [B, C] and the taps [B, 9, C] (fp32).
+
+    The token loop's tiles are loaded STAGES - 1 iterations ahead (asynchronous copies into shared
+    memory): Triton pipelines a loop's loads without a product to feed only when the loop asks, and
+    unpipelined each of the loop's iterations waits a whole memory round trip for its tile."""
     head = tl.program_id(0)
     i = tl.arange(0, BD)
     ch = head * D + i
@@ -607,7 +612,7 @@ def predictor_fwd(
     tok = tl.arange(0, BLOCK_T)
     rows = X + rb[:, None, None].to(tl.int64) * x_st[0] + ch[None, None, :] * x_st[2]
     acc = tl.zeros([BLOCK_B, BD], dtype=tl.float32)
-    for start in range(0, N, BLOCK_T):
+    for start in tl.range(0, N, BLOCK_T, num_stages=STAGES):
         t = start + tok
         m3 = m2[:, None, :] & (t < N)[None, :, None]
         acc += tl.sum(tl.load(rows + t[None, :, None] * x_st[1], mask=m3, other=0.0).to(tl.float32), axis=1)
