@@ -3,6 +3,7 @@ limits, the goal table, and each step's bookkeeping, with the GPU parts stubbed.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -435,6 +436,134 @@ def test_the_profile_gives_its_goal_values_and_the_summary_its_top_kernels(tmp_p
     assert saved["results"]["profile"]["parts"]["inline-deit-t"]["top"] == top
 
 
+# the profile's GPU parts replaced on the CPU: a small model, small images, fixed kernel statistics and
+# step times (eager 136.6 ms, graphed 66.0 ms, 59.7 ms of kernels: InLine-CSwin-T's run C and a graphed goal)
+PROFILED = {"gpu_busy_ms": 59.7, "kernels": 3242.0, "inline_ms": 3.32, "top": []}
+STEP_MS = {"eager": 136.6, "graphed": 66.0}
+
+
+def _small_model(name, **overrides):
+    conv = torch.nn.Conv2d(3, 8, 3, stride=2)
+    return torch.nn.Sequential(
+        conv, torch.nn.GELU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 1000)
+    )
+
+
+@pytest.fixture
+def profile_on_cpu(monkeypatch):
+    """profile_model on the CPU: its model, images and profiler replaced; ``timed`` lists which steps
+    were timed (each stand-in timing runs its step twice)."""
+    import inline_attn
+
+    monkeypatch.setattr(inline_attn, "create_model", _small_model)
+    monkeypatch.setattr(profile_step, "BATCH", 4)
+    monkeypatch.setattr(profile_step, "RESOLUTION", 16)
+    monkeypatch.setattr(profile_step, "profiled_stats", lambda step: (step(), (dict(PROFILED), "table"))[1])
+    timed = []
+
+    def timed_ms(step, label, device):
+        kind = "eager" if not timed else "graphed"
+        timed.append(kind)
+        step(), step()
+        return STEP_MS[kind], "ok"
+
+    monkeypatch.setattr(profile_step, "timed_ms", timed_ms)
+    return timed
+
+
+def _profile_cswin(tmp_path, capture_fn=None) -> dict:
+    from inline_attn.runtime.graphs import eager_capture
+
+    ctx = StepContext(out=tmp_path, quick=True, deadline=time.time() + 60)
+    label, name, overrides = profile_step.MODELS[-1]
+    assert label == "InLine-CSwin-T"
+    return profile_step.profile_model(ctx, label, name, overrides, device="cpu", capture_fn=capture_fn or eager_capture)
+
+
+def test_the_profiles_step_is_the_trainers_with_its_optimizer(monkeypatch):
+    from inline_attn.runtime import optim
+
+    built = []
+
+    def build_optimizer(model, opt, lr, weight_decay, *args, **kwargs):
+        built.append((model, opt, lr, weight_decay, args, kwargs))
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    monkeypatch.setattr(optim, "build_optimizer", build_optimizer)
+    monkeypatch.setattr(profile_step, "BATCH", 3)
+    monkeypatch.setattr(profile_step, "RESOLUTION", 16)
+    model = _small_model("x")
+    before = [p.detach().clone() for p in model.parameters()]
+    opt, x, target, step = profile_step.trainer_step(model, "cpu")
+    assert built == [(model, "adamw", profile_step.LR, profile_step.WEIGHT_DECAY, (), {})]
+    assert opt.param_groups[0]["lr"] == 1e-3 and opt.param_groups[0]["weight_decay"] == 0.05
+    assert x.shape == (3, 3, 16, 16) and target.shape == (3,) and target.dtype == torch.long
+    loss = step()
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert all(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))  # AdamW stepped
+    assert len(opt.state) == len(before)
+
+
+def test_the_cswin_goal_is_the_graphed_steps_busy_share_with_the_eager_one_beside_it(
+    tmp_path, monkeypatch, profile_on_cpu, capturable_on_cpu
+):
+    monkeypatch.setattr(profile_step, "why_not_graphed", lambda *a, **kw: None)  # as on a GPU
+    row = _profile_cswin(tmp_path)
+    assert profile_on_cpu == ["eager", "graphed"]
+    assert row["step_ms"] == 136.6 and row["graphed_step_ms"] == 66.0 and "why_not_graphed" not in row
+    assert row["busy_pct"] == pytest.approx(100 * 59.7 / 136.6)
+    assert row["graphed_busy_pct"] == pytest.approx(100 * 59.7 / 66.0)
+    assert row["values"] == {"cswin_busy_pct": row["graphed_busy_pct"], "cswin_busy_pct_eager": row["busy_pct"]}
+    assert row["notes"] == {}
+    assert profile_step.busy_line([row]) == "InLine-CSwin-T 44 % eager, 90 % graphed"
+    assert (
+        "136.60 ms a step eager, GPU busy 59.70 ms; 66.00 ms a step CUDA-graphed"
+        in (tmp_path / "profile.txt").read_text()
+    )
+    results = {"profile": {"ok": True, "summary": "s", "parts": {"inline-cswin-t": row}, "values": row["values"]}}
+    text = output.save(tmp_path, {"device": "H200"}, results, ["--steps", "profile"])
+    graphed = "InLine-CSwin-T: GPU-busy share of a step, the trainer's default GPU path (CUDA-graphed, fused AdamW)"
+    assert f"| {graphed}, B 128 | 90 % | >= 90 % | met | H200 |" in text
+    assert (
+        "| InLine-CSwin-T: GPU-busy share of an eager step (fused AdamW), B 128 | 44 % | (>= 90 %) | reported | H200 |"
+        in text
+    )
+    assert "| InLine-CSwin-T | 136.6 | 59.7 | 44 | 3242 | 3.32 | 66.0 | 90 |" in text
+
+
+def test_a_model_that_cannot_be_graphed_says_why_and_gives_no_graphed_value(tmp_path, monkeypatch, profile_on_cpu):
+    label, name, overrides = profile_step.MODELS[-1]
+    on_cpu = functools.partial(profile_step.profile_model, label=label, name=name, overrides=overrides, device="cpu")
+    monkeypatch.setattr(profile_step, "PARTS", (Part("inline-cswin-t", 1, on_cpu),))
+    result = profile_step.run(StepContext(out=tmp_path, quick=True, deadline=time.time() + 60))
+    assert result["ok"] and result["summary"].endswith("; GPU busy: InLine-CSwin-T 44 % eager, not graphed")
+    row = result["parts"]["inline-cswin-t"]  # on the CPU: why_not_graphed gives its reason
+    assert profile_on_cpu == ["eager"]  # no step timed under the graphed label
+    assert row["why_not_graphed"] == "CUDA graphs need a CUDA device, the step runs on cpu"
+    assert "graphed_step_ms" not in row and "graphed_busy_pct" not in row
+    values = result["values"]
+    assert math.isnan(values["cswin_busy_pct"]) and values["cswin_busy_pct_eager"] == row["busy_pct"]
+    assert result["notes"] == {"cswin_busy_pct": "not graphed: CUDA graphs need a CUDA device, the step runs on cpu"}
+    text = output.save(tmp_path, {"device": "H200"}, {"profile": result}, ["--steps", "profile"])
+    goal = next(line for line in text.splitlines() if "the trainer's default GPU path" in line)
+    assert "| not measured | >= 90 % | - | H200 | not graphed: CUDA graphs need a CUDA device" in goal
+    assert "| InLine-CSwin-T | 136.6 | 59.7 | 44 | 3242 | 3.32 | - | - |" in text
+    assert "InLine-CSwin-T: not graphed: CUDA graphs need a CUDA device, the step runs on cpu" in text
+
+
+def test_a_failed_capture_is_a_reason_not_an_eager_time(tmp_path, monkeypatch, profile_on_cpu, capturable_on_cpu):
+    monkeypatch.setattr(profile_step, "why_not_graphed", lambda *a, **kw: None)
+
+    def failing_capture(fn, *, warmup=3, pool=None):
+        fn()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    row = _profile_cswin(tmp_path, capture_fn=failing_capture)
+    assert profile_on_cpu == ["eager"]
+    assert row["why_not_graphed"] == "capture failed: RuntimeError: operation not permitted when stream is capturing"
+    assert math.isnan(row["values"]["cswin_busy_pct"]) and "graphed_step_ms" not in row
+
+
 def test_tests_step_compiles_in_parallel_workers_when_xdist_is_there():
     serial = tests_step.tests_command(["tests/gpu"], quick=False, xdist=False)
     parallel = tests_step.tests_command(["tests/gpu"], quick=True, xdist=True)
@@ -639,7 +768,7 @@ def test_the_dry_run_prints_the_plan_within_the_lease_and_writes_an_empty_summar
     assert runner.main(["--dry-run", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0] == "tests: box 175 s" and "  tests/ops/test_triton_stream.py" in text
-    assert "  core: about 10 s" in text and "  inline-cswin-t: about 18 s" in text
+    assert "  core: about 10 s" in text and "  inline-cswin-t: about 20 s" in text
     total = int(text.rsplit("total: at most ", 1)[1].split(" s")[0])
     assert total <= runner.LEASE_SCRIPT_S == 480
     summary = (tmp_path / "summary.md").read_text()

@@ -10,8 +10,8 @@ a step that no longer fits is not started, with a line saying so:
 2. ``goals`` (:mod:`.goals_step`): the measurements behind the goal table
    (:mod:`.goals`): InLine against the project's softmax twin in one process, interleaved, with
    the SDPA backend named;
-3. ``profile`` (:mod:`.profile_step`): one training step per model under ``torch.profiler``, the
-   GPU-busy share and the top kernels;
+3. ``profile`` (:mod:`.profile_step`): one training step per model as the trainer builds it (fused
+   AdamW), eager under ``torch.profiler`` and CUDA-graphed: the GPU-busy shares and the top kernels;
 4. ``compile`` (:mod:`.compile_step`): InLine-DeiT-T compiled against eager and eager-graphed.
 
 On demand (``--steps``): ``train`` (:mod:`.train_step`, the trainer's CUDA-graph capture),

@@ -11,7 +11,9 @@ from .tables import markdown
 GOALS_NOTE = (
     "Model rows: a training step (forward, cross-entropy, backward; no optimizer) under bf16 autocast, InLine "
     "against the project's softmax twin built in the same process and timed interleaved; the notes name the "
-    "SDPA backend that ran. The profile's rows: a whole step with AdamW."
+    "SDPA backend that ran. The profile's rows: a whole step as the trainer builds it (with its fused AdamW), eager "
+    "under the profiler and CUDA-graphed as the trainer graphs it by default; a graphed step's GPU-busy share is the "
+    "eager profile's GPU-busy ms over the graphed step's ms (a replay runs the same kernels)."
 )
 ENV_KEYS = ("device", "sms", "memory_gib", "driver", "cuda", "torch", "triton", "python", "copy_GBps", "triton_cache")
 STEP_COLUMNS = (
@@ -27,6 +29,8 @@ MODEL_COLUMNS = (
     ("busy_pct", "GPU busy %", ".0f"),
     ("kernels", "kernels a step", ".0f"),
     ("inline_ms", "InLine kernels ms", ".2f"),
+    ("graphed_step_ms", "graphed step ms", ".1f"),
+    ("graphed_busy_pct", "graphed GPU busy %", ".0f"),
 )
 KERNEL_COLUMNS = (("name", "kernel", ""), ("ms", "ms a step", ".3f"), ("calls", "calls a step", ".1f"))
 
@@ -59,11 +63,14 @@ def render_summary(env: dict, results: dict, argv: list[str]) -> str:
 
 
 def _profile_section(profile: dict) -> list[str]:
-    """One row per profiled model, then each model's top kernels."""
+    """One row per profiled model (eager and graphed), why a model was not graphed, then each
+    model's top kernels."""
     models = [r for r in profile.get("parts", {}).values() if "model" in r]
     if not models:
         return []
     lines = ["## Profile: one training step per model", "", markdown(models, MODEL_COLUMNS), ""]
+    lines += [f"{r['model']}: not graphed: {r['why_not_graphed']}" for r in models if r.get("why_not_graphed")]
+    lines += [""] if any(r.get("why_not_graphed") for r in models) else []
     for r in models:
         lines += [f"Top kernels of {r['model']}:", "", markdown(r.get("top", []), KERNEL_COLUMNS), ""]
     return lines
