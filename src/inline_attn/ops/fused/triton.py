@@ -913,9 +913,13 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
     _fitted_launch(mod.inline_bwd_rows, plan.rows_grid, rows_args, meta, plan.describe)
 
 
-# The predictor's programs take blocks of PREDICTOR_BLOCK_B samples (tl.dot's smallest tile; one
-# block per program forward, every block in turn backward) and read x in tiles of PREDICTOR_BLOCK_T tokens.
+# The predictor's forward programs take one block of PREDICTOR_BLOCK_B samples each (tl.dot's
+# smallest tile: more programs) and read x in tiles of PREDICTOR_BLOCK_T tokens. Each backward program
+# sums its gradient over every block of PREDICTOR_BWD_BLOCK_B samples in turn, a serial chain of about
+# 29 barriers a block (tools/kernel_phases.py): 32-sample blocks halve it against 16 and compile without
+# spills on sm_80-sm_90 (128 registers on sm_90; 64-sample blocks spill).
 PREDICTOR_BLOCK_B = 16
+PREDICTOR_BWD_BLOCK_B = 32
 PREDICTOR_BLOCK_T = 8
 
 
@@ -1014,7 +1018,7 @@ def _predictor_backward_launch(args: tuple, mod, heads: int) -> _Planned:
     """The predictor's backward launch on ``args``: one program per (head, weight gradient)."""
     b, n, c = args[-3:]
     d = c // heads
-    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
+    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BWD_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
     what = functools.partial(_predictor_what, b, n, c, heads)
     return _Planned("predictor_bwd", (heads * 10,), _fit(mod.predictor_bwd, args, meta, what))
 
