@@ -42,6 +42,17 @@ _PARAMETER = re.compile(r"%([\w$.-]+)\s*:")
 PHASE_WAVE_US = (0.12, 0.24)
 
 
+def _trips(lo: int, hi: int, step: int) -> int:
+    """Iterations of ``range(lo, hi, step)`` (step > 0)."""
+    return max(0, -(-(hi - lo) // step))
+
+
+def _own_barriers(instructions: list[str], start: int, end: int, loops: list) -> int:
+    """Barriers among instructions ``start`` to ``end`` outside the nested ``loops``."""
+    inner = {i for loop in loops for i in range(loop.start, loop.end + 1)}
+    return sum(1 for i in range(start, end + 1) if i not in inner and _BARRIER.search(instructions[i]))
+
+
 class PhaseError(ValueError):
     """The SASS loops do not match the TTGIR's ``scf.for`` loops, or a trip count has no rule."""
 
@@ -110,7 +121,7 @@ class _For:
     @property
     def constant_trip(self) -> int | None:
         if all(isinstance(v, int) for v in (self.lo, self.hi, self.step)):
-            return max(0, -(-(self.hi - self.lo) // self.step))
+            return _trips(self.lo, self.hi, self.step)
         return None
 
 
@@ -159,8 +170,7 @@ def _bound(value: int | str, parameters: list[str], paths: list[tuple]) -> int |
 
 
 def _structure(loop: _Loop, rule: _For, instructions, parameters, paths) -> dict:
-    inner = {i for child in loop.loops for i in range(child.start, child.end + 1)}
-    own = sum(1 for i in range(loop.start, loop.end + 1) if i not in inner and _BARRIER.search(instructions[i]))
+    own = _own_barriers(instructions, loop.start, loop.end, loop.loops)
     if not isinstance(rule.step, int) or rule.step <= 0:
         raise PhaseError(f"loop step %{rule.step} is not a positive constant")
     return dict(
@@ -186,8 +196,7 @@ def barrier_structure(listing: str, ttgir: str, paths: list[tuple] = ()) -> dict
     instructions, labels = sass_instructions(listing)
     top = sass_loops(instructions, labels)
     fors, parameters = ttgir_loops(ttgir)
-    inner = {i for loop in top for i in range(loop.start, loop.end + 1)}
-    straight = sum(1 for i, text in enumerate(instructions) if i not in inner and _BARRIER.search(text))
+    straight = _own_barriers(instructions, 0, len(instructions) - 1, top)
     loops = [_structure(s, f, instructions, parameters, list(paths)) for s, f in _pair(top, fors)]
     return dict(straight=straight, loops=loops)
 
@@ -221,7 +230,7 @@ def _argument(bound: int | list, args: tuple) -> int:
 
 def trip_count(loop: dict, args: tuple) -> int:
     """The iterations of ``loop`` (a structure's loop) in a launch with arguments ``args``."""
-    return max(0, -(-(_argument(loop["hi"], args) - _argument(loop["lo"], args)) // loop["step"]))
+    return _trips(_argument(loop["lo"], args), _argument(loop["hi"], args), loop["step"])
 
 
 def _loop_barriers(loop: dict, args: tuple) -> int:
@@ -238,7 +247,7 @@ def describe(structure: dict) -> str:
 
     def loop_text(loop):
         if isinstance(loop["hi"], int) and isinstance(loop["lo"], int):
-            trip = str(max(0, -(-(loop["hi"] - loop["lo"]) // loop["step"])))
+            trip = str(_trips(loop["lo"], loop["hi"], loop["step"]))
         else:
             lo, hi = (n or str(v) for n, v in zip(loop["names"], (loop["lo"], loop["hi"])))
             trip = f"ceil({hi} / {loop['step']})" if lo == "0" else f"ceil(({hi} - {lo}) / {loop['step']})"

@@ -485,15 +485,9 @@ def inline_fwd_resident(
 @triton.jit
 def _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo):
     """The residual's weight gradient of one (sample, head), dw[t] = sum_n G_n * V_{n+t} over grid
-    rows, gathered into one [16, BD] tile (rows 0..8) and stored once into DW [B, 9, C] (stored tap
-    by tap, each sum was moved into the store's layout on its own: two barriers more a tap)."""
-    gt = tl.where(cells[2][:, None], gt, 0.0)
-    taps = tl.arange(0, 16)
+    rows, gathered into one [16, BD] tile (rows 0..8) and stored once into DW [B, 9, C]."""
     dw = tl.zeros([16, gt.shape[1]], dtype=tl.float32)
-    for r in range(3):  # rows of taps as a loop, a row's three taps unrolled (as in tiles.add_taps)
-        for col in tl.static_range(3):
-            vn = tiles.neighbour_tile(v, cmask, cells, geo, r - 1, col - 1)
-            dw += tl.where(taps[:, None] == 3 * r + col, tl.sum(gt * vn, axis=0)[None, :], 0.0)
+    dw = tiles.add_taps_grad(dw, tl.arange(0, 16), gt, v, cmask, cells, geo)
     tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
 
 

@@ -159,7 +159,9 @@ def add_taps_grad_rows(dws, g, v, cmask, cells, geo):
 
 @triton.jit
 def store_taps_grad_rows(DW, b, C, ch, cmask, dws):
-    """Taps 0..8 of one (sample, head)'s residual weight gradient, dws kept per row -> DW [B, 9, C]."""
+    """Taps 0..8 of one (sample, head)'s residual weight gradient, dws kept per row -> DW [B, 9, C],
+    stored tap by tap: gathered into one tile for :func:`store_taps_grad` instead, the streaming
+    backward at head dim 64 takes 254 registers on sm_80 / 86 against 228 (the same barriers)."""
     view = dense_view(DW, b, 9, C, ch)
     for t in tl.static_range(9):
         tl.store(view[0] + t * view[1] + view[2], tl.sum(dws[t], axis=0).to(DW.dtype.element_ty), mask=cmask)
