@@ -444,8 +444,10 @@ def _centred(k, v, n, m2, N):
     value means (v_bar)."""
     kt = tiles.load_tile(k, n, m2)
     vt = tiles.load_tile(v, n, m2)
-    vbar = tl.sum(vt, axis=0) / N
-    kc = tl.where(m2, kt - (tl.sum(kt, axis=0) / N)[None, :], 0.0)
+    # both means summed per warp, then across warps together: one cross-warp reduction, not two
+    BITS: tl.constexpr = v[0].dtype.element_ty.primitive_bitwidth  # a K of another width: a layout change, same sums
+    kbar, vbar = tl.split(tl.sum(tl.join(tiles.warp_sums(kt, BITS), tiles.warp_sums(vt, BITS)), axis=0) / N)
+    kc = tl.where(m2, kt - kbar[None, :], 0.0)
     return kc, tl.where(m2, vt - vbar[None, :], 0.0), vbar
 
 
@@ -480,15 +482,6 @@ def inline_fwd_resident(
         out = tiles.add_taps(out, tiles.dense_view(W9, b, 9, C, ch), v, cmask, tiles.grid_cells(n, N, geo), geo, 1)
     out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
     tiles.store_tile(tiles.dense_view(O, b, N, C, ch), n, out, m2)
-
-
-@triton.jit
-def _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo):
-    """The residual's weight gradient of one (sample, head), dw[t] = sum_n G_n * V_{n+t} over grid
-    rows, gathered into one [16, BD] tile (rows 0..8) and stored once into DW [B, 9, C]."""
-    dw = tl.zeros([16, gt.shape[1]], dtype=tl.float32)
-    dw = tiles.add_taps_grad(dw, tl.arange(0, 16), gt, v, cmask, cells, geo)
-    tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
 
 
 @triton.jit
@@ -533,7 +526,7 @@ def inline_bwd_resident(
     if HAS_RES:
         cells = tiles.grid_cells(n, N, geo)
         dv = tiles.add_taps(dv, tiles.dense_view(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
-        _taps_grad(DW, b, C, ch, cmask, gt, v, cells, geo)
+        tiles.store_taps_grad(DW, b, C, ch, cmask, tiles.taps_grad(gt, v, cmask, cells, geo))
     tiles.store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
 
 

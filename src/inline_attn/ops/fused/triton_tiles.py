@@ -131,10 +131,51 @@ def add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
     return acc
 
 
+@triton.constexpr_function
+def lane_rows(rows, bd, bits):
+    """Rows of a [rows, bd] tile that one warp's 32 lanes hold when the tile was loaded from
+    ``bits``-bit elements with contiguous columns: Triton lays it out as 16-byte vectors along each
+    row, the lanes over the next rows, the program's warps over the rows after those, then register
+    repeats."""
+    return min(rows, 32 // max(1, min(32, bd * bits // 128)))
+
+
+@triton.constexpr_function
+def _one_warp():
+    return 1
+
+
+# The program's warps, a compile-time constant. The interpreter has no warps and runs a tile as one
+# array: any grouping of its rows gives the same sums there.
+program_warps = _one_warp if triton.knobs.runtime.interpret else tl.extra.cuda.num_warps
+
+
+@triton.constexpr_function
+def warp_groups(rows, bd, bits, warps):
+    """Row groups :func:`warp_sums` keeps apart in such a tile: one a warp (fewer for a short tile)."""
+    return max(1, min(warps, rows // lane_rows(rows, bd, bits)))
+
+
+@triton.jit
+def warp_sums(x, BITS: tl.constexpr):
+    """Column sums of x [rows, BD] per warp, [warps, BD]: with the layout of a tile loaded from
+    BITS-bit elements (:func:`lane_rows`), each warp sums its own rows in registers and lane
+    shuffles (no shared memory, no barrier); summing the result's rows gives the column sums.
+    Another layout gives the same sums after a layout change."""
+    ROWS: tl.constexpr = x.shape[0]
+    BD: tl.constexpr = x.shape[1]
+    LANES: tl.constexpr = lane_rows(ROWS, BD, BITS)
+    GROUPS: tl.constexpr = warp_groups(ROWS, BD, BITS, program_warps())
+    parts = tl.reshape(x, [ROWS // (GROUPS * LANES), GROUPS, LANES, BD])
+    return tl.sum(tl.sum(parts, axis=2), axis=0)
+
+
 @triton.jit
 def add_taps_grad(dw, taps, g, v, cmask, cells, geo):
     """dw + one tile's share of the residual's weight gradient, dw[t] += sum_n G_n * V_{n+t} over
-    the tile's grid rows (g: the fp32 tile of G at the cells; dw: [16, BD], rows 0..8 used).
+    the tile's grid rows (g: the fp32 tile of G at the cells; dw: [16, BD], rows 0..8 used), each
+    tap's sum reduced across warps at once: a token loop's dw stays one compact tile (nine sums kept
+    per warp through the loop, as :func:`taps_grad` keeps them, spill the fused kernels).
 
     ``taps`` is ``tl.arange(0, 16)``, made by the caller before its token loop: made here, inside
     the loop, the kernel compiles to the same instructions in another order."""
@@ -143,6 +184,22 @@ def add_taps_grad(dw, taps, g, v, cmask, cells, geo):
         vn = neighbour_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
         dw += tl.where(taps[:, None] == t, tl.sum(g * vn, axis=0)[None, :], 0.0)
     return dw
+
+
+@triton.jit
+def taps_grad(g, v, cmask, cells, geo):
+    """The residual's weight gradient of a tile, dw[t] = sum_n G_n * V_{n+t} over its grid rows,
+    [16, BD] (rows 0..8; g: the fp32 tile of G at the cells): the nine sums kept per warp
+    (:func:`warp_sums`) and reduced across warps once, not once a tap. For a whole (sample, head)
+    in one tile (the resident kernels); in a token loop the per-warp sums spill (:func:`add_taps_grad`)."""
+    g = tl.where(cells[2][:, None], g, 0.0)
+    BITS: tl.constexpr = v[0].dtype.element_ty.primitive_bitwidth
+    taps = tl.arange(0, 16)
+    dw = tl.zeros([16, warp_groups(g.shape[0], g.shape[1], BITS, program_warps()), g.shape[1]], dtype=tl.float32)
+    for t in range(9):  # a loop: unrolled, the nine tiles' loads are hoisted together and spill
+        vn = neighbour_tile(v, cmask, cells, geo, t // 3 - 1, t % 3 - 1)
+        dw += tl.where(taps[:, None, None] == t, warp_sums(g * vn, BITS)[None, :, :], 0.0)
+    return tl.sum(dw, axis=1)
 
 
 @triton.jit
