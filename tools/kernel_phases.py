@@ -147,10 +147,19 @@ def ttgir_loops(ttgir: str) -> tuple[list[_For], list[str]]:
     return top, parameters
 
 
-def _pair(sass: list[_Loop], fors: list[_For]) -> list[tuple[_Loop, _For]]:
+def _barrier_free(loop: _Loop, instructions: list[str]) -> bool:
+    """Whether ``loop`` (its nested loops included) holds no barrier."""
+    return not any(_BARRIER.search(instructions[i]) for i in range(loop.start, loop.end + 1))
+
+
+def _pair(sass: list[_Loop], fors: list[_For], instructions: list[str]) -> list[tuple[_Loop, _For]]:
     """Pair the SASS loops of one level with its ``scf.for`` loops, in order. LLVM unrolls small
     constant-trip loops completely: while the TTGIR has more loops, drop its constant-trip ones,
-    the fewest trips first (the likeliest unrolled)."""
+    the fewest trips first (the likeliest unrolled). A level whose SASS loops hold no barrier adds
+    none whatever their pairing (ptxas may split a loop in two, an unrolled body and the rest):
+    no pairs."""
+    if len(sass) != len(fors) and all(_barrier_free(loop, instructions) for loop in sass):
+        return []
     fors = list(fors)
     constant = sorted((f for f in fors if f.constant_trip is not None), key=lambda f: f.constant_trip)
     while len(fors) > len(sass) and constant:
@@ -179,7 +188,9 @@ def _structure(loop: _Loop, rule: _For, instructions, parameters, paths) -> dict
         hi=_bound(rule.hi, parameters, paths),
         step=rule.step,
         names=[v if isinstance(v, str) else None for v in (rule.lo, rule.hi)],
-        loops=[_structure(s, f, instructions, parameters, paths) for s, f in _pair(loop.loops, rule.loops)],
+        loops=[
+            _structure(s, f, instructions, parameters, paths) for s, f in _pair(loop.loops, rule.loops, instructions)
+        ],
     )
 
 
@@ -197,7 +208,7 @@ def barrier_structure(listing: str, ttgir: str, paths: list[tuple] = ()) -> dict
     top = sass_loops(instructions, labels)
     fors, parameters = ttgir_loops(ttgir)
     straight = _own_barriers(instructions, 0, len(instructions) - 1, top)
-    loops = [_structure(s, f, instructions, parameters, list(paths)) for s, f in _pair(top, fors)]
+    loops = [_structure(s, f, instructions, parameters, list(paths)) for s, f in _pair(top, fors, instructions)]
     return dict(straight=straight, loops=loops)
 
 

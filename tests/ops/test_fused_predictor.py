@@ -288,9 +288,10 @@ def test_layer_tokens_bad_input_is_a_clear_error(change, match):
 
 
 def test_predictor_backward_over_sample_blocks_is_one_launch_matching_float64():
-    # every program sums its head's gradient over all samples in blocks of 16, in one launch: 16
-    # samples make one block, 100 and 201 (Swin's windows) a ragged last one; a second run gives
-    # bit-equal gradients (a fixed order, no atomics)
+    # every program sums its head's gradient over all samples in blocks of 32, in one launch (the
+    # interpreter's 4 multiprocessors are filled by the 20 (head, slot) programs): 16 samples make
+    # one block, 100 and 201 (Swin's windows) a ragged last one; a second run gives bit-equal
+    # gradients (a fixed order, no atomics)
     heads, d, n = 2, 16, 5
     c = heads * d
     params = [p.float() for p in _params(c, d)]
@@ -300,9 +301,42 @@ def test_predictor_backward_over_sample_blocks_is_one_launch_matching_float64():
         dtaps = torch.randn(b, 9, c, device=DEVICE)
         with triton_core.record_launches() as log:
             got = triton_core.predictor_backward_triton(ctx, dtaps, *flat, n=n, num_heads=heads)
-        assert [(x.kernel, x.grid) for x in log] == [("predictor_bwd", (heads * 10,))]
+        assert [(x.kernel, x.grid) for x in log] == [("predictor_bwd", (heads * 10, 1))]
         want = _predictor_grads(ctx, dtaps, params, heads, n)
         errs = [_rel(a.reshape(r.shape), r) for a, r in zip(got, want)]
         assert max(errs) < 1e-5, (b, errs)
     again = triton_core.predictor_backward_triton(ctx, dtaps, *flat, n=n, num_heads=heads)
     assert all(torch.equal(a, r) for a, r in zip(again, got))
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 7])
+def test_predictor_backward_over_sample_chunks_merges_in_order_matching_float64(chunks):
+    # the samples split into chunks over a second grid dimension, the chunks' sums added in order
+    # by a second launch: 201 samples are 7 blocks of 32 (3 chunks: 3 + 3 + 1 blocks, the last one
+    # ragged); a second run gives bit-equal gradients
+    heads, d, n, b = 2, 16, 5, 201
+    c = heads * d
+    params = [p.float() for p in _params(c, d)]
+    flat = [p.reshape(p.shape[0], -1) for p in params[:3]]
+    ctx = torch.randn(b, c, device=DEVICE)
+    dtaps = torch.randn(b, 9, c, device=DEVICE)
+    with triton_core.record_launches() as log:
+        got = triton_core.predictor_backward_triton(ctx, dtaps, *flat, n=n, num_heads=heads, chunks=chunks)
+    launched = [(x.kernel, x.grid) for x in log]
+    assert launched == [("predictor_bwd", (heads * 10, chunks)), ("predictor_bwd_merge", (heads * 10,))]
+    want = _predictor_grads(ctx, dtaps, params, heads, n)
+    errs = [_rel(a.reshape(r.shape), r) for a, r in zip(got, want)]
+    assert max(errs) < 1e-5, errs
+    again = triton_core.predictor_backward_triton(ctx, dtaps, *flat, n=n, num_heads=heads, chunks=chunks)
+    assert all(torch.equal(a, r) for a, r in zip(again, got))
+
+
+def test_predictor_backward_chunks_fill_the_device_from_four_blocks():
+    gpu = triton_core.DeviceLimits("H200", 132, 232_448)
+    with triton_core.simulated_device(gpu, lambda *a: 0):
+        device = torch.device("meta")  # planned as the simulated GPU
+        # InLine-DeiT-T's layer: 128 samples are 4 blocks of 32, one a chunk (60 programs fill 240)
+        assert triton_core._predictor_chunks(device, 60, 4) == 4
+        # Swin-T's 7x7 windows at B 64: 4,096 windows, 128 blocks; 3 heads' 30 programs x 35 chunks
+        assert triton_core._predictor_chunks(device, 30, 128) == 8 * 132 // 30
+        assert triton_core._predictor_chunks(device, 30, 3) == 1  # a short chain stays one launch

@@ -40,12 +40,14 @@ def rows(tmp_path_factory):
     return json.loads((out / "occupancy.json").read_text())
 
 
-def test_one_streaming_kernel_and_one_predictor_kernel_each_way_at_every_shape(rows):
+def test_one_streaming_kernel_each_way_and_the_predictors_three_at_every_shape(rows):
+    # the predictor's backward runs over chunks of samples at these batches, merged by a second launch
+    predictor = ["predictor_bwd", "predictor_bwd_merge", "predictor_fwd"]
     for target in TARGETS:
         for shape in ("DeiT-T", "Swin 7x7", "14x14"):
             here = [r for r in rows if r["target"] == target and r["shape"] == shape]
             kernels = sorted(r["kernel"] for r in here if r["design"] in ("stream", "both"))
-            assert kernels == ["inline_bwd_stream", "inline_fwd_stream", "predictor_bwd", "predictor_fwd"], kernels
+            assert kernels == ["inline_bwd_stream", "inline_fwd_stream", *predictor], kernels
             resident = sorted(r["kernel"] for r in here if r["design"] == "resident")
             expected = ["inline_bwd_resident", "inline_fwd_resident"] if target == "sm_90" else []
             assert resident == expected, (target, shape, resident)
@@ -178,3 +180,27 @@ def test_sass_loops_the_ttgir_cannot_account_for_are_an_error():
     no_loops = "\n".join(line for line in TTGIR.splitlines() if "scf.for" not in line)
     with pytest.raises(kernel_phases.PhaseError, match="1 SASS loops against 0 scf.for loops"):
         kernel_phases.barrier_structure(LISTING, no_loops, kernel_phases.parameter_paths(SIGNATURE))
+
+
+def test_a_loop_ptxas_split_in_two_counts_nothing_when_neither_part_has_a_barrier():
+    # ptxas may run a loop as an unrolled body and a remainder loop: two SASS loops for one
+    # scf.for. Without a barrier in either, the kernel's barriers are its straight-line ones.
+    from tools import kernel_phases
+
+    listing = """
+        /*0000*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_0:
+        /*0010*/                   LDG.E R2, [R4.64] ;
+        /*0020*/               @P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0030*/                   LDG.E R3, [R4.64] ;
+        /*0040*/               @P1 BRA `(.L_x_1) ;
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0060*/                   EXIT ;
+"""
+    one_loop = "\n".join(line for line in TTGIR.splitlines() if "%j = " not in line and "%k = " not in line)
+    structure = kernel_phases.barrier_structure(listing, one_loop, kernel_phases.parameter_paths(SIGNATURE))
+    assert structure == {"straight": 2, "loops": []}
+    with_barrier = listing.replace("LDG.E R3, [R4.64]", "BAR.SYNC.DEFER_BLOCKING 0x0")
+    with pytest.raises(kernel_phases.PhaseError, match="2 SASS loops against 1 scf.for loops"):
+        kernel_phases.barrier_structure(with_barrier, one_loop, kernel_phases.parameter_paths(SIGNATURE))

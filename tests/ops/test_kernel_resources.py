@@ -33,6 +33,7 @@ FAMILIES = {
     "inline_bwd_rows",
     "predictor_fwd",
     "predictor_bwd",
+    "predictor_bwd_merge",
 }
 
 REPO = pathlib.Path(__file__).resolve().parents[2]  # `python -m tools.kernel_audit` runs from the repository root

@@ -56,6 +56,7 @@ def test_the_plan_holds_the_model_layer_and_the_core_parts_launches(tmp_path):
         "inline_fwd_resident",
         "inline_fwd_stream",
         "predictor_bwd",
+        "predictor_bwd_merge",
         "predictor_fwd",
     ]
     stream = next(r for r in rows if r["kernel"] == "inline_fwd_stream")

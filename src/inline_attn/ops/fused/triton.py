@@ -915,11 +915,12 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
 
 # The predictor's forward programs take one block of PREDICTOR_BLOCK_B samples each (tl.dot's
 # smallest tile: more programs) and read x in tiles of PREDICTOR_BLOCK_T tokens. Each backward program
-# sums its gradient over every block of PREDICTOR_BWD_BLOCK_B samples in turn, a serial chain of about
-# 29 barriers a block (tools/kernel_phases.py): 32-sample blocks halve it against 16 and compile without
-# spills on sm_80-sm_90 (128 registers on sm_90; 64-sample blocks spill).
+# sums its gradient over the blocks of PREDICTOR_BWD_BLOCK_B samples of its chunk in turn, a serial
+# chain of about 29 barriers a block (tools/kernel_phases.py); the chunks keep the chains short
+# (:func:`_predictor_chunks`), and at 16 samples a block the chunks' kernel compiles without spills
+# on sm_80-sm_90 (at 32 it spills on sm_90, whose ptxas holds it to 128 registers).
 PREDICTOR_BLOCK_B = 16
-PREDICTOR_BWD_BLOCK_B = 32
+PREDICTOR_BWD_BLOCK_B = 16
 PREDICTOR_BLOCK_T = 8
 
 
@@ -982,23 +983,47 @@ def predictor_backward_triton(
     w2: torch.Tensor,
     n: int,
     num_heads: int,
+    chunks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`predictor_forward_triton` for the taps' gradient dtaps [B, 9, C] (fp32,
     contiguous): (dctx / N [B, C], dw1, db1, dw2, db2), all fp32.
 
-    One launch, parallel over (head, slot) for the ten weight gradients of each head (W1 with b1,
-    and W2 with b2 per tap): each program sums its gradient over every sample in a fixed order
-    (bit-reproducible); slot 0 also takes the samples back through both products for dctx.
+    Parallel over (head, slot) for the ten weight gradients of each head (W1 with b1, and W2 with
+    b2 per tap) and over chunks of the samples: each program sums its gradient over its chunk in a
+    fixed order, and with more than one chunk a second launch adds the chunks' sums in order
+    (bit-reproducible, no atomics); slot 0 also takes the samples back through both products for
+    dctx. ``chunks`` forces their number (None: :func:`_predictor_chunks`).
     """
     mod = load_kernels(ctx.device)
     b, c = ctx.shape
     grads = _predictor_gradients(ctx, w1, w2)
     # with no samples every program writes zero sums: the gradients need no fill
-    args = (ctx, dtaps, w1, b1, w2, *grads, b, n, c)
+    args = (ctx, dtaps, w1, b1, w2, *grads, grads[0], b, n, c, _blocks(b))
     key = ("predictor_bwd", ctx.shape, ctx.dtype, dtaps.dtype, w1.dtype, b1.dtype, w2.dtype, ctx.device, num_heads)
-    plan = _planned(key, _predictor_backward_launch, args, mod, num_heads)
-    _launch(mod.predictor_bwd, plan.grid, *args, **plan.meta)
+    plan = _planned(key + (chunks,), _predictor_backward_launch, args, mod, num_heads, chunks)
+    _predictor_backward(mod, plan, args[:10], b, n, c)
     return grads
+
+
+def _blocks(b: int) -> int:
+    """The predictor backward's blocks of PREDICTOR_BWD_BLOCK_B samples among b."""
+    return -(-b // PREDICTOR_BWD_BLOCK_B)
+
+
+def _predictor_backward(mod, plan: _Planned, tensors: tuple, b: int, n: int, c: int) -> None:
+    """The predictor's backward as ``plan`` launches it on ``tensors`` (ctx, dtaps, w1, b1, w2 and
+    the five gradients): one launch, or the chunks' sums into a workspace and their merge."""
+    programs, chunks = plan.grid
+    per_chunk = -(-_blocks(b) // chunks)
+    if chunks == 1:  # the workspace argument is never read: the first gradient stands in
+        _launch(mod.predictor_bwd, plan.grid, *tensors, tensors[5], b, n, c, per_chunk, **plan.meta)
+        return
+    bd = plan.meta["BD"]
+    ws = _workspace(chunks, programs, bd * bd + bd, like=tensors[0])
+    _launch(mod.predictor_bwd, plan.grid, *tensors, ws, b, n, c, per_chunk, **plan.meta)
+    merge = dict(D=plan.meta["D"], BD=bd, num_warps=plan.meta["num_warps"])
+    what = functools.partial(_predictor_what, b, n, c, programs // 10)
+    _fitted_launch(mod.predictor_bwd_merge, (programs,), (ws, *tensors[6:], chunks), merge, what)
 
 
 def _predictor_gradients(ctx: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -1014,21 +1039,48 @@ def _predictor_gradients(ctx: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) 
     )
 
 
-def _predictor_backward_launch(args: tuple, mod, heads: int) -> _Planned:
-    """The predictor's backward launch on ``args``: one program per (head, weight gradient)."""
-    b, n, c = args[-3:]
+# Each program of the predictor's backward sums over a serial chain of sample blocks, about 29
+# barriers a block (tools/kernel_phases.py), and a head has only ten programs: from
+# PREDICTOR_SPLIT_MIN_BLOCKS blocks on, the samples are split into chunks over a second grid
+# dimension, as many as fill the device, and a second launch adds the chunks' sums in order.
+PREDICTOR_SPLIT_MIN_BLOCKS = 4
+
+
+def _predictor_chunks(device: torch.device, programs: int, blocks: int) -> int:
+    """Sample chunks of the predictor's backward for ``programs`` (head, slot) programs over
+    ``blocks`` sample blocks: 1 below PREDICTOR_SPLIT_MIN_BLOCKS blocks, else enough to fill the
+    device (_PROGRAMS_PER_SM a multiprocessor), at most one a block."""
+    if blocks < PREDICTOR_SPLIT_MIN_BLOCKS:
+        return 1
+    return max(1, min(blocks, _PROGRAMS_PER_SM * device_limits(device).sms // programs))
+
+
+def _predictor_backward_launch(args: tuple, mod, heads: int, chunks: int | None) -> _Planned:
+    """The predictor's backward launch on ``args``: programs (head * 10 + weight gradient, chunk
+    of samples), ``chunks`` of them (None: :func:`_predictor_chunks`); chunks that would hold no
+    block are not launched."""
+    b, n, c, blocks = args[-4:]
     d = c // heads
-    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BWD_BLOCK_B, PREC="ieee", num_warps=_predictor_warps(d))
+    wanted = _predictor_chunks(args[0].device, heads * 10, blocks) if chunks is None else max(1, min(chunks, blocks))
+    chunks = -(-blocks // -(-blocks // wanted)) if blocks else 1
+    meta = dict(
+        D=d,
+        BD=_block_d(d),
+        BLOCK_B=PREDICTOR_BWD_BLOCK_B,
+        PARTIAL=chunks > 1,
+        PREC="ieee",
+        num_warps=_predictor_warps(d),
+    )
     what = functools.partial(_predictor_what, b, n, c, heads)
-    return _Planned("predictor_bwd", (heads * 10,), _fit(mod.predictor_bwd, args, meta, what))
+    return _Planned("predictor_bwd", (heads * 10, chunks), _fit(mod.predictor_bwd, args, meta, what))
 
 
 # One InLine layer step on the Triton kernels (the layer core's autograd.Function, ops/fused/op.py):
 # the predictor's and the core's launches of each direction planned together, under one key of
 # that direction's arguments. A small model's eager GPU step waits on this host path, so it is
 # written out flat: one lookup, the output buffers and two launches each way. A direction that
-# does not run as two single launches (the core's reductions split over token chunks, no samples
-# or no tokens) goes through the launchers above.
+# does not run as two single launches (the core's reductions split over token chunks, the
+# predictor's backward over sample chunks, no samples or no tokens) goes through the launchers above.
 
 
 @dataclass(frozen=True)
@@ -1105,7 +1157,7 @@ def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, 
     dctx = torch.empty((b, 1, c), device=device, dtype=f32)
     dw1, dw2 = torch.empty(w1.shape, device=device, dtype=f32), torch.empty(w2.shape, device=device, dtype=f32)
     db1, db2 = torch.empty((c,), device=device, dtype=f32), torch.empty((9 * c,), device=device, dtype=f32)
-    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, b, n, c)
+    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, dctx, b, n, c, _blocks(b))  # one chunk
     _launch(mod.predictor_bwd, predictor.grid, *pred_args, **predictor.meta)
     if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
         dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
@@ -1123,9 +1175,12 @@ def _layer_backward_plan(params: tuple, geometry: tuple) -> _LayerPlan:
     grads = _core_gradients(q, taps)
     core_args = (q, k, v, taps, grad, *grads, *_strides(q, k, v, grad), geometry, 1.0)
     core = _core_launch(core_args, mod, _BACKWARD_KERNELS, q, None, True)
-    pred_args = (ctx, grads[3], w1, b1, w2, *_predictor_gradients(ctx, w1, w2), b, n, c)
-    predictor = _predictor_backward_launch(pred_args, mod, geometry[-1])
-    return _LayerPlan(predictor, core) if core.split is None else _LayerPlan(None, None)
+    pred_grads = _predictor_gradients(ctx, w1, w2)
+    predictor = _predictor_backward_launch(
+        (ctx, grads[3], w1, b1, w2, *pred_grads, ctx, b, n, c, _blocks(b)), mod, geometry[-1], None
+    )
+    single = core.split is None and predictor.grid[1] == 1  # else the launchers: two launches or more
+    return _LayerPlan(predictor, core) if single else _LayerPlan(None, None)
 
 
 def plan_layer_step(q, w9, grad, num_heads: int, h: int, w: int, p: int, split: int | None = None) -> None:

@@ -675,20 +675,27 @@ def predictor_bwd(
     DB1,
     DW2,
     DB2,
+    WS,
     B,
     N,
     C,
+    chunk_blocks,
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    PARTIAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Programs (head * 10 + slot): one of a head's ten weight gradients (slot 0: dW1 with db1, and
-    dctx / N [B, C]; slot 1 + t: dW2 with db2 of tap t), summed over every sample in blocks of
-    BLOCK_B in a fixed order: one launch, no atomics, bit-reproducible. The head's W1 is read once
-    per program, W2's taps once per block of samples (slot 0)."""
-    head = tl.program_id(0) // 10
-    slot = tl.program_id(0) % 10
+    """Programs (head * 10 + slot, chunk): one of a head's ten weight gradients (slot 0: dW1 with
+    db1, and dctx / N [B, C]; slot 1 + t: dW2 with db2 of tap t), summed over the chunk's
+    ``chunk_blocks`` blocks of BLOCK_B samples in a fixed order; no atomics, bit-reproducible. With
+    one chunk (PARTIAL False) the program stores the gradient; else its sums go to the chunk's
+    workspace row (``[10 * heads, BD * BD + BD]`` per chunk) and :func:`predictor_bwd_merge` adds
+    the chunks in order. The head's W1 is read once per program, W2's taps once per block of
+    samples (slot 0)."""
+    pid = tl.program_id(0)
+    head = pid // 10
+    slot = pid % 10
     i = tl.arange(0, BD)
     ch = head * D + i
     cmask = i < D
@@ -696,9 +703,31 @@ def predictor_bwd(
     b1 = tl.load(B1 + ch, mask=cmask, other=0.0).to(tl.float32)
     mat = tl.zeros([BD, BD], dtype=tl.float32)
     vec = tl.zeros([BD], dtype=tl.float32)
-    for b0 in range(0, B, BLOCK_B):
-        rb = b0 + tl.arange(0, BLOCK_B)
+    first = tl.program_id(1) * chunk_blocks
+    for blk in range(0, chunk_blocks):  # a trip count the launch gives: tools/kernel_phases reads it
+        rb = (first + blk) * BLOCK_B + tl.arange(0, BLOCK_B)
         m, v = _slot_sums(CTX, DTAPS, W2, DCTX, w1, b1, rb, ch, i, cmask, slot, B, N, C, D, PREC)
         mat += m
         vec += v
-    _store_slot(DW1, DB1, DW2, DB2, head, slot, mat, vec, D, BD)
+    if PARTIAL:
+        c, sq = _square(BD)
+        ws = WS + (tl.program_id(1) * tl.num_programs(0) + pid) * (BD * BD + BD)
+        tl.store(ws + sq, mat)
+        tl.store(ws + BD * BD + c, vec)
+    else:
+        _store_slot(DW1, DB1, DW2, DB2, head, slot, mat, vec, D, BD)
+
+
+@triton.jit
+def predictor_bwd_merge(WS, DW1, DB1, DW2, DB2, chunks, D: tl.constexpr, BD: tl.constexpr):
+    """Programs (head * 10 + slot): the chunks' workspace rows of :func:`predictor_bwd` added in
+    chunk order (bit-reproducible), then stored as that slot's gradient."""
+    pid = tl.program_id(0)
+    c, sq = _square(BD)
+    mat = tl.zeros([BD, BD], dtype=tl.float32)
+    vec = tl.zeros([BD], dtype=tl.float32)
+    for k in range(0, chunks):
+        ws = WS + (k * tl.num_programs(0) + pid) * (BD * BD + BD)
+        mat += tl.load(ws + sq)
+        vec += tl.load(ws + BD * BD + c)
+    _store_slot(DW1, DB1, DW2, DB2, pid // 10, pid % 10, mat, vec, D, BD)
