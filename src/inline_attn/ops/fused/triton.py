@@ -1157,7 +1157,8 @@ def layer_backward_triton(q, k, v, ctx, taps, w1, b1, w2, grad, num_heads: int, 
     dctx = torch.empty((b, 1, c), device=device, dtype=f32)
     dw1, dw2 = torch.empty(w1.shape, device=device, dtype=f32), torch.empty(w2.shape, device=device, dtype=f32)
     db1, db2 = torch.empty((c,), device=device, dtype=f32), torch.empty((9 * c,), device=device, dtype=f32)
-    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, dctx, b, n, c, _blocks(b))  # one chunk
+    blocks = -(-b // PREDICTOR_BWD_BLOCK_B)  # one chunk of every block (written out: no call on this path)
+    pred_args = (ctx, dtaps, w1, b1, w2, dctx, dw1, db1, dw2, db2, dctx, b, n, c, blocks)
     _launch(mod.predictor_bwd, predictor.grid, *pred_args, **predictor.meta)
     if dt != q.dtype:  # the interpreter wrote float32 (triton#11584): round here
         dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
