@@ -91,6 +91,28 @@ BARRIER_BOUNDS = {
 }
 
 
+# The predictor's serial chains, the same way: the forward's token loop at DeiT-T's layer (76), the
+# backward's sample blocks at DeiT-T's layer (one block a chunk: 32) and at Swin's 4,096 windows of
+# 7 x 7 (eight blocks a chunk: 235), each chunk one program.
+PREDICTOR_BARRIER_BOUNDS = {
+    ("predictor_fwd", "DeiT-T"): 84,
+    ("predictor_bwd", "DeiT-T"): 36,
+    ("predictor_bwd", "Swin 7x7"): 260,
+}
+
+
+def test_predictor_barriers_per_program_on_sm_90(rows):
+    for (kernel, shape), bound in PREDICTOR_BARRIER_BOUNDS.items():
+        (r,) = [r for r in rows if r["target"] == "sm_90" and r["shape"] == shape and r["kernel"] == kernel]
+        assert r["barriers"] is not None and r["barriers"] <= bound, (
+            kernel,
+            shape,
+            r["barriers"],
+            r["barrier_rule"],
+            bound,
+        )
+
+
 def test_core_kernels_barriers_per_program_at_deit_t_on_sm_90(rows):
     core = {r["kernel"]: r for r in rows if r["target"] == "sm_90" and r["shape"] == "DeiT-T" and r["design"] != "both"}
     assert sorted(core) == sorted(BARRIER_BOUNDS)
