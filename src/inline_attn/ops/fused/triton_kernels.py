@@ -517,7 +517,7 @@ def inline_bwd_resident(
     kc, vc, _ = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * alpha
     gt = tiles.load_tile(g, n, m2)
-    adm = tl.dot(tl.trans(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2)), gt, input_precision=PREC) * alpha
+    adm = tl.dot(tiles.load_tile_t(tiles.head_view(Q, q_st, b, ch), n, m2), gt, input_precision=PREC) * alpha
     dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
     tiles.store_tile(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)

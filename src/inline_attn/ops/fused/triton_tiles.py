@@ -61,6 +61,15 @@ def load_tile(view, n, mask):
 
 
 @triton.jit
+def load_tile_t(view, n, mask):
+    """The transposed tile, [BD, BLOCK_N] fp32, of a view's rows n (``mask``: the [BLOCK_N, BD]
+    tile's): loaded transposed, a product's transposed operand (Q^T in dM = Q^T G) needs no layout
+    change through shared memory (``tl.trans`` of a loaded tile took eight barriers)."""
+    ptr, sn, cols = view
+    return tl.load(ptr + n[None, :] * sn + cols[:, None], mask=tl.trans(mask), other=0.0).to(tl.float32)
+
+
+@triton.jit
 def load_centred(view, n, mask, centre):
     """The fp32 tile of a view's rows n minus ``centre`` (a [BD] row: K's or V's token-0 row, which
     keeps the sums' rounding small, or a mean), masked rows zero."""
