@@ -252,7 +252,7 @@ def _bwd_sums(
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
         cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
         gt = tiles.load_tile(g, n, m2)
-        dm += tl.dot(tl.trans(tiles.load_tile(q, n, m2)), gt, input_precision=PREC)
+        dm += tl.dot(tiles.load_tile_t(q, n, m2), gt, input_precision=PREC)
         gs += tl.sum(gt, axis=0)
         if HAS_RES:
             dw = tiles.add_taps_grad(dw, taps, gt, v, cmask, tiles.grid_cells(n, n_hi, geo), geo)
