@@ -325,8 +325,9 @@ def inline_core(
 # The layer core with its residual predictor: ``O = InLine(q, k, v) + R(v, P(mean_n x))`` in one
 # autograd node, so that an eager layer step crosses one autograd boundary. On the CPU the node is
 # the C++ op's own (``cpu_layer``: the predictor and the core each way in C++, no Python); on
-# Triton it is :class:`_TritonLayerCore`, with the predictor in one kernel each way
-# (forward: predictor_fwd + the core's; backward: the core's + predictor_bwd).
+# Triton it is :class:`_TritonLayerCore`, with the predictor's kernels beside the core's (forward:
+# predictor_fwd + the core's; backward: the core's + predictor_bwd, and predictor_bwd_merge from
+# four blocks of samples on).
 
 _FLOAT32_LAYER = (torch.float32,) * 5  # x and the predictor's four parameters, the usual dtypes
 
