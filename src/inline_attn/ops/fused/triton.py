@@ -1001,7 +1001,7 @@ def predictor_backward_triton(
     args = (ctx, dtaps, w1, b1, w2, *grads, grads[0], b, n, c, _blocks(b))
     key = ("predictor_bwd", ctx.shape, ctx.dtype, dtaps.dtype, w1.dtype, b1.dtype, w2.dtype, ctx.device, num_heads)
     plan = _planned(key + (chunks,), _predictor_backward_launch, args, mod, num_heads, chunks)
-    _predictor_backward(mod, plan, args[:10], b, n, c)
+    _predictor_backward(mod, plan, args)
     return grads
 
 
@@ -1010,11 +1010,13 @@ def _blocks(b: int) -> int:
     return -(-b // PREDICTOR_BWD_BLOCK_B)
 
 
-def _predictor_backward(mod, plan: _Planned, tensors: tuple, b: int, n: int, c: int) -> None:
-    """The predictor's backward as ``plan`` launches it on ``tensors`` (ctx, dtaps, w1, b1, w2 and
-    the five gradients): one launch, or the chunks' sums into a workspace and their merge."""
+def _predictor_backward(mod, plan: _Planned, args: tuple) -> None:
+    """The predictor's backward as ``plan`` launches it on ``args`` (ctx, dtaps, w1, b1, w2, the five
+    gradients, a workspace placeholder, B, N, C and the sample blocks): one launch, or the chunks'
+    sums into a workspace and their merge."""
+    *tensors, _, b, n, c, blocks = args
     programs, chunks = plan.grid
-    per_chunk = -(-_blocks(b) // chunks)
+    per_chunk = -(-blocks // chunks)
     if chunks == 1:  # the workspace argument is never read: the first gradient stands in
         _launch(mod.predictor_bwd, plan.grid, *tensors, tensors[5], b, n, c, per_chunk, **plan.meta)
         return

@@ -664,6 +664,15 @@ def _slot_sums(CTX, DTAPS, W2, DCTX, w1, b1, rb, ch, i, cmask, slot, B, N, C, D:
 
 
 @triton.jit
+def _slot_partial(WS, chunk, BD: tl.constexpr):
+    """The pointers of this program's slot sums ([BD, BD], then [BD]) in chunk ``chunk``'s workspace
+    rows of the predictor's backward (``[10 * heads, BD * BD + BD]`` a chunk, fp32)."""
+    c, sq = _square(BD)
+    ws = WS + (chunk * tl.num_programs(0) + tl.program_id(0)) * (BD * BD + BD)
+    return ws + sq, ws + BD * BD + c
+
+
+@triton.jit
 def predictor_bwd(
     CTX,
     DTAPS,
@@ -710,10 +719,9 @@ def predictor_bwd(
         mat += m
         vec += v
     if PARTIAL:
-        c, sq = _square(BD)
-        ws = WS + (tl.program_id(1) * tl.num_programs(0) + pid) * (BD * BD + BD)
-        tl.store(ws + sq, mat)
-        tl.store(ws + BD * BD + c, vec)
+        mat_at, vec_at = _slot_partial(WS, tl.program_id(1), BD)
+        tl.store(mat_at, mat)
+        tl.store(vec_at, vec)
     else:
         _store_slot(DW1, DB1, DW2, DB2, head, slot, mat, vec, D, BD)
 
@@ -723,11 +731,10 @@ def predictor_bwd_merge(WS, DW1, DB1, DW2, DB2, chunks, D: tl.constexpr, BD: tl.
     """Programs (head * 10 + slot): the chunks' workspace rows of :func:`predictor_bwd` added in
     chunk order (bit-reproducible), then stored as that slot's gradient."""
     pid = tl.program_id(0)
-    c, sq = _square(BD)
     mat = tl.zeros([BD, BD], dtype=tl.float32)
     vec = tl.zeros([BD], dtype=tl.float32)
     for k in range(0, chunks):
-        ws = WS + (k * tl.num_programs(0) + pid) * (BD * BD + BD)
-        mat += tl.load(ws + sq)
-        vec += tl.load(ws + BD * BD + c)
+        mat_at, vec_at = _slot_partial(WS, k, BD)
+        mat += tl.load(mat_at)
+        vec += tl.load(vec_at)
     _store_slot(DW1, DB1, DW2, DB2, pid // 10, pid % 10, mat, vec, D, BD)

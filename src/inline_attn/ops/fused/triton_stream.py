@@ -68,17 +68,6 @@ def _load(view, n, mask, NARROW: tl.constexpr):
 
 
 @triton.jit
-def _load_t(view, n, mask, NARROW: tl.constexpr):
-    """:func:`_load`'s tile transposed, [BD, BLOCK_N], loaded so: a product's transposed operand
-    (Q^T in dM = Q^T G) needs no layout change through shared memory."""
-    ptr, sn, cols = view
-    t = tl.load(ptr + n[None, :] * sn + cols[:, None], mask=tl.trans(mask), other=0.0)
-    if not NARROW:
-        t = t.to(tl.float32)
-    return t
-
-
-@triton.jit
 def _hi_lo(m, NARROW: tl.constexpr, OPS: tl.constexpr):
     """An fp32 matrix as two operands whose sum is it to 16 bits (NARROW), or as itself (hi; lo unused)."""
     hi = m
@@ -234,7 +223,7 @@ def _stream_bwd_sums(
         n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
         s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False)
         gt = _load(g, n, m2, NARROW)
-        dm = tl.dot(_load_t(q, n, m2, NARROW), gt, dm, input_precision=PREC)
+        dm = tl.dot(tiles.load_tile_t(q, n, m2, NARROW), gt, dm, input_precision=PREC)
         gf = gt.to(tl.float32)
         gs += gf
         if HAS_RES:

@@ -61,12 +61,16 @@ def load_tile(view, n, mask):
 
 
 @triton.jit
-def load_tile_t(view, n, mask):
-    """The transposed tile, [BD, BLOCK_N] fp32, of a view's rows n (``mask``: the [BLOCK_N, BD]
-    tile's): loaded transposed, a product's transposed operand (Q^T in dM = Q^T G) needs no layout
-    change through shared memory (``tl.trans`` of a loaded tile took eight barriers)."""
+def load_tile_t(view, n, mask, AS_STORED: tl.constexpr = False):
+    """The transposed tile, [BD, BLOCK_N], of a view's rows n (``mask``: the [BLOCK_N, BD] tile's),
+    fp32 or, with AS_STORED, in the view's dtype: loaded transposed, a product's transposed operand
+    (Q^T in dM = Q^T G) needs no layout change through shared memory (``tl.trans`` of a loaded tile
+    took eight barriers)."""
     ptr, sn, cols = view
-    return tl.load(ptr + n[None, :] * sn + cols[:, None], mask=tl.trans(mask), other=0.0).to(tl.float32)
+    t = tl.load(ptr + n[None, :] * sn + cols[:, None], mask=tl.trans(mask), other=0.0)
+    if not AS_STORED:
+        t = t.to(tl.float32)
+    return t
 
 
 @triton.jit
