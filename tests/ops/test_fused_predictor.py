@@ -25,8 +25,10 @@ pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["cpu", "triton"] if DEVICE == "cpu" else ["triton"]
 
-# (B, N, heads, head_dim): B 17 spans two of the backward's sample blocks (16)
-PREDICTOR_SHAPES = [(1, 7, 2, 24), (3, 20, 3, 32), (17, 5, 1, 48), (2, 9, 4, 8)]
+# (B, N, heads, head_dim): B 17 spans two of the backward's sample blocks (16); N 75 and 70 span
+# several of the forward's token tiles, the last one partial (32 tokens at 8 warps for a grid
+# smaller than the interpreter's 4 "multiprocessors", 16 at 4 warps for one that fills them)
+PREDICTOR_SHAPES = [(1, 7, 2, 24), (3, 20, 3, 32), (17, 5, 1, 48), (2, 9, 4, 8), (1, 75, 2, 32), (2, 70, 4, 32)]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -63,6 +65,15 @@ def _predictor_grads(ctx, dtaps, params, heads, n):
     return [dctx / n, *dparams]
 
 
+def test_predictor_forward_tiles_take_more_warps_where_the_grid_leaves_multiprocessors_idle():
+    # (tokens a tile, warps) for head dim, programs, multiprocessors: 64 elements a thread each way
+    assert triton_core._predictor_tokens(32, 48, 132) == (32, 8)  # InLine-DeiT-T on an H200: 48 programs
+    assert triton_core._predictor_tokens(24, 48, 132) == (32, 8)  # head dim 24 pads to 32
+    assert triton_core._predictor_tokens(32, 768, 132) == (16, 4)  # Swin's 7x7 windows fill it
+    assert triton_core._predictor_tokens(64, 48, 132) == (16, 8)
+    assert triton_core._predictor_tokens(64, 768, 132) == (16, 8)  # head dim 64: 8 warps either way
+
+
 @pytest.mark.parametrize("shape", PREDICTOR_SHAPES, ids=_ids)
 def test_triton_predictor_forward_and_backward_match_float64(shape):
     b, n, heads, d = shape
@@ -75,7 +86,10 @@ def test_triton_predictor_forward_and_backward_match_float64(shape):
     want = torch.autograd.grad(ref, (x64, *params64), g)
     x = x64.detach().float()
     params = [p.detach().float() for p in params64]
-    ctx, taps = triton_core.predictor_forward_triton(x, *(p.reshape(p.shape[0], -1) for p in params), heads)
+    with triton_core.record_launches() as log:
+        ctx, taps = triton_core.predictor_forward_triton(x, *(p.reshape(p.shape[0], -1) for p in params), heads)
+    tiles = -(-n // log[0].meta["BLOCK_T"])
+    assert n < 70 or tiles >= 3, (log[0].meta, tiles)  # the loop over several tiles, the last one partial
     flat = [p.reshape(p.shape[0], -1) for p in params[:3]]
     dctx, *dparams = triton_core.predictor_backward_triton(ctx, g.float().contiguous(), *flat, n=n, num_heads=heads)
     assert ctx.dtype == taps.dtype == torch.float32 and taps.shape == (b, 9, c)

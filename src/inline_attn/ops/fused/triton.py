@@ -295,19 +295,12 @@ _fit_cache: dict = {}
 def _candidates(meta: dict) -> list[dict]:
     """The configurations to try for a launch, fastest first: the planned tile with 3, 2 and 1
     software-pipeline stages (each stage buffers the loop's tiles once more in shared memory), then
-    at one stage the tile (BLOCK_N, or BLOCK_B for the predictor) halved down to 16 rows. A halved
-    BLOCK_N still divides every chunk and row block of the plan, so the result is unchanged. A
-    kernel with a ``STAGES`` argument (the stages of a loop whose loads feed no product, which
-    Triton pipelines only when the loop asks for them) takes each candidate's stages there too."""
-
-    def stages(s: int) -> dict:
-        return {"num_stages": s, "STAGES": s} if "STAGES" in meta else {"num_stages": s}
-
-    out = [dict(meta, **stages(s)) for s in (3, 2, 1)]
-    tile = next((t for t in ("BLOCK_N", "BLOCK_B") if t in meta), None)  # the resident tile (NP) is fixed
-    size = meta[tile] // 2 if tile else 0
+    at one stage the tile (BLOCK_N) halved down to 16 rows. A halved BLOCK_N still divides every
+    chunk and row block of the plan, so the result is unchanged."""
+    out = [dict(meta, num_stages=s) for s in (3, 2, 1)]
+    size = meta.get("BLOCK_N", 0) // 2  # the resident tile (NP) and the predictor's 16 samples are fixed
     while size >= 16:
-        out.append(dict(meta, **stages(1), **{tile: size}))
+        out.append(dict(meta, num_stages=1, BLOCK_N=size))
         size //= 2
     return out
 
@@ -914,18 +907,31 @@ def _backward_split(mod, plan: _Plan, q, k, v, w9_arg, grad, grads: tuple, scale
 
 
 # The predictor's forward programs take one block of PREDICTOR_BLOCK_B samples each (tl.dot's
-# smallest tile: more programs) and read x in tiles of PREDICTOR_BLOCK_T tokens. Each backward program
+# smallest tile: more programs) and read x in tiles of PREDICTOR_TILE_PER_THREAD elements a thread
+# (:func:`_predictor_tokens`). Each backward program
 # sums its gradient over the blocks of PREDICTOR_BWD_BLOCK_B samples of its chunk in turn, a serial
 # chain of about 29 barriers a block (tools/kernel_phases.py); the chunks keep the chains short
 # (:func:`_predictor_chunks`), and at 16 samples a block the chunks' kernel compiles without spills
 # on sm_80-sm_90 (at 32 it spills on sm_90, whose ptxas holds it to 128 registers).
 PREDICTOR_BLOCK_B = 16
 PREDICTOR_BWD_BLOCK_B = 16
-PREDICTOR_BLOCK_T = 8
+PREDICTOR_TILE_PER_THREAD = 64
 
 
 def _predictor_warps(d: int) -> int:
     return 4 if _block_d(d) <= 32 else 8
+
+
+def _predictor_tokens(d: int, programs: int, sms: int) -> tuple[int, int]:
+    """(tokens a tile, warps) of the predictor's forward for head dim ``d`` and ``programs``
+    programs on ``sms`` multiprocessors: the [16 samples, tokens, head dim] tile and its fp32 sum
+    hold PREDICTOR_TILE_PER_THREAD elements a thread each (no spills on sm_80-sm_90; the loop has as
+    many iterations as tiles, each waiting one memory round trip). A grid smaller than the GPU
+    leaves multiprocessors idle, so its programs take 8 warps and tiles twice as long (half the
+    iterations: InLine-DeiT-T's 48 programs); a grid that fills it keeps 4 at head dim 32, more
+    programs resident."""
+    warps = 8 if programs < sms else _predictor_warps(d)
+    return max(1, PREDICTOR_TILE_PER_THREAD * 32 * warps // (PREDICTOR_BLOCK_B * _block_d(d))), warps
 
 
 def predictor_forward_triton(
@@ -958,17 +964,11 @@ def _predictor_forward_launch(args: tuple, mod, heads: int) -> _Planned:
     """The predictor's forward launch on ``args``: one program per (head, block of samples)."""
     b, n, c = args[-3:]
     d = c // heads
-    meta = dict(
-        D=d,
-        BD=_block_d(d),
-        BLOCK_B=PREDICTOR_BLOCK_B,
-        BLOCK_T=PREDICTOR_BLOCK_T,
-        PREC="ieee",
-        STAGES=3,
-        num_warps=_predictor_warps(d),
-    )
+    grid = (heads, -(-b // PREDICTOR_BLOCK_B))
+    tokens, warps = _predictor_tokens(d, grid[0] * grid[1], device_limits(args[0].device).sms)
+    meta = dict(D=d, BD=_block_d(d), BLOCK_B=PREDICTOR_BLOCK_B, BLOCK_T=tokens, PREC="ieee", num_warps=warps)
     what = functools.partial(_predictor_what, b, n, c, heads)
-    return _Planned("predictor_fwd", (heads, -(-b // PREDICTOR_BLOCK_B)), _fit(mod.predictor_fwd, args, meta, what))
+    return _Planned("predictor_fwd", grid, _fit(mod.predictor_fwd, args, meta, what))
 
 
 def _predictor_what(b: int, n: int, c: int, heads: int) -> str:
