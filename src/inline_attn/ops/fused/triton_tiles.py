@@ -127,20 +127,27 @@ def neighbour_tile(view, cmask, cells, geo, dy, dx):
 
 
 @triton.jit
-def add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr):
+def add_taps(acc, w9, src, cmask, cells, geo, SIGN: tl.constexpr, SERIAL: tl.constexpr = False):
     """acc + sum_t w9[t] * (src at grid offset SIGN * (dy, dx) of tap t), added tap by tap: the 3x3
     residual (SIGN 1) or its transpose (SIGN -1: V at cell (y, x) fed the output at (y - dy, x - dx)).
 
     ``acc`` should be a tile in the loads' layout (:func:`broadcast_row`), the product then
     accumulated into the result: added to a ``tl.dot`` result instead, every tap's tile is moved into
-    the product's layout through shared memory, two barriers a tap. The kernel's rows run as a loop
-    and a row's three taps unrolled: three shifted tile loads in flight at a time. Unrolling all nine
-    hoists their loads together and the resident kernels spill; three fit their registers (ptxas for
-    sm_90, docs/benchmarks.md "Kernel resources")."""
-    for r in range(3):
-        for col in tl.static_range(3):
-            wt = load_row(w9, 3 * r + col, cmask)
-            acc += wt[None, :] * neighbour_tile(src, cmask, cells, geo, SIGN * (r - 1), SIGN * (col - 1))
+    the product's layout through shared memory, two barriers a tap. By default the kernel's rows run
+    as a loop and a row's three taps unrolled: three shifted tile loads in flight at a time (all nine
+    unrolled hoist their loads together and the resident kernels spill; ptxas for sm_90,
+    docs/benchmarks.md "Kernel resources"). SERIAL: one loop over the nine taps, one load in flight
+    (nine round trips, not three) and fewer live registers (the resident forward's largest tiles:
+    two programs a multiprocessor instead of one)."""
+    if SERIAL:
+        for t in range(9):
+            wt = load_row(w9, t, cmask)
+            acc += wt[None, :] * neighbour_tile(src, cmask, cells, geo, SIGN * (t // 3 - 1), SIGN * (t % 3 - 1))
+    else:
+        for r in range(3):
+            for col in tl.static_range(3):
+                wt = load_row(w9, 3 * r + col, cmask)
+                acc += wt[None, :] * neighbour_tile(src, cmask, cells, geo, SIGN * (r - 1), SIGN * (col - 1))
     return acc
 
 
