@@ -483,7 +483,8 @@ def inline_fwd_resident(
         # at InLine-DeiT-T's layer on sm_90, two programs a multiprocessor instead of one; smaller
         # tiles gain fewer programs than the round trips they add, and fp32 spills either way
         SERIAL: tl.constexpr = (NP * BD >= 8192) and (V.dtype.element_ty.primitive_bitwidth == 16)
-        out = tiles.add_taps(out, tiles.dense_view(W9, b, 9, C, ch), v, cmask, tiles.grid_cells(n, N, geo), geo, 1, SERIAL)
+        w9 = tiles.dense_view(W9, b, 9, C, ch)
+        out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1, SERIAL)
     out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
     tiles.store_tile(tiles.dense_view(O, b, N, C, ch), n, out, m2)
 
