@@ -11,6 +11,7 @@ bf16 / fp16 inputs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import pytest
 import torch
@@ -124,6 +125,9 @@ def test_triton_resident_largest_tiles(shape, layout, monkeypatch):
     log = _check_float32(shape, layout)
     assert sorted(x.kernel for x in log) == ["inline_bwd_resident", "inline_fwd_resident"], log
     assert {x.meta["NP"] * x.meta["BD"] for x in log} == {triton_core.RESIDENT_TILE}
+    # the kernels' own copy of the largest tile (their forward's serial taps): the same number
+    kernels = importlib.import_module("inline_attn.ops.fused.triton_kernels")
+    assert kernels.RESIDENT_TILE.value == triton_core.RESIDENT_TILE
 
 
 @pytest.mark.parametrize("layout", ["split", "transposed"])

@@ -53,6 +53,10 @@ import triton.language as tl
 
 from . import triton_tiles as tiles
 
+# The resident launch's largest tile (triton.RESIDENT_TILE, which the launcher module defines without
+# importing Triton; a test keeps the two equal): its forward takes the residual's taps one at a time.
+RESIDENT_TILE = tl.constexpr(8192)
+
 
 @triton.jit
 def _no_stats(BD: tl.constexpr):
@@ -482,7 +486,7 @@ def inline_fwd_resident(
         # the largest 16-bit tiles (8 warps) take the taps one at a time: 123 registers instead of 157
         # at InLine-DeiT-T's layer on sm_90, two programs a multiprocessor instead of one; smaller
         # tiles gain fewer programs than the round trips they add, and fp32 spills either way
-        SERIAL: tl.constexpr = (NP * BD >= 8192) and (V.dtype.element_ty.primitive_bitwidth == 16)
+        SERIAL: tl.constexpr = (NP * BD == RESIDENT_TILE) and (V.dtype.element_ty.primitive_bitwidth == 16)
         w9 = tiles.dense_view(W9, b, 9, C, ch)
         out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1, SERIAL)
     out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
