@@ -98,6 +98,8 @@ BAD_ENTRIES = {
     "a resident tile": ({"design": "resident", "BLOCK_N": 64, "num_warps": 4}, "its tile is the whole problem"),
     "odd warps": ({"design": "resident", "num_warps": 3}, "num_warps 3, expected one of"),
     "a misspelt key": ({"BLOCK_N": 64, "num_warp": 2}, r"unknown keys \['num_warp'\]"),
+    "taps of a fused choice": ({"BLOCK_N": 64, "num_warps": 2, "serial_taps": True}, "only the resident design has it"),
+    "taps not a bool": ({"design": "resident", "num_warps": 8, "serial_taps": "on"}, "serial_taps 'on', expected True"),
     "one direction": ({"forward": {"design": "resident", "num_warps": 4}}, "has 'forward' and 'backward' only"),
     "a bad direction": (
         {"forward": {"design": "resident", "num_warps": 4}, "backward": {"BLOCK_N": 8, "num_warps": 2}},
@@ -235,6 +237,10 @@ def test_a_forced_choice_leaves_no_state_behind(monkeypatch):
 # a non-default parameter set of each design, forced: the core's kernels it launches
 FORCED = {
     "resident 4 warps": (CoreChoice("resident", 4), ["inline_fwd_resident", "inline_bwd_resident"]),
+    "resident 2 warps serial taps": (
+        CoreChoice("resident", 2, serial_taps=True),
+        ["inline_fwd_resident", "inline_bwd_resident"],
+    ),
     "stream 64 rows 2 warps": (CoreChoice("stream", 2, 64), ["inline_fwd_stream", "inline_bwd_stream"]),
     "fused 32 rows 4 warps": (CoreChoice("fused", 4, 32), ["inline_fwd_fused", "inline_bwd_fused"]),
 }
@@ -256,6 +262,10 @@ def test_each_forced_design_runs_with_its_parameters_and_is_exact(monkeypatch, f
     core = [x for x in log if x.kernel.startswith("inline_")]
     assert [x.kernel for x in core] == kernels
     assert all(x.meta["num_warps"] == choice.num_warps and x.meta.get("BLOCK_N") == choice.block_n for x in core)
+    # the resident forward's taps: the choice's, else its rule's (three at a time below the largest tile)
+    assert [x.meta["SERIAL_TAPS"] for x in core if x.kernel == "inline_fwd_resident"] == (
+        [bool(choice.serial_taps)] if choice.design == "resident" else []
+    )
     q64, k64, v64 = base.clone().requires_grad_().chunk(3, dim=-1)
     t64 = taps.detach().double().requires_grad_()
     ref = inline_tokens(q64, k64, v64, residual_weights=t64, impl="naive", **kw)

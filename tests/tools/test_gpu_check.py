@@ -666,6 +666,8 @@ def test_autotune_winners_round_trip_into_the_table_and_the_launchers_choice(tmp
     fused, resident = CoreChoice("fused", 2, 32), CoreChoice("resident", 8)
     timings = {(197, 32, 6): {"forward": {fused: 1e-3, resident: 2e-3}, "backward": {fused: 3e-3, resident: 2e-3}}}
     timings[(49, 32, 3)] = {d: {fused: 1e-3} for d in ("forward", "backward")}
+    unrolled = CoreChoice("resident", 8, serial_taps=False)  # the forward's taps three at a time
+    timings[(196, 32, 3)] = {"forward": {unrolled: 1e-3, fused: 2e-3}, "backward": {resident: 1e-3}}
     table = {"winners": autotune_step.pick_winners(timings, "interpreter", torch.float32)}
     path = tmp_path / "triton_tuning.json"
     path.write_text(json.dumps(table))
@@ -676,20 +678,32 @@ def test_autotune_winners_round_trip_into_the_table_and_the_launchers_choice(tmp
     assert triton_core.tiling(q, 197, 32, 6) == (32, 2)  # the forward's fused tile
     assert triton_core.tiling(q, 197, 32, 6, backward=True) == (triton_core.BLOCK_N, triton_core.NUM_WARPS)
     assert triton_core.core_choice(q, 40, 32, 3, backward=True) == fused  # 40 tokens: the same bucket as 49
-    assert triton_core.core_choice(q, 197, 32, 3) is None  # another key
+    assert triton_core.core_choice(q, 197, 32, 4) is None  # another key
+    assert table["winners"]["interpreter|256|32|3|float32"]["forward"] == {
+        "design": "resident",
+        "num_warps": 8,
+        "serial_taps": False,
+    }
+    assert triton_core.core_choice(q, 196, 32, 3) == unrolled
 
 
 def test_autotune_candidates_cover_the_three_designs_where_they_fit():
-    designs = lambda n, d: sorted({c.design for c in autotune_step.candidates(n, d)})  # noqa: E731
-    assert designs(197, 32) == ["fused", "resident", "stream"]
-    assert designs(196, 64) == ["fused", "stream"]  # 256 x 64: over the resident tile
-    assert designs(3136, 32) == ["fused", "stream"]
-    resident = lambda n: [c.num_warps for c in autotune_step.candidates(n, 32) if c.design == "resident"]  # noqa: E731
-    assert resident(49) == [2, 4, 8] and resident(197) == [8]  # fewer warps than the rule's spill at 256 x 32
-    for n, d, _, _ in autotune_step.SHAPES:
-        block_d = max(16, 1 << (d - 1).bit_length())
-        kept = {(c.design, block_d, c.block_n, c.num_warps) for c in autotune_step.candidates(n, d)}
-        assert not kept & autotune_step.SPILLING_SM90
+    for backward in (False, True):
+        designs = lambda n, d: sorted({c.design for c in autotune_step.candidates(n, d, backward)})  # noqa: E731
+        assert designs(197, 32) == ["fused", "resident", "stream"]
+        assert designs(196, 64) == ["fused", "stream"]  # 256 x 64: over the resident tile
+        assert designs(3136, 32) == ["fused", "stream"]
+        for n, d, _, _ in autotune_step.SHAPES:
+            block_d = max(16, 1 << (d - 1).bit_length())
+            kept = {(c.design, block_d, c.block_n, c.num_warps) for c in autotune_step.candidates(n, d, backward)}
+            assert not kept & autotune_step.SPILLING_SM90
+    resident = lambda n, backward: [  # noqa: E731
+        (c.num_warps, c.serial_taps) for c in autotune_step.candidates(n, 32, backward) if c.design == "resident"
+    ]
+    # fewer warps than the rule's spill at 256 x 32; the forward's taps both ways, the backward has none to choose
+    assert resident(197, False) == [(8, False), (8, True)] and resident(197, True) == [(8, None)]
+    assert [w for w, _ in resident(49, False)] == [2, 2, 4, 4, 8, 8]
+    assert resident(49, True) == [(2, None), (4, None), (8, None)]
     assert (197, 32, 6, 128) in autotune_step.SHAPES  # InLine-DeiT-T's layer
     assert autotune_step.shape_args(197) == (14, 14, 1)
 
@@ -835,8 +849,8 @@ def test_autotune_times_each_distinct_launch_once_and_gives_fallbacks_its_time(m
     ctx = StepContext(tmp_path, False, time.time() + 100)
     with stubbed_triton_launches():
         step = lambda: triton_core.inline_forward_triton(q, q, q, taps, 2, 0.5, 24, 25, 0)  # noqa: E731
-        seconds = autotune_step._time_direction(ctx, step, 600, 32)
-    candidates = autotune_step.candidates(600, 32)
+        seconds = autotune_step._time_direction(ctx, step, 600, 32, backward=False)
+    candidates = autotune_step.candidates(600, 32, backward=False)
     assert set(seconds) == {"default", *candidates}
     distinct = [c for c in candidates if c.design == "fused" and (c.block_n, c.num_warps) != (64, 2)]
     assert timed == [["default", *map(str, distinct)]]  # the stream choices and fused 64 x 2 launch as the default

@@ -154,7 +154,7 @@ class Unlimited:  # every configuration fits: what is planned, not compiled
 
 deit = [s for s in autotune_step.SHAPES if s[:3] == (197, 32, 6)]
 log = triton_cache.autotune_launches(Unlimited(), deit)
-rows = sorted({(x.kernel, x.meta["num_warps"], x.meta.get("BLOCK_N")) for x in log}, key=str)
+rows = sorted({(x.kernel, x.meta["num_warps"], x.meta.get("BLOCK_N"), x.meta.get("SERIAL_TAPS")) for x in log}, key=str)
 json.dump([list(r) for r in rows], open(sys.argv[1], "w"))
 """
 
@@ -168,11 +168,13 @@ def test_the_autotune_steps_candidates_are_planned_with_their_parameters(tmp_pat
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     planned = {tuple(r) for r in json.loads(out.read_text())}
-    for choice in autotune_step.candidates(197, 32):
-        kernel = {"resident": "inline_{}_resident", "stream": "inline_{}_stream", "fused": "inline_{}_fused"}
-        for direction in ("fwd", "bwd"):
-            assert (kernel[choice.design].format(direction), choice.num_warps, choice.block_n) in planned, choice
-    assert ("inline_fwd_resident", 8, None) in planned  # the default choice beside them
+    kernel = {"resident": "inline_{}_resident", "stream": "inline_{}_stream", "fused": "inline_{}_fused"}
+    for direction, backward in (("fwd", False), ("bwd", True)):
+        for choice in autotune_step.candidates(197, 32, backward):
+            launch = (kernel[choice.design].format(direction), choice.num_warps, choice.block_n, choice.serial_taps)
+            assert launch in planned, choice
+    # the resident forward both ways (its rule's, serial at this 256 x 32 tile, is the default beside them)
+    assert {("inline_fwd_resident", 8, None, True), ("inline_fwd_resident", 8, None, False)} <= planned
 
 
 def test_the_dry_run_says_when_the_cache_lacks_the_autotune_candidates(tmp_path):

@@ -1,6 +1,7 @@
 """The ``autotune`` step (on demand: ``--steps autotune``): the Triton core's designs and their launch
-parameters (:func:`candidates`: the fused tiles and warps, the resident launch's warps, the streaming
-tiles and warps, less those that spill registers on sm_90) swept over :data:`SHAPES`, bf16, the
+parameters (:func:`candidates`: the fused tiles and warps, the resident launch's warps and, forward,
+its taps one or three at a time, the streaming tiles and warps, less those that spill registers on
+sm_90) swept over :data:`SHAPES`, bf16, the
 forward and the backward timed apart. The winner of each direction per (GPU, token bucket, head
 dim, heads, dtype), merged with the committed table, goes to ``triton_tuning.json``: copy it to
 ``src/inline_attn/ops/fused/`` for later runs to read without re-tuning. Stops at the end of its
@@ -53,16 +54,19 @@ SPILLING_SM90 = {
 }
 
 
-def candidates(n: int, d: int) -> list[CoreChoice]:
-    """The choices timed at n tokens of head dim d: the fused tilings, the resident launch's warps
-    (from its own rule's up) where the shape fits its tile, the streaming tilings where the head dim
-    has a streaming tile; none of SPILLING_SM90."""
+def candidates(n: int, d: int, backward: bool) -> list[CoreChoice]:
+    """The choices timed at n tokens of head dim d in one direction: the fused tilings, the resident
+    launch's warps (from its own rule's up) where the shape fits its tile, forward each with the
+    residual's taps one at a time and three at a time (its rule picks by the tile; the trade of
+    registers against memory round trips is the GPU's to measure), the streaming tilings where the
+    head dim has a streaming tile; none of SPILLING_SM90."""
     from inline_attn.ops.fused import triton as tc
 
     out = [CoreChoice("fused", w, bn) for bn, w in TILINGS]
     if tc.design_fits("resident", n, d, DTYPE):
         least = tc.resident_warps(n, d)
-        out += [CoreChoice("resident", w) for w in RESIDENT_WARPS if w >= least]
+        taps = (None,) if backward else (False, True)
+        out += [CoreChoice("resident", w, serial_taps=t) for w in RESIDENT_WARPS if w >= least for t in taps]
     if tc.design_fits("stream", n, d, DTYPE):
         out += [CoreChoice("stream", w, bn) for bn, w in STREAM_TILINGS]
     block_d = max(16, 1 << (d - 1).bit_length())
@@ -121,15 +125,16 @@ def _launched(step) -> tuple:
     return tuple((x.kernel, x.grid, tuple(sorted(x.meta.items()))) for x in log)
 
 
-def _time_direction(ctx: StepContext, step, n: int, d: int) -> dict:
-    """Seconds of ``step`` at the default choice and at each of :func:`candidates` (inf where it
+def _time_direction(ctx: StepContext, step, n: int, d: int, backward: bool) -> dict:
+    """Seconds of ``step`` (the core's ``backward`` or forward) at the default choice and at each of
+    :func:`candidates` (inf where it
     fails, e.g. a configuration the compiler refuses), timed interleaved; a candidate that launches
     what an earlier one did (a design that does not fit falls back) takes that one's time."""
     from inline_attn.bench.timing import time_interleaved
 
     cases, first_of = {"default": step}, {_launched(step): "default"}
     same, failed = {}, []
-    for choice in candidates(n, d):
+    for choice in candidates(n, d, backward):
         if ctx.seconds_left() <= 0:
             break
         run = functools.partial(_forced, choice, step)
@@ -164,7 +169,7 @@ def _sweep_shape(ctx: StepContext, n: int, d: int, heads: int, b: int) -> dict:
         "forward": lambda: tc.inline_forward_triton(q, k, v, w9, *args),
         "backward": lambda: tc.inline_backward_triton(q, k, v, w9, g, *args),
     }
-    return {direction: _time_direction(ctx, step, n, d) for direction, step in steps.items()}
+    return {direction: _time_direction(ctx, step, n, d, direction == "backward") for direction, step in steps.items()}
 
 
 def run(ctx: StepContext) -> dict:

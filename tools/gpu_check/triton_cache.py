@@ -93,9 +93,11 @@ def autotune_launches(compiler: Compiler, shapes=autotune_step.SHAPES) -> list:
                 w9 = torch.empty(b, 9, c, device="meta", dtype=torch.float32)
                 g = torch.empty(b, n, c, device="meta", dtype=autotune_step.DTYPE)
                 args = (heads, d**-0.5, *autotune_step.shape_args(n))
-                for choice in (None, *autotune_step.candidates(n, d)):
+                for choice in (None, *autotune_step.candidates(n, d, backward=False)):
                     with launchers.forced_core(choice) if choice else contextlib.nullcontext():
                         launchers.inline_forward_triton(q, q, q, w9, *args)
+                for choice in (None, *autotune_step.candidates(n, d, backward=True)):
+                    with launchers.forced_core(choice) if choice else contextlib.nullcontext():
                         launchers.inline_backward_triton(q, q, q, w9, g, *args)
     return log
 

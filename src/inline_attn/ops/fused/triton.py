@@ -592,15 +592,30 @@ def resident_warps(n: int, d: int) -> int:
     return max(2, min(RESIDENT_WARPS, max(16, triton_next_pow2(n)) * _block_d(d) // 1024))
 
 
-def _resident_fit(kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool, warps: int | None) -> dict | None:
-    """The resident launch's fitted configuration for q [B, N, C] (with ``warps`` warps, None: its
-    own rule), or None when the shape does not fit its tile or its compiled kernel not the device's
-    shared memory (the fp32 backward at N 256 on a 99 KB GPU): the fused / split launches run it then."""
+def _serial_taps(rows: int, bd: int, dtype: torch.dtype) -> bool:
+    """Whether the resident forward's [rows, bd] tiles take the residual's taps one at a time
+    (``tiles.add_taps``' SERIAL): at the largest 16-bit tiles (8 warps) that compiles to 123
+    registers instead of 157 at InLine-DeiT-T's layer on sm_90, two programs a multiprocessor
+    instead of one, for six more memory round trips a program; smaller tiles gain fewer programs
+    than the round trips they add, and fp32 spills either way. The autotune step times both."""
+    return rows * bd == RESIDENT_TILE and dtype in (torch.bfloat16, torch.float16)
+
+
+def _resident_fit(
+    kernel, args: tuple, q: torch.Tensor, heads: int, has_res: bool, params: CoreChoice | None, backward: bool
+) -> dict | None:
+    """The resident launch's fitted configuration for q [B, N, C] (with ``params``' warps and, forward,
+    its taps; None: its own rule's), or None when the shape does not fit its tile or its compiled
+    kernel not the device's shared memory (the fp32 backward at N 256 on a 99 KB GPU): the fused /
+    split launches run it then."""
     meta = _resident_config(q.shape[1], q.shape[2] // heads, has_res, q.dtype)
     if meta is None:
         return None
-    if warps is not None:
-        meta = dict(meta, num_warps=warps)
+    if params is not None:
+        meta = dict(meta, num_warps=params.num_warps)
+    if not backward:
+        serial = None if params is None else params.serial_taps
+        meta = dict(meta, SERIAL_TAPS=_serial_taps(meta["NP"], meta["BD"], q.dtype) if serial is None else serial)
     try:
         return _fit(kernel, args, meta, str)
     except ValueError:
@@ -782,8 +797,7 @@ def _design_launch(args: tuple, mod, kernels: _CoreKernels, q, split, has_res: b
     n, c, h, w, p, heads = args[-2]
     d = c // heads
     if split is None and design == "resident":
-        warps = None if params is None else params.num_warps
-        resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res, warps)
+        resident = _resident_fit(getattr(mod, kernels.resident), args, q, heads, has_res, params, kernels.backward)
         if resident is not None:
             return _Planned(kernels.resident, (q.shape[0] * heads,), resident)
     plan = _plan(q, heads, h, w, p, split, has_res, _fused_tile(params, d))

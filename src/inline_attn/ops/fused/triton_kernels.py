@@ -53,10 +53,6 @@ import triton.language as tl
 
 from . import triton_tiles as tiles
 
-# The resident launch's largest tile (triton.RESIDENT_TILE, which the launcher module defines without
-# importing Triton; a test keeps the two equal): its forward takes the residual's taps one at a time.
-RESIDENT_TILE = tl.constexpr(8192)
-
 
 @triton.jit
 def _no_stats(BD: tl.constexpr):
@@ -472,9 +468,11 @@ def inline_fwd_resident(
     NP: tl.constexpr,
     HAS_RES: tl.constexpr,
     PREC: tl.constexpr,
+    SERIAL_TAPS: tl.constexpr,
 ):
     """One program per (sample, head), every operand read once: M = alpha Kc^T Vc, then
-    O = Q M + v_bar + R(V, w)."""
+    O = Q M + v_bar + R(V, w); SERIAL_TAPS: the residual's taps one at a time (:func:`tiles.add_taps`,
+    the launcher's choice)."""
     N, C, _, _, _, heads = geo
     b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
     n, m2 = tiles.row_block(0, N, cmask, NP)
@@ -483,12 +481,8 @@ def inline_fwd_resident(
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
     out = tiles.broadcast_row(vbar, NP)
     if HAS_RES:
-        # the largest 16-bit tiles (8 warps) take the taps one at a time: 123 registers instead of 157
-        # at InLine-DeiT-T's layer on sm_90, two programs a multiprocessor instead of one; smaller
-        # tiles gain fewer programs than the round trips they add, and fp32 spills either way
-        SERIAL: tl.constexpr = (NP * BD == RESIDENT_TILE) and (V.dtype.element_ty.primitive_bitwidth == 16)
         w9 = tiles.dense_view(W9, b, 9, C, ch)
-        out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1, SERIAL)
+        out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1, SERIAL_TAPS)
     out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
     tiles.store_tile(tiles.dense_view(O, b, N, C, ch), n, out, m2)
 
