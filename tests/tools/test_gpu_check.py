@@ -823,11 +823,15 @@ def test_the_ncu_step_profiles_the_second_round_of_the_layers_kernels_and_reads_
         ("0", "inline_fwd_stream", "Occupancy", "Achieved Occupancy", "%", "35.2"),
         ("0", "inline_fwd_stream", "GPU Speed Of Light Throughput", "Duration", "us", "41.5"),
         ("1", "inline_bwd_stream", "Occupancy", "Theoretical Occupancy", "%", "25"),
+        ("2", "inline_fwd_resident", "Command line profiler metrics", ncu_step.STALLS[0], "%", "31.5"),
     ]
     text = "==PROF== a line before the table\n" + head + "".join(",".join(f'"{x}"' for x in r) + "\n" for r in rows)
     assert ncu_step.parse(text) == {
-        "inline_fwd_stream": {"registers": "80 register/thread", "occupancy": "35.2 %", "duration": "41.5 us"}
+        "inline_fwd_stream": {"registers": "80 register/thread", "occupancy": "35.2 %", "duration": "41.5 us"},
+        "inline_fwd_resident": {"barrier stalls": "31.5 %"},
     }
+    # the stall reasons by their metric names, beside the sections
+    assert cmd[cmd.index("--metrics") + 1].split(",") == ncu_step.STALLS and len(ncu_step.STALLS) == 4
 
 
 def test_autotune_times_each_distinct_launch_once_and_gives_fallbacks_its_time(monkeypatch, tmp_path):

@@ -5,8 +5,12 @@ resident kernels and the streaming ones), each way.
 A child process (``python -m tools.gpu_check.ncu_step``) runs the layer's six launches three
 times; ``ncu`` profiles the second round (speed of light, occupancy, launch statistics and the
 warps' stall reasons) and writes ``ncu.csv``. The summary line gives each kernel's duration,
-registers per thread, achieved occupancy and memory throughput. Where ``ncu`` is not on the PATH
-the step is skipped, saying so.
+registers per thread, achieved occupancy, memory throughput and the share of its warps' cycles
+stalled at a barrier, on a global load (long scoreboard), on shared memory (short scoreboard) and
+on the shared-memory queue (MIO throttle): what tells the barrier model (docs/benchmarks.md) from
+memory latency, e.g. whether the resident forward's taps one at a time cost more round trips than
+its second program a multiprocessor hides. Where ``ncu`` is not on the PATH the step is skipped,
+saying so.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ METRICS = {  # ncu's metric name -> the summary's
     "Registers Per Thread": "registers",
     "Achieved Occupancy": "occupancy",
     "Memory Throughput": "memory",
+    # the warps' stall reasons, each a share of their active cycles (requested by name: --metrics)
+    "smsp__warp_issue_stalled_barrier_per_warp_active.pct": "barrier stalls",
+    "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct": "global-load stalls",
+    "smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct": "shared-memory stalls",
+    "smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct": "MIO-throttle stalls",
 }
+STALLS = [name for name in METRICS if name.startswith("smsp__")]
 
 
 def command(out_csv: str) -> list[str]:
@@ -39,6 +49,7 @@ def command(out_csv: str) -> list[str]:
     cmd += ["--launch-skip", str(LAUNCHES), "--launch-count", str(LAUNCHES), "--csv", "--page", "details"]
     for section in SECTIONS:
         cmd += ["--section", section]
+    cmd += ["--metrics", ",".join(STALLS)]
     return cmd + ["--log-file", out_csv, sys.executable, "-m", "tools.gpu_check.ncu_step"]
 
 
