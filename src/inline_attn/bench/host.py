@@ -7,8 +7,8 @@ around the attention core. A small model's eager GPU step waits on exactly that.
 - ``sdpa``: the softmax layer (``F.scaled_dot_product_attention``), the baseline;
 - ``inline-cpu``: the InLine layer on the C++ kernel, as it runs;
 - ``inline-triton-stub``: the InLine layer on the Triton path with its kernel launches stubbed
-  out (the launchers' host work and the tensors they allocate, no kernel), so the CPU measures
-  what a GPU step's host pays, but for the launch itself;
+  out (the launchers' host work, the tensors they allocate and the launch cache's key and lookup,
+  no kernel), so the CPU measures what a GPU step's host pays, but for the driver's launch itself;
 - ``inline-eager``: the InLine layer on aten ops only (for reference).
 
 With ``--model NAME`` the step is a whole model's (B 1, a small image: 32 px by default, DeiT's
@@ -34,6 +34,7 @@ import torch
 from ..layers import build_attention
 from ..models import create_model
 from ..ops import use_impl
+from ..ops.fused import launch_cache
 from ..ops.fused import triton as triton_core
 from .timing import thread_times_interleaved
 
@@ -41,9 +42,10 @@ CASES = ("sdpa", "inline-cpu", "inline-triton-stub", "inline-eager")
 
 
 class _StubKernel:
-    """Stands in for a Triton kernel: ``kernel[grid](*args)`` does nothing (the launch is skipped,
-    its outputs stay uninitialised) but counts itself in ``skipped``; ``fn.__name__`` as the launch
-    log reads it."""
+    """Stands in for a Triton kernel: ``kernel[grid](*args)`` looks the launch up in the launch
+    cache as a GPU launch does (:func:`~inline_attn.ops.fused.launch_cache.lookup`), then does
+    nothing (the launch is skipped, its outputs stay uninitialised) but count itself in
+    ``skipped``; ``fn.__name__`` as the launch log reads it."""
 
     def __init__(self, kernel, skipped: Counter):
         self.fn, self.skipped = kernel.fn, skipped
@@ -52,6 +54,7 @@ class _StubKernel:
         return self._skip
 
     def _skip(self, *args, **kwargs) -> None:
+        launch_cache.lookup(self, 0, args, kwargs)
         self.skipped[self.fn.__name__] += 1
 
 
