@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import math
+import pathlib
 import subprocess
 import sys
 import time
@@ -832,6 +833,46 @@ def test_the_ncu_step_profiles_the_second_round_of_the_layers_kernels_and_reads_
     }
     # the stall reasons by their metric names, beside the sections
     assert cmd[cmd.index("--metrics") + 1].split(",") == ncu_step.STALLS and len(ncu_step.STALLS) == 4
+
+
+def _fake_ncu(monkeypatch, refuse_metrics: bool, returncode: int = 0):
+    """ncu_step.run's subprocess as an ncu that writes one kernel's row (and, with refuse_metrics,
+    first refuses the stall metrics); returns the command lines it was given."""
+    from tools.gpu_check import ncu_step
+
+    calls = []
+    row = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+    row += '"0","inline_fwd_resident","Occupancy","Achieved Occupancy","%","30.1"\n'
+
+    def run(cmd, **kw):
+        calls.append(cmd)
+        log = pathlib.Path(cmd[cmd.index("--log-file") + 1])
+        if refuse_metrics and "--metrics" in cmd:
+            log.write_text("==ERROR== Failed to find metric smsp__warp_issue_stalled_barrier_per_warp_active.pct\n")
+            return subprocess.CompletedProcess(cmd, 1, "", "")
+        if returncode:
+            return subprocess.CompletedProcess(cmd, returncode, "", "==ERROR== the profiler crashed")
+        log.write_text(row)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(ncu_step.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(ncu_step.subprocess, "run", run)
+    return calls
+
+
+def test_the_ncu_step_profiles_without_the_stall_reasons_where_ncu_refuses_their_metrics(monkeypatch, tmp_path):
+    from tools.gpu_check import ncu_step
+
+    errors = []
+    ctx = StepContext(tmp_path, False, time.time() + 60, error=lambda where, text: errors.append(text))
+    calls = _fake_ncu(monkeypatch, refuse_metrics=True)
+    result = ncu_step.run(ctx)
+    assert ["--metrics" in c for c in calls] == [True, False]
+    assert result["ok"] and result["kernels"] == {"inline_fwd_resident": {"occupancy": "30.1 %"}}
+    assert "without the stall reasons" in result["summary"] and "Failed to find metric" in errors[0]
+    calls = _fake_ncu(monkeypatch, refuse_metrics=False, returncode=3)  # any other failure: no second run
+    result = ncu_step.run(ctx)
+    assert len(calls) == 1 and result == {"ok": False, "summary": "ncu exited 3 (errors.txt)"}
 
 
 def test_autotune_times_each_distinct_launch_once_and_gives_fallbacks_its_time(monkeypatch, tmp_path):
