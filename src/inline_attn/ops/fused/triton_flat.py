@@ -53,10 +53,11 @@ def inline_fwd_resident_flat(
     q0, q1, q2, k0, k1, k2, v0, v1, v2,
     n, c, h, w, p, heads, scale,
     D: tl.constexpr, BD: tl.constexpr, NP: tl.constexpr, HAS_RES: tl.constexpr, PREC: tl.constexpr,
+    SERIAL_TAPS: tl.constexpr,
 ):
     inline_fwd_resident(
         Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), scale,
-        D, BD, NP, HAS_RES, PREC,
+        D, BD, NP, HAS_RES, PREC, SERIAL_TAPS,
     )
 
 
