@@ -159,13 +159,14 @@ def test_triton_expanded_views(residual):
     assert _rel(out, ref) < 2e-6
 
 
-def _core_block(core: str, n: int, d: int):
+def _core_block(core: str, n: int, d: int, dtype: torch.dtype):
     """The block that runs ``core``'s kernels: "stream", "resident", or "resident, other taps" (the
     resident launch forced to add the residual's taps the way its rule does not at this tile: one at
     a time below the largest 16-bit tiles, three in flight at them)."""
     if core != "resident, other taps":
         return triton_core.core_kernels(core)
-    serial = max(16, 1 << (n - 1).bit_length()) * max(16, 1 << (d - 1).bit_length()) != triton_core.RESIDENT_TILE
+    tile = triton_core._resident_config(n, d, True, dtype)
+    serial = not triton_core._serial_taps(tile["NP"], tile["BD"], dtype)
     return triton_core.forced_core(CoreChoice("resident", triton_core.resident_warps(n, d), serial_taps=serial))
 
 
@@ -188,7 +189,7 @@ def test_triton_low_precision_within_twice_eager(shape, dtype, core):
     errs, launched = {}, {}
     for impl in ("triton", "eager"):
         gpu_path = bf16_interpreter() if DEVICE == "cpu" else contextlib.nullcontext()
-        with gpu_path, _core_block(core, p + h * w, d), triton_core.record_launches() as log:
+        with gpu_path, _core_block(core, p + h * w, d, dtype), triton_core.record_launches() as log:
             out = inline_tokens(q, k, v, residual_weights=taps, impl=impl, **kw)
             assert out.dtype == dtype
             grads = torch.autograd.grad(out, (q, k, v, taps), g.to(dtype))
