@@ -81,14 +81,13 @@ def run(ctx: StepContext) -> dict:
             proc = subprocess.run(command(str(out_csv), stalls), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"ok": False, "summary": f"ncu did not finish in its box ({timeout:.0f} s)"}
-        said = proc.stdout[-3000:] + proc.stderr[-3000:] + (out_csv.read_text()[-3000:] if out_csv.is_file() else "")
         if proc.returncode == 0 and out_csv.is_file():
             break
+        said = proc.stdout[-3000:] + proc.stderr[-3000:] + (out_csv.read_text()[-3000:] if out_csv.is_file() else "")
+        ctx.error("ncu", said)
         if not stalls or not _refused_a_metric(said):
-            ctx.error("ncu", said)
             return {"ok": False, "summary": f"ncu exited {proc.returncode}{note} (errors.txt)"}
         # an ncu that does not know a stall metric's name: the sections alone, saying so
-        ctx.error("ncu", said)
         note = "; without the stall reasons, whose metrics this ncu refused (errors.txt)"
     output.cap_log(out_csv)
     kernels = parse(out_csv.read_text())
