@@ -269,8 +269,10 @@ def _bwd_rows(
     cmask,
     m,
     adm,
-    kbar,
-    vbar,
+    ck,
+    mk,
+    cv,
+    mv,
     gbar,
     n0,
     n1,
@@ -279,18 +281,19 @@ def _bwd_rows(
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """dQ, dK, dV rows [n0, n1) (grads: their views) from M, alpha dM (adm) and the means."""
+    """dQ, dK, dV rows [n0, n1) (grads: their views) from M, alpha dM (adm), the rows K and V are
+    shifted by (ck, cv: token 0's) and the shifted rows' means (mk, mv)."""
     dq_out, dk_out, dv_out = grads
     for start in range(n0, n1, BLOCK_N):
         n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
         # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
         tiles.store_tile(dq_out, n, tl.dot(tiles.load_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
-        vc = tiles.load_centred(v, n, m2, vbar)
+        vc = tiles.load_centred(v, n, m2, cv, mv)
         tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
         dv = tiles.broadcast_row(gbar, BLOCK_N)
         if HAS_RES:
             dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, n1, geo), geo, -1)
-        kc = tiles.load_centred(k, n, m2, kbar)
+        kc = tiles.load_centred(k, n, m2, ck, mk)
         tiles.store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
 
 
@@ -330,7 +333,7 @@ def inline_bwd_fused(
     grads = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     w9 = tiles.dense_view(W9, b, 9, C, ch)
     _bwd_rows(
-        g, k, v, w9, grads, cmask, s * alpha, dm * alpha, ck + mk, cv + mv, gs / N, 0, N, geo, HAS_RES, BLOCK_N, PREC
+        g, k, v, w9, grads, cmask, s * alpha, dm * alpha, ck, mk, cv, mv, gs / N, 0, N, geo, HAS_RES, BLOCK_N, PREC
     )
 
 
@@ -424,31 +427,49 @@ def inline_bwd_rows(
             tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
     n0 = tl.program_id(1) * rows
     k, v, g = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    kbar, vbar = tiles.load_row(k, 0, cmask) + mk, tiles.load_row(v, 0, cmask) + mv
+    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
     grads, w9 = tiles.grad_views(DQ, DK, DV, b, N, C, ch), tiles.dense_view(W9, b, 9, C, ch)
     n1 = tl.minimum(n0 + rows, N)
     alpha = scale / N
-    _bwd_rows(g, k, v, w9, grads, cmask, s * alpha, dm * alpha, kbar, vbar, gs / N, n0, n1, geo, HAS_RES, BLOCK_N, PREC)
+    _bwd_rows(
+        g, k, v, w9, grads, cmask, s * alpha, dm * alpha, ck, mk, cv, mv, gs / N, n0, n1, geo, HAS_RES, BLOCK_N, PREC
+    )
 
 
 # The resident launch: when one (sample, head) problem fits a program's registers (N up to 256 at
 # head dim 32, 128 at 64), the program loads K and V once, and Q (forward) or Q and G (backward)
-# once, as single [NP, BD] tiles (NP >= N), centres K and V on their exact means, and does the
+# once, as single [NP, BD] tiles (NP >= N), centres K and V on their means, and does the
 # core, the residual and its taps' gradients with no loop over tokens and no second read of an
 # operand from memory (the taps' shifted rows come from the cache).
 
 
 @triton.jit
-def _centred(k, v, n, m2, N):
+def _centred(k, v, n, m2, cmask, N, SHIFT: tl.constexpr):
     """The [NP, BD] tiles of K and V at rows n, centred on their means (rows past N zero), and the
-    value means (v_bar)."""
-    kt = tiles.load_tile(k, n, m2)
-    vt = tiles.load_tile(v, n, m2)
+    value means (v_bar).
+
+    With SHIFT each is shifted by its token-0 row before the means are taken and the shifted rows'
+    mean subtracted after (:func:`tiles.load_centred`), so that every centred row is exact to its
+    own rounding: the backward's dK = alpha Vc dM^T and dV = alpha Kc dM need it. Centred on the
+    float32 means of K and V themselves, every row moves alike by the means' rounding, which the
+    forward's M = alpha Kc^T Vc keeps only in a product of two such errors (the centred rows' sum
+    cancels the rest) and v_bar to its own rounding; the forward skips the shift (at Swin's 7x7
+    windows its two rows cost 24 registers on sm_90, 8 -> 6 programs a multiprocessor)."""
+    if SHIFT:
+        ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
+        kt = tiles.load_centred(k, n, m2, ck)
+        vt = tiles.load_centred(v, n, m2, cv)
+    else:
+        kt = tiles.load_tile(k, n, m2)
+        vt = tiles.load_tile(v, n, m2)
     # both means summed per warp, then across warps together: one cross-warp reduction, not two
     BITS: tl.constexpr = v[0].dtype.element_ty.primitive_bitwidth  # a K of another width: a layout change, same sums
-    kbar, vbar = tl.split(tl.sum(tl.join(tiles.warp_sums(kt, BITS), tiles.warp_sums(vt, BITS)), axis=0) / N)
-    kc = tl.where(m2, kt - kbar[None, :], 0.0)
-    return kc, tl.where(m2, vt - vbar[None, :], 0.0), vbar
+    mk, mv = tl.split(tl.sum(tl.join(tiles.warp_sums(kt, BITS), tiles.warp_sums(vt, BITS)), axis=0) / N)
+    kc = tl.where(m2, kt - mk[None, :], 0.0)
+    vc = tl.where(m2, vt - mv[None, :], 0.0)
+    if SHIFT:
+        mv += cv
+    return kc, vc, mv
 
 
 @triton.jit
@@ -477,7 +498,7 @@ def inline_fwd_resident(
     b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
     n, m2 = tiles.row_block(0, N, cmask, NP)
     v = tiles.head_view(V, v_st, b, ch)
-    kc, vc, vbar = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
+    kc, vc, vbar = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, cmask, N, False)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
     out = tiles.broadcast_row(vbar, NP)
     if HAS_RES:
@@ -517,7 +538,7 @@ def inline_bwd_resident(
     n, m2 = tiles.row_block(0, N, cmask, NP)
     alpha = scale / N
     v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    kc, vc, _ = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, N)
+    kc, vc, _ = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, cmask, N, True)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * alpha
     gt = tiles.load_tile(g, n, m2)
     adm = tl.dot(tiles.load_tile_t(tiles.head_view(Q, q_st, b, ch), n, m2), gt, input_precision=PREC) * alpha

@@ -271,7 +271,7 @@ def inline_bwd_stream(
     mt_hi, mt_lo = _hi_lo(tl.trans((s - sk[:, None] * (sv / N)[None, :]) * alpha), NARROW, OPS)
     dm_hi, dm_lo = _hi_lo(dm * alpha, NARROW, OPS)
     dmt_hi, dmt_lo = _hi_lo(tl.trans(dm) * alpha, NARROW, OPS)
-    kbar, vbar, gbar = ck + sk / N, cv + sv / N, gs / N
+    gbar = gs / N
     dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
     w9 = tiles.dense_view(W9, b, 9, C, ch)
     for start in range(0, N, BLOCK_N):
@@ -282,12 +282,12 @@ def inline_bwd_stream(
         rows = n[:, None] * C
         dq = _times(_load(g, n, m2, NARROW), mt_hi, mt_lo, NARROW, PREC)
         tl.store(dq_out[0] + rows + dq_out[2][None, :], dq.to(DQ.dtype.element_ty), mask=m2)
-        vc = _operand(tiles.load_centred(v, n, m2, vbar), NARROW, OPS)
+        vc = _operand(tiles.load_centred(v, n, m2, cv, sv / N), NARROW, OPS)
         dk = _times(vc, dmt_hi, dmt_lo, NARROW, PREC)
         tl.store(dk_out[0] + rows + dk_out[2][None, :], dk.to(DK.dtype.element_ty), mask=m2)
         dv = tiles.broadcast_row(gbar, BLOCK_N)
         if HAS_RES:
             dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, N, geo), geo, -1)
-        kc = _operand(tiles.load_centred(k, n, m2, kbar), NARROW, OPS)
+        kc = _operand(tiles.load_centred(k, n, m2, ck, sk / N), NARROW, OPS)
         dv = _times(kc, dm_hi, dm_lo, NARROW, PREC, dv)
         tl.store(dv_out[0] + rows + dv_out[2][None, :], dv.to(DV.dtype.element_ty), mask=m2)

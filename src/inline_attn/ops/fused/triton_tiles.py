@@ -74,10 +74,17 @@ def load_tile_t(view, n, mask, AS_STORED: tl.constexpr = False):
 
 
 @triton.jit
-def load_centred(view, n, mask, centre):
-    """The fp32 tile of a view's rows n minus ``centre`` (a [BD] row: K's or V's token-0 row, which
-    keeps the sums' rounding small, or a mean), masked rows zero."""
-    return tl.where(mask, load_tile(view, n, mask) - centre[None, :], 0.0)
+def load_centred(view, n, mask, shift, mean=None):
+    """The fp32 tile of a view's rows n minus ``shift`` (a [BD] row: K's or V's token-0 row, which
+    keeps the sums' rounding small) and then minus ``mean`` (the shifted rows' mean, where given),
+    masked rows zero. Subtracted one after the other: shift + mean rounded to one row would move
+    every centred row alike by that rounding (up to half an ulp of K's or V's mean), an error the
+    backward's dK = alpha Vc dM^T and dV = alpha Kc dM carry whole, as they take the centred rows
+    to sum to zero."""
+    t = load_tile(view, n, mask) - shift[None, :]
+    if mean is not None:
+        t = t - mean[None, :]
+    return tl.where(mask, t, 0.0)
 
 
 @triton.jit

@@ -102,13 +102,27 @@ void column_means(const T* x, int64_t ld, int64_t N, int64_t cg, T* mean) {
   for (int64_t a = 0; a < cg; ++a) mean[a] /= static_cast<T>(N);
 }
 
-// dst[n] = src[n] - mean for a [N, cg] block (dst contiguous, src row stride ld).
+// dst[n] = src[n] - mean and mean (rounded to T) for a [N, cg] block (dst contiguous, src row
+// stride ld). The mean is summed and subtracted in double: each centred value is then exact to its
+// own rounding, so the centred columns sum to zero to within their spread's rounding, however far
+// the mean is from zero. Rounded to T first, the mean's error (up to N / 2 ulps of the mean, in
+// float) would shift every centred value alike, and the backward's dK = alpha Vc dM^T and
+// dV = alpha Kc dM, which take sum_n Vc_n = sum_n Kc_n = 0, would carry that shift whole.
 template <typename T>
-void centre(const T* src, int64_t ld, int64_t N, int64_t cg, const T* mean, T* dst) {
+void centre(const T* src, int64_t ld, int64_t N, int64_t cg, T* mean, T* dst) {
+  std::vector<double> exact(cg, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    const T* sn = src + n * ld;
+    for (int64_t a = 0; a < cg; ++a) exact[a] += static_cast<double>(sn[a]);
+  }
+  for (int64_t a = 0; a < cg; ++a) {
+    exact[a] /= static_cast<double>(N);
+    mean[a] = static_cast<T>(exact[a]);
+  }
   for (int64_t n = 0; n < N; ++n) {
     const T* sn = src + n * ld;
     T* dn = dst + n * cg;
-    for (int64_t a = 0; a < cg; ++a) dn[a] = sn[a] - mean[a];
+    for (int64_t a = 0; a < cg; ++a) dn[a] = static_cast<T>(static_cast<double>(sn[a]) - exact[a]);
   }
 }
 
@@ -118,8 +132,6 @@ void centre(const T* src, int64_t ld, int64_t N, int64_t cg, const T* mean, T* d
 template <typename T>
 void centre_keys_values(const T* kb, int64_t ksn, const T* vb, int64_t vsn, int64_t N, int64_t cg, T* kbar,
                         T* vbar, T* kc, T* vc) {
-  column_means(kb, ksn, N, cg, kbar);
-  column_means(vb, vsn, N, cg, vbar);
   centre(kb, ksn, N, cg, kbar, kc);
   centre(vb, vsn, N, cg, vbar, vc);
 }
@@ -191,8 +203,10 @@ void inline_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 // Backward of inline_forward. Per head, with alpha = scale / N, Kc = K - k_bar, Vc = V - v_bar,
 // M = alpha Kc^T Vc (= alpha Kc^T V) and O = Q M + v_bar + R(V, w):
-//   dQ = G M^T;  dM = Q^T G;  dK = alpha Vc dM^T (centring's gradient: sum_n Kc_n = 0);
-//   dV = alpha Kc dM + mean_n G_n + R^T(G, w);  dw[t] = sum_n G_n * V_{n + t}.
+//   dQ = G M^T;  dM = Q^T G;  dK = alpha Vc dM^T;  dV = alpha Kc dM + mean_n G_n + R^T(G, w);
+//   dw[t] = sum_n G_n * V_{n + t}.
+// The means' own gradients vanish (k_bar's is -alpha / N sum_n Vc_n dM^T, v_bar's in M the same
+// with Kc): that holds of the centred values as `centre` computes them, to their rounding.
 // M is recomputed (one d x d product) instead of saved.
 template <typename T>
 void inline_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const T* w9,
