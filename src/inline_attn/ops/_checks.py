@@ -129,14 +129,16 @@ def check_tokens(q, k, v, residual_weights=None) -> None:
 
 
 def check_num_heads(num_heads, channels: int) -> int:
-    """num_heads: a positive int dividing ``channels`` (> 0) -> the head dim."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
+    """num_heads: a positive integer (see :func:`as_int`) dividing ``channels`` (> 0) -> num_heads
+    as an int."""
+    n = as_int(num_heads)
+    if n is None:
         raise ValueError(f"num_heads must be an int, got {num_heads!r} ({type(num_heads).__name__})")
     if channels <= 0:
         raise ValueError(f"the channel count C must be positive, got C={channels}")
-    if num_heads <= 0 or channels % num_heads != 0:
-        raise ValueError(f"C={channels} must be a positive multiple of num_heads={num_heads}")
-    return channels // num_heads
+    if n <= 0 or channels % n != 0:
+        raise ValueError(f"C={channels} must be a positive multiple of num_heads={n}")
+    return n
 
 
 def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
