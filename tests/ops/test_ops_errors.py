@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inline_attn.layers import InLineAttention, LocalResidual, build_attention
-from inline_attn.ops import attention, attention_weights, inline_tokens, local_residual
+from inline_attn.ops import attention, attention_weights, inline_tokens, local_residual, softmax_attention
 
 
 def test_wrong_rank():
@@ -116,3 +116,62 @@ def test_softmax_attention_refuses_a_feature_map():
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match="feature_map applies to inline and linear attention, got 'relu'"):
         attention(q, q, q, kind="softmax", feature_map="relu")
+
+
+SOFTMAX_Q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("impl", ["eager", "naive"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8])
+def test_softmax_refuses_an_integer_mask_rather_than_adding_it(dtype, impl):
+    # an integer keep-mask was added to the scores as 0 / 1, so every key stayed attended
+    q = SOFTMAX_Q
+    mask = torch.tensor([[1, 1, 0, 0]] * 4, dtype=dtype)
+    match = rf"mask must be bool \(True = attend\) or floating \(added to the scores\), got {dtype}"
+    with pytest.raises(ValueError, match=match):
+        attention(q, q, q, kind="softmax", mask=mask, impl=impl)
+    with pytest.raises(ValueError, match=match):
+        attention_weights(q, q, kind="softmax", mask=mask)
+    with pytest.raises(ValueError, match=match):
+        softmax_attention(q, q, q, mask=mask, is_causal=True)
+    with pytest.raises(ValueError, match=r"bias must be floating \(added to the scores\), got torch.bool"):
+        attention(q, q, q, kind="softmax", bias=mask.bool(), impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["eager", "naive"])
+def test_softmax_refuses_a_mask_or_bias_on_another_device(impl):
+    # a meta mask was silently ignored (the unmasked output), a meta bias gave an undefined output
+    q = SOFTMAX_Q
+    for name, t in (("mask", torch.ones(4, 4, dtype=torch.bool)), ("bias", torch.zeros(4, 4, dtype=q.dtype))):
+        with pytest.raises(ValueError, match=rf"{name} must be on q's device cpu, got meta"):
+            attention(q, q, q, kind="softmax", impl=impl, **{name: t.to("meta")})
+
+
+@pytest.mark.parametrize("impl", ["eager", "naive"])
+@pytest.mark.parametrize("name", ["mask", "bias"])
+def test_softmax_refuses_a_mask_or_bias_that_does_not_broadcast(name, impl):
+    q, k = SOFTMAX_Q, torch.randn(1, 2, 6, 8, dtype=torch.float64)
+    dtype = torch.bool if name == "mask" else q.dtype
+    match = rf"{name} of shape \(5, 5\) must broadcast to the scores \[B, H, Nq, Nk\] = \(1, 2, 4, 6\)"
+    with pytest.raises(ValueError, match=match):
+        attention(q, k, k, kind="softmax", impl=impl, **{name: torch.ones(5, 5, dtype=dtype)})
+    too_many = rf"{name} of shape \(1, 1, 1, 4, 6\) must broadcast"
+    with pytest.raises(ValueError, match=too_many):
+        attention(q, k, k, kind="softmax", impl=impl, **{name: torch.ones(1, 1, 1, 4, 6, dtype=dtype)})
+    # what broadcasts is taken: per head [H, 1, Nk], per sample [B, 1, 1, Nk]
+    for shape in ((2, 1, 6), (1, 1, 1, 6), (4, 6)):
+        t = torch.ones(shape, dtype=dtype)
+        assert attention(q, k, k, kind="softmax", impl=impl, **{name: t}).shape == (1, 2, 4, 8)
+
+
+def test_softmax_layer_names_a_mask_of_the_wrong_shape():
+    layer = build_attention("softmax", 16, 2, num_prefix_tokens=1)
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 5\) must broadcast to the scores .* = \(2, 2, 13, 13\)"):
+        layer(torch.randn(2, 13, 16), (3, 4), mask=torch.ones(5, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", ["inline", "linear"])
+def test_a_feature_map_returning_integers_is_refused(kind):
+    q = SOFTMAX_Q
+    with pytest.raises(ValueError, match=r"feature_map <lambda> must return a floating tensor, got torch.int64"):
+        attention(q, q, q, kind=kind, feature_map=lambda t: t.long())

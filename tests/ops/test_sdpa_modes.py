@@ -183,3 +183,50 @@ def test_bad_modes_are_refused_with_the_value():
         linear_attention(q, k, v, key_padding_mask=torch.zeros(2, 6))
     with pytest.raises(ValueError, match="one token"):
         inline_attention_step(q, k, v)
+
+
+def test_a_step_refuses_a_state_of_other_sizes_dtype_or_type():
+    # a state of another batch or head count broadcast against the token (B=1 gave a [2, 3, 1, 5] output)
+    q, k, v = (t.detach() for t in _qkv(2, 3, 6, 6, 8, dv=5, seed=9))
+    state = inline_state(k[:, :, :5], v[:, :, :5])
+    new = slice(5, 6)
+    held = r"state is for B=2, H=3, D=8, Dv=5, torch.float64 on cpu; got q/k/v for "
+    cases = [
+        ((q[:1], k[:1], v[:1]), r"B=1, H=3, D=8, Dv=5, torch.float64 on cpu \(q of shape \(1, 3, 1, 8\)"),
+        ((q[:, :1], k[:, :1], v[:, :1]), r"B=2, H=1, D=8, Dv=5"),
+        ((q[..., :4], k[..., :4], v), r"B=2, H=3, D=4, Dv=5"),
+        ((q, k, v[..., :2]), r"B=2, H=3, D=8, Dv=2"),
+        ((q.float(), k.float(), v.float()), r"B=2, H=3, D=8, Dv=5, torch.float32 on cpu"),
+    ]
+    for (qs, ks, vs), got in cases:
+        with pytest.raises(ValueError, match=held + got):
+            inline_attention_step(qs[:, :, new], ks[:, :, new], vs[:, :, new], state)
+    small = inline_state(k[:1, :1, :5], v[:1, :1, :5])  # the other direction: a smaller state
+    with pytest.raises(ValueError, match=r"state is for B=1, H=1, D=8, Dv=5, .* got q/k/v for B=2, H=3"):
+        inline_attention_step(q[:, :, new], k[:, :, new], v[:, :, new], small)
+    with pytest.raises(TypeError, match=r"state must be an InLineState .*, got dict"):
+        inline_attention_step(q[:, :, new], k[:, :, new], v[:, :, new], {})
+    # a low-precision token goes on from its float32 state (the compute dtype), and matches the full pass
+    low = [t.to(torch.bfloat16) for t in (q, k, v)]
+    out, _ = inline_attention_step(*(t[:, :, new] for t in low), inline_state(low[1][:, :, :5], low[2][:, :, :5]))
+    full = inline_attention(*(t.float() for t in low), is_causal=True)[:, :, new]
+    torch.testing.assert_close(out.float(), full, rtol=1e-2, atol=1e-2)
+
+
+EMPTY_PATHS = [(impl, {}) for impl in (None, "eager", "naive", "cpu")] + [
+    (impl, {"is_causal": True})
+    for impl in (None, "eager", "naive")  # impl="cpu" refuses causal order
+]
+
+
+@pytest.mark.parametrize(
+    "impl,mode", EMPTY_PATHS, ids=[f"{i}-{'causal' if m else 'bidirectional'}" for i, m in EMPTY_PATHS]
+)
+@pytest.mark.parametrize("shape", [(0, 4, 10, 16), (2, 0, 10, 16)], ids=["no-samples", "no-heads"])
+def test_no_samples_or_no_heads_give_an_empty_output_and_gradients(shape, impl, mode):
+    # B or H = 0 failed in a reshape that inferred Dv from no elements (the fused path, causal order)
+    q, k, v = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = inline_attention(q, k, v, impl=impl, **mode)
+    assert out.shape == shape
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert [g.shape for g in grads] == [torch.Size(shape)] * 3

@@ -249,3 +249,39 @@ def test_layer_core_checks_and_chooses_once_per_call(impl, monkeypatch):
     ref = inline_tokens(q, k, v, num_heads=3, feat_size=(3, 5), residual_weights=weights, num_prefix_tokens=1)
     assert counts == {"choose": 1, "check_tokens": 1}
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["naive", "eager", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bf16", "f64"])
+def test_layer_core_refuses_x_of_another_dtype_than_the_predictor_on_every_impl(dtype, impl):
+    # outside autocast an nn.Linear refuses such an input; impl="cpu" ran it and the others failed in baddbmm
+    layer = InLineAttention(24, 3, num_prefix_tokens=1)  # float32 parameters
+    x = torch.randn(2, 1 + 3 * 5, 24, dtype=dtype)
+    args = dict(predictor=layer.residual.predictor_params(), num_heads=3, feat_size=(3, 5), num_prefix_tokens=1)
+    with pytest.raises(ValueError, match=rf"x is {dtype} and the predictor's parameters are torch.float32"):
+        tokens_mod.inline_layer_tokens(x, x, x, x, impl=impl, **args)
+    # under autocast x's token mean is cast to the predictor's dtype: the impls agree
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = tokens_mod.inline_layer_tokens(x, x, x, x, impl=impl, **args)
+        ref = tokens_mod.inline_layer_tokens(x, x, x, x, impl="naive", **args)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
+
+
+def test_layer_core_refuses_predictor_tensors_of_mixed_dtypes():
+    layer = InLineAttention(24, 3)
+    w1, b1, w2, b2 = layer.residual.predictor_params()
+    x = torch.randn(2, 9, 24)
+    with pytest.raises(
+        ValueError, match=r"share one dtype on x's device cpu, got w1 torch.float32 and b2 torch.float64"
+    ):
+        tokens_mod.inline_layer_tokens(x, x, x, x, predictor=(w1, b1, w2, b2.double()), num_heads=3, feat_size=(3, 3))
+
+
+def test_numpy_integer_num_heads_is_a_size_as_elsewhere():
+    np = pytest.importorskip("numpy")
+    q, k, v = torch.randn(2, 13, 36, dtype=torch.float64).chunk(3, dim=-1)
+    args = dict(feat_size=(3, 4), num_prefix_tokens=1)
+    want = inline_tokens(q, k, v, num_heads=3, **args)
+    for impl in ("naive", "eager", "cpu"):
+        got = inline_tokens(q, k, v, num_heads=np.int64(3), impl=impl, **args)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

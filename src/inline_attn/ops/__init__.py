@@ -51,7 +51,8 @@ def attention(
         feature_map: phi for inline (default identity) / linear (default relu).
         scale: inline / softmax scale, a positive real, default ``D**-0.5`` (linear attention takes
             none: its row normalisation cancels it, so a scale there is refused).
-        bias, mask: softmax only (as feature_map is inline / linear only).
+        bias, mask: softmax only (as feature_map is inline / linear only): a float bias and a bool
+            keep-mask (True = attend) or float mask, broadcastable to [B, H, Nq, Nk] on q's device.
         key_padding_mask: [B, Nk] bool, True = a padded key; is_causal: query i sees keys ``j <= i``
             (every kind; a query that sees no key gets zeros).
         impl: one of :data:`ATTENTION_IMPLS`: "auto" (InLine: the fused kernel where it applies,

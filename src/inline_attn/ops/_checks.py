@@ -129,14 +129,16 @@ def check_tokens(q, k, v, residual_weights=None) -> None:
 
 
 def check_num_heads(num_heads, channels: int) -> int:
-    """num_heads: a positive int dividing ``channels`` (> 0) -> the head dim."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
+    """num_heads: a positive integer (see :func:`as_int`) dividing ``channels`` (> 0) -> num_heads
+    as an int."""
+    n = as_int(num_heads)
+    if n is None:
         raise ValueError(f"num_heads must be an int, got {num_heads!r} ({type(num_heads).__name__})")
     if channels <= 0:
         raise ValueError(f"the channel count C must be positive, got C={channels}")
-    if num_heads <= 0 or channels % num_heads != 0:
-        raise ValueError(f"C={channels} must be a positive multiple of num_heads={num_heads}")
-    return channels // num_heads
+    if n <= 0 or channels % n != 0:
+        raise ValueError(f"C={channels} must be a positive multiple of num_heads={n}")
+    return n
 
 
 def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -168,12 +170,15 @@ def mapped(phi, x: torch.Tensor, name: str) -> torch.Tensor:
     """``phi(x)``, checked to be a tensor of ``x``'s shape: a feature map is applied per element or
     per token, and one that changed the head dim would pair queries and keys wrongly."""
     y = phi(x)
+    phi_name = getattr(phi, "__name__", type(phi).__name__)
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise ValueError(
-            f"feature_map {getattr(phi, '__name__', type(phi).__name__)} turned {name} of shape {tuple(x.shape)} "
-            f"into {got}: a feature map must keep the shape"
+            f"feature_map {phi_name} turned {name} of shape {tuple(x.shape)} into {got}: a feature map must keep "
+            f"the shape"
         )
+    if not y.is_floating_point():
+        raise ValueError(f"feature_map {phi_name} must return a floating tensor, got {y.dtype} for {name}")
     return y
 
 
@@ -197,3 +202,23 @@ def check_attention_modes(q: torch.Tensor, k: torch.Tensor, key_padding_mask, is
         raise ValueError(f"key_padding_mask must be [B, Nk] = {expected}, got {tuple(key_padding_mask.shape)}")
     if key_padding_mask.device != q.device:
         raise ValueError(f"key_padding_mask must be on q's device {q.device}, got {key_padding_mask.device}")
+
+
+def check_scores_terms(q: torch.Tensor, k: torch.Tensor, bias, mask) -> None:
+    """Softmax's ``bias`` and ``mask``, each None or a tensor on q's device broadcastable to the
+    scores [B, H, Nq, Nk]: a floating bias (added to the scores), a bool keep-mask (True = attend)
+    or a floating mask (added to the scores). An integer mask is refused rather than read as either:
+    SDPA refuses one too, and 0 / 1 added to the scores would silently keep every key."""
+    scores = (*q.shape[:3], k.shape[2])
+    for name, t in (("bias", bias), ("mask", mask)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not (t.is_floating_point() or (name == "mask" and t.dtype == torch.bool)):
+            wanted = "bool (True = attend) or floating" if name == "mask" else "floating"
+            raise ValueError(f"{name} must be {wanted} (added to the scores), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+        if t.dim() > 4 or any(a != 1 and a != b for a, b in zip(reversed(t.shape), reversed(scores))):
+            raise ValueError(f"{name} of shape {tuple(t.shape)} must broadcast to the scores [B, H, Nq, Nk] = {scores}")

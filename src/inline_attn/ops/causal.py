@@ -66,7 +66,7 @@ def prefix_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: in
     per_chunk = kc.transpose(-2, -1) @ vc  # [B, H, nc, D, Dv]
     before = per_chunk.cumsum(dim=2) - per_chunk  # the chunks before each one
     out = intra + qc @ before
-    return out.reshape(b, h, nc * chunk, -1)[:, :, :n]
+    return out.reshape(b, h, nc * chunk, v.shape[-1])[:, :, :n]  # Dv named: B or H may be 0
 
 
 def causal_inline(q, k, v, keep, scale, chunk: int = CHUNK):

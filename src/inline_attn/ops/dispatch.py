@@ -258,7 +258,7 @@ def why_not_fused(
     """
     _check_like_q(q)
     if num_heads is not None and q.dim() == 3:
-        check_num_heads(num_heads, q.shape[-1])
+        num_heads = check_num_heads(num_heads, q.shape[-1])
     if feat_size is not None and q.dim() == 3:
         check_feat_size(feat_size, q.shape[1], num_prefix_tokens)
     get_feature_map(feature_map)

@@ -16,7 +16,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_modes, check_qkv, check_residual, check_scale, mapped
+from ._checks import check_attention_modes, check_qkv, check_residual, check_scale, check_scores_terms, mapped
 from .feature_maps import FeatureMap, get_feature_map
 
 
@@ -138,6 +138,8 @@ def softmax_attention(
         scale: defaults to ``D**-0.5``.
         bias: additive float bias broadcastable to [B, H, Nq, N] (e.g. relative position bias).
         mask: boolean keep-mask (True = attend) or additive float mask, broadcastable likewise.
+            A bias or mask of another dtype (an integer mask), on another device than q or of a
+            shape that does not broadcast is refused (ValueError).
         key_padding_mask: [B, N] bool, True = a padded key; is_causal: query i sees keys ``j <= i``.
             A query that sees no key gets zeros (SDPA's NaN row replaced).
     Returns:
@@ -146,6 +148,7 @@ def softmax_attention(
     check_qkv(q, k, v)
     scale = check_scale(scale, "softmax")
     check_attention_modes(q, k, key_padding_mask, is_causal)
+    check_scores_terms(q, k, bias, mask)
     if key_padding_mask is None and not is_causal:
         return _sdpa(q, k, v, scale, bias, mask)
     allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)

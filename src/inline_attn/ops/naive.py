@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_modes, check_qkv, check_residual, check_scale, mapped
+from ._checks import check_attention_modes, check_qkv, check_residual, check_scale, check_scores_terms, mapped
 from .feature_maps import FeatureMap, get_feature_map
 
 ATTENTION_KINDS = ("inline", "linear", "softmax")
@@ -96,8 +96,9 @@ def attention_weights(
         feature_map: phi for "inline" (default identity) and "linear" (default relu).
         scale: InLine and softmax scale, a positive real; default ``D**-0.5`` (linear attention
             takes none: its row normalisation cancels it).
-        bias, mask: softmax only; additive bias / boolean keep-mask (True = attend) or additive
-            float mask, broadcastable to [B, H, Nq, Nk].
+        bias, mask: softmax only; additive float bias / boolean keep-mask (True = attend) or
+            additive float mask, broadcastable to [B, H, Nq, Nk] and on q's device (anything else
+            is refused: ValueError).
         key_padding_mask: [B, Nk] bool, True = a padded key: it gets weight 0 and leaves InLine's
             count and mean (every kind).
         is_causal: query i sees keys ``j <= i`` only (``Nq == Nk``; every kind).
@@ -113,6 +114,7 @@ def attention_weights(
     d = q.shape[-1]
     scale = check_scale(scale, kind)
     if kind == "softmax":
+        check_scores_terms(q, k, bias, mask)
         s = d**-0.5 if scale is None else scale
         if allowed is not None:
             mask = _with_allowed(mask, allowed)

@@ -91,7 +91,7 @@ def _fused_inline(q, k, v, scale: float, backend: str) -> torch.Tensor:
     b, h, n, d = q.shape
     tokens = [t.transpose(1, 2).reshape(b, n, h * t.shape[-1]) for t in (q, k, v)]
     out = inline_core(*tokens, None, h, scale, n, 1, 0, backend)
-    return out.view(b, n, h, -1).transpose(1, 2)
+    return out.view(b, n, h, v.shape[-1]).transpose(1, 2)  # Dv named: B or H may be 0
 
 
 def linear_attention(
@@ -148,7 +148,10 @@ def inline_attention_step(
 
     Args:
         q, k: [B, H, 1, D]; v: [B, H, 1, Dv]: the new token.
-        state: from the previous step or :func:`inline_state` (a prefill); None = no keys yet.
+        state: from the previous step or :func:`inline_state` (a prefill); None = no keys yet. A
+            state of another batch, head count, head dims, compute dtype or device than the token's
+            is refused (ValueError; its tensors would broadcast), as is anything but an
+            :class:`InLineState` (TypeError).
         key_padding_mask: [B, 1] bool, True where the new token is padding (it leaves the state).
         scale, feature_map: as :func:`inline_attention`.
     Returns:
@@ -158,6 +161,8 @@ def inline_attention_step(
     if q.shape[2] != 1 or k.shape[2] != 1:
         raise ValueError(f"a step takes one token: q {tuple(q.shape)} and k {tuple(k.shape)} must have Nq = Nk = 1")
     check_attention_modes(q, k, key_padding_mask, False)
+    if state is not None:
+        _check_state(state, q, v)
     phi = get_feature_map(feature_map)
     s = check_scale(scale)
     s = q.shape[-1] ** -0.5 if s is None else s
@@ -170,6 +175,27 @@ def inline_attention_step(
         keep = torch.ones_like(state.count) if keep is None else keep
         out, state = state.step(qf, kf, vf, keep, s)
     return out.to(out_dtype), state
+
+
+def _check_state(state, q: torch.Tensor, v: torch.Tensor) -> None:
+    """``state`` an :class:`InLineState` for the step's token (q [B, H, 1, D], v [B, H, 1, Dv]): its
+    tensors shaped for the same B, H, D, Dv, in the dtype the step computes in, on q's device."""
+    if not isinstance(state, InLineState):
+        raise TypeError(
+            f"state must be an InLineState (from inline_state or a previous step), got {type(state).__name__}"
+        )
+    b, h, _, d = q.shape
+    dv, dtype = v.shape[-1], as_compute(q).dtype
+    expected = ((b, h, d, dv), (b, h, 1, d), (b, h, 1, dv), (b, 1, 1, 1))
+    fields = (state.comoment, state.key_mean, state.value_mean, state.count)
+    if all(tuple(t.shape) == e and t.dtype == dtype and t.device == q.device for t, e in zip(fields, expected)):
+        return
+    c = state.comoment
+    sizes = "B={}, H={}, D={}, Dv={}".format(*c.shape) if c.dim() == 4 else f"a comoment of shape {tuple(c.shape)}"
+    raise ValueError(
+        f"state is for {sizes}, {c.dtype} on {c.device}; got "
+        f"q/k/v for B={b}, H={h}, D={d}, Dv={dv}, {dtype} on {q.device} (q of shape {tuple(q.shape)}, {q.dtype})"
+    )
 
 
 def inline_state(

@@ -13,7 +13,7 @@ import torch
 
 from . import dispatch
 from ._checks import check_feat_size, check_num_heads, check_scale, check_tensor, check_tokens
-from .eager import eager_inline_attention, local_residual
+from .eager import autocast_dtype, eager_inline_attention, local_residual
 from .fused.op import inline_core, inline_layer_core, runs_as_custom_op
 from .feature_maps import FeatureMap
 from .naive import naive_attention, naive_local_residual
@@ -107,7 +107,7 @@ def inline_tokens(
     """
     check_tokens(q, k, v, residual_weights)
     b, n, c = q.shape
-    check_num_heads(num_heads, c)
+    num_heads = check_num_heads(num_heads, c)
     h, w = check_feat_size(feat_size, n, num_prefix_tokens)
     d = c // num_heads
     scale = check_scale(scale)
@@ -174,7 +174,10 @@ def inline_layer_tokens(
         x: [B, N, C] the layer input; its token mean (prefix tokens included, as the reference)
             is the predictor's context.
         predictor: (w1, b1, w2, b2) of the predictor's grouped products, one group per head
-            (:meth:`inline_attn.layers.LocalResidual.predictor_params`).
+            (:meth:`inline_attn.layers.LocalResidual.predictor_params`): tensors of one float dtype on
+            x's device. Outside autocast it must be x's dtype, as ``nn.Linear`` requires of its
+            input (ValueError otherwise, for every ``impl``); under autocast x's token mean is cast
+            to it.
         the rest: as :func:`inline_tokens`.
 
     On the fused implementations in eager mode the prediction runs inside the layer core's one
@@ -189,8 +192,9 @@ def inline_layer_tokens(
             f"x must have q's shape {tuple(q.shape)} and device {q.device}, got {tuple(x.shape)} on {x.device}"
         )
     w1, b1, w2, b2 = predictor
+    _check_predictor_dtypes(x, predictor)
     c = q.shape[-1]
-    check_num_heads(num_heads, c)
+    num_heads = check_num_heads(num_heads, c)
     if w1.shape[0] != c or w1.shape[1:].numel() != c // num_heads or w2.shape[0] != 9 * c:
         raise ValueError(
             f"predictor weights {tuple(w1.shape)} and {tuple(w2.shape)} do not match {num_heads} groups of "
@@ -200,6 +204,23 @@ def inline_layer_tokens(
     scale = check_scale(scale)
     s = (c // num_heads) ** -0.5 if scale is None else scale
     return layer_core_tokens(x, q, k, v, predictor, num_heads, (h, w), num_prefix_tokens, feature_map, s, impl)
+
+
+def _check_predictor_dtypes(x: torch.Tensor, predictor) -> None:
+    """The predictor's four tensors: one float dtype on x's device, and x's dtype outside autocast
+    (:func:`inline_layer_tokens`)."""
+    for name, t in zip(("w1", "b1", "w2", "b2"), predictor):
+        check_tensor(f"predictor {name}", t)
+        if t.dtype != predictor[0].dtype or t.device != x.device:
+            raise ValueError(
+                f"the predictor's tensors must share one dtype on x's device {x.device}, got w1 {predictor[0].dtype} "
+                f"and {name} {t.dtype} on {t.device}"
+            )
+    if x.dtype != predictor[0].dtype and autocast_dtype(x) is None:
+        raise ValueError(
+            f"x is {x.dtype} and the predictor's parameters are {predictor[0].dtype}: outside autocast they must "
+            f"share one dtype (cast the model or the input, or run under torch.autocast)"
+        )
 
 
 def layer_core_tokens(
