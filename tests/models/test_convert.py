@@ -120,6 +120,18 @@ def test_torchvision_vit_multihead_attention_is_called_the_same_way():
     _grads_flow(model, torch.randn(2, 1, 12, 20))
 
 
+def test_torchvision_vit_self_attention_gets_the_residual():
+    torch.manual_seed(4)
+    model = TorchvisionViT().eval()
+    before = copy.deepcopy(model)
+    inline_attn.convert(model)
+    with torch.no_grad():  # a trained residual: it must show in the output (mha(x, x, x) is self-attention)
+        for layer in model.encoder.layers:
+            layer.self_attention.residual[2].weight.normal_()
+    x = torch.randn(2, 1, 16, 16)
+    assert (model(x) - _reference_inline(before, x)).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_attention_cross_and_padding(batch_first):
     torch.manual_seed(5)

@@ -11,7 +11,8 @@ Recognised modules (by their structure: neither timm nor torchvision is imported
   the window is the grid, and the shift mask is not applied (as the reference InLine-Swin blocks);
   the relative position bias table is dropped;
 - any ``nn.MultiheadAttention`` (torchvision's ViT encoder among them; batch_first or not) ->
-  :class:`InLineMultiheadAttention`, called the same way and returning ``(out, None)``.
+  :class:`InLineMultiheadAttention`, called the same way and returning ``(out, None)``; the local
+  residual in self-attention only (``mha(x, x, x)``), never in cross-attention.
 
 The replacement is called exactly as the module it replaces. Projections (q, k, v and the output)
 are copied bit for bit. The local residual (paper Sec. 4.2) needs the token grid: it comes from the
@@ -19,7 +20,9 @@ model's patch convolution (``patch_embed.proj`` in timm, ``conv_proj`` in torchv
 hook records each input's grid, so it follows the input size; the tokens before the grid are the
 prefix tokens), from the window (Swin), or from a square token count after ``num_prefix_tokens``.
 Its predictor's last layer starts at zero, so the residual starts as a no-op and fine-tuning starts
-from the network as it was, with the softmax replaced by its first-order expansion.
+from the network as it was, with the softmax replaced by its first-order expansion. Padded tokens
+(a key-padding mask) are not on the grid: they feed neither the predictor's token mean nor the
+3x3 convolution (which sees zeros in their place).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from ..layers.local_residual import LocalResidual
-from ..ops import inline_attention, linear_attention
+from ..ops import check_count, inline_attention, linear_attention
 from ..ops.tokens import add_to_grid_tokens, grid_residual
 
 CONVERT_KINDS = ("inline", "linear")
@@ -85,19 +88,33 @@ class _Converted(nn.Module):
         with_residual = grid is not None and context == dim
         self.residual = _zero_last_layer(LocalResidual(dim, num_heads)) if with_residual else None
 
-    def attend(self, x, q, k, v, key_padding_mask=None, is_causal=False):
-        """x: [B, N, C] the layer input (the residual's context); q, k, v: [B, h, N, d] -> [B, N, C]."""
+    def attend(self, x, q, k, v, key_padding_mask=None, is_causal=False, self_attention=True):
+        """x: [B, N, C] the layer input (the residual's context); q, k, v: [B, h, N, d] -> [B, N, C].
+
+        The residual is added only where ``self_attention`` (the query tokens are the key and value
+        tokens, so V lies on the query's grid) and not ``is_causal`` (its 3x3 neighbours would
+        include later tokens). Padded tokens (``key_padding_mask`` True) are not on the grid: they
+        are left out of the predictor's token mean, and the 3x3 convolution sees zeros in their
+        place, as beyond the grid's border.
+        """
         if self.kind == "inline":
             out = inline_attention(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale)
         else:
             out = linear_attention(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
         b, h, n, d = out.shape
         out = out.transpose(1, 2).reshape(b, n, h * d)
-        if self.residual is None or is_causal or q.shape[2] != k.shape[2]:
-            return out  # the residual is for self-attention on a grid, and would see later tokens
+        if self.residual is None or is_causal or not self_attention:
+            return out
         grid, prefix = self.grid.locate(n)
-        weights = self.residual.predict(x.mean(dim=1))
         v_tokens = v.transpose(1, 2).reshape(b, n, h * d)
+        if key_padding_mask is None:
+            context = x.mean(dim=1)
+        else:
+            padded = key_padding_mask.unsqueeze(-1)  # [B, N, 1]
+            valid = (~padded).sum(dim=1)  # [B, 1]; a sample with no valid token gets a zero context
+            context = x.masked_fill(padded, 0).sum(dim=1) / valid.clamp(min=1)
+            v_tokens = v_tokens.masked_fill(padded, 0)
+        weights = self.residual.predict(context)
         return add_to_grid_tokens(out, grid_residual(v_tokens, weights, grid, prefix).to(out.dtype), prefix)
 
 
@@ -214,8 +231,18 @@ class InLineMultiheadAttention(_Converted):
     """Replaces ``nn.MultiheadAttention``, with its parameter names (``in_proj_weight`` or
     ``q_proj_weight`` / ``k_proj_weight`` / ``v_proj_weight``, ``in_proj_bias``, ``out_proj``):
     ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-    average_attn_weights=True, is_causal=False) -> (out, None)``. No weights are formed, so none are
-    returned; ``attn_mask`` is taken only as the causal mask (with ``is_causal=True``)."""
+    average_attn_weights=True, is_causal=False) -> (out, None)``, batched ([N, L, E] with
+    ``batch_first``, else [L, N, E]) or unbatched ([L, E], with a [S] key_padding_mask; the output
+    unbatched too), as torch's. No weights are formed, so none are returned; ``attn_mask`` is taken
+    only as the causal mask (with ``is_causal=True``).
+
+    The local residual is added in self-attention only: ``mha(x, x, x)``, one tensor as query, key
+    and value (torch's own module tells its self-attention path by the same test). Any other call is
+    cross-attention and gets none, whatever its lengths: V lies on the keys' positions, not on the
+    query's grid. Refused with a ``ValueError``: inputs whose last dimension is not the module's
+    embedding dimension (``kdim`` / ``vdim`` for key / value), batched and unbatched inputs mixed,
+    and (outside autocast) inputs of a dtype other than the module's parameters'.
+    """
 
     def __init__(self, old: nn.MultiheadAttention, kind: str, grid: Optional[TokenGrid]):
         if old.bias_k is not None or old.add_zero_attn:
@@ -253,23 +280,65 @@ class InLineMultiheadAttention(_Converted):
     ) -> tuple[torch.Tensor, None]:
         if attn_mask is not None and not is_causal:
             _no_pair_mask(attn_mask)
+        batched = self._check_inputs(query, key, value)
+        self_attention = query is key and key is value
         key_padding_mask = _padding_as_bool(key_padding_mask)
-        inputs = (query, key, value) if self.batch_first else (t.transpose(0, 1) for t in (query, key, value))
+        if not batched:  # torch's unbatched [L, E]: a batch of one, batch first
+            inputs = tuple(t.unsqueeze(0) for t in (query, key, value))
+            if isinstance(key_padding_mask, torch.Tensor) and key_padding_mask.dim() == 1:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif self.batch_first:
+            inputs = (query, key, value)
+        else:
+            inputs = tuple(t.transpose(0, 1) for t in (query, key, value))
         weights, biases = self._projections()
         heads = [
             nn.functional.linear(t, w, b).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
             for t, w, b in zip(inputs, weights, biases, strict=True)
         ]
-        x = query if self.batch_first else query.transpose(0, 1)
-        out = self.out_proj(self.attend(x, *heads, key_padding_mask=key_padding_mask, is_causal=is_causal))
+        out = self.attend(
+            inputs[0], *heads, key_padding_mask=key_padding_mask, is_causal=is_causal, self_attention=self_attention
+        )
+        out = self.out_proj(out)
+        if not batched:
+            return out.squeeze(0), None
         return (out if self.batch_first else out.transpose(0, 1)), None
+
+    def _check_inputs(self, query, key, value) -> bool:
+        """Whether the call is batched; a ValueError naming the input for a wrong shape or dtype."""
+        batch_dim = 0 if self.batch_first else 1
+        layout = "[N, L, E]" if self.batch_first else "[L, N, E]"
+        for name, t, dim in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() not in (2, 3) or t.shape[-1] != dim:
+                raise ValueError(
+                    f"{name} must be {layout} or unbatched [L, E] with embedding dimension E = {dim}, "
+                    f"got shape {tuple(t.shape)}"
+                )
+        shapes = tuple(tuple(t.shape) for t in (query, key, value))
+        if not query.dim() == key.dim() == value.dim():
+            raise ValueError(f"query, key and value must be all batched or all unbatched, got shapes {shapes}")
+        if key.shape[:-1] != value.shape[:-1] or (query.dim() == 3 and query.shape[batch_dim] != key.shape[batch_dim]):
+            raise ValueError(
+                f"key and value must have one length and batch, and query key's batch ({layout}), got shapes {shapes}"
+            )
+        expected = self.out_proj.weight.dtype
+        if not torch.is_autocast_enabled(query.device.type):  # autocast casts the inputs itself
+            for name, t in (("query", query), ("key", key), ("value", value)):
+                if t.dtype != expected:
+                    raise ValueError(
+                        f"{name} has dtype {t.dtype}, expected {expected} (the module's parameters'): pass "
+                        f"{expected} inputs, or convert the module with .to({t.dtype})"
+                    )
+        return query.dim() == 3
 
 
 def _padding_as_bool(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """A key-padding mask as bool (True = padding): torch's transformer layers pass the additive
     form (-inf = padding, 0 = a key), which is all InLine can take of an additive mask."""
-    if mask is None or mask.dtype == torch.bool:
-        return mask
+    if not isinstance(mask, torch.Tensor) or mask.dtype == torch.bool:
+        return mask  # None, or what the op's own check refuses by name
     padded = torch.isneginf(mask)
     if not bool(((mask == 0) | padded).all()):
         raise ValueError("an additive key_padding_mask must hold only 0 (a key) and -inf (padding) for InLine")
@@ -368,9 +437,19 @@ def convert(
         local_residual: None = where the grid is known (inline only); False = never; True = required.
     Returns:
         the :class:`ChangeTable` of what changed (``print`` it for a Markdown table).
+
+    A ``ValueError`` names any argument of the wrong type: a model that is no ``nn.Module``, a
+    ``local_residual`` that is no bool (``"no"`` is refused, not truthy), a ``num_prefix_tokens``
+    that is no int >= 0.
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"convert takes an nn.Module whose attention it replaces, got {type(model).__name__}")
     if kind not in CONVERT_KINDS:
         raise ValueError(f"unknown kind {kind!r}: convert takes one of {CONVERT_KINDS}")
+    if local_residual is not None and not isinstance(local_residual, bool):
+        raise ValueError(f"local_residual={local_residual!r}: expected True, False or None (where the grid is known)")
+    if num_prefix_tokens is not None:
+        num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
     grid = _model_grid(model, num_prefix_tokens, local_residual) if kind == "inline" else None
     targets = [(path, m, _kind_of(m)) for path, m in model.named_modules()]
     _refuse_rope(model, targets)
@@ -390,6 +469,9 @@ def convert(
             new = InLineEvaAttention(old, kind, grid)
         else:
             new = InLineTimmAttention(old, kind, grid)
+        weight = next(old.parameters(), None)
+        if new.residual is not None and weight is not None:  # the new predictor where the model's weights are
+            new.residual.to(device=weight.device, dtype=weight.dtype)
         parent, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent), name, new)
         kept = {id(p) for p in new.parameters()}
