@@ -484,7 +484,10 @@ def parse_value(text: str) -> Any:
 
 
 def set_dotted(data: dict, key: str, value: Any) -> None:
-    """``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed (checked later)."""
+    """``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed (checked later).
+    A mapping given to a key that holds a mapping (a section, or a free-form setting such as
+    ``model.kwargs``) merges into it key by key, as a YAML file merges over its ``_base_``:
+    ``--model.kwargs '{depth: 4}'`` changes ``depth`` and keeps the config's other arguments."""
     parts = key.split(".")
     if len(parts) < 2 or not all(parts):
         raise ValueError(f"config key {key!r}: expected section.key, e.g. optim.lr")
@@ -493,7 +496,8 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} holds {node!r}, not a section")
-    node[parts[-1]] = value
+    last = parts[-1]
+    node[last] = merge(node[last], value) if isinstance(value, dict) and isinstance(node.get(last), dict) else value
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -575,7 +579,8 @@ def add_override_options(
             continue
         doc = f.metadata.get("doc", "")
         if tp is dict:
-            g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="MAPPING", help=doc)
+            text = f"{doc}; merges into the config's mapping key by key (default: {_plain(default)!r})"
+            g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="MAPPING", help=text.replace("%", "%%"))
         else:
             text = f"{doc} (default: {_plain(default)!r})" if doc else f"default: {_plain(default)!r}"
             g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="V", help=text.replace("%", "%%"))
@@ -585,7 +590,7 @@ def add_override_options(
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"any dotted key, e.g. --set {example} (repeatable)",
+        help=f"any dotted key, e.g. --set {example} (repeatable; a mapping merges into a mapping key by key)",
     )
 
 
