@@ -426,10 +426,11 @@ class TypedConfig:
 
     @classmethod
     def load(cls, path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()):
-        """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked."""
+        """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked;
+        an override's mapping merges into the mapping it is given to (:func:`set_dotted`)."""
         data = read_yaml(path) if path is not None else {}
         for key, value in overrides:
-            set_dotted(data, key, value)
+            set_dotted(data, key, value, merge_mappings=True)
         return cls.from_dict(data)
 
     def to_dict(self) -> dict:
@@ -444,7 +445,8 @@ class TypedConfig:
         return node
 
     def replace(self, **changes: Any):
-        """A checked copy with dotted keys changed (``cfg.replace(**{"model.checkpoint": None})``)."""
+        """A checked copy with dotted keys changed (``cfg.replace(**{"model.checkpoint": None})``);
+        a mapping replaces the key's mapping whole."""
         data = self.to_dict()
         for key, value in changes.items():
             set_dotted(data, key, value)
@@ -483,11 +485,12 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def set_dotted(data: dict, key: str, value: Any) -> None:
+def set_dotted(data: dict, key: str, value: Any, *, merge_mappings: bool = False) -> None:
     """``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed (checked later).
-    A mapping given to a key that holds a mapping (a section, or a free-form setting such as
-    ``model.kwargs``) merges into it key by key, as a YAML file merges over its ``_base_``:
-    ``--model.kwargs '{depth: 4}'`` changes ``depth`` and keeps the config's other arguments."""
+    ``merge_mappings`` (the command line's overrides): a mapping given to a key that holds a mapping
+    (a nested section, or a free-form setting such as ``model.kwargs``) merges into it key by key, as
+    a YAML file merges over its ``_base_``: ``--model.kwargs '{depth: 4}'`` changes ``depth`` and
+    keeps the config's other arguments. Without it the value replaces the mapping whole."""
     parts = key.split(".")
     if len(parts) < 2 or not all(parts):
         raise ValueError(f"config key {key!r}: expected section.key, e.g. optim.lr")
@@ -497,7 +500,8 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} holds {node!r}, not a section")
     last = parts[-1]
-    node[last] = merge(node[last], value) if isinstance(value, dict) and isinstance(node.get(last), dict) else value
+    merging = merge_mappings and isinstance(value, dict) and isinstance(node.get(last), dict)
+    node[last] = merge(node[last], value) if merging else value
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
