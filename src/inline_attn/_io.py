@@ -349,9 +349,14 @@ def read_checkpoint(source: Union[str, os.PathLike], *, weights_only: bool = Tru
 
     ``weights_only`` (torch files): refuse pickled objects other than tensors and containers, as
     torch.load does; pass False only for files you trust (training checkpoints also store RNG
-    states and configs). A missing, empty, truncated or foreign file raises ValueError naming it.
+    states and configs). A missing, empty, truncated or foreign file, or a folder, raises ValueError naming it.
     """
     path = pathlib.Path(source)
+    if path.is_dir():
+        raise ValueError(
+            f"checkpoint file {str(path)!r} is a folder: give the file in it (a save_pretrained folder is "
+            "read by from_pretrained)"
+        )
     if not path.is_file():
         raise ValueError(f"checkpoint file {str(path)!r} does not exist")
     with open(path, "rb") as f:

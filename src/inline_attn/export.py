@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from ._io import atomic_path, writable_file
+from .layers import check_flag
 
 __all__ = ["export_onnx", "export_program", "inline_forward_onnx", "onnx_translation_table"]
 
@@ -126,11 +127,16 @@ def export_program(
             copies of itself (``torch.export`` would specialise a dimension of size 1).
         **kwargs: passed to ``torch.export.export`` (``dynamic_shapes``, ``strict``, ...).
 
-    The program takes the example's image size only: ``program.module()`` refuses another size
-    (or channel count, or batch without ``dynamic_batch``) with a ValueError naming the size
-    exported and the size given; export again for it. (A program saved and loaded again by
+    The program takes the example's image size and dtype only: ``program.module()`` refuses another
+    size (or channel count, or batch without ``dynamic_batch``, or a batch outside 1 to 1024 with
+    it) or another dtype with a ValueError naming what was exported and what was given; export again
+    for it. (A program saved and loaded again by
     ``torch.export.save`` / ``load`` has torch's own input guards only.)
+    A ``model`` that is not a module and a ``dynamic_batch`` that is not a bool are ValueErrors.
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_flag("dynamic_batch", dynamic_batch)
     _check_example(example)
     if "dynamic_shapes" in kwargs and dynamic_batch:
         raise ValueError("give dynamic_batch=True or dynamic_shapes, not both")
@@ -151,29 +157,47 @@ def export_program(
     return program
 
 
-def _exported_shape(program: torch.export.ExportedProgram) -> tuple[Optional[int], ...]:
-    """The shape of the program's one user input, None where a dimension is dynamic."""
+def _exported_input(program: torch.export.ExportedProgram):
+    """The shape of the program's one user input (None where a dimension is dynamic), the range its
+    batch may take (an upper bound of None: none) and its dtype."""
     (name,) = program.graph_signature.user_inputs
     (node,) = [n for n in program.graph.nodes if n.op == "placeholder" and n.name == name]
-    return tuple(d if isinstance(d, int) else None for d in node.meta["val"].shape)
+    val = node.meta["val"]
+    shape = tuple(d if isinstance(d, int) else None for d in val.shape)
+    batch = val.shape[0]
+    if isinstance(batch, int):
+        return shape, (batch, batch), val.dtype
+    bounds = program.range_constraints[batch.node.expr]
+    return shape, (int(bounds.lower), int(bounds.upper) if bounds.upper.is_Integer else None), val.dtype
 
 
 def _refuse_other_sizes(program: torch.export.ExportedProgram) -> None:
-    """Make every ``program.module()`` check its input's shape against the exported one first, with
-    a ValueError naming both (torch's guard says ``Guard failed: x.size()[2] == 32``)."""
-    expected = _exported_shape(program)
+    """Make every ``program.module()`` check its input's shape, batch and dtype against the exported
+    ones first, with a ValueError naming both (torch's guard says ``Guard failed: x.size()[2] == 32``
+    or ``x.size()[0] <= 1024``, and a float64 input fails in the first convolution)."""
+    expected, (low, high), dtype = _exported_input(program)
     build = program.module
 
     def check(module, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()), None)
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else None
-        if got is not None and len(got) == len(expected) and all(e in (None, g) for e, g in zip(expected, got)):
-            return None
+        fits = got is not None and len(got) == len(expected) and all(e in (None, g) for e, g in zip(expected, got))
+        if fits and low <= got[0] and (high is None or got[0] <= high):
+            if x.dtype == dtype:
+                return None
+            raise ValueError(
+                f"this program was exported for {dtype} input; got {x.dtype}: give it x.to({dtype}), or export "
+                f"again with a {x.dtype} example (and the model in {x.dtype})"
+            )
         shown = ", ".join("B" if e is None else str(e) for e in expected)
         b, c, h, w = expected
-        batch = "any batch" if b is None else f"batch {b}"
+        batch = f"batch {b}" if b is not None else f"batches {low} to {high}" if high else "any batch"
         if got is not None and len(got) == 4 and got[1:] == (c, h, w):
-            remedy = "export with dynamic_batch=True to take other batches"
+            remedy = (
+                "export with dynamic_batch=True to take other batches"
+                if b is not None
+                else f"give it {low} to {high} images at a time"
+            )
         else:
             remedy = "export again with an example of that size"
         raise ValueError(

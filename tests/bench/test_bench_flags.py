@@ -5,6 +5,8 @@ measures eager float32 on the CPU and used to ignore them)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from inline_attn.cli import main
@@ -54,6 +56,41 @@ def test_a_flag_the_benchmark_cannot_honour_is_refused_before_the_work(tmp_path,
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing written, inside --out or beside it
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--sizes", "-7"], "grid sizes must be positive, got -7"),
+        (["--sizes", "0"], "grid sizes must be positive, got 0"),
+        (["--budget", "-1"], "--budget '-1': expected a finite number of seconds > 0"),
+        (["--budget", "inf"], "--budget 'inf': expected a finite number of seconds > 0"),
+        (["--budget", "soon"], "--budget 'soon': expected a finite number of seconds > 0"),
+        (["--repeats", "0"], "--repeats 0: expected an integer >= 1"),
+        (["--warmup", "-1"], "--warmup -1: expected an integer >= 0"),
+    ],
+)
+@pytest.mark.parametrize("quick", [[], ["--quick"]], ids=["", "quick"])
+def test_sweep_flags_are_checked_with_or_without_quick(tmp_path, capsys, flags, message, quick):
+    """--quick fills only the flags not given: a bad one given beside it is refused like any other
+    (it used to be replaced by the preset without a word)."""
+    argv = ["bench", "attention", *quick, "--dim", "12", "--heads", "3", "--kinds", "inline", "--no-plot", *flags]
+    try:
+        rc = main([*argv, "--out", str(tmp_path / "out")])
+    except SystemExit as e:  # a value argparse's type refuses
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_values_given_win_over_quick(tmp_path, capsys):
+    argv = ["bench", "attention", "--quick", "--sizes", "3", "--repeats", "1", "--budget", "0.5", "--no-plot"]
+    assert main([*argv, "--dim", "12", "--heads", "3", "--kinds", "inline", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "attention.json").read_text())
+    assert {r["side"] for r in result["rows"]} == {3}
+    assert result["meta"]["repeats"] == 1 and result["meta"]["budget_s"] == 0.5
 
 
 def test_the_neighbours_run(tmp_path, capsys):

@@ -177,6 +177,52 @@ def test_hook_layer_selection_errors():
             model(torch.randn(1, 5, 16), (2, 2))
 
 
+@pytest.mark.parametrize("layers", [[1.5], 1.5, [True], [0, None]], ids=["float", "bare-float", "bool", "none-in-list"])
+def test_hook_layer_selection_of_another_type_is_refused(layers):
+    """A float reached fnmatch's TypeError; True picked layer 1."""
+    with pytest.raises(ValueError, match=r"layers=.*: expected None, a layer index \(int\), a name pattern \(str\)"):
+        with record_attention(_TwoLayer(), layers=layers):
+            pass
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"local_residual": "no"}, "local_residual must be a bool or None, got 'no'"),
+        ({"local_residual": 0}, "local_residual must be a bool or None, got 0"),
+        ({"qkv_bias": "no"}, "qkv_bias must be a bool, got 'no'"),
+        ({"split_qkv": 1}, "split_qkv must be a bool, got 1"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["inline", "linear"])
+def test_a_flag_that_is_not_a_bool_is_refused(kind, kwargs, message):
+    """local_residual="no" turned the residual on and qkv_bias="no" kept the bias (truthy strings)."""
+    with pytest.raises(ValueError, match=message):
+        build_attention(kind, 8, 2, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        (InLineAttention if kind == "inline" else LinearAttention)(8, 2, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "dim, heads, message",
+    [
+        (8, 3, "dim=8 must be a positive multiple of num_heads=3"),
+        (0, 1, "dim must be >= 1, got 0"),
+        (8, 0, "num_heads"),
+    ],
+)
+def test_local_residual_refuses_channels_its_groups_cannot_split(dim, heads, message):
+    from inline_attn.layers import LocalResidual
+
+    with pytest.raises(ValueError, match=message):
+        LocalResidual(dim, heads)
+
+
+def test_a_layer_called_with_a_list_is_a_type_error():
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor \[B, N, 8\], got list"):
+        InLineAttention(8, 2)([[0.0] * 8], (1, 1))
+
+
 def test_init_weights_keeps_learnable_feature_map_identity_start():
     from inline_attn.layers import init_weights_
 

@@ -213,6 +213,8 @@ def test_corrupted_and_foreign_files_raise_clear_errors(tmp_path):
         load_checkpoint(model, garbage)
     with pytest.raises(ValueError, match="does not exist"):
         load_checkpoint(model, tmp_path / "nope.pth")
+    with pytest.raises(ValueError, match=f"checkpoint file '{tmp_path}' is a folder: give the file in it"):
+        load_checkpoint(model, tmp_path)
     torch.save([1, 2, 3], tmp_path / "list.pth")
     with pytest.raises(ValueError, match="holds a list"):
         load_checkpoint(model, tmp_path / "list.pth")

@@ -138,7 +138,8 @@ def test_program_names_the_exported_size_and_the_size_given(exported):
     for shape in [(2, 3, s + 8, s + 8), (3, 3, s, s + 4), (2, 1, s, s), (3, s, s)]:
         got = str(shape).replace("(", r"\(").replace(")", r"\)")
         match = (
-            rf"exported for {s} x {s} images \(\[B, 3, {s}, {s}\]: 3 channels, any batch\); got an input of shape {got}"
+            rf"exported for {s} x {s} images \(\[B, 3, {s}, {s}\]: 3 channels, batches 1 to 1024\); "
+            rf"got an input of shape {got}"
         )
         with pytest.raises(ValueError, match=match):
             module(torch.randn(shape))

@@ -1,6 +1,7 @@
-"""Export refuses what it cannot export, naming it, before the work: an integer or empty example, an
-ONNX path whose folder cannot be written (a missing folder is created); a dynamic batch exported from a
-batch-1 example varies; the ONNX file is written atomically."""
+"""Export refuses what it cannot export, naming it, before the work: a model that is not a module, a
+dynamic_batch that is not a bool, an integer or empty example, an ONNX path whose folder cannot be
+written (a missing folder is created); the program names the batch range and dtype it takes; a dynamic
+batch exported from a batch-1 example varies; the ONNX file is written atomically."""
 
 from __future__ import annotations
 
@@ -32,6 +33,28 @@ def model():
 def test_a_bad_example_is_refused(model, example, message):
     with pytest.raises(ValueError, match=message):
         export_program(model, example)
+
+
+def test_a_bad_model_or_dynamic_batch_is_refused(model):
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module, got Tensor"):
+        export_program(x, x)
+    with pytest.raises(ValueError, match="dynamic_batch must be a bool, got 'yes'"):
+        export_program(model, x, dynamic_batch="yes")
+
+
+def test_the_program_names_the_batch_range_and_the_dtype_it_takes(model):
+    """torch's guard said only `x.size()[0] <= 1024`; a float64 batch failed in the first convolution."""
+    module = export_program(model, torch.randn(2, 3, 32, 32), dynamic_batch=True).module()
+    with pytest.raises(
+        ValueError,
+        match=r"3 channels, batches 1 to 1024\); got an input of shape \(1025, 3, 32, 32\): give it 1 to 1024",
+    ):
+        module(torch.zeros(1025, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"exported for torch.float32 input; got torch.float64: give it x.to"):
+        module(torch.zeros(2, 3, 32, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"got an input of shape list"):
+        module([0.0])
 
 
 def test_a_dynamic_batch_from_a_batch_1_example_varies(model):

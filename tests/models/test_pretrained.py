@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -166,6 +167,15 @@ def test_what_config_json_cannot_describe_is_refused_before_writing(tmp_path):
     with pytest.raises(ValueError, match="is a file, expected a folder"):
         save_pretrained(create_model("inline_deit_tiny", **SMALL_OVERRIDES["deit"]), tmp_path / "file")
     assert sorted(os.listdir(tmp_path)) == ["file"]
+    blocked = tmp_path / "file" / "below"  # a folder that cannot be made: a file stands in the way
+    with pytest.raises(ValueError, match="save_pretrained: folder .*below is not a folder"):
+        save_pretrained(create_model("inline_deit_tiny", **SMALL_OVERRIDES["deit"]), blocked)
+
+
+@pytest.mark.parametrize("folder", [None, 3, ["a"]])
+def test_a_folder_that_is_no_path_is_refused(folder):
+    with pytest.raises(ValueError, match=re.escape(f"from_pretrained: folder={folder!r}: expected a folder path")):
+        from_pretrained(folder)
 
 
 def test_customised_model_does_not_claim_the_published_models_facts(tmp_path):

@@ -136,3 +136,11 @@ def test_cli_info_refuses_a_size_it_would_not_use(capsys, argv, message):
     assert main(["info", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("inline-attn: error: ") and message in err, err
+
+
+def test_cli_info_at_a_size_beyond_memory_names_the_size(capsys):
+    """A 12 TB input used to end in the CPU allocator's raw traceback."""
+    assert main(["info", "inline_deit_tiny", "--img-size", "1000000", "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: counting the MACs at input 1x3x1000000x1000000 ran out of cpu memory")
+    assert "count them at a smaller input size" in err and "Traceback" not in err

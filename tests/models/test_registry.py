@@ -182,6 +182,14 @@ def test_intermediates_options(registry_name, small_overrides):
         model.forward_intermediates(x, output_fmt="NLC")
     with pytest.raises(ValueError, match=f"indices={n + 1}"):
         model.forward_intermediates(x, indices=n + 1)
+    with pytest.raises(ValueError, match=rf"indices=\[0, {-n}\]: level 0 is given twice; give each level once"):
+        model.forward_intermediates(x, indices=[0, -n])  # one level twice: fewer maps than asked for
+
+
+def test_a_backbone_refuses_an_output_level_given_twice():
+    with pytest.raises(ValueError, match=r"indices=\(1, 1\): level 1 is given twice"):
+        with torch.device("meta"):
+            create_model("inline_pvt_tiny", features_only=True, out_indices=(1, 1))
 
 
 def test_prune_intermediate_layers(registry_name, small_overrides):

@@ -94,6 +94,27 @@ def test_a_new_run_into_an_interrupted_one_is_refused_and_overwrite_moves_it_asi
     assert {n: (aside / n).read_bytes() for n in before} == before  # the old run, whole
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"model.kwargs": {"depth": -1}}, "depth"),
+        ({"data.mean": [0.5, 0.5]}, "different channel counts"),
+        ({"data.path": "/nonexistent/imgs"}, "/nonexistent/imgs"),
+    ],
+    ids=["model-kwargs", "data-mean", "data-path"],
+)
+def test_overwrite_refused_on_the_way_leaves_the_earlier_run_in_place(interrupted, tmp_path, bad, message):
+    """Every check that refuses the run comes before --overwrite moves anything: the model
+    arguments, the data settings and the data used to be refused after the earlier run had moved."""
+    _, src, common = interrupted
+    out = _copy_run(src, tmp_path / "run")
+    before = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    with pytest.raises(ValueError, match=message):
+        train(Config.load(None, base_overrides(out, **{**common, "train.overwrite": True, **bad})))
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == before
+    assert not list(out.glob("replaced-*"))
+
+
 def test_no_readable_checkpoint_is_an_error_naming_both(interrupted, tmp_path):
     _, src, common = interrupted
     out = _copy_run(src, tmp_path / "run")

@@ -43,6 +43,26 @@ def test_yaml_then_overrides_and_yaml11_floats(tmp_path):
     assert parse_value("1e-3") == 0.001 and parse_value("[1, 2]") == [1, 2] and parse_value("null") is None
 
 
+def test_a_mapping_override_merges_into_the_configs_mapping(tmp_path, monkeypatch):
+    """--model.kwargs '{num_heads: 3}' changes one constructor argument: the config's others stay
+    (replacing the mapping trained the default DeiT-T instead of the config's model)."""
+    import inline_attn.train.task as task
+
+    trained = []
+    monkeypatch.setattr(task, "train", lambda cfg: trained.append(cfg) or {"rank": 0})
+    cfg = _write_cfg(
+        tmp_path / "c.yaml",
+        model={"name": "inline_deit_tiny", "kwargs": {"embed_dim": 64, "patch_size": 4, "num_heads": 2}},
+    )
+    assert main(["train", "-c", str(cfg), "--model.kwargs", "{num_heads: 3}"]) == 0
+    assert trained[0].model.kwargs == {"embed_dim": 64, "patch_size": 4, "num_heads": 3}
+    assert Config.load(cfg, [("model.kwargs", {"mlp_ratio": 2.0})]).model.kwargs["embed_dim"] == 64
+    from inline_attn.cli import build_parser
+
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    assert "merges into the config's mapping key by key" in help_text
+
+
 def test_unknown_keys_are_clear_errors(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("optim:\n  lrr: 0.1\n")

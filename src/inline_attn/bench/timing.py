@@ -29,6 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .._memory import is_oom  # re-exported: the benchmarks' OOM rows
+
 __all__ = [
     "CaseTiming",
     "TensorMemoryTracker",
@@ -48,16 +50,6 @@ def synchronize(device: torch.device | str | None = None) -> None:
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-
-
-def is_oom(err: BaseException) -> bool:
-    """True for an out-of-memory failure on any device (CUDA, or a failed CPU allocation)."""
-    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
-        return True
-    msg = str(err).lower()
-    return isinstance(err, RuntimeError) and (
-        "out of memory" in msg or "can't allocate memory" in msg or "not enough memory" in msg
-    )
 
 
 def _release(device) -> None:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Optional
 
 import torch
 
 from .._io import writable_dir
 from ..runtime.compile import COMPILE_MODES
-from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS
+from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS, QUICK
 from ..bench.model import PRESETS
 from ..bench.report import format_table
 from ..bench.sweep import check_counts
+
+
+#: bench attention's sweep without --quick (--sizes, --repeats, --budget)
+ATTENTION_SWEEP = {"sizes": (14, 28, 56, 112), "repeats": 7, "budget_s": 20.0}
 
 
 def _setup(args) -> None:
@@ -48,15 +54,29 @@ def _print(result: dict, paths: dict, columns) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """--budget: a finite number of seconds > 0 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: expected a finite number of seconds > 0")
+    return value
+
+
 def _cmd_attention(args) -> int:
     from ..bench.attention import LAYER_COLUMNS, run_attention_bench
 
+    # a flag not given (None) takes the preset's value (--quick's or the full sweep's); one given wins,
+    # and `or` keeps it: --repeats 0 is refused by _setup, --budget 0 by its type, --sizes is a list
     _setup(args)
+    args.repeats, args.budget = args.repeats or args.preset["repeats"], args.budget or args.preset["budget_s"]
     result, paths = run_attention_bench(
         args.out,
         args.name,
         plot=not args.no_plot,
-        sizes=args.sizes,
+        sizes=args.sizes or args.preset["sizes"],
         kinds=args.kinds,
         dim=args.dim,
         heads=args.heads,
@@ -64,7 +84,6 @@ def _cmd_attention(args) -> int:
         token_budget=args.tokens,
         modes=args.modes,
         compile=args.compile,
-        quick=args.quick,
         **_sweep_kwargs(args),
     )
     return _print(result, paths, LAYER_COLUMNS)
@@ -114,7 +133,11 @@ def _cmd_model(args) -> int:
     return _print(result, paths, MODEL_COLUMNS)
 
 
-def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget: float) -> None:
+def _common(
+    p: argparse.ArgumentParser, default_name: str, repeats: int, budget: float, quick: Optional[dict] = None
+) -> None:
+    """The options every benchmark takes; ``quick``: a preset (:data:`QUICK`) that fills --repeats
+    and --budget where they are not given (bench attention's ``args.preset`` holds the values they take then)."""
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
     p.add_argument(
         "--amp",
@@ -124,12 +147,21 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per case (default 1)")
-    p.add_argument("--repeats", type=int, default=repeats, help=f"timed interleaved rounds (default {repeats})")
+    quick_repeats, quick_budget = (
+        (f"; --quick: {quick['repeats']}", f"; --quick: {quick['budget_s']}") if quick else ("", "")
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None if quick else repeats,
+        help=f"timed interleaved rounds (default {repeats}{quick_repeats})",
+    )
     p.add_argument(
         "--budget",
-        type=float,
-        default=budget,
-        help=f"stop repeating a sweep point after this many seconds per case, once 2 rounds ran (default {budget})",
+        type=_seconds,
+        default=None if quick else budget,
+        help="stop repeating a sweep point after this many seconds per case, once 2 rounds ran "
+        f"(default {budget}{quick_budget})",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
@@ -139,7 +171,15 @@ def _common(p: argparse.ArgumentParser, default_name: str, repeats: int, budget:
 
 
 def _attention_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", type=int, nargs="+", default=[14, 28, 56, 112], help="grid sides (default 14 28 56 112)")
+    p.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="grid sides (default {}; --quick: {})".format(
+            *(" ".join(map(str, d["sizes"])) for d in (ATTENTION_SWEEP, QUICK))
+        ),
+    )
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -163,8 +203,12 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile every layer (compiled in the warm-up)")
     p.add_argument(
         "--quick",
-        action="store_true",
-        help="a first look in about a minute on a CPU: grids 7, 14 and 28, 3 rounds, at most 2 s per case",
+        dest="preset",
+        action="store_const",
+        const=QUICK,
+        default=ATTENTION_SWEEP,
+        help="a first look in about a minute on a CPU: grids 7, 14 and 28, 3 rounds, at most 2 s per case "
+        "(--sizes, --repeats and --budget given win over these)",
     )
     _compile_mode_arg(p)
 
@@ -191,7 +235,7 @@ def register(subparsers) -> None:
 
     pa = sub.add_parser("attention", help="InLine vs linear vs softmax layers over token grids (interleaved)")
     _attention_args(pa)
-    _common(pa, "attention", repeats=7, budget=20.0)
+    _common(pa, "attention", ATTENTION_SWEEP["repeats"], ATTENTION_SWEEP["budget_s"], quick=QUICK)
     pa.set_defaults(func=_cmd_attention)
 
     pr = sub.add_parser("residual", help="the local residual: nine shifted multiply-adds vs one grouped conv")

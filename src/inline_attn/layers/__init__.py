@@ -16,11 +16,21 @@ from .attention import (
     SoftmaxAttention,
     TokenAttention,
     build_attention,
-    check_heads,
     check_kind,
     make_feature_map,
 )
-from .common import DropPath, Mlp, PreNormBlock, drop_path, drop_path_rates, init_weights_, to_2tuple, trunc_normal_
+from .common import (
+    DropPath,
+    Mlp,
+    PreNormBlock,
+    check_flag,
+    check_heads,
+    drop_path,
+    drop_path_rates,
+    init_weights_,
+    to_2tuple,
+    trunc_normal_,
+)
 from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, LinearCore, make_core
 from .local_residual import LocalResidual, uses_local_residual
@@ -59,6 +69,7 @@ __all__ = [
     "TokenAttention",
     "attention_layers",
     "build_attention",
+    "check_flag",
     "check_heads",
     "check_images",
     "drop_path",

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import ATTENTION_KINDS, FEATURE_MAPS, check_count, check_feat_size
+from .common import check_flag, check_heads
 from .feature_maps import AffineReLUFeatureMap
 from .linear_family import LINEAR_CORES, make_core
 from .local_residual import LocalResidual, uses_local_residual
@@ -33,15 +34,6 @@ def check_kind(kind: str, feature_map: Optional[str] = None) -> str:
             f"{kind} attention has its own feature map: it takes no feature_map, got feature_map={feature_map!r}"
         )
     return kind
-
-
-def check_heads(dim: int, num_heads: int) -> int:
-    """Validate integer ``dim`` and ``num_heads`` with ``dim % num_heads == 0``; return the head dim."""
-    check_count("dim", dim, 1)
-    check_count("num_heads", num_heads, 1)
-    if dim % num_heads != 0:
-        raise ValueError(f"dim={dim} must be a positive multiple of num_heads={num_heads}")
-    return dim // num_heads
 
 
 def make_feature_map(feature_map: Optional[str], head_dim: int):
@@ -77,6 +69,9 @@ class TokenAttention(RecordableAttention):
         impl: this layer's implementation, one of :data:`inline_attn.ops.IMPLS` (None = the
             process default, :func:`inline_attn.ops.use_impl`); see :class:`RecordableAttention`.
 
+    A flag (``qkv_bias``, ``local_residual``, ``split_qkv``) that is not a bool (``"no"``) is a
+    ValueError; an ``x`` that is not a tensor a TypeError.
+
     A one-kind subclass (:class:`InLineAttention`, :class:`SoftmaxAttention`, ...) declares its
     kind in the class attribute ``kind``; ``kind=`` may repeat it, a different one is a ValueError.
     """
@@ -101,6 +96,8 @@ class TokenAttention(RecordableAttention):
         kind = self._layer_kind(kind)
         super().__init__(impl)
         check_kind(kind, feature_map)
+        qkv_bias, split_qkv = check_flag("qkv_bias", qkv_bias), check_flag("split_qkv", split_qkv)
+        local_residual = check_flag("local_residual", local_residual, optional=True)
         head_dim = check_heads(dim, num_heads)
         num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
         self.kind = kind
@@ -146,6 +143,8 @@ class TokenAttention(RecordableAttention):
         token_coords: passed to attention hooks (a tensor, or a zero-argument callable evaluated
             only while a hook is installed; see :class:`AttentionRecord`).
         """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor [B, N, {self.dim}], got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [B, N, {self.dim}], got shape {tuple(x.shape)}")
         p = self.num_prefix_tokens

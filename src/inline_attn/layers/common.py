@@ -2,8 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
+
+from ..ops import check_count
+
+
+def check_heads(dim: int, num_heads: int) -> int:
+    """Validate integer ``dim`` and ``num_heads`` with ``dim % num_heads == 0``; return the head dim."""
+    check_count("dim", dim, 1)
+    check_count("num_heads", num_heads, 1)
+    if dim % num_heads != 0:
+        raise ValueError(f"dim={dim} must be a positive multiple of num_heads={num_heads}")
+    return dim // num_heads
+
+
+def check_flag(name: str, value, *, optional: bool = False) -> Optional[bool]:
+    """``value``, a bool (or None where ``optional``), else a ValueError naming ``name``: a string
+    such as ``"no"`` is truthy and would turn the option on (create_model refuses it alike)."""
+    if isinstance(value, bool) or (optional and value is None):
+        return value
+    raise ValueError(f"{name} must be a bool{' or None' if optional else ''}, got {value!r}")
 
 
 def to_2tuple(x) -> tuple[int, int]:

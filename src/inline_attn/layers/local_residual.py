@@ -9,12 +9,14 @@ import torch.nn as nn
 
 from ..ops.predictor import predict_residual
 from ..ops.tokens import apply_local_residual
+from .common import check_flag, check_heads
 
 
 def uses_local_residual(kind: str, local_residual: Optional[bool]) -> bool:
     """Whether a layer of attention ``kind`` has the local residual: ``local_residual`` when given,
     else the paper's models' choice, on for InLine only (Sec. 4.2; the baselines have none)."""
-    return kind == "inline" if local_residual is None else bool(local_residual)
+    local_residual = check_flag("local_residual", local_residual, optional=True)
+    return kind == "inline" if local_residual is None else local_residual
 
 
 class LocalResidual(nn.Sequential):
@@ -23,10 +25,11 @@ class LocalResidual(nn.Sequential):
     ``r = Conv1d(C, C, 1, groups=h) -> GELU -> Conv1d(C, 9C, 1, groups=h)`` on the context
     (the mean token of the attention input); channel c takes entries ``[9c, 9c + 9)`` as a
     row-major 3x3 kernel. State-dict names ``0.*`` and ``2.*`` as in the reference
-    (``attn.residual.0.weight`` ...).
+    (``attn.residual.0.weight`` ...). ``dim`` must be a positive multiple of ``num_heads`` (ValueError).
     """
 
     def __init__(self, dim: int, num_heads: int):
+        check_heads(dim, num_heads)  # the grouped convolutions need C a positive multiple of h
         super().__init__(
             nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
             nn.GELU(),

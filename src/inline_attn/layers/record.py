@@ -298,12 +298,20 @@ def attention_layers(model: nn.Module) -> list[tuple[str, RecordableAttention]]:
 
 def select_layers(layers_all, layers) -> list[tuple[int, str, RecordableAttention]]:
     """The ``(index, name, module)`` of ``layers_all`` (from :func:`attention_layers`) that ``layers``
-    picks: all for None, else indices (negative count from the end) or fnmatch patterns on the names."""
+    picks: all for None, else indices (negative count from the end) or fnmatch patterns on the names;
+    anything else (a float, a bool) is a ValueError."""
     indexed = [(i, n, m) for i, (n, m) in enumerate(layers_all)]
     if layers is None:
         return indexed
     if isinstance(layers, (int, str)):
         layers = [layers]
+    # fnmatch would fail deep inside on a float, and True would pick layer 1
+    if not isinstance(layers, (list, tuple)) or any(
+        isinstance(s, bool) or not isinstance(s, (int, str)) for s in layers
+    ):
+        raise ValueError(
+            f"layers={layers!r}: expected None, a layer index (int), a name pattern (str) or a list of them"
+        )
     chosen = []
     for sel in layers:
         if isinstance(sel, int):

@@ -81,7 +81,9 @@ def take_indices(num_features: int, indices: Union[None, int, Sequence[int]]) ->
     """Resolve ``indices`` for ``forward_intermediates``: None = all, int n = the last n,
     a sequence = those (negative counts from the end). Returns sorted non-negative indices.
 
-    Raises ValueError naming ``indices`` and the valid range when an index does not exist.
+    Raises ValueError naming ``indices`` and the valid range when an index does not exist, and
+    naming the level when two indices give the same one (``(1, 1)``, or ``(1, -3)`` of 4 levels):
+    the maps returned would be fewer than the indices asked for.
     """
     if indices is None:
         return list(range(num_features))
@@ -99,8 +101,10 @@ def take_indices(num_features: int, indices: Union[None, int, Sequence[int]]) ->
                 f"indices={indices!r}: level {i!r} does not exist; the model has {num_features} "
                 f"level(s), indices {-num_features}..{num_features - 1}"
             )
+        if j % num_features in out:
+            raise ValueError(f"indices={indices!r}: level {j % num_features} is given twice; give each level once")
         out.append(j % num_features)
-    return sorted(set(out))
+    return sorted(out)
 
 
 def _as_int(value) -> Union[int, None]:

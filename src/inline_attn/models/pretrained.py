@@ -28,7 +28,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, writable_dir
 from .card import model_card
 from .hub import HUB_PREFIX, download
 from .checkpoint import load_checkpoint, read_state_dict, save_checkpoint
@@ -118,7 +118,7 @@ def save_pretrained(model: nn.Module, save_directory: PathLike) -> pathlib.Path:
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_pretrained: {str(folder)!r} is a file, expected a folder to write into")
     config = pretrained_config(model)  # before any write: a model that cannot be described writes nothing
-    folder.mkdir(parents=True, exist_ok=True)
+    writable_dir(folder, "save_pretrained: folder")  # created; one that cannot be written is a ValueError
     save_checkpoint(model, folder / WEIGHTS_NAME, metadata={"model": config["architecture"]})
     atomic_write_text(folder / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
     atomic_write_text(folder / CARD_NAME, model_card(config))
@@ -140,6 +140,8 @@ def _from_timm(config: dict) -> dict:
 
 def read_pretrained_config(folder: PathLike) -> dict:
     """``config.json`` of a :func:`save_pretrained` folder, checked; a ValueError names the file and the problem."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise ValueError(f"from_pretrained: folder={folder!r}: expected a folder path or '{HUB_PREFIX}owner/name'")
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise ValueError(f"from_pretrained: {str(folder)!r} is not a folder (expected one written by save_pretrained)")

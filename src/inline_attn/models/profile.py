@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .._memory import is_oom
+
 __all__ = ["ProfileResult", "count_params", "format_model_info", "model_info", "profile"]
 
 
@@ -55,6 +57,8 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
             training flag is restored).
         input_size: (C, H, W) of one input.
         batch_size: images per forward (MACs are for the whole batch).
+
+    An input or activations larger than the device's memory is a ValueError naming the input size.
     """
     input_size = tuple(int(s) for s in input_size)
     if len(input_size) != 3 or min(input_size) <= 0:
@@ -64,7 +68,6 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
     ref = next(model.parameters(), None)
     device = ref.device if ref is not None else torch.device("cpu")
     dtype = ref.dtype if ref is not None and ref.is_floating_point() else torch.float32
-    x = torch.zeros((batch_size,) + input_size, device=device, dtype=dtype)
     was_training = model.training
     model.eval()
     from torch.utils.flop_counter import FlopCounterMode  # here, not at import: it loads triton (about 1 s)
@@ -72,7 +75,15 @@ def profile(model: nn.Module, input_size: Sequence[int] = (3, 224, 224), batch_s
     counter = FlopCounterMode(display=False)
     try:
         with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
-            model(x)
+            model(torch.zeros((batch_size,) + input_size, device=device, dtype=dtype))
+    except (RuntimeError, MemoryError) as e:
+        if not is_oom(e):
+            raise
+        shape = "x".join(map(str, (batch_size,) + input_size))
+        raise ValueError(
+            f"counting the MACs at input {shape} ran out of {device.type} memory "
+            f"({str(e).splitlines()[0]}): count them at a smaller input size"
+        ) from None
     finally:
         model.train(was_training)
     by_op = {str(op).split(".")[-1]: int(n) // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}

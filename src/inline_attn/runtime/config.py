@@ -426,10 +426,11 @@ class TypedConfig:
 
     @classmethod
     def load(cls, path: Optional[PathLike] = None, overrides: Iterable[tuple[str, Any]] = ()):
-        """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked."""
+        """Defaults <- YAML file (``_base_`` chains followed) <- ``(dotted key, value)`` overrides, checked;
+        an override's mapping merges into the mapping it is given to (:func:`set_dotted`)."""
         data = read_yaml(path) if path is not None else {}
         for key, value in overrides:
-            set_dotted(data, key, value)
+            set_dotted(data, key, value, merge_mappings=True)
         return cls.from_dict(data)
 
     def to_dict(self) -> dict:
@@ -444,7 +445,8 @@ class TypedConfig:
         return node
 
     def replace(self, **changes: Any):
-        """A checked copy with dotted keys changed (``cfg.replace(**{"model.checkpoint": None})``)."""
+        """A checked copy with dotted keys changed (``cfg.replace(**{"model.checkpoint": None})``);
+        a mapping replaces the key's mapping whole."""
         data = self.to_dict()
         for key, value in changes.items():
             set_dotted(data, key, value)
@@ -483,8 +485,12 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def set_dotted(data: dict, key: str, value: Any) -> None:
-    """``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed (checked later)."""
+def set_dotted(data: dict, key: str, value: Any, *, merge_mappings: bool = False) -> None:
+    """``data["a"]["b"] = value`` for ``key = "a.b"``, creating sections as needed (checked later).
+    ``merge_mappings`` (the command line's overrides): a mapping given to a key that holds a mapping
+    (a nested section, or a free-form setting such as ``model.kwargs``) merges into it key by key, as
+    a YAML file merges over its ``_base_``: ``--model.kwargs '{depth: 4}'`` changes ``depth`` and
+    keeps the config's other arguments. Without it the value replaces the mapping whole."""
     parts = key.split(".")
     if len(parts) < 2 or not all(parts):
         raise ValueError(f"config key {key!r}: expected section.key, e.g. optim.lr")
@@ -493,7 +499,9 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} holds {node!r}, not a section")
-    node[parts[-1]] = value
+    last = parts[-1]
+    merging = merge_mappings and isinstance(value, dict) and isinstance(node.get(last), dict)
+    node[last] = merge(node[last], value) if merging else value
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -575,7 +583,8 @@ def add_override_options(
             continue
         doc = f.metadata.get("doc", "")
         if tp is dict:
-            g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="MAPPING", help=doc)
+            text = f"{doc}; merges into the config's mapping key by key (default: {_plain(default)!r})"
+            g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="MAPPING", help=text.replace("%", "%%"))
         else:
             text = f"{doc} (default: {_plain(default)!r})" if doc else f"default: {_plain(default)!r}"
             g.add_argument(f"--{key}", dest=f"ov:{key}", metavar="V", help=text.replace("%", "%%"))
@@ -585,7 +594,7 @@ def add_override_options(
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"any dotted key, e.g. --set {example} (repeatable)",
+        help=f"any dotted key, e.g. --set {example} (repeatable; a mapping merges into a mapping key by key)",
     )
 
 

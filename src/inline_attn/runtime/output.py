@@ -6,7 +6,8 @@ ablation runner (``reproduce ablations``) follow. A new run into a folder that h
 checkpoints or its summary) stops before any work, naming the folder and the two ways on:
 ``--resume auto`` continues that run, another ``--output`` starts a new one beside it. An
 explicit overwrite (``--overwrite``, ``train.overwrite: true``) replaces the run: its files move
-into a ``replaced-<UTC time>`` subfolder, never deleted.
+into a ``replaced-<UTC time>`` subfolder, never deleted. A training run holds the folder with
+:func:`hold_output` and moves the earlier run only once its own checks have passed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import pathlib
 import sys
 import time
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from .._io import FileLock, LockHeld
 
@@ -112,6 +113,24 @@ def claim_output(
     process of a distributed run stops alike). Continuing the folder's run with ``overwrite`` is a
     ValueError; so is a run file that is a folder (``last.pth/``), which no checkpoint can replace.
     """
+    with hold_output(folder, resume=resume, overwrite=overwrite, lock=lock, run_files=run_files) as replace_earlier:
+        replace_earlier()
+        yield pathlib.Path(folder)
+
+
+@contextlib.contextmanager
+def hold_output(
+    folder,
+    *,
+    resume: Optional[str] = None,
+    overwrite: bool = False,
+    lock: bool = True,
+    run_files: Sequence[str] = RUN_FILES,
+) -> Iterator[Callable[[], None]]:
+    """:func:`claim_output`'s lock and refusals, with the overwrite's move left to the caller: yields
+    ``replace_earlier()``, which moves an earlier run aside (with ``overwrite``, where ``lock``; once).
+    A training run calls it after its own checks (the data read, the model built, the checkpoint
+    fitted), just before it writes: a run refused on the way leaves the earlier one where it was."""
     folder = pathlib.Path(folder)
     continues = bool(resume) and (resume == "auto" or _inside(pathlib.Path(resume), folder))
     if continues and overwrite:
@@ -134,10 +153,14 @@ def claim_output(
                 "--resume auto, or choose another --output (--overwrite replaces it, moving its files "
                 "into a subfolder)"
             )
-        if found and lock:
-            moved = _move_aside(folder)
-            print(f"--overwrite: the earlier run in {folder} moved into {moved}", file=sys.stderr, flush=True)
-        yield folder
+
+        def replace_earlier() -> None:
+            if found and lock:
+                moved = _move_aside(folder)
+                print(f"--overwrite: the earlier run in {folder} moved into {moved}", file=sys.stderr, flush=True)
+                found.clear()
+
+        yield replace_earlier
 
 
 def demo_output(given: Optional[str], default: str, *, continuing=False) -> str:

@@ -11,8 +11,9 @@ cadence says when a metrics row and a checkpoint are due: every so many iteratio
 format (:meth:`Run.checkpoint`: the run's entries, each process's RNG in ``rank_states``, the
 task's entries beside them), read back by one reader
 (:func:`~inline_attn.runtime.checkpoint.read_run_checkpoint`). The output folder is claimed first
-(:func:`~inline_attn.runtime.output.claim_output`): a second run is refused while the first holds
-it, and a new run into a folder holding a finished or interrupted one unless ``train.overwrite``.
+(:func:`~inline_attn.runtime.output.hold_output`): a second run is refused while the first holds
+it, and a new run into a folder holding a finished or interrupted one unless ``train.overwrite``,
+whose move of the earlier run waits until every check of the set-up and the resume has passed.
 ``train.resume`` continues a run when its training-shaping settings (every setting not declared
 ``resume=True``), number of processes and weights fit (a ValueError naming what differs otherwise).
 
@@ -31,7 +32,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ from .ema import ModelEma
 from .graphs import StepGraphs, compile_mode_for, graphs_line, why_not_graphed
 from .optim import backward, optimizer_step, plain_state_dict
 from .signals import StopFlag, stop_everywhere
-from .output import claim_output
+from .output import hold_output
 from .progress import progress_bar, restart_clock
 from .report import TensorBoard, nan_to_none, write_csv, write_json
 from .task import MicroBatches, Task
@@ -130,8 +131,8 @@ def train(
         if info.enabled and not task.distributed:
             raise ValueError(f"{task.kind} training runs in one process (got world size {info.world_size})")
         cfg.check_processes(info.world_size)
-        with claim_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main):
-            return Run(task, cfg, info).train()
+        with hold_output(t.output, resume=t.resume, overwrite=t.overwrite, lock=info.is_main) as replace_earlier:
+            return Run(task, cfg, info).train(replace_earlier)
 
 
 def seed_everything(seed: int) -> None:
@@ -257,9 +258,13 @@ class Run:
             self.tb = TensorBoard(self.out / "tb")
         return model
 
-    def train(self) -> dict:
+    def train(self, replace_earlier: Callable[[], None] = lambda: None) -> dict:
+        """The run from its first step (or its checkpoint's) to the summary. ``replace_earlier``
+        (:func:`~inline_attn.runtime.output.hold_output`'s) moves an earlier run in the output folder
+        aside: called once the set-up and the resume have passed their checks, before anything is written."""
         try:
             self.resume_or_seed()
+            replace_earlier()  # before wrap(), which opens the TensorBoard folder in the output
             model = self.wrap()
             # the handlers go in before config.yaml appears (the sign that a run has started), so a
             # signal from then on always ends in a checkpoint and the 128 + signum exit
