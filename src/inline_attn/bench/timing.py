@@ -29,12 +29,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .._memory import is_oom  # re-exported: the benchmarks' OOM rows
+from .._memory import is_oom
 
 __all__ = [
     "CaseTiming",
     "TensorMemoryTracker",
-    "is_oom",
     "measure_matmul_rate",
     "peak_memory",
     "synchronize",
