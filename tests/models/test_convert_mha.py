@@ -131,8 +131,8 @@ def test_converted_mha_takes_autocast_inputs():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (dict(local_residual="no"), r"local_residual='no': expected True, False or None"),
-        (dict(local_residual=1), r"local_residual=1: expected True, False or None"),
+        (dict(local_residual="no"), r"local_residual must be a bool or None, got 'no'"),
+        (dict(local_residual=1), r"local_residual must be a bool or None, got 1"),
         (dict(num_prefix_tokens=-1), r"num_prefix_tokens must be >= 0, got -1"),
         (dict(num_prefix_tokens="1"), r"num_prefix_tokens must be an int >= 0, got '1' \(str\)"),
         (dict(num_prefix_tokens=1.5), r"num_prefix_tokens must be an int >= 0, got 1.5 \(float\)"),

@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..layers.common import check_flag
 from ..layers.local_residual import LocalResidual
 from ..ops import check_count, inline_attention, linear_attention
 from ..ops.tokens import add_to_grid_tokens, grid_residual
@@ -446,8 +447,7 @@ def convert(
         raise ValueError(f"convert takes an nn.Module whose attention it replaces, got {type(model).__name__}")
     if kind not in CONVERT_KINDS:
         raise ValueError(f"unknown kind {kind!r}: convert takes one of {CONVERT_KINDS}")
-    if local_residual is not None and not isinstance(local_residual, bool):
-        raise ValueError(f"local_residual={local_residual!r}: expected True, False or None (where the grid is known)")
+    check_flag("local_residual", local_residual, optional=True)
     if num_prefix_tokens is not None:
         num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
     grid = _model_grid(model, num_prefix_tokens, local_residual) if kind == "inline" else None
