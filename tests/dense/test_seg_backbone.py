@@ -36,8 +36,9 @@ def test_out_indices_subset():
     bb = DenseBackbone(name, out_indices=(1, 3), **kw)
     maps = bb(torch.randn(1, 3, 64, 64))
     assert [m.shape[1] for m in maps] == bb.out_channels == [16, 32] and bb.strides == [8, 32]
-    with pytest.raises(ValueError, match="out_indices"):
-        DenseBackbone(name, out_indices=(4,), **kw)
+    for bad in ((4,), (1, 1)):  # a level that does not exist; one level twice (fewer maps than asked for)
+        with pytest.raises(ValueError, match=rf"out_indices={bad!r} must be a non-empty subset"):
+            DenseBackbone(name, out_indices=bad, **kw)
 
 
 @pytest.mark.parametrize("family", sorted(TINY))

@@ -107,7 +107,11 @@ class DenseBackbone(nn.Module):
         super().__init__()
         self.name = name
         self.out_indices = tuple(int(i) for i in out_indices)
-        if not self.out_indices or any(i not in range(4) for i in self.out_indices):
+        if (
+            not self.out_indices
+            or any(i not in range(4) for i in self.out_indices)
+            or len(set(self.out_indices)) < len(self.out_indices)
+        ):
             raise ValueError(f"out_indices={tuple(out_indices)} must be a non-empty subset of (0, 1, 2, 3)")
         if not -1 <= frozen_stages <= 4:
             raise ValueError(f"frozen_stages={frozen_stages} must be in [-1, 4]")
