@@ -3,6 +3,8 @@ drop path, no-decay groups, classification checkpoints as initialisation."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -37,7 +39,7 @@ def test_out_indices_subset():
     maps = bb(torch.randn(1, 3, 64, 64))
     assert [m.shape[1] for m in maps] == bb.out_channels == [16, 32] and bb.strides == [8, 32]
     for bad in ((4,), (1, 1)):  # a level that does not exist; one level twice (fewer maps than asked for)
-        with pytest.raises(ValueError, match=rf"out_indices={bad!r} must be a non-empty subset"):
+        with pytest.raises(ValueError, match=re.escape(f"out_indices={bad!r} must be a non-empty subset")):
             DenseBackbone(name, out_indices=bad, **kw)
 
 
