@@ -204,7 +204,7 @@ def test_a_step_refuses_a_state_of_other_sizes_dtype_or_type():
     small = inline_state(k[:1, :1, :5], v[:1, :1, :5])  # the other direction: a smaller state
     with pytest.raises(ValueError, match=r"state is for B=1, H=1, D=8, Dv=5, .* got q/k/v for B=2, H=3"):
         inline_attention_step(q[:, :, new], k[:, :, new], v[:, :, new], small)
-    with pytest.raises(TypeError, match=r"state must be an InLineState .*, got dict"):
+    with pytest.raises(ValueError, match=r"state must be an InLineState .*, got dict"):
         inline_attention_step(q[:, :, new], k[:, :, new], v[:, :, new], {})
     # a low-precision token goes on from its float32 state (the compute dtype), and matches the full pass
     low = [t.to(torch.bfloat16) for t in (q, k, v)]

@@ -150,8 +150,8 @@ def inline_attention_step(
         q, k: [B, H, 1, D]; v: [B, H, 1, Dv]: the new token.
         state: from the previous step or :func:`inline_state` (a prefill); None = no keys yet. A
             state of another batch, head count, head dims, compute dtype or device than the token's
-            is refused (ValueError; its tensors would broadcast), as is anything but an
-            :class:`InLineState` (TypeError).
+            (its tensors would broadcast) and anything but an :class:`InLineState` are refused
+            (ValueError).
         key_padding_mask: [B, 1] bool, True where the new token is padding (it leaves the state).
         scale, feature_map: as :func:`inline_attention`.
     Returns:
@@ -181,7 +181,7 @@ def _check_state(state, q: torch.Tensor, v: torch.Tensor) -> None:
     """``state`` an :class:`InLineState` for the step's token (q [B, H, 1, D], v [B, H, 1, Dv]): its
     tensors shaped for the same B, H, D, Dv, in the dtype the step computes in, on q's device."""
     if not isinstance(state, InLineState):
-        raise TypeError(
+        raise ValueError(
             f"state must be an InLineState (from inline_state or a previous step), got {type(state).__name__}"
         )
     b, h, _, d = q.shape
