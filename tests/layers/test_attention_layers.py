@@ -177,6 +177,14 @@ def test_hook_layer_selection_errors():
             model(torch.randn(1, 5, 16), (2, 2))
 
 
+@pytest.mark.parametrize("layers", [range(1, 2), ("b",), {"b"}], ids=["range", "tuple", "set"])
+def test_hook_layer_selection_takes_any_collection(layers):
+    model = _TwoLayer().eval()
+    with record_attention(model, layers=layers) as recs:
+        model(torch.randn(1, 1 + 4, 16), (2, 2))
+    assert [r.name for r in recs] == ["b"]
+
+
 @pytest.mark.parametrize("layers", [[1.5], 1.5, [True], [0, None]], ids=["float", "bare-float", "bool", "none-in-list"])
 def test_hook_layer_selection_of_another_type_is_refused(layers):
     """A float reached fnmatch's TypeError; True picked layer 1."""
@@ -219,7 +227,7 @@ def test_local_residual_refuses_channels_its_groups_cannot_split(dim, heads, mes
 
 
 def test_a_layer_called_with_a_list_is_a_type_error():
-    with pytest.raises(TypeError, match=r"x must be a torch.Tensor \[B, N, 8\], got list"):
+    with pytest.raises(ValueError, match=r"x must be a torch.Tensor \[B, N, 8\], got list"):
         InLineAttention(8, 2)([[0.0] * 8], (1, 1))
 
 

@@ -151,3 +151,11 @@ def test_convert_refuses_arguments_of_the_wrong_type(args, message):
 def test_convert_refuses_what_is_no_module(model):
     with pytest.raises(ValueError, match=f"convert takes an nn.Module .*got {type(model).__name__}"):
         inline_attn.convert(model)
+
+
+def test_converted_mha_runs_on_meta_tensors():
+    """Shape inference builds models on the meta device, where autocast has no state to ask for."""
+    mha = _converted_mha().to("meta")
+    x = torch.empty(2, 9, E, dtype=torch.float64, device="meta")
+    out, weights = mha(x, x, x)
+    assert out.shape == (2, 9, E) and out.device.type == "meta" and weights is None

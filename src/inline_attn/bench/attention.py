@@ -254,12 +254,14 @@ def _announce(grids: int, kinds: int, modes: int, budget_s: Optional[float]) -> 
     )
 
 
+#: the sweep's grid sides, rounds and budget per case by default
+SWEEP = {"sizes": (14, 28, 56, 112), "repeats": 7, "budget_s": 20.0}
 #: ``--quick``: three small grids, few rounds, a short budget per case
 QUICK = {"sizes": (7, 14, 28), "repeats": 3, "budget_s": 2.0}
 
 
 def bench_attention(
-    sizes: Sequence[int] = (14, 28, 56, 112),
+    sizes: Sequence[int] = SWEEP["sizes"],
     kinds: Sequence[str] = DEFAULT_LAYER_KINDS,
     *,
     dim: int = 96,
@@ -270,8 +272,8 @@ def bench_attention(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     warmup: int = 1,
-    repeats: int = 7,
-    budget_s: Optional[float] = 20.0,
+    repeats: int = SWEEP["repeats"],
+    budget_s: Optional[float] = SWEEP["budget_s"],
     memory: bool = True,
     compile: bool = False,
     compile_mode: str = "default",

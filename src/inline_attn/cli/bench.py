@@ -10,14 +10,10 @@ import torch
 
 from .._io import writable_dir
 from ..runtime.compile import COMPILE_MODES
-from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS, QUICK
+from ..bench.attention import DEFAULT_LAYER_KINDS, LAYER_KINDS, QUICK, SWEEP
 from ..bench.model import PRESETS
 from ..bench.report import format_table
 from ..bench.sweep import check_counts
-
-
-#: bench attention's sweep without --quick (--sizes, --repeats, --budget)
-ATTENTION_SWEEP = {"sizes": (14, 28, 56, 112), "repeats": 7, "budget_s": 20.0}
 
 
 def _setup(args) -> None:
@@ -176,9 +172,7 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
         type=int,
         nargs="+",
         default=None,
-        help="grid sides (default {}; --quick: {})".format(
-            *(" ".join(map(str, d["sizes"])) for d in (ATTENTION_SWEEP, QUICK))
-        ),
+        help="grid sides (default {}; --quick: {})".format(*(" ".join(map(str, d["sizes"])) for d in (SWEEP, QUICK))),
     )
     p.add_argument(
         "--kinds",
@@ -206,7 +200,7 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
         dest="preset",
         action="store_const",
         const=QUICK,
-        default=ATTENTION_SWEEP,
+        default=SWEEP,
         help="a first look in about a minute on a CPU: grids 7, 14 and 28, 3 rounds, at most 2 s per case "
         "(--sizes, --repeats and --budget given win over these)",
     )
@@ -235,7 +229,7 @@ def register(subparsers) -> None:
 
     pa = sub.add_parser("attention", help="InLine vs linear vs softmax layers over token grids (interleaved)")
     _attention_args(pa)
-    _common(pa, "attention", ATTENTION_SWEEP["repeats"], ATTENTION_SWEEP["budget_s"], quick=QUICK)
+    _common(pa, "attention", SWEEP["repeats"], SWEEP["budget_s"], quick=QUICK)
     pa.set_defaults(func=_cmd_attention)
 
     pr = sub.add_parser("residual", help="the local residual: nine shifted multiply-adds vs one grouped conv")

@@ -70,7 +70,7 @@ class TokenAttention(RecordableAttention):
             process default, :func:`inline_attn.ops.use_impl`); see :class:`RecordableAttention`.
 
     A flag (``qkv_bias``, ``local_residual``, ``split_qkv``) that is not a bool (``"no"``) is a
-    ValueError; an ``x`` that is not a tensor a TypeError.
+    ValueError, as is an ``x`` that is not a tensor.
 
     A one-kind subclass (:class:`InLineAttention`, :class:`SoftmaxAttention`, ...) declares its
     kind in the class attribute ``kind``; ``kind=`` may repeat it, a different one is a ValueError.
@@ -144,7 +144,7 @@ class TokenAttention(RecordableAttention):
             only while a hook is installed; see :class:`AttentionRecord`).
         """
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor [B, N, {self.dim}], got {type(x).__name__}")
+            raise ValueError(f"x must be a torch.Tensor [B, N, {self.dim}], got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be [B, N, {self.dim}], got shape {tuple(x.shape)}")
         p = self.num_prefix_tokens

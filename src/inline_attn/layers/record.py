@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -303,17 +303,14 @@ def select_layers(layers_all, layers) -> list[tuple[int, str, RecordableAttentio
     indexed = [(i, n, m) for i, (n, m) in enumerate(layers_all)]
     if layers is None:
         return indexed
-    if isinstance(layers, (int, str)):
-        layers = [layers]
+    picks = [layers] if isinstance(layers, (int, str)) else list(layers) if isinstance(layers, Iterable) else None
     # fnmatch would fail deep inside on a float, and True would pick layer 1
-    if not isinstance(layers, (list, tuple)) or any(
-        isinstance(s, bool) or not isinstance(s, (int, str)) for s in layers
-    ):
+    if picks is None or any(isinstance(s, bool) or not isinstance(s, (int, str)) for s in picks):
         raise ValueError(
-            f"layers={layers!r}: expected None, a layer index (int), a name pattern (str) or a list of them"
+            f"layers={layers!r}: expected None, a layer index (int), a name pattern (str) or a sequence of them"
         )
     chosen = []
-    for sel in layers:
+    for sel in picks:
         if isinstance(sel, int):
             if not -len(indexed) <= sel < len(indexed):
                 raise ValueError(f"layer index {sel} out of range: the model has {len(indexed)} attention layers")

@@ -38,6 +38,7 @@ import torch.nn as nn
 from ..layers.common import check_flag
 from ..layers.local_residual import LocalResidual
 from ..ops import check_count, inline_attention, linear_attention
+from ..ops.eager import autocast_dtype
 from ..ops.tokens import add_to_grid_tokens, grid_residual
 
 CONVERT_KINDS = ("inline", "linear")
@@ -325,7 +326,7 @@ class InLineMultiheadAttention(_Converted):
                 f"key and value must have one length and batch, and query key's batch ({layout}), got shapes {shapes}"
             )
         expected = self.out_proj.weight.dtype
-        if not torch.is_autocast_enabled(query.device.type):  # autocast casts the inputs itself
+        if autocast_dtype(query) is None:  # autocast casts the inputs itself
             for name, t in (("query", query), ("key", key), ("value", value)):
                 if t.dtype != expected:
                     raise ValueError(

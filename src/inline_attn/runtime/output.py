@@ -130,7 +130,7 @@ def hold_output(
     """:func:`claim_output`'s lock and refusals, with the overwrite's move left to the caller: yields
     ``replace_earlier()``, which moves an earlier run aside (with ``overwrite``, where ``lock``; once).
     A training run calls it after its own checks (the data read, the model built, the checkpoint
-    fitted), just before it writes: a run refused on the way leaves the earlier one where it was."""
+    fitted), before it writes: a run refused on the way leaves the earlier one where it was."""
     folder = pathlib.Path(folder)
     continues = bool(resume) and (resume == "auto" or _inside(pathlib.Path(resume), folder))
     if continues and overwrite:
