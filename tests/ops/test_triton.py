@@ -199,7 +199,10 @@ def test_triton_low_precision_within_twice_eager(shape, dtype, core):
     assert serial == {"stream": [], "resident": [largest], "resident, other taps": [not largest]}[core], serial
     print(f"{dtype}: triton {errs['triton']}, eager {errs['eager']}")
     for name, et, ee in zip(("out", "dq", "dk", "dv", "dw"), errs["triton"], errs["eager"]):
-        assert et <= 2 * ee + 1e-3, (name, et, ee)  # 1e-3: below bf16's rounding of one value
+        # 1e-3: below bf16's rounding of one value, two of fp16's; fp16 needs it: the resident
+        # kernels' tf32 products round M and the centred K, V at fp16's own precision (dQ 3.9x, dK
+        # 2.9x eager's error here; bf16 and the streaming kernels' fp16 stay within 1.3x)
+        assert et <= 2 * ee + 1e-3, (name, et, ee)
 
 
 def test_triton_backward_is_deterministic():

@@ -491,7 +491,10 @@ def triton_next_pow2(n: int) -> int:
 
 def _precision(dtype: torch.dtype) -> str:
     # float32 inputs get exact fp32 products (as cuBLAS / eager); bf16 / fp16 inputs are exact in
-    # tf32, whose only rounding is then on M's entries, below the output's own precision.
+    # tf32, whose rounding then falls on the fp32 operands (M, dM, the centred K and V): 2^-11, below
+    # bf16's output precision but at fp16's (the resident and fused kernels' fp16 dQ: up to ~4x eager's
+    # error under the interpreter's model of the GPU; the streaming kernels' 16-bit hi + lo operands
+    # keep theirs within ~1.3x).
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
