@@ -290,3 +290,56 @@ def test_reader_refuses_a_non_positive_size(tmp_path, key, value):
     ann, img_dir = _coco_folder(tmp_path)
     with pytest.raises(ValueError, match=rf"{key}={value}: expected a whole number of pixels >= 1"):
         CocoDetection(ann, img_dir, **{key: value})
+
+
+def _coco_overrides(train_ann, val_ann, img_dir, *extra):
+    return [("data.dataset", "coco"), *extra] + [
+        (f"data.coco.{k}", str(v))
+        for k, v in (("train_ann", train_ann), ("train_images", img_dir), ("val_ann", val_ann), ("val_images", img_dir))
+    ]
+
+
+def test_val_subset_takes_the_first_images_and_refuses_more_than_the_file_holds(tmp_path):
+    """data.val_subset is the first N images by id; asking for more than the file holds is refused."""
+    from inline_attn.dense.config import DetConfig
+    from inline_attn.dense.data.loading import build_det_datasets
+
+    ann, img_dir = _coco_folder(tmp_path)
+    _, va = build_det_datasets(DetConfig.load(overrides=_coco_overrides(ann, ann, img_dir, ("data.val_subset", 2))))
+    assert [va.image_id(i) for i in range(len(va))] == [1, 2]
+    with pytest.raises(ValueError, match=rf"data.val_subset=5 asks for the first 5 .*{re.escape(str(ann))} holds 3"):
+        build_det_datasets(DetConfig.load(overrides=_coco_overrides(ann, ann, img_dir, ("data.val_subset", 5))))
+
+
+@pytest.mark.parametrize("which", ["train", "val"])
+@pytest.mark.parametrize("how", ["no annotations", "crowd only", "none in the subset"])
+def test_annotation_file_without_objects_is_refused(tmp_path, which, how):
+    """A validation file without objects scored box AP -1 as a result; a training one trained on
+    background only. Both are refused before training, naming the file and its image count."""
+    from inline_attn.dense.config import DetConfig
+    from inline_attn.dense.data.loading import build_det_datasets
+
+    good, img_dir = _coco_folder(tmp_path)
+    gt = json.loads(good.read_text())
+    if how == "no annotations":
+        gt["annotations"] = []
+    elif how == "crowd only":
+        for a in gt["annotations"]:
+            a["iscrowd"] = 1
+    else:  # the first two images (data.val_subset 2) hold none
+        gt["annotations"] = [a for a in gt["annotations"] if a["image_id"] == 3]
+    bad = tmp_path / "empty.json"
+    bad.write_text(json.dumps(gt))
+    subset = [("data.val_subset", 2)] if how == "none in the subset" else []
+    train_ann, val_ann = (bad, good) if which == "train" else (good, bad)
+    over = _coco_overrides(train_ann, val_ann, img_dir, *subset)
+    if which == "train" and subset:  # the subset is of the validation images only: training has an object
+        assert len(build_det_datasets(DetConfig.load(overrides=over))[0]) == 3
+        return
+    images = "the first 2 of its 3 images" if subset else "its 3 images"
+    kind = "training" if which == "train" else "validation"
+    with pytest.raises(ValueError, match=rf"the {kind} annotation file {re.escape(str(bad))} holds no .* in {images}"):
+        build_det_datasets(DetConfig.load(overrides=over))
+    if which == "val":  # det eval builds only the validation set: refused there too
+        with pytest.raises(ValueError, match=rf"{re.escape(str(bad))} holds no non-crowd object"):
+            build_det_datasets(DetConfig.load(overrides=over), train=False)

@@ -206,3 +206,14 @@ def test_readers_stay_picklable_for_spawned_loader_workers(tmp_path):
     ds = ADE20K(tmp_path, "train")
     copy = pickle.loads(pickle.dumps(ds))
     assert copy.describe(1) == ds.describe(1) and copy.unreadable.name(1) == ds.describe(1)
+
+
+def test_val_subset_takes_the_first_pairs_and_refuses_more_than_the_folder_holds(tmp_path):
+    make_ade(tmp_path)
+    _, val = build_seg_datasets(SegConfig.load(overrides=[("data.path", str(tmp_path)), ("data.val_subset", 1)]))
+    assert [p[0].name for p in val.pairs] == ["ADE_valid_00000000.jpg"]
+    cfg = SegConfig.load(overrides=[("data.path", str(tmp_path)), ("data.val_subset", 3)])
+    with pytest.raises(
+        ValueError, match=r"data.val_subset=3 asks for the first 3 validation images, but .*validation holds 2"
+    ):
+        build_seg_datasets(cfg, train=False)

@@ -121,3 +121,19 @@ def test_coco_export(tmp_path):
     assert np.array_equal(
         pycocotools.decode(pycocotools.frPyObjects(a["segmentation"], 64, 64)).astype(bool), s["masks"][0].numpy()
     )
+
+
+def test_val_subset_takes_the_first_mosaics_and_refuses_more_than_the_set_holds(tmp_path):
+    """data.val_subset above data.mosaic.val drew new validation mosaics (20 scored where the run had 8)."""
+    from inline_attn.dense.config import DetConfig, SegConfig
+    from inline_attn.dense.data.loading import build_det_datasets, build_seg_datasets
+
+    fm = make_fmnist(tmp_path, n_train=20, n_test=10)
+    base = [("data.dataset", "mosaic"), ("data.path", str(fm)), ("data.mosaic.size", 64), ("data.mosaic.val", 3)]
+    _, whole = build_seg_datasets(SegConfig.load(overrides=base), train=False)
+    _, first = build_seg_datasets(SegConfig.load(overrides=[*base, ("data.val_subset", 2)]), train=False)
+    torch.testing.assert_close(first.images, whole.images[:2])
+    torch.testing.assert_close(first.labels, whole.labels[:2])
+    for cfg, build in ((SegConfig, build_seg_datasets), (DetConfig, build_det_datasets)):
+        with pytest.raises(ValueError, match=r"data.val_subset=4 asks for the first 4 .*data.mosaic.val=3\) holds 3"):
+            build(cfg.load(overrides=[*base, ("data.val_subset", 4)]), train=False)

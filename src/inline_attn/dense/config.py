@@ -170,7 +170,12 @@ class DenseDataCfg:
     std: tuple[float, ...] = setting(ADE_STD, doc="per-channel std, 0-255 units")
     batch_size: int = setting(2, ge=1, doc="images per process and iteration")
     workers: int = setting(2, ge=0, doc="data loader processes", resume=True)
-    val_subset: int = setting(0, ge=0, doc="evaluate on the first N validation images (0: all)", resume=True)
+    val_subset: int = setting(
+        0,
+        ge=0,
+        doc="evaluate on the first N validation images (0: all; N above the set's size is refused)",
+        resume=True,
+    )
     mosaic: MosaicCfg = setting(factory=MosaicCfg, doc="Fashion-MNIST mosaics")
 
     def check(self) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ...data.unreadable import UnreadableFiles, decode_image
+from .subset import val_subset_size
 from .transforms import (
     pad_to,
     photometric_distortion,
@@ -249,7 +250,8 @@ class ADE20K(torch.utils.data.Dataset):
     (``reduce_zero_label``: raw 0 "other" -> 255, ignored).
 
     root: the ``ADEChallengeData2016`` folder or its parent. split: "train" / "val".
-    Training items are addressed ``ds[(index, seed)]`` (augmented by mmseg's pipeline);
+    subset: the first N pairs (``data.val_subset``; 0: all; more than the split holds is a
+    ValueError naming both numbers). Training items are addressed ``ds[(index, seed)]`` (augmented by mmseg's pipeline);
     evaluation items ``ds[index]`` give the image resized to the test scale and the labels at
     the original size. :meth:`read` returns the raw pair.
     """
@@ -288,7 +290,7 @@ class ADE20K(torch.utils.data.Dataset):
             if not ann.is_file():
                 raise ValueError(f"image {p} has no label file {ann}")
             pairs.append((p, ann))
-        self.pairs = pairs[:subset] if subset else pairs
+        self.pairs = pairs[: val_subset_size(subset, len(pairs), str(img_dir))]
         self.root, self.split, self.reduce_zero_label = root, split, reduce_zero_label
         self.pipeline = pipeline or _SegPipeline(train=split.startswith("train"))
         self.unreadable = UnreadableFiles(len(self.pairs), self.describe, str(img_dir))

@@ -19,10 +19,12 @@ from ..._io import atomic_write_text, read_json
 from ...data.unreadable import UnreadableFiles, decode_image
 from ...runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
+from .subset import val_subset_size
 
 __all__ = [
     "CocoDetection",
     "check_detections",
+    "check_has_objects",
     "check_instances",
     "coco_box_ap",
     "mask_to_rle",
@@ -279,6 +281,22 @@ def coco_box_ap(gt: dict, detections: list[dict]) -> dict:
     return {k: (float(v) * 100 if v >= 0 else -1.0) for k, v in zip(AP_KEYS, ev.stats[:6])}
 
 
+def check_has_objects(ds: CocoDetection, ann_file, training: bool) -> None:
+    """ValueError, naming ``ann_file`` and its image count, unless ``ds`` holds an object
+    (:meth:`CocoDetection.objects`): a training set without one teaches only background, and a
+    validation set without one has no AP (pycocotools gives -1, "undefined")."""
+    if ds.objects(training):
+        return
+    what = "training target (not crowd, a box of width and height > 0)" if training else "non-crowd object"
+    n_file = len(ds.coco["images"])
+    images = f"its {n_file} images" if len(ds) == n_file else f"the first {len(ds)} of its {n_file} images"
+    raise ValueError(
+        f"the {'training' if training else 'validation'} annotation file {ann_file} holds no {what} in {images} "
+        f"({len(ds.coco['annotations'])} annotations in all): "
+        + ("training would learn only background" if training else "box AP is undefined without ground truth")
+    )
+
+
 def to_coco_detections(result: dict, image_id: int, cat_ids, scale: float = 1.0) -> list[dict]:
     """One image's detections (``boxes`` [D, 4] xyxy, ``scores``, ``labels`` 0..K-1 of the
     model's input, which is the image resized by ``scale``) -> COCO result entries."""
@@ -314,9 +332,21 @@ class CocoDetection:
     item (``ds[(i, seed)]``) logs it once, counts it and takes the next usable image
     (:mod:`inline_attn.data.unreadable`). A size mismatch is refused, not corrected: the boxes are
     in the pixels the JSON describes, so the JSON and the folder disagree about the image.
+
+    ``subset``: the first N images in order of id (``data.val_subset``; 0: all; more than the
+    file holds is a ValueError naming both numbers).
     """
 
-    def __init__(self, ann_file, image_dir, *, short_size: int = 800, max_size: int = 1333, flip: float = 0.0):
+    def __init__(
+        self,
+        ann_file,
+        image_dir,
+        *,
+        short_size: int = 800,
+        max_size: int = 1333,
+        flip: float = 0.0,
+        subset: int = 0,
+    ):
         for name, v in (("short_size", short_size), ("max_size", max_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r}: expected a whole number of pixels >= 1")
@@ -329,7 +359,8 @@ class CocoDetection:
         self.classes = tuple(names[c] for c in self.cat_ids)
         self.num_classes = len(self.cat_ids)
         self._label = {c: i for i, c in enumerate(self.cat_ids)}
-        self.images = sorted(self.coco["images"], key=lambda im: im["id"])
+        images = sorted(self.coco["images"], key=lambda im: im["id"])
+        self.images = images[: val_subset_size(subset, len(images), f"the annotation file {ann_file}")]
         self._anns: dict[int, list] = {}
         for a in self.coco["annotations"]:
             self._anns.setdefault(a["image_id"], []).append(a)
@@ -349,6 +380,16 @@ class CocoDetection:
 
     def coco_gt(self) -> dict:
         return self.coco
+
+    def objects(self, training: bool) -> int:
+        """How many annotations of this set's images count: for ``training`` the targets (not
+        crowd, a box of positive width and height), else those COCOeval scores (not crowd)."""
+        return sum(
+            1
+            for im in self.images
+            for a in self._anns.get(im["id"], [])
+            if not a.get("iscrowd", 0) and (not training or (a["bbox"][2] > 0 and a["bbox"][3] > 0))
+        )
 
     def describe(self, index: int) -> str:
         return f"COCO image {self.image_dir / self.images[index]['file_name']}"

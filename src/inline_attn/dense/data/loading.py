@@ -90,8 +90,9 @@ def det_collate(items: list) -> tuple[torch.Tensor, list[dict], list[tuple[int, 
 
 def build_det_datasets(cfg: DetConfig, *, train: bool = True, progress: bool = False):
     """(train set or None, val set) for a detection config's ``data``: the mosaics or a COCO-layout
-    folder (``data.coco.{train,val}_{ann,images}``)."""
-    from .coco import EVAL_KEYS, CocoDetection, check_instances
+    folder (``data.coco.{train,val}_{ann,images}``; the val set is its first ``data.val_subset``
+    images). An annotation file whose (chosen) images hold no object is a ValueError naming it."""
+    from .coco import EVAL_KEYS, CocoDetection, check_has_objects, check_instances
 
     d = cfg.data
     if d.dataset == "mosaic":
@@ -104,9 +105,11 @@ def build_det_datasets(cfg: DetConfig, *, train: bool = True, progress: bool = F
         raise ValueError(f"data.dataset=coco needs data.coco.{{{', '.join(need)}}} (instances JSON and image folder)")
     kw = dict(short_size=int(c.short_size), max_size=int(c.max_size))
     tr = CocoDetection(c.train_ann, c.train_images, flip=float(d.flip), **kw) if train else None
-    va = CocoDetection(c.val_ann, c.val_images, **kw)
+    va = CocoDetection(c.val_ann, c.val_images, subset=int(d.val_subset), **kw)
     check_instances(va.coco, c.val_ann, EVAL_KEYS)  # what COCOeval reads, before any training
+    check_has_objects(va, c.val_ann, training=False)
     if tr is not None:
+        check_has_objects(tr, c.train_ann, training=True)
         check_same_categories(tr, va, c.train_ann, c.val_ann)
     return tr, va
 

@@ -17,6 +17,7 @@ import torch
 
 from ...runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
+from .subset import val_subset_size
 
 if TYPE_CHECKING:
     from ..config import DetConfig, SegConfig
@@ -107,7 +108,8 @@ class MosaicDet(torch.utils.data.Dataset):
 
 def build_mosaic_sets(cfg: Union[SegConfig, DetConfig], train: bool, progress: bool, wrap):
     """(train set or None, val set) of mosaics for a config's ``data.mosaic``, each wrapped as
-    ``wrap`` (:class:`MosaicSeg` or :class:`MosaicDet`)."""
+    ``wrap`` (:class:`MosaicSeg` or :class:`MosaicDet`); the val set is the first
+    ``data.val_subset`` of the ``data.mosaic.val`` mosaics (more is a ValueError)."""
     d = cfg.data
     m = d.mosaic
     spec = MosaicSpec(
@@ -119,5 +121,5 @@ def build_mosaic_sets(cfg: Union[SegConfig, DetConfig], train: bool, progress: b
     )
     kw = dict(spec=spec, seed=int(m.seed), root=d.path, pool=int(m.pool))
     tr = wrap(FashionMosaics("train", int(m.train), **kw), flip=float(d.flip), progress=progress) if train else None
-    n_val = int(d.val_subset or m.val)
+    n_val = val_subset_size(d.val_subset, int(m.val), f"the validation set (data.mosaic.val={int(m.val)})")
     return tr, wrap(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
