@@ -304,3 +304,12 @@ def test_an_option_the_analysis_ignores_or_a_bad_value_is_refused(tmp_path, fmni
     assert err.startswith("inline-attn: error: ") and len(err.splitlines()) == 1, err
     assert re.search(message, err), err
     assert not list((tmp_path / "out").iterdir())  # refused before anything was written
+
+
+def test_masking_refuses_a_model_of_another_class_count(tmp_path, fmnist_dir, capsys):
+    # its top-1 would score a 3-class head against Fashion-MNIST's 10 labels
+    three = [a for a in DEIT if not a.startswith("num_classes")] + ["num_classes=3"]
+    argv = ["--model", "inline_deit_tiny", "--model-args", *three, "--data", f"fmnist:{fmnist_dir}", "--out", tmp_path]
+    assert run("masking", *argv, "--ks", 3) == 2
+    assert f"num_classes=3 but --data fmnist:{fmnist_dir} has 10 classes" in capsys.readouterr().err
+    assert run("locality", *argv) == 0  # the labels are not scored there: any head will do

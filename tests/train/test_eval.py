@@ -82,12 +82,12 @@ def test_unreadable_images_are_skipped_and_counted(trained, tmp_path, capsys):
 
 def test_all_images_unreadable_is_an_error(trained, tmp_path, capsys):
     root, ckpt = trained
-    for cls in ("cat", "dog"):
+    for cls in ("cat", "dog", "fox"):  # the checkpoint's 3 classes
         d = tmp_path / "val" / cls
         d.mkdir(parents=True)
         (d / "x.png").write_bytes(b"broken")
     assert main(["eval", "--checkpoint", str(ckpt), "--data", str(tmp_path), "--workers", "0"]) == 2
-    assert "no readable image to evaluate (2 unreadable)" in capsys.readouterr().err
+    assert "no readable image to evaluate (3 unreadable)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from inline_attn.train.config import Config
 from inline_attn.train.data import Batches
 from inline_attn.train.evaluate import accuracy_counts, evaluate
 
-from train_helpers import TINY_DEIT, make_fmnist
+from train_helpers import TINY_DEIT, make_fmnist, make_folder
 
 QUICK = {
     "data": {"batch_size": 4, "workers": 0},
@@ -222,3 +222,69 @@ def test_eval_foreign_checkpoint_needs_model_and_must_fit(tmp_path, capsys):
         == 2
     )  # the published model's shapes: a clear mismatch
     assert "missing keys" in capsys.readouterr().err
+
+
+def _recorded_checkpoint(path, **kwargs):
+    """A checkpoint as the trainer records it: the weights with the model's name and arguments."""
+    from inline_attn.models import create_model
+
+    kwargs = {**TINY_DEIT, **kwargs}
+    net = create_model("inline_deit_tiny", **kwargs)
+    torch.save({"model": net.state_dict(), "model_name": "inline_deit_tiny", "model_kwargs": kwargs}, path)
+    return path
+
+
+def test_eval_refuses_data_of_another_class_count(tmp_path, capsys):
+    # a 3-class head on 5 classes' labels (an IndexError in the loss), on 10 (a silent wrong top-1)
+    ckpt = _recorded_checkpoint(tmp_path / "three.pth", img_size=16, num_classes=3)
+    five = make_folder(tmp_path / "five", classes=tuple("abcde"), per_class=1)
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(five), "--workers", "0"]) == 2
+    assert f"checkpoint {ckpt}: num_classes=3 but --data {five} has 5 classes" in capsys.readouterr().err
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    ckpt = _recorded_checkpoint(tmp_path / "three28.pth", img_size=28, in_chans=1, num_classes=3)
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", f"fmnist:{fm}"]) == 2
+    assert f"num_classes=3 but --data fmnist:{fm} has 10 classes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("num_classes", [5, 0])
+def test_train_refuses_a_head_of_another_class_count(tmp_path, capsys, num_classes):
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    cfg = _write_cfg(
+        tmp_path / "c.yaml", model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)}, data={"path": str(fm)}
+    )
+    out = tmp_path / "run"
+    argv = ["train", "-c", str(cfg), "--data.dataset", "fmnist", "--output", str(out)]
+    assert main([*argv, "--set", f"model.kwargs.num_classes={num_classes}"]) == 2
+    assert f"model.kwargs.num_classes={num_classes} but the data has 10 classes" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == [".lock"]  # refused before anything is written
+
+
+def test_train_refuses_a_folder_of_one_class(tmp_path, capsys):
+    one = make_folder(tmp_path / "one", classes=("cat",), per_class=2)
+    cfg = _write_cfg(
+        tmp_path / "c.yaml",
+        model={"name": "inline_deit_tiny", "kwargs": dict(TINY_DEIT)},
+        data={"path": str(one), "img_size": 16},
+    )
+    assert main(["train", "-c", str(cfg), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"data folder {one / 'val'} holds one class ('cat')" in err and "at least 2" in err
+
+
+def test_a_refused_write_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    import inline_attn._io as io
+
+    def full_disk(path, text):  # as the writer reports a full disk
+        raise io.WriteFailed(path, errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(io, "atomic_write_text", full_disk)
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)
+    ckpt = _recorded_checkpoint(tmp_path / "w.pth", img_size=28, in_chans=1, num_classes=10)
+    out = tmp_path / "e.json"
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", f"fmnist:{fm}", "--json", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"inline-attn: error: cannot write {out}: No space left on device; the previous file, if any, is unchanged\n"
+    )

@@ -233,7 +233,17 @@ def _run_on_images(analysis, out, models, data, layers, *, num_images, images, b
         return write_confusion(models, image_set, out, rtol=options["rtol"], **common)
     if analysis == "locality":
         return write_locality(models, image_set, out, **common)
-    if analysis == "masking":
+    if analysis == "masking":  # scores the labels: each model's head must fit the data's classes
+        from ..data import check_class_count
+
+        for m in models:
+            if image_set.num_classes is not None:
+                check_class_count(
+                    m.model.num_classes,
+                    image_set.num_classes,
+                    model=f"model {m.label}: num_classes",
+                    data=f"--data {data}",
+                )
         return write_masking(models, image_set, out, ks=options["ks"], seed=options["seed"], **common)
     return write_attention_maps(models, image_set, out, queries=options["queries"], **common)
 

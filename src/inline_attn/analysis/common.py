@@ -125,11 +125,13 @@ def load_model(
 
 @dataclass
 class ImageSet:
-    """Evaluation images (uint8 [N, C, H, W]) and labels ([N]) as read, before normalisation."""
+    """Evaluation images (uint8 [N, C, H, W]) and labels ([N]) as read, before normalisation;
+    ``num_classes``: the classes of the data they were taken from (None: not known)."""
 
     images: torch.Tensor
     labels: torch.Tensor
     source: str
+    num_classes: Optional[int] = None
 
 
 def load_images(
@@ -153,9 +155,9 @@ def load_images(
         ds = load_fashion_mnist(root, split="test")
         if indices is not None:
             idx = _check_indices(indices, len(ds))
-            return ImageSet(ds.images[idx], ds.labels[idx], "Fashion-MNIST test")
+            return ImageSet(ds.images[idx], ds.labels[idx], "Fashion-MNIST test", ds.num_classes)
         ds = ds.subset(num_images) if num_images > 0 else ds
-        return ImageSet(ds.images, ds.labels, "Fashion-MNIST test")
+        return ImageSet(ds.images, ds.labels, "Fashion-MNIST test", ds.num_classes)
     if not pathlib.Path(root).is_dir():
         raise ValueError(f"--data {root!r}: expected 'fmnist' or an ImageNet-layout folder")
     root = folder_split(root, split, what="--data")
@@ -169,7 +171,8 @@ def load_images(
     items = [(im, t) for im, t in items if im is not None]  # unreadable images are left out (and logged)
     if not items:
         raise ValueError(f"--data {root}: none of the chosen images could be read")
-    return ImageSet(torch.stack([im for im, _ in items]), torch.tensor([t for _, t in items]), str(root))
+    images, labels = torch.stack([im for im, _ in items]), torch.tensor([t for _, t in items])
+    return ImageSet(images, labels, str(root), folder.num_classes)
 
 
 def _check_indices(indices: Sequence[int], n: int) -> torch.Tensor:

@@ -15,6 +15,8 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from .._io import WriteFailed
+
 # command -> (the module whose register(subparsers) adds it, its help in `inline-attn --help`); a test
 # checks each help against the module's own
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,7 +69,9 @@ def main(argv=None) -> int:
     args = build_parser(sys.argv[1:] if argv is None else list(argv)).parse_args(argv)
     try:
         rc = args.func(args)
-    except ValueError as e:  # user errors: one clear line, no traceback
+    # user errors, and a write the disk refused (full, read-only: the message names the file and the
+    # cause, and says the previous file is kept): one clear line, no traceback
+    except (ValueError, WriteFailed) as e:
         print(f"inline-attn: error: {e}", file=sys.stderr)
         return 2
     return int(rc or 0)

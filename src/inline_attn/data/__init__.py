@@ -13,7 +13,7 @@ from .fmnist import (
 )
 from .folder import RRC, ImageFolder
 from .mixup import Mixup, smooth_one_hot
-from .resolve import DataInfo, folder_split, open_eval_source, parse_source, resolve_data_info
+from .resolve import DataInfo, check_class_count, folder_split, open_eval_source, parse_source, resolve_data_info
 from .tensor import TensorImageDataset
 from .crop import EVAL_RESIZE, eval_resize, eval_resize_pil, random_resized_crop_pil, rrc_box, rrc_boxes
 from .rand_augment import RandAugment, RandAugmentSpec, parse_rand_augment
@@ -38,6 +38,7 @@ __all__ = [
     "RandomResizedCrop",
     "TensorImageDataset",
     "TrainAugment",
+    "check_class_count",
     "eval_resize",
     "eval_resize_pil",
     "folder_split",

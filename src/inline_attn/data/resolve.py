@@ -5,6 +5,8 @@
 - :func:`parse_source`: ``"fmnist"``, ``"fmnist:DIR"`` or an ImageNet-layout folder.
 - :func:`folder_split`: a split subfolder (``val/``), or the folder itself when it holds class
   folders directly.
+- :func:`check_class_count`: a classifier's head and the data it is trained or scored on hold the
+  same number of classes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ PathLike = Union[str, os.PathLike]
 # subfolder names that mark a folder as split (train/ val/ ...) rather than one split of classes
 SPLIT_NAMES = ("train", "val", "validation", "test")
 
-__all__ = ["DataInfo", "SPLIT_NAMES", "folder_split", "open_eval_source", "parse_source", "resolve_data_info"]
+__all__ = [
+    "DataInfo",
+    "SPLIT_NAMES",
+    "check_class_count",
+    "folder_split",
+    "open_eval_source",
+    "parse_source",
+    "resolve_data_info",
+]
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,16 @@ class DataInfo:
 
     def with_classes(self, num_classes: int) -> "DataInfo":
         return dataclasses.replace(self, num_classes=int(num_classes))
+
+
+def check_class_count(model_classes: int, data_classes: int, *, model: str, data: str) -> None:
+    """Refuses a classifier whose head predicts another number of classes than the data holds (its
+    labels would be scored against the wrong outputs, or index past them). ``model`` names where the
+    model's count comes from (``"model.kwargs.num_classes"``), ``data`` the data. Checkpoints keep
+    no class names, so only the count can be compared: a model of the same count trained on other
+    classes is not caught."""
+    if int(model_classes) != int(data_classes):
+        raise ValueError(f"{model}={model_classes} but {data} has {data_classes} classes")
 
 
 def resolve_data_info(

@@ -35,7 +35,8 @@ def loader_crops(data: DataCfg, aug: Optional[AugCfg]) -> bool:
 
 def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Optional[AugCfg] = None, seed: int = 0):
     """``(train_set or None, val_set, info with the class count)``; ``aug`` and ``seed`` set an
-    image folder's training crop (:func:`loader_crops`)."""
+    image folder's training crop (:func:`loader_crops`). A folder of fewer than 2 classes is
+    refused (a classifier of one class learns nothing: its loss is 0 from the first step)."""
     if data.dataset == "fmnist":
         tr = load_fashion_mnist(data.path, "train").subset(data.subset) if train else None
         va = load_fashion_mnist(data.path, "test").subset(data.val_subset)
@@ -51,6 +52,10 @@ def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Op
     )
     if tr is not None and tr.classes != va.classes:
         raise ValueError(f"train classes ({len(tr.classes)}) and val classes ({len(va.classes)}) differ")
+    if len(va.classes) < 2:
+        raise ValueError(
+            f"data folder {va.root} holds one class ({va.classes[0]!r}): classification needs at least 2 class folders"
+        )
     for ds, n in ((tr, data.subset), (va, data.val_subset)):
         if ds is not None and n > 0:
             ds.samples = ds.samples[:n]

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data import DataInfo, EvalTransform, open_eval_source, parse_source, resolve_data_info
+from ..data import DataInfo, EvalTransform, check_class_count, open_eval_source, parse_source, resolve_data_info
 from ..models import create_model, get_model_config
 from .._io import read_checkpoint
 from ..models.checkpoint import load_checkpoint, unwrap_state_dict
@@ -249,7 +249,8 @@ def evaluate_checkpoint(
     the dataset's, else the model's (``img_size`` / ``crop_pct`` / ``eval_resize`` override them).
     Unreadable images are skipped: ``n`` counts the images scored, ``n_unreadable`` the skipped ones.
     The result is also written to ``json_path`` when given and at least one image was scored.
-    Non-finite logits (a checkpoint with NaN weights) raise a ValueError naming the checkpoint.
+    Non-finite logits (a checkpoint with NaN weights) raise a ValueError naming the checkpoint, and
+    so does a model whose head predicts another number of classes than ``data`` holds.
     ``workers`` (loader processes for a folder, default 2) is refused for Fashion-MNIST, which is
     read from memory, and so are ``crop_pct`` / ``eval_resize`` when its 28 x 28 images are not resized.
     """
@@ -262,6 +263,9 @@ def evaluate_checkpoint(
     if fmnist:
         _refuse_unused_for_fmnist(info.img_size, workers=workers, crop_pct=crop_pct, eval_resize=eval_resize)
     dataset, _ = open_eval_source(data, info, split, what="--data")
+    check_class_count(
+        net.num_classes, dataset.num_classes, model=f"checkpoint {record['path']}: num_classes", data=f"--data {data}"
+    )
     tf = EvalTransform(info.img_size, info.mean, info.std, info.crop_pct, info.interpolation, info.eval_resize).to(dev)
     batches = Batches(dataset, batch_size, train=False, workers=2 if workers is None else workers)
     t = time.time()

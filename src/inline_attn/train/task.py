@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..data import DataInfo, EvalTransform, Mixup, TrainAugment
+from ..data import DataInfo, EvalTransform, check_class_count, Mixup, TrainAugment
 from ..models import create_model, get_model_config
 from ..models.profile import profile
 from ..runtime.amp import autocast
@@ -208,6 +208,10 @@ class ClassifyTask(Task):
         data = data_info(cfg.data, self.model_cfg)
         check_model_args(cfg, data)
         train_set, val_set, d = build_datasets(cfg.data, data, aug=cfg.aug, seed=cfg.train.seed)
+        if "num_classes" in cfg.model.kwargs:  # a head of another size fails in the loss, or scores nothing
+            check_class_count(
+                cfg.model.kwargs["num_classes"], d.num_classes, model="model.kwargs.num_classes", data="the data"
+            )
         if cfg.data.on_device:  # gathered on the device: no host copy a step (the GPU preset)
             train_set, val_set = train_set.to(info.device), val_set.to(info.device)
         self.train_batches, self.val_batches = _batches(cfg, train_set, val_set, info)
