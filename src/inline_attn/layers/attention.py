@@ -97,7 +97,6 @@ class TokenAttention(RecordableAttention):
         super().__init__(impl)
         check_kind(kind, feature_map)
         qkv_bias, split_qkv = check_flag("qkv_bias", qkv_bias), check_flag("split_qkv", split_qkv)
-        local_residual = check_flag("local_residual", local_residual, optional=True)
         head_dim = check_heads(dim, num_heads)
         num_prefix_tokens = check_count("num_prefix_tokens", num_prefix_tokens)
         self.kind = kind

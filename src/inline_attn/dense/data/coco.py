@@ -281,6 +281,11 @@ def coco_box_ap(gt: dict, detections: list[dict]) -> dict:
     return {k: (float(v) * 100 if v >= 0 else -1.0) for k, v in zip(AP_KEYS, ev.stats[:6])}
 
 
+def _is_target(ann: dict) -> bool:
+    """Whether an annotation is a training target: not a crowd, a box of positive width and height."""
+    return not ann.get("iscrowd", 0) and ann["bbox"][2] > 0 and ann["bbox"][3] > 0
+
+
 def check_has_objects(ds: CocoDetection, ann_file, training: bool) -> None:
     """ValueError, naming ``ann_file`` and its image count, unless ``ds`` holds an object
     (:meth:`CocoDetection.objects`): a training set without one teaches only background, and a
@@ -388,7 +393,7 @@ class CocoDetection:
             1
             for im in self.images
             for a in self._anns.get(im["id"], [])
-            if not a.get("iscrowd", 0) and (not training or (a["bbox"][2] > 0 and a["bbox"][3] > 0))
+            if (_is_target(a) if training else not a.get("iscrowd", 0))
         )
 
     def describe(self, index: int) -> str:
@@ -423,9 +428,7 @@ class CocoDetection:
         s = self.scale(index)
         size = (max(1, round(img.shape[1] * s)), max(1, round(img.shape[2] * s)))
         img = F.interpolate(img[None], size=size, mode="bilinear", align_corners=False)[0]
-        anns = [
-            a for a in self._anns.get(im["id"], []) if not a.get("iscrowd", 0) and a["bbox"][2] > 0 and a["bbox"][3] > 0
-        ]
+        anns = [a for a in self._anns.get(im["id"], []) if _is_target(a)]
         boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float32).reshape(-1, 4)
         boxes[:, 2:] += boxes[:, :2]
         boxes *= s
