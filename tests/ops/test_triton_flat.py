@@ -102,3 +102,44 @@ def test_flat_twins_give_the_kernels_bits(shape, kind, split, residual, kernels)
     assert launched == launched_flat == kernels
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+# Run with the compiler (not the interpreter, whose ``triton.jit`` makes no JITFunction for inductor
+# to follow): write each twin out as inductor does for a compiled graph, load that source as a
+# module, and list every global name a Triton function in it reads that the module does not define.
+_WRITE_OUT = """
+import builtins, dis, importlib.util, pathlib, sys
+import triton
+from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as closure
+from inline_attn.ops.fused.triton_flat import TWINS
+folder = pathlib.Path(sys.argv[1])
+for name, twin in TWINS.items():
+    path = folder / f"{name}.py"
+    path.write_text("import triton\\nimport triton.language as tl\\n" + closure(twin))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for fn in vars(mod).values():
+        if isinstance(fn, triton.JITFunction):
+            for ins in dis.Bytecode(fn.fn):
+                if ins.opname == "LOAD_GLOBAL" and ins.argval not in vars(mod) and not hasattr(builtins, ins.argval):
+                    print(f"{name}: {fn.__name__} reads {ins.argval}")
+"""
+
+
+def test_inductor_writes_out_every_twin_with_the_names_it_calls(tmp_path):
+    """``torch.compile`` compiles each twin from the source inductor writes out: the kernel and the
+    Triton functions it names as globals. A helper called through a module (``tiles.load_row``) is
+    left out, and the compiled model fails on the GPU with ``NameError`` (the H200 run of
+    2026-11-28)."""
+    pytest.importorskip("torch._inductor.codegen.wrapper")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": "src"}
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITE_OUT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == ""

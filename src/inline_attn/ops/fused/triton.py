@@ -597,7 +597,7 @@ def resident_warps(n: int, d: int) -> int:
 
 def _serial_taps(rows: int, bd: int, dtype: torch.dtype) -> bool:
     """Whether the resident forward's [rows, bd] tiles take the residual's taps one at a time
-    (``tiles.add_taps``' SERIAL): at the largest 16-bit tiles (8 warps) that compiles to 123
+    (``add_taps``' SERIAL): at the largest 16-bit tiles (8 warps) that compiles to 123
     registers instead of 157 at InLine-DeiT-T's layer on sm_90, two programs a multiprocessor
     instead of one, for six more memory round trips a program; smaller tiles gain fewer programs
     than the round trips they add, and fp32 spills either way. The autotune step times both."""

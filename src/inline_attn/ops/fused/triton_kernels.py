@@ -51,7 +51,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import triton_tiles as tiles
+from .triton_tiles import (
+    add_taps,
+    add_taps_grad,
+    broadcast_row,
+    dense_view,
+    grad_views,
+    grid_cells,
+    head_view,
+    load_centred,
+    load_row,
+    load_tile,
+    load_tile_t,
+    program_pair,
+    row_block,
+    store_taps_grad,
+    store_tile,
+    taps_grad,
+    warp_sums,
+)
 
 
 @triton.jit
@@ -93,8 +111,8 @@ def _tile_stats(kt, vt, m2, n_valid):
 @triton.jit
 def _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC: tl.constexpr):
     """Merge the tile of rows n (mask m2, n_valid rows) of K - ck and V - cv into the statistics."""
-    kt = tiles.load_centred(k, n, m2, ck)
-    vt = tiles.load_centred(v, n, m2, cv)
+    kt = load_centred(k, n, m2, ck)
+    vt = load_centred(v, n, m2, cv)
     tmk, tmv, kc, vc = _tile_stats(kt, vt, m2, n_valid)
     return _merge(cnt, mk, mv, s, n_valid, tmk, tmv, tl.dot(tl.trans(kc), vc, input_precision=PREC))
 
@@ -104,7 +122,7 @@ def _fwd_sums(k, v, cmask, ck, cv, n_lo, n_hi, BD: tl.constexpr, BLOCK_N: tl.con
     """Centred statistics of tokens [n_lo, n_hi): means of K - ck and V - cv, S = sum K_c^T V_c."""
     cnt, mk, mv, s = _no_stats(BD)
     for start in range(n_lo, n_hi, BLOCK_N):
-        n, m2 = tiles.row_block(start, n_hi, cmask, BLOCK_N)
+        n, m2 = row_block(start, n_hi, cmask, BLOCK_N)
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
         cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
     return cnt, mk, mv, s
@@ -116,12 +134,12 @@ def _fwd_rows(
 ):
     """O rows [n0, n1) = Q M + v_bar (+ the 3x3 residual on grid rows)."""
     for start in range(n0, n1, BLOCK_N):
-        n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
-        out = tiles.broadcast_row(vbar, BLOCK_N)
+        n, m2 = row_block(start, n1, cmask, BLOCK_N)
+        out = broadcast_row(vbar, BLOCK_N)
         if HAS_RES:
-            out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, n1, geo), geo, 1)
-        out = tl.dot(tiles.load_tile(q, n, m2), m, out, input_precision=PREC)
-        tiles.store_tile(o, n, out, m2)
+            out = add_taps(out, w9, v, cmask, grid_cells(n, n1, geo), geo, 1)
+        out = tl.dot(load_tile(q, n, m2), m, out, input_precision=PREC)
+        store_tile(o, n, out, m2)
 
 
 @triton.jit
@@ -151,11 +169,11 @@ def inline_fwd_fused(
 ):
     """One program per (sample, head): the statistics, M, then every output row of that head."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
-    k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
-    cv = tiles.load_row(v, 0, cmask)
-    cnt, mk, mv, s = _fwd_sums(k, v, cmask, tiles.load_row(k, 0, cmask), cv, 0, N, BD, BLOCK_N, PREC)
-    q, w9, o = tiles.head_view(Q, q_st, b, ch), tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
+    b, ch, cmask = program_pair(tl.program_id(0), heads, D, BD)
+    k, v = head_view(K, k_st, b, ch), head_view(V, v_st, b, ch)
+    cv = load_row(v, 0, cmask)
+    cnt, mk, mv, s = _fwd_sums(k, v, cmask, load_row(k, 0, cmask), cv, 0, N, BD, BLOCK_N, PREC)
+    q, w9, o = head_view(Q, q_st, b, ch), dense_view(W9, b, 9, C, ch), dense_view(O, b, N, C, ch)
     _fwd_rows(q, v, w9, o, cmask, s * (scale / N), cv + mv, 0, N, geo, HAS_RES, BLOCK_N, PREC)
 
 
@@ -166,10 +184,10 @@ def inline_fwd_partial(
     """Program (sample*head, chunk): centred statistics of one token chunk -> its workspace row."""
     N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
+    b, ch, cmask = program_pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
-    k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
-    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
+    k, v = head_view(K, k_st, b, ch), head_view(V, v_st, b, ch)
+    ck, cv = load_row(k, 0, cmask), load_row(v, 0, cmask)
     cnt, mk, mv, s = _fwd_sums(k, v, cmask, ck, cv, n_lo, tl.minimum(n_lo + chunk, N), BD, BLOCK_N, PREC)
     c, sq = _square(BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (BD * BD + 2 * BD)
@@ -217,12 +235,12 @@ def inline_fwd_rows(
     of a pair the same way: the same M), then output rows [i*rows, (i+1)*rows)."""
     N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
+    b, ch, cmask = program_pair(pid, heads, D, BD)
     mk, mv, s = _merged_stats(WS, pid, SPLIT, chunk, N, BD * BD + 2 * BD, BD * BD, BD)
     n0 = tl.program_id(1) * rows
-    q, v = tiles.head_view(Q, q_st, b, ch), tiles.head_view(V, v_st, b, ch)
-    w9, o = tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
-    vbar = tiles.load_row(v, 0, cmask) + mv
+    q, v = head_view(Q, q_st, b, ch), head_view(V, v_st, b, ch)
+    w9, o = dense_view(W9, b, 9, C, ch), dense_view(O, b, N, C, ch)
+    vbar = load_row(v, 0, cmask) + mv
     _fwd_rows(q, v, w9, o, cmask, s * (scale / N), vbar, n0, tl.minimum(n0 + rows, N), geo, HAS_RES, BLOCK_N, PREC)
 
 
@@ -248,14 +266,14 @@ def _bwd_sums(
     cnt, mk, mv, s, dm, gs, dw = _no_bwd_sums(BD)
     taps = tl.arange(0, 16)
     for start in range(n_lo, n_hi, BLOCK_N):
-        n, m2 = tiles.row_block(start, n_hi, cmask, BLOCK_N)
+        n, m2 = row_block(start, n_hi, cmask, BLOCK_N)
         n_valid = tl.minimum(n_hi - start, BLOCK_N).to(tl.float32)
         cnt, mk, mv, s = _add_tile(cnt, mk, mv, s, k, v, n, m2, ck, cv, n_valid, PREC)
-        gt = tiles.load_tile(g, n, m2)
-        dm += tl.dot(tiles.load_tile_t(q, n, m2), gt, input_precision=PREC)
+        gt = load_tile(g, n, m2)
+        dm += tl.dot(load_tile_t(q, n, m2), gt, input_precision=PREC)
         gs += tl.sum(gt, axis=0)
         if HAS_RES:
-            dw = tiles.add_taps_grad(dw, taps, gt, v, cmask, tiles.grid_cells(n, n_hi, geo), geo)
+            dw = add_taps_grad(dw, taps, gt, v, cmask, grid_cells(n, n_hi, geo), geo)
     return cnt, mk, mv, s, dm, gs, dw
 
 
@@ -285,16 +303,16 @@ def _bwd_rows(
     shifted by (ck, cv: token 0's) and the shifted rows' means (mk, mv)."""
     dq_out, dk_out, dv_out = grads
     for start in range(n0, n1, BLOCK_N):
-        n, m2 = tiles.row_block(start, n1, cmask, BLOCK_N)
+        n, m2 = row_block(start, n1, cmask, BLOCK_N)
         # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
-        tiles.store_tile(dq_out, n, tl.dot(tiles.load_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
-        vc = tiles.load_centred(v, n, m2, cv, mv)
-        tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
-        dv = tiles.broadcast_row(gbar, BLOCK_N)
+        store_tile(dq_out, n, tl.dot(load_tile(g, n, m2), tl.trans(m), input_precision=PREC), m2)
+        vc = load_centred(v, n, m2, cv, mv)
+        store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
+        dv = broadcast_row(gbar, BLOCK_N)
         if HAS_RES:
-            dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, n1, geo), geo, -1)
-        kc = tiles.load_centred(k, n, m2, ck, mk)
-        tiles.store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
+            dv = add_taps(dv, w9, g, cmask, grid_cells(n, n1, geo), geo, -1)
+        kc = load_centred(k, n, m2, ck, mk)
+        store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
 
 
 @triton.jit
@@ -322,16 +340,16 @@ def inline_bwd_fused(
 ):
     """One program per (sample, head): the backward sums, then every gradient row of that head."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
-    q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
-    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
+    b, ch, cmask = program_pair(tl.program_id(0), heads, D, BD)
+    q, k = head_view(Q, q_st, b, ch), head_view(K, k_st, b, ch)
+    v, g = head_view(V, v_st, b, ch), head_view(G, g_st, b, ch)
+    ck, cv = load_row(k, 0, cmask), load_row(v, 0, cmask)
     cnt, mk, mv, s, dm, gs, dw = _bwd_sums(q, k, v, g, cmask, ck, cv, 0, N, geo, HAS_RES, BD, BLOCK_N, PREC)
     alpha = scale / N
     if HAS_RES:
-        tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
-    grads = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
-    w9 = tiles.dense_view(W9, b, 9, C, ch)
+        store_taps_grad(DW, b, C, ch, cmask, dw)
+    grads = grad_views(DQ, DK, DV, b, N, C, ch)
+    w9 = dense_view(W9, b, 9, C, ch)
     _bwd_rows(
         g, k, v, w9, grads, cmask, s * alpha, dm * alpha, ck, mk, cv, mv, gs / N, 0, N, geo, HAS_RES, BLOCK_N, PREC
     )
@@ -359,12 +377,12 @@ def inline_bwd_partial(
     """Program (sample*head, chunk): the backward sums over one token chunk -> its workspace row."""
     N, _, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
+    b, ch, cmask = program_pair(pid, heads, D, BD)
     n_lo = tl.program_id(1) * chunk
     n_hi = tl.minimum(n_lo + chunk, N)
-    q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
-    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
+    q, k = head_view(Q, q_st, b, ch), head_view(K, k_st, b, ch)
+    v, g = head_view(V, v_st, b, ch), head_view(G, g_st, b, ch)
+    ck, cv = load_row(k, 0, cmask), load_row(v, 0, cmask)
     cnt, mk, mv, s, dm, gs, dw = _bwd_sums(q, k, v, g, cmask, ck, cv, n_lo, n_hi, geo, HAS_RES, BD, BLOCK_N, PREC)
     c, sq = _square(BD)
     ws = WS + (pid * tl.num_programs(1) + tl.program_id(1)) * (2 * BD * BD + 19 * BD)
@@ -408,7 +426,7 @@ def inline_bwd_rows(
     [i*rows, (i+1)*rows)."""
     N, C, _, _, _, heads = geo
     pid = tl.program_id(0)
-    b, ch, cmask = tiles.program_pair(pid, heads, D, BD)
+    b, ch, cmask = program_pair(pid, heads, D, BD)
     c, sq = _square(BD)
     row = 2 * BD * BD + 19 * BD
     mk, mv, s = _merged_stats(WS, pid, SPLIT, chunk, N, row, 2 * BD * BD, BD)
@@ -424,11 +442,11 @@ def inline_bwd_rows(
             dw = tl.zeros([16, BD], dtype=tl.float32)
             for i in range(0, SPLIT):
                 dw += tl.load(WS + (pid * SPLIT + i) * row + 2 * BD * BD + 3 * BD + taps[:, None] * BD + c[None, :])
-            tiles.store_taps_grad(DW, b, C, ch, cmask, dw)
+            store_taps_grad(DW, b, C, ch, cmask, dw)
     n0 = tl.program_id(1) * rows
-    k, v, g = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
-    grads, w9 = tiles.grad_views(DQ, DK, DV, b, N, C, ch), tiles.dense_view(W9, b, 9, C, ch)
+    k, v, g = head_view(K, k_st, b, ch), head_view(V, v_st, b, ch), head_view(G, g_st, b, ch)
+    ck, cv = load_row(k, 0, cmask), load_row(v, 0, cmask)
+    grads, w9 = grad_views(DQ, DK, DV, b, N, C, ch), dense_view(W9, b, 9, C, ch)
     n1 = tl.minimum(n0 + rows, N)
     alpha = scale / N
     _bwd_rows(
@@ -449,22 +467,22 @@ def _centred(k, v, n, m2, cmask, N, SHIFT: tl.constexpr):
     value means (v_bar).
 
     With SHIFT each is shifted by its token-0 row before the means are taken and the shifted rows'
-    mean subtracted after (:func:`tiles.load_centred`), so that every centred row is exact to its
+    mean subtracted after (:func:`load_centred`), so that every centred row is exact to its
     own rounding: the backward's dK = alpha Vc dM^T and dV = alpha Kc dM need it. Centred on the
     float32 means of K and V themselves, every row moves alike by the means' rounding, which the
     forward's M = alpha Kc^T Vc keeps only in a product of two such errors (the centred rows' sum
     cancels the rest) and v_bar to its own rounding; the forward skips the shift (at Swin's 7x7
     windows its two rows cost 24 registers on sm_90, 8 -> 6 programs a multiprocessor)."""
     if SHIFT:
-        ck, cv = tiles.load_row(k, 0, cmask), tiles.load_row(v, 0, cmask)
-        kt = tiles.load_centred(k, n, m2, ck)
-        vt = tiles.load_centred(v, n, m2, cv)
+        ck, cv = load_row(k, 0, cmask), load_row(v, 0, cmask)
+        kt = load_centred(k, n, m2, ck)
+        vt = load_centred(v, n, m2, cv)
     else:
-        kt = tiles.load_tile(k, n, m2)
-        vt = tiles.load_tile(v, n, m2)
+        kt = load_tile(k, n, m2)
+        vt = load_tile(v, n, m2)
     # both means summed per warp, then across warps together: one cross-warp reduction, not two
     BITS: tl.constexpr = v[0].dtype.element_ty.primitive_bitwidth  # a K of another width: a layout change, same sums
-    mk, mv = tl.split(tl.sum(tl.join(tiles.warp_sums(kt, BITS), tiles.warp_sums(vt, BITS)), axis=0) / N)
+    mk, mv = tl.split(tl.sum(tl.join(warp_sums(kt, BITS), warp_sums(vt, BITS)), axis=0) / N)
     kc = tl.where(m2, kt - mk[None, :], 0.0)
     vc = tl.where(m2, vt - mv[None, :], 0.0)
     if SHIFT:
@@ -492,20 +510,20 @@ def inline_fwd_resident(
     SERIAL_TAPS: tl.constexpr,
 ):
     """One program per (sample, head), every operand read once: M = alpha Kc^T Vc, then
-    O = Q M + v_bar + R(V, w); SERIAL_TAPS: the residual's taps one at a time (:func:`tiles.add_taps`,
+    O = Q M + v_bar + R(V, w); SERIAL_TAPS: the residual's taps one at a time (:func:`add_taps`,
     the launcher's choice)."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
-    n, m2 = tiles.row_block(0, N, cmask, NP)
-    v = tiles.head_view(V, v_st, b, ch)
-    kc, vc, vbar = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, cmask, N, False)
+    b, ch, cmask = program_pair(tl.program_id(0), heads, D, BD)
+    n, m2 = row_block(0, N, cmask, NP)
+    v = head_view(V, v_st, b, ch)
+    kc, vc, vbar = _centred(head_view(K, k_st, b, ch), v, n, m2, cmask, N, False)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * (scale / N)
-    out = tiles.broadcast_row(vbar, NP)
+    out = broadcast_row(vbar, NP)
     if HAS_RES:
-        w9 = tiles.dense_view(W9, b, 9, C, ch)
-        out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1, SERIAL_TAPS)
-    out = tl.dot(tiles.load_tile(tiles.head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
-    tiles.store_tile(tiles.dense_view(O, b, N, C, ch), n, out, m2)
+        w9 = dense_view(W9, b, 9, C, ch)
+        out = add_taps(out, w9, v, cmask, grid_cells(n, N, geo), geo, 1, SERIAL_TAPS)
+    out = tl.dot(load_tile(head_view(Q, q_st, b, ch), n, m2), m, out, input_precision=PREC)
+    store_tile(dense_view(O, b, N, C, ch), n, out, m2)
 
 
 @triton.jit
@@ -534,24 +552,24 @@ def inline_bwd_resident(
     """One program per (sample, head), every operand read once: M recomputed, dM = Q^T G, then
     dQ = G M^T, dK = alpha Vc dM^T, dV = alpha Kc dM + g_bar + R^T(G, w), and dw."""
     N, C, _, _, _, heads = geo
-    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
-    n, m2 = tiles.row_block(0, N, cmask, NP)
+    b, ch, cmask = program_pair(tl.program_id(0), heads, D, BD)
+    n, m2 = row_block(0, N, cmask, NP)
     alpha = scale / N
-    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    kc, vc, _ = _centred(tiles.head_view(K, k_st, b, ch), v, n, m2, cmask, N, True)
+    v, g = head_view(V, v_st, b, ch), head_view(G, g_st, b, ch)
+    kc, vc, _ = _centred(head_view(K, k_st, b, ch), v, n, m2, cmask, N, True)
     m = tl.dot(tl.trans(kc), vc, input_precision=PREC) * alpha
-    gt = tiles.load_tile(g, n, m2)
-    adm = tl.dot(tiles.load_tile_t(tiles.head_view(Q, q_st, b, ch), n, m2), gt, input_precision=PREC) * alpha
-    dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
+    gt = load_tile(g, n, m2)
+    adm = tl.dot(load_tile_t(head_view(Q, q_st, b, ch), n, m2), gt, input_precision=PREC) * alpha
+    dq_out, dk_out, dv_out = grad_views(DQ, DK, DV, b, N, C, ch)
     # each gradient is stored as soon as it is computed: fewer tiles live at once (registers)
-    tiles.store_tile(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)
-    tiles.store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
-    dv = tiles.broadcast_row(tl.sum(gt, axis=0) / N, NP)
+    store_tile(dq_out, n, tl.dot(gt, tl.trans(m), input_precision=PREC), m2)
+    store_tile(dk_out, n, tl.dot(vc, tl.trans(adm), input_precision=PREC), m2)
+    dv = broadcast_row(tl.sum(gt, axis=0) / N, NP)
     if HAS_RES:
-        cells = tiles.grid_cells(n, N, geo)
-        dv = tiles.add_taps(dv, tiles.dense_view(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
-        tiles.store_taps_grad(DW, b, C, ch, cmask, tiles.taps_grad(gt, v, cmask, cells, geo))
-    tiles.store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
+        cells = grid_cells(n, N, geo)
+        dv = add_taps(dv, dense_view(W9, b, 9, C, ch), g, cmask, cells, geo, -1)
+        store_taps_grad(DW, b, C, ch, cmask, taps_grad(gt, v, cmask, cells, geo))
+    store_tile(dv_out, n, tl.dot(kc, adm, dv, input_precision=PREC), m2)
 
 
 # The residual predictor (paper Sec. 4.2): per sample b and head h (the predictor's groups are the

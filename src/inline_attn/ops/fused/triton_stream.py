@@ -45,7 +45,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import triton_tiles as tiles
+from .triton_tiles import (
+    add_taps,
+    add_taps_grad_rows,
+    broadcast_row,
+    dense_view,
+    grad_views,
+    grid_cells,
+    head_view,
+    load_centred,
+    load_row,
+    load_tile_t,
+    program_pair,
+    row_block,
+    store_taps_grad_rows,
+    store_tile,
+)
 
 
 @triton.jit
@@ -97,7 +112,7 @@ def _stacked(a, b):
 def _key_shift(k, cmask, NARROW: tl.constexpr):
     """The row the keys are shifted by in the sums: token 0's in fp32, zero with NARROW (the key
     tiles go into tl.dot as stored, :func:`_sums_tile`)."""
-    ck = tiles.load_row(k, 0, cmask)
+    ck = load_row(k, 0, cmask)
     if NARROW:
         ck = tl.zeros_like(ck)
     return ck
@@ -121,15 +136,15 @@ def _sums_tile(
     if NARROW:
         kt = _load(k, n, m2, NARROW)
         sk += kt.to(tl.float32)
-        vh, vl = _hi_lo(tiles.load_centred(v, n, m2, cv), NARROW, OPS)
+        vh, vl = _hi_lo(load_centred(v, n, m2, cv), NARROW, OPS)
         sv += vh.to(tl.float32) + vl.to(tl.float32)
         if STACKED:
             s = tl.dot(tl.trans(_stacked(kt, kt)), _stacked(vh, vl), s, input_precision=PREC)
         else:
             s = _times(tl.trans(kt), vh, vl, NARROW, PREC, s)
     else:
-        kt = tiles.load_centred(k, n, m2, ck)
-        vt = tiles.load_centred(v, n, m2, cv)
+        kt = load_centred(k, n, m2, ck)
+        vt = load_centred(v, n, m2, cv)
         sk += kt
         sv += vt
         s = tl.dot(tl.trans(kt), vt, s, input_precision=PREC)
@@ -146,7 +161,7 @@ def _stream_stats(
     sk = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     sv = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
+        n, m2 = row_block(start, N, cmask, BLOCK_N)
         s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=True)
     return s, tl.sum(sk, axis=0), tl.sum(sv, axis=0)
 
@@ -174,20 +189,20 @@ def inline_fwd_stream(
     then O = Q M + v_bar + R(V, w) streamed over them again."""
     N, C, _, _, _, heads = geo
     OPS: tl.constexpr = Q.dtype.element_ty
-    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
-    k, v = tiles.head_view(K, k_st, b, ch), tiles.head_view(V, v_st, b, ch)
-    cv = tiles.load_row(v, 0, cmask)
+    b, ch, cmask = program_pair(tl.program_id(0), heads, D, BD)
+    k, v = head_view(K, k_st, b, ch), head_view(V, v_st, b, ch)
+    cv = load_row(v, 0, cmask)
     s, sk, sv = _stream_stats(k, v, cmask, _key_shift(k, cmask, NARROW), cv, N, BD, BLOCK_N, NARROW, PREC)
     m_hi, m_lo = _hi_lo((s - sk[:, None] * (sv / N)[None, :]) * (scale / N), NARROW, OPS)
     vbar = cv + sv / N
-    q, w9, o = tiles.head_view(Q, q_st, b, ch), tiles.dense_view(W9, b, 9, C, ch), tiles.dense_view(O, b, N, C, ch)
+    q, w9, o = head_view(Q, q_st, b, ch), dense_view(W9, b, 9, C, ch), dense_view(O, b, N, C, ch)
     for start in range(0, N, BLOCK_N):
-        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        out = tiles.broadcast_row(vbar, BLOCK_N)
+        n, m2 = row_block(start, N, cmask, BLOCK_N)
+        out = broadcast_row(vbar, BLOCK_N)
         if HAS_RES:
-            out = tiles.add_taps(out, w9, v, cmask, tiles.grid_cells(n, N, geo), geo, 1)
+            out = add_taps(out, w9, v, cmask, grid_cells(n, N, geo), geo, 1)
         out = _times(_load(q, n, m2, NARROW), m_hi, m_lo, NARROW, PREC, out)
-        tiles.store_tile(o, n, out, m2)
+        store_tile(o, n, out, m2)
 
 
 @triton.jit
@@ -220,14 +235,14 @@ def _stream_bwd_sums(
     z = tl.zeros([BLOCK_N, BD], dtype=tl.float32)
     dw = (z, z, z, z, z, z, z, z, z)
     for start in range(0, N, BLOCK_N):
-        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
+        n, m2 = row_block(start, N, cmask, BLOCK_N)
         s, sk, sv = _sums_tile(s, sk, sv, k, v, n, m2, ck, cv, NARROW, PREC, OPS, STACKED=False)
         gt = _load(g, n, m2, NARROW)
-        dm = tl.dot(tiles.load_tile_t(q, n, m2, NARROW), gt, dm, input_precision=PREC)
+        dm = tl.dot(load_tile_t(q, n, m2, NARROW), gt, dm, input_precision=PREC)
         gf = gt.to(tl.float32)
         gs += gf
         if HAS_RES:
-            dw = tiles.add_taps_grad_rows(dw, gf, v, cmask, tiles.grid_cells(n, N, geo), geo)
+            dw = add_taps_grad_rows(dw, gf, v, cmask, grid_cells(n, N, geo), geo)
     return s, tl.sum(sk, axis=0), tl.sum(sv, axis=0), dm, tl.sum(gs, axis=0), dw
 
 
@@ -260,34 +275,34 @@ def inline_bwd_stream(
     over the tokens again."""
     N, C, _, _, _, heads = geo
     OPS: tl.constexpr = Q.dtype.element_ty
-    b, ch, cmask = tiles.program_pair(tl.program_id(0), heads, D, BD)
-    q, k = tiles.head_view(Q, q_st, b, ch), tiles.head_view(K, k_st, b, ch)
-    v, g = tiles.head_view(V, v_st, b, ch), tiles.head_view(G, g_st, b, ch)
-    ck, cv = _key_shift(k, cmask, NARROW), tiles.load_row(v, 0, cmask)
+    b, ch, cmask = program_pair(tl.program_id(0), heads, D, BD)
+    q, k = head_view(Q, q_st, b, ch), head_view(K, k_st, b, ch)
+    v, g = head_view(V, v_st, b, ch), head_view(G, g_st, b, ch)
+    ck, cv = _key_shift(k, cmask, NARROW), load_row(v, 0, cmask)
     s, sk, sv, dm, gs, dw = _stream_bwd_sums(q, k, v, g, cmask, ck, cv, geo, BD, BLOCK_N, HAS_RES, NARROW, PREC)
     alpha = scale / N
     if HAS_RES:
-        tiles.store_taps_grad_rows(DW, b, C, ch, cmask, dw)
+        store_taps_grad_rows(DW, b, C, ch, cmask, dw)
     mt_hi, mt_lo = _hi_lo(tl.trans((s - sk[:, None] * (sv / N)[None, :]) * alpha), NARROW, OPS)
     dm_hi, dm_lo = _hi_lo(dm * alpha, NARROW, OPS)
     dmt_hi, dmt_lo = _hi_lo(tl.trans(dm) * alpha, NARROW, OPS)
     gbar = gs / N
-    dq_out, dk_out, dv_out = tiles.grad_views(DQ, DK, DV, b, N, C, ch)
-    w9 = tiles.dense_view(W9, b, 9, C, ch)
+    dq_out, dk_out, dv_out = grad_views(DQ, DK, DV, b, N, C, ch)
+    w9 = dense_view(W9, b, 9, C, ch)
     for start in range(0, N, BLOCK_N):
-        n, m2 = tiles.row_block(start, N, cmask, BLOCK_N)
-        # the rows' offsets once for the three stores (with tiles.store_tile the kernel compiles to
+        n, m2 = row_block(start, N, cmask, BLOCK_N)
+        # the rows' offsets once for the three stores (with store_tile the kernel compiles to
         # the same instructions in another order); each gradient is stored as soon as it is
         # computed: fewer tiles live at once (registers)
         rows = n[:, None] * C
         dq = _times(_load(g, n, m2, NARROW), mt_hi, mt_lo, NARROW, PREC)
         tl.store(dq_out[0] + rows + dq_out[2][None, :], dq.to(DQ.dtype.element_ty), mask=m2)
-        vc = _operand(tiles.load_centred(v, n, m2, cv, sv / N), NARROW, OPS)
+        vc = _operand(load_centred(v, n, m2, cv, sv / N), NARROW, OPS)
         dk = _times(vc, dmt_hi, dmt_lo, NARROW, PREC)
         tl.store(dk_out[0] + rows + dk_out[2][None, :], dk.to(DK.dtype.element_ty), mask=m2)
-        dv = tiles.broadcast_row(gbar, BLOCK_N)
+        dv = broadcast_row(gbar, BLOCK_N)
         if HAS_RES:
-            dv = tiles.add_taps(dv, w9, g, cmask, tiles.grid_cells(n, N, geo), geo, -1)
-        kc = _operand(tiles.load_centred(k, n, m2, ck, sk / N), NARROW, OPS)
+            dv = add_taps(dv, w9, g, cmask, grid_cells(n, N, geo), geo, -1)
+        kc = _operand(load_centred(k, n, m2, ck, sk / N), NARROW, OPS)
         dv = _times(kc, dm_hi, dm_lo, NARROW, PREC, dv)
         tl.store(dv_out[0] + rows + dv_out[2][None, :], dv.to(DV.dtype.element_ty), mask=m2)

@@ -2,8 +2,10 @@
 view of one (sample, head), row blocks, loads and stores of tiles, the token grid's cells and the
 predicted 3x3 local residual (paper Eq. 5) and its weights' gradient.
 
-The kernels of :mod:`.triton_kernels` and :mod:`.triton_stream` call them as ``tiles.NAME``
-(``from . import triton_tiles as tiles``); Triton inlines each call, so a kernel compiles to the same
+The kernels of :mod:`.triton_kernels` and :mod:`.triton_stream` import them by name and call them
+unqualified: under ``torch.compile``, inductor writes a user-defined kernel out with the Triton
+functions it names as globals, and a module attribute (``tiles.NAME``) is not among them (the kernel
+then fails to compile with ``NameError``). Triton inlines each call, so a kernel compiles to the same
 program as with the code written in place.
 
 A *view* is an operand of one (sample, head) inside a kernel: ``(the sample's base pointer, the
