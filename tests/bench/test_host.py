@@ -91,7 +91,7 @@ def test_triton_layer_step_with_stubbed_launches():
         step()
         calls = python_calls(step)
     assert sorted(x.kernel for x in launched) == sorted(
-        ["predictor_fwd", "inline_fwd_resident", "inline_bwd_resident", "predictor_bwd"] * 2
+        ["predictor_fwd", "inline_fwd_resident", "inline_bwd_stream", "predictor_bwd"] * 2
     )
     assert calls["_checks.py:check_feat_size"] == 1 and calls["dispatch.py:choose"] == 1
     assert "_checks.py:check_tokens" not in calls

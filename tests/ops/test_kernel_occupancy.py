@@ -59,14 +59,6 @@ def test_no_kernel_spills_on_any_target(rows):
     assert {r["target"] for r in rows} == set(TARGETS)
 
 
-def test_core_kernels_keep_24_warps_forward_and_16_backward_resident_on_sm_90(rows):
-    core = [r for r in rows if r["target"] == "sm_90" and r["design"] == "stream"]
-    assert len(core) == 6
-    for r in core:
-        goal = 24 if r["kernel"].startswith("inline_fwd") else 16
-        assert r["goal"] == goal and r["resident_warps"] >= goal, r
-
-
 def test_resident_warps_follow_registers_warps_and_shared_memory():
     from tools.kernel_audit import TARGETS as T
     from tools.kernel_audit import resident_warps
@@ -80,12 +72,13 @@ def test_resident_warps_follow_registers_warps_and_shared_memory():
 
 
 # Barriers one program of each core kernel executes at InLine-DeiT-T's layer on sm_90 (B 128, 197
-# tokens, 6 heads of 32): the kernels' counts (53, 237, 18, 38) rounded up by about 10 %. Each
-# barrier is a serial phase of the program (docs/benchmarks.md, "What predicts the kernels' GPU
-# time without a GPU?"): a kernel change that adds phases must raise its bound on purpose.
+# tokens, 6 heads of 32): the kernels' counts (115, 281, 18, 38; the streaming ones at their
+# 16-row tiles) rounded up by about 10 %. Each barrier is a serial phase of the program
+# (docs/benchmarks.md, "What predicts the kernels' GPU time without a GPU?"): a kernel change that
+# adds phases must raise its bound on purpose.
 BARRIER_BOUNDS = {
-    "inline_fwd_stream": 60,
-    "inline_bwd_stream": 261,
+    "inline_fwd_stream": 127,
+    "inline_bwd_stream": 310,
     "inline_fwd_resident": 20,
     "inline_bwd_resident": 42,
 }

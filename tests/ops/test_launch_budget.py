@@ -56,7 +56,7 @@ def test_inline_layer_launches_within_the_goal_of_sdpa(monkeypatch):
     print(f"InLine {n_inline} launches {dict(inline)}\nSDPA {n_sdpa} launches {dict(sdpa)}")
     # the predictor and the core: one kernel each way, no aten op of the predictor left
     triton = sorted(k.removeprefix("triton:") for k in inline if k.startswith("triton:"))
-    assert triton == ["inline_bwd_resident", "inline_fwd_resident", "predictor_bwd", "predictor_fwd"], triton
+    assert triton == ["inline_bwd_stream", "inline_fwd_stream", "predictor_bwd", "predictor_fwd"], triton
     assert not {"gelu", "gelu_backward", "baddbmm", "bmm", "mean"} & set(inline), inline
     assert n_inline <= GOAL * n_sdpa, (n_inline, n_sdpa, n_inline / n_sdpa)
 

@@ -60,7 +60,7 @@ def test_a_step_is_planned_once_and_launches_as_planned(plans):
     assert len(plans) == 4  # one plan per launcher
     again = _step(*_qkv(2, N, 32))  # new tensors of the same kind: looked up, not planned again
     assert len(plans) == 4 and again == first
-    assert [x[0] for x in first] == ["predictor_fwd", "inline_fwd_resident", "inline_bwd_resident", "predictor_bwd"]
+    assert [x[0] for x in first] == ["predictor_fwd", "inline_fwd_stream", "inline_bwd_stream", "predictor_bwd"]
 
 
 def _with(settings) -> list[tuple]:
@@ -76,7 +76,7 @@ CHANGES = {
     "strides": lambda: _step(*_qkv(2, N, 32, transposed=True)),
     "dtype": lambda: _step(*_qkv(2, N, 32, torch.bfloat16)),
     "split": lambda: _step(*_qkv(2, N, 32), split=2),
-    "core kernels": lambda: _with(triton_core.core_kernels("stream")),
+    "core kernels": lambda: _with(triton_core.core_kernels("resident")),
     "tiling": lambda: _with(triton_core.forced_tiling(16, 1)),
 }
 
@@ -97,7 +97,7 @@ def test_anything_the_launch_depends_on_gets_a_fresh_plan(plans, change):
 def test_the_launches_carry_the_planned_grid_and_strides(plans):
     q, k, v = _qkv(3, N, 32, transposed=True)
     kernel, grid, _, args = _step(q, k, v)[1]
-    assert kernel == "inline_fwd_resident" and grid == (3 * HEADS,)
+    assert kernel == "inline_fwd_stream" and grid == (3 * HEADS,)
     assert args[5:8] == (q.stride(), k.stride(), v.stride())
 
 

@@ -36,7 +36,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # name: ((B, H, W, heads, head_dim, prefix), dtype, residual, core kernels (triton.core_kernels))
 CASES = {
-    "resident": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "resident"),  # the default: DeiT's layer in miniature
+    "resident": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "resident"),  # DeiT's layer in miniature, resident
     "stream": ((4, 6, 5, 3, 32, 1), "bfloat16", True, "stream"),  # the same under the streaming kernels
     "split": ((1, 32, 32, 2, 32, 0), "bfloat16", False, "resident"),  # few pairs, many tokens: two launches a direction
     "fused": ((2, 4, 4, 2, 64, 0), "float32", True, "stream"),  # fp32 at head dim 64: no streaming tile, fused

@@ -71,7 +71,7 @@ def test_layer_step_matches_float64_on_both_paths(path, request):
     if path == "launchers":
         assert "inline_fwd_partial" in kernels and "inline_bwd_partial" in kernels, kernels
     else:
-        assert kernels == ["predictor_fwd", "inline_fwd_resident", "inline_bwd_resident", "predictor_bwd"], kernels
+        assert kernels == ["predictor_fwd", "inline_fwd_resident", "inline_bwd_stream", "predictor_bwd"], kernels
     ref, want = _step(tensors, torch.float64, "naive")
     assert out.dtype == torch.float32 and _rel(out, ref) < 5e-6, _rel(out, ref)
     errs = {name: _rel(a, r) for name, a, r in zip(["x", "q", "k", "v", "w1", "b1", "w2", "b2"], grads, want)}

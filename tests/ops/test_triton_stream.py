@@ -190,7 +190,7 @@ def test_the_shim_reads_fp32_operands_of_tf32_products_as_tf32(precision):
 
 
 def test_core_kernels_switch_selects_the_kernels_inside_its_block_only():
-    # gpu-check times the default (resident) kernels and the streaming ones side by side with this switch
+    # gpu-check times the default kernels and the streaming ones side by side with this switch
     q, k, v = torch.randn(2, 16, 3 * 32, device=DEVICE).chunk(3, dim=-1)
     kw = dict(num_heads=2, feat_size=(4, 4), impl="triton")
     with triton_core.record_launches() as log:

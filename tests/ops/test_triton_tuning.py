@@ -152,7 +152,7 @@ def _tuned(tmp_path, monkeypatch, entry: dict, n: int = 36, d: int = 16, heads: 
 RESIDENT_4 = {"design": "resident", "num_warps": 4}
 STREAM_16 = {"design": "stream", "BLOCK_N": 16, "num_warps": 2}
 # entry -> the core's forward and backward launches (kernel, warps, tile); the defaults at this
-# shape: resident, 2 warps
+# shape (36 tokens): the resident forward (2 warps) and the streaming backward (fp32: 16 rows, 8 warps)
 TABLE_LAUNCHES = {
     "resident": (RESIDENT_4, [("inline_fwd_resident", 4, None), ("inline_bwd_resident", 4, None)]),
     "stream": (STREAM_16, [("inline_fwd_stream", 2, 16), ("inline_bwd_stream", 2, 16)]),
@@ -166,7 +166,26 @@ TABLE_LAUNCHES = {
 
 def test_without_an_entry_the_default_design_launches(tmp_path, monkeypatch):
     _tuned(tmp_path, monkeypatch, RESIDENT_4, n=200)  # another key
-    assert _core_launches(36, 16) == [("inline_fwd_resident", 2, None), ("inline_bwd_resident", 2, None)]
+    assert _core_launches(36, 16) == [("inline_fwd_resident", 2, None), ("inline_bwd_stream", 8, 16)]
+
+
+# (tokens, head dim) -> the defaults' launches in fp32 (no table entry): the resident forward up to
+# 64 tokens, the streaming kernels up to AUTO_STREAM_TOKENS, beyond it the resident launch where its
+# tile fits (8,192 elements: 512 rows of 16) and the fused one where it does not (512 rows of 32)
+AUTO_LAUNCHES = {
+    (36, 16): [("inline_fwd_resident", 2, None), ("inline_bwd_stream", 8, 16)],
+    (100, 16): [("inline_fwd_stream", 8, 32), ("inline_bwd_stream", 8, 16)],
+    (256, 16): [("inline_fwd_stream", 8, 32), ("inline_bwd_stream", 8, 16)],
+    (300, 16): [("inline_fwd_resident", 8, None), ("inline_bwd_resident", 8, None)],
+    (300, 32): [("inline_fwd_fused", 2, 64), ("inline_bwd_fused", 2, 64)],
+}
+
+
+@pytest.mark.parametrize("n, d", list(AUTO_LAUNCHES))
+def test_the_default_design_follows_the_token_count(tmp_path, monkeypatch, n, d):
+    _tuned(tmp_path, monkeypatch, RESIDENT_4, n=2000)  # another key
+    assert triton_core.AUTO_STREAM_TOKENS == 256
+    assert _core_launches(n, d) == AUTO_LAUNCHES[n, d]
 
 
 @pytest.mark.parametrize("design", list(TABLE_LAUNCHES))
@@ -196,7 +215,7 @@ def test_an_entry_whose_tile_does_not_fit_the_shared_memory_falls_back_to_the_de
             raise ValueError(f"no launch configuration of {kernel.fn.__name__} fits")
         return fit(kernel, args, meta, what)
 
-    monkeypatch.setattr(triton_core, "_fit", no_room_for_streaming)
+    monkeypatch.setattr(triton_core, "_fit", no_room_for_streaming)  # the defaults' streaming backward too
     assert _core_launches(36, 16) == [("inline_fwd_resident", 2, None), ("inline_bwd_resident", 2, None)]
 
 
@@ -283,11 +302,11 @@ def test_the_environment_variable_chooses_the_core_kernels_explicitly():
         proc = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[setting] = proc.stdout.split()
-    assert runs == {None: ["resident", "False"], "stream": ["stream", "True"]}  # set: it beats the tuning table
+    assert runs == {None: ["auto", "False"], "stream": ["stream", "True"]}  # set: it beats the tuning table
 
 
 def test_an_unknown_core_kernels_setting_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(triton_core, "_plans", {})
     monkeypatch.setitem(triton_core._state, "core", "fast")  # as INLINE_ATTN_TRITON_CORE=fast sets it
-    with pytest.raises(ValueError, match=r"INLINE_ATTN_TRITON_CORE='fast': expected one of \('stream'"):
+    with pytest.raises(ValueError, match=r"INLINE_ATTN_TRITON_CORE='fast': expected one of \('auto', 'stream'"):
         _core_launches(36, 16)

@@ -62,7 +62,7 @@ def test_the_plan_holds_the_model_layer_and_the_core_parts_launches(tmp_path):
     stream = next(r for r in rows if r["kernel"] == "inline_fwd_stream")
     assert stream["args"][0] == {"tensor": "bfloat16"}
     assert stream["args"][8] == {"tuple": [197, 192, 14, 14, 1, 6]}  # geo
-    assert stream["meta"]["NARROW"] is True and stream["meta"]["num_warps"] == 8
+    assert stream["meta"]["NARROW"] is True and stream["meta"]["num_warps"] == 2
 
 
 PREBUILD_AND_LOAD = """

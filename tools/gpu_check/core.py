@@ -1,5 +1,5 @@
 """The Triton layer core alone (the custom op's kernels), bf16: its share of the copy rate, the
-default (resident) kernels against the streaming ones and SDPA's core, and a copy of the same
+default kernels against the streaming ones (at their own tiles, ``core_kernels("stream")``) and SDPA's core, and a copy of the same
 bytes, all timed interleaved in one run.
 
 The fewest bytes a fwd+bwd must move: read Q, K, V and write O forward; read Q, K, V, dO and write
@@ -44,7 +44,7 @@ CORE_SHAPES = (
 )
 ELEMENTS_MOVED = 11  # x B N C: see the module docstring
 # the core kernels timed: the library's default (None: the tuning table's winners where it has an
-# entry, else the resident kernels) and the streaming ones (triton.core_kernels)
+# entry, else the core kernels' rule) and the streaming ones at STREAM_TILES (triton.core_kernels)
 KERNELS = {"default": None, "stream": "stream"}
 
 

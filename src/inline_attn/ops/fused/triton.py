@@ -27,23 +27,23 @@ from . import launch_cache
 from .core_choice import CoreChoice, entry_choices
 
 _KERNEL_MODULES = ("inline_attn.ops.fused.triton_kernels", "inline_attn.ops.fused.triton_stream")
-# The core's kernels (:func:`core_kernels`): "resident" (the default: the resident launch where it
-# fits, else the fused one), "stream" (the streaming programs of .triton_stream) or "tiled" (the fused
-# launch); the reduction split over token chunks runs the split launch under each. The resident ones
-# are the default because they measured faster on an H200 (docs/benchmarks.md: 1.8-3.5x the
-# streaming ones' core fwd+bwd at 7^2-14^2 tokens), although they leave 8 warps resident per
-# multiprocessor against the streaming ones' 16-24. Where the tuning table has an entry for a
-# launch's key its design runs instead, unless the core kernels were chosen explicitly
-# (:func:`core_kernels`, INLINE_ATTN_TRITON_CORE; ``_state["core_chosen"]``).
-CORE_KERNELS = ("stream", "resident", "tiled")
+# The core's kernels (:func:`core_kernels`): "auto" (the default: :func:`_auto_design`'s rule per
+# launch), "stream" (the streaming programs of .triton_stream), "resident" (the resident launch where
+# it fits, else the fused one) or "tiled" (the fused launch); the reduction split over token chunks
+# runs the split launch under each. Where the tuning table has an entry for a launch's key its design
+# runs instead, unless the core kernels were chosen explicitly (:func:`core_kernels`,
+# INLINE_ATTN_TRITON_CORE; ``_state["core_chosen"]``).
+CORE_KERNELS = ("auto", "stream", "resident", "tiled")
 _CORE_DESIGNS = {"resident": "resident", "stream": "stream", "tiled": "fused"}  # core kernels -> design
+# Up to this many tokens a sample the default runs the streaming kernels (:func:`_auto_design`).
+AUTO_STREAM_TOKENS = 256
 _state: dict = {
     "module": None,
     "interpret": None,
     "forced": None,  # a CoreChoice forced on every core launch (:func:`forced_core`)
     "simulated": None,
     "shared_bytes": None,
-    "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "resident"),
+    "core": os.environ.get("INLINE_ATTN_TRITON_CORE", "auto"),
     "core_chosen": "INLINE_ATTN_TRITON_CORE" in os.environ,
     "narrow_interpreted": False,
     "flat": False,
@@ -628,9 +628,10 @@ def _resident_fit(
 @contextlib.contextmanager
 def core_kernels(kind: str):
     """Inside the block the core's one-program-per-(sample, head) launches run ``kind``'s kernels:
-    "resident" (the default: the resident launch where it fits, else the fused one), "stream" (the
-    streaming programs) or "tiled" (the fused launch); what the tests and gpu-check's comparison of
-    the two designs switch. INLINE_ATTN_TRITON_CORE sets it for a whole process.
+    "auto" (the default: per launch by :func:`_auto_design`), "stream" (the streaming programs),
+    "resident" (the resident launch where it fits, else the fused one) or "tiled" (the fused
+    launch); what the tests and gpu-check's comparison of the designs switch.
+    INLINE_ATTN_TRITON_CORE sets it for a whole process.
 
     Raises:
         ValueError: ``kind`` is not one of CORE_KERNELS.
@@ -646,15 +647,18 @@ def core_kernels(kind: str):
 
 
 # The streaming launch (:func:`_stream_config`): (rows per tile, warps per program) per head-dim
-# block, for bf16 / fp16 and fp32 inputs, forward and backward: the largest tiles whose kernels ptxas
-# compiles for sm_90 without spills in at most 80 registers forward and 128 backward (24 and 16
-# resident warps per multiprocessor; tests/ops/test_kernel_occupancy.py holds them to it). The
-# backward keeps the residual's nine weight-gradient sums per row (nine tiles of registers), so its
-# tiles are 16 rows. Head dims over 64 (32 in fp32) spill in these programs: the fused launch runs them.
+# block, for bf16 / fp16 and fp32 inputs, forward and backward. The 16-bit tiles are the H200's
+# autotune winners (docs/gpu-check/h200-2026-11-28-run-d.md): two or four warps a program, though
+# ptxas then gives the backward 255 registers and leaves 8 warps resident per multiprocessor; the
+# 8-warp tiles that keep 24 warps resident forward and 16 backward (80 and 128 registers) timed
+# 1.1-2.4x slower there. The backward keeps the residual's nine weight-gradient sums per row (nine
+# tiles of registers), so its tiles are 16 rows. The fp32 tiles are untimed. Head dims over 64 (32 in
+# fp32) spill in these programs: the fused launch runs them. tests/ops/test_kernel_occupancy.py
+# holds every target to no spills.
 STREAM_TILES = {
-    (16, "narrow"): ((32, 8), (16, 8)),
-    (32, "narrow"): ((32, 8), (16, 8)),
-    (64, "narrow"): ((16, 8), (16, 8)),
+    (16, "narrow"): ((16, 2), (16, 2)),
+    (32, "narrow"): ((16, 2), (16, 2)),
+    (64, "narrow"): ((32, 4), (16, 4)),
     (16, "fp32"): ((32, 8), (16, 8)),
     (32, "fp32"): ((32, 8), (16, 8)),
 }
@@ -778,13 +782,19 @@ def _core_launch(args: tuple, mod, kernels: _CoreKernels, q, split: int | None, 
     design's, else the core kernels' rule when they do not fit (:func:`_design_launch`)."""
     n, c, h, w, p, heads = args[-2]
     choice = core_choice(q, n, c // heads, heads, kernels.backward)
-    design = _core_design(choice)
+    design = _core_design(choice, n, kernels.backward)
     if choice is not None and choice.design == design:
         try:
             return _design_launch(args, mod, kernels, q, split, has_res, design, choice)
         except ValueError:  # no configuration of the chosen tile fits the device's shared memory
-            design = _core_design(None)
-    return _design_launch(args, mod, kernels, q, split, has_res, design, None)
+            design = _core_design(None, n, kernels.backward)
+    try:
+        return _design_launch(args, mod, kernels, q, split, has_res, design, None)
+    except ValueError:
+        if design != "stream":
+            raise
+        # the streaming tile overflows this device's shared memory: the resident launch (or the fused one)
+        return _design_launch(args, mod, kernels, q, split, has_res, "resident", None)
 
 
 def _design_launch(args: tuple, mod, kernels: _CoreKernels, q, split, has_res: bool, design: str, params) -> _Planned:
@@ -811,14 +821,29 @@ def _design_launch(args: tuple, mod, kernels: _CoreKernels, q, split, has_res: b
     return _Planned(name, (plan.pairs,), _fit(getattr(mod, name), args, meta, plan.describe))
 
 
-def _core_design(choice: CoreChoice | None) -> str:
-    """The design a core launch tries first: a forced one; the tuning table's (``choice``) unless
-    the core kernels were chosen explicitly; else the core kernels' (:func:`core_kernels`)."""
+def _core_design(choice: CoreChoice | None, n: int, backward: bool) -> str:
+    """The design a core launch of ``n`` tokens a sample tries first: a forced one; the tuning
+    table's (``choice``) unless the core kernels were chosen explicitly; else the core kernels'
+    (:func:`core_kernels`; "auto": :func:`_auto_design`)."""
     if choice is not None and (_state["forced"] is not None or not _state["core_chosen"]):
         return choice.design
+    if _state["core"] == "auto":
+        return _auto_design(n, backward)
     if _state["core"] not in _CORE_DESIGNS:  # only the environment variable sets it unchecked
         raise ValueError(f"INLINE_ATTN_TRITON_CORE={_state['core']!r}: expected one of {CORE_KERNELS}")
     return _CORE_DESIGNS[_state["core"]]
+
+
+def _auto_design(n: int, backward: bool) -> str:
+    """The default core kernels' design for ``n`` tokens a sample, as the H200 timed them
+    (docs/gpu-check/h200-2026-11-28-run-d.md, the autotune step over the paper's shapes in bf16):
+    the streaming programs up to AUTO_STREAM_TOKENS (1.15-2.4x the resident and fused launches'
+    backward at 49 to 197 tokens, 1.05-1.4x their forward from 196 tokens), except the forward of
+    at most 64 tokens (Swin's 7x7 windows), where the resident launch was the fastest; beyond, the
+    resident launch where its tile fits, else the fused or split one (fused won at 3,136 tokens)."""
+    if n > AUTO_STREAM_TOKENS or (n <= 64 and not backward):
+        return "resident"
+    return "stream"
 
 
 def _forward_split(mod, plan: _Plan, q, k, v, w9_arg, out, scale: float) -> None:
