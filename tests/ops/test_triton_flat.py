@@ -9,6 +9,7 @@ Under Triton's interpreter here; natively on a GPU.
 from __future__ import annotations
 
 import inspect
+import pathlib
 
 import pytest
 import torch
@@ -105,41 +106,67 @@ def test_flat_twins_give_the_kernels_bits(shape, kind, split, residual, kernels)
 
 
 # Run with the compiler (not the interpreter, whose ``triton.jit`` makes no JITFunction for inductor
-# to follow): write each twin out as inductor does for a compiled graph, load that source as a
-# module, and list every global name a Triton function in it reads that the module does not define.
+# to follow): write each twin out as inductor does for a compiled graph and load that source as a
+# module; list every global name a Triton function in it reads that the module does not define; then
+# compile the written-out twin of each launch of a layer step (every design, and the split launch)
+# for sm_90 with its float argument typed fp64, as inductor types a Python float on a GPU with fp64.
 _WRITE_OUT = """
 import builtins, dis, importlib.util, pathlib, sys
 import triton
 from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as closure
+from inline_attn.ops.fused import triton as launchers
 from inline_attn.ops.fused.triton_flat import TWINS
-folder = pathlib.Path(sys.argv[1])
+from tools import kernel_audit as ka
+folder, written = pathlib.Path(sys.argv[1]), {}
 for name, twin in TWINS.items():
     path = folder / f"{name}.py"
-    path.write_text("import triton\\nimport triton.language as tl\\n" + closure(twin))
+    path.write_text("import triton\\nimport triton.language as tl\\n@triton.jit\\n" + closure(twin))
     spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
+    mod = written[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     for fn in vars(mod).values():
         if isinstance(fn, triton.JITFunction):
             for ins in dis.Bytecode(fn.fn):
                 if ins.opname == "LOAD_GLOBAL" and ins.argval not in vars(mod) and not hasattr(builtins, ins.argval):
                     print(f"{name}: {fn.__name__} reads {ins.argval}")
+sm90, compiler = ka.TARGETS[3], ka.Compiler(cache_file=None)
+shapes = [ka.LayerShape(2, (7, 7), 1, 2, 32, "bfloat16"), ka.LayerShape(1, (40, 40), 0, 1, 32, "bfloat16")]
+cores = [("resident", "stream", "tiled"), ("resident",)]  # the second: few pairs, many tokens (split)
+launches = [x for shape, c in zip(shapes, cores) for x in ka.layer_launches(shape, sm90, compiler, cores=c)]
+compiled = set()
+with ka.compiling_for(sm90):
+    for launch in launches:
+        if launch.kernel not in TWINS:
+            continue
+        twin = getattr(written[launch.kernel], launch.kernel + "_flat")
+        args = launchers._flat(tuple(launchers._PointerArg(a) if hasattr(a, "is_floating_point") else a for a in launch.args))
+        src, backend, options = ka._source(twin, sm90.capability, args, launch.meta)
+        if "scale" in src.signature:  # the partial sums' kernels take none
+            src.signature["scale"] = "fp64"
+        try:
+            ka._compile(src, backend, options, sm90.capability, registers=False)
+        except Exception as err:
+            print(f"{launch.kernel}: {type(err).__name__}: {str(err)[-300:]}")
+        compiled.add(launch.kernel)
+missing = sorted(set(TWINS) - compiled)
+print(f"not compiled: {missing}" if missing else "", end="")
 """
 
 
 def test_inductor_writes_out_every_twin_with_the_names_it_calls(tmp_path):
     """``torch.compile`` compiles each twin from the source inductor writes out: the kernel and the
-    Triton functions it names as globals. A helper called through a module (``tiles.load_row``) is
-    left out, and the compiled model fails on the GPU with ``NameError`` (the H200 run of
-    2026-11-28)."""
+    Triton functions it names as globals, its float argument typed fp64. A helper called through a
+    module (``tiles.load_row``) is left out, and an fp64 ``scale`` reached ``tl.dot``: the compiled
+    models failed on the H200 runs of 2026-11-28 with ``NameError``, then a dtype mismatch."""
     pytest.importorskip("torch._inductor.codegen.wrapper")
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": "src"}
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join([root + "/src", root])}
     done = subprocess.run(
-        [sys.executable, "-c", _WRITE_OUT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _WRITE_OUT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == ""

@@ -6,8 +6,11 @@ decides which tensors a user-defined kernel writes by reading its Triton IR, and
 (torch 2.11 / 2.13 with triton 3.6 / 3.7) cannot follow tuple arguments: it then assumes every
 tensor argument is written and clones q, k and v before each launch. Each kernel here takes the
 same arguments with the tuples spelled out (strides as three integers, ``geo`` as six) and calls
-the kernel it flattens, which Triton inlines: the compiled program is the same. The launchers send a
-launch here only while a graph is traced (:func:`inline_attn.ops.fused.triton.flat_twin`).
+the kernel it flattens, which Triton inlines: the compiled program is the same. Inductor types a
+Python float argument fp64 on GPUs with fp64 (``_use_fp64_for_unbacked_floats``), and an fp64
+``scale`` would make ``alpha`` and M fp64 (``tl.dot`` then refuses M beside an fp32 tile): each twin
+hands its kernel ``scale`` as fp32, as a plain launch types it. The launchers send a launch here
+only while a graph is traced (:func:`inline_attn.ops.fused.triton.flat_twin`).
 
 TWINS maps each core kernel's name to its twin. The predictor's kernels have none: under
 ``torch.compile`` the predictor runs on aten ops that inductor fuses.
@@ -42,7 +45,7 @@ def inline_fwd_fused_flat(
     D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RES: tl.constexpr, PREC: tl.constexpr,
 ):
     inline_fwd_fused(
-        Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), scale,
+        Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), tl.cast(scale, tl.float32),
         D, BD, BLOCK_N, HAS_RES, PREC,
     )
 
@@ -56,7 +59,7 @@ def inline_fwd_resident_flat(
     SERIAL_TAPS: tl.constexpr,
 ):
     inline_fwd_resident(
-        Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), scale,
+        Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), tl.cast(scale, tl.float32),
         D, BD, NP, HAS_RES, PREC, SERIAL_TAPS,
     )
 
@@ -70,7 +73,7 @@ def inline_fwd_stream_flat(
     PREC: tl.constexpr,
 ):
     inline_fwd_stream(
-        Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), scale,
+        Q, K, V, W9, O, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (n, c, h, w, p, heads), tl.cast(scale, tl.float32),
         D, BD, BLOCK_N, HAS_RES, NARROW, PREC,
     )
 
@@ -84,7 +87,7 @@ def inline_bwd_fused_flat(
 ):
     inline_bwd_fused(
         Q, K, V, W9, G, DQ, DK, DV, DW, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (g0, g1, g2),
-        (n, c, h, w, p, heads), scale, D, BD, BLOCK_N, HAS_RES, PREC,
+        (n, c, h, w, p, heads), tl.cast(scale, tl.float32), D, BD, BLOCK_N, HAS_RES, PREC,
     )
 
 
@@ -97,7 +100,7 @@ def inline_bwd_resident_flat(
 ):
     inline_bwd_resident(
         Q, K, V, W9, G, DQ, DK, DV, DW, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (g0, g1, g2),
-        (n, c, h, w, p, heads), scale, D, BD, NP, HAS_RES, PREC,
+        (n, c, h, w, p, heads), tl.cast(scale, tl.float32), D, BD, NP, HAS_RES, PREC,
     )
 
 
@@ -111,7 +114,7 @@ def inline_bwd_stream_flat(
 ):
     inline_bwd_stream(
         Q, K, V, W9, G, DQ, DK, DV, DW, (q0, q1, q2), (k0, k1, k2), (v0, v1, v2), (g0, g1, g2),
-        (n, c, h, w, p, heads), scale, D, BD, BLOCK_N, HAS_RES, NARROW, PREC,
+        (n, c, h, w, p, heads), tl.cast(scale, tl.float32), D, BD, BLOCK_N, HAS_RES, NARROW, PREC,
     )
 
 
@@ -133,7 +136,7 @@ def inline_fwd_rows_flat(
     D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RES: tl.constexpr, PREC: tl.constexpr,
 ):
     inline_fwd_rows(
-        Q, V, W9, O, WS, (q0, q1, q2), (v0, v1, v2), (n, c, h, w, p, heads), chunk, SPLIT, rows, scale,
+        Q, V, W9, O, WS, (q0, q1, q2), (v0, v1, v2), (n, c, h, w, p, heads), chunk, SPLIT, rows, tl.cast(scale, tl.float32),
         D, BD, BLOCK_N, HAS_RES, PREC,
     )
 
@@ -160,7 +163,7 @@ def inline_bwd_rows_flat(
 ):
     inline_bwd_rows(
         K, V, W9, G, DQ, DK, DV, DW, WS, (k0, k1, k2), (v0, v1, v2), (g0, g1, g2), (n, c, h, w, p, heads),
-        chunk, SPLIT, scale, rows, D, BD, BLOCK_N, HAS_RES, PREC,
+        chunk, SPLIT, tl.cast(scale, tl.float32), rows, D, BD, BLOCK_N, HAS_RES, PREC,
     )
 
 
