@@ -485,8 +485,8 @@ def run_audit(shapes, model_cases=(), batches=(1, 16, 64, 256), targets=TARGETS,
 # The bf16 layers whose kernels must keep a multiprocessor busy: InLine-DeiT-T's at batch 128,
 # Swin-T's first stage at windows of 7 (batch 64: 4,096 windows) and a 14 x 14 map at batch 256;
 # the goal: no spills anywhere. Resident warps are reported, not held to a floor: on the H200 the
-# streaming kernels' 2- and 4-warp tiles (8 to 20 warps resident) timed 1.1-2.4x faster than the
-# 8-warp tiles that kept 24 forward and 16 backward (docs/gpu-check/h200-2026-11-28-run-d.md).
+# streaming kernels' 2- and 4-warp tiles (8 to 20 warps resident) were faster than the 8-warp tiles
+# that kept 24 forward and 16 backward (docs/benchmarks.md, "What predicts the kernels' GPU time").
 OCCUPANCY_SHAPES = {
     "DeiT-T": LayerShape(128, (14, 14), 1, 6, 32, "bfloat16"),
     "Swin 7x7": LayerShape(64 * 64, (7, 7), 0, 3, 32, "bfloat16"),

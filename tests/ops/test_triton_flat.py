@@ -139,7 +139,8 @@ with ka.compiling_for(sm90):
         if launch.kernel not in TWINS:
             continue
         twin = getattr(written[launch.kernel], launch.kernel + "_flat")
-        args = launchers._flat(tuple(launchers._PointerArg(a) if hasattr(a, "is_floating_point") else a for a in launch.args))
+        spec = (launchers._PointerArg(a) if hasattr(a, "is_floating_point") else a for a in launch.args)
+        args = launchers._flat(tuple(spec))
         src, backend, options = ka._source(twin, sm90.capability, args, launch.meta)
         if "scale" in src.signature:  # the partial sums' kernels take none
             src.signature["scale"] = "fp64"

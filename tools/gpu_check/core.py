@@ -1,6 +1,6 @@
 """The Triton layer core alone (the custom op's kernels), bf16: its share of the copy rate, the
-default kernels against the streaming ones (at their own tiles, ``core_kernels("stream")``) and SDPA's core, and a copy of the same
-bytes, all timed interleaved in one run.
+default kernels against the streaming ones at their own tiles (``core_kernels("stream")``) and
+SDPA's core, and a copy of the same bytes, all timed interleaved in one run.
 
 The fewest bytes a fwd+bwd must move: read Q, K, V and write O forward; read Q, K, V, dO and write
 dQ, dK, dV backward: 11 B N C elements of 2 bytes. The copy case reads and writes that many bytes

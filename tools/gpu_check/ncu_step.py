@@ -1,6 +1,6 @@
 """The ``ncu`` step: Nsight Compute on the kernels of InLine-DeiT-T's layer (B 128, 197 tokens,
-6 heads of 32, bf16): the predictor's, each way, and both designs of the core's (the default
-resident kernels and the streaming ones), each way.
+6 heads of 32, bf16): the predictor's, each way, and both designs of the core's (the
+resident kernels and the streaming ones at their own tiles), each way.
 
 A child process (``python -m tools.gpu_check.ncu_step``) runs the layer's six launches three
 times; ``ncu`` profiles the second round (speed of light, occupancy, launch statistics and the

@@ -650,11 +650,12 @@ def core_kernels(kind: str):
 # block, for bf16 / fp16 and fp32 inputs, forward and backward. The 16-bit tiles are the H200's
 # autotune winners (docs/gpu-check/h200-2026-11-28-run-d.md): two or four warps a program, though
 # ptxas then gives the backward 255 registers and leaves 8 warps resident per multiprocessor; the
-# 8-warp tiles that keep 24 warps resident forward and 16 backward (80 and 128 registers) timed
-# 1.1-2.4x slower there. The backward keeps the residual's nine weight-gradient sums per row (nine
-# tiles of registers), so its tiles are 16 rows. The fp32 tiles are untimed. Head dims over 64 (32 in
-# fp32) spill in these programs: the fused launch runs them. tests/ops/test_kernel_occupancy.py
-# holds every target to no spills.
+# 8-warp tiles that kept 24 warps resident forward and 16 backward (80 and 128 registers) were
+# slower there (the backward at InLine-DeiT-T's layer 171 us against 114, Nsight Compute). The
+# backward keeps the residual's nine weight-gradient sums per row (nine tiles of registers), so its
+# tiles are 16 rows. The fp32 tiles are untimed. Head dims over 64 (32 in fp32) spill in these
+# programs: the fused launch runs them. tests/ops/test_kernel_occupancy.py holds every target to no
+# spills.
 STREAM_TILES = {
     (16, "narrow"): ((16, 2), (16, 2)),
     (32, "narrow"): ((16, 2), (16, 2)),
@@ -838,7 +839,7 @@ def _auto_design(n: int, backward: bool) -> str:
     """The default core kernels' design for ``n`` tokens a sample, as the H200 timed them
     (docs/gpu-check/h200-2026-11-28-run-d.md, the autotune step over the paper's shapes in bf16):
     the streaming programs up to AUTO_STREAM_TOKENS (1.15-2.4x the resident and fused launches'
-    backward at 49 to 197 tokens, 1.05-1.4x their forward from 196 tokens), except the forward of
+    backward at 49 to 197 tokens, 1.06-1.4x their forward from 196 tokens), except the forward of
     at most 64 tokens (Swin's 7x7 windows), where the resident launch was the fastest; beyond, the
     resident launch where its tile fits, else the fused or split one (fused won at 3,136 tokens)."""
     if n > AUTO_STREAM_TOKENS or (n <= 64 and not backward):

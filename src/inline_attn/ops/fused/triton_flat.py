@@ -136,8 +136,8 @@ def inline_fwd_rows_flat(
     D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, HAS_RES: tl.constexpr, PREC: tl.constexpr,
 ):
     inline_fwd_rows(
-        Q, V, W9, O, WS, (q0, q1, q2), (v0, v1, v2), (n, c, h, w, p, heads), chunk, SPLIT, rows, tl.cast(scale, tl.float32),
-        D, BD, BLOCK_N, HAS_RES, PREC,
+        Q, V, W9, O, WS, (q0, q1, q2), (v0, v1, v2), (n, c, h, w, p, heads), chunk, SPLIT, rows,
+        tl.cast(scale, tl.float32), D, BD, BLOCK_N, HAS_RES, PREC,
     )
 
 
