@@ -167,7 +167,7 @@ def _launches(nodes):
 OUTPUTS_BWD = ["DK", "DQ", "DV", "DW"]
 
 
-def test_the_compiled_core_launches_the_default_kernels_and_clones_only_outputs(graphs):
+def test_the_compiled_core_launches_the_resident_kernels_and_clones_only_outputs(graphs):
     assert _launches(graphs["resident"]) == [
         ("inline_fwd_resident_flat", ["O"]),
         ("inline_bwd_resident_flat", OUTPUTS_BWD),
