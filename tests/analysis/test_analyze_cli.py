@@ -288,6 +288,11 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
         (["confusion", "{common}", "--rtol", -1], "--rtol must be a finite number >= 0, got -1.0"),
         (["confusion", "{common}", "--rtol", "inf"], "--rtol must be a finite number >= 0, got inf"),
         (["masking", "{common}", "--ks", 3, 0, 4], r"--ks \[0, 4\]: window sizes must be odd positive integers"),
+        (
+            ["masking", "{common}", "--ks", 3, 5, 31],
+            r"--ks \[5, 31\]: model inline_deit_tiny: layer 'blocks.0.attn' attends over a 4x4 token grid "
+            r"\(input 28x28\); a k x k window wider than 4 .* expected odd k from 1 to 3",
+        ),
         (["locality", "{common}", "--batch-size", 0], "--batch-size must be >= 1, got 0"),
         (["locality", "{common}", "--num-images", -2], r"--num-images must be >= 0 \(0: all\), got -2"),
         (["locality", "{common}", "--images", 0, "--num-images", 2], "--images names the images: give no --num-images"),
@@ -304,6 +309,19 @@ def test_an_option_the_analysis_ignores_or_a_bad_value_is_refused(tmp_path, fmni
     assert err.startswith("inline-attn: error: ") and len(err.splitlines()) == 1, err
     assert re.search(message, err), err
     assert not list((tmp_path / "out").iterdir())  # refused before anything was written
+
+
+def test_masking_checks_k_against_the_grids_of_the_masked_layers(tmp_path, folder, capsys):
+    """Swin's stages attend over 16x16, 8x8, 4x4 and 2x2 grids of a 64 px input: k = 5 fits the
+    first stage's layers but not the last stage's."""
+    common = ["--model", "inline_swin_tiny", "--model-args", *SWIN, "--data", folder, "--num-images", 3]
+    assert run("masking", *common, "--ks", 5, "--out", tmp_path / "all") == 2
+    assert "--ks [5]: model inline_swin_tiny: layer 'layers.3.blocks.0.attn' attends over a 2x2 token grid" in (
+        capsys.readouterr().err
+    )
+    assert run("masking", *common, "--ks", 5, "--layers", "layers.0.*", "--out", tmp_path / "first") == 0
+    rows = list(csv.DictReader(open(tmp_path / "first" / "masking.csv")))
+    assert [(r["mask"], r["k"]) for r in rows] == [("none", "0"), ("local", "5"), ("random", "5")]
 
 
 def test_masking_refuses_a_model_of_another_class_count(tmp_path, fmnist_dir, capsys):

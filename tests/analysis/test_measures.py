@@ -251,6 +251,22 @@ def test_masking_rejects_bad_k_and_mode():
         MaskingHook("everything", 3)
 
 
+def test_masked_accuracy_refuses_a_window_wider_than_the_grid_before_any_forward():
+    from inline_attn import create_model
+    from inline_attn.analysis import masked_accuracy
+
+    # patch 7 on 28 px: 4 x 4 token grids, so k = 5 (or any wider) would be clipped at every query
+    model = create_model("inline_deit_tiny", img_size=28, patch_size=7, embed_dim=16, depth=2, num_heads=2)
+    forwards = []
+    model.register_forward_hook(lambda *args: forwards.append(1))
+    batches = [(torch.randn(2, 3, 28, 28), torch.zeros(2, dtype=torch.long))]
+    with pytest.raises(ValueError, match=r"--ks \[5, 31\]: layer 'blocks.0.attn' attends over a 4x4 token grid"):
+        masked_accuracy(model, batches, ks=(3, 5, 31), progress=False)
+    assert not forwards
+    rows = masked_accuracy(model, batches, ks=(1, 3), progress=False)
+    assert [(r["mask"], r["k"]) for r in rows] == [("none", 0)] + [(m, k) for k in (1, 3) for m in ("local", "random")]
+
+
 # ----------------------------------------------------------------------------- attention maps
 
 

@@ -114,6 +114,35 @@ class MaskingHook:
         return w * keep[:, None].to(w.dtype)
 
 
+def check_window_sizes(model: torch.nn.Module, ks: Sequence[int], input_hw, *, layers=None, label=None) -> None:
+    """Refuse a window size in ``ks`` wider than the token grid of a layer it would mask.
+
+    The grid of each masked layer (``layers``, as :func:`~inline_attn.layers.record.select_layers`
+    takes them; None: all) is its stage's feature map for an input of ``input_hw``. A k x k window
+    must fit in the smallest of them (k <= its shorter side): a wider one is clipped to the grid at
+    every query, no longer a local neighbourhood, and once k >= 2 * side - 1 it masks every key of
+    that grid, each such k repeating the last. Layers of a model without ``feature_info`` are not
+    checked (their grid is only known once they run)."""
+    from ..layers.record import attention_layers, select_layers
+    from .runner import map_sizes_for
+
+    sizes = map_sizes_for(model, input_hw)
+    grids = [(min(sizes[name]), name) for _, name, _ in select_layers(attention_layers(model), layers) if name in sizes]
+    if not grids:
+        return
+    side, name = min(grids)
+    too_wide = [k for k in ks if k > side]
+    if too_wide:
+        h, w = sizes[name]
+        widest = side if side % 2 else side - 1
+        who = f"model {label}: " if label is not None else ""
+        raise ValueError(
+            f"--ks {too_wide}: {who}layer {name!r} attends over a {h}x{w} token grid (input {input_hw[0]}x"
+            f"{input_hw[1]}); a k x k window wider than {side} does not fit in it (clipped at every query): "
+            f"expected odd k from 1 to {widest}"
+        )
+
+
 def masked_accuracy(
     model: torch.nn.Module,
     batches: Iterable,
@@ -128,7 +157,8 @@ def masked_accuracy(
     """Top-1 of ``model`` on ``batches`` unmasked, with local k x k windows masked, and with as
     many random keys masked, for each k in ``ks``. One pass over the data per setting.
 
-    Returns rows: {"mask": "none" | "local" | "random", "k", "top1", "images"}.
+    Returns rows: {"mask": "none" | "local" | "random", "k", "top1", "images"}. A k wider than a
+    masked layer's token grid is refused before the first batch runs (:func:`check_window_sizes`).
     """
     from .runner import map_sizes_for, run_hooked
 
@@ -140,6 +170,8 @@ def masked_accuracy(
 
         def per_batch(x, y, chosen, hook=hook):
             if not hook.map_sizes:
+                if hook.mode == "none":  # the first setting, before its first forward: refused before any run
+                    check_window_sizes(model, ks, tuple(x.shape[-2:]), layers=layers)
                 hook.map_sizes = map_sizes_for(model, x.shape[-2:])
             return hook
 

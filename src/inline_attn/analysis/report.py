@@ -244,14 +244,19 @@ def write_masking(
     data=None,
 ) -> list[pathlib.Path]:
     """Local masking (Table 2): top-1 with attention kept to each query's k x k window or to a random
-    set of the same size, ``masking.csv``, ``.json``, ``.md`` and ``.png``."""
+    set of the same size, ``masking.csv``, ``.json``, ``.md`` and ``.png``. A k that is not odd and
+    positive, or wider than a masked layer's token grid (:func:`~.masking.check_window_sizes`), is
+    refused before any model runs."""
     from .compare_kinds import masking_note
-    from .masking import masked_accuracy, plot_masking
+    from .masking import check_window_sizes, masked_accuracy, plot_masking
 
     for k in ks:
         if k < 1 or k % 2 == 0:
             raise ValueError(f"--ks: window size {k} must be an odd positive integer")
-    out, chosen = _folder(out), parse_layers(layers)
+    chosen = parse_layers(layers)
+    for lm in models:  # every model before the first one runs
+        check_window_sizes(lm.model, ks, lm.img_size, layers=chosen, label=lm.label)
+    out = _folder(out)
 
     def measure(model, batches, desc):
         return masked_accuracy(model, batches, ks=ks, layers=chosen, seed=seed, progress=progress, desc=desc)
