@@ -132,6 +132,37 @@ def test_pad_crop_flip_and_eval_transform():
     torch.testing.assert_close(ev(img), (img[..., 1:9, 3:11] - 0.5) / 0.25)
 
 
+def test_pad_crop_resizes_to_img_size_first():
+    """crop="pad" at an img_size other than the images': torchvision's Resize((s, s)) then
+    RandomCrop(s, padding=p); every output is a window of the resized, zero-padded image."""
+    x = torch.randint(0, 256, (6, 1, 28, 28), dtype=torch.uint8)
+    for size in (20, 32):
+        aug = TrainAugment(
+            size, (0.0,), (1.0,), crop="pad", padding=2, hflip=0.0, auto_augment=None, color_jitter=None, re_prob=0.0
+        )
+        out = aug(x)
+        assert out.shape == (6, 1, size, size)
+        resized = torch.nn.functional.interpolate(x.float() / 255, (size, size), mode="bicubic", antialias=True)
+        padded = torch.nn.functional.pad(resized.clamp(0, 1), (2, 2, 2, 2))
+        for b in range(6):
+            windows = [padded[b, 0, i : i + size, j : j + size] for i in range(5) for j in range(5)]
+            assert any(torch.equal(out[b, 0], w) for w in windows)
+
+
+def test_pad_crop_at_the_images_size_is_pad_crop_flip_and_normalisation_alone():
+    """img_size 28 on 28 x 28 images (the Fashion-MNIST recipes' default): no resampling, the same
+    tensors as the pad crop, flip and normalisation by themselves from the same seed."""
+    x = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8)
+    aug = TrainAugment(
+        28, (0.3,), (0.35,), crop="pad", padding=2, hflip=0.5, auto_augment=None, color_jitter=None, re_prob=0.0
+    )
+    torch.manual_seed(0)
+    got = aug(x)
+    torch.manual_seed(0)
+    want = (random_hflip(random_pad_crop(x.float() / 255, 2), 0.5) - 0.3) / 0.35
+    assert torch.equal(got, want)
+
+
 def test_train_augment_shapes_on_gray_and_rgb():
     aug = TrainAugment(16, (0.5,), (0.5,), crop="rrc", re_prob=0.5)
     out = aug(torch.randint(0, 256, (6, 1, 20, 20), dtype=torch.uint8))

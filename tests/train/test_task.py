@@ -77,6 +77,25 @@ def test_two_steps_on_fmnist_format_files(tmp_path):
     assert res["n"] == 6 and abs(res["top1"] - s["final"]["val_top1"]) < 1e-9
 
 
+@pytest.mark.parametrize("img_size", [20, 32])
+def test_pad_crop_trains_at_data_img_size_as_it_evaluates(tmp_path, img_size):
+    """The Fashion-MNIST recipe's pad crop at another data.img_size: the 28 x 28 training images
+    are resized to img_size before the pad and crop, the size evaluation feeds the model."""
+    from inline_attn.runtime.distributed import DistInfo
+    from inline_attn.train.config import configs_dir
+    from inline_attn.train.task import ClassifyTask
+
+    root = make_fmnist(tmp_path / "fm", n_train=64, n_test=4)
+    overrides = [("data.path", str(root)), ("data.img_size", img_size), ("train.output", str(tmp_path / "run"))]
+    cfg = Config.load(configs_dir() / "fmnist" / "inline.yaml", overrides)
+    assert cfg.aug.crop == "pad"
+    task = ClassifyTask()
+    train_set, val_set = task.datasets(cfg, DistInfo(), progress=False)
+    x, _, _ = next(iter(next(task.batches(train_set, cfg, DistInfo(), 0))))
+    assert x.shape[-2:] == (img_size, img_size)
+    assert task.eval_tf(val_set.images[:2]).shape[-2:] == (img_size, img_size)
+
+
 def test_data_on_device_trains_as_from_host_memory(tmp_path):
     # issue 25's GPU preset keeps Fashion-MNIST on the device; on the CPU the run must not change
     root = make_fmnist(tmp_path / "fm", n_train=8, n_test=6)

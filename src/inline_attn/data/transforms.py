@@ -103,6 +103,15 @@ def random_pad_crop(x: torch.Tensor, padding: int) -> torch.Tensor:
     return xp.gather(2, rows).gather(3, cols)
 
 
+def resize_pad_crop(x: torch.Tensor, img_size: int, padding: int, interpolation: str = "bicubic") -> torch.Tensor:
+    """torchvision's ``Resize((img_size, img_size))`` then ``RandomCrop(img_size, padding=padding)``
+    for a batch: images of another size are first resized whole to ``img_size`` square (antialiased,
+    as the evaluation's resize at crop_pct 1), then :func:`random_pad_crop`. x: [B, C, H, W] in [0, 1]."""
+    if x.shape[-2:] != (img_size, img_size):
+        x = eval_resize(x, img_size, 1.0, "squash", interpolation)
+    return random_pad_crop(x, padding)
+
+
 def random_hflip(x: torch.Tensor, p: float) -> torch.Tensor:
     """Flip each image left-right with probability ``p``. x: [B, C, H, W]."""
     if p <= 0:
@@ -141,8 +150,10 @@ class TrainAugment(nn.Module):
         img_size: output side.
         mean, std: normalisation (one value per channel).
         crop: "rrc" (random resized crop with ``scale``/``ratio``; for image folders the loader
-            crops already and this is "none"), "pad" (random crop after zero padding by
-            ``padding``, for small images) or "none" (resize only, when the size differs).
+            crops already and this is "none"), "pad" (:func:`resize_pad_crop`: images of another
+            size resized whole to ``img_size``, then zero-padded by ``padding`` and randomly
+            cropped back to ``img_size``; for small images) or "none" (resize only, when the size
+            differs).
         hflip: flip probability.
         auto_augment: RandAugment policy string (``"rand-m9-mstd0.5-inc1"``) or None.
         color_jitter: brightness/contrast/saturation strength, used only without auto_augment.
@@ -171,7 +182,9 @@ class TrainAugment(nn.Module):
         if crop == "rrc":
             self.crop = RandomResizedCrop(img_size, scale, ratio, interpolation)
         elif crop == "pad":
-            self.crop = functools.partial(random_pad_crop, padding=int(padding))
+            self.crop = functools.partial(
+                resize_pad_crop, img_size=img_size, padding=int(padding), interpolation=interpolation
+            )
         elif crop == "none":
             self.crop = None
         else:
