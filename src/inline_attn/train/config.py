@@ -159,7 +159,7 @@ class ClassifyOptimCfg(OptimCfg, defaults={"clip_grad": 5.0}):
     no_weight_decay: Optional[tuple[str, ...]] = setting(
         None,
         doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
-        "biases (null: the model's no_weight_decay())",
+        "biases, each matching a parameter of the model (null: the model's no_weight_decay(); []: none)",
     )
     layer_decay: Optional[float] = setting(
         None,
