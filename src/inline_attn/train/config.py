@@ -97,8 +97,12 @@ class DataCfg:
     std: Optional[tuple[float, ...]] = setting(None, doc="per-channel std (null: the dataset's or model's)")
     batch_size: int = setting(128, ge=1, doc="images per process and micro-batch (the authors' per-GPU batch)")
     workers: int = setting(4, ge=0, doc="data loader processes", resume=True)
-    subset: int = setting(0, ge=0, doc="use only the first N training images (0: all)")
-    val_subset: int = setting(0, ge=0, doc="use only the first N validation images (0: all)")
+    subset: int = setting(
+        0, ge=0, doc="use only the first N training images (0: all; N above the set's size is refused)"
+    )
+    val_subset: int = setting(
+        0, ge=0, doc="use only the first N validation images (0: all; N above the set's size is refused)"
+    )
     on_device: bool = setting(
         False, doc="keep an in-memory dataset (fmnist) on the training device: batches are gathered there"
     )
