@@ -19,7 +19,7 @@ from inline_attn.experiments.ablations import COMPARED, Budget, part_d_runs, run
 from inline_attn.train.config import configs_dir
 
 TOY = Budget(
-    subset=64, val_subset=8, epochs=1, fmnist_epochs=1, fmnist_subset=64, mask_images=4, bench_batch=2, bench_iters=1
+    subset=64, val_subset=6, epochs=1, fmnist_epochs=1, fmnist_subset=64, mask_images=4, bench_batch=2, bench_iters=1
 )
 # the ablation task's model at 16 px (an 8 x 8 token grid in stage 1), width 8: one step per run
 TINY = {

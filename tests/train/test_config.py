@@ -120,6 +120,19 @@ def test_bad_model_kwargs_fail_before_the_data_is_read(tmp_path, capsys, monkeyp
     assert "model.kwargs={'depth': '4'}" in err and "depth='4'" in err
 
 
+def test_a_no_weight_decay_entry_naming_no_parameter_fails_before_the_data_is_read(tmp_path, capsys, monkeypatch):
+    fm = make_fmnist(tmp_path / "fm", n_train=8, n_test=4)
+    from inline_attn.train import data as train_data
+
+    monkeypatch.setattr(train_data, "load_fashion_mnist", lambda *a, **k: pytest.fail("data read first"))
+    out = tmp_path / "r"
+    argv = ["train", "--output", str(out), "--data.dataset", "fmnist", "--data.path", str(fm)]
+    assert main(argv + ["--optim.no_weight_decay", "[cls_token, pos_embd]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inline-attn: error: optim.no_weight_decay=['cls_token', 'pos_embd']: 'pos_embd'"), err
+    assert "did you mean pos_embed?" in err and "Traceback" not in err and not (out / "last.pth").exists()
+
+
 def test_defaults_round_trip_and_every_field_has_a_flag_and_help(tmp_path):
     cfg = Config()
     assert Config.from_dict(cfg.to_dict()) == cfg

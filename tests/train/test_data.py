@@ -262,3 +262,34 @@ def test_folder_eval_layout_squashes(tmp_path):
     assert torch.equal(x, torch.from_numpy(ref.copy()).permute(2, 0, 1))
     with pytest.raises(ValueError, match="eval_resize='crop'"):
         ImageFolder(root / "val", 16, train=False, eval_resize="crop")
+
+
+@pytest.mark.parametrize("dataset", ["fmnist", "folder"])
+def test_a_subset_larger_than_its_set_is_refused_with_both_numbers(dataset, tmp_path):
+    """data.val_subset=20 of 6 images scored 6 (and data.subset trained on fewer than asked)."""
+    from inline_attn.models import get_model_config
+    from inline_attn.train.config import Config
+    from inline_attn.train.data import build_datasets, data_info
+
+    if dataset == "fmnist":
+        root = make_fmnist(tmp_path / "fm", n_train=12, n_test=6)
+        sets = {"training": ("Fashion-MNIST's training split", 12), "validation": ("Fashion-MNIST's test split", 6)}
+    else:
+        root = make_folder(tmp_path / "imgs", classes=("cat", "dog"), per_class=4)
+        sets = {"training": (f"data folder {root / 'train'}", 8), "validation": (f"data folder {root / 'val'}", 8)}
+
+    def build(**subsets):
+        ov = [("data.dataset", dataset), ("data.path", str(root)), ("model.name", "inline_deit_tiny")]
+        data = Config.load(None, ov + [(f"data.{k}", v) for k, v in subsets.items()]).data
+        return build_datasets(data, data_info(data, get_model_config("inline_deit_tiny")))
+
+    for key, split in (("subset", "training"), ("val_subset", "validation")):
+        what, size = sets[split]
+        with pytest.raises(ValueError) as e:
+            build(**{key: size + 1})
+        assert str(e.value) == (
+            f"data.{key}={size + 1} asks for the first {size + 1} {split} images, but {what} holds {size}; "
+            f"give at most {size} (0: all)"
+        )
+    tr, va, _ = build(subset=sets["training"][1], val_subset=3)  # the whole set, and fewer, are taken
+    assert (len(tr), len(va)) == (sets["training"][1], 3)

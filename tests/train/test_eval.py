@@ -9,7 +9,7 @@ from inline_attn.train.config import Config
 from inline_attn.train.task import train
 from inline_attn.train.evaluate import evaluate_checkpoint, load_trained_model, run_checkpoint, trained_data_info
 
-from train_helpers import base_overrides, make_folder
+from train_helpers import TINY_DEIT, base_overrides, make_folder
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,44 @@ def test_a_run_folder_rebuilds_as_its_checkpoint_for_eval_and_the_analyses(train
         load_trained_model(run, model="inline_pvt_tiny")
     with pytest.raises(ValueError, match="does not exist"):
         load_trained_model(run / "missing.pth")
+
+
+def test_a_save_pretrained_folder_evaluates_without_model_and_refuses_another(trained, tmp_path, capsys):
+    """eval of a save_pretrained folder asked for --model, though its config.json names the model;
+    given one, it built the registered model without the folder's arguments (img_size 16, 3 classes)."""
+    import inline_attn
+
+    root, last = trained
+    net, _ = load_trained_model(last)
+    folder = inline_attn.save_pretrained(net, tmp_path / "deit")
+    flags = [
+        "--data",
+        str(root),
+        "--workers",
+        "0",
+        "--img-size",
+        "16",
+        "--crop-pct",
+        "0.875",
+        "--eval-resize",
+        "squash",
+    ]
+    assert main(["eval", "--checkpoint", str(folder), *flags, "--json", str(tmp_path / "folder.json")]) == 0
+    assert main(["eval", "--checkpoint", str(last), *flags, "--json", str(tmp_path / "file.json")]) == 0
+    got, want = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("folder", "file"))
+    assert got["model"] == "inline_deit_tiny" and got["n"] == want["n"] == 12
+    assert (got["top1"], got["top5"], got["loss"]) == (want["top1"], want["top5"], want["loss"])
+    capsys.readouterr()
+    for checkpoint, named_by in ((folder, f"{folder}/config.json"), (last, f"checkpoint '{last}'")):
+        assert main(["eval", "--checkpoint", str(checkpoint), "--model", "inline_pvt_tiny", *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"--model 'inline_pvt_tiny' but {named_by} names model 'inline_deit_tiny'" in err, err
+    assert main(["eval", "--checkpoint", str(folder), "--model", "inline_deit_tiny", *flags]) == 0  # the same name
+    backbone = inline_attn.create_model("inline_deit_tiny", img_size=16, features_only=True, **TINY_DEIT)
+    features = inline_attn.save_pretrained(backbone, tmp_path / "backbone")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(features), *flags]) == 2  # no classifier to score
+    assert "describes a features_only inline_deit_tiny" in capsys.readouterr().err
 
 
 def test_unreadable_images_are_skipped_and_counted(trained, tmp_path, capsys):

@@ -105,7 +105,9 @@ def test_regularisation_table_matches_the_resolved_config(name):
         assert _value(row[col]) == cfg.get(key), (name, col)
         _check_source(name, key, row[col])
     no_decay = row["no weight decay"]
-    assert cfg.optim.no_weight_decay == (None if no_decay == "model" else tuple(no_decay.split(", ")))
+    # "model": the model's no_weight_decay(); "none": nothing beyond 1-d parameters and biases
+    named = {"model": None, "none": ()}.get(no_decay, tuple(no_decay.split(", ")))
+    assert cfg.optim.no_weight_decay == named
     if row["EMA decay"] == "—":
         assert r.ema_decay is None and not cfg.train.ema
     else:  # printed to 7 decimals

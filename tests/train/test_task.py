@@ -208,6 +208,21 @@ def test_param_groups_exempt_norms_biases_and_pos_embed():
     assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in m.parameters())
 
 
+def test_a_no_weight_decay_entry_matching_no_parameter_is_refused_naming_the_closest():
+    """A misspelt optim.no_weight_decay entry exempted nothing and trained with decay on pos_embed."""
+    from inline_attn.runtime.optim import no_decay_names, param_groups
+
+    m = create_model("inline_deit_tiny", img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match=r"'pos_embd' matches no parameter of the model .*did you mean pos_embed"):
+        param_groups(m, 0.05, ["cls_token", "pos_embd"])
+    with pytest.raises(ValueError, match=r"'zzz' matches no parameter .*the model's names end in "):
+        param_groups(m, 0.05, ["zzz"])
+    # exactly, or by the last component: both match
+    assert "blocks.0.attn.qkv.weight" in no_decay_names(m, ["blocks.0.attn.qkv.weight", "pos_embed"])
+    assert "blocks.0.attn.qkv.weight" in no_decay_names(m, ["weight"])
+    assert "pos_embed" not in no_decay_names(m, [])  # []: 1-d parameters and biases only
+
+
 def test_schedule_state_restores_the_step():
     from inline_attn.runtime.optim import CosineSchedule
 

@@ -214,8 +214,12 @@ def _register_eval(subparsers) -> None:
         "if present) or on Fashion-MNIST ('fmnist' or 'fmnist:DIR'). "
         "Unreadable images are skipped and counted.",
     )
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--model", help="model name (default: the one recorded in the checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file, training run folder or save_pretrained folder")
+    p.add_argument(
+        "--model",
+        help="model name, for a checkpoint that names none (ours, a run folder's config.yaml and a save_pretrained "
+        "folder's config.json name theirs: another name is refused)",
+    )
     p.add_argument("--data", required=True, help="DIR (ImageNet layout) | fmnist | fmnist:DIR")
     p.add_argument("--split", help="subfolder of DIR (default val) or the Fashion-MNIST split (default test)")
     p.add_argument("--batch-size", type=_positive(int, "--batch-size"), default=256)

@@ -206,6 +206,33 @@ def folder_weights(folder: PathLike) -> Optional[pathlib.Path]:
     return next((folder / n for n in (WEIGHTS_NAME, TIMM_PICKLE_NAME) if (folder / n).is_file()), None)
 
 
+def _weights_file(folder: pathlib.Path) -> pathlib.Path:
+    """:func:`folder_weights`, refused with the names it looked for when the folder holds neither."""
+    weights = folder_weights(folder)
+    if weights is None:
+        raise ValueError(
+            f"from_pretrained: {str(folder / WEIGHTS_NAME)!r} does not exist (a save_pretrained folder has "
+            f"{WEIGHTS_NAME}; one timm wrote may hold {TIMM_PICKLE_NAME} instead)"
+        )
+    return weights
+
+
+def pretrained_model_spec(folder: PathLike) -> tuple[str, dict, pathlib.Path]:
+    """``(name, args, weights)`` of a :func:`save_pretrained` folder, for a loader that builds the
+    model itself (``inline_attn.train.load_trained_model``): the registered model name, the
+    :func:`create_model` arguments and the weights file. Refused as :func:`from_pretrained` refuses
+    the folder, and a ``features_only`` folder too (a backbone without its classifier, which
+    :func:`create_model` alone does not rebuild: :func:`from_pretrained` reads it)."""
+    config = read_pretrained_config(folder)
+    folder = pathlib.Path(folder)
+    if config.get("features_only"):
+        raise ValueError(
+            f"{str(folder / CONFIG_NAME)!r} describes a features_only {config['architecture']} (a backbone without "
+            "its classifier): read it with inline_attn.from_pretrained"
+        )
+    return config["architecture"], _from_json(config["model_args"]), _weights_file(folder)
+
+
 def from_pretrained(
     folder: PathLike, *, device: Union[str, torch.device, None] = None, dtype: Optional[torch.dtype] = None
 ) -> nn.Module:
@@ -227,12 +254,7 @@ def from_pretrained(
     _check_placement(device, dtype)
     folder = pathlib.Path(folder)
     name = config["architecture"]
-    weights = folder_weights(folder)
-    if weights is None:
-        raise ValueError(
-            f"from_pretrained: {str(folder / WEIGHTS_NAME)!r} does not exist (a save_pretrained folder has "
-            f"{WEIGHTS_NAME}; one timm wrote may hold {TIMM_PICKLE_NAME} instead)"
-        )
+    weights = _weights_file(folder)
     try:
         # built on the meta device: no memory and no initialisation, the file's tensors become the weights
         with torch.device("meta"):

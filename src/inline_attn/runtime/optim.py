@@ -15,6 +15,7 @@ it on the host). :func:`plain_state_dict` saves such an optimizer as the plain o
 
 from __future__ import annotations
 
+import difflib
 import math
 import weakref
 from typing import Iterable, Optional
@@ -31,8 +32,11 @@ def param_groups(model: nn.Module, weight_decay: float, no_weight_decay=None, la
 
     ``layer_decay = (rate, {name: layer})`` with a rate: the two groups per layer, each with
     ``lr_scale = rate ** (L - 1 - layer)`` (timm's layer-wise lr decay; :func:`set_lr` applies it).
+
+    A ``no_weight_decay`` entry that matches no parameter is a ValueError (:func:`check_no_weight_decay`).
     """
     if no_weight_decay is not None:
+        check_no_weight_decay(model, no_weight_decay)
         skip = set(no_weight_decay)
     else:
         skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
@@ -52,6 +56,25 @@ def param_groups(model: nn.Module, weight_decay: float, no_weight_decay=None, la
         {"params": ps, "weight_decay": weight_decay if decays else 0.0, "lr_scale": rate ** (top - layer)}
         for (layer, decays), ps in sorted(groups.items())
     ]
+
+
+def check_no_weight_decay(model: nn.Module, no_weight_decay) -> None:
+    """Refuse an entry of ``optim.no_weight_decay`` that matches no parameter of ``model``, exactly
+    or by its last name component (a misspelt name would exempt nothing and train with decay on
+    it); the ValueError names the entry and the model's names closest to it."""
+    names = [n for n, _ in model.named_parameters()]
+    leaves = sorted({n.split(".")[-1] for n in names})
+    for entry in no_weight_decay:
+        if entry in leaves or entry in names:
+            continue
+        close = difflib.get_close_matches(entry, sorted(set(leaves) | set(names)), n=3)
+        hint = (
+            f"did you mean {', '.join(close)}?" if close else f"the model's names end in {', '.join(leaves[:8])}, ..."
+        )
+        raise ValueError(
+            f"optim.no_weight_decay={list(no_weight_decay)}: {entry!r} matches no parameter of the model (exactly or "
+            f"by its last name component) and would exempt nothing; {hint} ([]: only 1-d parameters and biases)"
+        )
 
 
 def no_decay_names(model: nn.Module, no_weight_decay=None) -> list[str]:

@@ -97,8 +97,12 @@ class DataCfg:
     std: Optional[tuple[float, ...]] = setting(None, doc="per-channel std (null: the dataset's or model's)")
     batch_size: int = setting(128, ge=1, doc="images per process and micro-batch (the authors' per-GPU batch)")
     workers: int = setting(4, ge=0, doc="data loader processes", resume=True)
-    subset: int = setting(0, ge=0, doc="use only the first N training images (0: all)")
-    val_subset: int = setting(0, ge=0, doc="use only the first N validation images (0: all)")
+    subset: int = setting(
+        0, ge=0, doc="use only the first N training images (0: all; N above the set's size is refused)"
+    )
+    val_subset: int = setting(
+        0, ge=0, doc="use only the first N validation images (0: all; N above the set's size is refused)"
+    )
     on_device: bool = setting(
         False, doc="keep an in-memory dataset (fmnist) on the training device: batches are gathered there"
     )
@@ -159,7 +163,7 @@ class ClassifyOptimCfg(OptimCfg, defaults={"clip_grad": 5.0}):
     no_weight_decay: Optional[tuple[str, ...]] = setting(
         None,
         doc="parameter names (or last name components) exempt from weight decay besides 1-d parameters and "
-        "biases (null: the model's no_weight_decay())",
+        "biases, each matching a parameter of the model (null: the model's no_weight_decay(); []: none)",
     )
     layer_decay: Optional[float] = setting(
         None,

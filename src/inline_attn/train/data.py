@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from typing import Optional
 
 from ..data import RRC, DataInfo, ImageFolder, TensorImageDataset, folder_split, load_fashion_mnist, resolve_data_info
+from ..data.subset import subset_size
 from .config import AugCfg, DataCfg
 
 
@@ -36,10 +37,15 @@ def loader_crops(data: DataCfg, aug: Optional[AugCfg]) -> bool:
 def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Optional[AugCfg] = None, seed: int = 0):
     """``(train_set or None, val_set, info with the class count)``; ``aug`` and ``seed`` set an
     image folder's training crop (:func:`loader_crops`). A folder of fewer than 2 classes is
-    refused (a classifier of one class learns nothing: its loss is 0 from the first step)."""
+    refused (a classifier of one class learns nothing: its loss is 0 from the first step), and so
+    is a ``data.subset`` / ``data.val_subset`` larger than its set
+    (:func:`~inline_attn.data.subset.subset_size`)."""
     if data.dataset == "fmnist":
-        tr = load_fashion_mnist(data.path, "train").subset(data.subset) if train else None
-        va = load_fashion_mnist(data.path, "test").subset(data.val_subset)
+        tr = load_fashion_mnist(data.path, "train") if train else None
+        va = load_fashion_mnist(data.path, "test")
+        if tr is not None:
+            tr = tr.subset(_first(data.subset, tr, "Fashion-MNIST's training split", "data.subset", "training"))
+        va = va.subset(_first(data.val_subset, va, "Fashion-MNIST's test split", "data.val_subset", "validation"))
         return tr, va, info.with_classes(len(va.classes))
     kw = dict(img_size=info.img_size, crop_pct=info.crop_pct, interpolation=info.interpolation)
     rrc = RRC(tuple(aug.scale), tuple(aug.ratio)) if loader_crops(data, aug) else None
@@ -56,10 +62,15 @@ def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Op
         raise ValueError(
             f"data folder {va.root} holds one class ({va.classes[0]!r}): classification needs at least 2 class folders"
         )
-    for ds, n in ((tr, data.subset), (va, data.val_subset)):
-        if ds is not None and n > 0:
-            ds.samples = ds.samples[:n]
+    if tr is not None:
+        tr.samples = tr.samples[: _first(data.subset, tr, f"data folder {tr.root}", "data.subset", "training")]
+    va.samples = va.samples[: _first(data.val_subset, va, f"data folder {va.root}", "data.val_subset", "validation")]
     return tr, va, info.with_classes(len(va.classes))
+
+
+def _first(n: int, dataset, what: str, setting: str, split: str) -> int:
+    """How many images ``setting`` (``n``; 0: all) takes from ``dataset``; more than it holds is refused."""
+    return subset_size(n, len(dataset), what, setting=setting, split=split)
 
 
 def _collate_readable(items):

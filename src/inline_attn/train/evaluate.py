@@ -18,6 +18,7 @@ from ..data import DataInfo, EvalTransform, check_class_count, open_eval_source,
 from ..models import create_model, get_model_config
 from .._io import read_checkpoint
 from ..models.checkpoint import load_checkpoint, unwrap_state_dict
+from ..models.pretrained import CONFIG_NAME, pretrained_model_spec
 from ..runtime.checkpoint import BEST, LAST
 from .data import Batches
 from ..runtime.amp import autocast
@@ -128,34 +129,46 @@ def load_trained_model(
 ) -> tuple[nn.Module, dict]:
     """Rebuild the model a checkpoint was trained with and load its weights (eval mode).
 
-    ``checkpoint`` is a checkpoint file or a training run folder (:func:`run_checkpoint` picks its
-    file). Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides,
-    e.g. a 28 x 28 one-channel DeiT for Fashion-MNIST); ``model`` / ``overrides`` replace them. A
-    foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}``, a bare state dict or a
-    ``.safetensors`` file) needs ``model``. Loading is strict; errors name the file.
+    ``checkpoint`` is a checkpoint file, a training run folder (:func:`run_checkpoint` picks its
+    file) or a ``save_pretrained`` folder (its ``config.json`` names the model and its arguments).
+    Our checkpoints record ``model_name`` and ``model_kwargs`` (the constructor overrides, e.g. a
+    28 x 28 one-channel DeiT for Fashion-MNIST); ``overrides`` replace them. A ``model`` other than
+    the one the checkpoint, its run's ``config.yaml`` or the folder's ``config.json`` names is
+    refused, naming both. A foreign checkpoint (``{"model": ...}``, ``{"state_dict": ...}``, a bare
+    state dict or a ``.safetensors`` file) needs ``model``. Loading is strict; errors name the file.
 
     Returns ``(model, record)``: the checkpoint dict ({} for weights alone) with ``model_name`` and
     ``model_kwargs`` as built, ``config`` (the run's, when known) and ``path`` (the file read).
     """
     path = pathlib.Path(checkpoint)
-    run = {}
-    if path.is_dir():
+    run, pretrained = {}, {}
+    if (path / CONFIG_NAME).is_file():  # a save_pretrained folder: its config.json names the model
+        architecture, args, path = pretrained_model_spec(path)
+        pretrained = {"model_name": architecture, "model_kwargs": args}
+    elif path.is_dir():
         run = _run_config(path)
         path = run_checkpoint(path)
     elif not path.is_file():
-        raise ValueError(f"checkpoint file {str(path)!r} does not exist (expected a file or a training run folder)")
+        raise ValueError(
+            f"checkpoint file {str(path)!r} does not exist (expected a file, a training run folder or a "
+            "save_pretrained folder)"
+        )
     where = repr(str(path))
     ckpt = read_checkpoint(path, weights_only=False)  # a file the user names; ours hold configs
     record = dict(ckpt) if isinstance(ckpt, dict) and "model_name" in ckpt else {}
+    record.update(pretrained)
     recorded, kwargs = record.get("model_name"), dict(record.get("model_kwargs") or {})
     state = unwrap_state_dict(ckpt, ema=ema, where=where)
     run_model = run.get("model") if isinstance(run.get("model"), dict) else {}
     if model is not None and run_model.get("name") not in (None, model):
         raise ValueError(f"--model {model!r} but run folder {checkpoint} trained {run_model['name']!r}")
+    if model is not None and recorded not in (None, model):  # its weights are another model's
+        named_by = f"{checkpoint}/{CONFIG_NAME}" if pretrained else f"checkpoint {where}"
+        raise ValueError(f"--model {model!r} but {named_by} names model {recorded!r}: leave --model out")
     name = model or recorded
     if name is None:
         raise ValueError(f"checkpoint {checkpoint} does not record its model: pass --model NAME")
-    kwargs = {**(kwargs if name == recorded else {}), **overrides}
+    kwargs = {**kwargs, **overrides}
     net = create_model(name, **kwargs)
     # the family's key filter maps the authors' checkpoints; a mismatch is a ValueError naming the keys
     _load_into(net, state, where)

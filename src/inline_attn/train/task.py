@@ -30,7 +30,7 @@ from ..models.profile import profile
 from ..runtime.amp import autocast
 from ..runtime.distributed import DistInfo
 from ..models.timm_contract import layer_ids
-from ..runtime.optim import CosineSchedule, build_optimizer
+from ..runtime.optim import CosineSchedule, build_optimizer, check_no_weight_decay
 from ..runtime.run import Run
 from ..runtime.task import EpochCadence, MicroBatches, Task
 from ..runtime.run import train as run_task
@@ -58,8 +58,9 @@ def model_kwargs(cfg: Config, data: DataInfo) -> dict:
 
 
 def check_model_args(cfg: Config, data: DataInfo) -> None:
-    """Build the model on the meta device (no memory, no time) so a bad model.kwargs fails before the
-    data is read; the class count is a stand-in when the data has not given it yet."""
+    """Build the model on the meta device (no memory, no time) so a bad model.kwargs, or an
+    optim.no_weight_decay entry naming none of its parameters, fails before the data is read; the
+    class count is a stand-in when the data has not given it yet."""
     kwargs = {
         "drop_path_rate": cfg.model.drop_path,
         "drop_rate": cfg.model.drop,
@@ -67,9 +68,11 @@ def check_model_args(cfg: Config, data: DataInfo) -> None:
     }
     try:
         with torch.device("meta"):
-            create_model(cfg.model.name, **kwargs)
+            model = create_model(cfg.model.name, **kwargs)
     except (TypeError, ValueError) as e:
         raise ValueError(f"model.name={cfg.model.name!r} with model.kwargs={cfg.model.kwargs}: {e}") from e
+    if cfg.optim.no_weight_decay is not None:
+        check_no_weight_decay(model, cfg.optim.no_weight_decay)
 
 
 def build_model(cfg: Config, data: DataInfo) -> nn.Module:

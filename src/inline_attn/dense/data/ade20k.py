@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ...data.unreadable import UnreadableFiles, decode_image
-from .subset import val_subset_size
+from ...data.subset import subset_size
 from .transforms import (
     pad_to,
     photometric_distortion,
@@ -290,7 +290,7 @@ class ADE20K(torch.utils.data.Dataset):
             if not ann.is_file():
                 raise ValueError(f"image {p} has no label file {ann}")
             pairs.append((p, ann))
-        self.pairs = pairs[: val_subset_size(subset, len(pairs), str(img_dir))]
+        self.pairs = pairs[: subset_size(subset, len(pairs), str(img_dir))]
         self.root, self.split, self.reduce_zero_label = root, split, reduce_zero_label
         self.pipeline = pipeline or _SegPipeline(train=split.startswith("train"))
         self.unreadable = UnreadableFiles(len(self.pairs), self.describe, str(img_dir))

@@ -19,7 +19,7 @@ from ..._io import atomic_write_text, read_json
 from ...data.unreadable import UnreadableFiles, decode_image
 from ...runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics
-from .subset import val_subset_size
+from ...data.subset import subset_size
 
 __all__ = [
     "CocoDetection",
@@ -365,7 +365,7 @@ class CocoDetection:
         self.num_classes = len(self.cat_ids)
         self._label = {c: i for i, c in enumerate(self.cat_ids)}
         images = sorted(self.coco["images"], key=lambda im: im["id"])
-        self.images = images[: val_subset_size(subset, len(images), f"the annotation file {ann_file}")]
+        self.images = images[: subset_size(subset, len(images), f"the annotation file {ann_file}")]
         self._anns: dict[int, list] = {}
         for a in self.coco["annotations"]:
             self._anns.setdefault(a["image_id"], []).append(a)

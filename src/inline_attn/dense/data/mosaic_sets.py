@@ -17,7 +17,7 @@ import torch
 
 from ...runtime.progress import progress_bar
 from .mosaic import MOSAIC_CLASSES, FashionMosaics, MosaicSpec
-from .subset import val_subset_size
+from ...data.subset import subset_size
 
 if TYPE_CHECKING:
     from ..config import DetConfig, SegConfig
@@ -121,5 +121,5 @@ def build_mosaic_sets(cfg: Union[SegConfig, DetConfig], train: bool, progress: b
     )
     kw = dict(spec=spec, seed=int(m.seed), root=d.path, pool=int(m.pool))
     tr = wrap(FashionMosaics("train", int(m.train), **kw), flip=float(d.flip), progress=progress) if train else None
-    n_val = val_subset_size(d.val_subset, int(m.val), f"the validation set (data.mosaic.val={int(m.val)})")
+    n_val = subset_size(d.val_subset, int(m.val), f"the validation set (data.mosaic.val={int(m.val)})")
     return tr, wrap(FashionMosaics("val", n_val, **kw), flip=0.0, progress=progress)
