@@ -223,6 +223,7 @@ def _run_on_images(analysis, out, models, data, layers, *, num_images, images, b
     image_set = load_images(
         data,
         num_images=n_img,
+        setting=None if num_images is None else "--num-images",  # a default takes what the data has
         img_size=first.img_size[0],
         indices=images,
         crop_pct=first.crop_pct,
