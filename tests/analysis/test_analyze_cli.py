@@ -296,6 +296,11 @@ def test_bad_arguments(tmp_path, fmnist_dir, capsys):
         (["locality", "{common}", "--batch-size", 0], "--batch-size must be >= 1, got 0"),
         (["locality", "{common}", "--num-images", -2], r"--num-images must be >= 0 \(0: all\), got -2"),
         (["locality", "{common}", "--images", 0, "--num-images", 2], "--images names the images: give no --num-images"),
+        (
+            ["locality", "{common}", "--num-images", 7],
+            r"--num-images=7 asks for the first 7 evaluation images, but Fashion-MNIST's test split holds 6; "
+            r"give at most 6 \(0: all\)",
+        ),
     ],
     ids=lambda v: " ".join(map(str, v)) if isinstance(v, list) else None,
 )
@@ -309,6 +314,18 @@ def test_an_option_the_analysis_ignores_or_a_bad_value_is_refused(tmp_path, fmni
     assert err.startswith("inline-attn: error: ") and len(err.splitlines()) == 1, err
     assert re.search(message, err), err
     assert not list((tmp_path / "out").iterdir())  # refused before anything was written
+
+
+def test_more_images_than_a_folder_holds_are_refused_and_a_default_count_takes_them_all(tmp_path, folder, capsys):
+    """--num-images 7 of a 6-image folder ran 6 and reported them as asked; the analyses' default
+    counts (500 for locality) are a most, not a request: the folder's 6 images are taken."""
+    common = ["--model", "inline_swin_tiny", "--model-args", *SWIN, "--data", folder]
+    assert run("locality", *common, "--num-images", 7, "--out", tmp_path / "seven") == 2
+    err = capsys.readouterr().err
+    assert f"--num-images=7 asks for the first 7 evaluation images, but --data {folder / 'val'} holds 6" in err, err
+    assert run("locality", *common, "--num-images", 6, "--out", tmp_path / "six") == 0
+    assert run("locality", *common, "--out", tmp_path / "default") == 0
+    assert json.loads((tmp_path / "default" / "locality.json").read_text())["images"] == 6
 
 
 def test_masking_checks_k_against_the_grids_of_the_masked_layers(tmp_path, folder, capsys):

@@ -251,6 +251,19 @@ def test_masking_rejects_bad_k_and_mode():
         MaskingHook("everything", 3)
 
 
+@pytest.mark.parametrize("k", [0, 4, -3])
+def test_window_mask_and_write_masking_refuse_a_k_that_is_not_odd_and_positive(k, tmp_path):
+    """An even k has no centred window (k=4 was a 5x5 one), k < 1 none at all."""
+    from inline_attn.analysis import write_masking
+
+    lay = token_layout(make_record(torch.zeros(1, 1, 10, 10), (3, 3), prefix=1))
+    with pytest.raises(ValueError, match=rf"k \[{k}\]: window sizes must be odd positive integers"):
+        window_mask(lay, k)
+    with pytest.raises(ValueError, match=rf"--ks \[{k}\]: window sizes must be odd positive integers"):
+        write_masking([], None, tmp_path / "out", ks=(3, k))
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
 def test_masked_accuracy_refuses_a_window_wider_than_the_grid_before_any_forward():
     from inline_attn import create_model
     from inline_attn.analysis import masked_accuracy

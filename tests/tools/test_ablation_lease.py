@@ -58,6 +58,21 @@ def test_dry_run_prints_the_chunks_and_their_estimates_and_writes_nothing(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_more_images_than_fashion_mnist_holds_are_refused_with_both_numbers(fmnist):
+    """data.subset=9 of the 8 training images trained on 8 and reported the run as asked."""
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError) as e:
+        ResidentData.load(fmnist, 9, 0, cpu)
+    assert str(e.value) == (
+        "data.subset=9 asks for the first 9 training images, but Fashion-MNIST's training split holds 8; "
+        "give at most 8 (0: all)"
+    )
+    with pytest.raises(ValueError, match=r"data.val_subset=7 asks for the first 7 validation images, .* holds 6;"):
+        ResidentData.load(fmnist, 0, 7, cpu)
+    data = ResidentData.load(fmnist, 8, 3, cpu)  # the whole set, and fewer, are taken
+    assert (len(data.train_labels), len(data.val_labels)) == (8, 3)
+
+
 def test_the_replayed_step_trains_as_the_plain_step(fmnist):
     # hflip 0: the warm-up before capture draws no flips, so both runs see the same batches
     plain = _run(fmnist, swin_setting("inline"), extra=[("aug.hflip", 0.0)]).train(curve_points=2)

@@ -90,8 +90,14 @@ class ResidentData:
 
     @classmethod
     def load(cls, path, subset: int, val_subset: int, device: torch.device) -> "ResidentData":
-        tr = load_fashion_mnist(path, "train").subset(subset)
-        va = load_fashion_mnist(path, "test").subset(val_subset)
+        """``subset`` / ``val_subset``: the runs' data.subset and data.val_subset (0: all); more
+        images than a split holds are refused, naming both numbers."""
+        tr = load_fashion_mnist(path, "train").subset(
+            subset, "Fashion-MNIST's training split", setting="data.subset", split="training"
+        )
+        va = load_fashion_mnist(path, "test").subset(
+            val_subset, "Fashion-MNIST's test split", setting="data.val_subset", split="validation"
+        )
         return cls(*(t.to(device) for t in (tr.images, tr.labels, va.images, va.labels)))
 
 

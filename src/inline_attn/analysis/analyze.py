@@ -127,9 +127,9 @@ def check_options(analysis: str, **options) -> None:
     rtol = options.get("rtol")
     if rtol is not None and not (0 <= rtol < float("inf")):
         raise ValueError(f"--rtol must be a finite number >= 0, got {rtol}")
-    bad_ks = [k for k in options.get("ks") or () if k < 1 or k % 2 == 0]
-    if bad_ks:
-        raise ValueError(f"--ks {bad_ks}: window sizes must be odd positive integers (e.g. 3 5 7)")
+    from .masking import check_odd_window_sizes
+
+    check_odd_window_sizes(options.get("ks") or (), "--ks")
     if options.get("queries") is not None:
         from .attention_maps import parse_query
 
@@ -223,6 +223,7 @@ def _run_on_images(analysis, out, models, data, layers, *, num_images, images, b
     image_set = load_images(
         data,
         num_images=n_img,
+        setting=None if num_images is None else "--num-images",  # a default takes what the data has
         img_size=first.img_size[0],
         indices=images,
         crop_pct=first.crop_pct,

@@ -138,6 +138,7 @@ def load_images(
     data: PathLike,
     *,
     num_images: int = 0,
+    setting: Optional[str] = "--num-images",
     img_size: int = 224,
     crop_pct: float = 0.875,
     interpolation: str = "bicubic",
@@ -146,7 +147,9 @@ def load_images(
 ) -> ImageSet:
     """``data`` = "fmnist" (Fashion-MNIST test split; "fmnist:DIR" for another folder of IDX
     files) or an ImageNet-layout folder (its ``val/`` subfolder when present). ``num_images``:
-    the first N images (0: all; folders: N spread over the classes); ``indices``: exactly these
+    the first N images (0: all; folders: N spread over the classes), as the option ``setting``
+    asked for them: more than the data holds is a ValueError naming both numbers (None: ``num_images``
+    is a default count, and a smaller data set gives all its images); ``indices``: exactly these
     images instead. Folder images are decoded with the eval crop at ``img_size``."""
     from ..data import ImageFolder, folder_split, load_fashion_mnist, parse_source
 
@@ -156,13 +159,13 @@ def load_images(
         if indices is not None:
             idx = _check_indices(indices, len(ds))
             return ImageSet(ds.images[idx], ds.labels[idx], "Fashion-MNIST test", ds.num_classes)
-        ds = ds.subset(num_images) if num_images > 0 else ds
-        return ImageSet(ds.images, ds.labels, "Fashion-MNIST test", ds.num_classes)
+        n = _image_count(num_images, len(ds), "Fashion-MNIST's test split", setting)
+        return ImageSet(ds.images[:n], ds.labels[:n], "Fashion-MNIST test", ds.num_classes)
     if not pathlib.Path(root).is_dir():
         raise ValueError(f"--data {root!r}: expected 'fmnist' or an ImageNet-layout folder")
     root = folder_split(root, split, what="--data")
     folder = ImageFolder(root, img_size, train=False, crop_pct=crop_pct, interpolation=interpolation)
-    n = len(folder) if num_images <= 0 else min(num_images, len(folder))
+    n = _image_count(num_images, len(folder), f"--data {root}", setting)
     # evenly spread over the (class-sorted) samples, so a small N still covers the classes
     idx = torch.linspace(0, len(folder) - 1, n).round().long().unique() if n < len(folder) else torch.arange(n)
     if indices is not None:
@@ -173,6 +176,19 @@ def load_images(
         raise ValueError(f"--data {root}: none of the chosen images could be read")
     images, labels = torch.stack([im for im, _ in items]), torch.tensor([t for _, t in items])
     return ImageSet(images, labels, str(root), folder.num_classes)
+
+
+def _image_count(num_images: int, size: int, what: str, setting: Optional[str]) -> int:
+    """How many of the ``size`` images of ``what`` to take (``num_images`` <= 0: all); a count asked
+    for by ``setting`` and larger than the data is refused (subset_size); with no ``setting`` it is
+    a default and takes at most ``size``."""
+    if num_images <= 0:
+        return size
+    if setting is None:
+        return min(num_images, size)
+    from ..data.subset import subset_size
+
+    return subset_size(num_images, size, what, setting=setting, split="evaluation")
 
 
 def _check_indices(indices: Sequence[int], n: int) -> torch.Tensor:

@@ -85,8 +85,7 @@ class MaskingHook:
     def __init__(self, mode: str, k: int = 3, *, seed: int = 0, renormalize: bool = True, map_sizes=None):
         if mode not in MODES:
             raise ValueError(f"unknown masking mode {mode!r}: expected one of {MODES}")
-        if k < 1 or k % 2 == 0:
-            raise ValueError(f"window size k must be an odd positive integer, got {k}")
+        check_odd_window_sizes([k])
         self.mode, self.k, self.renormalize = mode, k, renormalize
         self.generator = torch.Generator().manual_seed(seed)
         self.map_sizes = map_sizes or {}
@@ -112,6 +111,14 @@ class MaskingHook:
         if self.renormalize:
             return renormalize_kept(w, keep, rec.kind)
         return w * keep[:, None].to(w.dtype)
+
+
+def check_odd_window_sizes(ks: Iterable[int], what: str = "k") -> None:
+    """Refuse the window sizes in ``ks`` that are not odd positive integers (a k x k window is
+    centred on its query), naming them and ``what`` gave them (``--ks``, or a function's ``k``)."""
+    bad = [k for k in ks if k < 1 or k % 2 == 0]
+    if bad:
+        raise ValueError(f"{what} {bad}: window sizes must be odd positive integers (e.g. 3 5 7)")
 
 
 def check_window_sizes(model: torch.nn.Module, ks: Sequence[int], input_hw, *, layers=None, label=None) -> None:

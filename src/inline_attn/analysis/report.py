@@ -248,11 +248,9 @@ def write_masking(
     positive, or wider than a masked layer's token grid (:func:`~.masking.check_window_sizes`), is
     refused before any model runs."""
     from .compare_kinds import masking_note
-    from .masking import check_window_sizes, masked_accuracy, plot_masking
+    from .masking import check_odd_window_sizes, check_window_sizes, masked_accuracy, plot_masking
 
-    for k in ks:
-        if k < 1 or k % 2 == 0:
-            raise ValueError(f"--ks: window size {k} must be an odd positive integer")
+    check_odd_window_sizes(ks, "--ks")
     chosen = parse_layers(layers)
     for lm in models:  # every model before the first one runs
         check_window_sizes(lm.model, ks, lm.img_size, layers=chosen, label=lm.label)

@@ -139,8 +139,9 @@ def window_mask(layout: TokenLayout, k: int, device=None) -> torch.Tensor:
     edges and corners the window is clipped, so it holds fewer than k*k keys. A reduced key
     (cell of s x s tokens) is in the window when its cell overlaps it.
     """
-    if k < 1 or k % 2 == 0:
-        raise ValueError(f"window size k must be an odd positive integer, got {k}")
+    from .masking import check_odd_window_sizes  # the check's home, which imports this module
+
+    check_odd_window_sizes([k])
     r, s = k // 2, layout.key_cell
     q = layout.coords[:, :, None, :]  # [G, Nq, 1, 2]
     top = layout.key_coords[:, None, :, :]  # [G, 1, Nk, 2]

@@ -102,7 +102,8 @@ def _add_data_options(p) -> None:
         "--num-images",
         type=int,
         default=None,
-        help="first N images of the data (0: all; default confusion/locality 500, attention-maps 4, masking all)",
+        help="first N images of the data (0: all; more than it holds is refused; default confusion/locality "
+        "500, attention-maps 4, masking all, each at most the data's)",
     )
     p.add_argument(
         "--images",

@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from .subset import subset_size
+
 
 class TensorImageDataset(Dataset):
     """Images already decoded into one uint8 tensor; batches are gathered by indexing."""
@@ -39,8 +41,11 @@ class TensorImageDataset(Dataset):
         gathers each batch without a host copy)."""
         return TensorImageDataset(self.images.to(device), self.labels.to(device), self.classes)
 
-    def subset(self, n: int) -> "TensorImageDataset":
-        """The first ``n`` samples (``n <= 0``: all)."""
-        if n <= 0 or n >= len(self):
+    def subset(self, n: int, what: str, *, setting: str, split: str) -> "TensorImageDataset":
+        """The first ``n`` samples (0: all), as the option ``setting`` asked for them from the
+        ``split`` set ``what``: an ``n`` larger than the set is a ValueError naming both numbers
+        (:func:`~inline_attn.data.subset.subset_size`)."""
+        n = subset_size(n, len(self), what, setting=setting, split=split)
+        if n == len(self):
             return self
         return TensorImageDataset(self.images[:n], self.labels[:n], self.classes)

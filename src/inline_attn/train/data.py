@@ -44,8 +44,8 @@ def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Op
         tr = load_fashion_mnist(data.path, "train") if train else None
         va = load_fashion_mnist(data.path, "test")
         if tr is not None:
-            tr = tr.subset(_first(data.subset, tr, "Fashion-MNIST's training split", "data.subset", "training"))
-        va = va.subset(_first(data.val_subset, va, "Fashion-MNIST's test split", "data.val_subset", "validation"))
+            tr = tr.subset(data.subset, "Fashion-MNIST's training split", setting="data.subset", split="training")
+        va = va.subset(data.val_subset, "Fashion-MNIST's test split", setting="data.val_subset", split="validation")
         return tr, va, info.with_classes(len(va.classes))
     kw = dict(img_size=info.img_size, crop_pct=info.crop_pct, interpolation=info.interpolation)
     rrc = RRC(tuple(aug.scale), tuple(aug.ratio)) if loader_crops(data, aug) else None

@@ -26,7 +26,7 @@ def mask_one(setting: Setting, seed: int, budget: Budget, output: pathlib.Path) 
     from ...analysis.masking import masked_accuracy
 
     lm = load_model(None, output / setting.key / f"seed{seed}")
-    images = load_images("fmnist", num_images=budget.mask_images)
+    images = load_images("fmnist", num_images=budget.mask_images, setting="Budget.mask_images")
     rows = masked_accuracy(lm.model, ImageBatches(images, lm, 50), ks=(3, 5, 7), seed=seed, progress=False)
     return {"setting": setting.key, "kind": setting.kind, "seed": seed, "rows": rows, "load": load_average()}
 
