@@ -62,15 +62,13 @@ def build_datasets(data: DataCfg, info: DataInfo, *, train: bool = True, aug: Op
         raise ValueError(
             f"data folder {va.root} holds one class ({va.classes[0]!r}): classification needs at least 2 class folders"
         )
-    if tr is not None:
-        tr.samples = tr.samples[: _first(data.subset, tr, f"data folder {tr.root}", "data.subset", "training")]
-    va.samples = va.samples[: _first(data.val_subset, va, f"data folder {va.root}", "data.val_subset", "validation")]
+    for ds, n, setting, split in (
+        (tr, data.subset, "data.subset", "training"),
+        (va, data.val_subset, "data.val_subset", "validation"),
+    ):
+        if ds is not None:
+            ds.samples = ds.samples[: subset_size(n, len(ds), f"data folder {ds.root}", setting=setting, split=split)]
     return tr, va, info.with_classes(len(va.classes))
-
-
-def _first(n: int, dataset, what: str, setting: str, split: str) -> int:
-    """How many images ``setting`` (``n``; 0: all) takes from ``dataset``; more than it holds is refused."""
-    return subset_size(n, len(dataset), what, setting=setting, split=split)
 
 
 def _collate_readable(items):
